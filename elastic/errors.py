@@ -1,0 +1,24 @@
+"""The worker API's exceptions (contract names: see DESIGN.md)."""
+from rendezvous.errors import ElasticError, RendezvousError
+
+
+class HostsUpdatedInterrupt(ElasticError):
+    """A newer round is pending: hosts were added or removed. Raised by ``State.commit()``
+    and ``check_host_updates()``; ``@elastic.run`` re-forms without rolling back."""
+
+    def __init__(self, message: str = "hosts updated", skip_sync: bool = False):
+        super().__init__(message)
+        self.skip_sync = skip_sync
+
+
+class WorkerLostError(ElasticError):
+    """A peer of the current round died or stopped answering, or the communicator was
+    closed under a blocked call. ``@elastic.run`` restores the last commit and re-forms."""
+
+
+class CommunicatorClosedError(WorkerLostError):
+    """The communicator was closed (a new round arrived) while a collective was pending."""
+
+
+__all__ = ["ElasticError", "RendezvousError", "HostsUpdatedInterrupt", "WorkerLostError",
+           "CommunicatorClosedError"]

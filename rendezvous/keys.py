@@ -1,0 +1,51 @@
+"""The key layout of one job in the store (every part of the product names keys through here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROOT = "/elastic"
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """Keys of the job ``job_id``; prefixes end with '/' so a prefix never matches a sibling."""
+
+    job_id: str
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}/{self.job_id}/"
+
+    @property
+    def round(self) -> str:
+        """The current plan (JSON of ``rendezvous.plan.Plan``); written by the driver only."""
+        return f"{self.prefix}round"
+
+    @property
+    def workers(self) -> str:
+        """Prefix of worker registrations, one key per worker under its lease."""
+        return f"{self.prefix}workers/"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.workers}{worker_id}"
+
+    @property
+    def failures(self) -> str:
+        """Prefix of failure reports: a worker that saw a peer's socket fail says so here."""
+        return f"{self.prefix}failures/"
+
+    def failure(self, round_id: int, reporter: str) -> str:
+        return f"{self.failures}{round_id}/{reporter}"
+
+    @property
+    def ps(self) -> str:
+        """Prefix of parameter-server shard addresses, one key per shard index."""
+        return f"{self.prefix}ps/"
+
+    def ps_shard(self, index: int) -> str:
+        return f"{self.ps}{index:04d}"
+
+    @property
+    def status(self) -> str:
+        """Job status written by the driver (e.g. ``done``) so workers can stop waiting."""
+        return f"{self.prefix}status"

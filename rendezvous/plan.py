@@ -1,0 +1,78 @@
+"""The records that travel through the store: worker registrations and round plans.
+
+The driver is the only writer of plans; workers read them. Both sides share these
+classes so the JSON schema is defined once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A worker's registration (written by the worker under its lease).
+
+    ``worker_id`` is unique for the life of the job (a replacement gets a new one);
+    ``address`` is the data-plane listener ``host:port`` its peers connect to."""
+
+    worker_id: str
+    host: str
+    slot: int
+    pid: int
+    address: str
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "WorkerInfo":
+        return cls(**json.loads(data))
+
+
+@dataclass(frozen=True)
+class Member:
+    """One worker's place in a round."""
+
+    worker_id: str
+    host: str
+    slot: int
+    address: str
+    rank: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Round ``round_id``: its members in rank order. Rounds only grow."""
+
+    round_id: int
+    members: tuple[Member, ...] = field(default_factory=tuple)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def member(self, worker_id: str) -> Member | None:
+        for m in self.members:
+            if m.worker_id == worker_id:
+                return m
+        return None
+
+    @property
+    def worker_ids(self) -> tuple[str, ...]:
+        return tuple(m.worker_id for m in self.members)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"round_id": self.round_id,
+                           "members": [asdict(m) for m in self.members]},
+                          sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Plan":
+        raw = json.loads(data)
+        return cls(round_id=int(raw["round_id"]),
+                   members=tuple(Member(**m) for m in raw["members"]))
