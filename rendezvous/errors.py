@@ -33,6 +33,11 @@ class RendezvousConnectionError(RendezvousError):
     """The store could not be reached, or did not answer before the deadline."""
 
 
+class NotSentError(RendezvousConnectionError):
+    """The request never reached a server (no connection): repeating it is safe, even for a
+    transaction, unlike a request that timed out after it was sent."""
+
+
 class RendezvousAuthError(RendezvousError):
     """The store (or a peer) refused the request: missing or wrong job secret."""
 

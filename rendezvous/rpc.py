@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Iterator
 import grpc
 
 from rendezvous import auth
-from rendezvous.errors import (ElasticError, RendezvousAuthError, RendezvousConnectionError,
-                               RendezvousError, error_class)
+from rendezvous.errors import (ElasticError, NotSentError, RendezvousAuthError,
+                               RendezvousConnectionError, RendezvousError, error_class)
 
 UNLIMITED_MESSAGE_OPTIONS = [
     ("grpc.max_send_message_length", -1),
@@ -142,6 +142,8 @@ def translate_rpc_error(exc: grpc.RpcError, what: str) -> ElasticError:
         name, message = details.split(_ERROR_SEPARATOR, 1)
         cls = error_class(name) or RendezvousError
         return cls(message)
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
+        return NotSentError(f"{what}: unavailable: {details}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return RendezvousAuthError(f"{what}: {details}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -1,0 +1,151 @@
+"""The embedded backend: a gRPC server over ``MemoryKV`` (run in the driver) and its client.
+
+Every call carries proof of the job secret (``rpc.RpcServer`` refuses others).
+Messages are JSON headers framed by ``rpc.frame``; values travel base64-encoded,
+which is fine for a store whose values are small records (the size limit applies).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterator, Sequence
+
+from rendezvous.memory import MemoryKV
+from rendezvous.rpc import RpcClient, RpcServer, frame, unframe
+from rendezvous.store import (Compare, Delete, Event, KeyValue, KVStore, Put,
+                              StoreSettings, TxnResult, op_from_dict)
+
+SERVICE = "elastic.rendezvous.KV"
+#: how long a watch stream waits before sending an empty batch (a heartbeat)
+WATCH_POLL_SECONDS = 1.0
+
+
+def _encode(**header) -> bytes:
+    return frame(header)
+
+
+def _decode(message: bytes) -> dict:
+    return unframe(message)[0]
+
+
+class EmbeddedServer:
+    """The store server: ``start()`` returns its address; ``stop()`` ends it."""
+
+    def __init__(self, secret: str, bind: str = "127.0.0.1:0", lease_check_interval: float = 0.1,
+                 history_limit: int = 100_000):
+        self.kv = MemoryKV(history_limit=history_limit)
+        self._rpc = RpcServer(SERVICE, secret, bind, max_workers=512)
+        self._stop = threading.Event()
+        self._lease_check_interval = lease_check_interval
+        self._expirer: threading.Thread | None = None
+        self._streams_generation = 0
+        for name, fn in (("Range", self._range), ("Txn", self._txn), ("Grant", self._grant),
+                         ("KeepAlive", self._keepalive), ("Revoke", self._revoke)):
+            self._rpc.add_unary(name, fn)
+        self._rpc.add_stream("Watch", self._watch)
+
+    @property
+    def address(self) -> str | None:
+        return self._rpc.address
+
+    def start(self) -> str:
+        address = self._rpc.start()
+        self._expirer = threading.Thread(target=self._expire_loop, name="lease-expiry", daemon=True)
+        self._expirer.start()
+        return address
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._rpc.stop(grace=0.2)
+        if self._expirer is not None:
+            self._expirer.join(timeout=5)
+
+    def drop_watch_streams(self) -> None:
+        """End every open watch stream (clients reconnect): a fault to test resumption."""
+        self._streams_generation += 1
+
+    def _expire_loop(self) -> None:
+        while not self._stop.wait(self._lease_check_interval):
+            self.kv.expire_leases()
+
+    # ---- handlers ----
+    def _range(self, request: bytes) -> bytes:
+        req = _decode(request)
+        kvs, rev = self.kv.range(req["key"], req["prefix"])
+        return _encode(kvs=[kv.to_dict() for kv in kvs], rev=rev)
+
+    def _txn(self, request: bytes) -> bytes:
+        req = _decode(request)
+        result = self.kv.txn([Compare.from_dict(c) for c in req["cmp"]],
+                             [op_from_dict(o) for o in req["ok"]],
+                             [op_from_dict(o) for o in req["fail"]])
+        return _encode(ok=result.succeeded, rev=result.revision)
+
+    def _grant(self, request: bytes) -> bytes:
+        return _encode(id=self.kv.grant(_decode(request)["ttl"]))
+
+    def _keepalive(self, request: bytes) -> bytes:
+        return _encode(ttl=self.kv.keepalive(_decode(request)["id"]))
+
+    def _revoke(self, request: bytes) -> bytes:
+        self.kv.revoke(_decode(request)["id"])
+        return _encode()
+
+    def _watch(self, request: bytes, context) -> Iterator[bytes]:
+        req = _decode(request)
+        prefix, next_rev = req["prefix"], req["start"]
+        generation = self._streams_generation
+        while context.is_active() and not self._stop.is_set():
+            if generation != self._streams_generation:
+                return
+            events, next_rev = self.kv.events_since(prefix, next_rev, WATCH_POLL_SECONDS)
+            yield _encode(events=[ev.to_dict() for ev in events])
+
+
+class EmbeddedStore(KVStore):
+    """Client of an ``EmbeddedServer`` at ``address`` (``host:port``)."""
+
+    scheme = "embedded"
+
+    def __init__(self, address: str, secret: str, settings: StoreSettings = StoreSettings()):
+        super().__init__(settings)
+        self.address = address
+        self._rpc = RpcClient(address, SERVICE, secret, timeout=settings.request_timeout)
+
+    def _unary(self, name: str, **header) -> dict:
+        return _decode(self._rpc.call(name, _encode(**header)))
+
+    def _range(self, key: str, prefix: bool) -> tuple[list[KeyValue], int]:
+        resp = self._unary("Range", key=key, prefix=prefix)
+        return [KeyValue.from_dict(d) for d in resp["kvs"]], resp["rev"]
+
+    def _txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
+             failure: Sequence[Put | Delete]) -> TxnResult:
+        resp = self._unary("Txn", cmp=[c.to_dict() for c in compares],
+                           ok=[o.to_dict() for o in success], fail=[o.to_dict() for o in failure])
+        return TxnResult(resp["ok"], resp["rev"])
+
+    def _grant(self, ttl: int) -> int:
+        return self._unary("Grant", ttl=ttl)["id"]
+
+    def _keepalive(self, lease_id: int) -> int:
+        return self._unary("KeepAlive", id=lease_id)["ttl"]
+
+    def _revoke(self, lease_id: int) -> None:
+        self._unary("Revoke", id=lease_id)
+
+    def _open_watch(self, prefix: str, start_revision: int
+                    ) -> tuple[Iterator[list[Event]], Callable[[], None]]:
+        import grpc
+        from rendezvous.rpc import translate_rpc_error
+        call = self._rpc.stream("Watch", _encode(prefix=prefix, start=start_revision))
+
+        def batches() -> Iterator[list[Event]]:
+            try:
+                for message in call:
+                    yield [Event.from_dict(d) for d in _decode(message)["events"]]
+            except grpc.RpcError as exc:
+                raise translate_rpc_error(exc, f"watch at {self.address}") from None
+        return batches(), call.cancel
+
+    def _close(self) -> None:
+        self._rpc.close()

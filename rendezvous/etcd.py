@@ -1,0 +1,214 @@
+"""The etcd v3 backend, on the gRPC stubs that the ``etcd3`` package generates.
+
+We drive the stubs directly rather than ``etcd3.Etcd3Client`` because we need what
+that client does not offer: several endpoints with failover, watches from a revision
+that we resume ourselves, and typed errors that say whether a request was sent.
+
+Endpoints: one gRPC channel at a time, to the current endpoint; a call that cannot
+connect moves the client to the next endpoint before the retry (``_on_connection_error``).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import warnings
+from typing import Callable, Iterator, Sequence
+
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+
+import grpc  # noqa: E402
+
+from rendezvous.errors import (LeaseNotFoundError, RendezvousConfigError,  # noqa: E402
+                               RendezvousError, WatchCompactedError)
+from rendezvous.memory import prefix_end  # noqa: E402
+from rendezvous.rpc import translate_rpc_error  # noqa: E402
+from rendezvous.store import (DELETE, PUT, Compare, Delete, Event, KeyValue, KVStore,  # noqa: E402
+                              Put, StoreSettings, TxnResult)
+from rendezvous.url import Endpoint  # noqa: E402
+
+
+def _import_stubs():
+    """etcd3's generated modules. Raises RendezvousConfigError when protobuf was already
+    loaded with a native runtime that cannot load them (the DESIGN.md trap)."""
+    try:
+        with warnings.catch_warnings():
+            # Its protobuf-3 era code uses descriptor calls that newer runtimes deprecate.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from etcd3 import etcdrpc
+        return etcdrpc
+    except TypeError as exc:  # "Descriptors cannot be created directly"
+        raise RendezvousConfigError(
+            "the etcd client needs PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python set before "
+            f"protobuf is first imported (import rendezvous or elastic earlier): {exc}") from None
+    except ImportError as exc:
+        raise RendezvousConfigError(f"the etcd backend needs the etcd3 package: {exc}") from None
+
+
+_CHANNEL_OPTIONS = [
+    # Notice a dead or stalled server on an idle watch stream. etcd refuses pings more
+    # often than every 5 s by default (--grpc-keepalive-min-time), so stay above it.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Fail fast on a dead endpoint so we can move to the next one.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+def _key_range(key: str, prefix: bool) -> tuple[bytes, bytes]:
+    return key.encode(), (prefix_end(key).encode() if prefix else b"")
+
+
+def _kv(kv) -> KeyValue:
+    return KeyValue(kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision,
+                    kv.version, kv.lease)
+
+
+class EtcdStore(KVStore):
+    scheme = "etcd"
+
+    def __init__(self, endpoints: Sequence[Endpoint], settings: StoreSettings = StoreSettings()):
+        super().__init__(settings)
+        if not endpoints:
+            raise RendezvousConfigError("etcd store needs at least one endpoint")
+        self._rpc = _import_stubs()
+        self.endpoints = tuple(endpoints)
+        self._lock = threading.Lock()
+        self._index = 0
+        self._channel: grpc.Channel | None = None
+        self._stubs = None
+        self._connect(0)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.endpoints[self._index]
+
+    def _connect(self, index: int) -> None:
+        old = self._channel
+        self._index = index % len(self.endpoints)
+        self._channel = grpc.insecure_channel(str(self.endpoint), options=_CHANNEL_OPTIONS)
+        self._stubs = (self._rpc.KVStub(self._channel), self._rpc.LeaseStub(self._channel),
+                       self._rpc.WatchStub(self._channel))
+        if old is not None:
+            old.close()
+
+    def _on_connection_error(self) -> None:
+        if len(self.endpoints) > 1:
+            with self._lock:
+                self._connect(self._index + 1)
+
+    def _invoke(self, stub_index: int, method: str, request, what: str):
+        stub = self._stubs[stub_index]
+        try:
+            return getattr(stub, method)(request, timeout=self.settings.request_timeout)
+        except grpc.RpcError as exc:
+            details = (exc.details() or "").lower()
+            if "lease not found" in details:
+                raise LeaseNotFoundError(f"etcd at {self.endpoint}: {exc.details()}") from None
+            if "compacted" in details:
+                raise WatchCompactedError(f"etcd at {self.endpoint}: {exc.details()}") from None
+            raise translate_rpc_error(exc, f"etcd {what} at {self.endpoint}") from None
+
+    # ---- KV ----
+    def _range(self, key: str, prefix: bool) -> tuple[list[KeyValue], int]:
+        start, end = _key_range(key, prefix)
+        resp = self._invoke(0, "Range", self._rpc.RangeRequest(
+            key=start, range_end=end, sort_order=self._rpc.RangeRequest.ASCEND,
+            sort_target=self._rpc.RangeRequest.KEY), "range")
+        return [_kv(kv) for kv in resp.kvs], resp.header.revision
+
+    def _compare(self, c: Compare):
+        m = self._rpc.Compare
+        msg = m(key=c.key.encode(),
+                result={"==": m.EQUAL, "!=": m.NOT_EQUAL, "<": m.LESS, ">": m.GREATER}[c.op],
+                target={"mod": m.MOD, "create": m.CREATE, "version": m.VERSION,
+                        "value": m.VALUE}[c.target])
+        if c.target == "mod":
+            msg.mod_revision = c.value
+        elif c.target == "create":
+            msg.create_revision = c.value
+        elif c.target == "version":
+            msg.version = c.value
+        else:
+            msg.value = bytes(c.value)
+        return msg
+
+    def _op(self, op: Put | Delete):
+        if isinstance(op, Put):
+            return self._rpc.RequestOp(request_put=self._rpc.PutRequest(
+                key=op.key.encode(), value=op.value, lease=op.lease))
+        start, end = _key_range(op.key, op.prefix)
+        return self._rpc.RequestOp(request_delete_range=self._rpc.DeleteRangeRequest(
+            key=start, range_end=end))
+
+    def _txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
+             failure: Sequence[Put | Delete]) -> TxnResult:
+        resp = self._invoke(0, "Txn", self._rpc.TxnRequest(
+            compare=[self._compare(c) for c in compares],
+            success=[self._op(o) for o in success],
+            failure=[self._op(o) for o in failure]), "txn")
+        return TxnResult(resp.succeeded, resp.header.revision)
+
+    # ---- leases ----
+    def _grant(self, ttl: int) -> int:
+        return self._invoke(1, "LeaseGrant", self._rpc.LeaseGrantRequest(TTL=ttl), "lease grant").ID
+
+    def _keepalive(self, lease_id: int) -> int:
+        responses = self._invoke(1, "LeaseKeepAlive",
+                                 iter([self._rpc.LeaseKeepAliveRequest(ID=lease_id)]), "keep-alive")
+        try:
+            for resp in responses:
+                if resp.TTL <= 0:
+                    raise LeaseNotFoundError(f"lease {lease_id:x} not found (expired or revoked)")
+                return resp.TTL
+        except grpc.RpcError as exc:
+            raise translate_rpc_error(exc, f"etcd keep-alive at {self.endpoint}") from None
+        raise LeaseNotFoundError(f"lease {lease_id:x}: keep-alive got no answer")
+
+    def _revoke(self, lease_id: int) -> None:
+        self._invoke(1, "LeaseRevoke", self._rpc.LeaseRevokeRequest(ID=lease_id), "lease revoke")
+
+    # ---- watches ----
+    def _open_watch(self, prefix: str, start_revision: int
+                    ) -> tuple[Iterator[list[Event]], Callable[[], None]]:
+        start, end = _key_range(prefix, True)
+        create = self._rpc.WatchRequest(create_request=self._rpc.WatchCreateRequest(
+            key=start, range_end=end, start_revision=start_revision))
+        # The request side must stay open: etcd ends the watch when the client half-closes.
+        done: queue.Queue = queue.Queue()
+
+        def requests():
+            yield create
+            done.get()
+
+        call = self._stubs[2].Watch(requests())
+        endpoint = self.endpoint
+
+        def cancel():
+            done.put(None)
+            call.cancel()
+
+        def batches() -> Iterator[list[Event]]:
+            try:
+                for resp in call:
+                    if resp.compact_revision:
+                        raise WatchCompactedError(
+                            f"etcd at {endpoint}: revision {start_revision} was compacted "
+                            f"(oldest kept: {resp.compact_revision})")
+                    if resp.canceled:
+                        raise RendezvousError(f"etcd at {endpoint} cancelled the watch: "
+                                              f"{resp.cancel_reason}")
+                    yield [Event(PUT if ev.type == ev.PUT else DELETE, _kv(ev.kv))
+                           for ev in resp.events]
+            except grpc.RpcError as exc:
+                raise translate_rpc_error(exc, f"etcd watch at {endpoint}") from None
+            finally:
+                done.put(None)
+        return batches(), cancel
+
+    def _close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()

@@ -1,0 +1,478 @@
+"""The KV store interface, shaped like etcd v3, that both backends implement.
+
+What a backend provides is small (``_range``, ``_put``, ``_delete``, ``_txn``, the
+lease calls, ``_open_watch``); what every caller relies on is built here once:
+retries with a deadline through an outage, the value size limit, leases kept alive
+by a thread, and watches that resume from their revision after a reconnect so that
+no event is lost or repeated.
+
+Retry rule: a call that failed to *reach* the store (``RendezvousConnectionError``)
+is retried until ``StoreSettings.retry_deadline``. Reads, puts and deletes are safe
+to repeat. A transaction is only repeated when the failure proves it was never
+applied (``NotSentError``); an ambiguous failure (deadline passed after sending)
+is raised, because repeating a compare-and-swap that did succeed would report a
+loss for what was a win.
+"""
+from __future__ import annotations
+
+import abc
+import base64
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from rendezvous.errors import (LeaseNotFoundError, NotSentError, RendezvousClosedError,
+                               RendezvousConnectionError, RendezvousError, ValueTooLargeError,
+                               WatchCompactedError)
+
+log = logging.getLogger(__name__)
+
+PUT = "put"
+DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """How long calls may take and how much they may carry."""
+
+    request_timeout: float = 5.0        # one attempt of one call
+    retry_deadline: float = 30.0        # total time a call keeps retrying through an outage
+    connect_timeout: float = 5.0        # ``open_store(check=True)``: first contact
+    watch_reconnect_deadline: float = 60.0  # a watch gives up after this long without its store
+    max_value_bytes: int = 1536 * 1024  # etcd's default request limit is 1.5 MiB
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int = 0
+
+    def to_dict(self) -> dict:
+        return {"k": self.key, "v": base64.b64encode(self.value).decode(), "c": self.create_revision,
+                "m": self.mod_revision, "n": self.version, "l": self.lease}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KeyValue":
+        return cls(d["k"], base64.b64decode(d["v"]), d["c"], d["m"], d["n"], d["l"])
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change. ``revision`` is the store revision of the change (the deletion's own
+    revision for a delete); ``kv`` is the new value (for a delete: the key, empty value)."""
+
+    type: str
+    kv: KeyValue
+
+    @property
+    def key(self) -> str:
+        return self.kv.key
+
+    @property
+    def value(self) -> bytes:
+        return self.kv.value
+
+    @property
+    def revision(self) -> int:
+        return self.kv.mod_revision
+
+    def to_dict(self) -> dict:
+        return {"t": self.type, "kv": self.kv.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Event":
+        return cls(d["t"], KeyValue.from_dict(d["kv"]))
+
+
+@dataclass(frozen=True)
+class Compare:
+    """A transaction guard: ``target`` of ``key`` compared by ``op`` with ``value``.
+
+    targets: "mod" (mod revision), "create" (create revision), "version", "value";
+    a missing key has revisions and version 0 and never equals a value."""
+
+    key: str
+    target: str
+    op: str
+    value: int | bytes
+
+    TARGETS = ("mod", "create", "version", "value")
+    OPS = ("==", "!=", "<", ">")
+
+    def __post_init__(self):
+        if self.target not in self.TARGETS or self.op not in self.OPS:
+            raise ValueError(f"bad compare {self.target} {self.op}")
+
+    def to_dict(self) -> dict:
+        v = base64.b64encode(self.value).decode() if self.target == "value" else self.value
+        return {"k": self.key, "t": self.target, "o": self.op, "v": v}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Compare":
+        v = base64.b64decode(d["v"]) if d["t"] == "value" else int(d["v"])
+        return cls(d["k"], d["t"], d["o"], v)
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: bytes
+    lease: int = 0
+
+    def to_dict(self) -> dict:
+        return {"op": "put", "k": self.key, "v": base64.b64encode(self.value).decode(), "l": self.lease}
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+    prefix: bool = False
+
+    def to_dict(self) -> dict:
+        return {"op": "delete", "k": self.key, "p": self.prefix}
+
+
+def op_from_dict(d: dict) -> Put | Delete:
+    if d["op"] == "put":
+        return Put(d["k"], base64.b64decode(d["v"]), d["l"])
+    return Delete(d["k"], d["p"])
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+
+
+class Lease:
+    """A lease granted by a store; keys put with ``lease=lease.id`` vanish when it ends."""
+
+    def __init__(self, store: "KVStore", lease_id: int, ttl: int):
+        self.store = store
+        self.id = lease_id
+        self.ttl = ttl
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> int:
+        """One keep-alive; returns the TTL granted. Raises LeaseNotFoundError once expired."""
+        return self.store.keepalive(self.id)
+
+    def keep_alive(self, on_lost: Callable[[Exception], None] | None = None,
+                   interval: float | None = None) -> None:
+        """Refresh in a daemon thread every ``interval`` (default TTL/3) until ``revoke``.
+
+        ``on_lost`` is called once if the lease is found expired, or if the store stays
+        unreachable for longer than the TTL (the lease must be presumed gone then)."""
+        interval = interval or max(self.ttl / 3.0, 0.2)
+
+        def loop():
+            last_ok = time.monotonic()
+            while not self._stop.wait(interval):
+                try:
+                    self.store.keepalive(self.id, retry=False)
+                    last_ok = time.monotonic()
+                except LeaseNotFoundError as exc:
+                    if on_lost:
+                        on_lost(exc)
+                    return
+                except RendezvousClosedError:
+                    return
+                except RendezvousError as exc:
+                    if time.monotonic() - last_ok > self.ttl:
+                        if on_lost:
+                            on_lost(exc)
+                        return
+                    log.debug("lease %x keep-alive failed, retrying: %s", self.id, exc)
+
+        self._thread = threading.Thread(target=loop, name=f"lease-{self.id:x}", daemon=True)
+        self._thread.start()
+
+    def stop_keep_alive(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def revoke(self) -> None:
+        """Stop refreshing and end the lease now (its keys vanish). Idempotent."""
+        self.stop_keep_alive()
+        try:
+            self.store.revoke(self.id)
+        except LeaseNotFoundError:
+            pass
+
+
+_WATCH_CLOSED = object()
+
+
+class Watch:
+    """Events under a prefix from a revision on, in order, each once, across reconnects.
+
+    A background thread reads the backend's stream; when it breaks, the thread reopens
+    it from the revision after the last event delivered. ``get`` raises the watch's
+    terminal error (``WatchCompactedError``, or ``RendezvousConnectionError`` after
+    ``watch_reconnect_deadline`` without the store)."""
+
+    def __init__(self, store: "KVStore", prefix: str, start_revision: int):
+        self.prefix = prefix
+        self.next_revision = start_revision
+        self._store = store
+        self._queue: queue.Queue = queue.Queue()
+        self._cancelled = threading.Event()
+        self._cancel_stream: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self.reconnects = 0
+        self._thread = threading.Thread(target=self._run, name=f"watch{prefix}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        deadline = None
+        backoff = 0.05
+        while not self._cancelled.is_set():
+            try:
+                stream, cancel = self._store._open_watch(self.prefix, self.next_revision)
+                with self._lock:
+                    self._cancel_stream = cancel
+                if self._cancelled.is_set():
+                    cancel()
+                    break
+                for events in stream:
+                    deadline, backoff = None, 0.05
+                    for ev in events:
+                        if ev.revision < self.next_revision:
+                            continue  # already delivered before a reconnect
+                        self._queue.put(ev)
+                        self.next_revision = ev.revision + 1
+                    # A batch can be empty: a heartbeat that proves the stream is alive.
+                if self._cancelled.is_set():
+                    break
+                raise RendezvousConnectionError("watch stream ended")
+            except WatchCompactedError as exc:
+                self._queue.put(exc)
+                return
+            except RendezvousClosedError as exc:
+                self._queue.put(exc)
+                return
+            except RendezvousError as exc:
+                if self._cancelled.is_set():
+                    break
+                now = time.monotonic()
+                deadline = deadline or now + self._store.settings.watch_reconnect_deadline
+                if now > deadline:
+                    self._queue.put(RendezvousConnectionError(
+                        f"watch on {self.prefix!r} lost its store for more than "
+                        f"{self._store.settings.watch_reconnect_deadline:.0f}s: {exc}"))
+                    return
+                self.reconnects += 1
+                log.debug("watch %s reconnecting from revision %d: %s", self.prefix,
+                          self.next_revision, exc)
+                self._cancelled.wait(backoff)
+                backoff = min(backoff * 2, 1.0)
+        self._queue.put(_WATCH_CLOSED)
+
+    def get(self, timeout: float | None = None) -> Event | None:
+        """The next event, or None when ``timeout`` passes or the watch was cancelled.
+
+        Raises the watch's terminal ``RendezvousError`` (kept, so every later call raises too)."""
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _WATCH_CLOSED or isinstance(item, Exception):
+            self._queue.put(item)  # keep the terminal state for the next caller
+            if item is _WATCH_CLOSED:
+                return None
+            raise item
+        return item
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            ev = self.get()
+            if ev is None:
+                return
+            yield ev
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        with self._lock:
+            cancel = self._cancel_stream
+        if cancel is not None:
+            cancel()
+        self._thread.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.cancel()
+
+
+class KVStore(abc.ABC):
+    """A KV store with revisions, transactions, leases and prefix watches (etcd v3 shaped).
+
+    Every method raises a ``RendezvousError`` subclass on failure and returns within
+    ``settings.retry_deadline`` (plus one request timeout)."""
+
+    #: URL scheme this backend is chosen by (see ``rendezvous.open_store``)
+    scheme: str = ""
+
+    def __init__(self, settings: StoreSettings):
+        self.settings = settings
+        self._closed = False
+
+    # ---- what a backend implements (one attempt each; raise typed errors) ----
+    @abc.abstractmethod
+    def _range(self, key: str, prefix: bool) -> tuple[list[KeyValue], int]: ...
+
+    @abc.abstractmethod
+    def _txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
+             failure: Sequence[Put | Delete]) -> TxnResult: ...
+
+    @abc.abstractmethod
+    def _grant(self, ttl: int) -> int: ...
+
+    @abc.abstractmethod
+    def _keepalive(self, lease_id: int) -> int: ...
+
+    @abc.abstractmethod
+    def _revoke(self, lease_id: int) -> None: ...
+
+    @abc.abstractmethod
+    def _open_watch(self, prefix: str, start_revision: int
+                    ) -> tuple[Iterator[list[Event]], Callable[[], None]]:
+        """A stream of event batches from ``start_revision`` and a function that ends it.
+        Raises WatchCompactedError if that history is gone."""
+
+    def _on_connection_error(self) -> None:
+        """Called before a retry; a multi-endpoint backend moves to its next endpoint."""
+
+    @abc.abstractmethod
+    def _close(self) -> None: ...
+
+    # ---- the interface ----
+    def _call(self, fn: Callable, *, repeatable: bool = True, retry: bool = True):
+        if self._closed:
+            raise RendezvousClosedError("store client is closed")
+        deadline = time.monotonic() + self.settings.retry_deadline
+        backoff = 0.05
+        while True:
+            try:
+                return fn()
+            except RendezvousConnectionError as exc:
+                if self._closed:
+                    raise RendezvousClosedError("store client is closed") from exc
+                ambiguous = not isinstance(exc, NotSentError)
+                if not retry or (ambiguous and not repeatable) or time.monotonic() + backoff > deadline:
+                    raise
+                self._on_connection_error()
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    def _check_value(self, key: str, value: bytes) -> None:
+        if not isinstance(value, (bytes, bytearray)):
+            raise TypeError(f"value for {key!r} must be bytes, not {type(value).__name__}")
+        if len(value) > self.settings.max_value_bytes:
+            raise ValueTooLargeError(f"value for {key!r} is {len(value)} bytes, above the limit of "
+                                     f"{self.settings.max_value_bytes} bytes")
+
+    def get(self, key: str) -> KeyValue | None:
+        kvs, _ = self._call(lambda: self._range(key, False))
+        return kvs[0] if kvs else None
+
+    def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """All keys under ``prefix`` sorted by key, and the store revision they were read at."""
+        return self._call(lambda: self._range(prefix, True))
+
+    def revision(self) -> int:
+        """The store's current revision."""
+        return self._call(lambda: self._range("\0", False))[1]
+
+    def put(self, key: str, value: bytes, lease: int | Lease = 0) -> int:
+        """Write ``value``; returns the revision of the write."""
+        self._check_value(key, value)
+        return self.txn([], [Put(key, bytes(value), _lease_id(lease))], [], _repeatable=True).revision
+
+    def delete(self, key: str) -> int:
+        return self.txn([], [Delete(key)], [], _repeatable=True).revision
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self.txn([], [Delete(prefix, prefix=True)], [], _repeatable=True).revision
+
+    def txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete] = (),
+            failure: Sequence[Put | Delete] = (), _repeatable: bool = False) -> TxnResult:
+        """Apply ``success`` if every compare holds, else ``failure``, atomically at one revision."""
+        for op in (*success, *failure):
+            if isinstance(op, Put):
+                self._check_value(op.key, op.value)
+        return self._call(lambda: self._txn(compares, success, failure), repeatable=_repeatable)
+
+    def compare_and_swap(self, key: str, value: bytes, expected_mod_revision: int,
+                         lease: int | Lease = 0) -> bool:
+        """Put ``value`` only if ``key``'s mod revision is ``expected_mod_revision``
+        (0: only if the key does not exist). True when this call won."""
+        self._check_value(key, value)
+        return self.txn([Compare(key, "mod", "==", expected_mod_revision)],
+                        [Put(key, bytes(value), _lease_id(lease))]).succeeded
+
+    def grant_lease(self, ttl: int) -> Lease:
+        """A new lease of ``ttl`` whole seconds (>= 1)."""
+        ttl = max(1, int(round(ttl)))
+        return Lease(self, self._call(lambda: self._grant(ttl), repeatable=True), ttl)
+
+    def keepalive(self, lease_id: int, retry: bool = True) -> int:
+        """Refresh a lease; returns the TTL. Raises LeaseNotFoundError once it expired."""
+        return self._call(lambda: self._keepalive(lease_id), retry=retry)
+
+    def revoke(self, lease_id: int) -> None:
+        self._call(lambda: self._revoke(lease_id))
+
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
+        """Watch keys under ``prefix`` from ``start_revision`` (default: after the current
+        revision, i.e. changes from now on)."""
+        if start_revision is None:
+            start_revision = self.revision() + 1
+        return Watch(self, prefix, start_revision)
+
+    def wait_for(self, key: str, predicate: Callable[[KeyValue | None], bool], timeout: float
+                 ) -> KeyValue | None:
+        """Block until ``predicate(current value of key)`` holds; returns that value.
+
+        Raises RendezvousConnectionError (with what it waited for) when ``timeout`` passes."""
+        kvs, rev = self.get_prefix(key)
+        current = next((kv for kv in kvs if kv.key == key), None)
+        if predicate(current):
+            return current
+        deadline = time.monotonic() + timeout
+        with Watch(self, key, rev + 1) as watch:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RendezvousConnectionError(f"timed out after {timeout:.1f}s waiting on {key!r}")
+                ev = watch.get(timeout=remaining)
+                if ev is None or ev.key != key:
+                    continue
+                current = ev.kv if ev.type == PUT else None
+                if predicate(current):
+                    return current
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _lease_id(lease: int | Lease) -> int:
+    return lease.id if isinstance(lease, Lease) else int(lease or 0)

@@ -1,0 +1,74 @@
+"""Parsing of store URLs (pure): ``embedded://HOST:PORT`` and ``etcd://HOST:PORT[,HOST:PORT...]``.
+
+``embedded`` alone (the CLI's default) names the store the driver runs; the driver
+turns it into ``embedded://HOST:PORT`` for its workers once the server has a port.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rendezvous.errors import RendezvousConfigError
+
+SCHEMES = ("embedded", "etcd")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    scheme: str
+    endpoints: tuple[Endpoint, ...]
+
+    def __str__(self) -> str:
+        if not self.endpoints:
+            return self.scheme
+        return f"{self.scheme}://" + ",".join(str(e) for e in self.endpoints)
+
+
+def parse_endpoint(text: str, url: str) -> Endpoint:
+    """``HOST:PORT`` or ``[IPV6]:PORT``. Raises RendezvousConfigError naming ``url``."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: "
+                                        "expected [IPV6]:PORT")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: "
+                                        "expected HOST:PORT")
+    if not host or ":" in host and not text.startswith("["):
+        raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: missing or bad host")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise RendezvousConfigError(f"bad port {port_text!r} in store URL {url!r}: "
+                                    "expected a number from 1 to 65535")
+    return Endpoint(host, int(port_text))
+
+
+def parse_store_url(url: str) -> StoreURL:
+    """Raises RendezvousConfigError with a one-line reason for anything malformed."""
+    if not isinstance(url, str) or not url.strip():
+        raise RendezvousConfigError("empty store URL: expected 'embedded' or etcd://HOST:PORT[,...]")
+    url = url.strip()
+    if url == "embedded":
+        return StoreURL("embedded", ())
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise RendezvousConfigError(f"bad store URL {url!r}: expected 'embedded', "
+                                    "embedded://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]")
+    parts = rest.rstrip("/").split(",")
+    if not rest or any(not p.strip() for p in parts):
+        raise RendezvousConfigError(f"bad store URL {url!r}: empty endpoint")
+    endpoints = tuple(parse_endpoint(p, url) for p in parts)
+    if scheme == "embedded" and len(endpoints) != 1:
+        raise RendezvousConfigError(f"bad store URL {url!r}: the embedded store has one endpoint")
+    return StoreURL(scheme, endpoints)

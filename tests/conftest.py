@@ -1,0 +1,87 @@
+"""Shared fixtures: real etcd servers, the embedded store server, and both backends.
+
+``store_backend`` parametrizes a test over both backends; it yields a ``StoreBackend``
+whose ``open()`` makes clients of one fresh store.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import rendezvous  # noqa: E402  (sets the protobuf runtime before anything imports protobuf)
+from rendezvous import StoreSettings, open_store  # noqa: E402
+from rendezvous.auth import make_secret  # noqa: E402
+from rendezvous.embedded import EmbeddedServer  # noqa: E402
+from tests.etcd_cluster import EtcdCluster  # noqa: E402
+
+FAST = StoreSettings(request_timeout=2.0, retry_deadline=10.0, connect_timeout=5.0,
+                     watch_reconnect_deadline=20.0)
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory):
+    """One etcd server for the session (tests isolate themselves by key prefix)."""
+    with EtcdCluster(1, tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def etcd_single(tmp_path):
+    """A fresh single-member etcd that a test may kill and restart."""
+    with EtcdCluster(1, tmp_path / "etcd") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def embedded_server():
+    secret = make_secret()
+    server = EmbeddedServer(secret)
+    server.start()
+    server.secret = secret
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class StoreBackend:
+    name: str
+    url: str
+    secret: str | None
+    server: object
+    _clients: list = field(default_factory=list)
+
+    def open(self, settings: StoreSettings = FAST, secret: str | None = "default"):
+        client = open_store(self.url, self.secret if secret == "default" else secret, settings)
+        self._clients.append(client)
+        return client
+
+    def close_all(self):
+        for c in self._clients:
+            c.close()
+
+
+@pytest.fixture(params=["embedded", "etcd"])
+def store_backend(request, tmp_path) -> StoreBackend:
+    if request.param == "embedded":
+        server = request.getfixturevalue("embedded_server")
+        backend = StoreBackend("embedded", f"embedded://{server.address}", server.secret, server)
+    else:
+        cluster = request.getfixturevalue("etcd_server")
+        # A fresh key space per test: wipe what earlier tests left.
+        backend = StoreBackend("etcd", cluster.url, None, cluster)
+        backend.open().delete_prefix("/")
+    try:
+        yield backend
+    finally:
+        backend.close_all()
