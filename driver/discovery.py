@@ -1,0 +1,205 @@
+"""Host discovery: where the job's hosts come from (a fixed list or a user's script).
+
+The parsing of a script's output is a pure function; ``ScriptDiscovery`` only adds the
+running of the script. What to do when discovery fails (fatal on the first call, logged
+and retried later, per DESIGN.md) is the driver's policy, not this module's.
+
+Output format: one host per line, ``HOST`` or ``HOST:SLOTS``; blank lines and ``#``
+comments (whole-line or trailing) are ignored. A host listed twice is an error rather
+than merged: ``a:2`` then ``a:4`` could mean 6 or 4 slots, and guessing wrong places
+workers on slots that do not exist.
+"""
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+from driver.errors import DiscoveryError, HostSpecError
+from driver.hosts import HostSlots, parse_host_slots
+
+DEFAULT_SCRIPT_TIMEOUT = 30.0   # cloud inventory calls can be slow; a hang must still end
+_STDERR_TAIL_LINES = 5
+_STDERR_TAIL_CHARS = 400
+_REAP_TIMEOUT = 5.0             # after SIGKILL to the group; only a stuck kernel call exceeds it
+
+
+def parse_discovery_output(text: str, default_slots: int, source: str) -> tuple[HostSlots, ...]:
+    """The hosts listed in ``text`` (a discovery script's stdout), in order.
+
+    ``default_slots`` is used for lines without ``:SLOTS``; ``source`` names the origin in
+    error messages. Raises ``DiscoveryError`` naming ``source``, the line number and the
+    line for a line that does not parse or a host listed twice."""
+    hosts: list[HostSlots] = []
+    first_line_of: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        try:
+            host = parse_host_slots(entry, default_slots)
+        except HostSpecError as e:
+            raise DiscoveryError(f"{source}: line {number} {line.strip()!r}: {e}") from None
+        if host.host in first_line_of:
+            raise DiscoveryError(f"{source}: line {number} {line.strip()!r}: host {host.host!r} "
+                                 f"already listed on line {first_line_of[host.host]}")
+        first_line_of[host.host] = number
+        hosts.append(host)
+    return tuple(hosts)
+
+
+class HostDiscovery(ABC):
+    """Where the job's hosts come from."""
+
+    @abstractmethod
+    def find_hosts(self) -> tuple[HostSlots, ...]:
+        """The hosts available now, in the source's order. Raises ``DiscoveryError``."""
+
+
+class FixedDiscovery(HostDiscovery):
+    """A host list that never changes (``-H``, or localhost for a single-machine job)."""
+
+    def __init__(self, hosts: Sequence[HostSlots]):
+        self._hosts = tuple(hosts)
+
+    def find_hosts(self) -> tuple[HostSlots, ...]:
+        return self._hosts
+
+    def __repr__(self) -> str:
+        return f"FixedDiscovery({self._hosts!r})"
+
+
+def _tail(data: bytes) -> str:
+    """The last lines of a script's stderr, on one line (error messages are one line)."""
+    lines = data.decode("utf-8", errors="replace").strip().splitlines()
+    tail = " | ".join(line.strip() for line in lines[-_STDERR_TAIL_LINES:] if line.strip())
+    return tail if len(tail) <= _STDERR_TAIL_CHARS else "..." + tail[-_STDERR_TAIL_CHARS:]
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class ScriptDiscovery(HostDiscovery):
+    """Runs the user's discovery script (no arguments, the driver's environment) and
+    parses its output. The script runs in its own process group so that a timeout kills
+    whatever it started too; the script is always reaped before ``find_hosts`` returns."""
+
+    def __init__(self, path: str, default_slots: int = 1, timeout: float = DEFAULT_SCRIPT_TIMEOUT):
+        self.path = path
+        self.default_slots = default_slots
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"ScriptDiscovery({self.path!r}, default_slots={self.default_slots}, timeout={self.timeout})"
+
+    def find_hosts(self) -> tuple[HostSlots, ...]:
+        """Run the script once. Raises ``DiscoveryError`` if it cannot be started, exits
+        non-zero (message: status and the tail of its stderr), does not finish within
+        ``timeout`` seconds, or prints a line that does not parse."""
+        source = f"discovery script {self.path}"
+        try:
+            process = subprocess.Popen([self.path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            raise DiscoveryError(f"{source} could not be run: {e.strerror or e}") from None
+        try:
+            stdout, stderr = process.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_and_reap(process)
+            raise DiscoveryError(f"{source} did not finish within {self.timeout:g} s "
+                                 f"(killed it and its process group)") from None
+        except BaseException:
+            # Interrupted (e.g. KeyboardInterrupt): still leave no process behind.
+            self._kill_and_reap(process)
+            raise
+        if process.returncode != 0:
+            tail = _tail(stderr)
+            raise DiscoveryError(f"{source} {_describe_exit(process.returncode)}"
+                                 + (f": {tail}" if tail else " (no stderr output)"))
+        return parse_discovery_output(stdout.decode("utf-8", errors="replace"),
+                                      self.default_slots, source)
+
+    @staticmethod
+    def _kill_and_reap(process: subprocess.Popen) -> None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is already gone
+        try:
+            process.communicate(timeout=_REAP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            # A descendant escaped the group (setsid) and still holds our pipes open:
+            # stop reading, but still reap the script itself, which SIGKILL has ended.
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
+            process.wait(timeout=_REAP_TIMEOUT)
+
+
+# ----------------------------------------------------------------------------- local hosts
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+@functools.lru_cache(maxsize=None)
+def _own_names() -> frozenset[str]:
+    """This machine's host name and fully qualified name (getfqdn may ask DNS: once)."""
+    names = {socket.gethostname()}
+    try:
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    return frozenset(n.lower() for n in names if n)
+
+
+def _is_own_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """True if this machine has ``address`` on an interface: binding to an address
+    succeeds only for the machine's own addresses (no packet is sent)."""
+    if address.is_loopback:
+        return True
+    if address.is_multicast:
+        return False  # binding to a multicast group succeeds on any machine
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((str(address), 0))
+        return True
+    except OSError:
+        return False
+
+
+def _resolve(name: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return []
+    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+
+
+@functools.lru_cache(maxsize=4096)
+def is_local_host(host: str) -> bool:
+    """True if ``host`` names this machine: localhost, a loopback address (127.x, ::1),
+    this machine's host name or FQDN, one of its own addresses, or a name that resolves to
+    one of those. A name that does not resolve is not local. Results are cached for the
+    life of the process (the lookups may ask DNS)."""
+    name = host.strip().strip("[]").lower()
+    if not name:
+        return False
+    if name in _LOOPBACK_NAMES or name in _own_names():
+        return True
+    try:
+        literal = ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return any(_is_own_address(address) for address in _resolve(name))
+    return _is_own_address(literal)

@@ -1,0 +1,393 @@
+"""Hosts and their slots, and the host manager: which hosts the job may use right now.
+
+Everything here is pure logic: no clocks, no sockets, no processes. Time is passed in
+as ``now`` (seconds on any monotonic scale) so the rules can be tested exactly.
+
+Rules (DESIGN.md leaves them to us):
+
+* Order. Hosts already known keep their old order; hosts new to the job follow, in the
+  order discovery listed them. Rank placement follows this order, so a stable order
+  means a new host never pushes existing workers to other ranks.
+* Blacklisting. A host is blacklisted when ``failure_threshold`` of its workers fail
+  within ``failure_window`` seconds (one crash of one worker is usually the program or
+  a transient; several in a short time is usually the machine). Its cooldown grows
+  exponentially with each blacklisting ("strike") and is clamped into
+  ``[cooldown_min, cooldown_max]``; when it ends the host is back. Strikes never decay,
+  so a host that keeps failing stays out for the maximum cooldown each time.
+* Protection. By default a host is never blacklisted when that would leave fewer than
+  ``min_np`` slots on the usable hosts: a job that cannot shrink keeps its machines and
+  replaces the dead workers instead (a one-machine job keeps its machine however often
+  its workers die). A ``HostBlacklistSkipped`` event says so.
+* Blacklist state is kept per host name even while discovery no longer lists the host,
+  so a flapping host cannot escape its cooldown by vanishing and coming back.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar, Iterable, Sequence
+
+from driver.errors import HostSpecError
+
+
+@dataclass(frozen=True)
+class HostSlots:
+    """A host and how many workers it may run (``slots`` >= 1)."""
+
+    host: str
+    slots: int
+
+    def __post_init__(self):
+        if not self.host:
+            raise HostSpecError("empty host name")
+        if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 1:
+            raise HostSpecError(f"bad slots {self.slots!r} for host {self.host!r} "
+                                f"(must be a whole number >= 1)")
+
+
+# A DNS name or IPv4 literal: letters, digits, '-', '_', '.'; no leading '-' or '.'
+# (a leading '-' would be read as an option by ssh).
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")
+_ZONE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
+_NUMBER = re.compile(r"[0-9]+\Z")
+
+
+def _check_ipv6(text: str, entry: str) -> str:
+    address, percent, zone = text.partition("%")  # fe80::1%eth0: a link-local address's zone
+    try:
+        ipaddress.IPv6Address(address)
+        if percent and not _ZONE.match(zone):
+            raise ValueError(zone)
+    except ValueError:
+        raise HostSpecError(f"bad IPv6 address {text!r} in {entry!r}") from None
+    return text
+
+
+def split_host(entry: str) -> tuple[str, str | None]:
+    """Split ``HOST`` or ``HOST:SUFFIX`` (surrounding whitespace ignored) into the host
+    and the suffix (None without ':'), checking the host. An IPv6 address takes a suffix
+    only in brackets, ``[fe80::1]:4``; an unbracketed IPv6 address has no suffix.
+
+    Raises ``HostSpecError`` naming the entry and what is wrong with it."""
+    text = entry.strip()
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise HostSpecError(f"missing ']' in {text!r}")
+        host = _check_ipv6(text[1:close], text) if close > 1 else ""
+        rest = text[close + 1:]
+        if rest and not rest.startswith(":"):
+            raise HostSpecError(f"unexpected {rest!r} after ']' in {text!r}")
+        suffix = rest[1:] if rest else None
+    elif text.count(":") > 1:
+        try:
+            host, suffix = _check_ipv6(text, text), None
+        except HostSpecError:
+            raise HostSpecError(f"bad host {text!r}: more than one ':' and not an IPv6 address "
+                                f"(write IPv6 with slots as [ADDRESS]:SLOTS)") from None
+    else:
+        host, sep, suffix = text.partition(":")
+        if not sep:
+            suffix = None
+    if not host:
+        raise HostSpecError(f"empty host in {text!r}")
+    if ":" not in host and not _HOST_NAME.match(host):
+        raise HostSpecError(f"bad host name {host!r} in {text!r}")
+    return host, suffix
+
+
+def parse_host_slots(entry: str, default_slots: int) -> HostSlots:
+    """Parse one ``HOST`` or ``HOST:SLOTS`` entry (see ``split_host`` for the host part).
+
+    ``HOST`` alone gets ``default_slots``. Slots must be a whole number >= 1 (to drain a
+    host, leave it out). Raises ``HostSpecError`` naming the entry and the problem."""
+    host, slots_text = split_host(entry)
+    if slots_text is None:
+        return HostSlots(host, default_slots)
+    if _NUMBER.match(slots_text) and int(slots_text) >= 1:
+        return HostSlots(host, int(slots_text))
+    raise HostSpecError(f"bad slots {slots_text!r} in {entry.strip()!r} "
+                        f"(must be a whole number >= 1)")
+
+
+def total_slots(hosts: Iterable[HostSlots]) -> int:
+    """Sum of the hosts' slots."""
+    return sum(h.slots for h in hosts)
+
+
+def available_slots(hosts: Iterable[HostSlots], max_np: int | None) -> int:
+    """How many workers the hosts can run at once, capped by ``max_np`` (None: no cap)."""
+    slots = total_slots(hosts)
+    return slots if max_np is None else min(slots, max_np)
+
+
+@dataclass(frozen=True)
+class HostDiff:
+    """What changed between two host lists: hosts added and removed (in their lists'
+    order), and hosts whose slot count changed, as ``(host, old_slots, new_slots)``."""
+
+    added: tuple[HostSlots, ...] = ()
+    removed: tuple[HostSlots, ...] = ()
+    changed: tuple[tuple[str, int, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+
+def diff_hosts(old: Sequence[HostSlots], new: Sequence[HostSlots]) -> HostDiff:
+    """The difference from ``old`` to ``new`` (each a list of distinct hosts)."""
+    old_slots = {h.host: h.slots for h in old}
+    new_slots = {h.host: h.slots for h in new}
+    return HostDiff(
+        added=tuple(h for h in new if h.host not in old_slots),
+        removed=tuple(h for h in old if h.host not in new_slots),
+        changed=tuple((h.host, old_slots[h.host], h.slots) for h in new
+                      if h.host in old_slots and old_slots[h.host] != h.slots),
+    )
+
+
+def order_hosts(known_order: Sequence[str], discovered: Sequence[HostSlots]) -> tuple[HostSlots, ...]:
+    """``discovered`` in the job's stable order: hosts named in ``known_order`` first, in
+    that order; the others after them, in discovery order. Slot counts are the new ones."""
+    by_name = {h.host: h for h in discovered}
+    known = [by_name[name] for name in dict.fromkeys(known_order) if name in by_name]
+    known_names = {h.host for h in known}
+    return tuple(known) + tuple(h for h in discovered if h.host not in known_names)
+
+
+def cooldown_for(strikes: int, min_s: float, max_s: float) -> float:
+    """Seconds a host stays blacklisted after its ``strikes``-th blacklisting (>= 1):
+    ``min_s`` doubled for each earlier strike, clamped into ``[min_s, max_s]``."""
+    if strikes < 1:
+        raise ValueError(f"strikes must be >= 1, got {strikes}")
+    if not 0 <= min_s <= max_s:
+        raise ValueError(f"need 0 <= min_s <= max_s, got {min_s}, {max_s}")
+    # Cap the exponent: 2**1100 overflows a float, and anything past 2**64 is clamped anyway.
+    return min(max(min_s * 2.0 ** min(strikes - 1, 64), min_s), max_s)
+
+
+@dataclass(frozen=True)
+class BlacklistPolicy:
+    """When a host is blacklisted and for how long (see the module docstring).
+
+    Raises ``ValueError`` on construction if a value is out of range."""
+
+    failure_threshold: int = 3      # worker failures on one host ...
+    failure_window: float = 60.0    # ... within this many seconds blacklist it
+    cooldown_min: float = 10.0
+    cooldown_max: float = 300.0
+    protect_min_np: bool = True     # never blacklist below min_np usable slots
+
+    def __post_init__(self):
+        if self.failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
+        if not self.failure_window > 0:
+            raise ValueError(f"failure_window must be > 0, got {self.failure_window}")
+        if not 0 <= self.cooldown_min <= self.cooldown_max:
+            raise ValueError(f"need 0 <= cooldown_min <= cooldown_max, "
+                             f"got {self.cooldown_min}, {self.cooldown_max}")
+
+
+# ----------------------------------------------------------------------------- events
+
+@dataclass(frozen=True)
+class HostEvent:
+    """Something that changed about a host. ``kind`` names the event in the event log."""
+
+    kind: ClassVar[str] = "host_event"
+    host: str
+
+    def as_record(self) -> dict:
+        """The event as one JSON-ready dict for the event log: ``{"event": kind, ...fields}``."""
+        return {"event": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class HostAdded(HostEvent):
+    kind: ClassVar[str] = "host_added"
+    slots: int
+
+    def __str__(self) -> str:
+        return f"host {self.host} added with {self.slots} slot(s)"
+
+
+@dataclass(frozen=True)
+class HostRemoved(HostEvent):
+    kind: ClassVar[str] = "host_removed"
+    slots: int
+
+    def __str__(self) -> str:
+        return f"host {self.host} removed (had {self.slots} slot(s))"
+
+
+@dataclass(frozen=True)
+class HostSlotsChanged(HostEvent):
+    kind: ClassVar[str] = "host_slots_changed"
+    old_slots: int
+    new_slots: int
+
+    def __str__(self) -> str:
+        return f"host {self.host} now has {self.new_slots} slot(s) (was {self.old_slots})"
+
+
+@dataclass(frozen=True)
+class HostBlacklisted(HostEvent):
+    """``failures`` worker failures within the window; out until ``until`` (``now`` scale)."""
+
+    kind: ClassVar[str] = "host_blacklisted"
+    failures: int
+    strikes: int
+    cooldown: float
+    until: float
+
+    def __str__(self) -> str:
+        return (f"host {self.host} blacklisted for {self.cooldown:g} s after {self.failures} "
+                f"worker failure(s) (strike {self.strikes})")
+
+
+@dataclass(frozen=True)
+class HostBlacklistSkipped(HostEvent):
+    """The host met the blacklisting rule but is kept: without it fewer than ``min_np``
+    slots would remain (``remaining_slots``)."""
+
+    kind: ClassVar[str] = "host_blacklist_skipped"
+    failures: int
+    remaining_slots: int
+    min_np: int
+
+    def __str__(self) -> str:
+        return (f"host {self.host} kept despite {self.failures} worker failure(s): without it "
+                f"{self.remaining_slots} slot(s) would remain, fewer than min_np {self.min_np}")
+
+
+@dataclass(frozen=True)
+class HostReturned(HostEvent):
+    """The host's cooldown ended; it is usable again (if discovery still lists it)."""
+
+    kind: ClassVar[str] = "host_returned"
+
+    def __str__(self) -> str:
+        return f"host {self.host} back from the blacklist"
+
+
+# ----------------------------------------------------------------------------- manager
+
+@dataclass
+class _HostRecord:
+    """Mutable per-host history; lives as long as the job, whether listed or not."""
+
+    failure_times: deque = field(default_factory=deque)
+    strikes: int = 0
+    blacklisted_until: float | None = None
+
+
+class HostManager:
+    """The job's hosts: the latest discovery result in stable order, minus blacklisted ones.
+
+    State changes only through ``update``, ``record_failure`` and ``release_expired``;
+    each takes the current time and returns the events it caused, in order."""
+
+    def __init__(self, policy: BlacklistPolicy, min_np: int, max_np: int | None = None):
+        self._policy = policy
+        self._min_np = min_np
+        self._max_np = max_np
+        self._hosts: tuple[HostSlots, ...] = ()   # discovered, in stable order
+        self._records: dict[str, _HostRecord] = {}
+
+    # -- queries
+
+    @property
+    def known_hosts(self) -> tuple[HostSlots, ...]:
+        """Every host of the latest discovery result, blacklisted or not, in stable order."""
+        return self._hosts
+
+    @property
+    def usable_hosts(self) -> tuple[HostSlots, ...]:
+        """The hosts workers may run on now: known and not blacklisted, in stable order."""
+        return tuple(h for h in self._hosts if not self.is_blacklisted(h.host))
+
+    @property
+    def blacklisted_hosts(self) -> tuple[str, ...]:
+        """Hosts currently blacklisted (listed by discovery or not), by name."""
+        return tuple(sorted(name for name in self._records if self.is_blacklisted(name)))
+
+    def is_blacklisted(self, host: str) -> bool:
+        record = self._records.get(host)
+        return record is not None and record.blacklisted_until is not None
+
+    def strikes(self, host: str) -> int:
+        """How many times ``host`` has been blacklisted so far."""
+        record = self._records.get(host)
+        return record.strikes if record else 0
+
+    @property
+    def available_slots(self) -> int:
+        """Workers the usable hosts can run at once, capped by max_np."""
+        return available_slots(self.usable_hosts, self._max_np)
+
+    @property
+    def all_blacklisted(self) -> bool:
+        """True when discovery lists hosts but every one of them is blacklisted."""
+        return bool(self._hosts) and not self.usable_hosts
+
+    def next_release_time(self) -> float | None:
+        """The earliest end of a running cooldown (when to call ``release_expired``), or None."""
+        ends = [r.blacklisted_until for r in self._records.values() if r.blacklisted_until is not None]
+        return min(ends) if ends else None
+
+    # -- changes
+
+    def update(self, discovered: Sequence[HostSlots], now: float) -> tuple[HostEvent, ...]:
+        """Take a new discovery result (distinct hosts). Returns cooldowns that ended by
+        ``now`` (``HostReturned``), then added, changed and removed hosts."""
+        events = list(self.release_expired(now))
+        ordered = order_hosts([h.host for h in self._hosts], discovered)
+        diff = diff_hosts(self._hosts, ordered)
+        events += [HostAdded(h.host, h.slots) for h in diff.added]
+        events += [HostSlotsChanged(name, old, new) for name, old, new in diff.changed]
+        events += [HostRemoved(h.host, h.slots) for h in diff.removed]
+        self._hosts = ordered
+        return tuple(events)
+
+    def release_expired(self, now: float) -> tuple[HostEvent, ...]:
+        """End the cooldowns that are over by ``now``; one ``HostReturned`` per host."""
+        events = []
+        for name, record in self._records.items():
+            if record.blacklisted_until is not None and record.blacklisted_until <= now:
+                record.blacklisted_until = None
+                events.append(HostReturned(name))
+        return tuple(events)
+
+    def record_failure(self, host: str, now: float) -> tuple[HostEvent, ...]:
+        """A worker on ``host`` failed at ``now``. May blacklist the host (or say why not).
+
+        Failures of a host that is already blacklisted are not counted: its workers were
+        started before it was blacklisted and are expected to go."""
+        events = list(self.release_expired(now))
+        record = self._records.setdefault(host, _HostRecord())
+        if record.blacklisted_until is not None:
+            return tuple(events)
+        policy = self._policy
+        record.failure_times.append(now)
+        while record.failure_times and record.failure_times[0] <= now - policy.failure_window:
+            record.failure_times.popleft()
+        failures = len(record.failure_times)
+        if failures < policy.failure_threshold:
+            return tuple(events)
+        # Either way the window starts afresh: a host that returns (or was kept) must
+        # fail the full threshold again before the rule fires again.
+        record.failure_times.clear()
+        remaining = total_slots(h for h in self.usable_hosts if h.host != host)
+        if policy.protect_min_np and remaining < self._min_np and self._is_listed(host):
+            events.append(HostBlacklistSkipped(host, failures, remaining, self._min_np))
+            return tuple(events)
+        record.strikes += 1
+        cooldown = cooldown_for(record.strikes, policy.cooldown_min, policy.cooldown_max)
+        record.blacklisted_until = now + cooldown
+        events.append(HostBlacklisted(host, failures, record.strikes, cooldown, now + cooldown))
+        return tuple(events)
+
+    def _is_listed(self, host: str) -> bool:
+        return any(h.host == host for h in self._hosts)
