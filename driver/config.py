@@ -304,6 +304,8 @@ def _resolve_sizes(np: int | None, min_np: int | None, max_np: int | None,
                    fixed_hosts: tuple[HostSlots, ...] | None, has_script: bool
                    ) -> tuple[int, int, int | None, tuple[HostSlots, ...]]:
     """(np, min_np, max_np, fixed hosts) after defaults; see the module docstring."""
+    if np is not None and min_np is not None and min_np > np:
+        raise UsageError(f"-np {np} is below --min-np {min_np}")
     if fixed_hosts is None and not has_script:
         if np is None:
             raise UsageError("-np is required when neither -H nor --host-discovery-script is given")
@@ -321,8 +323,6 @@ def _resolve_sizes(np: int | None, min_np: int | None, max_np: int | None,
         min_np = np
     if max_np is not None and min_np > max_np:
         raise UsageError(f"--min-np {min_np} is above --max-np {max_np}")
-    if min_np > np:
-        raise UsageError(f"-np {np} is below --min-np {min_np}")
     if max_np is not None and np > max_np:
         raise UsageError(f"-np {np} is above --max-np {max_np}")
     if fixed_hosts is not None and total_slots(fixed_hosts) < np:
