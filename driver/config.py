@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from driver.errors import HostSpecError, UsageError
-from driver.hosts import BlacklistPolicy, HostSlots, parse_host_slots, split_host, total_slots
+from driver.hosts import BlacklistPolicy, HostSlots, parse_host_slots, total_slots
+from rendezvous.url import StoreURL, parse_store_url
 
 DEFAULT_SLOTS_PER_HOST = 1
 DEFAULT_DISCOVERY_INTERVAL = 1.0
@@ -39,42 +40,7 @@ LAUNCHERS = ("auto", "local", "ssh")
 PS_MODES = ("async", "sync")
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
-_PORT = re.compile(r"[0-9]{1,5}\Z")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")
-
-
-@dataclass(frozen=True)
-class RendezvousSpec:
-    """Where the store is: ``embedded`` (the driver starts one) or etcd endpoints."""
-
-    url: str                                      # normalized: "embedded" or "etcd://h:p,h:p"
-    endpoints: tuple[tuple[str, int], ...] = ()   # (host, port) of each etcd member
-
-    @property
-    def is_embedded(self) -> bool:
-        return not self.endpoints
-
-
-def parse_rendezvous_url(text: str) -> RendezvousSpec:
-    """Parse ``embedded`` or ``etcd://HOST:PORT[,HOST:PORT...]`` (IPv6 as ``[addr]:port``).
-
-    Raises ``ValueError`` saying what is wrong."""
-    if text == DEFAULT_RENDEZVOUS:
-        return RendezvousSpec(DEFAULT_RENDEZVOUS)
-    scheme, sep, rest = text.partition("://")
-    if not sep or scheme != "etcd":
-        raise ValueError(f"{text!r} is neither 'embedded' nor 'etcd://HOST:PORT[,HOST:PORT...]'")
-    endpoints = []
-    for item in rest.split(","):
-        try:
-            host, port = split_host(item)
-        except HostSpecError as e:
-            raise ValueError(f"etcd endpoint {item.strip()!r}: {e}") from None
-        if port is None or not _PORT.match(port) or not 1 <= int(port) <= 65535:
-            raise ValueError(f"etcd endpoint {item.strip()!r} needs HOST:PORT with a port 1-65535")
-        endpoints.append((host, int(port)))
-    url = "etcd://" + ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in endpoints)
-    return RendezvousSpec(url, tuple(endpoints))
 
 
 @dataclass(frozen=True)
@@ -89,7 +55,7 @@ class JobConfig:
     discovery_script: str | None       # absolute path
     slots_per_host: int
     discovery_interval: float
-    rendezvous: RendezvousSpec
+    rendezvous: StoreURL               # scheme "embedded" (no endpoints) or "etcd"
     job_id: str
     reset_limit: int | None            # None: unlimited
     blacklist_cooldown_range: tuple[float, float]
@@ -290,6 +256,19 @@ def _parse_host_list(text: str, default_slots: int) -> tuple[HostSlots, ...]:
     return tuple(hosts)
 
 
+def _parse_rendezvous(text: str) -> StoreURL:
+    try:
+        url = parse_store_url(text)
+    except ValueError as e:  # RendezvousConfigError is a ValueError; so is a stray int() error
+        raise UsageError(f"--rendezvous: {e}") from None
+    if url.scheme == DEFAULT_RENDEZVOUS and url.endpoints:
+        # embedded://HOST:PORT is how workers reach the store the driver runs; the
+        # driver picks that address itself, so a user-given one would be ignored.
+        raise UsageError(f"--rendezvous {text}: use 'embedded' (the driver chooses the "
+                         f"embedded store's address) or etcd://HOST:PORT[,HOST:PORT...]")
+    return url
+
+
 def _check_script(path: str) -> str:
     if not os.path.exists(path):
         raise UsageError(f"--host-discovery-script {path}: no such file")
@@ -354,10 +333,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     if low > high:
         raise UsageError(f"--blacklist-cooldown-range: MIN {low:g} is above MAX {high:g}")
 
-    try:
-        rendezvous = parse_rendezvous_url(args.rendezvous)
-    except ValueError as e:
-        raise UsageError(f"--rendezvous: {e}") from None
+    rendezvous = _parse_rendezvous(args.rendezvous)
 
     job_id = args.job_id if args.job_id is not None else new_job_id()
     if not _JOB_ID.match(job_id):

@@ -8,11 +8,11 @@ import pytest
 
 from driver.config import (DEFAULT_BLACKLIST_COOLDOWN_RANGE, DEFAULT_DISCOVERY_INTERVAL,
                            DEFAULT_ELASTIC_TIMEOUT, DEFAULT_PS_CHECKPOINT_INTERVAL,
-                           DEFAULT_START_TIMEOUT, JobConfig, RendezvousSpec, build_parser,
-                           parse_args, parse_rendezvous_url)
+                           DEFAULT_START_TIMEOUT, JobConfig, build_parser, parse_args)
 from driver.errors import DriverError, UsageError
 from driver.hosts import BlacklistPolicy, HostSlots
 from rendezvous.errors import ElasticError
+from rendezvous.url import Endpoint, StoreURL
 
 CMD = ["python", "train.py"]
 
@@ -43,7 +43,7 @@ def test_defaults():
     config = parse("-np", "1", *CMD)
     assert config.slots_per_host == 1
     assert config.discovery_interval == DEFAULT_DISCOVERY_INTERVAL == 1.0
-    assert config.rendezvous == RendezvousSpec("embedded") and config.rendezvous.is_embedded
+    assert config.rendezvous == StoreURL("embedded", ())
     assert config.job_id == "job-fixed"
     assert config.reset_limit is None
     assert config.blacklist_cooldown_range == DEFAULT_BLACKLIST_COOLDOWN_RANGE == (10.0, 300.0)
@@ -82,7 +82,7 @@ def test_every_flag_sets_its_field(script):
     assert config == JobConfig(
         command=tuple(CMD), np=4, min_np=2, max_np=8, hosts=(), discovery_script=script,
         slots_per_host=3, discovery_interval=0.5,
-        rendezvous=RendezvousSpec("etcd://h1:2379,h2:2380", (("h1", 2379), ("h2", 2380))),
+        rendezvous=StoreURL("etcd", (Endpoint("h1", 2379), Endpoint("h2", 2380))),
         job_id="my.job_1", reset_limit=5, blacklist_cooldown_range=(1.0, 20.0),
         elastic_timeout=30.0, start_timeout=15.0, launcher="ssh", num_ps=2, ps_mode="sync",
         ps_checkpoint_dir="/ckpt", ps_checkpoint_interval=5.0, chaos_kill_interval=2.5,
@@ -204,15 +204,17 @@ def test_command_is_the_remainder(argv, command):
     (["-np", "1", "--blacklist-cooldown-range", "-1", "10", *CMD], "--blacklist-cooldown-range", ">= 0"),
     (["-np", "1", "--blacklist-cooldown-range", "10", "--", *CMD],
      "--blacklist-cooldown-range", "2 arguments"),
-    (["-np", "1", "--rendezvous", "redis://h:1", *CMD], "--rendezvous", "neither 'embedded'"),
-    (["-np", "1", "--rendezvous", "etcd://", *CMD], "--rendezvous", "empty host"),
+    (["-np", "1", "--rendezvous", "redis://h:1", *CMD], "--rendezvous", "bad store URL"),
+    (["-np", "1", "--rendezvous", "etcd://", *CMD], "--rendezvous", "empty endpoint"),
     (["-np", "1", "--rendezvous", "etcd://h", *CMD], "--rendezvous", "HOST:PORT"),
-    (["-np", "1", "--rendezvous", "etcd://h:0", *CMD], "--rendezvous", "port 1-65535"),
-    (["-np", "1", "--rendezvous", "etcd://h:65536", *CMD], "--rendezvous", "port 1-65535"),
-    (["-np", "1", "--rendezvous", "etcd://h:x", *CMD], "--rendezvous", "port"),
-    (["-np", "1", "--rendezvous", "etcd://h:1,", *CMD], "--rendezvous", "empty host"),
-    (["-np", "1", "--rendezvous", "etcd://h:1,h 2:3", *CMD], "--rendezvous", "bad host name"),
-    (["-np", "1", "--rendezvous", "", *CMD], "--rendezvous", "neither 'embedded'"),
+    (["-np", "1", "--rendezvous", "etcd://h:0", *CMD], "--rendezvous", "bad port"),
+    (["-np", "1", "--rendezvous", "etcd://h:65536", *CMD], "--rendezvous", "bad port"),
+    (["-np", "1", "--rendezvous", "etcd://h:x", *CMD], "--rendezvous", "bad port"),
+    (["-np", "1", "--rendezvous", "etcd://h:1,", *CMD], "--rendezvous", "empty endpoint"),
+    (["-np", "1", "--rendezvous", "etcd://h:²", *CMD], "--rendezvous", "²"),
+    (["-np", "1", "--rendezvous", "", *CMD], "--rendezvous", "empty store URL"),
+    (["-np", "1", "--rendezvous", "embedded://127.0.0.1:5000", *CMD], "--rendezvous",
+     "use 'embedded'"),
     (["-np", "1", "--job-id", "a/b", *CMD], "--job-id", "letters"),
     (["-np", "1", "--job-id", "", *CMD], "--job-id", "letters"),
     (["-np", "1", "--job-id=-x", *CMD], "--job-id", "letters"),
@@ -266,25 +268,14 @@ def test_usage_error_is_an_elastic_error():
 
 # ----------------------------------------------------------------------------- rendezvous URL
 
-@pytest.mark.parametrize("text, spec", [
-    ("embedded", RendezvousSpec("embedded", ())),
-    ("etcd://10.0.0.5:2379", RendezvousSpec("etcd://10.0.0.5:2379", (("10.0.0.5", 2379),))),
-    ("etcd://a:1, b:2", RendezvousSpec("etcd://a:1,b:2", (("a", 1), ("b", 2)))),
-    ("etcd://[::1]:2379,[fd00::2]:2380",
-     RendezvousSpec("etcd://[::1]:2379,[fd00::2]:2380", (("::1", 2379), ("fd00::2", 2380)))),
-    ("etcd://localhost:65535", RendezvousSpec("etcd://localhost:65535", (("localhost", 65535),))),
+@pytest.mark.parametrize("text, url", [
+    ("embedded", StoreURL("embedded", ())),
+    ("etcd://10.0.0.5:2379", StoreURL("etcd", (Endpoint("10.0.0.5", 2379),))),
+    ("etcd://a:1, b:2", StoreURL("etcd", (Endpoint("a", 1), Endpoint("b", 2)))),
+    ("etcd://[::1]:2379,[fd00::2]:2380", StoreURL("etcd", (Endpoint("::1", 2379), Endpoint("fd00::2", 2380)))),
 ])
-def test_rendezvous_urls(text, spec):
-    parsed = parse_rendezvous_url(text)
-    assert parsed == spec
-    assert parsed.is_embedded == (text == "embedded")
-
-
-@pytest.mark.parametrize("text", ["Embedded", "etcd:/a:1", "etcd//a:1", "http://a:1",
-                                  "etcd://a:1:2", "etcd://::1:2379", "etcd://a:١"])
-def test_bad_rendezvous_urls(text):
-    with pytest.raises(ValueError):
-        parse_rendezvous_url(text)
+def test_rendezvous_urls(text, url):
+    assert parse("-np", "1", "--rendezvous", text, *CMD).rendezvous == url
 
 
 # ----------------------------------------------------------------------------- help
