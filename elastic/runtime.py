@@ -1,0 +1,256 @@
+"""The worker's side of the round protocol: register, follow rounds, build communicators.
+
+A worker launched by ``elastic-run`` finds its job in the environment (``rendezvous.env``):
+
+1. it opens its data-plane listener, then registers ``WorkerInfo`` under a lease at
+   ``/elastic/<job>/workers/<id>`` (the lease ends the registration if it dies);
+2. a watch on ``/elastic/<job>/round`` (not a poll per step) records every newer plan;
+   a newer plan closes the current communicator at once, so any collective in flight
+   raises ``WorkerLostError`` instead of hanging on a peer that is gone;
+3. ``join(after_round)`` waits for a plan newer than ``after_round`` that includes this
+   worker and builds the communicator for it.
+
+A worker that sees a collective fail reports it under ``/elastic/<job>/failures/`` so the
+driver learns of it even when it cannot see the peer's process (a remote host).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
+from elastic.errors import WorkerLostError
+from rendezvous import env, open_store
+from rendezvous.errors import LeaseNotFoundError, RendezvousConnectionError, RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.store import PUT, KVStore, Lease, Watch
+
+log = logging.getLogger(__name__)
+
+ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"
+ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Who this worker is and how long it waits; ``from_env`` reads what the driver set."""
+
+    store_url: str
+    job_id: str
+    worker_id: str
+    host: str
+    slot: int
+    secret: str
+    bind_host: str = "127.0.0.1"
+    round_timeout: float = 600.0  # waiting for a round that includes us
+    lease_ttl: int = 5
+    comm: CommSettings = field(default_factory=CommSettings)
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "WorkerSettings":
+        """Raises RendezvousError naming the variable that is missing or malformed."""
+        def need(name):
+            value = environ.get(name)
+            if not value:
+                raise RendezvousError(f"{name} is not set: this worker was not started by elastic-run")
+            return value
+        try:
+            return cls(store_url=need(env.ENV_RENDEZVOUS), job_id=need(env.ENV_JOB_ID),
+                       worker_id=need(env.ENV_WORKER_ID),
+                       host=environ.get(env.ENV_HOST) or socket.gethostname(),
+                       slot=int(environ.get(env.ENV_SLOT, "0")), secret=need(env.ENV_SECRET),
+                       bind_host=environ.get(env.ENV_BIND_HOST) or "127.0.0.1",
+                       round_timeout=float(environ.get(ENV_ROUND_TIMEOUT, "600")),
+                       lease_ttl=int(environ.get(ENV_LEASE_TTL, "5")))
+        except ValueError as exc:
+            raise RendezvousError(f"malformed elastic-run environment: {exc}") from None
+
+
+class WorkerRuntime:
+    """One worker's membership in the job; thread-safe."""
+
+    def __init__(self, settings: WorkerSettings):
+        self.settings = settings
+        self.keys = JobKeys(settings.job_id)
+        self._cond = threading.Condition()
+        self._latest: Plan | None = None     # newest plan seen (may not include us)
+        self.plan: Plan | None = None        # the round our communicator belongs to
+        self.comm: Communicator | None = None
+        self._store: KVStore | None = None
+        self._lease: Lease | None = None
+        self._watch: Watch | None = None
+        self._watcher: threading.Thread | None = None
+        self._listener: RingListener | None = None
+        self._closed = threading.Event()
+        self._info: WorkerInfo | None = None
+
+    # ---- start / stop ----
+    def start(self) -> None:
+        """Open the store, the listener, register, and follow rounds.
+
+        Raises RendezvousError when the store cannot be reached or refuses us."""
+        s = self.settings
+        self._store = open_store(s.store_url, s.secret)
+        self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
+        self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
+        kvs, revision = self._store.get_prefix(self.keys.round)
+        for kv in kvs:
+            if kv.key == self.keys.round:
+                self._note_plan(Plan.from_json(kv.value))
+        self._watch = self._store.watch_prefix(self.keys.round, start_revision=revision + 1)
+        self._watcher = threading.Thread(target=self._follow_rounds, name="elastic-rounds",
+                                         daemon=True)
+        self._watcher.start()
+        self._register()
+
+    def _register(self) -> None:
+        lease = self._store.grant_lease(self.settings.lease_ttl)
+        self._store.put(self.keys.worker(self.settings.worker_id), self._info.to_json(), lease=lease)
+        lease.keep_alive(on_lost=self._on_lease_lost)
+        self._lease = lease
+
+    def _on_lease_lost(self, exc: Exception) -> None:
+        """Our registration vanished (the store was away longer than the TTL): register again."""
+        if self._closed.is_set():
+            return
+        log.warning("worker registration lease lost (%s); registering again", exc)
+        deadline = time.monotonic() + self.settings.round_timeout
+        while not self._closed.is_set() and time.monotonic() < deadline:
+            try:
+                self._register()
+                return
+            except RendezvousError as err:
+                log.warning("registering again failed: %s", err)
+                self._closed.wait(0.5)
+
+    def shutdown(self) -> None:
+        """Leave the job: close the communicator, end the registration, close the store."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._cond:
+            comm, self.comm = self.comm, None
+            self._cond.notify_all()
+        if comm is not None:
+            comm.close("worker shut down")
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._lease is not None:
+            try:
+                self._lease.revoke()
+            except RendezvousError as exc:
+                log.debug("revoking the registration failed (it will expire): %s", exc)
+        if self._listener is not None:
+            self._listener.close()
+        if self._store is not None:
+            self._store.close()
+
+    # ---- rounds ----
+    def _follow_rounds(self) -> None:
+        while not self._closed.is_set():
+            try:
+                event = self._watch.get(timeout=1.0)
+            except RendezvousError as exc:
+                log.error("lost the round watch: %s", exc)
+                with self._cond:
+                    self._watch_error = exc
+                    self._cond.notify_all()
+                return
+            if event is not None and event.type == PUT and event.key == self.keys.round:
+                self._note_plan(Plan.from_json(event.value))
+
+    def _note_plan(self, plan: Plan) -> None:
+        with self._cond:
+            if self._latest is not None and plan.round_id <= self._latest.round_id:
+                return
+            self._latest = plan
+            comm = self.comm if self.plan is not None and self.plan.round_id < plan.round_id else None
+            self._cond.notify_all()
+        if comm is not None:
+            # A new round ends the old one now: a collective blocked on a peer that is
+            # gone raises instead of waiting for a timeout.
+            comm.close(f"round {plan.round_id} replaces round {self.plan.round_id}")
+
+    def newer_round_pending(self) -> bool:
+        """True when a round newer than ours has been published (cheap: no I/O)."""
+        with self._cond:
+            return (self._latest is not None and self.plan is not None
+                    and self._latest.round_id > self.plan.round_id)
+
+    @property
+    def round_id(self) -> int:
+        return self.plan.round_id if self.plan is not None else 0
+
+    @property
+    def member(self) -> Member:
+        return self.plan.member(self.settings.worker_id)
+
+    def join(self, after_round: int | None = None) -> Plan:
+        """Wait for a plan newer than ``after_round`` (default: our current round) that
+        includes us, and build its communicator.
+
+        Raises RendezvousError when no such round comes within ``round_timeout``."""
+        after = self.round_id if after_round is None else after_round
+        deadline = time.monotonic() + self.settings.round_timeout
+        while True:
+            plan = self._wait_for_plan(after, deadline)
+            me = plan.member(self.settings.worker_id)
+            membership = Membership(round_id=plan.round_id, rank=me.rank,
+                                    addresses=tuple(m.address for m in plan.members),
+                                    secret=self.settings.secret)
+            try:
+                comm = RingCommunicator(membership, self._listener, self.settings.comm,
+                                        abort=lambda: self._superseded(plan.round_id))
+            except WorkerLostError as exc:
+                log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
+                self.report_failure(plan.round_id, str(exc))
+                after = plan.round_id
+                continue
+            with self._cond:
+                if self._superseded(plan.round_id):
+                    comm.close("superseded while forming")
+                    after = plan.round_id
+                    continue
+                old, self.comm, self.plan = self.comm, comm, plan
+            if old is not None:
+                old.close("replaced")
+            return plan
+
+    def _superseded(self, round_id: int) -> bool:
+        latest = self._latest
+        return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
+
+    def _wait_for_plan(self, after: int, deadline: float) -> Plan:
+        me = self.settings.worker_id
+        with self._cond:
+            while True:
+                if self._closed.is_set():
+                    raise RendezvousError("worker is shut down")
+                plan = self._latest
+                if plan is not None and plan.round_id > after and plan.member(me) is not None:
+                    return plan
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    have = f"round {plan.round_id} ({plan.size} workers)" if plan else "no round yet"
+                    raise RendezvousConnectionError(
+                        f"worker {me} waited {self.settings.round_timeout:.0f}s for a round after "
+                        f"{after} that includes it; the store has {have}")
+                self._cond.wait(min(remaining, 1.0))
+
+    def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
+        """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""
+        if self._store is None or self._lease is None:
+            return
+        record = json.dumps({"worker_id": self.settings.worker_id, "round_id": round_id,
+                             "reason": reason[:500], "suspect": suspect}).encode()
+        try:
+            self._store.put(self.keys.failure(round_id, self.settings.worker_id), record,
+                            lease=self._lease)
+        except (RendezvousError, LeaseNotFoundError) as exc:
+            log.debug("could not report failure: %s", exc)

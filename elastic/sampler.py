@@ -1,0 +1,106 @@
+"""``ElasticSampler``: every sample of an epoch processed once, whatever the world size does.
+
+An epoch is a fixed permutation of the sample indices (seeded by ``seed`` and the epoch).
+A global step of a world of ``W`` workers with batch size ``B`` consumes the next ``W*B``
+indices of that permutation; rank ``r`` takes its share. So progress is one number, the
+count of indices consumed, and a world of any size can continue from it.
+
+That number is part of the training state: inside ``@elastic.run`` the sampler binds to
+the running ``State``, records progress when the state commits, and finds it again after
+a re-form (when the sampler is built anew). ``batches(batch_size, start)`` starts after
+``start`` committed steps of the epoch: the state knows how many indices those steps
+consumed, even if the world size changed between them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: the State attribute under which samplers keep their progress
+PROGRESS_ATTR = "_elastic_sampler_progress"
+
+
+def epoch_order(num_samples: int, epoch: int, shuffle: bool, seed: int) -> np.ndarray:
+    """The order of sample indices in ``epoch`` (pure, identical on every worker)."""
+    if not shuffle:
+        return np.arange(num_samples, dtype=np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int64)
+
+
+def rank_share(offset: int, num_samples: int, batch_size: int, rank: int, size: int
+               ) -> tuple[int, int, int]:
+    """The slice ``[lo, hi)`` of the epoch order that ``rank`` processes in the global step
+    starting at ``offset``, and the offset after the step (pure).
+
+    A full step gives each rank ``batch_size`` indices; the epoch's last step splits what is
+    left as evenly as possible (some ranks may get none, but every rank takes the step, so
+    collectives stay matched)."""
+    remaining = num_samples - offset
+    step = min(remaining, batch_size * size)
+    base, extra = divmod(step, size)
+    lo = offset + rank * base + min(rank, extra)
+    hi = lo + base + (1 if rank < extra else 0)
+    return lo, hi, offset + step
+
+
+class ElasticSampler:
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0):
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, not {num_samples}")
+        self.num_samples = int(num_samples)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        from elastic import state as state_module
+        self._state = state_module.current_state()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _progress(self) -> dict:
+        """{"epoch": e, "offsets": [indices consumed after 0, 1, 2... committed steps]}"""
+        if self._state is None:
+            return {"epoch": self.epoch, "offsets": [0]}
+        progress = getattr(self._state, PROGRESS_ATTR, None)
+        key = f"{self.num_samples}:{self.shuffle}:{self.seed}"
+        if not progress or progress.get("epoch") != self.epoch or progress.get("key") != key:
+            progress = {"epoch": self.epoch, "key": key, "offsets": [0]}
+            setattr(self._state, PROGRESS_ATTR, progress)
+        return progress
+
+    def num_steps(self, batch_size: int, start: int = 0) -> int:
+        """How many global steps ``batches`` will yield at the current world size."""
+        import elastic
+        offset = self._start_offset(batch_size, start, elastic.size())
+        per_step = batch_size * elastic.size()
+        return -(-(self.num_samples - offset) // per_step) if per_step else 0
+
+    def _start_offset(self, batch_size: int, start: int, size: int) -> int:
+        offsets = self._progress()["offsets"]
+        if start < len(offsets):
+            return offsets[start]
+        # Steps this sampler did not see (no bound state): assume the current world size.
+        return min(self.num_samples, offsets[-1] + (start - len(offsets) + 1) * batch_size * size)
+
+    def batches(self, batch_size: int, start: int = 0):
+        """Yield this rank's index arrays, one per global step, from committed step ``start``.
+
+        Raises ValueError for a batch size below 1."""
+        import elastic
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        rank, size = elastic.rank(), elastic.size()
+        order = epoch_order(self.num_samples, self.epoch, self.shuffle, self.seed)
+        progress = self._progress()
+        offset = self._start_offset(batch_size, start, size)
+        del progress["offsets"][start + 1:]  # steps past ``start`` were never committed
+        while len(progress["offsets"]) <= start:
+            progress["offsets"].append(offset)
+        steps_done = start
+        while offset < self.num_samples:
+            lo, hi, after = rank_share(offset, self.num_samples, batch_size, rank, size)
+            if self._state is not None:
+                # Counted as consumed when the state commits this step, not before.
+                self._state._pending_progress = (progress, steps_done + 1, after)
+            yield order[lo:hi]
+            offset = after
+            steps_done += 1

@@ -1,0 +1,166 @@
+"""Training state that survives failures: ``State``, ``ObjectState``, ``NumpyState``.
+
+``commit()`` saves a copy of the state locally (no collective: a commit costs a copy,
+not a broadcast) and raises ``HostsUpdatedInterrupt`` when a newer round is pending.
+``sync()`` makes every worker of the round adopt the newest commit: the workers
+agree (one small allgather) on who holds the most commits, the oldest such worker
+broadcasts, and everyone saves the result. Usually that is rank 0, the oldest
+survivor; it can be another worker when a failure cut a step short on rank 0 after
+that worker had already committed it, so no committed step is lost.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+
+import numpy as np
+
+from elastic.errors import HostsUpdatedInterrupt
+
+_active = threading.local()
+
+
+def current_state() -> "State | None":
+    """The state that ``@elastic.run`` is running, if any (samplers bind to it)."""
+    return getattr(_active, "state", None)
+
+
+@contextlib.contextmanager
+def active(state: "State"):
+    previous = current_state()
+    _active.state = state
+    try:
+        yield
+    finally:
+        _active.state = previous
+
+
+def sync_root(commit_counts: list[int]) -> int:
+    """The rank whose state everyone adopts: most commits, lowest rank on a tie (pure)."""
+    best = max(commit_counts)
+    return commit_counts.index(best)
+
+
+class State:
+    """Base of elastic training state. Subclasses implement ``save``, ``restore`` and
+    ``_broadcast_from(root)``."""
+
+    def __init__(self):
+        self._reset_callbacks = []
+        self._commits = 0           # commits made in this job, carried through syncs
+        self._saved_commits = 0
+        self._pending_progress = None
+
+    # ---- to implement ----
+    def save(self) -> None:
+        """Keep a copy of the current values to ``restore`` later."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Go back to the values of the last ``save``."""
+        raise NotImplementedError
+
+    def _broadcast_from(self, root: int) -> None:
+        """Replace the current values with ``root``'s (a collective)."""
+        raise NotImplementedError
+
+    # ---- the contract ----
+    def register_reset_callbacks(self, callbacks) -> None:
+        """Functions called (no arguments) after every re-form, e.g. to rescale a learning rate."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Mark a point that survives failures; raises HostsUpdatedInterrupt when a newer
+        round is pending (after saving, so nothing is lost)."""
+        pending, self._pending_progress = self._pending_progress, None
+        if pending is not None:
+            progress, steps, offset = pending
+            del progress["offsets"][steps:]
+            progress["offsets"].append(offset)
+        self._commits += 1
+        self._saved_commits = self._commits
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt if a newer round is pending (no I/O: the round watch
+        has already seen it)."""
+        from elastic import _runtime_if_started
+        runtime = _runtime_if_started()
+        if runtime is not None and runtime.newer_round_pending():
+            raise HostsUpdatedInterrupt(f"round {runtime._latest.round_id} is pending")
+
+    def sync(self) -> None:
+        """Every worker adopts the newest commit of the round (collective).
+
+        Raises WorkerLostError if the round breaks meanwhile."""
+        import elastic
+        self._pending_progress = None
+        if elastic.size() > 1:
+            counts = elastic.allgather_object(self._commits)
+            root = sync_root(counts)
+            self._broadcast_from(root)
+            self._commits = counts[root]
+        self._saved_commits = self._commits
+        self.save()
+
+    def _restore_commits(self) -> None:
+        self._commits = self._saved_commits
+        self._pending_progress = None
+
+
+_INTERNAL = ("_reset_callbacks", "_commits", "_saved_commits", "_pending_progress", "_saved")
+
+
+class ObjectState(State):
+    """State made of picklable attributes: ``ObjectState(epoch=0, model=...)``; read and
+    assign them as ``state.epoch``. Synced with ``broadcast_object``."""
+
+    def __init__(self, **attrs):
+        super().__init__()
+        self.__dict__.update(attrs)
+        self._saved = {}
+        self.save()
+
+    def _values(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self._values())
+
+    def restore(self) -> None:
+        for name in list(self._values()):
+            if name not in self._saved:
+                delattr(self, name)
+        self.__dict__.update(copy.deepcopy(self._saved))
+        self._restore_commits()
+
+    def _broadcast_from(self, root: int) -> None:
+        import elastic
+        self.__dict__.update(elastic.broadcast_object(self._values(), root=root))
+
+
+class NumpyState(ObjectState):
+    """Like ``ObjectState``, but ndarray attributes travel as arrays (``broadcast``), the
+    rest as one object. Arrays are copied on save, so in-place updates (``w -= g``) are safe."""
+
+    def _broadcast_from(self, root: int) -> None:
+        import elastic
+        values = self._values()
+        arrays = {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
+        # Receivers learn names, shapes and dtypes first: a new worker may not even have them.
+        layout = elastic.broadcast_object(
+            ({k: (v.shape, v.dtype.str) for k, v in sorted(arrays.items())},
+             {k: v for k, v in values.items() if k not in arrays}), root=root)
+        shapes, objects = layout
+        for name, (shape, dtype) in shapes.items():
+            buffer = arrays.get(name)
+            if buffer is None or buffer.shape != tuple(shape) or buffer.dtype.str != dtype:
+                buffer = np.zeros(shape, dtype=np.dtype(dtype))
+            self.__dict__[name] = elastic.broadcast(buffer, root=root)
+        self.__dict__.update(objects)
