@@ -5,11 +5,13 @@ turns it into ``embedded://HOST:PORT`` for its workers once the server has a por
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rendezvous.errors import RendezvousConfigError
 
 SCHEMES = ("embedded", "etcd")
+_HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*|[0-9A-Fa-f:.]+")
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,9 @@ def parse_endpoint(text: str, url: str) -> Endpoint:
         if not sep:
             raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: "
                                         "expected HOST:PORT")
-    if not host or ":" in host and not text.startswith("["):
+    if not host or (":" in host and not text.startswith("[")) or not _HOST.fullmatch(host):
         raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: missing or bad host")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 < int(port_text) < 65536:
         raise RendezvousConfigError(f"bad port {port_text!r} in store URL {url!r}: "
                                     "expected a number from 1 to 65535")
     return Endpoint(host, int(port_text))

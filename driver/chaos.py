@@ -1,0 +1,54 @@
+"""``--chaos-kill-interval``: SIGKILL a random worker of the current round at random times.
+
+The schedule is a pure function; the timer thread only posts ``chaos`` messages, and the
+job's main loop picks the victim (it owns the worker table) and reports each kill as a
+``chaos_kill`` event. A chaos victim's death does not count against its host's blacklist
+record: the host did nothing wrong.
+"""
+from __future__ import annotations
+
+import random
+import threading
+
+
+def next_kill_delay(rng: random.Random, interval: float) -> float:
+    """Seconds to the next kill: uniform in [0.5, 1.5] x ``interval`` (pure given ``rng``)."""
+    return interval * rng.uniform(0.5, 1.5)
+
+
+def pick_victim(rng: random.Random, candidates: list[str]) -> str | None:
+    """A worker id from ``candidates`` (sorted first, so a seeded run repeats), or None."""
+    return rng.choice(sorted(candidates)) if candidates else None
+
+
+class ChaosMonkey:
+    def __init__(self, job, seed: int | None = None):
+        self.job = job
+        self.interval = job.config.chaos_kill_interval
+        self.max_kills = job.config.chaos_max_kills
+        self.rng = random.Random(seed)
+        self.kills = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(next_kill_delay(self.rng, self.interval)):
+            if self.max_kills is not None and self.kills >= self.max_kills:
+                return
+            self.job.post("chaos")
+
+    def strike(self, candidates: list[str]) -> str | None:
+        """Called by the main loop: choose the victim among ``candidates`` and count it."""
+        if self.max_kills is not None and self.kills >= self.max_kills:
+            return None
+        victim = pick_victim(self.rng, candidates)
+        if victim is not None:
+            self.kills += 1
+        return victim
