@@ -1,0 +1,316 @@
+"""Checkpoint files on disk (no networking; the protocol that decides *when* lives in
+``coordinator.py``).
+
+Layout under the checkpoint dir::
+
+    ckpt-0000000007/shard-0000-of-0002.bin    one file per shard
+    ckpt-0000000007/shard-0001-of-0002.bin
+    ckpt-0000000007/MANIFEST.json             written last: the checkpoint is complete
+
+Every file is written atomically: a temp file in the same directory, fsync, rename,
+fsync of the directory. A shard file is ``MAGIC`` + a ``wire`` message (JSON header +
+raw arrays) + the SHA-256 of everything before it; the manifest records each shard
+file's size and SHA-256 and carries a SHA-256 of its own body. A directory without a
+valid manifest is incomplete and never loaded.
+
+``load_newest`` walks checkpoints newest first and takes the first whose manifest and
+*every* file verify, logging a warning that names each file it had to skip. All shards
+therefore choose the same checkpoint. Each file stores its slices' metadata (variable
+name, full shape, rows held), so ``LoadedCheckpoint.shard_snapshot`` can cut the
+variables for any shard count.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from elastic.ps import wire
+from elastic.ps.errors import PSCheckpointError
+from elastic.ps.partition import Slice, assemble, slice_for
+
+log = logging.getLogger("elastic.ps.checkpoint")
+
+MAGIC = b"EPSCKPT1"
+DIGEST_BYTES = hashlib.sha256().digest_size
+MANIFEST = "MANIFEST.json"
+FORMAT = 1
+_DIR_RE = re.compile(r"^ckpt-(\d{10})$")
+
+
+@dataclass
+class SavedVariable:
+    """One variable slice with its optimizer config and slots (as held by a shard)."""
+
+    slice: Slice
+    param: np.ndarray
+    slots: dict[str, np.ndarray]
+    optimizer: dict
+
+
+@dataclass
+class ShardSnapshot:
+    """What one shard saves and restores: its step, its slices and its push de-duplication
+    table (client id -> last applied push sequence number)."""
+
+    step: int
+    variables: dict[str, SavedVariable] = field(default_factory=dict)
+    dedup: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    checkpoint_id: int
+    step: int
+    num_shards: int
+    split_threshold: int
+    files: tuple[FileRecord, ...]
+    created: float = 0.0
+
+    def to_bytes(self) -> bytes:
+        body = {"format": FORMAT, "checkpoint_id": self.checkpoint_id, "step": self.step,
+                "num_shards": self.num_shards, "split_threshold": self.split_threshold,
+                "created": self.created,
+                "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files]}
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        body["checksum"] = hashlib.sha256(canonical.encode()).hexdigest()
+        return json.dumps(body, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> "Manifest":
+        """Raises PSCheckpointError (naming ``where``) for bad JSON or a checksum mismatch."""
+        try:
+            body = json.loads(data)
+            checksum = body.pop("checksum")
+            canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+            if hashlib.sha256(canonical.encode()).hexdigest() != checksum:
+                raise PSCheckpointError(f"{where}: manifest checksum mismatch")
+            if body.get("format") != FORMAT:
+                raise PSCheckpointError(f"{where}: unknown manifest format {body.get('format')!r}")
+            files = tuple(FileRecord(f["name"], int(f["size"]), f["sha256"]) for f in body["files"])
+            return cls(int(body["checkpoint_id"]), int(body["step"]), int(body["num_shards"]),
+                       int(body["split_threshold"]), files, float(body.get("created", 0.0)))
+        except PSCheckpointError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PSCheckpointError(f"{where}: unreadable manifest: {exc}") from None
+
+
+def checkpoint_dir(root: str, checkpoint_id: int) -> str:
+    return os.path.join(root, f"ckpt-{checkpoint_id:010d}")
+
+
+def shard_filename(index: int, num_shards: int) -> str:
+    return f"shard-{index:04d}-of-{num_shards:04d}.bin"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, parts) -> tuple[int, str]:
+    """Write the concatenation of ``parts`` to ``path`` atomically (temp file in the same
+    directory, fsync, rename, fsync of the directory); returns (size, sha256 hex)."""
+    directory = os.path.dirname(path) or "."
+    digest, size = hashlib.sha256(), 0
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+                digest.update(part)
+                size += len(part) if isinstance(part, bytes) else memoryview(part).nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+    return size, digest.hexdigest()
+
+
+def write_shard(root: str, checkpoint_id: int, index: int, num_shards: int,
+                snapshot: ShardSnapshot) -> FileRecord:
+    """Write one shard's file of checkpoint ``checkpoint_id``; returns its record for the
+    manifest. Raises OSError when the disk refuses."""
+    directory = checkpoint_dir(root, checkpoint_id)
+    os.makedirs(directory, exist_ok=True)
+    header = {"format": FORMAT, "checkpoint_id": checkpoint_id, "step": snapshot.step,
+              "shard": index, "num_shards": num_shards, "dedup": snapshot.dedup,
+              "variables": {name: {"slice": v.slice.to_dict(), "optimizer": v.optimizer}
+                            for name, v in snapshot.variables.items()}}
+    tensors = []
+    for name, v in snapshot.variables.items():
+        tensors.append(({"var": name, "slot": None}, v.param))
+        tensors.extend(({"var": name, "slot": s}, a) for s, a in v.slots.items())
+    body = [MAGIC, *wire.encode_parts(header, tensors)]
+    digest = hashlib.sha256()
+    for part in body:
+        digest.update(part)
+    name = shard_filename(index, num_shards)
+    size, sha = write_atomic(os.path.join(directory, name), [*body, digest.digest()])
+    return FileRecord(name, size, sha)
+
+
+def write_manifest(root: str, manifest: Manifest) -> str:
+    """Write the manifest last: from then on the checkpoint is complete. Returns its path."""
+    path = os.path.join(checkpoint_dir(root, manifest.checkpoint_id), MANIFEST)
+    write_atomic(path, [manifest.to_bytes()])
+    return path
+
+
+def checkpoint_ids(root: str) -> list[int]:
+    """Ids of every checkpoint directory (complete or not), ascending."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_DIR_RE.match, names) if m)
+
+
+def next_checkpoint_id(root: str) -> int:
+    ids = checkpoint_ids(root)
+    return (ids[-1] + 1) if ids else 1
+
+
+def _read_shard_file(path: str, record: FileRecord) -> tuple[dict, list]:
+    """Verify and parse one shard file. Raises PSCheckpointError naming ``path``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise PSCheckpointError(f"{path}: cannot read: {exc}") from None
+    if len(data) != record.size:
+        raise PSCheckpointError(f"{path}: truncated or wrong size: {len(data)} bytes, "
+                                f"manifest says {record.size}")
+    if hashlib.sha256(data).hexdigest() != record.sha256:
+        raise PSCheckpointError(f"{path}: checksum mismatch (corrupted)")
+    view = memoryview(data)
+    if bytes(view[:len(MAGIC)]) != MAGIC or \
+            hashlib.sha256(view[:-DIGEST_BYTES]).digest() != bytes(view[-DIGEST_BYTES:]):
+        raise PSCheckpointError(f"{path}: bad magic or trailer checksum")
+    try:
+        return wire.decode(view[len(MAGIC):-DIGEST_BYTES])
+    except Exception as exc:  # a well-checksummed but malformed file: a writer bug
+        raise PSCheckpointError(f"{path}: malformed contents: {exc}") from None
+
+
+class LoadedCheckpoint:
+    """A verified complete checkpoint: its manifest and every shard file's contents."""
+
+    def __init__(self, root: str, manifest: Manifest, files: dict[str, tuple[dict, list]]):
+        self.root = root
+        self.manifest = manifest
+        self._files = files
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.manifest.checkpoint_id
+
+    @property
+    def step(self) -> int:
+        return self.manifest.step
+
+    def shard_snapshot(self, index: int, num_shards: int, threshold: int) -> ShardSnapshot:
+        """The state shard ``index`` of ``num_shards`` holds, re-cut with the
+        partitioner when the shard count (or threshold) differs from the writer's."""
+        same_layout = (num_shards == self.manifest.num_shards
+                       and threshold == self.manifest.split_threshold)
+        dedup: dict[str, int] = {}
+        if same_layout:
+            own = self._files.get(shard_filename(index, num_shards))
+            dedup = dict(own[0].get("dedup", {})) if own else {}
+        meta: dict[str, dict] = {}
+        by_var: dict[str, list[tuple[Slice, str | None, np.ndarray]]] = {}
+        for header, tensors in self._files.values():
+            meta.update(header["variables"])
+            for tmeta, array in tensors:
+                src = Slice.from_dict(header["variables"][tmeta["var"]]["slice"])
+                by_var.setdefault(tmeta["var"], []).append((src, tmeta["slot"], array))
+        variables = {}
+        for name, info in meta.items():
+            full = Slice.from_dict(info["slice"])
+            target = slice_for(name, full.full_shape, full.dtype, index, num_shards, threshold)
+            if target is None:
+                continue
+            sources = by_var.get(name, [])
+            param = assemble(target, [(s, a) for s, slot, a in sources if slot is None])
+            slot_names = sorted({slot for _, slot, _ in sources if slot is not None})
+            slots = {sn: assemble(target, [(s, a) for s, slot, a in sources if slot == sn])
+                     for sn in slot_names}
+            variables[name] = SavedVariable(target, param, slots, dict(info["optimizer"]))
+        return ShardSnapshot(self.manifest.step, variables, dedup)
+
+
+def read_checkpoint(root: str, checkpoint_id: int) -> LoadedCheckpoint:
+    """Verify and read checkpoint ``checkpoint_id``. Raises PSCheckpointError naming the
+    first missing, truncated or corrupted file."""
+    directory = checkpoint_dir(root, checkpoint_id)
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise PSCheckpointError(f"{path}: cannot read: {exc}") from None
+    manifest = Manifest.from_bytes(data, path)
+    files = {r.name: _read_shard_file(os.path.join(directory, r.name), r) for r in manifest.files}
+    return LoadedCheckpoint(root, manifest, files)
+
+
+def is_complete(root: str, checkpoint_id: int) -> bool:
+    return os.path.exists(os.path.join(checkpoint_dir(root, checkpoint_id), MANIFEST))
+
+
+def load_newest(root: str | None) -> LoadedCheckpoint | None:
+    """The newest checkpoint whose manifest and every file verify, or None. Each
+    checkpoint skipped for a bad file is logged as a warning naming that file."""
+    if not root:
+        return None
+    for checkpoint_id in reversed(checkpoint_ids(root)):
+        if not is_complete(root, checkpoint_id):
+            continue  # in progress or abandoned: never announced as complete
+        try:
+            return read_checkpoint(root, checkpoint_id)
+        except PSCheckpointError as exc:
+            log.warning("skipping checkpoint %d, using an older one: %s", checkpoint_id, exc)
+    return None
+
+
+def newest_complete_id(root: str | None) -> int | None:
+    """The id of the newest checkpoint that loads (verifies every file), or None."""
+    loaded = load_newest(root)
+    return loaded.checkpoint_id if loaded else None
+
+
+def prune(root: str, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints and anything newer (in progress);
+    delete every older directory, complete or not."""
+    complete = [i for i in checkpoint_ids(root) if is_complete(root, i)]
+    if len(complete) <= keep:
+        return
+    oldest_kept = complete[-keep]
+    for checkpoint_id in checkpoint_ids(root):
+        if checkpoint_id < oldest_kept:
+            shutil.rmtree(checkpoint_dir(root, checkpoint_id), ignore_errors=True)

@@ -1,0 +1,466 @@
+"""The worker's client of the parameter-server shards (contract: DESIGN.md).
+
+    client = elastic.ps.connect()          # under elastic-run --num-ps N
+    client.init({"w": w0, "b": b0}, optimizer="adam", lr=1e-3)
+    params = client.pull()
+    step = client.push({"w": gw, "b": gb})
+
+Every operation talks to all shards in parallel. A shard that is down, restarting or
+restoring is retried (its address re-read from the store) for
+``ClientSettings.retry_deadline`` seconds, so a worker sees a pause; past it
+``PSUnavailableError`` is raised. A shard that lost its variables (restarted without
+a checkpoint) gets them re-created from this client's ``init`` values.
+
+Sync mode: ``push`` sends ``(round, size, rank, step, generation)`` and returns once
+the step is applied. It raises ``PSRoundChangedError`` (a ``HostsUpdatedInterrupt``)
+when a newer round drops the step; when the shards rolled back to a checkpoint it
+returns the restored step without applying anything (pull again and go on).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from elastic.ps import wire
+from elastic.ps.control import RETRYABLE
+from elastic.ps.errors import (PSConfigError, PSRoundChangedError, PSShapeError, PSTimeoutError,
+                               PSUnavailableError, PSUninitializedError)
+from elastic.ps.optimizers import make_optimizer
+from elastic.ps.partition import Slice, place
+from elastic.ps.settings import ClientSettings
+from elastic.ps.state import APPLIED, ROLLED_BACK, SUPERSEDED, UNKNOWN
+from elastic.ps.transport import ShardLink
+from rendezvous import env
+from rendezvous.errors import RendezvousError
+
+log = logging.getLogger("elastic.ps.client")
+
+RoundSource = Callable[[], "tuple[int, int, int] | None"]
+
+
+class PSClient:
+    """A client of shards ``addresses`` (index order).
+
+    ``resolver(index)`` re-reads a shard's address after a failure (a restarted shard
+    has a new port). Sync mode: ``round_source()`` gives this worker's current
+    ``(round_id, size, rank)`` and ``newer_round(round_id)`` says whether a newer
+    round was published; without them the round is what ``set_round`` set, by
+    default ``(0, 1, 0)``: a worker alone. Raises PSConfigError for no addresses."""
+
+    def __init__(self, addresses: Sequence[str], secret: str,
+                 settings: ClientSettings | None = None,
+                 resolver: Callable[[int], str | None] | None = None,
+                 round_source: RoundSource | None = None,
+                 newer_round: Callable[[int], bool] | None = None,
+                 on_close: Sequence[Callable[[], None]] = ()):
+        if not addresses:
+            raise PSConfigError("PSClient needs at least one shard address")
+        self.settings = settings or ClientSettings()
+        self._secret = secret
+        self._n = len(addresses)
+        self._resolver = resolver
+        self._round_source = round_source
+        self._newer_round = newer_round
+        self._on_close = list(on_close)
+        self._lock = threading.Lock()        # client fields below
+        self._push_lock = threading.Lock()   # pushes in order: the seq numbers dedupe retries
+        self._shard_pool = ThreadPoolExecutor(self._n, thread_name_prefix="ps-shard")
+        self._part_pool = ThreadPoolExecutor(self._n * self.settings.lanes, thread_name_prefix="ps-part")
+        self._links = [self._new_link(i, a) for i, a in enumerate(addresses)]
+        self._client_id = uuid.uuid4().hex
+        self._seq = 0
+        self._layout: dict[str, tuple[Slice, ...]] = {}
+        self._threshold: int | None = None
+        self._mode: str | None = None
+        self._step = 0
+        self._generation: str | None = None
+        self._round = (0, 1, 0)
+        self._init_values: dict[str, tuple[np.ndarray, dict]] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------ plumbing
+    def _new_link(self, index: int, address: str) -> ShardLink:
+        return ShardLink(index, address, self._secret, self.settings.lanes,
+                         self.settings.chunk_bytes, self._part_pool)
+
+    def _refresh(self, index: int) -> None:
+        if self._resolver is None:
+            return
+        try:
+            address = self._resolver(index)
+        except RendezvousError as exc:
+            log.debug("cannot re-read the address of shard %d: %s", index, exc)
+            return
+        with self._lock:
+            old = self._links[index]
+            if address and address != old.address:
+                log.info("ps shard %d moved from %s to %s", index, old.address, address)
+                self._links[index] = self._new_link(index, address)
+                old.close()
+
+    def _retry(self, index: int, fn):
+        """``fn(link)`` on shard ``index``, retried while the shard is unreachable or
+        not ready. Raises PSUnavailableError past the retry deadline."""
+        s = self.settings
+        deadline = time.monotonic() + s.retry_deadline
+        delay = s.backoff_initial
+        while True:
+            if self._closed:
+                raise PSUnavailableError("the ps client is closed")
+            link = self._links[index]
+            try:
+                return fn(link)
+            except RETRYABLE as exc:
+                last = exc
+            if time.monotonic() + delay > deadline:
+                raise PSUnavailableError(f"ps shard {index} (last at {link.address}) did not "
+                                         f"answer within {s.retry_deadline:.0f}s: {last}") from last
+            time.sleep(delay)  # backoff while the shard restarts
+            delay = min(delay * 2, s.backoff_max)
+            self._refresh(index)
+
+    def _each(self, fn, indices=None) -> dict[int, object]:
+        """``fn(index)`` for each shard in parallel; the first error is raised after
+        every call has finished (no call is left running behind the caller)."""
+        indices = list(range(self._n)) if indices is None else list(indices)
+        futures = {i: self._shard_pool.submit(fn, i) for i in indices}
+        out, first = {}, None
+        for i, f in futures.items():
+            try:
+                out[i] = f.result()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+        return out
+
+    def _request(self, index: int, method: str, header: dict, payload=b"", extra_time: float = 0.0):
+        timeout = self.settings.call_timeout + extra_time
+        return self._retry(index, lambda link: link.request(method, header, payload, timeout))
+
+    # ------------------------------------------------------------ layout
+    def _describe(self) -> None:
+        replies = self._each(lambda i: self._request(i, "Describe", {})[0])
+        layout: dict[str, list[Slice]] = {}
+        for i, rh in replies.items():
+            if rh["num_shards"] != self._n or rh["index"] != i:
+                raise PSConfigError(f"shard at index {i} says it is shard {rh['index']} of "
+                                    f"{rh['num_shards']}; this client has {self._n} addresses")
+            for v in rh["variables"]:
+                sl = Slice.from_dict(v["slice"])
+                layout.setdefault(sl.name, []).append(sl)
+        with self._lock:
+            self._layout = {k: tuple(sorted(v, key=lambda s: s.start)) for k, v in layout.items()}
+            self._threshold = int(replies[0]["split_threshold"])
+            self._mode = replies[0]["mode"]
+            self._note(replies.values())
+
+    def _note(self, replies) -> None:
+        """Track step and generation from shard replies (caller holds ``_lock``)."""
+        replies = list(replies)
+        steps = [int(r["step"]) for r in replies if "step" in r]
+        if steps:
+            self._step = min(steps) if self._mode == "sync" else max(steps)
+        gens = {r["generation"] for r in replies if "generation" in r}
+        if len(gens) == 1:
+            self._generation = gens.pop()
+
+    def _ensure_layout(self) -> None:
+        if self._threshold is None:
+            self._describe()
+
+    def _known(self, names) -> None:
+        missing = [n for n in names if n not in self._layout]
+        if missing:
+            self._describe()
+            missing = [n for n in names if n not in self._layout]
+            if missing:
+                raise PSUninitializedError(f"no variable(s) {missing} on the shards; call init() first")
+
+    # ------------------------------------------------------------ init
+    def init(self, params: Mapping[str, np.ndarray], optimizer: str = "sgd", lr: float = 0.01,
+             **optimizer_args) -> None:
+        """Create the variables that do not exist yet, with this optimizer (variables
+        that exist keep their values, optimizer and slots). Raises PSConfigError for a
+        bad optimizer, PSShapeError for a dtype that cannot travel or a variable that
+        exists with another shape, PSUnavailableError."""
+        config = make_optimizer(optimizer, lr, **optimizer_args).config()
+        values = {}
+        for name, value in params.items():
+            array = np.array(value, copy=True)  # kept to re-create lost variables later
+            wire.check_dtype(array.dtype)
+            values[str(name)] = (array, config)
+        self._ensure_layout()
+        with self._lock:
+            self._init_values.update(values)
+        self._create(values)
+        self._describe()
+
+    def _create(self, values: dict[str, tuple[np.ndarray, dict]], indices=None) -> None:
+        configs: dict[str, dict] = {}
+        per_shard: dict[tuple[int, str], list] = {}
+        for name, (array, config) in values.items():
+            key = repr(sorted(config.items()))
+            configs[key] = config
+            for sl in place(name, array.shape, array.dtype, self._n, self._threshold):
+                per_shard.setdefault((sl.shard, key), []).append(({"slice": sl.to_dict()}, sl.take(array)))
+        wanted = set(range(self._n)) if indices is None else set(indices)
+
+        def create(i):
+            for (shard, key), tensors in per_shard.items():
+                if shard == i:
+                    self._request(i, "Create", {"optimizer": configs[key]}, wire.encode({}, tensors))
+        self._each(create, sorted(wanted & {shard for shard, _ in per_shard}))
+
+    def _recreate(self, index: int) -> None:
+        """Re-create on shard ``index`` what this client's ``init`` made (the shard lost
+        it). Raises the PSUninitializedError it is recovering from when there is nothing."""
+        with self._lock:
+            values = dict(self._init_values)
+        if not values:
+            raise PSUninitializedError(f"ps shard {index} lost its variables and this client "
+                                       f"has no init() values to re-create them")
+        log.warning("ps shard %d lost its variables; re-creating them from init()", index)
+        self._create(values, [index])
+
+    def _with_recreate(self, index: int, fn):
+        deadline = time.monotonic() + self.settings.retry_deadline
+        while True:
+            try:
+                return fn()
+            except PSUninitializedError:
+                if time.monotonic() > deadline:
+                    raise
+                self._recreate(index)
+
+    # ------------------------------------------------------------ pull
+    def pull(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The current values (all variables when ``names`` is None), as new writable
+        arrays. Raises PSUninitializedError for an unknown name, PSUnavailableError."""
+        self._ensure_layout()
+        wanted = list(self._layout) if names is None else [str(n) for n in names]
+        self._known(wanted)
+        with self._lock:
+            layout = {n: self._layout[n] for n in wanted}
+        on_shard: dict[int, list[str]] = {i: [] for i in range(self._n)} if names is None else {}
+        for name, slices in layout.items():
+            for sl in slices:
+                on_shard.setdefault(sl.shard, []).append(name)
+        deadline = time.monotonic() + self.settings.retry_deadline
+        delay = self.settings.backoff_initial
+        while True:
+            replies = self._each(lambda i: self._with_recreate(
+                i, lambda: self._pull_one(i, on_shard[i])), sorted(on_shard))
+            gens = {h.get("generation") for h, _ in replies.values()}
+            # sync: every slice must come from one history (a rollback may be under way)
+            if self._mode != "sync" or len(gens) <= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, self.settings.backoff_max)
+        with self._lock:
+            self._note(h for h, _ in replies.values())
+        out: dict[str, np.ndarray] = {}
+        for i, (_, tensors) in replies.items():
+            for meta, array in tensors:
+                sl = Slice.from_dict(meta)
+                if sl.whole:
+                    out[sl.name] = array if array.flags.writeable else array.copy()
+                    continue
+                full = out.get(sl.name)
+                if full is None:
+                    full = out[sl.name] = np.empty(sl.full_shape, dtype=np.dtype(sl.dtype))
+                full[sl.start:sl.stop] = array
+        return out
+
+    def _pull_one(self, index: int, names: list[str]):
+        rh, body = self._request(index, "Pull", {"names": names})
+        header, tensors = wire.decode(body)
+        return header, tensors
+
+    # ------------------------------------------------------------ push
+    def _payloads(self, grads: Mapping[str, np.ndarray]) -> dict[int, bytes]:
+        self._ensure_layout()
+        self._known(list(grads))
+        tensors: dict[int, list] = {i: [] for i in range(self._n)}
+        for name, grad in grads.items():
+            slices = self._layout[name]
+            g = np.asarray(grad)
+            if g.shape != slices[0].full_shape:
+                raise PSShapeError(f"gradient of {name!r} has shape {g.shape}, the variable "
+                                   f"{slices[0].full_shape}")
+            g = g.astype(np.dtype(slices[0].dtype), copy=False)
+            for sl in slices:
+                tensors[sl.shard].append(({"name": name}, sl.take(g)))
+        # every shard gets the push, even an empty one, so all count the same steps
+        return {i: wire.encode({}, t) for i, t in tensors.items()}
+
+    def push(self, grads: Mapping[str, np.ndarray]) -> int:
+        """Apply ``grads`` with the shards' optimizer; returns the global step after it
+        (sync: once the step is applied). Raises PSShapeError, PSUninitializedError,
+        PSUnavailableError; sync also PSRoundChangedError and PSTimeoutError."""
+        payloads = self._payloads(grads)
+        with self._push_lock:
+            if self._mode == "sync":
+                return self._push_sync(payloads)
+            self._seq += 1
+            header = {"client": self._client_id, "seq": self._seq}
+            replies = self._each(lambda i: self._with_recreate(
+                i, lambda: self._request(i, "Push", header, payloads[i])[0]))
+            with self._lock:
+                self._note(replies.values())
+                return self._step
+
+    def set_round(self, round_id: int, size: int, rank: int) -> None:
+        """Sync mode: this worker is ``rank`` of ``size`` in round ``round_id`` (the
+        elastic runtime calls this after each re-form). Raises PSConfigError."""
+        if not 0 <= rank < size:
+            raise PSConfigError(f"rank {rank} is not in 0..{size - 1}")
+        with self._lock:
+            self._round = (int(round_id), int(size), int(rank))
+
+    def _current_round(self) -> tuple[int, int, int]:
+        got = self._round_source() if self._round_source is not None else None
+        with self._lock:
+            if got is not None and got[0] >= self._round[0]:
+                self._round = tuple(int(x) for x in got)
+            return self._round
+
+    def _round_moved(self, round_id: int) -> bool:
+        with self._lock:
+            if self._round[0] > round_id:
+                return True
+        return self._newer_round is not None and self._newer_round(round_id)
+
+    def _push_sync(self, payloads: dict[int, bytes]) -> int:
+        round_id, size, rank = self._current_round()
+        with self._lock:
+            step, generation = self._step + 1, self._generation
+        s = self.settings
+        header = {"round": round_id, "size": size, "rank": rank, "step": step,
+                  "generation": generation, "wait": s.poll_interval}
+        deadline = time.monotonic() + s.sync_timeout
+        stop = threading.Event()
+
+        def one(i):
+            method = "Push"
+            while not stop.is_set():
+                if self._round_moved(round_id):
+                    stop.set()
+                    raise PSRoundChangedError(f"a round after {round_id} was published; "
+                                              f"step {step} is dropped: re-form and redo it")
+                if time.monotonic() > deadline:
+                    stop.set()
+                    raise PSTimeoutError(f"sync step {step} of round {round_id} was not completed "
+                                         f"by all {size} workers within {s.sync_timeout:.0f}s")
+                payload = payloads[i] if method == "Push" else b""
+                reply = self._with_recreate(i, lambda: self._request(
+                    i, method, header, payload, extra_time=s.poll_interval)[0])
+                if reply["status"] in (APPLIED, ROLLED_BACK, SUPERSEDED):
+                    return reply
+                method = "Push" if reply["status"] == UNKNOWN else "WaitStep"
+            return None
+
+        replies = self._each(one)
+        superseded = [r for r in replies.values() if r and r["status"] == SUPERSEDED]
+        if superseded:
+            newest = max(r["round"] for r in superseded)
+            raise PSRoundChangedError(f"round {newest} replaced round {round_id}; step {step} "
+                                      f"is dropped: re-form and redo it")
+        with self._lock:
+            rolled = [r for r in replies.values() if r["status"] == ROLLED_BACK]
+            if rolled:
+                log.warning("the ps shards rolled back to step %d; step %d was not applied",
+                            min(r["step"] for r in rolled), step)
+                self._note(rolled)
+            else:
+                self._note(replies.values())
+            return self._step
+
+    @property
+    def step(self) -> int:
+        """The latest global step this client has seen."""
+        return self._step
+
+    @property
+    def num_shards(self) -> int:
+        return self._n
+
+    def close(self) -> None:
+        """Release connections and threads (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shard_pool.shutdown(wait=True)
+        self._part_pool.shutdown(wait=True)
+        for link in self._links:
+            link.close()
+        for fn in self._on_close:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - closing must not fail the caller
+                log.debug("close hook failed", exc_info=True)
+
+    def __enter__(self) -> "PSClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _runtime_hooks(fallback_source, fallback_newer):
+    """Round hooks that follow the elastic runtime when this worker runs under one
+    (the round the worker is actually in), else the store's published plan."""
+    import elastic
+
+    def runtime():
+        getter = getattr(elastic, "_runtime_if_started", None)
+        rt = getter() if getter is not None else None
+        return rt if rt is not None and getattr(rt, "plan", None) is not None else None
+
+    def round_source():
+        rt = runtime()
+        if rt is not None:
+            return rt.plan.round_id, rt.plan.size, rt.member.rank
+        return fallback_source() if fallback_source else None
+
+    def newer_round(round_id: int) -> bool:
+        rt = runtime()
+        if rt is not None:
+            return rt.newer_round_pending() or rt.round_id > round_id
+        return bool(fallback_newer and fallback_newer(round_id))
+
+    return round_source, newer_round
+
+
+def connect(settings: ClientSettings | None = None, environ=os.environ) -> PSClient:
+    """A client of this job's shards, from the environment elastic-run gives workers
+    (store URL, job id, secret; the shard addresses from the store). Raises
+    PSConfigError when the job has no shards or the environment is incomplete,
+    RendezvousError when the store cannot be reached."""
+    from elastic.ps.registry import registry_from_env, store_round_hooks
+    settings = settings or ClientSettings()
+    secret = environ.get(env.ENV_SECRET)
+    if not environ.get(env.ENV_RENDEZVOUS) or not environ.get(env.ENV_JOB_ID) or not secret:
+        raise PSConfigError("elastic.ps.connect() needs a job started by elastic-run --num-ps N "
+                            f"({env.ENV_RENDEZVOUS}, {env.ENV_JOB_ID} and {env.ENV_SECRET} "
+                            "must be set)")
+    registry = registry_from_env(environ)
+    try:
+        addresses = registry.wait_all(settings.connect_timeout)
+    except BaseException:
+        registry.close()
+        raise
+    worker_id = environ.get(env.ENV_WORKER_ID)
+    source = newer = None
+    if worker_id:
+        source, newer = store_round_hooks(registry.store, environ[env.ENV_JOB_ID], worker_id)
+    round_source, newer_round = _runtime_hooks(source, newer)
+    return PSClient(addresses, secret, settings, resolver=registry.lookup,
+                    round_source=round_source, newer_round=newer_round, on_close=[registry.close])

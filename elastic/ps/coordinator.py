@@ -1,0 +1,165 @@
+"""Coordinated checkpoints and rollbacks, driven by shard 0 (the driver never imports
+``elastic``, so the protocol lives in the shards).
+
+Checkpoint ``k`` (every ``checkpoint_interval`` seconds, one at a time):
+
+1. *Prepare*: every shard closes its gate (no push is applied from then on; applies
+   run under the state lock, so none is half done) and reports its step. The pause is
+   a lease: a shard reopens by itself after ``pause_timeout`` if shard 0 dies.
+2. *Align*: a client pushes to all shards in parallel, so at the pause a push may
+   have been applied on some shards and not yet on others. The target is the highest
+   step reported; shards below it let pushes through (only) until they reach it.
+   The missing pushes are normally in flight and arrive within milliseconds. If one
+   never comes (its worker died mid-push) within ``align_timeout``: async shards set
+   their step to the target (async updates carry no cross-shard ordering anyway);
+   sync shards abort the checkpoint (it is retried at the next interval; the round
+   change that follows the worker's death resolves the step).
+3. *Snapshot*: each shard copies its state in memory, reopens its gate at once, and
+   then writes its file (atomic, checksummed), off the training path.
+4. *Commit*: when every file is written, shard 0 writes the manifest, which makes
+   checkpoint ``k`` complete, and prunes old ones. Any failure before that aborts:
+   pauses are released and the directory stays without a manifest (never loaded).
+
+Nothing is written when every shard still equals the newest checkpoint.
+
+Rollback (sync mode). A restarted shard must not serve a step the others have gone
+past, so: shard 0 (at its own start, or when a restarted shard calls ``RestoreAll``)
+takes the newest complete checkpoint C, asks every shard for its status, and rolls
+back every shard that is not exactly at C, under a new *generation* when any shard had
+moved past C. Clients see the generation change and redo from C instead of pushing
+gradients of lost steps. Rollbacks and checkpoints are serialized on shard 0.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from elastic.ps.checkpoint import (FileRecord, Manifest, is_complete, load_newest,
+                                   next_checkpoint_id, prune, write_manifest)
+from elastic.ps.control import Peers, ShardControl
+from elastic.ps.errors import PSError
+from elastic.ps.settings import ServerSettings
+from elastic.ps.state import initial_generation
+
+log = logging.getLogger("elastic.ps.coordinator")
+
+
+class Coordinator:
+    """Runs on shard 0: checkpoints (``run``/``checkpoint_once``) and ``restore_all``."""
+
+    def __init__(self, settings: ServerSettings, local: ShardControl, peers: Peers | None,
+                 on_checkpoint=None):
+        self.settings = settings
+        self.local = local
+        self.peers = peers
+        self.on_checkpoint = on_checkpoint
+        self._lock = threading.Lock()  # one checkpoint or rollback at a time
+        self._pool = ThreadPoolExecutor(max(settings.num_shards, 1), thread_name_prefix="ps-coord")
+
+    def _invoke(self, index: int, op: str, args: dict, retry_for: float) -> dict:
+        if index == self.settings.index:
+            return self.local.handle(op, args)
+        if self.peers is None:
+            raise PSError(f"shard {index} cannot be reached without the rendezvous store")
+        return self.peers.call(index, op, args, retry_for)
+
+    def _all(self, op: str, args: dict, retry_for: float = 0.0, indices=None,
+             tolerate: bool = False) -> list:
+        """``op`` on every shard in parallel. With ``tolerate`` a failed shard gives None;
+        otherwise the first error is raised after all calls finished."""
+        indices = range(self.settings.num_shards) if indices is None else indices
+        futures = {i: self._pool.submit(self._invoke, i, op, args, retry_for) for i in indices}
+        results, first = [], None
+        for i, f in futures.items():
+            try:
+                results.append(f.result())
+            except Exception as exc:  # noqa: BLE001 - reported below or tolerated
+                if not tolerate:
+                    first = first or exc
+                else:
+                    log.warning("shard %d: %s failed: %s", i, op, exc)
+                results.append(None)
+        if first is not None:
+            raise first
+        return results
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_once(self) -> Manifest | None:
+        """Take one coordinated checkpoint; returns its manifest, or None when skipped
+        (nothing changed) or aborted (a shard failed; logged)."""
+        s = self.settings
+        with self._lock:
+            checkpoint_id = next_checkpoint_id(s.checkpoint_dir)
+            args = {"checkpoint_id": checkpoint_id}
+            try:
+                statuses = self._all("Prepare", args)
+                if len({st["generation"] for st in statuses}) > 1:
+                    raise PSError("shards are in different generations (a rollback is under way)")
+                bases = {st["base"] for st in statuses}
+                if all(st["clean"] for st in statuses) and len(bases) == 1 and (
+                        None in bases or is_complete(s.checkpoint_dir, bases.pop())):
+                    self._all("Abort", args, tolerate=True)
+                    return None
+                target = max(st["step"] for st in statuses)
+                if any(st["step"] < target for st in statuses):
+                    steps = self._all("Align", {**args, "target": target})
+                    if any(st["step"] < target for st in steps):
+                        raise PSError(f"shards did not reach step {target} within "
+                                      f"{s.align_timeout}s (steps {[st['step'] for st in steps]})")
+                records = self._all("Snapshot", args)
+            except Exception as exc:  # noqa: BLE001 - any failure aborts this checkpoint
+                log.warning("checkpoint %d aborted: %s", checkpoint_id, exc)
+                self._all("Abort", args, tolerate=True)
+                return None
+            manifest = Manifest(checkpoint_id, target, s.num_shards, s.split_threshold,
+                                tuple(FileRecord(r["name"], r["size"], r["sha256"]) for r in records),
+                                time.time())
+            write_manifest(s.checkpoint_dir, manifest)
+            prune(s.checkpoint_dir, s.keep_checkpoints)
+        log.info("checkpoint %d complete at step %d", checkpoint_id, target)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(manifest)
+        return manifest
+
+    def run(self, stop: threading.Event) -> None:
+        """Checkpoint every ``checkpoint_interval`` seconds until ``stop`` is set."""
+        while not stop.wait(self.settings.checkpoint_interval):
+            try:
+                self.checkpoint_once()
+            except Exception:  # noqa: BLE001 - keep checkpointing; the next one may work
+                log.exception("checkpoint failed")
+
+    # ------------------------------------------------------------ rollback
+    def restore_all(self) -> tuple[int | None, str]:
+        """Bring every reachable shard to the newest complete checkpoint (see module
+        doc); returns (checkpoint id or None, generation). Shards that stay
+        unreachable for ``peer_deadline`` are skipped: they restore when they start."""
+        s = self.settings
+        with self._lock:
+            loaded = load_newest(s.checkpoint_dir)
+            checkpoint_id = loaded.checkpoint_id if loaded else None
+            statuses = self._all("Status", {}, retry_for=s.peer_deadline, tolerate=True)
+
+            def at_checkpoint(st):
+                return st["loaded"] and st["base"] == checkpoint_id and st["clean"]
+
+            moved_on = any(st is not None and st["loaded"] and not at_checkpoint(st)
+                           for st in statuses)
+            generation = initial_generation(checkpoint_id)
+            if moved_on:
+                generation += "-" + secrets.token_hex(4)
+            todo = [i for i, st in enumerate(statuses)
+                    if st is not None and not (at_checkpoint(st) and st["generation"] == generation)]
+            if todo:
+                log.info("restoring shards %s to %s (generation %s)", todo,
+                         f"checkpoint {checkpoint_id}" if checkpoint_id else "the empty start",
+                         generation)
+                self._all("Rollback", {"checkpoint_id": checkpoint_id, "generation": generation},
+                          retry_for=s.peer_deadline, indices=todo, tolerate=True)
+            return checkpoint_id, generation
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

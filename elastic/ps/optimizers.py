@@ -1,0 +1,101 @@
+"""Optimizers applied on the shards (pure numpy, in place): SGD, momentum, Adam.
+
+An optimizer's state ("slots") lives next to the parameter slice it updates, with the
+same slicing on axis 0, so checkpoints and re-sharding treat slots exactly like
+parameters. Scalar state (Adam's step count) is a 0-d slot: every slice of a variable
+receives the same updates, so any slice's copy is the variable's.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from elastic.ps.errors import PSConfigError
+
+
+class Optimizer:
+    """Base: ``slots(param)`` makes the state; ``apply(param, grad, slots)`` updates in place."""
+
+    name = ""
+    defaults: dict = {}
+
+    def __init__(self, lr: float, **args):
+        unknown = set(args) - set(self.defaults)
+        if unknown:
+            raise PSConfigError(f"optimizer {self.name!r} has no argument(s) {sorted(unknown)}; "
+                                f"it takes lr and {sorted(self.defaults)}")
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+            raise PSConfigError(f"lr must be a positive number, not {lr!r}")
+        self.lr = float(lr)
+        self.args = {**self.defaults, **{k: type(self.defaults[k])(v) for k, v in args.items()}}
+
+    def config(self) -> dict:
+        """JSON-able description; ``make_optimizer(**config)`` rebuilds it."""
+        return {"optimizer": self.name, "lr": self.lr, **self.args}
+
+    def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        return {}
+
+    def apply(self, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    name = "sgd"
+
+    def apply(self, param, grad, slots):
+        param -= self.lr * grad
+
+
+class Momentum(Optimizer):
+    """v = momentum * v + g; p -= lr * v (or lr * (g + momentum * v) with nesterov)."""
+
+    name = "momentum"
+    defaults = {"momentum": 0.9, "nesterov": False}
+
+    def slots(self, param):
+        return {"velocity": np.zeros_like(param)}
+
+    def apply(self, param, grad, slots):
+        v = slots["velocity"]
+        v *= self.args["momentum"]
+        v += grad
+        if self.args["nesterov"]:
+            param -= self.lr * (grad + self.args["momentum"] * v)
+        else:
+            param -= self.lr * v
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba) with bias correction; ``t`` counts the updates applied."""
+
+    name = "adam"
+    defaults = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+
+    def slots(self, param):
+        return {"m": np.zeros_like(param), "v": np.zeros_like(param),
+                "t": np.zeros((), dtype=np.int64)}
+
+    def apply(self, param, grad, slots):
+        b1, b2, eps = self.args["beta1"], self.args["beta2"], self.args["eps"]
+        slots["t"][...] += 1
+        t = int(slots["t"])
+        m, v = slots["m"], slots["v"]
+        m *= b1
+        m += (1 - b1) * grad
+        v *= b2
+        v += (1 - b2) * np.square(grad)
+        step = self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        param -= step * m / (np.sqrt(v) + eps)
+
+
+OPTIMIZERS = {cls.name: cls for cls in (SGD, Momentum, Adam)}
+
+
+def make_optimizer(optimizer: str = "sgd", lr: float = 0.01, **args) -> Optimizer:
+    """Raises PSConfigError for an unknown name, a bad lr or an unknown argument."""
+    cls = OPTIMIZERS.get(str(optimizer).lower())
+    if cls is None:
+        raise PSConfigError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+    return cls(lr, **args)

@@ -1,0 +1,70 @@
+"""Settings of the ps client and shards (frozen: shared freely between threads)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elastic.ps.errors import PSConfigError
+
+MODES = ("async", "sync")
+MiB = 1 << 20
+# Variables above this many bytes are split on axis 0 across shards (see partition.py).
+DEFAULT_SPLIT_THRESHOLD = 1 * MiB
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How a ``PSClient`` talks to shards.
+
+    ``retry_deadline`` bounds how long one operation keeps retrying a shard that is down
+    or restoring; past it ``PSUnavailableError`` is raised. ``call_timeout`` bounds one
+    attempt of one RPC. Large payloads move in ``chunk_bytes`` pieces spread over
+    ``lanes`` connections per shard, because one gRPC stream of one huge message is
+    several times slower than a few streams of moderate ones (see benchmarks/ps_bench.py)."""
+
+    retry_deadline: float = 60.0
+    call_timeout: float = 30.0
+    sync_timeout: float = 600.0       # a sync step waits this long for slow members
+    poll_interval: float = 0.5        # long-poll slice while a sync step waits
+    backoff_initial: float = 0.02
+    backoff_max: float = 0.5
+    chunk_bytes: int = 4 * MiB
+    lanes: int = 4
+    connect_timeout: float = 10.0     # connect(): wait for the shards' addresses
+
+    def __post_init__(self):
+        for name in ("retry_deadline", "call_timeout", "sync_timeout", "poll_interval",
+                     "backoff_initial", "backoff_max", "connect_timeout"):
+            if getattr(self, name) <= 0:
+                raise PSConfigError(f"ClientSettings.{name} must be > 0")
+        if self.chunk_bytes < 1024 or self.lanes < 1:
+            raise PSConfigError("ClientSettings.chunk_bytes must be >= 1024 and lanes >= 1")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """One shard's configuration (the command line of ``python -m elastic.ps.server``)."""
+
+    index: int
+    num_shards: int
+    mode: str = "async"
+    bind: str = "127.0.0.1:0"
+    checkpoint_dir: str | None = None
+    checkpoint_interval: float = 30.0
+    keep_checkpoints: int = 3
+    split_threshold: int = DEFAULT_SPLIT_THRESHOLD
+    pause_timeout: float = 10.0       # a checkpoint pause ends by itself after this (coordinator died)
+    align_timeout: float = 2.0        # how long shards may take to reach the checkpoint's step
+    peer_deadline: float = 60.0       # restore/rollback keeps trying an unreachable peer this long
+    peer_call_timeout: float = 120.0  # one control call (a snapshot includes writing the file)
+    max_wait: float = 2.0             # cap on one long-poll inside the shard
+    staging_ttl: float = 300.0        # an abandoned upload/download is dropped after this
+
+    def __post_init__(self):
+        if self.num_shards < 1 or not 0 <= self.index < self.num_shards:
+            raise PSConfigError(f"shard index {self.index} is not in 0..{self.num_shards - 1}")
+        if self.mode not in MODES:
+            raise PSConfigError(f"ps mode must be one of {MODES}, not {self.mode!r}")
+        if self.checkpoint_interval <= 0 or self.keep_checkpoints < 1:
+            raise PSConfigError("checkpoint interval must be > 0 and keep_checkpoints >= 1")
+        if self.split_threshold < 1:
+            raise PSConfigError("split_threshold must be >= 1 byte")

@@ -1,0 +1,406 @@
+"""One shard's variables, optimizer slots and global step, and the rules that change
+them (no networking: ``server.py`` decodes requests and calls in here).
+
+Everything is guarded by one condition variable. Mutations (create, apply) pass the
+*gate*: during a checkpoint the coordinator pauses the gate so a snapshot sees one
+step; a paused gate lets applies through only while ``step < target`` (the checkpoint's
+step), and reopens by itself after its lease in case the coordinator died.
+
+async: a push is applied on arrival; ``(client, seq)`` de-duplicates a push the client
+repeated after a lost answer.
+
+sync: a push carries ``(round, size, rank, step, generation)``. Step ``s`` is applied,
+with the rank-ordered average of the round's gradients, once every rank of the round
+has pushed ``s``. A push of a newer round drops the older round's incomplete step.
+``generation`` names the shards' common history: a rollback to a checkpoint starts a
+new one, so a gradient computed before the rollback is refused (``rolled_back``)
+instead of being applied to restored parameters.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from elastic.ps import wire
+from elastic.ps.checkpoint import SavedVariable, ShardSnapshot
+from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
+                               PSUninitializedError)
+from elastic.ps.optimizers import Optimizer, make_optimizer
+from elastic.ps.partition import Slice
+
+log = logging.getLogger("elastic.ps.state")
+
+# sync push/wait outcomes
+APPLIED = "applied"          # the step is applied (by this round or an earlier one)
+PENDING = "pending"          # still waiting for other ranks: ask again (WaitStep)
+SUPERSEDED = "superseded"    # a newer round exists; this round's step was dropped
+ROLLED_BACK = "rolled_back"  # the shards restored a checkpoint: pull again, then redo
+UNKNOWN = "unknown"          # the shard no longer has this contribution: push it again
+
+
+def initial_generation(checkpoint_id: int | None) -> str:
+    """The generation every shard agrees on after loading ``checkpoint_id`` at start."""
+    return f"c{checkpoint_id or 0}"
+
+
+class _Var:
+    __slots__ = ("slice", "param", "slots", "optimizer")
+
+    def __init__(self, sl: Slice, param: np.ndarray, slots: dict, optimizer: Optimizer):
+        self.slice, self.param, self.slots, self.optimizer = sl, param, slots, optimizer
+
+
+@dataclass
+class _Pause:
+    checkpoint_id: int
+    expires: float
+    target: int | None = None
+
+
+class ShardState:
+    """State of shard ``index`` of ``num_shards`` in ``mode`` ("async" or "sync")."""
+
+    def __init__(self, index: int, num_shards: int, mode: str, clock=time.monotonic):
+        self.index, self.num_shards, self.mode = index, num_shards, mode
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._vars: dict[str, _Var] = {}
+        self.step = 0
+        self.generation = initial_generation(None)
+        self.loaded = False          # nothing restored yet: data calls are refused
+        self.base: int | None = None  # checkpoint this state equals while ``clean``
+        self._version = 0            # bumped by every mutation
+        self._clean_version = 0
+        self._dedup: dict[str, int] = {}
+        self._pause: _Pause | None = None
+        self._round = -1
+        self._round_size: int | None = None
+        self._pending: dict[int, list[tuple[str, np.ndarray]]] = {}
+
+    # ---------------------------------------------------------------- helpers
+    def _bump(self) -> None:
+        self._version += 1
+
+    def _require_loaded(self) -> None:
+        if not self.loaded:
+            raise PSNotReadyError(f"ps shard {self.index} is restoring its state")
+
+    def _may_apply(self) -> bool:
+        pause = self._pause
+        if pause is None:
+            return True
+        if self._clock() >= pause.expires:
+            log.warning("checkpoint %d pause expired (coordinator gone?); resuming",
+                        pause.checkpoint_id)
+            self._pause = None
+            return True
+        return pause.target is not None and self.step < pause.target
+
+    def _wait(self, deadline: float) -> bool:
+        """One bounded wait on the condition (also wakes when a pause lease ends).
+        Returns False once ``deadline`` has passed."""
+        now = self._clock()
+        if now >= deadline:
+            return False
+        until = deadline
+        if self._pause is not None:
+            until = min(until, self._pause.expires)
+        self._cond.wait(max(until - now, 0.001))
+        return True
+
+    def _wait_gate(self, patience: float) -> None:
+        deadline = self._clock() + patience
+        while not self._may_apply():
+            if not self._wait(deadline):
+                raise PSNotReadyError(f"ps shard {self.index} is paused for a checkpoint")
+
+    def _check_grads(self, grads: list[tuple[str, np.ndarray]]) -> None:
+        missing = [name for name, _ in grads if name not in self._vars]
+        if missing:
+            raise PSUninitializedError(f"ps shard {self.index} has no variable(s) {missing}")
+        for name, grad in grads:
+            if grad.shape != self._vars[name].param.shape:
+                raise PSShapeError(f"gradient of {name!r} on shard {self.index} has shape "
+                                   f"{grad.shape}, the slice has {self._vars[name].param.shape}")
+
+    # ---------------------------------------------------------------- data calls
+    def create(self, entries: list[tuple[Slice, np.ndarray]], optimizer: dict,
+               patience: float) -> list[str]:
+        """Create the variables that do not exist yet (later calls keep what exists);
+        returns the names created. Raises PSShapeError when an existing variable has
+        another shape, PSConfigError for a bad optimizer, PSNotReadyError."""
+        opt = make_optimizer(**optimizer)
+        with self._cond:
+            self._require_loaded()
+            for sl, value in entries:
+                if sl.shard != self.index:
+                    raise PSProtocolError(f"slice of {sl.name!r} for shard {sl.shard} sent to {self.index}")
+                if value.shape != sl.shape:
+                    raise PSShapeError(f"{sl.name!r}: value shape {value.shape} != slice {sl.shape}")
+                have = self._vars.get(sl.name)
+                if have is not None and (have.slice.full_shape, have.slice.start, have.slice.stop) \
+                        != (sl.full_shape, sl.start, sl.stop):
+                    raise PSShapeError(f"variable {sl.name!r} exists with shape "
+                                       f"{have.slice.full_shape}, not {sl.full_shape}")
+            new = [(sl, v) for sl, v in entries if sl.name not in self._vars]
+            if not new:
+                return []
+            self._wait_gate(patience)
+            for sl, value in new:
+                if sl.name in self._vars:
+                    continue
+                param = np.array(value, dtype=np.dtype(sl.dtype), copy=True)
+                self._vars[sl.name] = _Var(sl, param, opt.slots(param), opt)
+            self._bump()
+            self._cond.notify_all()
+            return [sl.name for sl, _ in new]
+
+    def describe(self) -> dict:
+        with self._cond:
+            self._require_loaded()
+            return {"index": self.index, "num_shards": self.num_shards, "mode": self.mode,
+                    "step": self.step, "generation": self.generation,
+                    "variables": [{"slice": v.slice.to_dict(), "optimizer": v.optimizer.config()}
+                                  for v in self._vars.values()]}
+
+    def pull(self, names: list[str] | None) -> bytes:
+        """The named slices (all when None) as one ``wire`` message whose header has the
+        step and generation. The message is built under the lock, so it is one state.
+        Raises PSUninitializedError naming missing variables, PSNotReadyError."""
+        with self._cond:
+            self._require_loaded()
+            if names is None:
+                names = list(self._vars)
+            missing = [n for n in names if n not in self._vars]
+            if missing:
+                raise PSUninitializedError(f"ps shard {self.index} has no variable(s) {missing}")
+            return wire.encode({"step": self.step, "generation": self.generation},
+                               [(self._vars[n].slice.to_dict(), self._vars[n].param) for n in names])
+
+    def _apply(self, grads: list[tuple[str, np.ndarray]]) -> None:
+        for name, grad in grads:
+            var = self._vars[name]
+            var.optimizer.apply(var.param, grad, var.slots)
+        self.step += 1
+        self._bump()
+        self._cond.notify_all()
+
+    def push_async(self, client: str, seq: int, grads: list[tuple[str, np.ndarray]],
+                   patience: float) -> int:
+        """Apply one push now; returns the step after it. A repeated ``(client, seq)`` is
+        not applied twice. Raises PSUninitializedError, PSShapeError, PSNotReadyError."""
+        with self._cond:
+            self._require_loaded()
+            self._check_grads(grads)
+            if seq <= self._dedup.get(client, 0):
+                return self.step
+            self._wait_gate(patience)
+            self._apply(grads)
+            self._dedup[client] = seq
+            return self.step
+
+    def _sync_reply(self, status: str) -> dict:
+        return {"status": status, "step": self.step, "generation": self.generation,
+                "round": self._round}
+
+    def _drop_pending(self) -> None:
+        self._pending = {}
+        self._cond.notify_all()
+
+    def _enter_round(self, round_id: int, generation: str, step: int) -> dict | None:
+        """Common checks of sync calls; a terminal reply, or None to go on."""
+        if generation != self.generation or step > self.step + 1:
+            return self._sync_reply(ROLLED_BACK)
+        if round_id < self._round:
+            return self._sync_reply(SUPERSEDED)
+        if round_id > self._round:
+            if self._pending:
+                log.info("shard %d: round %d replaces %d; dropping incomplete step %d",
+                         self.index, round_id, self._round, self.step + 1)
+            self._round, self._round_size = round_id, None
+            self._drop_pending()
+        if step <= self.step:
+            return self._sync_reply(APPLIED)
+        return None
+
+    def _try_apply_sync(self) -> None:
+        size = self._round_size
+        if size is None or len(self._pending) < size or not self._may_apply():
+            return
+        names: dict[str, None] = {}
+        for rank in sorted(self._pending):
+            for name, _ in self._pending[rank]:
+                names.setdefault(name)
+        averaged = []
+        for name in names:
+            total = None
+            # rank order makes the sum, and so the step, identical on every run
+            for rank in sorted(self._pending):
+                for n, grad in self._pending[rank]:
+                    if n == name:
+                        total = np.array(grad, copy=True) if total is None else total + grad
+            averaged.append((name, total / size))
+        self._pending = {}
+        self._apply(averaged)
+
+    def push_sync(self, round_id: int, size: int, rank: int, step: int, generation: str,
+                  grads: list[tuple[str, np.ndarray]], wait: float) -> dict:
+        """Contribute ``rank``'s gradients to ``step`` of ``round_id`` and wait up to
+        ``wait`` seconds for it to be applied. Returns ``{"status", "step",
+        "generation", "round"}``. Raises PSProtocolError for a size or rank that
+        contradicts the round, PSUninitializedError, PSShapeError, PSNotReadyError."""
+        with self._cond:
+            self._require_loaded()
+            self._check_grads(grads)
+            reply = self._enter_round(round_id, generation, step)
+            if reply is not None:
+                return reply
+            if not 0 <= rank < size:
+                raise PSProtocolError(f"rank {rank} is not in a round of size {size}")
+            if self._round_size is None:
+                self._round_size = size
+            elif self._round_size != size:
+                raise PSProtocolError(f"round {round_id} was pushed with sizes "
+                                      f"{self._round_size} and {size}")
+            self._pending[rank] = grads
+            self._try_apply_sync()
+            return self._wait_step(round_id, rank, step, generation, wait)
+
+    def wait_step(self, round_id: int, rank: int, step: int, generation: str, wait: float) -> dict:
+        """Long-poll for a step this rank pushed earlier (same reply as ``push_sync``)."""
+        with self._cond:
+            self._require_loaded()
+            if generation != self.generation:
+                return self._sync_reply(ROLLED_BACK)
+            if round_id < self._round:
+                return self._sync_reply(SUPERSEDED)
+            if round_id > self._round:
+                return self._sync_reply(UNKNOWN)  # this shard restarted since the push
+            return self._wait_step(round_id, rank, step, generation, wait)
+
+    def _wait_step(self, round_id, rank, step, generation, wait) -> dict:
+        deadline = self._clock() + wait
+        while True:
+            if generation != self.generation:
+                return self._sync_reply(ROLLED_BACK)
+            if self.step >= step:
+                return self._sync_reply(APPLIED)
+            if round_id != self._round:
+                return self._sync_reply(SUPERSEDED)
+            if rank not in self._pending:
+                return self._sync_reply(UNKNOWN)
+            self._try_apply_sync()  # a pause lease may have ended
+            if self.step >= step:
+                continue
+            if not self._wait(deadline):
+                return self._sync_reply(PENDING)
+
+    # ---------------------------------------------------------------- checkpoint calls
+    def status(self) -> dict:
+        with self._cond:
+            return {"index": self.index, "step": self.step, "generation": self.generation,
+                    "loaded": self.loaded, "base": self.base, "version": self._version,
+                    "clean": self._version == self._clean_version}
+
+    def prepare(self, checkpoint_id: int, lease: float) -> dict:
+        """Close the gate (no apply starts; none is running since applies hold the lock)
+        for at most ``lease`` seconds; returns ``status()``. Raises PSNotReadyError."""
+        with self._cond:
+            self._require_loaded()
+            self._pause = _Pause(checkpoint_id, self._clock() + lease)
+        return self.status()
+
+    def align(self, checkpoint_id: int, target: int, timeout: float, fast_forward: bool) -> int:
+        """Let applies through until ``step == target`` (pushes that reached other shards
+        before the pause), waiting at most ``timeout``. With ``fast_forward`` (async) a
+        shard still behind then sets its step to ``target``. Returns the step. Raises
+        PSProtocolError when this checkpoint's pause is gone (its lease ended)."""
+        with self._cond:
+            pause = self._pause
+            if pause is None or pause.checkpoint_id != checkpoint_id:
+                raise PSProtocolError(f"shard {self.index} is not paused for checkpoint {checkpoint_id}")
+            pause.target = target
+            pause.expires = max(pause.expires, self._clock() + timeout + 1.0)
+            self._cond.notify_all()
+            deadline = self._clock() + timeout
+            while self.step < target:
+                self._try_apply_sync()
+                if self.step >= target or not self._wait(deadline):
+                    break
+            if self.step < target and fast_forward:
+                log.info("shard %d: step %d -> %d for checkpoint %d (a push that reached other "
+                         "shards did not arrive here)", self.index, self.step, target, checkpoint_id)
+                self.step = target
+                self._bump()
+            return self.step
+
+    def snapshot(self, checkpoint_id: int) -> ShardSnapshot:
+        """Copy the state and reopen the gate. Raises PSProtocolError when the pause for
+        ``checkpoint_id`` is gone."""
+        with self._cond:
+            pause = self._pause
+            if pause is None or pause.checkpoint_id != checkpoint_id:
+                raise PSProtocolError(f"shard {self.index} is not paused for checkpoint {checkpoint_id}")
+            snap = ShardSnapshot(self.step, {
+                name: SavedVariable(v.slice, v.param.copy(), {k: a.copy() for k, a in v.slots.items()},
+                                    v.optimizer.config())
+                for name, v in self._vars.items()}, dict(self._dedup))
+            self.base, self._clean_version = checkpoint_id, self._version
+            self._pause = None
+            self._try_apply_sync()
+            self._cond.notify_all()
+            return snap
+
+    def abort(self, checkpoint_id: int) -> None:
+        with self._cond:
+            if self._pause is not None and self._pause.checkpoint_id == checkpoint_id:
+                self._pause = None
+                self._try_apply_sync()
+                self._cond.notify_all()
+
+    def load(self, snapshot: ShardSnapshot | None, checkpoint_id: int | None, generation: str) -> None:
+        """Replace the whole state (None: empty at step 0) and start ``generation``.
+        Raises PSConfigError for an optimizer config it cannot rebuild."""
+        variables = {}
+        if snapshot is not None:
+            for name, sv in snapshot.variables.items():
+                opt = make_optimizer(**sv.optimizer)
+                param = np.array(sv.param, copy=True)
+                slots = opt.slots(param)
+                for k, a in sv.slots.items():
+                    slots[k] = np.array(a, dtype=slots[k].dtype if k in slots else a.dtype, copy=True)
+                variables[name] = _Var(sv.slice, param, slots, opt)
+        with self._cond:
+            self._vars = variables
+            self.step = snapshot.step if snapshot is not None else 0
+            self._dedup = dict(snapshot.dedup) if snapshot is not None else {}
+            self.generation = generation
+            self.base = checkpoint_id
+            self._bump()
+            self._clean_version = self._version
+            self._pause = None
+            self.loaded = True
+            self._drop_pending()
+
+    def adopt_generation(self, generation: str) -> None:
+        """Keep the state (it equals the checkpoint) but join ``generation``."""
+        with self._cond:
+            if generation != self.generation:
+                self.generation = generation
+                self._drop_pending()
+
+    def at_checkpoint(self, checkpoint_id: int | None) -> bool:
+        """True when the state is exactly what loading ``checkpoint_id`` would give."""
+        with self._cond:
+            return self.loaded and self.base == checkpoint_id and self._version == self._clean_version
+
+    def raise_step(self, step: int) -> None:
+        """async restart: continue the global step count of the other shards."""
+        with self._cond:
+            if step > self.step:
+                self.step = step
+                self._bump()

@@ -1,0 +1,65 @@
+"""Tensors on the wire: one message = a JSON header + the raw bytes of each array.
+
+Built on ``rendezvous.rpc.frame``/``unframe``: ``header["tensors"]`` lists each
+array's metadata (caller's keys plus ``dtype``, ``shape``, ``nbytes``) in blob order.
+Encoding hands the arrays' own memory to ``frame`` (one copy, into the message);
+decoding returns read-only zero-copy views of the message (writable when the message
+is a ``bytearray``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from elastic.ps.errors import PSShapeError
+from rendezvous.rpc import frame, unframe
+
+
+def check_dtype(dtype) -> np.dtype:
+    """A dtype that can travel as raw bytes (numbers and booleans). Raises PSShapeError."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "biufc" or dt.hasobject:
+        raise PSShapeError(f"dtype {dt} cannot be sent: only numeric and bool arrays can")
+    return dt
+
+
+def _raw(array: np.ndarray) -> memoryview:
+    array = np.require(array, requirements="C")
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def encode_parts(header: dict, tensors: list[tuple[dict, np.ndarray]]) -> list:
+    """The pieces of ``encode``'s message, uncopied: joined they are the message (for
+    writers that stream, e.g. checkpoint files). Raises PSShapeError for a bad dtype."""
+    metas, blobs = [], []
+    for meta, array in tensors:
+        array = np.asarray(array)
+        dt = check_dtype(array.dtype)
+        metas.append({**meta, "dtype": dt.str, "shape": list(array.shape), "nbytes": array.nbytes})
+        blobs.append(_raw(array))
+    return [frame({**header, "tensors": metas}), *blobs]
+
+
+def encode(header: dict, tensors: list[tuple[dict, np.ndarray]]) -> bytes:
+    """``header`` plus ``tensors`` (metadata dict, array) in one message.
+    Raises PSShapeError for a dtype that cannot travel."""
+    return b"".join(encode_parts(header, tensors))
+
+
+def decode(message: bytes | bytearray | memoryview) -> tuple[dict, list[tuple[dict, np.ndarray]]]:
+    """Inverse of ``encode``. Raises PSShapeError when the blobs do not match the header."""
+    header, body = unframe(message)
+    tensors, offset = [], 0
+    for meta in header.get("tensors", ()):
+        dt = check_dtype(meta["dtype"])
+        shape = tuple(int(x) for x in meta["shape"])
+        nbytes = int(meta["nbytes"])
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * dt.itemsize != nbytes or offset + nbytes > len(body):
+            raise PSShapeError(f"tensor {meta.get('name')!r}: header says {nbytes} bytes of "
+                               f"{dt} {shape} but the message does not hold them")
+        array = np.frombuffer(body, dtype=dt, count=count, offset=offset).reshape(shape)
+        tensors.append((meta, array))
+        offset += nbytes
+    if offset != len(body):
+        raise PSShapeError(f"message has {len(body) - offset} bytes beyond its tensors")
+    return header, tensors
