@@ -1,0 +1,227 @@
+"""The communicator interface shared by the ring (TCP / shared memory) and MPI backends.
+
+Errors a collective can raise (all typed):
+
+* ``PeerLostError`` (a ``WorkerLostError``): a member of the round died, stopped
+  answering for ``peer_timeout``, or its connection broke. Every survivor's pending
+  and next collective raise it; the communicator stays broken.
+* ``CommunicatorClosedError`` (a ``WorkerLostError``): this communicator was closed
+  (``close()``, possibly from another thread), or a peer closed its own on purpose
+  (usually because a new round arrived there first).
+* ``CollectiveMismatchError``: ranks called different collectives (or the same one
+  with different op, dtype, shape or root). A programming error, not recoverable by
+  re-forming; the communicator is broken afterwards.
+* ``ValueError`` / ``TypeError``: a bad argument found before any communication;
+  the communicator stays usable (no rank consumed the call).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from elastic.errors import CommunicatorClosedError, WorkerLostError
+from rendezvous.errors import ElasticError
+
+TRANSPORTS = ("auto", "tcp", "shm")
+
+
+class PeerLostError(WorkerLostError):
+    """A member of the round is gone (killed, stopped, partitioned).
+
+    ``rank`` is the lost member's rank when known; ``direct`` is True when this process
+    saw the failure itself (a neighbour) rather than hearing of it from a peer."""
+
+    def __init__(self, message: str = "peer lost", rank: Optional[int] = None,
+                 direct: bool = False):
+        super().__init__(message)
+        self.rank = rank
+        self.direct = direct
+
+
+class CollectiveMismatchError(ElasticError):
+    """Ranks disagree on the collective being run (kind, op, dtype, shape, root or call
+    order). The communicator is broken afterwards."""
+
+
+class ShmUnavailableError(ElasticError):
+    """``transport="shm"`` was required but the members cannot share memory (different
+    hosts, no /proc access, or an unsupported platform)."""
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    """Tuning and failure-detection knobs of a ring communicator.
+
+    connect_timeout: seconds to build a communicator (connect, handshake, shm setup)
+        before ``WorkerLostError`` names the peer that never showed up.
+    peer_timeout: seconds without a heartbeat after which a live-looking neighbour
+        (e.g. SIGSTOPped) is declared lost. A killed peer is seen at once regardless.
+    heartbeat_interval: seconds between heartbeats; None means
+        ``min(1.0, peer_timeout / 4)``.
+    transport: "auto" (shared memory when every member is on this host, else TCP),
+        "tcp" (always the TCP ring) or "shm" (shared memory or ``ShmUnavailableError``).
+    chunk_bytes: pipelining unit of the TCP ring.
+    shm_piece_bytes: size of each of the two shared-memory slots per rank; arrays
+        larger than this stream through in pieces.
+    shm_spin_us: microseconds a shared-memory wait spins before sleeping in the
+        kernel; None spins only when every local rank can have its own CPU.
+    close_grace: seconds a broken connection waits for the peer's reason (an orderly
+        close vs a crash) before it is reported as a lost peer.
+    """
+
+    connect_timeout: float = 30.0
+    peer_timeout: float = 30.0
+    heartbeat_interval: Optional[float] = None
+    transport: str = "auto"
+    chunk_bytes: int = 1 << 19
+    shm_piece_bytes: int = 1 << 20
+    shm_spin_us: Optional[float] = None
+    close_grace: float = 0.2
+
+    def __post_init__(self):
+        for name in ("connect_timeout", "peer_timeout", "close_grace"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.heartbeat_interval is not None and not (
+                0 < self.heartbeat_interval < self.peer_timeout):
+            raise ValueError("heartbeat_interval must be > 0 and < peer_timeout")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}")
+        if self.chunk_bytes < 4096 or self.shm_piece_bytes < 4096:
+            raise ValueError("chunk_bytes and shm_piece_bytes must be >= 4096")
+        if self.shm_spin_us is not None and self.shm_spin_us < 0:
+            raise ValueError("shm_spin_us must be >= 0")
+
+    @property
+    def effective_heartbeat_interval(self) -> float:
+        if self.heartbeat_interval is not None:
+            return self.heartbeat_interval
+        return min(1.0, self.peer_timeout / 4)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One round as this worker sees it: ``addresses`` of every member in rank order
+    (each a listener's ``host:port``), this worker's ``rank``, and the job secret.
+
+    Raises ValueError when the rank is out of range or addresses are empty."""
+
+    round_id: int
+    rank: int
+    addresses: tuple[str, ...]
+    secret: str = field(repr=False)   # never printed in logs or tracebacks
+
+    def __post_init__(self):
+        object.__setattr__(self, "addresses", tuple(self.addresses))
+        if not self.addresses:
+            raise ValueError("a membership needs at least one address")
+        if not 0 <= self.rank < len(self.addresses):
+            raise ValueError(f"rank {self.rank} out of range for {len(self.addresses)} members")
+        if self.round_id < 0:
+            raise ValueError("round_id must be >= 0")
+        if not self.secret:
+            raise ValueError("the job secret is required")
+
+    @property
+    def size(self) -> int:
+        return len(self.addresses)
+
+
+FailureCallback = Callable[[PeerLostError], Any]
+
+
+class Communicator(abc.ABC):
+    """Collectives over the members of one round.
+
+    All ranks must call the same collectives in the same order. Collectives return
+    new arrays and never modify their input. One collective at a time per
+    communicator (a second concurrent call raises RuntimeError); ``close`` may be
+    called from any thread at any time.
+    """
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @property
+    def transport(self) -> str:
+        """How bytes move: "local" (world of one), "tcp", "shm" or "mpi"."""
+        return "local"
+
+    @abc.abstractmethod
+    def allreduce(self, x, op: str = "sum") -> np.ndarray:
+        """Elementwise reduction of every rank's ``x`` (same shape and dtype everywhere);
+        ``op`` is "sum", "average", "max" or "min". Every rank gets a bit-identical
+        result of ``x``'s shape and dtype; an integer "average" is floor-divided.
+
+        Raises ValueError (unknown op), TypeError (non-numeric dtype),
+        CollectiveMismatchError, PeerLostError, CommunicatorClosedError."""
+
+    @abc.abstractmethod
+    def broadcast(self, x, root: int = 0) -> np.ndarray:
+        """``root``'s ``x`` on every rank (its shape and dtype; other ranks' ``x`` is
+        ignored and may be None).
+
+        Raises ValueError (root out of range), TypeError (object dtype),
+        CollectiveMismatchError, PeerLostError, CommunicatorClosedError."""
+
+    @abc.abstractmethod
+    def allgather(self, x) -> np.ndarray:
+        """Every rank's ``x`` concatenated on axis 0 in rank order. First dimensions may
+        differ; dtype and the other dimensions must agree (0-d arrays count as (1,)).
+
+        Raises TypeError (object dtype), CollectiveMismatchError (dtype or trailing
+        shape differ), PeerLostError, CommunicatorClosedError."""
+
+    @abc.abstractmethod
+    def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
+        """``root``'s picklable ``obj`` on every rank. Peers are authenticated members of
+        the job, so their pickles are trusted. Raises like ``broadcast``."""
+
+    @abc.abstractmethod
+    def allgather_object(self, obj: Any) -> list:
+        """Every rank's picklable ``obj``, as a list in rank order. Raises like ``allgather``."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Returns once every rank has entered the barrier.
+        Raises PeerLostError, CommunicatorClosedError, CollectiveMismatchError."""
+
+    @abc.abstractmethod
+    def close(self, reason: str = "") -> None:
+        """Release the communicator. Thread-safe and idempotent; a collective blocked in
+        another thread raises CommunicatorClosedError at once, and so does every later
+        call. Peers see an orderly close (CommunicatorClosedError, not a lost peer)."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the communicator can no longer run collectives (closed or broken)."""
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close("context exit")
+
+
+def pickle_to_array(obj: Any) -> np.ndarray:
+    import pickle
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+
+def array_to_object(arr: np.ndarray) -> Any:
+    import pickle
+    return pickle.loads(arr.tobytes())
+
+
+__all__ = ["CommSettings", "Membership", "Communicator", "PeerLostError",
+           "CollectiveMismatchError", "ShmUnavailableError", "CommunicatorClosedError",
+           "WorkerLostError", "FailureCallback", "TRANSPORTS"]
