@@ -1,0 +1,302 @@
+"""Allreduce bus bandwidth: ours (auto transport, and the TCP ring forced) against
+torch.distributed gloo and mpi4py's Allreduce, interleaved in one invocation.
+
+Every implementation runs as its own group of real processes, all alive at once and
+idle (blocked on a control socket) while another group is measured, so the groups see
+the same machine noise. For each (world size, array size) the groups take turns in
+blocks of a few timed calls; each call is preceded by the implementation's own barrier,
+its time is the slowest rank's, and the figure is the median over all blocks (after
+warm-up calls). Bus bandwidth = 2(n-1)/n * bytes / time.
+
+One JSON line per configuration:
+    {"bench": "allreduce", "world_size", "size_mib", "dtype", "timed_calls",
+     "median_ms": {...}, "busbw_GBps": {...}, "ratio_ours_gloo", "ratio_ours_tcp_gloo",
+     "ratio_ours_mpi", "ours_transport", "load_avg"}
+
+    python benchmarks/allreduce_bench.py [--worlds 2 4] [--sizes-mib 1 16 64]
+        [--blocks 4] [--iters 4] [--impls ours ours_tcp gloo mpi]
+
+gloo needs ``pip install torch==2.13.0`` (imported only by its worker processes), MPI
+needs the ``mpi`` extra (mpiexec on PATH). A missing one is reported and skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ALL_IMPLS = ("ours", "ours_tcp", "gloo", "mpi")
+
+
+# --- control channel (JSON lines over TCP), shared by parent and workers -----------
+
+class Line:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.f = sock.makefile("rwb")
+
+    def send(self, obj) -> None:
+        self.f.write(json.dumps(obj).encode() + b"\n")
+        self.f.flush()
+
+    def recv(self):
+        line = self.f.readline()
+        if not line:
+            raise EOFError("control connection closed")
+        return json.loads(line)
+
+
+# --- worker side -----------------------------------------------------------------------
+
+def worker_main(args) -> None:
+    import numpy as np
+    host, port = args.control.rsplit(":", 1)
+    ctl = Line(socket.create_connection((host, int(port)), timeout=120))
+    ctl.sock.settimeout(None)
+    impl = args.worker
+    if impl == "mpi":
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        rank, world = comm.Get_rank(), comm.Get_size()
+    else:
+        rank, world = args.rank, args.world
+    ctl.send({"rank": rank})
+
+    if impl in ("ours", "ours_tcp"):
+        from elastic.comm import CommSettings, Membership, RingCommunicator, RingListener
+        listener = RingListener("127.0.0.1", secret=args.secret)
+        ctl.send({"address": listener.address})
+        msg = ctl.recv()
+        settings = CommSettings(transport="tcp" if impl == "ours_tcp" else "auto")
+        comm = RingCommunicator(Membership(1, rank, tuple(msg["addresses"]), args.secret),
+                                listener, settings)
+        ctl.send({"transport": comm.transport})
+
+        def barrier():
+            comm.barrier()
+
+        def make(n):
+            return np.full(n, rank + 1, dtype=np.float32)
+
+        def allreduce(x, _out):
+            return comm.allreduce(x)
+    elif impl == "gloo":
+        import torch
+        import torch.distributed as dist
+        msg = ctl.recv()
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{msg['port']}",
+                                rank=rank, world_size=world)
+        ctl.send({"transport": "gloo"})
+
+        def barrier():
+            dist.barrier()
+
+        def make(n):
+            return torch.full((n,), float(rank + 1), dtype=torch.float32)
+
+        def allreduce(x, _out):
+            dist.all_reduce(x)
+            return x
+    else:
+        ctl.send({"transport": "mpi"})
+
+        def barrier():
+            comm.Barrier()
+
+        def make(n):
+            return np.full(n, rank + 1, dtype=np.float32)
+
+        def allreduce(x, out):
+            comm.Allreduce(x, out)
+            return out
+
+    arrays = {}
+    while True:
+        msg = ctl.recv()
+        if msg["cmd"] == "exit":
+            break
+        n = msg["mib"] * (1 << 20) // 4
+        if n not in arrays:
+            arrays.clear()
+            arrays[n] = (make(n), np.empty(n, dtype=np.float32))
+        x, out = arrays[n]
+        times = []
+        for i in range(msg["warmup"] + msg["iters"]):
+            barrier()
+            t0 = time.perf_counter()
+            allreduce(x, out)
+            dt = time.perf_counter() - t0
+            if i >= msg["warmup"]:
+                times.append(dt)
+        if impl == "gloo":   # gloo reduced in place: restore the input for the next call
+            x.fill_(float(rank + 1))
+        ctl.send({"times": times})
+    if impl in ("ours", "ours_tcp"):
+        comm.close("benchmark done")
+        listener.close()
+    elif impl == "gloo":
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+# --- parent side -----------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Group:
+    """One implementation's worker processes and their control connections."""
+
+    def __init__(self, impl: str, world: int, secret: str):
+        self.impl = impl
+        self.world = world
+        self.procs: list[subprocess.Popen] = []
+        self.lines: list[Line] = [None] * world
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(world)
+        srv.settimeout(120)
+        control = f"127.0.0.1:{srv.getsockname()[1]}"
+        me = [sys.executable, str(Path(__file__).resolve()), "--worker", impl,
+              "--control", control, "--secret", secret]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        try:
+            if impl == "mpi":
+                self.procs.append(subprocess.Popen(
+                    [shutil.which("mpiexec"), "-n", str(world)] + me, env=env))
+            else:
+                for r in range(world):
+                    self.procs.append(subprocess.Popen(
+                        me + ["--rank", str(r), "--world", str(world)], env=env))
+            for _ in range(world):
+                conn, _ = srv.accept()
+                conn.settimeout(600)
+                line = Line(conn)
+                self.lines[line.recv()["rank"]] = line
+        finally:
+            srv.close()
+        if impl in ("ours", "ours_tcp"):
+            addresses = [ln.recv()["address"] for ln in self.lines]
+            for ln in self.lines:
+                ln.send({"addresses": addresses})
+        elif impl == "gloo":
+            port = free_port()
+            for ln in self.lines:
+                ln.send({"port": port})
+        self.transport = [ln.recv()["transport"] for ln in self.lines][0]
+
+    def run(self, mib: int, iters: int, warmup: int) -> list[float]:
+        """Per timed call, the slowest rank's seconds."""
+        for ln in self.lines:
+            ln.send({"cmd": "run", "mib": mib, "iters": iters, "warmup": warmup})
+        per_rank = [ln.recv()["times"] for ln in self.lines]
+        return [max(ts) for ts in zip(*per_rank)]
+
+    def close(self) -> None:
+        for ln in self.lines:
+            try:
+                ln.send({"cmd": "exit"})
+            except (OSError, AttributeError):
+                pass
+        deadline = time.monotonic() + 20
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def available(impl: str) -> str | None:
+    """None when ``impl`` can run here, else why not."""
+    try:
+        if impl == "gloo":
+            import importlib.util
+            if importlib.util.find_spec("torch") is None:
+                return "torch is not installed (pip install torch==2.13.0)"
+        if impl == "mpi":
+            import importlib.util
+            if importlib.util.find_spec("mpi4py") is None or not shutil.which("mpiexec"):
+                return "mpi4py/mpiexec missing (pip install -e .[mpi])"
+    except Exception as e:   # noqa: BLE001 - report and skip
+        return str(e)
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", choices=ALL_IMPLS)
+    ap.add_argument("--control")
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--secret", default="bench-secret")
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--blocks", type=int, default=4, help="interleaved turns per impl")
+    ap.add_argument("--iters", type=int, default=4, help="timed calls per turn")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--impls", nargs="+", default=list(ALL_IMPLS), choices=ALL_IMPLS)
+    args = ap.parse_args()
+    if args.worker:
+        worker_main(args)
+        return
+
+    impls = []
+    for impl in args.impls:
+        why = available(impl)
+        if why:
+            print(json.dumps({"bench": "allreduce", "skipped": impl, "why": why}), flush=True)
+        else:
+            impls.append(impl)
+    for world in args.worlds:
+        groups = {}
+        try:
+            for impl in impls:
+                groups[impl] = Group(impl, world, args.secret)
+            for mib in args.sizes_mib:
+                samples = {impl: [] for impl in impls}
+                for block in range(args.blocks):
+                    # Rotate the order so no implementation always runs right after
+                    # the same neighbour (cache and scheduler state).
+                    order = impls[block % len(impls):] + impls[:block % len(impls)]
+                    for impl in order:
+                        samples[impl] += groups[impl].run(
+                            mib, args.iters, args.warmup if block == 0 else 0)
+                nbytes = mib * (1 << 20)
+                med = {impl: statistics.median(ts) for impl, ts in samples.items()}
+                busbw = {impl: 2 * (world - 1) / world * nbytes / t / 1e9
+                         for impl, t in med.items()}
+                row = {"bench": "allreduce", "world_size": world, "size_mib": mib,
+                       "dtype": "float32", "timed_calls": args.blocks * args.iters,
+                       "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+                       "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()}}
+                if "gloo" in busbw:
+                    for impl in ("ours", "ours_tcp"):
+                        if impl in busbw:
+                            row[f"ratio_{impl}_gloo"] = round(busbw[impl] / busbw["gloo"], 3)
+                if "mpi" in busbw and "ours" in busbw:
+                    row["ratio_ours_mpi"] = round(busbw["ours"] / busbw["mpi"], 3)
+                if "ours" in groups:
+                    row["ours_transport"] = groups["ours"].transport
+                row["load_avg"] = round(os.getloadavg()[0], 2)
+                print(json.dumps(row), flush=True)
+        finally:
+            for g in groups.values():
+                g.close()
+
+
+if __name__ == "__main__":
+    main()
