@@ -96,7 +96,8 @@ class Coordinator:
             args = {"checkpoint_id": checkpoint_id}
             try:
                 statuses = self._all("Prepare", args)
-                if len({st["generation"] for st in statuses}) > 1:
+                # sync only: async shards restore alone, generations do not matter there
+                if s.mode == "sync" and len({st["generation"] for st in statuses}) > 1:
                     raise PSError("shards are in different generations (a rollback is under way)")
                 bases = {st["base"] for st in statuses}
                 if all(st["clean"] for st in statuses) and len(bases) == 1 and (
