@@ -63,7 +63,6 @@ import select
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -397,7 +396,8 @@ class WorkerProcess:
             if pidfd is not None:
                 try:
                     # Capped: a concurrent poll may close the fd and its number be reused.
-                    select.select([pidfd], [], [], 1.0 if remaining is None else min(remaining, 1.0))
+                    cap = 1.0 if remaining is None else min(1.0, remaining)
+                    select.select([pidfd], [], [], cap)
                     continue
                 except (OSError, ValueError):
                     pass  # closed by a concurrent poll: fall back to sleeping
@@ -567,6 +567,9 @@ class Launcher(abc.ABC):
         except OSError as e:
             proc.kill()
             proc.wait(REAP_TIMEOUT)
+            for pipe in (proc._popen.stdin, proc._popen.stdout, proc._popen.stderr):
+                if pipe is not None:
+                    pipe.close()
             raise LaunchError(f"cannot open the output log {proc.spec.log_path!r} "
                               f"for {proc.spec.label}: {e}") from e
 

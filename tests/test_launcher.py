@@ -277,6 +277,19 @@ def test_local_exit_kills_strays_left_in_the_group(cap, procs):
     assert p.join_output(5)
 
 
+def test_local_output_log_file(tmp_path, cap, procs):
+    log = tmp_path / "w0.log"
+    p = LocalLauncher(cap.out, cap.err).launch(
+        spec(PY, "-c", "import sys; print('out'); print('err', file=sys.stderr)",
+             log_path=str(log)))
+    procs.append(p)
+    assert p.wait(20) == 0 and p.join_output(5)
+    assert sorted(log.read_text().splitlines()) == ["err", "out"]
+    with pytest.raises(LaunchError, match="output log"):
+        LocalLauncher(cap.out, cap.err).launch(
+            spec(PY, "-c", "pass", log_path=str(tmp_path / "no-dir" / "w.log")))
+
+
 def test_local_launch_errors(tmp_path):
     launcher = LocalLauncher(io.BytesIO(), io.BytesIO())
     with pytest.raises(LaunchError, match="no-such-command"):
