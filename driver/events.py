@@ -50,6 +50,11 @@ CHAOS_KILL = "chaos_kill"
 JOB_DONE = "job_done"
 JOB_FAILED = "job_failed"
 WAITING = "waiting"
+JOB_STARTED = "job_started"
+WORKER_STOPPING = "worker_stopping"
+FAILURE_REPORTED = "failure_reported"
+HOST_SLOTS_CHANGED = "host_slots_changed"
+HOST_BLACKLIST_SKIPPED = "host_blacklist_skipped"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     ROUND_FORMED: ("round", "size", "seconds", "hosts"),       # seconds: time to form it
@@ -70,11 +75,17 @@ FIELDS: dict[str, tuple[str, ...]] = {
     JOB_DONE: ("rounds", "seconds"),
     JOB_FAILED: ("reason", "rounds", "seconds"),
     WAITING: ("what", "waited"),                                # waited: seconds so far
+    JOB_STARTED: ("job_id", "store", "np", "min_np", "max_np", "command"),
+    WORKER_STOPPING: ("host", "slot", "reason"),                # SIGTERM sent, SIGKILL after grace
+    FAILURE_REPORTED: ("reporter", "round", "reason", "suspect"),  # a worker saw a peer fail
+    HOST_SLOTS_CHANGED: ("host", "old_slots", "new_slots"),
+    HOST_BLACKLIST_SKIPPED: ("host", "failures", "remaining_slots", "min_np"),
 }
 KINDS = frozenset(FIELDS)
 
 QUIET_KINDS = frozenset({WORKER_STARTED, WORKER_EXITED, WORKER_STOPPED, PS_STARTED,
-                         CHECKPOINT_WRITTEN})
+                         CHECKPOINT_WRITTEN, WORKER_STOPPING, JOB_STARTED, JOB_FAILED})
+# (JOB_FAILED: elastic-run prints the reason itself, once.)
 """Kinds written to stderr only with ``verbose`` (always to the events file)."""
 
 RESERVED_FIELDS = frozenset({"t", "elapsed", "kind"})

@@ -266,7 +266,7 @@ class HostBlacklistSkipped(HostEvent):
 class HostReturned(HostEvent):
     """The host's cooldown ended; it is usable again (if discovery still lists it)."""
 
-    kind: ClassVar[str] = "host_returned"
+    kind: ClassVar[str] = "host_back"
 
     def __str__(self) -> str:
         return f"host {self.host} back from the blacklist"

@@ -29,7 +29,8 @@ from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_
 from driver.errors import DiscoveryError, DriverError
 from driver.events import EventLog
 from driver.hosts import HostManager, HostSlots
-from driver.launcher import LaunchSpec, WorkerProcess, get_launcher
+from driver import events as ev
+from driver.launcher import LaunchSpec, LauncherError, WorkerProcess, get_launcher
 from rendezvous import env, open_store
 from rendezvous.auth import make_secret
 from rendezvous.errors import RendezvousError
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 #: after the first ``-np`` workers registered, how long to wait for the rest of those
 #: launched before the first round (so a job starting on 8 slots forms one round of 8)
 FIRST_ROUND_GRACE = 1.0
+#: how long a broken round may wait before a ``waiting`` event says so (a worker that
+#: finishes first leaves its round broken for a moment: no need to report that)
+WAITING_REPORT_AFTER = 1.0
 #: SIGTERM to SIGKILL for workers the driver stops
 STOP_GRACE = 5.0
 
@@ -111,6 +115,7 @@ class Job:
         self.done_slots: set[tuple[str, int]] = set()
         self.finishing = False
         self._broken_since: float | None = None      # the round is broken, no plan possible yet
+        self._waiting_reported = False
         self._change_at: float | None = None         # when the membership last changed
         self._np_registered_at: float | None = None
         self._started_at = time.monotonic()
@@ -120,6 +125,9 @@ class Job:
         self._threads: list[threading.Thread] = []
         self._ps = None
         self._chaos = None
+        self._launcher = get_launcher(config.launcher)
+        if config.log_dir:
+            os.makedirs(config.log_dir, exist_ok=True)
 
     # ------------------------------------------------------------------ setup
     def _open_store(self) -> None:
@@ -189,7 +197,7 @@ class Job:
                 from driver.chaos import ChaosMonkey
                 self._chaos = ChaosMonkey(self)
                 self._chaos.start()
-            self.events.emit("job_started", job_id=self.config.job_id, store=self.store_url,
+            self.events.emit(ev.JOB_STARTED, job_id=self.config.job_id, store=self.store_url,
                              np=self.config.np, min_np=self.config.min_np,
                              max_np=self.config.max_np, command=list(self.config.command))
             while True:
@@ -207,6 +215,10 @@ class Job:
                         self._handle(self._queue.get_nowait())
                     except queue.Empty:
                         break
+        except (JobFailed, DiscoveryError, RendezvousError) as exc:
+            self.events.emit(ev.JOB_FAILED, reason=str(exc), rounds=self.plan.round_id if self.plan else 0,
+                             seconds=round(time.monotonic() - self._started_at, 3))
+            raise
         finally:
             self._shutdown()
             self._restore_signal_handlers(previous_handlers)
@@ -231,7 +243,7 @@ class Job:
         elif kind == "hosts":
             self._apply_host_events(self.hosts.update(data, time.monotonic()))
         elif kind == "discovery_error":
-            self.events.emit("discovery_error", error=data)
+            self.events.emit(ev.DISCOVERY_ERROR, error=data)
         elif kind == "signal":
             raise JobFailed(f"stopped by {signal.Signals(data).name}; all workers were stopped")
         elif kind == "store_lost":
@@ -254,15 +266,15 @@ class Job:
         rec.info = None
         in_plan = self.plan is not None and self.plan.member(worker_id) is not None
         if code == 0 and not rec.stopping:
-            self.events.emit("worker_exited", worker=worker_id, host=rec.host, slot=rec.slot,
+            self.events.emit(ev.WORKER_EXITED, worker=worker_id, host=rec.host, slot=rec.slot,
                              code=code, rank=self._rank_of(worker_id))
             self.done_slots.add((rec.host, rec.slot))
             self.finishing = True
         elif rec.stopping:
-            self.events.emit("worker_stopped", worker=worker_id, host=rec.host, slot=rec.slot,
+            self.events.emit(ev.WORKER_STOPPED, worker=worker_id, host=rec.host, slot=rec.slot,
                              code=code)
         else:
-            self.events.emit("worker_failed", worker=worker_id, host=rec.host, slot=rec.slot,
+            self.events.emit(ev.WORKER_FAILED, worker=worker_id, host=rec.host, slot=rec.slot,
                              code=code, rank=self._rank_of(worker_id), in_round=in_plan,
                              chaos=rec.chaos_victim)
             if not rec.chaos_victim:
@@ -290,7 +302,7 @@ class Job:
             return
         report = json.loads(event.value)
         suspect = report.get("suspect")
-        self.events.emit("failure_reported", reporter=report.get("worker_id"),
+        self.events.emit(ev.FAILURE_REPORTED, reporter=report.get("worker_id"),
                          round=report.get("round_id"), reason=report.get("reason"),
                          suspect=suspect)
         rec = self.workers.get(suspect) if suspect else None
@@ -311,7 +323,7 @@ class Job:
         if victim is not None:
             rec = self.workers[victim]
             rec.chaos_victim = True
-            self.events.emit("chaos_kill", worker=victim, host=rec.host, slot=rec.slot,
+            self.events.emit(ev.CHAOS_KILL, worker=victim, host=rec.host, slot=rec.slot,
                              rank=self._rank_of(victim), pid=rec.process.pid,
                              kill=self._chaos.kills)
             rec.process.kill()
@@ -354,7 +366,7 @@ class Job:
 
     def _stop_worker(self, rec: WorkerRecord, reason: str) -> None:
         rec.stopping = True
-        self.events.emit("worker_stopping", worker=rec.worker_id, host=rec.host, slot=rec.slot,
+        self.events.emit(ev.WORKER_STOPPING, worker=rec.worker_id, host=rec.host, slot=rec.slot,
                          reason=reason)
         self._spawn(f"stop-{rec.worker_id}", rec.process.stop, STOP_GRACE)
 
@@ -370,27 +382,28 @@ class Job:
         worker_id = f"{safe_host}-{slot}-{self._launch_seq}"
         local = is_local_host(host)
         bind = "127.0.0.1" if self.all_local else (socket.getfqdn() if local else host)
+        log_path = (os.path.join(self.config.log_dir, f"{worker_id}.log")
+                    if self.config.log_dir else None)
         spec = LaunchSpec(host=host, slot=slot, command=tuple(self.config.command),
                           env=worker_env(self.config, self.secret, self.store_url, worker_id,
                                          host, slot, bind),
-                          cwd=os.getcwd(), label=f"{host}:{slot}")
-        choice = self.config.launcher
-        launcher = get_launcher(choice if choice != "auto" else ("local" if local else "ssh"))
-        process = launcher.launch(spec, prefix=lambda wid=worker_id, h=host, s=slot:
-                                  self._prefix(wid, h, s))
+                          cwd=os.getcwd(), label=f"{host}:{slot}", log_path=log_path)
+        try:
+            process = self._launcher.launch(spec)
+        except LauncherError as exc:
+            self.events.emit(ev.WORKER_FAILED, worker=worker_id, host=host, slot=slot,
+                             code=None, reason=f"launch failed: {exc}")
+            self._apply_host_events(self.hosts.record_failure(host, time.monotonic()))
+            return
         rec = WorkerRecord(worker_id, host, slot, process, time.monotonic())
         self.workers[worker_id] = rec
-        self.events.emit("worker_started", worker=worker_id, host=host, slot=slot,
+        self.events.emit(ev.WORKER_STARTED, worker=worker_id, host=host, slot=slot,
                          pid=process.pid)
         self._spawn(f"wait-{worker_id}", self._wait_exit, rec)
 
     def _wait_exit(self, rec: WorkerRecord) -> None:
         code = rec.process.wait(timeout=None)
         self._queue.put(_Message("exit", (rec.worker_id, code)))
-
-    def _prefix(self, worker_id: str, host: str, slot: int) -> str:
-        rank = self._rank_of(worker_id)
-        return f"[{rank}]" if rank is not None else f"[{host}:{slot}]"
 
     def _rank_of(self, worker_id: str) -> int | None:
         plan = self.plan
@@ -424,13 +437,29 @@ class Job:
             self._publish(candidate, now)
             return
         if self.plan is not None and not planner.round_is_intact(self.plan, live, usable):
+            self._check_script_failed()
             if self._broken_since is None:
                 self._broken_since = now
-                self.events.emit("waiting", reason=f"round {self.plan.round_id} lost workers; "
-                                 f"waiting for {min_np} to re-form (have {len(live)})")
-            elif now - self._broken_since > cfg.elastic_timeout:
+                self._waiting_reported = False
+            elif not self._waiting_reported and now - self._broken_since > WAITING_REPORT_AFTER:
+                self._waiting_reported = True
+                self.events.emit(ev.WAITING, what=f"round {self.plan.round_id} lost workers; "
+                                 f"waiting for {min_np} to re-form (have {len(live)})",
+                                 waited=round(now - self._broken_since, 3))
+            if now - self._broken_since > cfg.elastic_timeout:
                 raise JobFailed(f"no round of at least {min_np} workers could form within "
                                 f"--elastic-timeout {cfg.elastic_timeout:g}s (have {len(live)})")
+
+    def _check_script_failed(self) -> None:
+        """Every member of the round exited with an error code of its own (no signal, no
+        stop): the script fails deterministically, and replacing the workers would only
+        repeat it. Raises JobFailed."""
+        codes = [self.workers[m.worker_id].exit_code for m in self.plan.members]
+        if codes and all(c is not None and c > 0 for c in codes) and not any(
+                self.workers[m.worker_id].stopping for m in self.plan.members):
+            raise JobFailed(f"every worker of round {self.plan.round_id} exited with an error "
+                            f"(codes {sorted(set(codes))}): the training script fails; "
+                            "see the worker output above")
 
     def _publish(self, plan: Plan, now: float) -> None:
         if self.plan is not None:
@@ -441,9 +470,12 @@ class Job:
         self.store.put(self.keys.round, plan.to_json())
         took = now - (self._change_at or now)
         self.plan = plan
+        for rec in self.workers.values():
+            member = plan.member(rec.worker_id)
+            rec.process.rank = member.rank if member is not None else None
         self._broken_since = None
         self._change_at = None
-        self.events.emit("round_formed", round=plan.round_id, size=plan.size,
+        self.events.emit(ev.ROUND_FORMED, round=plan.round_id, size=plan.size,
                          seconds=round(took, 3),
                          members=[m.worker_id for m in plan.members])
         # Reports about older rounds are settled by this one.
@@ -470,7 +502,7 @@ class Job:
             raise JobFailed(f"worker rank {m.rank} ({m.worker_id}) of the final round "
                             f"{self.plan.round_id} exited with {self.workers[m.worker_id].exit_code} "
                             "after other workers had finished")
-        self.events.emit("job_done", round=self.plan.round_id if self.plan else 0,
+        self.events.emit(ev.JOB_DONE, round=self.plan.round_id if self.plan else 0,
                          size=self.plan.size if self.plan else 0, resets=self.resets)
         return 0
 

@@ -49,12 +49,35 @@ def init() -> None:
             if detect_mpi(os.environ):
                 from elastic.comm.mpi import MpiCommunicator
                 _static_comm = MpiCommunicator()
-                _static_layout = _static_comm.layout()
+                _static_layout = _mpi_layout()
             else:
-                from elastic.comm import single_process_communicator
-                _static_comm = single_process_communicator()
+                _static_comm = _world_of_one()
                 _static_layout = (0, 1, 0, 1)
         atexit.register(shutdown)
+
+
+def _mpi_layout() -> tuple[int, int, int, int]:
+    """Local and cross ranks under mpiexec, by the same rule the driver's planner uses:
+    local = the processes sharing this node, cross = the processes with my local rank."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    cross = world.Split(color=local.Get_rank(), key=world.Get_rank())
+    layout = (local.Get_rank(), local.Get_size(), cross.Get_rank(), cross.Get_size())
+    local.Free()
+    cross.Free()
+    return layout
+
+
+def _world_of_one():
+    """A script run without elastic-run or mpiexec trains alone: a ring of one member."""
+    from elastic.comm import Membership, RingCommunicator, RingListener
+    from rendezvous.auth import make_secret
+    secret = make_secret()
+    listener = RingListener(secret=secret)
+    comm = RingCommunicator(Membership(0, 0, (listener.address,), secret), listener)
+    listener.close()  # a world of one never accepts a peer
+    return comm
 
 
 def shutdown() -> None:

@@ -47,7 +47,8 @@ def run(func):
                 log.warning("round %d lost a worker (%s); rolling back to the last commit",
                             runtime.round_id, exc)
                 if not isinstance(exc, CommunicatorClosedError):
-                    runtime.report_failure(runtime.round_id, str(exc))
+                    runtime.report_failure(runtime.round_id, str(exc),
+                                           runtime.suspect_of(exc, runtime.plan))
                 state.restore()
             elastic._reform()
             state.on_reset()

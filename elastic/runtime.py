@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
-from elastic.errors import WorkerLostError
+from elastic.errors import CommunicatorClosedError, WorkerLostError
 from rendezvous import env, open_store
 from rendezvous.errors import LeaseNotFoundError, RendezvousConnectionError, RendezvousError
 from rendezvous.keys import JobKeys
@@ -170,12 +170,12 @@ class WorkerRuntime:
             if self._latest is not None and plan.round_id <= self._latest.round_id:
                 return
             self._latest = plan
-            comm = self.comm if self.plan is not None and self.plan.round_id < plan.round_id else None
             self._cond.notify_all()
-        if comm is not None:
+        if self._listener is not None:
             # A new round ends the old one now: a collective blocked on a peer that is
-            # gone raises instead of waiting for a timeout.
-            comm.close(f"round {plan.round_id} replaces round {self.plan.round_id}")
+            # gone raises instead of waiting for a timeout, and a communicator still
+            # being built for an older round gives up.
+            self._listener.advance(plan.round_id)
 
     def newer_round_pending(self) -> bool:
         """True when a round newer than ours has been published (cheap: no I/O)."""
@@ -205,11 +205,11 @@ class WorkerRuntime:
                                     addresses=tuple(m.address for m in plan.members),
                                     secret=self.settings.secret)
             try:
-                comm = RingCommunicator(membership, self._listener, self.settings.comm,
-                                        abort=lambda: self._superseded(plan.round_id))
+                comm = RingCommunicator(membership, self._listener, self.settings.comm)
             except WorkerLostError as exc:
                 log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
-                self.report_failure(plan.round_id, str(exc))
+                if not isinstance(exc, CommunicatorClosedError):
+                    self.report_failure(plan.round_id, str(exc), self.suspect_of(exc, plan))
                 after = plan.round_id
                 continue
             with self._cond:
@@ -242,6 +242,17 @@ class WorkerRuntime:
                         f"worker {me} waited {self.settings.round_timeout:.0f}s for a round after "
                         f"{after} that includes it; the store has {have}")
                 self._cond.wait(min(remaining, 1.0))
+
+    @staticmethod
+    def suspect_of(exc: Exception, plan: Plan | None) -> str | None:
+        """The worker to blame for ``exc``, when this worker saw it stop answering itself
+        (alive but silent: SIGSTOP, a hang). A crash needs no suspect: the driver sees the
+        process exit, and the cascade of closed sockets would blame innocent neighbours."""
+        rank = getattr(exc, "rank", None)
+        if (plan is None or rank is None or not getattr(exc, "direct", False)
+                or "no heartbeat" not in str(exc) or not 0 <= rank < plan.size):
+            return None
+        return plan.members[rank].worker_id
 
     def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""

@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -237,6 +238,8 @@ class Watch:
         backoff = 0.05
         while not self._cancelled.is_set():
             try:
+                if self._store._closed:
+                    raise RendezvousClosedError("store client is closed")
                 stream, cancel = self._store._open_watch(self.prefix, self.next_revision)
                 with self._lock:
                     self._cancel_stream = cancel
@@ -275,6 +278,11 @@ class Watch:
                           self.next_revision, exc)
                 self._cancelled.wait(backoff)
                 backoff = min(backoff * 2, 1.0)
+            except Exception as exc:  # the client was closed under us (gRPC raises ValueError)
+                if not (self._cancelled.is_set() or self._store._closed):
+                    self._queue.put(RendezvousError(f"watch on {self.prefix!r} failed: {exc!r}"))
+                    return
+                break
         self._queue.put(_WATCH_CLOSED)
 
     def get(self, timeout: float | None = None) -> Event | None:
@@ -326,6 +334,7 @@ class KVStore(abc.ABC):
     def __init__(self, settings: StoreSettings):
         self.settings = settings
         self._closed = False
+        self._watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
 
     # ---- what a backend implements (one attempt each; raise typed errors) ----
     @abc.abstractmethod
@@ -438,7 +447,9 @@ class KVStore(abc.ABC):
         revision, i.e. changes from now on)."""
         if start_revision is None:
             start_revision = self.revision() + 1
-        return Watch(self, prefix, start_revision)
+        watch = Watch(self, prefix, start_revision)
+        self._watches.add(watch)
+        return watch
 
     def wait_for(self, key: str, predicate: Callable[[KeyValue | None], bool], timeout: float
                  ) -> KeyValue | None:
@@ -463,8 +474,11 @@ class KVStore(abc.ABC):
                     return current
 
     def close(self) -> None:
+        """End every watch of this client, then the client. Idempotent."""
         if not self._closed:
             self._closed = True
+            for watch in list(self._watches):
+                watch.cancel()
             self._close()
 
     def __enter__(self):

@@ -374,7 +374,7 @@ def test_zero_cooldown_returns_at_once():
      "host a blacklisted for 20 s after 3 worker failure(s) (strike 2)"),
     (HostBlacklistSkipped("a", 3, 1, 2), "host_blacklist_skipped",
      "host a kept despite 3 worker failure(s): without it 1 slot(s) would remain, fewer than min_np 2"),
-    (HostReturned("a"), "host_returned", "host a back from the blacklist"),
+    (HostReturned("a"), "host_back", "host a back from the blacklist"),
 ])
 def test_events_are_loggable(event, kind, text):
     record = event.as_record()

@@ -141,9 +141,10 @@ class PSClient:
             raise first
         return out
 
-    def _request(self, index: int, method: str, header: dict, payload=b"", extra_time: float = 0.0):
+    def _request(self, index: int, method: str, header: dict, payload=b"", extra_time: float = 0.0,
+                 sink=None):
         timeout = self.settings.call_timeout + extra_time
-        return self._retry(index, lambda link: link.request(method, header, payload, timeout))
+        return self._retry(index, lambda link: link.request(method, header, payload, timeout, sink))
 
     # ------------------------------------------------------------ layout
     def _describe(self) -> None:
@@ -216,7 +217,8 @@ class PSClient:
         def create(i):
             for (shard, key), tensors in per_shard.items():
                 if shard == i:
-                    self._request(i, "Create", {"optimizer": configs[key]}, wire.encode({}, tensors))
+                    self._request(i, "Create", {"optimizer": configs[key]},
+                                  wire.encode_parts({}, tensors))
         self._each(create, sorted(wanted & {shard for shard, _ in per_shard}))
 
     def _recreate(self, index: int) -> None:
@@ -253,39 +255,60 @@ class PSClient:
         for name, slices in layout.items():
             for sl in slices:
                 on_shard.setdefault(sl.shard, []).append(name)
+        # every shard writes its slices straight into these (no assembly copy)
+        out = {n: np.empty(sl[0].full_shape, np.dtype(sl[0].dtype)) for n, sl in layout.items()}
         deadline = time.monotonic() + self.settings.retry_deadline
         delay = self.settings.backoff_initial
         while True:
             replies = self._each(lambda i: self._with_recreate(
-                i, lambda: self._pull_one(i, on_shard[i])), sorted(on_shard))
-            gens = {h.get("generation") for h, _ in replies.values()}
+                i, lambda: self._pull_one(i, on_shard[i], out)), sorted(on_shard))
+            gens = {h.get("generation") for h in replies.values()}
             # sync: every slice must come from one history (a rollback may be under way)
             if self._mode != "sync" or len(gens) <= 1 or time.monotonic() > deadline:
                 break
             time.sleep(delay)
             delay = min(delay * 2, self.settings.backoff_max)
         with self._lock:
-            self._note(h for h, _ in replies.values())
-        out: dict[str, np.ndarray] = {}
-        for i, (_, tensors) in replies.items():
-            for meta, array in tensors:
-                sl = Slice.from_dict(meta)
-                if sl.whole:
-                    out[sl.name] = array if array.flags.writeable else array.copy()
-                    continue
-                full = out.get(sl.name)
-                if full is None:
-                    full = out[sl.name] = np.empty(sl.full_shape, dtype=np.dtype(sl.dtype))
-                full[sl.start:sl.stop] = array
+            self._note(replies.values())
         return out
 
-    def _pull_one(self, index: int, names: list[str]):
-        rh, body = self._request(index, "Pull", {"names": names})
-        header, tensors = wire.decode(body)
-        return header, tensors
+    @staticmethod
+    def _targets(metas: list[dict], out: dict[str, np.ndarray]) -> list[tuple[int, memoryview]]:
+        """(offset in the reply body, destination bytes) of each tensor of a pull reply.
+        Raises PSShapeError when a slice does not fit the variable this client knows."""
+        targets, offset = [], 0
+        for meta in metas:
+            sl = Slice.from_dict(meta)
+            full = out.get(sl.name)
+            if full is None or full.shape != sl.full_shape or full.dtype != np.dtype(meta["dtype"]):
+                raise PSShapeError(f"shard sent {sl.name!r} as {meta['dtype']} {sl.full_shape}, "
+                                   f"expected {None if full is None else (full.dtype, full.shape)}")
+            dest = memoryview(sl.take(full).reshape(-1).view(np.uint8))
+            if dest.nbytes != int(meta["nbytes"]):
+                raise PSShapeError(f"slice of {sl.name!r} has {meta['nbytes']} bytes, expected {dest.nbytes}")
+            targets.append((offset, dest))
+            offset += dest.nbytes
+        return targets
+
+    def _pull_one(self, index: int, names: list[str], out: dict[str, np.ndarray]) -> dict:
+        def sink(rh):
+            targets = self._targets(rh["tensors"], out)
+
+            def write(offset: int, data: memoryview) -> None:
+                end = offset + data.nbytes
+                for start, dest in targets:
+                    lo, hi = max(offset, start), min(end, start + dest.nbytes)
+                    if lo < hi:
+                        dest[lo - start:hi - start] = data[lo - offset:hi - offset]
+            return write
+
+        rh, body = self._request(index, "Pull", {"names": names}, sink=sink)
+        if body is not None:  # a small reply came inline
+            sink(rh)(0, memoryview(body).cast("B"))
+        return rh
 
     # ------------------------------------------------------------ push
-    def _payloads(self, grads: Mapping[str, np.ndarray]) -> dict[int, bytes]:
+    def _payloads(self, grads: Mapping[str, np.ndarray]) -> dict[int, list]:
         self._ensure_layout()
         self._known(list(grads))
         tensors: dict[int, list] = {i: [] for i in range(self._n)}
@@ -298,8 +321,9 @@ class PSClient:
             g = g.astype(np.dtype(slices[0].dtype), copy=False)
             for sl in slices:
                 tensors[sl.shard].append(({"name": name}, sl.take(g)))
-        # every shard gets the push, even an empty one, so all count the same steps
-        return {i: wire.encode({}, t) for i, t in tensors.items()}
+        # every shard gets the push, even an empty one, so all count the same steps;
+        # pieces, not one joined message: each upload part is the only copy
+        return {i: wire.encode_parts({}, t) for i, t in tensors.items()}
 
     def push(self, grads: Mapping[str, np.ndarray]) -> int:
         """Apply ``grads`` with the shards' optimizer; returns the global step after it
@@ -338,7 +362,7 @@ class PSClient:
                 return True
         return self._newer_round is not None and self._newer_round(round_id)
 
-    def _push_sync(self, payloads: dict[int, bytes]) -> int:
+    def _push_sync(self, payloads: dict[int, list]) -> int:
         round_id, size, rank = self._current_round()
         with self._lock:
             step, generation = self._step + 1, self._generation

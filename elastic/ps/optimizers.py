@@ -4,6 +4,10 @@ An optimizer's state ("slots") lives next to the parameter slice it updates, wit
 same slicing on axis 0, so checkpoints and re-sharding treat slots exactly like
 parameters. Scalar state (Adam's step count) is a 0-d slot: every slice of a variable
 receives the same updates, so any slice's copy is the variable's.
+
+``apply`` never writes into the parameter: it returns a new array (slots are updated
+in place). A shard can then hand out a parameter array to a pull or a checkpoint
+without copying it or holding a lock while the bytes travel.
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from elastic.ps.errors import PSConfigError
 
 
 class Optimizer:
-    """Base: ``slots(param)`` makes the state; ``apply(param, grad, slots)`` updates in place."""
+    """Base: ``slots(param)`` makes the state; ``apply(param, grad, slots)`` returns the
+    updated parameter (a new array) and updates the slots in place."""
 
     name = ""
     defaults: dict = {}
@@ -37,15 +42,22 @@ class Optimizer:
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {}
 
-    def apply(self, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray]) -> None:
+    def apply(self, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError
+
+
+def _minus(param: np.ndarray, scale: float, direction: np.ndarray) -> np.ndarray:
+    """``param - scale * direction`` as a new array of param's dtype, with one allocation."""
+    out = np.multiply(direction, -scale, dtype=param.dtype, casting="same_kind")
+    out += param
+    return out
 
 
 class SGD(Optimizer):
     name = "sgd"
 
     def apply(self, param, grad, slots):
-        param -= self.lr * grad
+        return _minus(param, self.lr, grad)
 
 
 class Momentum(Optimizer):
@@ -62,9 +74,8 @@ class Momentum(Optimizer):
         v *= self.args["momentum"]
         v += grad
         if self.args["nesterov"]:
-            param -= self.lr * (grad + self.args["momentum"] * v)
-        else:
-            param -= self.lr * v
+            return _minus(param, self.lr, grad + self.args["momentum"] * v)
+        return _minus(param, self.lr, v)
 
 
 class Adam(Optimizer):
@@ -87,7 +98,7 @@ class Adam(Optimizer):
         v *= b2
         v += (1 - b2) * np.square(grad)
         step = self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        param -= step * m / (np.sqrt(v) + eps)
+        return _minus(param, step, m / (np.sqrt(v) + eps))
 
 
 OPTIMIZERS = {cls.name: cls for cls in (SGD, Momentum, Adam)}

@@ -96,8 +96,10 @@ class ShardServer:
 
     def _h_pull(self, request: bytes) -> bytes:
         header, _ = self._parse(request)
-        message = self.state.pull(header.get("names"))
-        return self.staging.reply({}, message, int(header.get("inline_max", 1 << 62)))
+        state_header, tensors = self.state.pull(header.get("names"))
+        metas, blobs = wire.layout(tensors)
+        return self.staging.reply({**state_header, "tensors": metas}, blobs,
+                                  int(header.get("inline_max", 1 << 62)))
 
     def _h_push(self, request: bytes) -> bytes:
         header, body = self._parse(request)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastic.ps import wire
 from elastic.ps.checkpoint import SavedVariable, ShardSnapshot
 from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
                                PSUninitializedError)
@@ -167,9 +166,11 @@ class ShardState:
                     "variables": [{"slice": v.slice.to_dict(), "optimizer": v.optimizer.config()}
                                   for v in self._vars.values()]}
 
-    def pull(self, names: list[str] | None) -> bytes:
-        """The named slices (all when None) as one ``wire`` message whose header has the
-        step and generation. The message is built under the lock, so it is one state.
+    def pull(self, names: list[str] | None) -> tuple[dict, list[tuple[dict, np.ndarray]]]:
+        """The named slices (all when None): a header with the step and generation, and
+        (slice metadata, array) pairs. The arrays are the live parameters, which are
+        never written in place (optimizers return new arrays), so the caller may send
+        them after releasing the lock and still send one consistent state.
         Raises PSUninitializedError naming missing variables, PSNotReadyError."""
         with self._cond:
             self._require_loaded()
@@ -178,13 +179,13 @@ class ShardState:
             missing = [n for n in names if n not in self._vars]
             if missing:
                 raise PSUninitializedError(f"ps shard {self.index} has no variable(s) {missing}")
-            return wire.encode({"step": self.step, "generation": self.generation},
-                               [(self._vars[n].slice.to_dict(), self._vars[n].param) for n in names])
+            return ({"step": self.step, "generation": self.generation},
+                    [(self._vars[n].slice.to_dict(), self._vars[n].param) for n in names])
 
     def _apply(self, grads: list[tuple[str, np.ndarray]]) -> None:
         for name, grad in grads:
             var = self._vars[name]
-            var.optimizer.apply(var.param, grad, var.slots)
+            var.param = var.optimizer.apply(var.param, grad, var.slots)
         self.step += 1
         self._bump()
         self._cond.notify_all()
@@ -346,7 +347,8 @@ class ShardState:
             if pause is None or pause.checkpoint_id != checkpoint_id:
                 raise PSProtocolError(f"shard {self.index} is not paused for checkpoint {checkpoint_id}")
             snap = ShardSnapshot(self.step, {
-                name: SavedVariable(v.slice, v.param.copy(), {k: a.copy() for k, a in v.slots.items()},
+                # parameters are replaced, never modified: no copy needed; slots are copied
+                name: SavedVariable(v.slice, v.param, {k: a.copy() for k, a in v.slots.items()},
                                     v.optimizer.config())
                 for name, v in self._vars.items()}, dict(self._dedup))
             self.base, self._clean_version = checkpoint_id, self._version

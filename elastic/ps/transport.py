@@ -2,14 +2,19 @@
 
 Every request and reply is one ``rendezvous.rpc`` frame: a JSON header (which always
 names the shard index the caller meant, so a stale address that now belongs to
-another shard is refused) and one payload blob.
+another shard is refused) and a payload.
 
 Why chunks and lanes: gRPC moves one 32 MiB message several times slower than a few
-concurrent 4 MiB messages on separate connections (measured on loopback; see
+concurrent 4-8 MiB messages on separate connections (measured on loopback; see
 benchmarks/ps_bench.py). So a payload above ``chunk_bytes`` is uploaded first in
-parts (``Upload``), spread over ``lanes`` connections, and the request then names
-the upload; a reply above the caller's ``inline_max`` is staged on the shard and
-fetched the same way (``Download``, then ``Release``). ``Staging`` is the shard's half.
+parts (``Upload``) spread over ``lanes`` connections, and the request then names the
+upload; a reply above the caller's ``inline_max`` is staged on the shard and fetched
+the same way (``Download``, then ``Release``). ``Staging`` is the shard's half.
+
+Payloads are lists of buffers ("pieces": a header and the arrays' own memory), never
+joined into one big message: each part is built from the pieces it overlaps (the one
+copy gRPC needs), and a fetched part can be written straight into its destination
+arrays (``sink``).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Executor
+from typing import Callable, Sequence
 
 import grpc
 
@@ -25,6 +31,31 @@ from rendezvous import auth
 from rendezvous.rpc import UNLIMITED_MESSAGE_OPTIONS, frame, translate_rpc_error, unframe
 
 SERVICE = "elastic.ps.Shard"
+Writer = Callable[[int, memoryview], None]  # (offset in the payload, bytes) -> None
+
+
+def as_pieces(payload) -> list[memoryview]:
+    """A payload (bytes-like, or a list of them) as flat byte views."""
+    if isinstance(payload, (list, tuple)):
+        return [memoryview(p).cast("B") for p in payload]
+    return [memoryview(payload).cast("B")]
+
+
+def size_of(pieces: Sequence[memoryview]) -> int:
+    return sum(p.nbytes for p in pieces)
+
+
+def cut(pieces: Sequence[memoryview], offset: int, length: int) -> list[memoryview]:
+    """The views covering bytes ``[offset, offset + length)`` of the pieces' concatenation."""
+    out, pos, end = [], 0, offset + length
+    for p in pieces:
+        lo, hi = max(offset, pos), min(end, pos + p.nbytes)
+        if lo < hi:
+            out.append(p[lo - pos:hi - pos])
+        pos += p.nbytes
+        if pos >= end:
+            break
+    return out
 
 
 class Lane:
@@ -66,8 +97,9 @@ class ShardLink:
         self._lanes = [Lane(address, secret, k) for k in range(lanes)]
         self._pool = pool
 
-    def _spread(self, calls) -> list:
-        """Run (method, request) calls over the lanes in parallel (serially without a pool)."""
+    def _parallel(self, calls: list) -> list:
+        """Run the calls over the pool (serially without one); every call finishes
+        before the first error is raised."""
         if self._pool is None or len(calls) == 1:
             return [fn() for fn in calls]
         futures = [self._pool.submit(fn) for fn in calls]
@@ -75,52 +107,64 @@ class ShardLink:
         for f in futures:
             try:
                 results.append(f.result())
-            except BaseException as exc:  # wait for every part before raising
+            except BaseException as exc:
                 first_error = first_error or exc
         if first_error is not None:
             raise first_error
         return results
 
-    def _lane_call(self, k: int, method: str, request: bytes, timeout: float):
+    def _on_lane(self, k: int, method: str, request_fn, timeout: float, then=None):
         lane = self._lanes[k % len(self._lanes)]
-        return lambda: lane.call(method, request, timeout)
 
-    def request(self, method: str, header: dict, payload=b"", timeout: float = 30.0):
-        """One request; returns ``(reply header, reply payload)``. Raises what
-        ``Lane.call`` raises, and PSTransferError when staging failed on the shard."""
+        def run():
+            reply = lane.call(method, request_fn(), timeout)
+            return then(reply) if then is not None else reply
+        return run
+
+    def request(self, method: str, header: dict, payload=b"", timeout: float = 30.0,
+                sink: Callable[[dict], Writer] | None = None):
+        """One request; returns ``(reply header, reply payload)``. A staged reply is
+        fetched in parts: into ``sink(reply header)``'s writer when given (the payload
+        returned is then None), else into one bytearray. Raises what ``Lane.call``
+        raises, and PSTransferError when staging failed on the shard."""
         header = {**header, "shard": self.index, "inline_max": self.chunk_bytes}
-        size = memoryview(payload).nbytes
+        pieces = as_pieces(payload)
+        size = size_of(pieces)
         if size > self.chunk_bytes:
-            upload = uuid.uuid4().hex
-            view = memoryview(payload).cast("B")
-            calls = [self._lane_call(k, "Upload", frame(
+            upload, chunk = uuid.uuid4().hex, self.chunk_bytes
+            self._parallel([self._on_lane(k, "Upload", (lambda off=off: frame(
                 {"shard": self.index, "id": upload, "offset": off, "total": size},
-                [view[off:off + self.chunk_bytes]]), timeout)
-                for k, off in enumerate(range(0, size, self.chunk_bytes))]
-            self._spread(calls)
+                cut(pieces, off, chunk))), timeout)
+                for k, off in enumerate(range(0, size, chunk))])
             header["upload"] = upload
-            payload = b""
-        reply = self._lanes[0].call(method, frame(header, [payload]), timeout)
+            pieces = []
+        reply = self._lanes[0].call(method, frame(header, pieces), timeout)
         rh, body = unframe(reply)
         if "download" not in rh:
             return rh, body
         download, total = rh["download"], int(rh["total"])
-        buf = bytearray(total)
-        offsets = list(range(0, total, self.chunk_bytes))
-        calls = [self._lane_call(k, "Download", frame(
-            {"shard": self.index, "id": download, "offset": off,
-             "length": min(self.chunk_bytes, total - off)}), timeout)
-            for k, off in enumerate(offsets)]
+        if sink is not None:
+            write, result = sink(rh), None
+        else:
+            result = bytearray(total)
+
+            def write(off, data, buf=result):
+                buf[off:off + data.nbytes] = data
+        offsets = range(0, total, self.chunk_bytes)
+
+        def store(off):
+            return lambda part: write(off, unframe(part)[1])
         try:
-            for off, part in zip(offsets, self._spread(calls)):
-                _, data = unframe(part)
-                buf[off:off + len(data)] = data
+            self._parallel([self._on_lane(k, "Download", lambda off=off: frame(
+                {"shard": self.index, "id": download, "offset": off,
+                 "length": min(self.chunk_bytes, total - off)}), timeout, store(off))
+                for k, off in enumerate(offsets)])
         finally:
             try:
                 self._lanes[0].call("Release", frame({"shard": self.index, "id": download}), timeout)
             except Exception:  # noqa: BLE001 - the shard drops it after its TTL anyway
                 pass
-        return rh, buf
+        return rh, result
 
     def close(self) -> None:
         for lane in self._lanes:
@@ -143,7 +187,7 @@ class Staging:
         self._ttl, self._clock = ttl, clock
         self._lock = threading.Lock()
         self._uploads: dict[str, list] = {}    # id -> [buffer, {offset: length}, last use]
-        self._downloads: dict[str, list] = {}  # id -> [bytes, last use]
+        self._downloads: dict[str, list] = {}  # id -> [pieces, size, last use]
 
     def _expire(self) -> None:
         limit = self._clock() - self._ttl
@@ -152,6 +196,7 @@ class Staging:
                 del table[key]
 
     def upload_part(self, header: dict, data: memoryview) -> None:
+        """Raises PSTransferError for a part outside the upload."""
         total, offset = int(header["total"]), int(header["offset"])
         if offset < 0 or offset + len(data) > total:
             raise PSTransferError(f"upload part {offset}+{len(data)} outside {total} bytes")
@@ -176,21 +221,22 @@ class Staging:
             raise PSTransferError(f"upload {upload_id} is incomplete")
         return entry[0]
 
-    def offer(self, data: bytes) -> str:
+    def offer(self, payload) -> str:
+        pieces = as_pieces(payload)
         download = uuid.uuid4().hex
         with self._lock:
             self._expire()
-            self._downloads[download] = [data, self._clock()]
+            self._downloads[download] = [pieces, size_of(pieces), self._clock()]
         return download
 
     def download_part(self, header: dict) -> bytes:
+        """Raises PSTransferError for an unknown (expired, released) download."""
         with self._lock:
             entry = self._downloads.get(header["id"])
             if entry is None:
                 raise PSTransferError(f"unknown download {header['id']}")
-            entry[1] = self._clock()
-        offset, length = int(header["offset"]), int(header["length"])
-        return frame({}, [memoryview(entry[0])[offset:offset + length]])
+            entry[2] = self._clock()
+        return frame({}, cut(entry[0], int(header["offset"]), int(header["length"])))
 
     def release(self, download_id: str) -> None:
         with self._lock:
@@ -198,7 +244,8 @@ class Staging:
 
     def reply(self, header: dict, payload, inline_max: int) -> bytes:
         """A reply frame; a payload above ``inline_max`` is staged for ``Download``."""
-        size = memoryview(payload).nbytes
+        pieces = as_pieces(payload)
+        size = size_of(pieces)
         if size > inline_max:
-            return frame({**header, "download": self.offer(payload), "total": size})
-        return frame(header, [payload])
+            return frame({**header, "download": self.offer(pieces), "total": size})
+        return frame(header, pieces)

@@ -27,15 +27,22 @@ def _raw(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-def encode_parts(header: dict, tensors: list[tuple[dict, np.ndarray]]) -> list:
-    """The pieces of ``encode``'s message, uncopied: joined they are the message (for
-    writers that stream, e.g. checkpoint files). Raises PSShapeError for a bad dtype."""
+def layout(tensors: list[tuple[dict, np.ndarray]]) -> tuple[list[dict], list[memoryview]]:
+    """The header entries (caller's metadata plus dtype, shape, nbytes) and the raw
+    bytes of each array, uncopied. Raises PSShapeError for a dtype that cannot travel."""
     metas, blobs = [], []
     for meta, array in tensors:
         array = np.asarray(array)
         dt = check_dtype(array.dtype)
         metas.append({**meta, "dtype": dt.str, "shape": list(array.shape), "nbytes": array.nbytes})
         blobs.append(_raw(array))
+    return metas, blobs
+
+
+def encode_parts(header: dict, tensors: list[tuple[dict, np.ndarray]]) -> list:
+    """The pieces of ``encode``'s message, uncopied: joined they are the message (for
+    senders and writers that stream). Raises PSShapeError for a bad dtype."""
+    metas, blobs = layout(tensors)
     return [frame({**header, "tensors": metas}), *blobs]
 
 
@@ -48,6 +55,13 @@ def encode(header: dict, tensors: list[tuple[dict, np.ndarray]]) -> bytes:
 def decode(message: bytes | bytearray | memoryview) -> tuple[dict, list[tuple[dict, np.ndarray]]]:
     """Inverse of ``encode``. Raises PSShapeError when the blobs do not match the header."""
     header, body = unframe(message)
+    return header, tensors_of(header, body)
+
+
+def tensors_of(header: dict, body) -> list[tuple[dict, np.ndarray]]:
+    """The arrays of a message body (the blobs after the frame header), zero-copy.
+    Raises PSShapeError when the blobs do not match ``header["tensors"]``."""
+    body = memoryview(body).cast("B")
     tensors, offset = [], 0
     for meta in header.get("tensors", ()):
         dt = check_dtype(meta["dtype"])
@@ -62,4 +76,4 @@ def decode(message: bytes | bytearray | memoryview) -> tuple[dict, list[tuple[di
         offset += nbytes
     if offset != len(body):
         raise PSShapeError(f"message has {len(body) - offset} bytes beyond its tensors")
-    return header, tensors
+    return tensors
