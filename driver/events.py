@@ -209,6 +209,23 @@ def _format(kind: str, f: dict) -> str:
         return text + (f" in {_seconds(g('seconds'))}" if "seconds" in f else "")
     if kind == JOB_FAILED:
         return f"job failed: {g('reason', '?')}"
+    if kind == JOB_STARTED:
+        return f"job {g('job_id', '?')} started on store {g('store', '?')}"
+    if kind == WORKER_STOPPING:
+        return f"stopping {_worker(f)}" + (f": {g('reason')}" if "reason" in f else "")
+    if kind == FAILURE_REPORTED:
+        text = f"worker {g('reporter', '?')} reports a failure in round {g('round', '?')}"
+        if f.get("suspect"):
+            text += f", blaming {g('suspect')}"
+        else:
+            f.pop("suspect", None)
+        return text + (f": {g('reason')}" if "reason" in f else "")
+    if kind == HOST_SLOTS_CHANGED:
+        return f"host {g('host', '?')} now has {g('new_slots', '?')} slots (was {g('old_slots', '?')})"
+    if kind == HOST_BLACKLIST_SKIPPED:
+        return (f"host {g('host', '?')} failed {g('failures', '?')} times but stays: "
+                f"blacklisting it would leave {g('remaining_slots', '?')} slots, below "
+                f"--min-np {g('min_np', '?')}")
     if kind == WAITING:
         text = f"waiting for {g('what', '?')}"
         return text + (f" ({_seconds(g('waited'))} so far)" if "waited" in f else "")

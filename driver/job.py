@@ -329,8 +329,9 @@ class Job:
             rec.process.kill()
 
     def _apply_host_events(self, host_events) -> None:
-        for ev in host_events:
-            self.events.emit(ev.kind, **{k: v for k, v in ev.as_record().items() if k != "kind"})
+        for host_event in host_events:
+            self.events.emit(host_event.kind, **{k: v for k, v in host_event.as_record().items()
+                                                 if k not in ("kind", "event")})
         if host_events:
             self._change_at = self._change_at or time.monotonic()
 
