@@ -156,7 +156,7 @@ def _adam_reference(steps: int) -> np.ndarray:
     opt, p = Adam(0.1), np.zeros((20, 3))
     slots = opt.slots(p)
     for k in range(steps):
-        opt.apply(p, np.full((20, 3), k + 1.0), slots)
+        p = opt.apply(p, np.full((20, 3), k + 1.0), slots)
     return p
 
 

@@ -27,8 +27,7 @@ def _state(mode="async", value=None):
 
 
 def _w(st):
-    from elastic.ps import wire
-    _, [(meta, a)] = wire.decode(st.pull(["w"]))
+    _, [(meta, a)] = st.pull(["w"])
     return a
 
 

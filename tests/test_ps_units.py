@@ -102,8 +102,15 @@ def test_assemble_scalars_and_missing_rows():
 # ------------------------------------------------------------------ optimizers
 def test_sgd_in_place():
     p = np.array([1.0, 2.0])
-    SGD(0.5).apply(p, np.array([2.0, -2.0]), {})
-    np.testing.assert_allclose(p, [0.0, 3.0])
+    new = SGD(0.5).apply(p, np.array([2.0, -2.0]), {})
+    np.testing.assert_allclose(new, [0.0, 3.0])
+    np.testing.assert_allclose(p, [1.0, 2.0])  # parameters are never written in place
+
+
+def test_float32_parameters_stay_float32_with_float64_gradients():
+    p = np.ones(3, np.float32)
+    for opt in (SGD(0.5), Momentum(0.5), Adam(0.5)):
+        assert opt.apply(p, np.ones(3), opt.slots(p)).dtype == np.float32
 
 
 def _reference_momentum(p, grads, lr, mu, nesterov):
@@ -122,7 +129,7 @@ def test_momentum_matches_reference(nesterov):
     p = np.ones(5)
     slots = opt.slots(p)
     for g in grads:
-        opt.apply(p, g, slots)
+        p = opt.apply(p, g, slots)
     np.testing.assert_allclose(p, _reference_momentum(np.ones(5), grads, 0.1, 0.8, nesterov))
 
 
@@ -133,7 +140,7 @@ def test_adam_matches_reference_and_counts_steps():
     p = np.zeros(4)
     slots = opt.slots(p)
     for g in grads:
-        opt.apply(p, g, slots)
+        p = opt.apply(p, g, slots)
     ref, m, v = np.zeros(4), np.zeros(4), np.zeros(4)
     for t, g in enumerate(grads, 1):
         m = 0.8 * m + 0.2 * g

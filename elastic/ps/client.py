@@ -32,6 +32,7 @@ from elastic.ps import wire
 from elastic.ps.control import RETRYABLE
 from elastic.ps.errors import (PSConfigError, PSRoundChangedError, PSShapeError, PSTimeoutError,
                                PSUnavailableError, PSUninitializedError)
+from elastic.ps.memory import tune_malloc
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import Slice, place
 from elastic.ps.settings import ClientSettings
@@ -63,6 +64,8 @@ class PSClient:
         if not addresses:
             raise PSConfigError("PSClient needs at least one shard address")
         self.settings = settings or ClientSettings()
+        if self.settings.tune_malloc:
+            tune_malloc()
         self._secret = secret
         self._n = len(addresses)
         self._resolver = resolver

@@ -31,6 +31,7 @@ from elastic.ps.checkpoint import load_newest
 from elastic.ps.control import Peers, ShardControl
 from elastic.ps.coordinator import Coordinator
 from elastic.ps.errors import PSConfigError, PSError
+from elastic.ps.memory import tune_malloc
 from elastic.ps.partition import Slice
 from elastic.ps.registry import registry_from_env
 from elastic.ps.settings import DEFAULT_SPLIT_THRESHOLD, ServerSettings
@@ -240,6 +241,7 @@ def main(argv=None) -> int:
     settings = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"[ps {settings.index}] %(levelname)s %(name)s: %(message)s")
+    tune_malloc()
     secret = auth.secret_from_env()
     if secret is None:
         print(f"elastic.ps.server: {auth.ENV_SECRET} is not set", file=sys.stderr)

@@ -30,6 +30,7 @@ class ClientSettings:
     chunk_bytes: int = 4 * MiB
     lanes: int = 4
     connect_timeout: float = 10.0     # connect(): wait for the shards' addresses
+    tune_malloc: bool = True          # see elastic/ps/memory.py (process-wide, glibc only)
 
     def __post_init__(self):
         for name in ("retry_deadline", "call_timeout", "sync_timeout", "poll_interval",

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import grpc
 
 from elastic.ps.errors import PSTransferError, PSWrongShardError
+from elastic.ps.memory import buffer
 from rendezvous import auth
 from rendezvous.rpc import UNLIMITED_MESSAGE_OPTIONS, frame, translate_rpc_error, unframe
 
@@ -146,7 +147,7 @@ class ShardLink:
         if sink is not None:
             write, result = sink(rh), None
         else:
-            result = bytearray(total)
+            result = buffer(total)
 
             def write(off, data, buf=result):
                 buf[off:off + data.nbytes] = data
@@ -204,13 +205,13 @@ class Staging:
             self._expire()
             entry = self._uploads.get(header["id"])
             if entry is None:
-                entry = self._uploads[header["id"]] = [bytearray(total), {}, 0.0]
+                entry = self._uploads[header["id"]] = [buffer(total), {}, 0.0]
             entry[2] = self._clock()
         entry[0][offset:offset + len(data)] = data  # parts are disjoint: no lock for the copy
         with self._lock:
             entry[1][offset] = len(data)
 
-    def take_upload(self, upload_id: str) -> bytearray:
+    def take_upload(self, upload_id: str) -> memoryview:
         """The whole uploaded payload (removed from staging). Raises PSTransferError when
         it is unknown (expired, shard restarted) or incomplete."""
         with self._lock:

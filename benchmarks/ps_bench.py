@@ -1,0 +1,291 @@
+"""Parameter-server benchmark: push+pull throughput against a raw socket transfer of
+the same bytes, and the step-time cost of checkpointing.
+
+    python benchmarks/ps_bench.py                    # full run (a few minutes)
+    python benchmarks/ps_bench.py --sizes 16 --shards 2 --reps 5 --ckpt-pairs 3
+
+Prints one JSON line per measured configuration:
+
+* ``ps_throughput``: a step is ``push(grads)`` + ``pull()`` of the whole model (SGD on
+  the shards), so ``2 * model bytes`` move per step. The baseline moves the same bytes
+  over plain TCP with the same fan-out: one receiver process per shard, each sent its
+  share and sending it back. PS and raw repetitions alternate so both see the same
+  machine load; figures are medians, and ``ratio`` = ps MB/s / raw MB/s.
+* ``ps_checkpoint_overhead``: the same training step on two identical jobs, one
+  checkpointing every ``--ckpt-interval`` seconds and one not, in alternating blocks;
+  ``overhead`` is the median over block pairs of (mean step time on / off) - 1. Mean,
+  not median, step time: a checkpoint's cost lands on a few steps, a median hides it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from elastic.ps.client import PSClient  # noqa: E402
+from elastic.ps.settings import ClientSettings  # noqa: E402
+from rendezvous import auth, env  # noqa: E402
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- the model
+def model(total_mib: int) -> dict:
+    """Four equal float32 matrices (split across shards) and a few small biases."""
+    rows = total_mib * MiB // 4 // 4 // 1024
+    params = {f"layer{k}/kernel": np.full((rows, 1024), 0.5, np.float32) for k in range(4)}
+    params.update({f"layer{k}/bias": np.zeros(1024, np.float32) for k in range(4)})
+    return params
+
+
+def nbytes(tensors: dict) -> int:
+    return sum(a.nbytes for a in tensors.values())
+
+
+# ---------------------------------------------------------------- raw socket baseline
+def raw_server(port_file: str) -> None:
+    """Echo server: per request, an 8-byte length then that many bytes, sent back."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(listener.getsockname()[1]))
+    os.replace(port_file + ".tmp", port_file)
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray()
+    while True:
+        head = _recv_exact(conn, bytearray(8))
+        if head is None:
+            return
+        (n,) = struct.unpack("!Q", head)
+        if len(buf) < n:
+            buf = bytearray(n)
+        view = memoryview(buf)[:n]
+        if _recv_exact(conn, view) is None:
+            return
+        conn.sendall(view)
+
+
+def _recv_exact(conn, buf):
+    view, got = memoryview(buf), 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            return None
+        got += n
+    return buf
+
+
+class RawPeers:
+    """One raw echo process per shard, and a round trip of each shard's share."""
+
+    def __init__(self, count: int, tmp: str):
+        self.procs, self.socks = [], []
+        for i in range(count):
+            port_file = os.path.join(tmp, f"raw-{uuid.uuid4().hex}.port")
+            self.procs.append(subprocess.Popen([sys.executable, __file__, "--raw-server", port_file]))
+            deadline = time.monotonic() + 30
+            while not os.path.exists(port_file):
+                if time.monotonic() > deadline or self.procs[-1].poll() is not None:
+                    raise RuntimeError("raw echo server did not start")
+                time.sleep(0.01)
+            s = socket.create_connection(("127.0.0.1", int(open(port_file).read())), timeout=60)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socks.append(s)
+
+    def round_trip(self, shares: list[memoryview]) -> float:
+        def one(s, data, out):
+            s.sendall(struct.pack("!Q", len(data)))
+            s.sendall(data)
+            _recv_exact(s, out)
+        outs = [bytearray(len(d)) for d in shares]
+        threads = [threading.Thread(target=one, args=(s, d, o))
+                   for s, d, o in zip(self.socks, shares, outs)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return time.perf_counter() - t
+
+    def close(self):
+        for s in self.socks:
+            s.close()
+        for p in self.procs:
+            p.kill()
+            p.wait(timeout=10)
+
+
+# ---------------------------------------------------------------- shards
+class Shards:
+    """Shard processes started as the driver starts them."""
+
+    def __init__(self, count: int, secret: str, mode: str = "async", checkpoint_dir=None,
+                 interval: float = 30.0, store=None, job_id: str = "bench"):
+        self.procs, self.addresses = [], []
+        environ = {**os.environ, env.ENV_SECRET: secret, "PYTHONPATH": ROOT}
+        if store is not None:
+            environ.update({env.ENV_RENDEZVOUS: store, env.ENV_JOB_ID: job_id})
+        for i in range(count):
+            argv = [sys.executable, "-m", "elastic.ps.server", "--index", str(i),
+                    "--num-shards", str(count), "--mode", mode]
+            if checkpoint_dir:
+                argv += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-interval", str(interval)]
+            self.procs.append(subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE,
+                                               stderr=subprocess.DEVNULL, cwd=ROOT))
+        self.lines: list[list[str]] = [[] for _ in range(count)]
+        for i, p in enumerate(self.procs):
+            for raw in p.stdout:
+                line = raw.decode().strip()
+                if line.startswith("ELASTIC_PS_READY "):
+                    self.addresses.append(json.loads(line.split(" ", 1)[1])["address"])
+                    break
+            else:
+                raise RuntimeError(f"shard {i} exited before it was ready")
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self):
+        for raw in self.procs[0].stdout:
+            self.lines[0].append(raw.decode().strip())
+
+    def checkpoints(self) -> int:
+        return sum(1 for l in self.lines[0] if l.startswith("ELASTIC_PS_CHECKPOINT"))
+
+    def close(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def ps_step(client, grads) -> float:
+    t = time.perf_counter()
+    client.push(grads)
+    client.pull()
+    return time.perf_counter() - t
+
+
+# ---------------------------------------------------------------- measurements
+def throughput(size_mib: int, shards: int, reps: int, tmp: str) -> dict:
+    secret = auth.make_secret()
+    params = model(size_mib)
+    grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
+    total = nbytes(params)
+    flat = np.concatenate([g.reshape(-1).view(np.uint8) for g in grads.values()])
+    shares = [memoryview(part) for part in np.array_split(flat, shards)]
+    servers = Shards(shards, secret)
+    raw = RawPeers(shards, tmp)
+    client = PSClient(servers.addresses, secret)
+    try:
+        client.init(params, optimizer="sgd", lr=0.01)
+        for _ in range(2):  # warm-up: connections, allocations
+            ps_step(client, grads)
+            raw.round_trip(shares)
+        ps_times, raw_times = [], []
+        for _ in range(reps):
+            ps_times.append(ps_step(client, grads))
+            raw_times.append(raw.round_trip(shares))
+    finally:
+        client.close()
+        raw.close()
+        servers.close()
+    ps_s, raw_s = statistics.median(ps_times), statistics.median(raw_times)
+    moved = 2 * total / 1e6
+    return {"bench": "ps_throughput", "model_mib": size_mib, "shards": shards, "reps": reps,
+            "ps_step_s": round(ps_s, 4), "raw_round_trip_s": round(raw_s, 4),
+            "ps_mb_s": round(moved / ps_s, 1), "raw_mb_s": round(moved / raw_s, 1),
+            "ratio": round(raw_s / ps_s, 3)}
+
+
+def checkpoint_overhead(size_mib: int, shards: int, interval: float, pairs: int,
+                        block_s: float, tmp: str) -> dict:
+    from rendezvous.embedded import EmbeddedServer
+    secret = auth.make_secret()
+    store = EmbeddedServer(secret)
+    store.start()
+    url = f"embedded://{store.address}"
+    params = model(size_mib)
+    grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
+    off = Shards(shards, secret, store=url, job_id="bench-off")
+    on = Shards(shards, secret, checkpoint_dir=os.path.join(tmp, "ckpt"), interval=interval,
+                store=url, job_id="bench-on")
+    clients = {"off": PSClient(off.addresses, secret), "on": PSClient(on.addresses, secret)}
+    ratios, means = [], {"off": [], "on": []}
+    try:
+        for c in clients.values():
+            c.init(params, optimizer="sgd", lr=0.01)
+            ps_step(c, grads)
+        for _ in range(pairs):
+            block = {}
+            for name in ("off", "on"):
+                times, end = [], time.monotonic() + block_s
+                while time.monotonic() < end:
+                    times.append(ps_step(clients[name], grads))
+                block[name] = sum(times) / len(times)
+                means[name].append(block[name])
+            ratios.append(block["on"] / block["off"])
+        written = on.checkpoints()
+    finally:
+        for c in clients.values():
+            c.close()
+        off.close()
+        on.close()
+        store.stop()
+    return {"bench": "ps_checkpoint_overhead", "model_mib": size_mib, "shards": shards,
+            "interval_s": interval, "pairs": pairs, "block_s": block_s,
+            "step_s_off": round(statistics.median(means["off"]), 4),
+            "step_s_on": round(statistics.median(means["on"]), 4),
+            "overhead": round(statistics.median(ratios) - 1, 4), "checkpoints_written": written}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--raw-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", type=int, nargs="+", default=[16, 64], help="model sizes in MiB")
+    p.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--ckpt-size", type=int, default=64)
+    p.add_argument("--ckpt-shards", type=int, default=2)
+    p.add_argument("--ckpt-interval", type=float, default=2.0)
+    p.add_argument("--ckpt-pairs", type=int, default=5)
+    p.add_argument("--ckpt-block", type=float, default=6.0, help="seconds per block")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-checkpoint", action="store_true")
+    args = p.parse_args(argv)
+    if args.raw_server:
+        raw_server(args.raw_server)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="ps-bench-") as tmp:
+        if not args.skip_throughput:
+            for size in args.sizes:
+                for shards in args.shards:
+                    print(json.dumps(throughput(size, shards, args.reps, tmp)), flush=True)
+        if not args.skip_checkpoint:
+            print(json.dumps(checkpoint_overhead(args.ckpt_size, args.ckpt_shards, args.ckpt_interval,
+                                                 args.ckpt_pairs, args.ckpt_block, tmp)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Large-buffer allocation that does not page-fault on every step.
+
+A training step moves the same large buffers again and again. glibc serves each
+allocation above its mmap threshold with a fresh mapping, so every step pays page
+faults on tens of MiB (measured here: a 32 MiB ``bytearray`` filled by a copy costs
+~20 ms, the same through ``numpy.empty`` ~4 ms because numpy asks for huge pages, and
+a reused heap block ~3 ms). ``buffer`` allocates through numpy; ``tune_malloc`` lets
+the smaller messages (gRPC's and ``bytes.join``'s, up to 32 MiB) come from a heap that
+is not trimmed after every free.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+import numpy as np
+
+log = logging.getLogger("elastic.ps.memory")
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 << 20   # glibc's upper limit on 64-bit systems
+_TRIM_THRESHOLD = 512 << 20
+_tuned = False
+
+
+def tune_malloc() -> bool:
+    """Raise glibc's mmap and trim thresholds (process-wide, once). Returns False where
+    there is no glibc ``mallopt`` (the tuning is only an optimisation)."""
+    global _tuned
+    if _tuned:
+        return True
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and \
+        bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    _tuned = ok
+    log.debug("malloc tuning %s", "applied" if ok else "refused")
+    return ok
+
+
+def buffer(nbytes: int) -> memoryview:
+    """A writable, uninitialised byte buffer (numpy-allocated: huge pages where the
+    kernel offers them)."""
+    return memoryview(np.empty(nbytes, dtype=np.uint8))
