@@ -77,7 +77,8 @@ def worker_main(args) -> None:
         listener = RingListener("127.0.0.1", secret=args.secret)
         ctl.send({"address": listener.address})
         msg = ctl.recv()
-        settings = CommSettings(transport="tcp" if impl == "ours_tcp" else "auto")
+        settings = CommSettings(**{**json.loads(args.ours_settings),
+                                   "transport": "tcp" if impl == "ours_tcp" else "auto"})
         comm = RingCommunicator(Membership(1, rank, tuple(msg["addresses"]), args.secret),
                                 listener, settings)
         ctl.send({"transport": comm.transport})
@@ -160,7 +161,7 @@ def free_port() -> int:
 class Group:
     """One implementation's worker processes and their control connections."""
 
-    def __init__(self, impl: str, world: int, secret: str):
+    def __init__(self, impl: str, world: int, secret: str, ours_settings: str = "{}"):
         self.impl = impl
         self.world = world
         self.procs: list[subprocess.Popen] = []
@@ -171,7 +172,7 @@ class Group:
         srv.settimeout(120)
         control = f"127.0.0.1:{srv.getsockname()[1]}"
         me = [sys.executable, str(Path(__file__).resolve()), "--worker", impl,
-              "--control", control, "--secret", secret]
+              "--control", control, "--secret", secret, "--ours-settings", ours_settings]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         try:
             if impl == "mpi":
@@ -249,6 +250,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=4, help="timed calls per turn")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--impls", nargs="+", default=list(ALL_IMPLS), choices=ALL_IMPLS)
+    ap.add_argument("--ours-settings", default="{}",
+                    help="JSON of extra CommSettings fields for ours (tuning experiments)")
     args = ap.parse_args()
     if args.worker:
         worker_main(args)
@@ -265,7 +268,7 @@ def main() -> None:
         groups = {}
         try:
             for impl in impls:
-                groups[impl] = Group(impl, world, args.secret)
+                groups[impl] = Group(impl, world, args.secret, args.ours_settings)
             for mib in args.sizes_mib:
                 samples = {impl: [] for impl in impls}
                 for block in range(args.blocks):

@@ -162,3 +162,31 @@ def test_detect_mpi():
     assert not detect_mpi({"PMI_RANK": ""})
     for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID", "PMIX_RANK"):
         assert detect_mpi({var: "0"})
+
+
+def test_output_cache_reuses_only_memory_nobody_can_reach():
+    from elastic.comm.outbuf import OutputCache
+    cache = OutputCache(min_bytes=1024, max_entries=2)
+    a = cache.empty((1000,), np.float32)
+    ptr = a.ctypes.data
+    a[:] = 1
+    del a
+    b = cache.empty((10, 100), np.float32)          # same bytes, dropped: reused
+    assert b.ctypes.data == ptr and b.shape == (10, 100)
+    view = b[3:]                                     # a live view pins the memory
+    del b
+    c = cache.empty((1000,), np.float32)
+    assert c.ctypes.data != ptr
+    del view
+    c_ptr = c.ctypes.data
+    mv = memoryview(c)                               # so does a buffer export
+    del c
+    d = cache.empty((1000,), np.float32)
+    assert d.ctypes.data == ptr                      # the first one is free again
+    e = cache.empty((1000,), np.float32)
+    assert e.ctypes.data not in (ptr, c_ptr)
+    del mv
+    small = cache.empty((3,), np.float64)            # below min_bytes: plain allocation
+    assert small.shape == (3,)
+    held = [cache.empty((500,), np.float64) for _ in range(5)]   # more than max_entries
+    assert len({h.ctypes.data for h in held}) == 5

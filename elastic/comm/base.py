@@ -65,7 +65,9 @@ class CommSettings:
         "tcp" (always the TCP ring) or "shm" (shared memory or ``ShmUnavailableError``).
     chunk_bytes: pipelining unit of the TCP ring.
     shm_piece_bytes: size of each of the two shared-memory slots per rank; arrays
-        larger than this stream through in pieces.
+        larger than this stream through in pieces (each costs two barriers; 4 MiB beat
+        1 MiB on the 2-core test VM under load, where every barrier may wait for a
+        descheduled rank).
     shm_spin_us: microseconds a shared-memory wait spins before sleeping in the
         kernel; None spins only when every local rank can have its own CPU.
     close_grace: seconds a broken connection waits for the peer's reason (an orderly
@@ -77,7 +79,7 @@ class CommSettings:
     heartbeat_interval: Optional[float] = None
     transport: str = "auto"
     chunk_bytes: int = 1 << 19
-    shm_piece_bytes: int = 1 << 20
+    shm_piece_bytes: int = 4 << 20
     shm_spin_us: Optional[float] = None
     close_grace: float = 0.2
 

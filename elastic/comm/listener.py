@@ -62,6 +62,14 @@ def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
+def _nonblocking_pipe() -> tuple[int, int]:
+    """A self-pipe to wake a poll() (os.pipe2 is Linux-only)."""
+    r, w = os.pipe()
+    for fd in (r, w):
+        os.set_blocking(fd, False)
+    return r, w
+
+
 def tune_socket(sock: socket.socket) -> None:
     """Latency and throughput settings shared by every ring connection."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -109,7 +117,7 @@ class RingListener:
         self._stale = 0            # connections refused for an old round
         self._notes: dict[tuple[int, int, int], str] = {}
         self._comms: "weakref.WeakSet" = weakref.WeakSet()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_r, self._wake_w = _nonblocking_pipe()
         self._thread = threading.Thread(target=self._accept_loop, name="ring-listener",
                                         daemon=True)
         self._thread.start()

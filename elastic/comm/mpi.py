@@ -15,6 +15,7 @@ import numpy as np
 from elastic.errors import CommunicatorClosedError
 
 from . import layout
+from .outbuf import OutputCache
 from .base import CollectiveMismatchError, Communicator, array_to_object, pickle_to_array
 
 # Variables set by the common launchers for each process they start (MPICH/Hydra and
@@ -46,6 +47,7 @@ class MpiCommunicator(Communicator):
         self._size = self._comm.Get_size()
         self._closed: Optional[str] = None
         self._busy = 0
+        self._outputs = OutputCache()
         self._lock = threading.Lock()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -96,7 +98,7 @@ class MpiCommunicator(Communicator):
         layout.check_reduce_op(op)
         arr = layout.as_contiguous(x)
         layout.check_reduce_dtype(arr.dtype)
-        out = np.empty_like(arr)
+        out = self._outputs.empty(arr.shape, arr.dtype)
         with self._op() as comm:
             comm.Allreduce(arr, out, op=self._ops[op])
         if op == "average":

@@ -48,11 +48,14 @@ from . import layout, shm, wire
 from .base import (CollectiveMismatchError, CommSettings, Communicator, FailureCallback,
                    Membership, PeerLostError, ShmUnavailableError, array_to_object,
                    pickle_to_array)
-from .listener import RingListener, dial
+from .listener import RingListener, _nonblocking_pipe, dial
+from .outbuf import OutputCache
 
 log = logging.getLogger(__name__)
 
-_POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
+# Linux reports a peer's FIN without consuming data; elsewhere POLLHUP/POLLERR and the
+# heartbeats remain.
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)
 _POLL_DEAD = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
@@ -125,6 +128,7 @@ class RingCommunicator(Communicator):
         self._poller = None
         self._seq = 0
         self._transport = "local" if self._size == 1 else "tcp"
+        self._outputs = OutputCache()
 
         listener._register(self)
         try:
@@ -229,7 +233,7 @@ class RingCommunicator(Communicator):
         for sock in self._socks:
             sock.setblocking(False)
         self._poller = select.poll()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_r, self._wake_w = _nonblocking_pipe()
         self._monitor = threading.Thread(target=self._monitor_loop, daemon=True,
                                          name=f"ring-monitor-r{m.round_id}-{r}")
         self._monitor.start()
@@ -359,6 +363,7 @@ class RingCommunicator(Communicator):
             sock.close()
         if self._shm is not None:
             self._shm.close()
+        self._outputs.clear()
         self._listener._unregister(self)
 
     def _exit_op(self) -> None:
@@ -827,7 +832,7 @@ class RingCommunicator(Communicator):
         return self._run(self._allreduce, arr, op)
 
     def _allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
-        out = np.empty_like(arr)
+        out = self._outputs.empty(arr.shape, arr.dtype)
         if self._size == 1:
             np.copyto(out, arr)
             return out
