@@ -84,7 +84,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
 KINDS = frozenset(FIELDS)
 
 QUIET_KINDS = frozenset({WORKER_STARTED, WORKER_EXITED, WORKER_STOPPED, PS_STARTED,
-                         CHECKPOINT_WRITTEN, WORKER_STOPPING, JOB_STARTED, JOB_FAILED})
+                         CHECKPOINT_WRITTEN, WORKER_STOPPING, JOB_STARTED, JOB_FAILED,
+                         FAILURE_REPORTED})
 # (JOB_FAILED: elastic-run prints the reason itself, once.)
 """Kinds written to stderr only with ``verbose`` (always to the events file)."""
 

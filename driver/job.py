@@ -46,6 +46,9 @@ FIRST_ROUND_GRACE = 1.0
 #: how long a broken round may wait before a ``waiting`` event says so (a worker that
 #: finishes first leaves its round broken for a moment: no need to report that)
 WAITING_REPORT_AFTER = 1.0
+#: after a member of the round exits 0, how long to wait before re-forming without it:
+#: at the end of training the others exit too, and a round for that moment is noise
+FINISH_GRACE = 2.0
 #: SIGTERM to SIGKILL for workers the driver stops
 STOP_GRACE = 5.0
 
@@ -112,8 +115,8 @@ class Job:
         self._launch_seq = 0
         self.plan: Plan | None = None
         self.resets = 0
-        self.done_slots: set[tuple[str, int]] = set()
-        self.finishing = False
+        self.done_slots: set[tuple[str, int]] = set()  # their worker finished: not refilled
+        self._member_finished_at: float | None = None   # a member of the round exited 0
         self._broken_since: float | None = None      # the round is broken, no plan possible yet
         self._waiting_reported = False
         self._change_at: float | None = None         # when the membership last changed
@@ -228,6 +231,8 @@ class Job:
         release = self.hosts.next_release_time()
         if release is not None:
             wake = min(wake, max(0.01, release - time.monotonic()))
+        if self._member_finished_at is not None:
+            wake = min(wake, max(0.01, self._member_finished_at + FINISH_GRACE - time.monotonic()))
         if self.plan is None and self._np_registered_at is not None:
             wake = min(wake, max(0.01, self._np_registered_at + FIRST_ROUND_GRACE - time.monotonic()))
         return wake
@@ -269,7 +274,8 @@ class Job:
             self.events.emit(ev.WORKER_EXITED, worker=worker_id, host=rec.host, slot=rec.slot,
                              code=code, rank=self._rank_of(worker_id))
             self.done_slots.add((rec.host, rec.slot))
-            self.finishing = True
+            if in_plan:
+                self._member_finished_at = now
         elif rec.stopping:
             self.events.emit(ev.WORKER_STOPPED, worker=worker_id, host=rec.host, slot=rec.slot,
                              code=code)
@@ -319,7 +325,7 @@ class Job:
     def _chaos_strike(self) -> None:
         members = [m.worker_id for m in (self.plan.members if self.plan else ())
                    if self.workers[m.worker_id].running and not self.workers[m.worker_id].stopping]
-        victim = self._chaos.strike(members) if self._chaos and not self.finishing else None
+        victim = self._chaos.strike(members) if self._chaos and not self.done_slots else None
         if victim is not None:
             rec = self.workers[victim]
             rec.chaos_victim = True
@@ -344,11 +350,10 @@ class Job:
                             + ", ".join(self.hosts.blacklisted_hosts))
         usable = self.hosts.usable_hosts
         self._stop_displaced(usable)
-        if not self.finishing:
-            self._fill_slots(usable)
-            self._plan_round(usable, now)
-        else:
-            self._stop_non_members()
+        self._fill_slots(usable)
+        if self._member_finished_at is not None and now - self._member_finished_at < FINISH_GRACE:
+            return  # the others are most likely finishing too: no round for the last moments
+        self._plan_round(usable, now)
 
     def _running(self) -> list[WorkerRecord]:
         return [r for r in self.workers.values() if r.running]
@@ -358,12 +363,6 @@ class Job:
         for rec in self._running():
             if not rec.stopping and (rec.host, rec.slot) not in allowed:
                 self._stop_worker(rec, "its host or slot left the job")
-
-    def _stop_non_members(self) -> None:
-        """Finishing: workers that are not in the final round have nothing left to do."""
-        for rec in self._running():
-            if not rec.stopping and (self.plan is None or self.plan.member(rec.worker_id) is None):
-                self._stop_worker(rec, "the job is finishing")
 
     def _stop_worker(self, rec: WorkerRecord, reason: str) -> None:
         rec.stopping = True
@@ -493,15 +492,21 @@ class Job:
 
     # ------------------------------------------------------------------ the end
     def _outcome(self) -> int | None:
-        """0 when the job succeeded; None while it runs. Raises JobFailed when it failed."""
-        if not self.finishing or any(r.running for r in self.workers.values()):
+        """0 when every member of the current round exited 0; None while the job runs.
+        Raises JobFailed when the round ended with some members finished and others
+        failed (the finished ones cannot be replaced: their state is gone)."""
+        if self.plan is None:
+            if self.done_slots and not self._running():
+                raise JobFailed("workers exited before the first round formed")
             return None
-        failed = [m for m in (self.plan.members if self.plan else ())
-                  if self.workers[m.worker_id].exit_code != 0]
+        codes = {m.worker_id: self.workers[m.worker_id].exit_code for m in self.plan.members}
+        if any(code is None for code in codes.values()) or 0 not in codes.values():
+            return None  # still running, or a round of failures that re-forming handles
+        failed = [m for m in self.plan.members if codes[m.worker_id] != 0]
         if failed:
             m = failed[0]
             raise JobFailed(f"worker rank {m.rank} ({m.worker_id}) of the final round "
-                            f"{self.plan.round_id} exited with {self.workers[m.worker_id].exit_code} "
+                            f"{self.plan.round_id} exited with {codes[m.worker_id]} "
                             "after other workers had finished")
         self.events.emit(ev.JOB_DONE, round=self.plan.round_id if self.plan else 0,
                          size=self.plan.size if self.plan else 0, resets=self.resets)

@@ -44,9 +44,11 @@ def run(func):
                 runtime = elastic._runtime_if_started()
                 if runtime is None:
                     raise  # a static world (MPI, single process) cannot re-form
-                log.warning("round %d lost a worker (%s); rolling back to the last commit",
-                            runtime.round_id, exc)
-                if not isinstance(exc, CommunicatorClosedError):
+                superseded = isinstance(exc, CommunicatorClosedError)
+                log.log(logging.INFO if superseded else logging.WARNING,
+                        "round %d %s (%s); rolling back to the last commit", runtime.round_id,
+                        "was superseded" if superseded else "lost a worker", exc)
+                if not superseded:
                     runtime.report_failure(runtime.round_id, str(exc),
                                            runtime.suspect_of(exc, runtime.plan))
                 state.restore()

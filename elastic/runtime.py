@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"
 ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"
+ENV_PEER_TIMEOUT = "ELASTIC_PEER_TIMEOUT"      # seconds before a silent peer is lost
+ENV_CONNECT_TIMEOUT = "ELASTIC_CONNECT_TIMEOUT"
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,10 @@ class WorkerSettings:
                        slot=int(environ.get(env.ENV_SLOT, "0")), secret=need(env.ENV_SECRET),
                        bind_host=environ.get(env.ENV_BIND_HOST) or "127.0.0.1",
                        round_timeout=float(environ.get(ENV_ROUND_TIMEOUT, "600")),
-                       lease_ttl=int(environ.get(ENV_LEASE_TTL, "5")))
+                       lease_ttl=int(environ.get(ENV_LEASE_TTL, "5")),
+                       comm=CommSettings(
+                           peer_timeout=float(environ.get(ENV_PEER_TIMEOUT, "30")),
+                           connect_timeout=float(environ.get(ENV_CONNECT_TIMEOUT, "30"))))
         except ValueError as exc:
             raise RendezvousError(f"malformed elastic-run environment: {exc}") from None
 
@@ -142,10 +147,11 @@ class WorkerRuntime:
         if self._watch is not None:
             self._watch.cancel()
         if self._lease is not None:
-            try:
-                self._lease.revoke()
-            except RendezvousError as exc:
-                log.debug("revoking the registration failed (it will expire): %s", exc)
+            # Stop refreshing but do not revoke: a registration vanishing while the process
+            # still runs looks like a hung worker and would make the driver re-form the
+            # round. The driver removes it when it sees the process exit; the lease ends
+            # it anyway if the driver is gone.
+            self._lease.stop_keep_alive()
         if self._listener is not None:
             self._listener.close()
         if self._store is not None:

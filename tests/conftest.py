@@ -85,3 +85,14 @@ def store_backend(request, tmp_path) -> StoreBackend:
         yield backend
     finally:
         backend.close_all()
+
+
+@pytest.fixture(params=["embedded", "etcd"])
+def store_args(request) -> list[str]:
+    """``elastic-run`` arguments selecting each store: the driver's embedded one, or a
+    real etcd server (a fresh job id per test keeps jobs apart)."""
+    if request.param == "embedded":
+        return []
+    cluster = request.getfixturevalue("etcd_server")
+    import uuid
+    return ["--rendezvous", cluster.url, "--job-id", f"t{uuid.uuid4().hex[:10]}"]
