@@ -91,7 +91,8 @@ class PSClient:
     # ------------------------------------------------------------ plumbing
     def _new_link(self, index: int, address: str) -> ShardLink:
         return ShardLink(index, address, self._secret, self.settings.lanes,
-                         self.settings.chunk_bytes, self._part_pool)
+                         self.settings.chunk_bytes, self._part_pool, self.settings.bulk,
+                         self.settings.call_timeout)
 
     def _refresh(self, index: int) -> None:
         if self._resolver is None:
@@ -295,19 +296,23 @@ class PSClient:
 
     def _pull_one(self, index: int, names: list[str], out: dict[str, np.ndarray]) -> dict:
         def sink(rh):
-            targets = self._targets(rh["tensors"], out)
+            spans = self._targets(rh["tensors"], out)
 
-            def write(offset: int, data: memoryview) -> None:
-                end = offset + data.nbytes
-                for start, dest in targets:
+            def targets(offset: int, length: int) -> list[memoryview]:
+                end, views = offset + length, []
+                for start, dest in spans:
                     lo, hi = max(offset, start), min(end, start + dest.nbytes)
                     if lo < hi:
-                        dest[lo - start:hi - start] = data[lo - offset:hi - offset]
-            return write
+                        views.append(dest[lo - start:hi - start])
+                return views
+            return targets
 
         rh, body = self._request(index, "Pull", {"names": names}, sink=sink)
         if body is not None:  # a small reply came inline
-            sink(rh)(0, memoryview(body).cast("B"))
+            data, pos = memoryview(body).cast("B"), 0
+            for view in sink(rh)(0, data.nbytes):
+                view[:] = data[pos:pos + view.nbytes]
+                pos += view.nbytes
         return rh
 
     # ------------------------------------------------------------ push

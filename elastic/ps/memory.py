@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import sys
+import threading
 
 import numpy as np
 
@@ -47,3 +49,34 @@ def buffer(nbytes: int) -> memoryview:
     """A writable, uninitialised byte buffer (numpy-allocated: huge pages where the
     kernel offers them)."""
     return memoryview(np.empty(nbytes, dtype=np.uint8))
+
+
+def unshared(array: np.ndarray | None, holders: int) -> bool:
+    """True when nothing but its ``holders`` known references refers to ``array``: no
+    view, memoryview or other array is using its memory. Relies on CPython reference
+    counts, which every view keeps on its base array (the two extra references are this
+    function's argument and ``getrefcount``'s)."""
+    return array is not None and sys.getrefcount(array) == holders + 2
+
+
+class BufferPool:
+    """Byte buffers that are handed out again once nothing refers to them any more
+    (steady training uploads the same sizes every step; reusing a buffer avoids
+    faulting in fresh pages each time). Holds at most ``keep`` idle buffers."""
+
+    def __init__(self, keep: int = 8):
+        self._keep = keep
+        self._buffers: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def get(self, nbytes: int) -> memoryview:
+        with self._lock:
+            for i in range(len(self._buffers)):
+                # holders: the list's reference; a view handed out earlier adds its own
+                if self._buffers[i].nbytes == nbytes and unshared(self._buffers[i], 1):
+                    return memoryview(self._buffers[i])
+            array = np.empty(nbytes, dtype=np.uint8)
+            self._buffers.append(array)
+            if len(self._buffers) > self._keep:
+                self._buffers.pop(0)  # forgotten here; freed once its user drops it
+            return memoryview(array)

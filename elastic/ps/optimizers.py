@@ -5,9 +5,10 @@ same slicing on axis 0, so checkpoints and re-sharding treat slots exactly like
 parameters. Scalar state (Adam's step count) is a 0-d slot: every slice of a variable
 receives the same updates, so any slice's copy is the variable's.
 
-``apply`` never writes into the parameter: it returns a new array (slots are updated
-in place). A shard can then hand out a parameter array to a pull or a checkpoint
-without copying it or holding a lock while the bytes travel.
+``apply`` never writes into the parameter: it returns the updated values in another
+array (``out`` when given: a spare buffer the caller knows nobody reads; slots are
+updated in place). A shard can then hand out a parameter array to a pull or a
+checkpoint without copying it or holding a lock while the bytes travel.
 """
 from __future__ import annotations
 
@@ -42,13 +43,17 @@ class Optimizer:
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {}
 
-    def apply(self, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray]) -> np.ndarray:
+    def apply(self, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
+              out: np.ndarray | None = None) -> np.ndarray:
         raise NotImplementedError
 
 
-def _minus(param: np.ndarray, scale: float, direction: np.ndarray) -> np.ndarray:
-    """``param - scale * direction`` as a new array of param's dtype, with one allocation."""
-    out = np.multiply(direction, -scale, dtype=param.dtype, casting="same_kind")
+def _minus(param: np.ndarray, scale: float, direction: np.ndarray,
+           out: np.ndarray | None) -> np.ndarray:
+    """``param - scale * direction`` in param's dtype, into ``out`` (or a new array)."""
+    if out is None or out.shape != param.shape or out.dtype != param.dtype:
+        out = np.empty_like(param)
+    np.multiply(direction, -scale, out=out, casting="same_kind")
     out += param
     return out
 
@@ -56,8 +61,8 @@ def _minus(param: np.ndarray, scale: float, direction: np.ndarray) -> np.ndarray
 class SGD(Optimizer):
     name = "sgd"
 
-    def apply(self, param, grad, slots):
-        return _minus(param, self.lr, grad)
+    def apply(self, param, grad, slots, out=None):
+        return _minus(param, self.lr, grad, out)
 
 
 class Momentum(Optimizer):
@@ -69,13 +74,13 @@ class Momentum(Optimizer):
     def slots(self, param):
         return {"velocity": np.zeros_like(param)}
 
-    def apply(self, param, grad, slots):
+    def apply(self, param, grad, slots, out=None):
         v = slots["velocity"]
         v *= self.args["momentum"]
         v += grad
         if self.args["nesterov"]:
-            return _minus(param, self.lr, grad + self.args["momentum"] * v)
-        return _minus(param, self.lr, v)
+            return _minus(param, self.lr, grad + self.args["momentum"] * v, out)
+        return _minus(param, self.lr, v, out)
 
 
 class Adam(Optimizer):
@@ -88,7 +93,7 @@ class Adam(Optimizer):
         return {"m": np.zeros_like(param), "v": np.zeros_like(param),
                 "t": np.zeros((), dtype=np.int64)}
 
-    def apply(self, param, grad, slots):
+    def apply(self, param, grad, slots, out=None):
         b1, b2, eps = self.args["beta1"], self.args["beta2"], self.args["eps"]
         slots["t"][...] += 1
         t = int(slots["t"])
@@ -98,7 +103,7 @@ class Adam(Optimizer):
         v *= b2
         v += (1 - b2) * np.square(grad)
         step = self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        return _minus(param, step, m / (np.sqrt(v) + eps))
+        return _minus(param, step, m / (np.sqrt(v) + eps), out)
 
 
 OPTIMIZERS = {cls.name: cls for cls in (SGD, Momentum, Adam)}

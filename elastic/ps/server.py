@@ -27,6 +27,7 @@ import sys
 import threading
 
 from elastic.ps import wire
+from elastic.ps.bulk import BulkServer
 from elastic.ps.checkpoint import load_newest
 from elastic.ps.control import Peers, ShardControl
 from elastic.ps.coordinator import Coordinator
@@ -65,7 +66,11 @@ class ShardServer:
         if settings.index == 0:
             self.coordinator = Coordinator(settings, self.control, self.peers, self._announce)
         self._rpc = RpcServer(SERVICE, secret, settings.bind, max_workers=64)
-        for name in ("Describe", "Create", "Pull", "Push", "WaitStep", "Upload", "Download",
+        self.bulk = None
+        if settings.bulk:
+            self.bulk = BulkServer(secret, settings.bind.rpartition(":")[0].strip("[]") or "127.0.0.1",
+                                   self.staging)
+        for name in ("Hello", "Describe", "Create", "Pull", "Push", "WaitStep", "Upload", "Download",
                      "Release", "RestoreAll", *ShardControl.OPS):
             self._rpc.add_unary(name, getattr(self, "_h_" + name.lower(), None)
                                 or self._control_handler(name))
@@ -83,6 +88,11 @@ class ShardServer:
     def _grads(self, body) -> list:
         _, tensors = wire.decode(body)
         return [(meta["name"], array) for meta, array in tensors]
+
+    def _h_hello(self, request: bytes) -> bytes:
+        parse_request(request, self.settings.index)
+        return frame({"index": self.settings.index,
+                      "bulk_port": self.bulk.port if self.bulk is not None else None})
 
     def _h_describe(self, request: bytes) -> bytes:
         self._parse(request)
@@ -150,6 +160,8 @@ class ShardServer:
     def start(self) -> str:
         """Serve and publish the address. Raises RendezvousError (bind or store)."""
         self.address = self._rpc.start()
+        if self.bulk is not None:
+            self.bulk.start()
         if self.registry is not None:
             self.registry.publish(self.settings.index, self.info())
         return self.address
@@ -205,6 +217,8 @@ class ShardServer:
     def stop(self) -> None:
         self._stop.set()
         self._rpc.stop(grace=0.5)
+        if self.bulk is not None:
+            self.bulk.close()
         for t in self._threads:
             t.join(timeout=5)
         if self.coordinator is not None:
@@ -227,12 +241,15 @@ def parse_args(argv=None) -> ServerSettings:
     p.add_argument("--keep-checkpoints", type=int, default=3)
     p.add_argument("--split-threshold", type=int, default=DEFAULT_SPLIT_THRESHOLD,
                    help="variables above this many bytes are split across shards")
+    p.add_argument("--no-bulk", action="store_true",
+                   help="move large payloads over gRPC only (no bulk TCP port)")
     a = p.parse_args(argv)
     try:
         return ServerSettings(index=a.index, num_shards=a.num_shards, mode=a.mode, bind=a.bind,
                               checkpoint_dir=a.checkpoint_dir,
                               checkpoint_interval=a.checkpoint_interval,
-                              keep_checkpoints=a.keep_checkpoints, split_threshold=a.split_threshold)
+                              keep_checkpoints=a.keep_checkpoints, split_threshold=a.split_threshold,
+                              bulk=not a.no_bulk)
     except PSConfigError as exc:
         p.error(str(exc))
 

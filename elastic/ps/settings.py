@@ -31,6 +31,7 @@ class ClientSettings:
     lanes: int = 4
     connect_timeout: float = 10.0     # connect(): wait for the shards' addresses
     tune_malloc: bool = True          # see elastic/ps/memory.py (process-wide, glibc only)
+    bulk: bool = True                 # chunk bytes over the shards' bulk TCP port (bulk.py)
 
     def __post_init__(self):
         for name in ("retry_deadline", "call_timeout", "sync_timeout", "poll_interval",
@@ -59,6 +60,7 @@ class ServerSettings:
     peer_call_timeout: float = 120.0  # one control call (a snapshot includes writing the file)
     max_wait: float = 2.0             # cap on one long-poll inside the shard
     staging_ttl: float = 300.0        # an abandoned upload/download is dropped after this
+    bulk: bool = True                 # serve chunk bytes on a TCP port too (bulk.py)
 
     def __post_init__(self):
         if self.num_shards < 1 or not 0 <= self.index < self.num_shards:

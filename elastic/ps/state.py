@@ -28,6 +28,7 @@ import numpy as np
 from elastic.ps.checkpoint import SavedVariable, ShardSnapshot
 from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
                                PSUninitializedError)
+from elastic.ps.memory import unshared
 from elastic.ps.optimizers import Optimizer, make_optimizer
 from elastic.ps.partition import Slice
 
@@ -47,10 +48,15 @@ def initial_generation(checkpoint_id: int | None) -> str:
 
 
 class _Var:
-    __slots__ = ("slice", "param", "slots", "optimizer")
+    """One slice. ``param`` is replaced by each update, never written; ``spare`` is the
+    previous array, reused as the next update's output once no pull or checkpoint still
+    reads it (saves faulting in fresh pages every step)."""
+
+    __slots__ = ("slice", "param", "slots", "optimizer", "spare")
 
     def __init__(self, sl: Slice, param: np.ndarray, slots: dict, optimizer: Optimizer):
         self.slice, self.param, self.slots, self.optimizer = sl, param, slots, optimizer
+        self.spare = None
 
 
 @dataclass
@@ -185,7 +191,8 @@ class ShardState:
     def _apply(self, grads: list[tuple[str, np.ndarray]]) -> None:
         for name, grad in grads:
             var = self._vars[name]
-            var.param = var.optimizer.apply(var.param, grad, var.slots)
+            out = var.spare if unshared(var.spare, 1) else None
+            var.spare, var.param = var.param, var.optimizer.apply(var.param, grad, var.slots, out)
         self.step += 1
         self._bump()
         self._cond.notify_all()

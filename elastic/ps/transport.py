@@ -27,12 +27,13 @@ from typing import Callable, Sequence
 import grpc
 
 from elastic.ps.errors import PSTransferError, PSWrongShardError
-from elastic.ps.memory import buffer
+from elastic.ps.memory import BufferPool, buffer
 from rendezvous import auth
 from rendezvous.rpc import UNLIMITED_MESSAGE_OPTIONS, frame, translate_rpc_error, unframe
 
 SERVICE = "elastic.ps.Shard"
-Writer = Callable[[int, memoryview], None]  # (offset in the payload, bytes) -> None
+# (offset, length) in a reply payload -> the destination views for those bytes, in order
+Targets = Callable[[int, int], list]
 
 
 def as_pieces(payload) -> list[memoryview]:
@@ -88,15 +89,39 @@ class Lane:
 
 
 class ShardLink:
-    """Lanes to shard ``index`` at ``address``; ``request`` hides the chunking."""
+    """Lanes to shard ``index`` at ``address``; ``request`` hides the chunking. With
+    ``bulk`` the parts' bytes use the shard's bulk port when it has one (bulk.py)."""
 
     def __init__(self, index: int, address: str, secret: str, lanes: int = 1,
-                 chunk_bytes: int = 4 << 20, pool: Executor | None = None):
+                 chunk_bytes: int = 4 << 20, pool: Executor | None = None, bulk: bool = False,
+                 timeout: float = 30.0):
         self.index = index
         self.address = address
         self.chunk_bytes = chunk_bytes
+        self._secret = secret
         self._lanes = [Lane(address, secret, k) for k in range(lanes)]
         self._pool = pool
+        self._want_bulk = bulk
+        self._timeout = timeout
+        self._bulk = None
+        self._bulk_checked = False
+        self._bulk_lock = threading.Lock()
+
+    def _bulk_client(self):
+        """The shard's bulk plane, asked once per link (``Hello``); None without one."""
+        if not self._want_bulk:
+            return None
+        with self._bulk_lock:
+            if not self._bulk_checked:
+                rh, _ = unframe(self._lanes[0].call("Hello", frame({"shard": self.index}),
+                                                    self._timeout))
+                if rh.get("bulk_port"):
+                    from elastic.ps.bulk import BulkClient
+                    host = self.address.rpartition(":")[0]
+                    self._bulk = BulkClient(f"{host}:{rh['bulk_port']}", self._secret,
+                                            len(self._lanes), self._timeout)
+                self._bulk_checked = True
+            return self._bulk
 
     def _parallel(self, calls: list) -> list:
         """Run the calls over the pool (serially without one); every call finishes
@@ -123,20 +148,24 @@ class ShardLink:
         return run
 
     def request(self, method: str, header: dict, payload=b"", timeout: float = 30.0,
-                sink: Callable[[dict], Writer] | None = None):
+                sink: Callable[[dict], Targets] | None = None):
         """One request; returns ``(reply header, reply payload)``. A staged reply is
-        fetched in parts: into ``sink(reply header)``'s writer when given (the payload
-        returned is then None), else into one bytearray. Raises what ``Lane.call``
-        raises, and PSTransferError when staging failed on the shard."""
+        fetched in parts: into the views ``sink(reply header)`` names when given (the
+        payload returned is then None), else into one buffer. Raises what
+        ``Lane.call`` raises, and PSTransferError when staging failed on the shard."""
         header = {**header, "shard": self.index, "inline_max": self.chunk_bytes}
         pieces = as_pieces(payload)
         size = size_of(pieces)
         if size > self.chunk_bytes:
-            upload, chunk = uuid.uuid4().hex, self.chunk_bytes
-            self._parallel([self._on_lane(k, "Upload", (lambda off=off: frame(
-                {"shard": self.index, "id": upload, "offset": off, "total": size},
-                cut(pieces, off, chunk))), timeout)
-                for k, off in enumerate(range(0, size, chunk))])
+            bulk, upload, chunk = self._bulk_client(), uuid.uuid4().hex, self.chunk_bytes
+
+            def part(k, off):
+                h = {"shard": self.index, "id": upload, "offset": off, "total": size,
+                     "length": min(chunk, size - off)}
+                if bulk is not None:
+                    return lambda: bulk.put(h, cut(pieces, off, chunk))
+                return self._on_lane(k, "Upload", lambda: frame(h, cut(pieces, off, chunk)), timeout)
+            self._parallel([part(k, off) for k, off in enumerate(range(0, size, chunk))])
             header["upload"] = upload
             pieces = []
         reply = self._lanes[0].call(method, frame(header, pieces), timeout)
@@ -145,21 +174,28 @@ class ShardLink:
             return rh, body
         download, total = rh["download"], int(rh["total"])
         if sink is not None:
-            write, result = sink(rh), None
+            targets, result = sink(rh), None
         else:
             result = buffer(total)
 
-            def write(off, data, buf=result):
-                buf[off:off + data.nbytes] = data
-        offsets = range(0, total, self.chunk_bytes)
+            def targets(off, length, buf=result):
+                return [buf[off:off + length]]
+        bulk = self._bulk_client()
 
-        def store(off):
-            return lambda part: write(off, unframe(part)[1])
+        def fetch(k, off):
+            h = {"shard": self.index, "id": download, "offset": off,
+                 "length": min(self.chunk_bytes, total - off)}
+            if bulk is not None:
+                return lambda: bulk.get(h, targets(off, h["length"]))
+
+            def store(part):
+                data, pos = unframe(part)[1], 0
+                for view in targets(off, h["length"]):
+                    view[:] = data[pos:pos + view.nbytes]
+                    pos += view.nbytes
+            return self._on_lane(k, "Download", lambda: frame(h), timeout, store)
         try:
-            self._parallel([self._on_lane(k, "Download", lambda off=off: frame(
-                {"shard": self.index, "id": download, "offset": off,
-                 "length": min(self.chunk_bytes, total - off)}), timeout, store(off))
-                for k, off in enumerate(offsets)])
+            self._parallel([fetch(k, off) for k, off in enumerate(range(0, total, self.chunk_bytes))])
         finally:
             try:
                 self._lanes[0].call("Release", frame({"shard": self.index, "id": download}), timeout)
@@ -170,6 +206,8 @@ class ShardLink:
     def close(self) -> None:
         for lane in self._lanes:
             lane.close()
+        if self._bulk is not None:
+            self._bulk.close()
 
 
 def parse_request(request: bytes, index: int) -> tuple[dict, memoryview]:
@@ -189,6 +227,7 @@ class Staging:
         self._lock = threading.Lock()
         self._uploads: dict[str, list] = {}    # id -> [buffer, {offset: length}, last use]
         self._downloads: dict[str, list] = {}  # id -> [pieces, size, last use]
+        self._pool = BufferPool()
 
     def _expire(self) -> None:
         limit = self._clock() - self._ttl
@@ -196,20 +235,34 @@ class Staging:
             for key in [k for k, v in table.items() if v[-1] < limit]:
                 del table[key]
 
-    def upload_part(self, header: dict, data: memoryview) -> None:
-        """Raises PSTransferError for a part outside the upload."""
-        total, offset = int(header["total"]), int(header["offset"])
-        if offset < 0 or offset + len(data) > total:
-            raise PSTransferError(f"upload part {offset}+{len(data)} outside {total} bytes")
+    def upload_view(self, header: dict) -> memoryview:
+        """Where part ``header`` (id, offset, total) of an upload goes; call
+        ``upload_done`` once it is written. Raises PSTransferError for a part outside
+        the upload."""
+        total, offset, length = int(header["total"]), int(header["offset"]), int(header["length"])
+        if offset < 0 or length < 0 or offset + length > total:
+            raise PSTransferError(f"upload part {offset}+{length} outside {total} bytes")
         with self._lock:
             self._expire()
             entry = self._uploads.get(header["id"])
             if entry is None:
-                entry = self._uploads[header["id"]] = [buffer(total), {}, 0.0]
+                entry = self._uploads[header["id"]] = [self._pool.get(total), {}, 0.0]
+            elif len(entry[0]) != total:
+                raise PSTransferError(f"upload {header['id']} changed its size")
             entry[2] = self._clock()
-        entry[0][offset:offset + len(data)] = data  # parts are disjoint: no lock for the copy
+            return entry[0][offset:offset + length]  # parts are disjoint: written unlocked
+
+    def upload_done(self, header: dict) -> None:
         with self._lock:
-            entry[1][offset] = len(data)
+            entry = self._uploads.get(header["id"])
+            if entry is not None:
+                entry[1][int(header["offset"])] = int(header["length"])
+
+    def upload_part(self, header: dict, data: memoryview) -> None:
+        """One part that came inside a request. Raises PSTransferError."""
+        header = {**header, "length": len(data)}
+        self.upload_view(header)[:] = data
+        self.upload_done(header)
 
     def take_upload(self, upload_id: str) -> memoryview:
         """The whole uploaded payload (removed from staging). Raises PSTransferError when
@@ -230,14 +283,21 @@ class Staging:
             self._downloads[download] = [pieces, size_of(pieces), self._clock()]
         return download
 
-    def download_part(self, header: dict) -> bytes:
-        """Raises PSTransferError for an unknown (expired, released) download."""
+    def download_pieces(self, header: dict) -> list[memoryview]:
+        """The bytes ``[offset, offset + length)`` of download ``id``, uncopied.
+        Raises PSTransferError for an unknown (expired, released) download."""
         with self._lock:
             entry = self._downloads.get(header["id"])
             if entry is None:
                 raise PSTransferError(f"unknown download {header['id']}")
             entry[2] = self._clock()
-        return frame({}, cut(entry[0], int(header["offset"]), int(header["length"])))
+        offset, length = int(header["offset"]), int(header["length"])
+        if offset < 0 or length < 0 or offset + length > entry[1]:
+            raise PSTransferError(f"download part {offset}+{length} outside {entry[1]} bytes")
+        return cut(entry[0], offset, length)
+
+    def download_part(self, header: dict) -> bytes:
+        return frame({}, self.download_pieces(header))
 
     def release(self, download_id: str) -> None:
         with self._lock:
