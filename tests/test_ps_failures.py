@@ -235,3 +235,29 @@ def test_multi_shard_checkpoints_need_the_store(tmp_path):
                           "--num-shards", "2", "--checkpoint-dir", str(tmp_path)],
                          env=environ, cwd=str(ROOT), timeout=60, capture_output=True, text=True)
     assert run.returncode == 2 and "ELASTIC_RENDEZVOUS" in run.stderr
+
+
+def test_grpc_only_transfers_and_bulk_port_refuses_a_wrong_secret(embedded_server, tmp_path):
+    from elastic.ps.bulk import BulkClient
+    from elastic.ps.transport import ShardLink
+    values = np.random.default_rng(1).normal(size=(300, 70))
+    with PSJob(embedded_server, tmp_path, 2).start() as job:
+        # chunked Upload/Download over gRPC (no bulk plane), in many small parts
+        c = job.client(bulk=False, chunk_bytes=16 << 10, lanes=3)
+        c.init({"v": values}, optimizer="sgd", lr=0.5)
+        assert c.push({"v": np.ones_like(values)}) == 1
+        np.testing.assert_array_equal(c.pull()["v"], values - 0.5)
+        # the same through the bulk plane
+        b = job.client(chunk_bytes=16 << 10, lanes=3)
+        np.testing.assert_array_equal(b.pull()["v"], values - 0.5)
+        link = ShardLink(0, job.addresses[0], job.secret)
+        try:
+            port = link.request("Hello", {})[0]["bulk_port"]
+        finally:
+            link.close()
+        intruder = BulkClient(f"127.0.0.1:{port}", "wrong", lanes=1, timeout=5)
+        try:
+            with pytest.raises(RendezvousAuthError):
+                intruder.get({"id": "x", "offset": 0, "length": 1}, [memoryview(bytearray(1))])
+        finally:
+            intruder.close()
