@@ -12,6 +12,9 @@ Commands ({"cmd": ...}):
     allreduce   value, busy_s (pure-Python busy work first) -> "result" {sum} | "raised"
     close_blocked  allreduce that no peer joins; another thread closes the communicator
                 once the call is running -> "raised" {t, type, msg, close_to_raise_s}
+    burst       count, elems: back-to-back allreduces, a barrier, then close -> "burst" {ok}
+    call        what (allreduce/broadcast/allgather/barrier), shape, dtype, op, root
+                -> "result" {shape} | "raised"
     stats       -> "stats" {peer_failures}
     exit        close everything and exit 0
 Asynchronously: "peer_failure" {t, type, msg, rank, direct} from on_peer_failure.
@@ -118,6 +121,35 @@ def main() -> None:
                     emit("raised", **describe(e),
                          close_to_raise_s=time.perf_counter() - closed_at[0])
                 th.join()
+            elif cmd == "burst":
+                # Back-to-back collectives, then close at once: ranks that finish first
+                # close while slower ones still receive their last bytes.
+                ok, err = True, None
+                try:
+                    for i in range(msg["count"]):
+                        n = msg["elems"][i % len(msg["elems"])]
+                        got = comm.allreduce(np.full(n, 1.0, dtype=np.float32))
+                        assert got.size == 0 or got[0] == comm.size
+                    comm.barrier()
+                except Exception as e:   # noqa: BLE001
+                    ok, err = False, f"{type(e).__name__}: {e}"
+                comm.close("burst done")
+                emit("burst", ok=ok, error=err)
+            elif cmd == "call":
+                x = np.ones(msg.get("shape", [3]), dtype=msg.get("dtype", "float32"))
+                what = msg["what"]
+                try:
+                    if what == "allreduce":
+                        got = comm.allreduce(x, op=msg.get("op", "sum"))
+                    elif what == "broadcast":
+                        got = comm.broadcast(x, root=msg.get("root", 0))
+                    elif what == "allgather":
+                        got = comm.allgather(x)
+                    else:
+                        got = comm.barrier()
+                    emit("result", shape=None if got is None else list(got.shape))
+                except Exception as e:   # noqa: BLE001
+                    emit("raised", **describe(e))
             elif cmd == "stats":
                 emit("stats", peer_failures=len(failures))
             elif cmd == "exit":

@@ -141,3 +141,45 @@ def test_rounds_reuse_the_listener_after_a_failure_and_a_join(workers):
     for w in (a, b, d):
         w.send("allreduce", value=1.0)
     assert [w.expect("result")["sum"] for w in (a, b, d)] == [3.0] * 3
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_closing_right_after_the_last_collective_is_not_a_failure(workers, transport):
+    # Ranks that finish first close while the others still read their last bytes: that
+    # must neither fail the others' collectives nor be reported as a lost peer.
+    members = workers.spawn(3)
+    for round_id in (1, 2, 3):
+        workers.form(members, round_id=round_id, transport=transport)
+        for w in members:
+            w.send("burst", count=20, elems=[1, 100_000, 2_000_000, 0])
+        for w in members:
+            ev = w.expect("burst", timeout=60)
+            assert ev["ok"], ev["error"]
+    for w in members:
+        w.send("stats")
+        assert w.expect("stats")["peer_failures"] == 0
+
+
+MISMATCHES = [
+    ("shape", {"what": "allreduce", "shape": [3]}, {"what": "allreduce", "shape": [4]}),
+    ("dtype", {"what": "allreduce", "dtype": "float32"}, {"what": "allreduce", "dtype": "int64"}),
+    ("op", {"what": "allreduce", "op": "sum"}, {"what": "allreduce", "op": "max"}),
+    ("kind", {"what": "allreduce"}, {"what": "broadcast", "root": 1}),
+    ("root", {"what": "broadcast", "root": 0}, {"what": "broadcast", "root": 1}),
+    ("barrier", {"what": "barrier"}, {"what": "allgather"}),
+    ("trailing", {"what": "allgather", "shape": [2, 3]}, {"what": "allgather", "shape": [2, 4]}),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mismatched_collectives_raise_everywhere_instead_of_hanging(workers, transport):
+    members = workers.spawn(2)
+    for round_id, (name, a, b) in enumerate(MISMATCHES, start=1):
+        workers.form(members, round_id=round_id, transport=transport)
+        members[0].send("call", **a)
+        members[1].send("call", **b)
+        for w in members:
+            ev = w.expect("raised", timeout=10)
+            assert ev["type"] == "CollectiveMismatchError", (name, ev)

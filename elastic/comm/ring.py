@@ -755,21 +755,24 @@ class RingCommunicator(Communicator):
 
     def _tcp_broadcast(self, x: Optional[np.ndarray], root: int,
                        hdr: wire.OpHeader) -> np.ndarray:
+        # Every rank, the root included, sends its own header to the right and checks
+        # its left neighbour's, so a rank that runs something else is caught by both of
+        # its neighbours. The root's meta and data then flow round the ring.
         forward = self._right != root
         chunk = self._s.chunk_bytes
-        sendq: deque = deque()
+        sendq: deque = deque([memoryview(hdr.encode())])
         recvq: deque = deque()
+        hdrbuf = bytearray(wire.OP_HEADER_SIZE)
+        recvq.append([memoryview(hdrbuf), partial(self._header_check, hdr, hdrbuf)])
         if self._rank == root:
             out = x.copy()
-            meta = wire.encode_array_meta(out.dtype, out.shape)
-            sendq.append(memoryview(hdr.encode() + meta))
+            sendq.append(memoryview(wire.encode_array_meta(out.dtype, out.shape)))
             ob = out.reshape(-1).view(np.uint8)
             for a, b in layout.chunk_ranges(0, ob.size, chunk):
                 sendq.append(memoryview(ob[a:b]))
             self._pump(sendq, recvq)
             return out
         state: dict[str, Any] = {}
-        hdrbuf = bytearray(wire.OP_HEADER_SIZE)
         lenbuf = bytearray(wire.META_LEN_SIZE)
 
         def got_len() -> None:
@@ -784,13 +787,12 @@ class RingCommunicator(Communicator):
             out = np.empty(shape, dtype=dtype)
             state["out"] = out
             if forward:
-                sendq.append(memoryview(bytes(hdrbuf) + bytes(lenbuf) + bytes(body)))
+                sendq.append(memoryview(bytes(lenbuf) + bytes(body)))
             ob = out.reshape(-1).view(np.uint8)
             for a, b in layout.chunk_ranges(0, ob.size, chunk):
                 v = memoryview(ob[a:b])
                 recvq.append([v, partial(sendq.append, v) if forward else None])
 
-        recvq.append([memoryview(hdrbuf), partial(self._header_check, hdr, hdrbuf)])
         recvq.append([memoryview(lenbuf), got_len])
         self._pump(sendq, recvq)
         return state["out"]
