@@ -88,10 +88,10 @@ def test_sigstop_is_declared_lost_after_peer_timeout(workers, transport):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_slow_but_alive_peer_is_not_declared_lost(workers, transport):
     members = workers.spawn(2)
-    workers.form(members, transport=transport, peer_timeout=0.8)
+    workers.form(members, transport=transport, peer_timeout=1.0)
     members[0].send("allreduce", value=1.0)
     # Rank 1 computes (pure Python, holding the GIL) for 3x the peer timeout first.
-    members[1].send("allreduce", value=2.0, busy_s=2.4)
+    members[1].send("allreduce", value=2.0, busy_s=3.0)
     for w in members:
         ev = w.expect("result", timeout=20)
         assert ev["sum"] == 3.0

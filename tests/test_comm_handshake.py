@@ -242,3 +242,39 @@ def test_settings_and_membership_are_checked(listeners, secret):
     comm.close()
     with pytest.raises(CommunicatorClosedError):
         comm.barrier()
+
+
+def _fds():
+    import os
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _memfd_maps():
+    with open("/proc/self/maps") as f:
+        return sum("elastic-ring" in line for line in f)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_rounds_do_not_leak_sockets_threads_or_mappings(listeners, secret, transport):
+    lsts = listeners(3)
+    settings = CommSettings(connect_timeout=10.0, transport=transport)
+
+    def one_round(round_id):
+        built = Built(lsts, round_id, secret, settings).join()
+        assert not built.errors, built.errors
+        assert allreduce_all(built.comms)[0].tolist() == [6.0] * 3
+        return built
+
+    one_round(1)      # the next round closes it (listener.advance)
+    base_fds, base_maps = _fds(), _memfd_maps()
+    for round_id in range(2, 22):
+        last = one_round(round_id)
+    last.close()
+    # Everything of the closed rounds is gone, including what round 1 held when the
+    # baseline was taken (3 monitors; 4 sockets and a wake pipe each).
+    # (close() joins the monitor thread, so none may be left.)
+    assert not [t for t in threading.enumerate() if t.name.startswith("ring-monitor")]
+    assert _fds() <= base_fds - 3 * 6
+    assert _memfd_maps() < base_maps or transport == "tcp"
+    assert _memfd_maps() == 0
