@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -33,7 +34,19 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--work", type=int, default=30,
                         help="size of a matrix product per step: simulated compute")
+    parser.add_argument("--fail-host", help="with --fail-flag: a worker on this host exits 3 "
+                        "at start while the flag file exists (a broken host)")
+    parser.add_argument("--fail-flag")
+    parser.add_argument("--pause-while", help="before each step, wait while this file exists "
+                        "(a test holds training back without changing its result)")
+    parser.add_argument("--exit-slot", type=int, help="the worker on this slot exits 0 early")
+    parser.add_argument("--exit-at", type=int, default=0, help="... after this many commits")
     args = parser.parse_args()
+    if (args.fail_host and os.environ.get("ELASTIC_HOST") == args.fail_host
+            and os.path.exists(args.fail_flag)):
+        print(f"simulated broken host {args.fail_host}", flush=True)
+        return 3
+    exit_early = args.exit_slot is not None and os.environ.get("ELASTIC_SLOT") == str(args.exit_slot)
     values = np.arange(args.samples, dtype=np.float64)
     work = np.full((args.work, args.work), 1.0 / args.work)
 
@@ -47,6 +60,8 @@ def main() -> int:
         for state.epoch in range(state.epoch, args.epochs):
             sampler.set_epoch(state.epoch)
             for idx in sampler.batches(batch_size=args.batch, start=state.batch):
+                while args.pause_while and os.path.exists(args.pause_while):
+                    time.sleep(0.01)  # simulated slow compute, held by the test
                 np.linalg.matrix_power(work, 8)  # compute that does not touch the result
                 contribution = np.zeros(args.samples + 1)
                 contribution[idx] = 1.0
@@ -59,6 +74,9 @@ def main() -> int:
                 if not state.sizes or state.sizes[-1][0] != elastic.size():
                     state.sizes.append((elastic.size(), state.commits))
                 state.commit()
+                if exit_early and state.commits >= args.exit_at:
+                    print("leaving early with exit status 0", flush=True)
+                    os._exit(0)
                 if elastic.rank() == 0 and state.commits % PROGRESS_EVERY == 0:
                     print(f"progress {state.commits}", flush=True)
             state.batch = 0
