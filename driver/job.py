@@ -30,7 +30,8 @@ from driver.errors import DiscoveryError, DriverError
 from driver.events import EventLog
 from driver.hosts import HostManager, HostSlots
 from driver import events as ev
-from driver.launcher import LaunchSpec, LauncherError, WorkerProcess, get_launcher
+from driver.launcher import (LaunchSpec, LauncherError, WorkerProcess, get_launcher,
+                             ssh_settings_from_env)
 from rendezvous import env, open_store
 from rendezvous.auth import make_secret
 from rendezvous.errors import RendezvousError
@@ -128,7 +129,8 @@ class Job:
         self._threads: list[threading.Thread] = []
         self._ps = None
         self._chaos = None
-        self._launcher = get_launcher(config.launcher)
+        self._launcher = get_launcher(config.launcher,
+                                      ssh_settings=ssh_settings_from_env(os.environ))
         if config.log_dir:
             os.makedirs(config.log_dir, exist_ok=True)
 

@@ -187,6 +187,22 @@ class SSHSettings:
         object.__setattr__(self, "extra_options", tuple(self.extra_options))
 
 
+ENV_SSH_OPTIONS = "ELASTIC_SSH_OPTIONS"
+
+
+def ssh_settings_from_env(environ: Mapping[str, str]) -> SSHSettings:
+    """``SSHSettings`` whose extra options come from ``ELASTIC_SSH_OPTIONS`` (shell words,
+    e.g. ``-p 2222 -i ~/.ssh/cluster -o ProxyJump=gw``): how a user points elastic-run's
+    ssh at their cluster without a flag per ssh option. ~/.ssh/config works as usual.
+    Raises LaunchSpecError when the value does not split into words."""
+    text = environ.get(ENV_SSH_OPTIONS, "")
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise LaunchSpecError(f"{ENV_SSH_OPTIONS}={text!r}: {exc}") from None
+    return SSHSettings(extra_options=words)
+
+
 # ----------------------------------------------------------------------------- pure: ssh
 
 NOT_FORWARDED = (

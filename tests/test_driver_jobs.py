@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.jobs import EXACT_SUM, ROOT, ElasticRun, check_exact_sum, pid_alive, wait_until
+from tests.sshd_fixture import sshd_server  # noqa: F401  (fixture)
 
 SAMPLES = 800
 
@@ -181,3 +182,20 @@ def test_elastic_timeout_when_too_few_slots_remain(tmp_path):
         hosts.write_text("localhost:1\n")
         assert run.wait(timeout=40) == 1
         assert "--elastic-timeout" in run.stderr_tail()
+
+
+@pytest.mark.timeout(90)
+def test_ssh_launcher_runs_a_job_through_a_real_sshd(tmp_path, sshd_server):
+    """Workers started through ssh (a real sshd on loopback) train and finish exactly."""
+    out = tmp_path / "out"
+    out.mkdir()
+    settings = sshd_server.settings()
+    options = ["-p", str(settings.port), "-i", settings.identity_file, "-l", settings.user,
+               *settings.extra_options]
+    import shlex
+    with ElasticRun(["-H", "127.0.0.1:2", "--launcher", "ssh", *workload(out, 10)], tmp_path,
+                    env={"ELASTIC_SSH_OPTIONS": shlex.join(options)}) as run:
+        run.wait_progress(20)
+        run.kill_member(1)  # kills the local ssh client; the remote worker goes with it
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+    check_exact_sum(out, SAMPLES, 10, final_size=2)
