@@ -72,6 +72,8 @@ class CommSettings:
         kernel; None spins only when every local rank can have its own CPU.
     close_grace: seconds a broken connection waits for the peer's reason (an orderly
         close vs a crash) before it is reported as a lost peer.
+    socket_buffer_bytes: SO_SNDBUF/SO_RCVBUF of the data connections; None leaves
+        them to the kernel's autotuning.
     """
 
     connect_timeout: float = 30.0
@@ -82,6 +84,7 @@ class CommSettings:
     shm_piece_bytes: int = 4 << 20
     shm_spin_us: Optional[float] = None
     close_grace: float = 0.2
+    socket_buffer_bytes: Optional[int] = None
 
     def __post_init__(self):
         for name in ("connect_timeout", "peer_timeout", "close_grace"):

@@ -232,6 +232,10 @@ class RingCommunicator(Communicator):
                                 direct=True) from None
         for sock in self._socks:
             sock.setblocking(False)
+        if s.socket_buffer_bytes:
+            for sock in (self._data_left, self._data_right):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_buffer_bytes)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, s.socket_buffer_bytes)
         self._poller = select.poll()
         self._wake_r, self._wake_w = _nonblocking_pipe()
         self._monitor = threading.Thread(target=self._monitor_loop, daemon=True,
