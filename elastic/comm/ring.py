@@ -108,7 +108,9 @@ class RingCommunicator(Communicator):
         self._right = (self._rank + 1) % self._size
         self._on_peer_failure = on_peer_failure
 
-        self._lock = threading.Lock()
+        # Re-entrant: close() may run in a signal handler that interrupted this thread
+        # inside one of the short locked sections.
+        self._lock = threading.RLock()
         self._broken_evt = threading.Event()
         self._error: Optional[tuple[type, str, dict]] = None
         self._in_op = True            # construction counts as an operation
