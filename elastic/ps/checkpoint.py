@@ -9,9 +9,9 @@ Layout under the checkpoint dir::
 
 Every file is written atomically: a temp file in the same directory, fsync, rename,
 fsync of the directory. A shard file is ``MAGIC`` + a ``wire`` message (JSON header +
-raw arrays) + the SHA-256 of everything before it; the manifest records each shard
-file's size and SHA-256 and carries a SHA-256 of its own body. A directory without a
-valid manifest is incomplete and never loaded.
+raw arrays) + the SHA-256 of everything before it (hashed while writing: one pass);
+the manifest records each shard file's size and that SHA-256, and carries a SHA-256
+of its own body. A directory without a valid manifest is incomplete and never loaded.
 
 ``load_newest`` walks checkpoints newest first and takes the first whose manifest and
 *every* file verify, logging a warning that names each file it had to skip. All shards
@@ -126,9 +126,10 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, parts) -> tuple[int, str]:
+def write_atomic(path: str, parts, trailer: bool = False) -> tuple[int, str]:
     """Write the concatenation of ``parts`` to ``path`` atomically (temp file in the same
-    directory, fsync, rename, fsync of the directory); returns (size, sha256 hex)."""
+    directory, fsync, rename, fsync of the directory); returns (size, SHA-256 hex of the
+    parts). With ``trailer`` the raw digest is appended to the file (not hashed)."""
     directory = os.path.dirname(path) or "."
     digest, size = hashlib.sha256(), 0
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
@@ -137,7 +138,10 @@ def write_atomic(path: str, parts) -> tuple[int, str]:
             for part in parts:
                 f.write(part)
                 digest.update(part)
-                size += len(part) if isinstance(part, bytes) else memoryview(part).nbytes
+                size += memoryview(part).nbytes
+            if trailer:
+                f.write(digest.digest())
+                size += DIGEST_BYTES
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -165,12 +169,9 @@ def write_shard(root: str, checkpoint_id: int, index: int, num_shards: int,
     for name, v in snapshot.variables.items():
         tensors.append(({"var": name, "slot": None}, v.param))
         tensors.extend(({"var": name, "slot": s}, a) for s, a in v.slots.items())
-    body = [MAGIC, *wire.encode_parts(header, tensors)]
-    digest = hashlib.sha256()
-    for part in body:
-        digest.update(part)
     name = shard_filename(index, num_shards)
-    size, sha = write_atomic(os.path.join(directory, name), [*body, digest.digest()])
+    size, sha = write_atomic(os.path.join(directory, name),
+                             [MAGIC, *wire.encode_parts(header, tensors)], trailer=True)
     return FileRecord(name, size, sha)
 
 
@@ -205,12 +206,12 @@ def _read_shard_file(path: str, record: FileRecord) -> tuple[dict, list]:
     if len(data) != record.size:
         raise PSCheckpointError(f"{path}: truncated or wrong size: {len(data)} bytes, "
                                 f"manifest says {record.size}")
-    if hashlib.sha256(data).hexdigest() != record.sha256:
-        raise PSCheckpointError(f"{path}: checksum mismatch (corrupted)")
     view = memoryview(data)
-    if bytes(view[:len(MAGIC)]) != MAGIC or \
-            hashlib.sha256(view[:-DIGEST_BYTES]).digest() != bytes(view[-DIGEST_BYTES:]):
-        raise PSCheckpointError(f"{path}: bad magic or trailer checksum")
+    digest = hashlib.sha256(view[:-DIGEST_BYTES]).digest()
+    if digest.hex() != record.sha256 or digest != bytes(view[-DIGEST_BYTES:]):
+        raise PSCheckpointError(f"{path}: checksum mismatch (corrupted)")
+    if bytes(view[:len(MAGIC)]) != MAGIC:
+        raise PSCheckpointError(f"{path}: not a ps checkpoint file")
     try:
         return wire.decode(view[len(MAGIC):-DIGEST_BYTES])
     except Exception as exc:  # a well-checksummed but malformed file: a writer bug

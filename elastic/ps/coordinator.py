@@ -94,6 +94,7 @@ class Coordinator:
         with self._lock:
             checkpoint_id = next_checkpoint_id(s.checkpoint_dir)
             args = {"checkpoint_id": checkpoint_id}
+            started = time.monotonic()
             try:
                 statuses = self._all("Prepare", args)
                 # sync only: async shards restore alone, generations do not matter there
@@ -110,6 +111,7 @@ class Coordinator:
                     if any(st["step"] < target for st in steps):
                         raise PSError(f"shards did not reach step {target} within "
                                       f"{s.align_timeout}s (steps {[st['step'] for st in steps]})")
+                paused = time.monotonic()
                 records = self._all("Snapshot", args)
             except Exception as exc:  # noqa: BLE001 - any failure aborts this checkpoint
                 log.warning("checkpoint %d aborted: %s", checkpoint_id, exc)
@@ -120,9 +122,11 @@ class Coordinator:
                                 time.time())
             write_manifest(s.checkpoint_dir, manifest)
             prune(s.checkpoint_dir, s.keep_checkpoints)
-        log.info("checkpoint %d complete at step %d", checkpoint_id, target)
+        pause_ms, write_ms = 1000 * (paused - started), 1000 * (time.monotonic() - paused)
+        log.info("checkpoint %d complete at step %d (pause %.0f ms, files %.0f ms)", checkpoint_id,
+                 target, pause_ms, write_ms)
         if self.on_checkpoint is not None:
-            self.on_checkpoint(manifest)
+            self.on_checkpoint(manifest, pause_ms, write_ms)
         return manifest
 
     def run(self, stop: threading.Event) -> None:

@@ -11,8 +11,9 @@ complete checkpoint, see coordinator.py), then print one line on stdout::
 
     ELASTIC_PS_READY {"index": I, "address": "HOST:PORT", "num_shards": N, "pid": P}
 
-Shard 0 checkpoints every ``--checkpoint-interval`` seconds and prints
-``ELASTIC_PS_CHECKPOINT {"checkpoint_id": K, "step": S, "dir": DIR}`` for each one.
+Shard 0 checkpoints every ``--checkpoint-interval`` seconds and prints, for each one,
+``ELASTIC_PS_CHECKPOINT {"checkpoint_id": K, "step": S, "dir": DIR, "pause_ms": P,
+"write_ms": W}`` (how long training was paused, and how long the files took).
 A restart with the same arguments is correct: the driver needs nothing else.
 Exit status: 0 after SIGTERM/SIGINT, 2 for bad arguments or a missing secret.
 """
@@ -209,10 +210,11 @@ class ShardServer:
             t.start()
             self._threads.append(t)
 
-    def _announce(self, manifest) -> None:
+    def _announce(self, manifest, pause_ms: float, write_ms: float) -> None:
         print(f"{CHECKPOINT_PREFIX} " + json.dumps(
             {"checkpoint_id": manifest.checkpoint_id, "step": manifest.step,
-             "dir": self.settings.checkpoint_dir}), flush=True)
+             "dir": self.settings.checkpoint_dir, "pause_ms": round(pause_ms, 1),
+             "write_ms": round(write_ms, 1)}), flush=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -223,6 +225,7 @@ class ShardServer:
             t.join(timeout=5)
         if self.coordinator is not None:
             self.coordinator.close()
+        self.control.close()
         if self.peers is not None:
             self.peers.close()
         if self.registry is not None:
