@@ -720,8 +720,10 @@ class RingCommunicator(Communicator):
         n, r = self._size, self._rank
         item = x.dtype.itemsize
         fn = layout.reducer(op)
-        np.copyto(out, x)
+        # No copy of x into out first: every segment of out is written exactly once,
+        # by the reduce-scatter (x's part + what arrives) or by the allgather.
         outb = out.view(np.uint8)
+        xb = x.view(np.uint8)
         segs = layout.ring_segments(x.size, n)
         sub = layout.elems_per_chunk(self._s.chunk_bytes, item)
         biggest = max(b - a for a, b in segs)
@@ -736,11 +738,11 @@ class RingCommunicator(Communicator):
         hdrbuf = bytearray(wire.OP_HEADER_SIZE)
         recvq.append([memoryview(hdrbuf), partial(self._header_check, hdr, hdrbuf)])
         for a, b in layout.chunk_ranges(*segs[r], sub):
-            sendq.append(view(a, b))
+            sendq.append(memoryview(xb[a * item:b * item]))
 
         def reduced(a: int, b: int, last: bool) -> None:
             part = out[a:b]
-            fn(part, tmp[:b - a], out=part)
+            fn(x[a:b], tmp[:b - a], out=part)
             if last and op == "average":
                 layout.finish_average(part, n)
             # Step s+1 of the reduce-scatter (or step 0 of the allgather) sends this.
