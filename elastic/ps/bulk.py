@@ -28,6 +28,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 
 from elastic.ps.errors import PSTransferError
 from rendezvous import auth
@@ -39,6 +40,10 @@ MAGIC = b"EPSBULK1"
 _SHARD, _CLIENT = b"ps-bulk-shard", b"ps-bulk-client"
 _LEN = struct.Struct("!I")
 _MAX_HEADER = 1 << 20
+# A connection idle this long is closed by the shard (a client that vanished without
+# closing it would otherwise hold a thread forever); clients drop theirs earlier.
+SERVER_IDLE = 600.0
+CLIENT_IDLE = 300.0
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
@@ -112,7 +117,7 @@ class BulkServer:
                 log.warning("bulk connection refused: wrong or missing job secret")
                 return
             while not self._closed.is_set():
-                conn.settimeout(None)  # idle between requests: the client owns the pace
+                conn.settimeout(SERVER_IDLE)  # between requests
                 header = _recv_json(conn)
                 conn.settimeout(self._io_timeout)
                 self._one(conn, header)
@@ -199,10 +204,15 @@ class BulkClient:
             raise RendezvousConnectionError(f"no free bulk connection to {self.address}")
         sock = None
         try:
-            try:
-                sock = self._idle.get_nowait()
-            except queue.Empty:
-                sock = self._connect()
+            while sock is None:
+                try:
+                    sock, last_used = self._idle.get_nowait()
+                except queue.Empty:
+                    sock = self._connect()
+                    break
+                if time.monotonic() - last_used > CLIENT_IDLE:  # the shard may have closed it
+                    self._drop(sock)
+                    sock = None
             try:
                 sock.settimeout(self._timeout)
                 _send_json(sock, header)
@@ -222,7 +232,7 @@ class BulkClient:
                 self._drop(sock)  # the stream may be mid-message: never reuse it
                 sock = None
                 raise
-            self._idle.put(sock)
+            self._idle.put((sock, time.monotonic()))
             sock = None
         finally:
             self._slots.release()

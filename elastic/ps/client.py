@@ -268,8 +268,11 @@ class PSClient:
                 i, lambda: self._pull_one(i, on_shard[i], out)), sorted(on_shard))
             gens = {h.get("generation") for h in replies.values()}
             # sync: every slice must come from one history (a rollback may be under way)
-            if self._mode != "sync" or len(gens) <= 1 or time.monotonic() > deadline:
+            if self._mode != "sync" or len(gens) <= 1:
                 break
+            if time.monotonic() > deadline:
+                raise PSUnavailableError(f"the ps shards stayed in different generations {sorted(gens)} "
+                                         f"for {self.settings.retry_deadline:.0f}s (a rollback did not finish)")
             time.sleep(delay)
             delay = min(delay * 2, self.settings.backoff_max)
         with self._lock:

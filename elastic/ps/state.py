@@ -147,10 +147,10 @@ class ShardState:
                 if value.shape != sl.shape:
                     raise PSShapeError(f"{sl.name!r}: value shape {value.shape} != slice {sl.shape}")
                 have = self._vars.get(sl.name)
-                if have is not None and (have.slice.full_shape, have.slice.start, have.slice.stop) \
-                        != (sl.full_shape, sl.start, sl.stop):
-                    raise PSShapeError(f"variable {sl.name!r} exists with shape "
-                                       f"{have.slice.full_shape}, not {sl.full_shape}")
+                if have is not None and (have.slice.full_shape, have.slice.start, have.slice.stop,
+                                         have.slice.dtype) != (sl.full_shape, sl.start, sl.stop, sl.dtype):
+                    raise PSShapeError(f"variable {sl.name!r} exists as {have.slice.dtype} "
+                                       f"{have.slice.full_shape}, not {sl.dtype} {sl.full_shape}")
             new = [(sl, v) for sl, v in entries if sl.name not in self._vars]
             if not new:
                 return []
