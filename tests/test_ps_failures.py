@@ -61,7 +61,7 @@ def test_shard_killed_mid_run_in_sync_mode_rolls_every_shard_back(embedded_serve
     assert [s["step"] for s in statuses] == [steps, steps]
     # shard 0 rolled every shard back to one checkpoint, under a new generation
     assert statuses[0]["generation"] == statuses[1]["generation"]
-    assert "-" in statuses[0]["generation"] and "rolled back to checkpoint" in log0
+    assert "-" in statuses[0]["generation"] and "restored checkpoint" in log0
 
 
 def test_shard_killed_mid_run_in_async_mode_is_a_pause(embedded_server, tmp_path):

@@ -461,8 +461,9 @@ def _runtime_hooks(fallback_source, fallback_newer):
 
     def round_source():
         rt = runtime()
-        if rt is not None:
-            return rt.plan.round_id, rt.plan.size, rt.member.rank
+        member = rt.member if rt is not None else None
+        if member is not None:
+            return rt.plan.round_id, rt.plan.size, member.rank
         return fallback_source() if fallback_source else None
 
     def newer_round(round_id: int) -> bool:

@@ -86,7 +86,7 @@ class ShardControl:
                 snap = read_checkpoint(s.checkpoint_dir, int(checkpoint_id)).shard_snapshot(
                     s.index, s.num_shards, s.split_threshold)
             self.state.load(snap, checkpoint_id, generation)
-            log.info("shard %d: rolled back to %s at step %d (generation %s)", s.index,
+            log.info("shard %d: restored %s, step %d (generation %s)", s.index,
                      f"checkpoint {checkpoint_id}" if checkpoint_id else "the empty start",
                      self.state.step, generation)
         return self.state.status()
