@@ -36,6 +36,17 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
         time.sleep(interval)  # polling a condition with a deadline
 
 
+def hosts_file_discovery(workdir: Path, hosts: str) -> tuple[Path, Path]:
+    """A discovery script that prints a hosts file, and that file (holding ``hosts``):
+    a test changes the job's hosts by rewriting the file."""
+    hosts_file = Path(workdir) / "hosts.txt"
+    hosts_file.write_text(hosts)
+    script = Path(workdir) / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    script.chmod(0o755)
+    return script, hosts_file
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

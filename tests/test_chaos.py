@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from tests.jobs import EXACT_SUM, ElasticRun, check_exact_sum
+from tests.jobs import EXACT_SUM, ElasticRun, check_exact_sum, hosts_file_discovery
 
 pytestmark = pytest.mark.chaos
 
@@ -94,11 +94,7 @@ def test_etcd_killed_and_restarted_mid_run(tmp_path, etcd_single):
 def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_args):
     out = tmp_path / "out"
     out.mkdir()
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:2\n")
     with ElasticRun(["--min-np", "1", "-np", "2", "--host-discovery-script", str(script),
                      "--discovery-interval", "0.2", "--launcher", "local", *store_args,
                      *workload(out, epochs=15)], tmp_path) as run:

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.jobs import ElasticRun, check_exact_sum
+from tests.jobs import ElasticRun, check_exact_sum, hosts_file_discovery
 from tests.test_chaos import SAMPLES, workload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.long]
@@ -21,11 +21,7 @@ def test_long_chaos_with_changing_hosts(tmp_path, store_args, seed):
     rng = random.Random(seed)
     out = tmp_path / "out"
     out.mkdir()
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:3\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:3\n")
     layouts = ["localhost:3\n", "localhost:2\n127.0.0.1:2\n", "127.0.0.1:2\n", "localhost:4\n"]
     with ElasticRun(["--min-np", "2", "-np", "3", "--max-np", "4", "--host-discovery-script",
                      str(script), "--discovery-interval", "0.2", "--launcher", "local",

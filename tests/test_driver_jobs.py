@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.jobs import EXACT_SUM, ROOT, ElasticRun, check_exact_sum, pid_alive, wait_until
+from tests.jobs import (EXACT_SUM, ROOT, ElasticRun, check_exact_sum, hosts_file_discovery,
+                        pid_alive, wait_until)
 from tests.sshd_fixture import sshd_server  # noqa: F401  (fixture)
 
 SAMPLES = 800
@@ -170,11 +171,7 @@ def test_reset_limit_ends_the_job_with_a_reason(tmp_path):
 def test_elastic_timeout_when_too_few_slots_remain(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:2\n")
     with ElasticRun(["-np", "2", "--min-np", "2", "--host-discovery-script", str(script),
                      "--discovery-interval", "0.2", "--elastic-timeout", "2",
                      *workload(out, 200)], tmp_path) as run:
