@@ -137,7 +137,7 @@ class Shards:
     """Shard processes started as the driver starts them."""
 
     def __init__(self, count: int, secret: str, mode: str = "async", checkpoint_dir=None,
-                 interval: float = 30.0, store=None, job_id: str = "bench"):
+                 interval: float = 30.0, store=None, job_id: str = "bench", bulk: bool = True):
         self.procs, self.addresses = [], []
         environ = {**os.environ, env.ENV_SECRET: secret, "PYTHONPATH": ROOT}
         if store is not None:
@@ -145,6 +145,8 @@ class Shards:
         for i in range(count):
             argv = [sys.executable, "-m", "elastic.ps.server", "--index", str(i),
                     "--num-shards", str(count), "--mode", mode]
+            if not bulk:
+                argv.append("--no-bulk")
             if checkpoint_dir:
                 argv += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-interval", str(interval)]
             err = open(os.environ["PS_BENCH_SHARD_LOG"] + f".{job_id}.{i}", "ab") \
@@ -195,16 +197,16 @@ def ps_step(client, grads) -> float:
 
 
 # ---------------------------------------------------------------- measurements
-def throughput(size_mib: int, shards: int, reps: int, tmp: str) -> dict:
+def throughput(size_mib: int, shards: int, reps: int, tmp: str, bulk: bool = True) -> dict:
     secret = auth.make_secret()
     params = model(size_mib)
     grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
     total = nbytes(params)
     flat = np.concatenate([g.reshape(-1).view(np.uint8) for g in grads.values()])
     shares = [memoryview(part) for part in np.array_split(flat, shards)]
-    servers = Shards(shards, secret)
+    servers = Shards(shards, secret, bulk=bulk)
     raw = RawPeers(shards, tmp)
-    client = PSClient(servers.addresses, secret)
+    client = PSClient(servers.addresses, secret, ClientSettings(bulk=bulk))
     try:
         client.init(params, optimizer="sgd", lr=0.01)
         for _ in range(2):  # warm-up: connections, allocations
@@ -221,6 +223,7 @@ def throughput(size_mib: int, shards: int, reps: int, tmp: str) -> dict:
     ps_s, raw_s = statistics.median(ps_times), statistics.median(raw_times)
     moved = 2 * total / 1e6
     return {"bench": "ps_throughput", "model_mib": size_mib, "shards": shards, "reps": reps,
+            "transport": "grpc+bulk" if bulk else "grpc",
             "ps_step_s": round(ps_s, 4), "raw_round_trip_s": round(raw_s, 4),
             "ps_mb_s": round(moved / ps_s, 1), "raw_mb_s": round(moved / raw_s, 1),
             "ratio": round(raw_s / ps_s, 3)}
@@ -286,6 +289,8 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt-shards", type=int, default=2)
     p.add_argument("--ckpt-intervals", type=float, nargs="+", default=[10.0, 2.0])
     p.add_argument("--ckpt-seconds", type=float, default=60.0, help="training time per interval")
+    p.add_argument("--no-bulk", action="store_true",
+                   help="throughput with every byte over gRPC (no bulk TCP plane)")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-checkpoint", action="store_true")
     args = p.parse_args(argv)
@@ -296,7 +301,8 @@ def main(argv=None) -> int:
         if not args.skip_throughput:
             for size in args.sizes:
                 for shards in args.shards:
-                    print(json.dumps(throughput(size, shards, args.reps, tmp)), flush=True)
+                    print(json.dumps(throughput(size, shards, args.reps, tmp, not args.no_bulk)),
+                          flush=True)
         if not args.skip_checkpoint:
             for interval in args.ckpt_intervals:
                 print(json.dumps(checkpoint_overhead(args.ckpt_size, args.ckpt_shards, interval,
