@@ -1,0 +1,504 @@
+"""Recovery time after a worker's SIGKILL: ours (elastic-run) side by side with torchrun.
+
+A job runs a training loop that logs the wall-clock time of every commit
+(``workloads/steps.py`` for ours, ``workloads/torch_steps.py`` for torchrun). Once the
+world is steady (all N workers in one round, each with ``--settle-steps`` commits in
+it), the benchmark SIGKILLs a random member of the current round, waits for recovery,
+and repeats ``--kills`` times; then it ends the job through a stop file (all workers
+leave on the same step) and reaps every process.
+
+Definition (``recovery_s``, the samples; t0 = ``time.time()`` just before ``kill``):
+
+* ``min-np`` (ours, ``elastic-run -np N --min-np 2``; ``--min-np 1`` for N=2): the time
+  until every survivor has committed a step in a round newer than the one the victim
+  was killed in. Survivors go on without waiting for the replacement (the driver
+  still starts one; the benchmark waits for it to join before the next kill, so
+  every kill hits a world of N).
+* ``replace`` (ours, plain ``elastic-run -np N``): the world waits for the replacement
+  worker (a fresh process), so the time is until every member of the first round
+  formed after the kill has committed a step in it (the re-formed world's first commit).
+* ``torchrun-restart`` (``torchrun --nnodes=1:1 --nproc-per-node=N --max-restarts=K
+  --rdzv-backend=c10d``, run as ``python -m torch.distributed.run``): the agent stops
+  the whole group and starts N fresh processes that resume from the checkpoint; the
+  time is until each rank of the restarted group has committed a step.
+
+A commit "in round R" is one the worker logged while its communicator belonged to
+round R (ours) or restart number R (torchrun), so a step that completes in the old
+round after the kill does not count as recovery.
+
+Also reported, as medians over the same kills: ours ``failure_seen_s`` (kill to the
+driver's ``worker_failed`` event) and ``round_formed_s`` (kill to the ``round_formed``
+event of the next round), and in ``replace`` mode the replacement's start:
+``replacement_spawned_s`` (kill to the driver's ``worker_started``), ``..._start_s``
+(its interpreter reached the script), ``..._init_s`` (numpy and elastic imported,
+calling ``elastic.init()``), ``..._joined_s`` (``init()`` returned); torchrun
+``restarted_s`` (kill to the last new worker process running the script),
+``imported_s`` (... with torch imported, model and optimizer built) and ``ready_s``
+(... with its gloo group up and the checkpoint loaded).
+
+One JSON line per configuration on stdout (nothing else):
+    {"bench": "recovery", "system": "ours"|"torchrun", "mode": "min-np"|"replace"|
+     "torchrun-restart", "workers", "kills", "definition", "median_s", "p90_s", "max_s",
+     "samples", ...phase medians..., "job_exit", "load_avg"[, "error"]}
+
+    python benchmarks/recovery_bench.py [--kills 5] [--workers 2 4] [--systems ours torchrun]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.jobs import ElasticRun, pid_alive  # noqa: E402
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+STEPS = WORKLOADS / "steps.py"
+TORCH_STEPS = WORKLOADS / "torch_steps.py"
+
+#: every wait has a deadline: a recovery (torchrun restarts N processes importing
+#: torch on a loaded 2-core machine) and reaching a steady world again
+RECOVERY_DEADLINE = 120.0
+STEADY_DEADLINE = 120.0
+FINISH_DEADLINE = 60.0
+POLL = 0.01
+
+#: the same thread settings for both systems (torchrun sets OMP_NUM_THREADS=1 itself
+#: for several workers per node); more BLAS threads than cores only adds noise here
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+DEFINITIONS = {
+    "min-np": "SIGKILL -> every survivor has committed a step in a round newer than the "
+              "kill round",
+    "replace": "SIGKILL -> every member of the first round formed after the kill "
+               "(survivors + the fresh replacement) has committed a step in it",
+    "torchrun-restart": "SIGKILL -> every rank of the restarted worker group has committed "
+                        "a step (resumed from the per-step checkpoint)",
+}
+
+
+class BenchTimeout(Exception):
+    pass
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll ``predicate`` until it returns something true (returned); BenchTimeout after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise BenchTimeout(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(POLL)  # the logs are files: polling them is the simplest correct way
+
+
+def quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def summary(samples: list[float]) -> dict:
+    if not samples:
+        return {"median_s": None, "p90_s": None, "max_s": None, "samples": []}
+    return {"median_s": round(statistics.median(samples), 4),
+            "p90_s": round(quantile(samples, 0.9), 4), "max_s": round(max(samples), 4),
+            "samples": [round(s, 4) for s in samples]}
+
+
+def median_or_none(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 4) if xs else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal ``pid``'s process group when it leads one (workers of both systems run in
+    their own session), else the process alone; nothing if it is gone."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class CommitLog:
+    """Follows the ``*.commits`` files the workloads write in one directory.
+
+    ``poll()`` reads what was appended since the last call (whole lines only: a line a
+    SIGKILLed worker tore is left unread). Records are kept per file stem (the worker
+    id for ours, ``torch-g<restart>-rank<r>`` for torchrun)."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._offsets: dict[str, int] = {}
+        self.records: dict[str, list[dict]] = defaultdict(list)
+        self.max_round = 0
+
+    def poll(self) -> "CommitLog":
+        for path in glob.glob(str(self.directory / "*.commits")):
+            key = Path(path).stem
+            offset = self._offsets.get(key, 0)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                self.records[key].append(rec)
+                if rec["ev"] == "commit":
+                    self.max_round = max(self.max_round, rec["round"])
+            self._offsets[key] = offset + end
+        return self
+
+    def commits(self, key: str):
+        return (r for r in self.records.get(key, ()) if r["ev"] == "commit")
+
+    def count_in_round(self, key: str, round_id: int) -> int:
+        return sum(1 for r in self.commits(key) if r["round"] == round_id)
+
+    def first_commit_after(self, key: str, round_id: int, t0: float, size: int | None = None):
+        """The time of ``key``'s first commit in a round newer than ``round_id`` logged
+        after ``t0`` (and, if given, in a round of ``size``); None if none yet."""
+        for r in self.commits(key):
+            if r["round"] > round_id and r["t"] >= t0 and (size is None or r["size"] == size):
+                return r["t"]
+        return None
+
+    def event(self, key: str, ev: str):
+        return next((r for r in self.records.get(key, ()) if r["ev"] == ev), None)
+
+
+# --------------------------------------------------------------------------- ours
+
+#: the phases of a fresh worker's start, in order (``workloads/steps.py`` records them)
+FRESH_PHASES = ("spawned", "start", "init", "joined")
+
+
+def fresh_worker_phases(job: "OursJob", workers, t0: float) -> dict:
+    """For the fresh ``workers`` of a re-formed round: seconds from ``t0`` until the last
+    of them reached each phase: ``spawned`` (the driver's worker_started event),
+    ``start`` (its interpreter reached the script), ``init`` (numpy and elastic imported,
+    about to call ``elastic.init()``), ``joined`` (``init()`` returned: registered, in a
+    round, ring connected). None for a phase not seen."""
+    job.log.poll()
+    started = {e["worker"]: e["t"] for e in job.run.events("worker_started")}
+    phases = {}
+    for phase in FRESH_PHASES:
+        if phase == "spawned":
+            times = [started.get(w) for w in workers]
+        else:
+            times = [(job.log.event(w, phase) or {}).get("t") for w in workers]
+        phases[phase] = None if not times or None in times else max(times) - t0
+    return phases
+
+
+def phase_medians(rows: list[dict], prefix: str) -> dict:
+    """{prefix + phase + "_s": median over the rows} for the phases in ``rows``."""
+    return {f"{prefix}{phase}_s": median_or_none([r.get(phase) for r in rows])
+            for phase in FRESH_PHASES} if rows else {}
+
+class OursJob:
+    """``elastic-run`` running ``workloads/steps.py`` (through ``tests.jobs.ElasticRun``:
+    its own process group, events file, and a ``stop()`` that reaps every worker)."""
+
+    def __init__(self, args: list[str], workdir: Path, work: int):
+        self.out = workdir / "out"
+        self.out.mkdir(parents=True)
+        self.log = CommitLog(self.out)
+        command = [sys.executable, str(STEPS), str(self.out), "--work", str(work)]
+        self.run = ElasticRun([*args, *command], workdir, env=THREAD_ENV)
+
+    def start(self) -> "OursJob":
+        self.run.start()
+        return self
+
+    def rounds(self) -> list[dict]:
+        return self.run.events("round_formed")
+
+    def current_round(self):
+        rounds = self.rounds()
+        return rounds[-1] if rounds else None
+
+    def check_running(self) -> None:
+        """BenchTimeout at once if elastic-run ended: no point waiting out a deadline."""
+        if self.run.proc.poll() is not None:
+            raise BenchTimeout(f"elastic-run exited with {self.run.proc.returncode}: "
+                               + self.run.stderr_tail(5))
+
+    def steady(self, size: int, settle: int):
+        """The current round event when it has ``size`` members, each with ``settle``
+        commits in it and nobody in a newer round; else None."""
+        self.check_running()
+        current = self.current_round()
+        self.log.poll()
+        if current is None or current["size"] != size or self.log.max_round > current["round"]:
+            return None
+        if all(self.log.count_in_round(m, current["round"]) >= settle for m in current["members"]):
+            return current
+        return None
+
+    def finish(self) -> int | None:
+        """End the job through the stop file; its exit status (None if it had to be
+        stopped by signals)."""
+        (self.out / "stop").touch()
+        try:
+            return self.run.wait(timeout=FINISH_DEADLINE)
+        except AssertionError:
+            return None
+
+    def stop(self) -> None:
+        self.run.stop()
+        # stop() covers the workers the events file names; a worker that started but
+        # whose event line was never written cannot exist (the event follows the spawn
+        # in the same thread), but the workloads' own start records are checked too.
+        self.log.poll()
+        for key in list(self.log.records):
+            start = self.log.event(key, "start")
+            if start and pid_alive(start["pid"]):
+                kill_group(start["pid"])
+
+
+def ours_config(mode: str, workers: int, kills: int, settle: int, work: int,
+                rng: random.Random, tmp: Path) -> dict:
+    args = ["-np", str(workers)]
+    if mode == "min-np":
+        args += ["--min-np", str(2 if workers > 2 else 1)]
+    job = OursJob(args, tmp / f"ours-{mode}-{workers}", work)
+    samples, seen, formed, fresh = [], [], [], []
+    result = {"bench": "recovery", "system": "ours", "mode": mode, "workers": workers,
+              "elastic_run_args": args, "definition": DEFINITIONS[mode]}
+    try:
+        job.start()
+        for _ in range(kills):
+            current = wait_for(lambda: job.steady(workers, settle), STEADY_DEADLINE,
+                               f"a steady round of {workers}")
+            round_id, members = current["round"], current["members"]
+            victim = rng.choice(members)
+            pid = job.run.worker_pids()[victim]
+            survivors = [m for m in members if m != victim]
+            t0 = time.time()
+            os.kill(pid, signal.SIGKILL)
+
+            def recovered():
+                job.check_running()
+                job.log.poll()
+                if mode == "min-np":
+                    waited = survivors
+                else:
+                    nxt = next((r for r in job.rounds() if r["round"] > round_id), None)
+                    if nxt is None:
+                        return None
+                    waited = nxt["members"]
+                times = [job.log.first_commit_after(m, round_id, t0) for m in waited]
+                return None if None in times else max(times)
+
+            done = wait_for(recovered, RECOVERY_DEADLINE, f"recovery from killing {victim}")
+            samples.append(done - t0)
+            failed = next((e for e in job.run.events("worker_failed")
+                           if e["worker"] == victim), None)
+            seen.append(failed["t"] - t0 if failed else None)
+            nxt = next((r for r in job.rounds() if r["round"] > round_id), None)
+            formed.append(nxt["t"] - t0 if nxt else None)
+            if mode == "replace" and nxt:
+                fresh.append(fresh_worker_phases(job, set(nxt["members"]) - set(members), t0))
+        result["job_exit"] = job.finish()
+    except BenchTimeout as exc:
+        result["error"] = str(exc)
+    finally:
+        job.stop()
+    result.update(kills=len(samples), **summary(samples),
+                  failure_seen_s=median_or_none(seen), round_formed_s=median_or_none(formed),
+                  **phase_medians(fresh, "replacement_"), load_avg=round(os.getloadavg()[0], 2))
+    return result
+
+
+# --------------------------------------------------------------------------- torchrun
+
+class TorchrunJob:
+    """``torchrun`` (``python -m torch.distributed.run``) running ``workloads/torch_steps.py``
+    in its own process group; its workers run in sessions of their own (torch's
+    subprocess handler), so ``stop()`` also signals each worker the logs name."""
+
+    def __init__(self, workers: int, max_restarts: int, workdir: Path, work: int):
+        self.workers = workers
+        self.workdir = workdir
+        self.out = workdir / "out"
+        self.out.mkdir(parents=True)
+        self.log = CommitLog(self.out)
+        self.argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:1",
+                     f"--nproc-per-node={workers}", f"--max-restarts={max_restarts}",
+                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                     str(TORCH_STEPS), str(self.out), "--work", str(work)]
+        # Without it a restarted gloo group on one node reads the dead workers'
+        # addresses from the agent's shared store and usually hangs (pytorch #135712).
+        self.env = {**os.environ, **THREAD_ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "TorchrunJob":
+        self._out = open(self.workdir / "stdout.log", "w")
+        self._err = open(self.workdir / "stderr.log", "w")
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._out,
+                                     stderr=self._err, start_new_session=True)
+        return self
+
+    def group_members(self, group: int) -> dict[int, dict]:
+        """rank -> start record of the workers of restart number ``group``."""
+        members = {}
+        for key, recs in self.log.records.items():
+            start = next((r for r in recs if r["ev"] == "start"), None)
+            if start and start["round"] == group:
+                members[start["rank"]] = {"key": key, **start}
+        return members
+
+    def stderr_tail(self, lines: int = 5) -> str:
+        try:
+            return "\n".join((self.workdir / "stderr.log").read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def check_running(self) -> None:
+        if self.proc.poll() is not None:
+            raise BenchTimeout(f"torchrun exited with {self.proc.returncode}: "
+                               + self.stderr_tail())
+
+    def steady(self, settle: int):
+        self.check_running()
+        self.log.poll()
+        group = self.log.max_round
+        members = self.group_members(group)
+        if len(members) != self.workers:
+            return None
+        if all(self.log.count_in_round(m["key"], group) >= settle for m in members.values()):
+            return group, members
+        return None
+
+    def finish(self) -> int | None:
+        (self.out / "stop").touch()
+        try:
+            return self.proc.wait(timeout=FINISH_DEADLINE)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # SIGTERM first: the agent then stops its workers itself.
+            kill_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.log.poll()
+        for key in list(self.log.records):
+            start = self.log.event(key, "start")
+            if start and pid_alive(start["pid"]):
+                kill_group(start["pid"])
+        for f in (getattr(self, "_out", None), getattr(self, "_err", None)):
+            if f is not None:
+                f.close()
+
+
+def torchrun_config(workers: int, kills: int, settle: int, work: int, rng: random.Random,
+                    tmp: Path) -> dict:
+    job = TorchrunJob(workers, kills + 2, tmp / f"torchrun-{workers}", work)
+    samples, restarted, imported, ready = [], [], [], []
+    result = {"bench": "recovery", "system": "torchrun", "mode": "torchrun-restart",
+              "workers": workers, "max_restarts": kills + 2,
+              "definition": DEFINITIONS["torchrun-restart"]}
+    try:
+        job.start()
+        for _ in range(kills):
+            group, members = wait_for(lambda: job.steady(settle), STEADY_DEADLINE,
+                                      f"a steady torchrun group of {workers}")
+            victim = members[rng.randrange(workers)]
+            t0 = time.time()
+            os.kill(victim["pid"], signal.SIGKILL)
+
+            def recovered():
+                job.check_running()
+                job.log.poll()
+                nxt = job.group_members(group + 1)
+                if len(nxt) != workers:
+                    return None
+                times = [job.log.first_commit_after(m["key"], group, t0) for m in nxt.values()]
+                return None if None in times else (max(times), nxt)
+
+            done, nxt = wait_for(recovered, RECOVERY_DEADLINE,
+                                 f"torchrun recovery from killing rank {victim['rank']}")
+            samples.append(done - t0)
+            restarted.append(max(m["t"] for m in nxt.values()) - t0)
+            for phase, out in (("imported", imported), ("ready", ready)):
+                recs = [job.log.event(m["key"], phase) for m in nxt.values()]
+                out.append(max(r["t"] for r in recs) - t0 if all(recs) else None)
+        result["job_exit"] = job.finish()
+    except BenchTimeout as exc:
+        result["error"] = str(exc)
+    finally:
+        job.stop()
+    result.update(kills=len(samples), **summary(samples), restarted_s=median_or_none(restarted),
+                  imported_s=median_or_none(imported), ready_s=median_or_none(ready),
+                  load_avg=round(os.getloadavg()[0], 2))
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kills", type=int, default=5, help="SIGKILLs per configuration")
+    ap.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--systems", nargs="+", default=["ours", "torchrun"],
+                    choices=["ours", "torchrun"])
+    ap.add_argument("--modes", nargs="+", default=["min-np", "replace"],
+                    choices=["min-np", "replace"], help="ours' configurations")
+    ap.add_argument("--settle-steps", type=int, default=20,
+                    help="commits every member makes in a round before the next kill")
+    ap.add_argument("--work", type=int, default=160,
+                    help="side of the matrix product each step computes")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the jobs' logs (path on stderr)")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
+    try:
+        for workers in args.workers:
+            if "ours" in args.systems:
+                for mode in args.modes:
+                    print(json.dumps(ours_config(mode, workers, args.kills, args.settle_steps,
+                                                 args.work, rng, tmp)), flush=True)
+            if "torchrun" in args.systems:
+                print(json.dumps(torchrun_config(workers, args.kills, args.settle_steps,
+                                                 args.work, rng, tmp)), flush=True)
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
