@@ -384,8 +384,12 @@ class PSClient:
         stop = threading.Event()
 
         def one(i):
-            method = "Push"
+            method, next_note = "Push", time.monotonic() + 10.0
             while not stop.is_set():
+                if i == 0 and time.monotonic() > next_note:
+                    log.info("sync step %d of round %d (rank %d of %d): still waiting for the "
+                             "other workers' gradients", step, round_id, rank, size)
+                    next_note = time.monotonic() + 30.0
                 if self._round_moved(round_id):
                     stop.set()
                     raise PSRoundChangedError(f"a round after {round_id} was published; "

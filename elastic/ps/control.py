@@ -125,8 +125,9 @@ class Peers:
         """``op`` on shard ``index``, retrying unreachable/not-ready for ``retry_for``
         seconds (0: one attempt). Raises PSUnavailableError past that, or the shard's
         own typed error."""
-        deadline = time.monotonic() + retry_for
-        delay, refresh, last = 0.02, False, None
+        started = time.monotonic()
+        deadline = started + retry_for
+        delay, refresh, last, told = 0.02, False, None, False
         while True:
             try:
                 link = self._link(index, refresh)
@@ -141,6 +142,10 @@ class Peers:
             if time.monotonic() + delay > deadline:
                 raise PSUnavailableError(f"ps shard {index} did not answer {op} "
                                          f"within {retry_for:.0f}s: {last}")
+            if not told and time.monotonic() - started > 5.0:
+                log.info("waiting for ps shard %d to answer %s (up to %.0fs): %s",
+                         index, op, retry_for, last)
+                told = True
             time.sleep(delay)  # backoff between attempts at a peer that is down
             delay, refresh = min(delay * 2, 0.5), True
 
