@@ -82,17 +82,22 @@ class _Message:
     data: Any = None
 
 
+def job_env(config: JobConfig, secret: str, store_url: str) -> dict[str, str]:
+    """What every process of the job (worker or ps shard) is told about it (pure)."""
+    return {env.ENV_RENDEZVOUS: store_url, env.ENV_JOB_ID: config.job_id,
+            env.ENV_SECRET: secret,
+            # The etcd client needs it before protobuf loads, whatever the script imports first.
+            "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
+            # Output is forwarded line by line: do not let Python hold it back.
+            "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+
+
 def worker_env(config: JobConfig, secret: str, store_url: str, worker_id: str, host: str,
                slot: int, bind_host: str) -> dict[str, str]:
     """The job's own variables for one worker (pure); they are added to the inherited ones."""
-    return {env.ENV_RENDEZVOUS: store_url, env.ENV_JOB_ID: config.job_id,
-            env.ENV_WORKER_ID: worker_id, env.ENV_HOST: host, env.ENV_SLOT: str(slot),
-            env.ENV_SECRET: secret, env.ENV_BIND_HOST: bind_host,
-            "ELASTIC_ROUND_TIMEOUT": str(config.elastic_timeout),
-            # The etcd client needs it before protobuf loads, whatever the script imports first.
-            "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
-            # Worker output is forwarded line by line: do not let Python hold it back.
-            "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+    return {**job_env(config, secret, store_url), env.ENV_WORKER_ID: worker_id,
+            env.ENV_HOST: host, env.ENV_SLOT: str(slot), env.ENV_BIND_HOST: bind_host,
+            "ELASTIC_ROUND_TIMEOUT": str(config.elastic_timeout)}
 
 
 class Job:
@@ -134,6 +139,14 @@ class Job:
         if config.log_dir:
             os.makedirs(config.log_dir, exist_ok=True)
 
+    @property
+    def advertised_host(self) -> str:
+        """How other machines reach this one (for servers the driver runs)."""
+        return socket.getfqdn()
+
+    def shard_env(self) -> dict[str, str]:
+        return job_env(self.config, self.secret, self.store_url)
+
     # ------------------------------------------------------------------ setup
     def _open_store(self) -> None:
         if self.config.rendezvous.scheme == "embedded":
@@ -142,7 +155,7 @@ class Job:
             self._server = EmbeddedServer(self.secret, bind=bind)
             address = self._server.start()
             port = address.rsplit(":", 1)[1]
-            host = "127.0.0.1" if self.all_local else socket.getfqdn()
+            host = "127.0.0.1" if self.all_local else self.advertised_host
             self.store_url = f"embedded://{host}:{port}"
         else:
             self.store_url = str(self.config.rendezvous)
@@ -383,7 +396,7 @@ class Job:
         safe_host = "".join(c if c.isalnum() or c in "-." else "_" for c in host)
         worker_id = f"{safe_host}-{slot}-{self._launch_seq}"
         local = is_local_host(host)
-        bind = "127.0.0.1" if self.all_local else (socket.getfqdn() if local else host)
+        bind = "127.0.0.1" if self.all_local else (self.advertised_host if local else host)
         log_path = (os.path.join(self.config.log_dir, f"{worker_id}.log")
                     if self.config.log_dir else None)
         spec = LaunchSpec(host=host, slot=slot, command=tuple(self.config.command),

@@ -574,9 +574,11 @@ class Launcher(abc.ABC):
         ``LaunchError`` if the process cannot be started, ``LaunchSpecError`` for a spec
         this launcher cannot run."""
 
-    def _forward(self, proc: WorkerProcess, prefix: Optional[PrefixFn]) -> None:
+    def _forward(self, proc: WorkerProcess, prefix: Optional[PrefixFn],
+                 on_stdout_line: Optional[Callable[[bytes], bool]] = None) -> None:
         forwarder = OutputForwarder(prefix or proc.prefix, self.out, self.err,
-                                    name=proc.spec.label, log_path=proc.spec.log_path)
+                                    name=proc.spec.label, log_path=proc.spec.log_path,
+                                    on_stdout_line=on_stdout_line)
         proc.forwarder = forwarder
         try:
             forwarder.start(proc._popen.stdout, proc._popen.stderr)
@@ -608,11 +610,12 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
-    def launch(self, spec: LaunchSpec, prefix: Optional[PrefixFn] = None) -> WorkerProcess:
+    def launch(self, spec: LaunchSpec, prefix: Optional[PrefixFn] = None,
+               on_stdout_line: Optional[Callable[[bytes], bool]] = None) -> WorkerProcess:
         env = {**os.environ, **spec.env}
         popen = _popen(list(spec.command), spec, env, spec.cwd, subprocess.DEVNULL)
         proc = WorkerProcess(spec, popen)
-        self._forward(proc, prefix)
+        self._forward(proc, prefix, on_stdout_line)
         return proc
 
 

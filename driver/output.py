@@ -80,12 +80,17 @@ class OutputForwarder:
     they are when a line is written (so redirections made later are honoured).
     ``log_path``, if given, also receives every line unprefixed (a per-worker log for
     ``--log-dir``); it is opened in append mode by ``start`` (``OSError`` propagates).
+    ``on_stdout_line(line)``, if given, sees every stdout line first (from the pump
+    thread); when it returns True the line is consumed, not forwarded (how the driver
+    reads a process's machine-readable announcements, e.g. a ps shard's address).
     """
 
     def __init__(self, prefix_fn: PrefixFn, out: Optional[Stream] = None,
                  err: Optional[Stream] = None, name: str = "worker",
-                 log_path: Optional[str] = None):
+                 log_path: Optional[str] = None,
+                 on_stdout_line: Optional[Callable[[bytes], bool]] = None):
         self.prefix_fn = prefix_fn
+        self.on_stdout_line = on_stdout_line
         self._out = out
         self._err = err
         self.name = name
@@ -149,6 +154,8 @@ class OutputForwarder:
                 if not line:
                     break
                 self._log_line(line)
+                if which == "out" and self.on_stdout_line is not None and self._consumed(line):
+                    continue
                 if broken:
                     continue  # keep draining so the worker never blocks on a full pipe
                 try:
@@ -161,6 +168,12 @@ class OutputForwarder:
             except OSError:
                 pass
             self._pump_ended()
+
+    def _consumed(self, line: bytes) -> bool:
+        try:
+            return bool(self.on_stdout_line(line))
+        except Exception:  # a broken hook must not stop the pipe being drained
+            return False
 
     def _log_line(self, line: bytes) -> None:
         if self._log is None:

@@ -1,0 +1,77 @@
+"""Linear regression on parameter-server shards, for tests under ``elastic-run --num-ps``.
+
+Workers pull the weights, compute the gradient of the squared error on their batch and
+push it, until the shards' global step reaches --steps. The final loss on the whole data
+set, the step and the weights' checksum go to OUT_DIR/<worker id>.json.
+
+    ps_linear.py OUT_DIR [--steps N] [--features F] [--optimizer sgd|momentum|adam]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+import elastic
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--features", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--lr", type=float, default=0.1)
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.samples, args.features))
+    true_w = rng.normal(size=args.features)
+    y = x @ true_w
+
+    elastic.init()
+    client = elastic.ps.connect()
+    client.init({"w": np.zeros(args.features), "b": np.zeros(1)}, optimizer=args.optimizer,
+                lr=args.lr)
+    state = elastic.ObjectState(epoch=0, batch=0)
+    first_step = client.step
+
+    @elastic.run
+    def train(state):
+        sampler = elastic.ElasticSampler(args.samples, shuffle=True, seed=1)
+        while client.step < args.steps:
+            sampler.set_epoch(state.epoch)
+            for idx in sampler.batches(args.batch, start=state.batch):
+                params = client.pull()
+                err = x[idx] @ params["w"] + params["b"][0] - y[idx]
+                grads = {"w": x[idx].T @ err / max(len(idx), 1),
+                         "b": np.array([err.mean() if len(idx) else 0.0])}
+                step = client.push(grads)
+                state.batch += 1
+                state.commit()
+                if step >= args.steps:
+                    return
+                if elastic.rank() == 0 and step % 10 == 0:
+                    print(f"progress {step}", flush=True)
+            state.epoch += 1
+            state.batch = 0
+
+    train(state)
+    params = client.pull()
+    loss = float(np.mean((x @ params["w"] + params["b"][0] - y) ** 2))
+    worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
+    with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
+        json.dump({"rank": elastic.rank(), "step": client.step, "first_step": first_step,
+                   "loss": loss, "initial_loss": float(np.mean(y ** 2))}, f)
+    client.close()
+    elastic.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
