@@ -50,6 +50,8 @@ WAITING_REPORT_AFTER = 1.0
 #: after a member of the round exits 0, how long to wait before re-forming without it:
 #: at the end of training the others exit too, and a round for that moment is noise
 FINISH_GRACE = 2.0
+#: workers launched together join in one re-form if they register within this window
+JOIN_BATCH_WINDOW = 3.0
 #: SIGTERM to SIGKILL for workers the driver stops
 STOP_GRACE = 5.0
 
@@ -449,8 +451,12 @@ class Job:
             min_np = cfg.min_np
         candidate = planner.next_plan(self.plan, live, usable, min_np, cfg.max_np)
         if planner.needs_new_round(self.plan, candidate):
-            self._publish(candidate, now)
-            return
+            joiner_ages = [now - r.launched_at for r in self._running()
+                           if r.info is None and not r.stopping]
+            intact = self.plan is not None and planner.round_is_intact(self.plan, live, usable)
+            if not planner.hold_growth_for_joiners(intact, joiner_ages, JOIN_BATCH_WINDOW):
+                self._publish(candidate, now)
+                return
         if self.plan is not None and not planner.round_is_intact(self.plan, live, usable):
             self._check_script_failed()
             if self._broken_since is None:

@@ -151,3 +151,11 @@ def slots_to_fill(hosts: Sequence[HostSlots], occupied: Iterable[tuple[str, int]
     free = [s for s in slots if s not in occupied_allowed]
     room = len(free) if max_np is None else max(0, max_np - len(occupied_allowed))
     return tuple(free[:room])
+
+
+def hold_growth_for_joiners(round_intact: bool, joiner_ages: Sequence[float], window: float) -> bool:
+    """True when publishing a bigger round should wait: the current round still works and
+    workers launched less than ``window`` seconds ago (``joiner_ages``) have not registered
+    yet. Workers started together (a host added, several slots refilled) then join in one
+    re-form instead of one each. A broken round never waits: its survivors are idle."""
+    return round_intact and any(age < window for age in joiner_ages)

@@ -321,3 +321,12 @@ def test_filled_slots_reach_the_cap_and_plan(scenario):
     if total:
         plan = next_plan(None, list(live) + new_workers, hosts, 1, max_np)
         assert plan.size == (total if max_np is None else min(total, max_np))
+
+
+@pytest.mark.parametrize("intact,ages,holds", [
+    (True, [], False), (True, [0.5], True), (True, [5.0], False), (True, [5.0, 0.1], True),
+    (False, [0.1], False), (False, [], False),
+])
+def test_hold_growth_for_joiners(intact, ages, holds):
+    from driver.planner import hold_growth_for_joiners
+    assert hold_growth_for_joiners(intact, ages, 3.0) is holds

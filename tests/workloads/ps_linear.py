@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -27,6 +28,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--pause-while", help="before each step, wait while this file exists")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -47,6 +49,8 @@ def main() -> int:
         while client.step < args.steps:
             sampler.set_epoch(state.epoch)
             for idx in sampler.batches(args.batch, start=state.batch):
+                while args.pause_while and os.path.exists(args.pause_while):
+                    time.sleep(0.01)  # simulated slow compute, held by the test
                 params = client.pull()
                 err = x[idx] @ params["w"] + params["b"][0] - y[idx]
                 grads = {"w": x[idx].T @ err / max(len(idx), 1),
