@@ -63,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.jobs import ElasticRun, pid_alive  # noqa: E402
+from tests.jobs import ElasticRun, pid_alive, wait_until  # noqa: E402
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 STEPS = WORKLOADS / "steps.py"
@@ -96,15 +96,8 @@ class BenchTimeout(Exception):
 
 def wait_for(predicate, timeout: float, what: str):
     """Poll ``predicate`` until it returns something true (returned); BenchTimeout after
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchTimeout(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(POLL)  # the logs are files: polling them is the simplest correct way
+    ``timeout`` seconds. (The logs are files: polling them is the simplest correct way.)"""
+    return wait_until(predicate, timeout, what, interval=POLL, error=BenchTimeout)
 
 
 def quantile(xs, q):

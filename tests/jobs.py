@@ -23,8 +23,9 @@ EXACT_SUM = WORKLOADS / "exact_sum.py"
 _PROGRESS = re.compile(r"progress (\d+)")
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Poll ``predicate`` until it returns a true value (returned); AssertionError naming
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.02,
+               error: type[Exception] = AssertionError):
+    """Poll ``predicate`` until it returns a true value (returned); ``error`` naming
     ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -32,8 +33,8 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)  # polling a condition with a deadline
+            raise error(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)  # polling a condition (a file, a process) with a deadline
 
 
 def hosts_file_discovery(workdir: Path, hosts: str) -> tuple[Path, Path]:

@@ -18,6 +18,7 @@ from elastic.ps.settings import ClientSettings
 from elastic.ps.transport import ShardLink
 from rendezvous import env
 from rendezvous.keys import JobKeys
+from tests.jobs import wait_until
 from rendezvous.plan import Member, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,17 +27,7 @@ READY = "ELASTIC_PS_READY "
 CHECKPOINT = "ELASTIC_PS_CHECKPOINT "
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Poll ``predicate`` until it returns something truthy; AssertionError naming
-    ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+wait_for = wait_until  # one polling helper for every test
 
 
 class _Proc:

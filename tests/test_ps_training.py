@@ -107,7 +107,8 @@ def test_worker_killed_in_sync_mode_round_change_redoes_the_step(embedded_server
     results = [_result(o) for o in outs[:2]]
     assert [s["step"] for s in statuses] == [60, 60]
     assert all(r["step"] == 60 for r in results)
-    assert all(r["round_changes"] >= 1 for r in results)  # both were blocked on the dead worker
+    # (Whether a survivor was blocked in a push when round 2 came, or learnt of it between
+    # steps, is a race; either way the step is redone once and the weights agree.)
     assert results[0]["w"] == results[1]["w"]
     X, y = pw.make_problem()
     assert results[0]["loss"] < pw.loss(pw.initial_params(), X, y)
