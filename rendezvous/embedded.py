@@ -98,7 +98,9 @@ class EmbeddedServer:
             if generation != self._streams_generation:
                 return
             events, next_rev = self.kv.events_since(prefix, next_rev, WATCH_POLL_SECONDS)
-            yield _encode(events=[ev.to_dict() for ev in events])
+            # ``next``: every event below it has been sent (lets an idle watch's resume
+            # point advance, so it never asks for history that could be compacted).
+            yield _encode(events=[ev.to_dict() for ev in events], next=next_rev)
 
 
 class EmbeddedStore(KVStore):
@@ -134,15 +136,16 @@ class EmbeddedStore(KVStore):
         self._unary("Revoke", id=lease_id)
 
     def _open_watch(self, prefix: str, start_revision: int
-                    ) -> tuple[Iterator[list[Event]], Callable[[], None]]:
+                    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
         import grpc
         from rendezvous.rpc import translate_rpc_error
         call = self._rpc.stream("Watch", _encode(prefix=prefix, start=start_revision))
 
-        def batches() -> Iterator[list[Event]]:
+        def batches() -> Iterator[tuple[list[Event], int | None]]:
             try:
                 for message in call:
-                    yield [Event.from_dict(d) for d in _decode(message)["events"]]
+                    batch = _decode(message)
+                    yield [Event.from_dict(d) for d in batch["events"]], batch["next"] - 1
             except grpc.RpcError as exc:
                 raise translate_rpc_error(exc, f"watch at {self.address}") from None
         return batches(), call.cancel

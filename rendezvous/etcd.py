@@ -19,8 +19,8 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 import grpc  # noqa: E402
 
-from rendezvous.errors import (LeaseNotFoundError, RendezvousConfigError,  # noqa: E402
-                               RendezvousError, WatchCompactedError)
+from rendezvous.errors import (LeaseNotFoundError, NotSentError,  # noqa: E402
+                               RendezvousConfigError, RendezvousError, WatchCompactedError)
 from rendezvous.memory import prefix_end  # noqa: E402
 from rendezvous.rpc import translate_rpc_error  # noqa: E402
 from rendezvous.store import (DELETE, PUT, Compare, Delete, Event, KeyValue, KVStore,  # noqa: E402
@@ -79,6 +79,7 @@ class EtcdStore(KVStore):
         self._lock = threading.Lock()
         self._index = 0
         self._channel: grpc.Channel | None = None
+        self._retired: grpc.Channel | None = None
         self._stubs = None
         self._connect(0)
 
@@ -87,23 +88,30 @@ class EtcdStore(KVStore):
         return self.endpoints[self._index]
 
     def _connect(self, index: int) -> None:
-        old = self._channel
+        # The previous channel is retired, not closed at once: calls other threads started
+        # on it a moment ago finish (or fail and retry) instead of being cancelled.
+        if self._retired is not None:
+            self._retired.close()
+        self._retired = self._channel
         self._index = index % len(self.endpoints)
         self._channel = grpc.insecure_channel(str(self.endpoint), options=_CHANNEL_OPTIONS)
         self._stubs = (self._rpc.KVStub(self._channel), self._rpc.LeaseStub(self._channel),
                        self._rpc.WatchStub(self._channel))
-        if old is not None:
-            old.close()
+        self._endpoint_generation += 1
 
-    def _on_connection_error(self) -> None:
+    def _on_connection_error(self, generation: int) -> None:
         if len(self.endpoints) > 1:
             with self._lock:
-                self._connect(self._index + 1)
+                # Several threads fail on one dead member at once: move once, not once each.
+                if generation == self._endpoint_generation and not self._closed:
+                    self._connect(self._index + 1)
 
     def _invoke(self, stub_index: int, method: str, request, what: str):
         stub = self._stubs[stub_index]
         try:
             return getattr(stub, method)(request, timeout=self.settings.request_timeout)
+        except ValueError as exc:  # the channel was retired and closed under this call
+            raise NotSentError(f"etcd {what} at {self.endpoint}: {exc}") from None
         except grpc.RpcError as exc:
             details = (exc.details() or "").lower()
             if "lease not found" in details:
@@ -164,6 +172,8 @@ class EtcdStore(KVStore):
                 if resp.TTL <= 0:
                     raise LeaseNotFoundError(f"lease {lease_id:x} not found (expired or revoked)")
                 return resp.TTL
+        except ValueError as exc:
+            raise NotSentError(f"etcd keep-alive at {self.endpoint}: {exc}") from None
         except grpc.RpcError as exc:
             raise translate_rpc_error(exc, f"etcd keep-alive at {self.endpoint}") from None
         raise LeaseNotFoundError(f"lease {lease_id:x}: keep-alive got no answer")
@@ -173,10 +183,10 @@ class EtcdStore(KVStore):
 
     # ---- watches ----
     def _open_watch(self, prefix: str, start_revision: int
-                    ) -> tuple[Iterator[list[Event]], Callable[[], None]]:
+                    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
         start, end = _key_range(prefix, True)
         create = self._rpc.WatchRequest(create_request=self._rpc.WatchCreateRequest(
-            key=start, range_end=end, start_revision=start_revision))
+            key=start, range_end=end, start_revision=start_revision, progress_notify=True))
         # The request side must stay open: etcd ends the watch when the client half-closes.
         done: queue.Queue = queue.Queue()
 
@@ -184,14 +194,17 @@ class EtcdStore(KVStore):
             yield create
             done.get()
 
-        call = self._stubs[2].Watch(requests())
+        try:
+            call = self._stubs[2].Watch(requests())
+        except ValueError as exc:
+            raise NotSentError(f"etcd watch at {self.endpoint}: {exc}") from None
         endpoint = self.endpoint
 
         def cancel():
             done.put(None)
             call.cancel()
 
-        def batches() -> Iterator[list[Event]]:
+        def batches() -> Iterator[tuple[list[Event], int | None]]:
             try:
                 for resp in call:
                     if resp.compact_revision:
@@ -201,8 +214,12 @@ class EtcdStore(KVStore):
                     if resp.canceled:
                         raise RendezvousError(f"etcd at {endpoint} cancelled the watch: "
                                               f"{resp.cancel_reason}")
-                    yield [Event(PUT if ev.type == ev.PUT else DELETE, _kv(ev.kv))
-                           for ev in resp.events]
+                    events = [Event(PUT if ev.type == ev.PUT else DELETE, _kv(ev.kv))
+                              for ev in resp.events]
+                    # A progress notification (no events, not the creation answer) says
+                    # every event up to its header revision has been sent.
+                    progress = resp.header.revision if not events and not resp.created else None
+                    yield events, progress
             except grpc.RpcError as exc:
                 raise translate_rpc_error(exc, f"etcd watch at {endpoint}") from None
             finally:
@@ -210,5 +227,6 @@ class EtcdStore(KVStore):
         return batches(), cancel
 
     def _close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+        for channel in (self._retired, self._channel):
+            if channel is not None:
+                channel.close()

@@ -237,6 +237,7 @@ class Watch:
         deadline = None
         backoff = 0.05
         while not self._cancelled.is_set():
+            generation = self._store._endpoint_generation
             try:
                 if self._store._closed:
                     raise RendezvousClosedError("store client is closed")
@@ -246,21 +247,13 @@ class Watch:
                 if self._cancelled.is_set():
                     cancel()
                     break
-                for events in stream:
+                for events, progress in stream:
                     deadline, backoff = None, 0.05
-                    for ev in events:
-                        if ev.revision < self.next_revision:
-                            continue  # already delivered before a reconnect
-                        self._queue.put(ev)
-                        self.next_revision = ev.revision + 1
-                    # A batch can be empty: a heartbeat that proves the stream is alive.
+                    self._deliver(events, progress)
                 if self._cancelled.is_set():
                     break
                 raise RendezvousConnectionError("watch stream ended")
-            except WatchCompactedError as exc:
-                self._queue.put(exc)
-                return
-            except RendezvousClosedError as exc:
+            except (WatchCompactedError, RendezvousClosedError) as exc:
                 self._queue.put(exc)
                 return
             except RendezvousError as exc:
@@ -276,6 +269,7 @@ class Watch:
                 self.reconnects += 1
                 log.debug("watch %s reconnecting from revision %d: %s", self.prefix,
                           self.next_revision, exc)
+                self._store._on_connection_error(generation)
                 self._cancelled.wait(backoff)
                 backoff = min(backoff * 2, 1.0)
             except Exception as exc:  # the client was closed under us (gRPC raises ValueError)
@@ -284,6 +278,20 @@ class Watch:
                     return
                 break
         self._queue.put(_WATCH_CLOSED)
+
+    def _deliver(self, events: list[Event], progress: int | None) -> None:
+        """Queue a batch's events not delivered before. A batch holds whole revisions (a
+        transaction's events arrive together), so the floor is where the batch started:
+        several events of one revision all pass. ``progress``: the stream has sent every
+        event up to that revision (a heartbeat), so a resume may start after it even when
+        none of them was ours."""
+        floor = self.next_revision
+        for ev in events:
+            if ev.revision >= floor:  # older ones were delivered before a reconnect
+                self._queue.put(ev)
+                self.next_revision = max(self.next_revision, ev.revision + 1)
+        if progress is not None:
+            self.next_revision = max(self.next_revision, progress + 1)
 
     def get(self, timeout: float | None = None) -> Event | None:
         """The next event, or None when ``timeout`` passes or the watch was cancelled.
@@ -355,12 +363,18 @@ class KVStore(abc.ABC):
 
     @abc.abstractmethod
     def _open_watch(self, prefix: str, start_revision: int
-                    ) -> tuple[Iterator[list[Event]], Callable[[], None]]:
-        """A stream of event batches from ``start_revision`` and a function that ends it.
-        Raises WatchCompactedError if that history is gone."""
+                    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
+        """A stream of ``(events, progress)`` batches from ``start_revision`` and a function
+        that ends it. A batch holds whole revisions; ``progress``, when not None, is a
+        revision up to which the stream has sent every event of the prefix. Raises
+        WatchCompactedError if that history is gone."""
 
-    def _on_connection_error(self) -> None:
-        """Called before a retry; a multi-endpoint backend moves to its next endpoint."""
+    #: bumped by a backend each time it moves to another endpoint
+    _endpoint_generation = 0
+
+    def _on_connection_error(self, generation: int) -> None:
+        """A call made at ``generation`` could not reach the store. A multi-endpoint
+        backend moves to its next endpoint, unless another thread already did."""
 
     @abc.abstractmethod
     def _close(self) -> None: ...
@@ -372,15 +386,16 @@ class KVStore(abc.ABC):
         deadline = time.monotonic() + self.settings.retry_deadline
         backoff = 0.05
         while True:
+            generation = self._endpoint_generation
             try:
                 return fn()
             except RendezvousConnectionError as exc:
                 if self._closed:
                     raise RendezvousClosedError("store client is closed") from exc
+                self._on_connection_error(generation)
                 ambiguous = not isinstance(exc, NotSentError)
                 if not retry or (ambiguous and not repeatable) or time.monotonic() + backoff > deadline:
                     raise
-                self._on_connection_error()
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
 

@@ -276,3 +276,40 @@ def test_embedded_many_concurrent_clients(embedded_server):
     assert len(kvs) == 16 * 50 + 16
     for c in clients:
         c.close()
+
+
+def test_watch_delivers_every_event_of_one_revision(store_backend):
+    s = store_backend.open()
+    with s.watch_prefix("/m/") as watch:
+        s.txn([], [Put("/m/a", b"1"), Put("/m/b", b"2"), Put("/m/c", b"3")])
+        evs = drain(watch, 3)
+        assert [e.key for e in evs] == ["/m/a", "/m/b", "/m/c"]
+        assert len({e.revision for e in evs}) == 1
+        s.delete_prefix("/m/")
+        assert sorted(e.key for e in drain(watch, 3)) == ["/m/a", "/m/b", "/m/c"]
+        assert watch.get(timeout=0.3) is None
+
+
+def test_idle_embedded_watch_advances_past_history_it_does_not_need():
+    """A watch on a quiet prefix must not fall behind compaction: heartbeats move its
+    resume point, so a reconnect after much unrelated traffic still works."""
+    from rendezvous.auth import make_secret
+    from rendezvous.embedded import EmbeddedServer
+    from tests.jobs import wait_until
+    secret = make_secret()
+    server = EmbeddedServer(secret, history_limit=8)
+    server.start()
+    try:
+        s = open_store(f"embedded://{server.address}", secret)
+        with s.watch_prefix("/quiet/") as watch:
+            for i in range(40):
+                s.put(f"/busy/{i}", b"x")
+            current = s.revision()
+            wait_until(lambda: watch.next_revision > current, 10, "a heartbeat")
+            server.drop_watch_streams()
+            s.put("/quiet/k", b"v")
+            ev = drain(watch, 1)[0]
+            assert ev.key == "/quiet/k"
+        s.close()
+    finally:
+        server.stop()

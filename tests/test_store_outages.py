@@ -52,18 +52,32 @@ def test_client_moves_to_another_member_when_its_member_dies(tmp_path):
     from tests.etcd_cluster import EtcdCluster
     with EtcdCluster(3, tmp_path / "cluster") as cluster:
         store = open_store(cluster.url, settings=FAST)
+        watcher = open_store(cluster.url, settings=FAST)
         try:
             store.put("/f/a", b"1")
-            watch = store.watch_prefix("/f/")
+            lease = watcher.grant_lease(3)
+            watcher.put("/f/leased", b"x", lease=lease)
+            lease.keep_alive(interval=0.5)
+            watch = watcher.watch_prefix("/f/")
             first = store.endpoint
+            assert watcher.endpoint == first
             cluster.kill(cluster.client_ports.index(first.port))
             t0 = time.monotonic()
             store.put("/f/b", b"2")  # goes to another member
             assert time.monotonic() - t0 < FAST.retry_deadline
             assert store.endpoint != first
             assert store.get("/f/a").value == b"1"
+            # The watcher's client made no call of its own: its watch moves by itself,
+            # and so do its lease's keep-alives (the leased key outlives its 3 s TTL).
             evs = drain(watch, 1, timeout=FAST.watch_reconnect_deadline)
             assert evs[0].key == "/f/b"
+            assert watcher.endpoint != first
+            end = time.monotonic() + 4
+            while time.monotonic() < end:
+                assert watch.get(timeout=end - time.monotonic()) is None  # no lease expiry
+            assert store.get("/f/leased") is not None
+            lease.revoke()
             watch.cancel()
         finally:
             store.close()
+            watcher.close()
