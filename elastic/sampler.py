@@ -50,21 +50,29 @@ class ElasticSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        from elastic import state as state_module
-        self._state = state_module.current_state()
+        self._state = None
+        self._bound_state()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def _progress(self) -> dict:
-        """{"epoch": e, "offsets": [indices consumed after 0, 1, 2... committed steps]}"""
+    def _bound_state(self):
+        # Bind at first use too: a sampler built outside ``@elastic.run`` but iterated
+        # inside it still records its progress in the running state.
         if self._state is None:
-            return {"epoch": self.epoch, "offsets": [0]}
-        progress = getattr(self._state, PROGRESS_ATTR, None)
+            from elastic import state as state_module
+            self._state = state_module.current_state()
+        return self._state
+
+    def _progress(self) -> dict:
+        """{"epoch": e, "key": ..., "offsets": {committed steps: indices consumed after them}}"""
+        state = self._bound_state()
         key = f"{self.num_samples}:{self.shuffle}:{self.seed}"
+        progress = getattr(state, PROGRESS_ATTR, None) if state is not None else None
         if not progress or progress.get("epoch") != self.epoch or progress.get("key") != key:
-            progress = {"epoch": self.epoch, "key": key, "offsets": [0]}
-            setattr(self._state, PROGRESS_ATTR, progress)
+            progress = {"epoch": self.epoch, "key": key, "offsets": {0: 0}}
+            if state is not None:
+                setattr(state, PROGRESS_ATTR, progress)
         return progress
 
     def num_steps(self, batch_size: int, start: int = 0) -> int:
@@ -75,11 +83,15 @@ class ElasticSampler:
         return -(-(self.num_samples - offset) // per_step) if per_step else 0
 
     def _start_offset(self, batch_size: int, start: int, size: int) -> int:
+        """Indices consumed after ``start`` steps: recorded when those steps were committed
+        (exact whatever the world sizes were); otherwise extrapolated at the current world
+        size from the last recorded step before ``start``."""
         offsets = self._progress()["offsets"]
-        if start < len(offsets):
+        if start in offsets:
             return offsets[start]
-        # Steps this sampler did not see (no bound state): assume the current world size.
-        return min(self.num_samples, offsets[-1] + (start - len(offsets) + 1) * batch_size * size)
+        known = max(k for k in offsets if k <= start) if any(k <= start for k in offsets) else 0
+        base = offsets.get(known, 0)
+        return min(self.num_samples, base + (start - known) * batch_size * size)
 
     def batches(self, batch_size: int, start: int = 0):
         """Yield this rank's index arrays, one per global step, from committed step ``start``.
@@ -92,15 +104,22 @@ class ElasticSampler:
         order = epoch_order(self.num_samples, self.epoch, self.shuffle, self.seed)
         progress = self._progress()
         offset = self._start_offset(batch_size, start, size)
-        del progress["offsets"][start + 1:]  # steps past ``start`` were never committed
-        while len(progress["offsets"]) <= start:
-            progress["offsets"].append(offset)
+        for steps in [k for k in progress["offsets"] if k > start]:
+            del progress["offsets"][steps]  # never committed from where we resume
+        progress["offsets"][start] = offset
+        state = self._state
+        if state is not None:
+            state._pending_progress = (progress, [])
         steps_done = start
         while offset < self.num_samples:
             lo, hi, after = rank_share(offset, self.num_samples, batch_size, rank, size)
-            if self._state is not None:
-                # Counted as consumed when the state commits this step, not before.
-                self._state._pending_progress = (progress, steps_done + 1, after)
+            steps_done += 1
+            if state is not None:
+                # Counted as consumed when the state commits, not before; every step since
+                # the last commit is recorded then (a commit may cover several steps).
+                pending = state._pending_progress
+                if pending is None or pending[0] is not progress:
+                    pending = state._pending_progress = (progress, [])
+                pending[1].append((steps_done, after))
             yield order[lo:hi]
             offset = after
-            steps_done += 1

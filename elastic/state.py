@@ -77,11 +77,11 @@ class State:
     def commit(self) -> None:
         """Mark a point that survives failures; raises HostsUpdatedInterrupt when a newer
         round is pending (after saving, so nothing is lost)."""
-        pending, self._pending_progress = self._pending_progress, None
+        pending = self._pending_progress
         if pending is not None:
-            progress, steps, offset = pending
-            del progress["offsets"][steps:]
-            progress["offsets"].append(offset)
+            progress, steps = pending
+            progress["offsets"].update(steps)
+            steps.clear()
         self._commits += 1
         self._saved_commits = self._commits
         self.save()

@@ -77,3 +77,45 @@ def test_chaos_schedule_and_victims_are_seeded():
     assert all(1.0 <= d <= 3.0 for d in delays)
     assert pick_victim(random.Random(1), []) is None
     assert pick_victim(random.Random(1), ["b", "a"]) == pick_victim(random.Random(1), ["a", "b"])
+
+
+@pytest.mark.parametrize("commit_every,fail_after", [(1, 7), (3, 7), (4, 8), (5, 2)])
+def test_sampler_resumes_exactly_after_rollback_with_infrequent_commits(commit_every, fail_after):
+    """Commits every few steps (the common Horovod pattern), a failure between commits:
+    after restore the epoch continues from the last commit, no sample lost or repeated."""
+    import elastic
+    from elastic import state as state_module
+    from elastic.sampler import ElasticSampler
+    elastic.init()  # a world of one
+    state = ObjectState(epoch=0, batch=0, kept=[])
+    with state_module.active(state):
+        sampler = ElasticSampler(100, shuffle=True, seed=3)
+        for i, idx in enumerate(sampler.batches(10, start=state.batch)):
+            state.kept = state.kept + list(idx)
+            state.batch += 1
+            if state.batch % commit_every == 0:
+                state.commit()
+            if i + 1 == fail_after:
+                break
+        state.restore()  # the failure: back to the last commit
+        resumed = ElasticSampler(100, shuffle=True, seed=3)  # built anew, as after a re-form
+        for idx in resumed.batches(10, start=state.batch):
+            state.kept = state.kept + list(idx)
+            state.batch += 1
+            if state.batch % commit_every == 0:
+                state.commit()
+    assert sorted(state.kept) == list(range(100))
+
+
+def test_sampler_built_outside_run_binds_when_iterated_inside():
+    import elastic
+    from elastic import state as state_module
+    from elastic.sampler import PROGRESS_ATTR, ElasticSampler
+    elastic.init()
+    sampler = ElasticSampler(40, shuffle=False)
+    state = ObjectState(batch=0)
+    with state_module.active(state):
+        for idx in sampler.batches(10):
+            state.batch += 1
+            state.commit()
+    assert getattr(state, PROGRESS_ATTR)["offsets"][4] == 40
