@@ -52,6 +52,12 @@ WAITING_REPORT_AFTER = 1.0
 FINISH_GRACE = 2.0
 #: workers launched together join in one re-form if they register within this window
 JOIN_BATCH_WINDOW = 3.0
+#: a worker whose registration vanished (lease expired) but whose process runs is killed
+#: if it has not registered again after this long: it is hung, and its slot is refilled
+REREGISTER_GRACE = 10.0
+#: worker failures in a row, with no round forming, that end the job (at least this many,
+#: or three per slot): the workers die before they can join, restarting will not help
+FAILURE_STREAK_MIN = 10
 #: SIGTERM to SIGKILL for workers the driver stops
 STOP_GRACE = 5.0
 
@@ -71,6 +77,7 @@ class WorkerRecord:
     registered_seq: int = 0             # order of registration (planner wants it)
     exit_code: int | None = None
     stopping: bool = False              # the driver is stopping it: its exit is no failure
+    unregistered_at: float | None = None  # its registration vanished while it runs
     chaos_victim: bool = False          # killed by --chaos-kill-interval: not its host's fault
 
     @property
@@ -125,6 +132,8 @@ class Job:
         self.resets = 0
         self.done_slots: set[tuple[str, int]] = set()  # their worker finished: not refilled
         self._member_finished_at: float | None = None   # a member of the round exited 0
+        self._all_failed_rounds: set[int] = set()       # rounds whose members all failed
+        self._failures_since_round = 0                  # worker failures since the last round
         self._broken_since: float | None = None      # the round is broken, no plan possible yet
         self._waiting_reported = False
         self._change_at: float | None = None         # when the membership last changed
@@ -249,7 +258,9 @@ class Job:
         if release is not None:
             wake = min(wake, max(0.01, release - time.monotonic()))
         if self._member_finished_at is not None:
-            wake = min(wake, max(0.01, self._member_finished_at + FINISH_GRACE - time.monotonic()))
+            grace_left = self._member_finished_at + FINISH_GRACE - time.monotonic()
+            if grace_left > 0:
+                wake = min(wake, max(0.01, grace_left))
         if self.plan is None and self._np_registered_at is not None:
             wake = min(wake, max(0.01, self._np_registered_at + FIRST_ROUND_GRACE - time.monotonic()))
         return wake
@@ -302,6 +313,12 @@ class Job:
                              chaos=rec.chaos_victim)
             if not rec.chaos_victim:
                 self._apply_host_events(self.hosts.record_failure(rec.host, now))
+                self._failures_since_round += 1
+                limit = max(FAILURE_STREAK_MIN, 3 * self.hosts.available_slots)
+                if self._failures_since_round > limit:
+                    raise JobFailed(f"{self._failures_since_round} workers failed in a row "
+                                    "without a round forming (last exit: "
+                                    f"{ev.describe_code(code)}); see the worker output above")
         if in_plan:
             self._change_at = self._change_at or now
 
@@ -315,10 +332,13 @@ class Job:
                 self._registration_seq += 1
                 rec.registered_seq = self._registration_seq
             rec.info = WorkerInfo.from_json(event.value)
-            self._change_at = self._change_at or time.monotonic()
+            rec.unregistered_at = None
         else:
-            rec.info = None  # lease expired: not live until it registers again
-            self._change_at = self._change_at or time.monotonic()
+            # Its lease expired while the process runs: not live until it registers again,
+            # and killed (so its slot is refilled) if it does not within REREGISTER_GRACE.
+            rec.info = None
+            rec.unregistered_at = time.monotonic()
+        self._change_at = self._change_at or time.monotonic()
 
     def _on_failure_report(self, event) -> None:
         if event.type != PUT:
@@ -329,7 +349,8 @@ class Job:
                          round=report.get("round_id"), reason=report.get("reason"),
                          suspect=suspect)
         rec = self.workers.get(suspect) if suspect else None
-        if rec is not None and rec.running and not rec.stopping:
+        current = self.plan is not None and report.get("round_id") == self.plan.round_id
+        if current and rec is not None and rec.running and not rec.stopping:
             # Its peers timed out on it: it is alive but not answering (stopped, hung).
             self._kill_worker(suspect, "unresponsive (reported by its peers)")
 
@@ -367,6 +388,7 @@ class Job:
                             + ", ".join(self.hosts.blacklisted_hosts))
         usable = self.hosts.usable_hosts
         self._stop_displaced(usable)
+        self._kill_unregistered(now)
         self._fill_slots(usable)
         if self._member_finished_at is not None and now - self._member_finished_at < FINISH_GRACE:
             return  # the others are most likely finishing too: no round for the last moments
@@ -380,6 +402,14 @@ class Job:
         for rec in self._running():
             if not rec.stopping and (rec.host, rec.slot) not in allowed:
                 self._stop_worker(rec, "its host or slot left the job")
+
+    def _kill_unregistered(self, now: float) -> None:
+        for rec in self._running():
+            if (rec.unregistered_at is not None and not rec.stopping
+                    and now - rec.unregistered_at > REREGISTER_GRACE):
+                rec.unregistered_at = None
+                self._kill_worker(rec.worker_id, f"its registration lapsed and it did not "
+                                                 f"register again within {REREGISTER_GRACE:g}s")
 
     def _stop_worker(self, rec: WorkerRecord, reason: str) -> None:
         rec.stopping = True
@@ -457,7 +487,9 @@ class Job:
             if not planner.hold_growth_for_joiners(intact, joiner_ages, JOIN_BATCH_WINDOW):
                 self._publish(candidate, now)
                 return
-        if self.plan is not None and not planner.round_is_intact(self.plan, live, usable):
+        if self.plan is not None and planner.round_is_intact(self.plan, live, usable):
+            self._broken_since = None  # a brief lapse (a lease renewed late) is over
+        elif self.plan is not None:
             self._check_script_failed()
             if self._broken_since is None:
                 self._broken_since = now
@@ -472,18 +504,25 @@ class Job:
                                 f"--elastic-timeout {cfg.elastic_timeout:g}s (have {len(live)})")
 
     def _check_script_failed(self) -> None:
-        """Every member of the round exited with an error code of its own (no signal, no
-        stop): the script fails deterministically, and replacing the workers would only
-        repeat it. Raises JobFailed."""
+        """Every member of two rounds in a row exited with an error code of its own (no
+        signal, no stop): the script fails deterministically, and replacing the workers
+        again would only repeat it. (One such round is replaced as usual: with -np 1 it
+        is just a failed worker.) Raises JobFailed."""
         codes = [self.workers[m.worker_id].exit_code for m in self.plan.members]
-        if codes and all(c is not None and c > 0 for c in codes) and not any(
+        if not (codes and all(c is not None and c > 0 for c in codes)) or any(
                 self.workers[m.worker_id].stopping for m in self.plan.members):
-            raise JobFailed(f"every worker of round {self.plan.round_id} exited with an error "
-                            f"(codes {sorted(set(codes))}): the training script fails; "
-                            "see the worker output above")
+            return
+        rounds = self._all_failed_rounds
+        rounds.add(self.plan.round_id)
+        if self.plan.round_id - 1 in rounds:
+            raise JobFailed(f"every worker of rounds {self.plan.round_id - 1} and "
+                            f"{self.plan.round_id} exited with an error (codes "
+                            f"{sorted(set(codes))}): the training script fails; see the "
+                            "worker output above")
 
     def _publish(self, plan: Plan, now: float) -> None:
-        if self.plan is not None:
+        if self.plan is not None and not self.done_slots:
+            # (Rounds for stragglers after a member finished are not resets.)
             self.resets += 1
             if self.config.reset_limit is not None and self.resets > self.config.reset_limit:
                 raise JobFailed(f"reset limit exceeded: the job re-formed {self.resets} times "
@@ -496,6 +535,7 @@ class Job:
             rec.process.rank = member.rank if member is not None else None
         self._broken_since = None
         self._change_at = None
+        self._failures_since_round = 0
         self.events.emit(ev.ROUND_FORMED, round=plan.round_id, size=plan.size,
                          seconds=round(took, 3),
                          members=[m.worker_id for m in plan.members])
@@ -520,7 +560,8 @@ class Job:
             if self.done_slots and not self._running():
                 raise JobFailed("workers exited before the first round formed")
             return None
-        codes = {m.worker_id: self.workers[m.worker_id].exit_code for m in self.plan.members}
+        codes = {m.worker_id: self._finish_code(self.workers[m.worker_id])
+                 for m in self.plan.members}
         if any(code is None for code in codes.values()) or 0 not in codes.values():
             return None  # still running, or a round of failures that re-forming handles
         failed = [m for m in self.plan.members if codes[m.worker_id] != 0]
@@ -532,6 +573,14 @@ class Job:
         self.events.emit(ev.JOB_DONE, round=self.plan.round_id if self.plan else 0,
                          size=self.plan.size if self.plan else 0, resets=self.resets)
         return 0
+
+    @staticmethod
+    def _finish_code(rec: WorkerRecord) -> int | None:
+        """A worker's exit code as the outcome sees it: one the driver stopped did not
+        finish, whatever its code (a SIGTERM handler may well exit 0)."""
+        if rec.exit_code is None or not rec.stopping:
+            return rec.exit_code
+        return rec.exit_code or -1
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -546,10 +595,6 @@ class Job:
         for t in stoppers:
             t.join(timeout=STOP_GRACE + 5)
         if self.store is not None:
-            try:
-                self.store.put(self.keys.status, b"ended")
-            except RendezvousError:
-                pass
             self.store.close()
         if self._server is not None:
             self._server.stop()

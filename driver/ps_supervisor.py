@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from driver import events as ev
-from driver.launcher import LaunchSpec, LocalLauncher, WorkerProcess
+from driver.launcher import LaunchSpec, LauncherError, LocalLauncher, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,8 @@ class PSSupervisor:
                 self._lock.wait(min(remaining, 0.5))
 
     def stop(self) -> None:
-        self._stopping.set()
         with self._lock:
+            self._stopping.set()
             procs = list(self._procs.values())
         stoppers = [threading.Thread(target=p.stop, args=(STOP_GRACE,), daemon=True)
                     for p in procs]
@@ -90,17 +90,23 @@ class PSSupervisor:
             t.join(timeout=STOP_GRACE + 5)
 
     # ---- one shard ----
-    def _launch(self, index: int) -> None:
+    def _launch(self, index: int) -> bool:
+        """Start shard ``index`` (False when stopping). Raises LauncherError."""
         spec = LaunchSpec(host="localhost", slot=index, command=self.commands[index],
                           env=self.env, cwd=os.getcwd(), label=f"ps{index}")
-        proc = self._launcher.launch(spec, prefix=lambda: f"[ps{index}]",
-                                     on_stdout_line=lambda line: self._announce(index, line))
+        # Under the lock with the stopping check, so a restart racing ``stop`` cannot leave
+        # a shard behind: either stop sees it, or it is never started.
         with self._lock:
+            if self._stopping.is_set():
+                return False
+            proc = self._launcher.launch(spec, prefix=lambda: f"[ps{index}]",
+                                         on_stdout_line=lambda line: self._announce(index, line))
             self._procs[index] = proc
             self._ready.pop(index, None)
         thread = threading.Thread(target=self._watch, args=(index, proc), daemon=True,
                                   name=f"ps{index}-wait")
         thread.start()
+        return True
 
     def _announce(self, index: int, line: bytes) -> bool:
         """Turn a shard's machine-readable stdout lines into events (True: consumed)."""
@@ -134,5 +140,8 @@ class PSSupervisor:
             self.job.post("fatal", f"ps shard {index} died {len(history)} times within "
                                    f"{RESTART_WINDOW:g}s (last exit: {code}); giving up")
             return
-        self._launch(index)
-        self.events.emit(ev.PS_RESTARTED, shard=index)
+        try:
+            if self._launch(index):
+                self.events.emit(ev.PS_RESTARTED, shard=index)
+        except LauncherError as exc:
+            self.job.post("fatal", f"cannot restart ps shard {index}: {exc}")

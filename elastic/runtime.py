@@ -104,15 +104,19 @@ class WorkerRuntime:
         self._store = open_store(s.store_url, s.secret)
         self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
         self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
-        kvs, revision = self._store.get_prefix(self.keys.round)
-        for kv in kvs:
-            if kv.key == self.keys.round:
-                self._note_plan(Plan.from_json(kv.value))
-        self._watch = self._store.watch_prefix(self.keys.round, start_revision=revision + 1)
+        self._watch = self._open_round_watch()
         self._watcher = threading.Thread(target=self._follow_rounds, name="elastic-rounds",
                                          daemon=True)
         self._watcher.start()
         self._register()
+
+    def _open_round_watch(self) -> Watch:
+        """Read the current plan, then watch the round key from just after that read."""
+        kvs, revision = self._store.get_prefix(self.keys.round)
+        for kv in kvs:
+            if kv.key == self.keys.round:
+                self._note_plan(Plan.from_json(kv.value))
+        return self._store.watch_prefix(self.keys.round, start_revision=revision + 1)
 
     def _register(self) -> None:
         lease = self._store.grant_lease(self.settings.lease_ttl)
@@ -163,13 +167,23 @@ class WorkerRuntime:
             try:
                 event = self._watch.get(timeout=1.0)
             except RendezvousError as exc:
-                log.error("lost the round watch: %s", exc)
-                with self._cond:
-                    self._watch_error = exc
-                    self._cond.notify_all()
-                return
+                # The watch ended for good (store away too long, history compacted): a
+                # worker that stopped following rounds would hang its next round, so
+                # start over from the current plan.
+                log.warning("round watch ended (%s); following rounds again", exc)
+                self._watch = self._reopen_round_watch()
+                continue
             if event is not None and event.type == PUT and event.key == self.keys.round:
                 self._note_plan(Plan.from_json(event.value))
+
+    def _reopen_round_watch(self) -> Watch | None:
+        while not self._closed.is_set():
+            try:
+                return self._open_round_watch()
+            except RendezvousError as exc:
+                log.warning("cannot watch rounds yet: %s", exc)
+                self._closed.wait(1.0)
+        return self._watch
 
     def _note_plan(self, plan: Plan) -> None:
         with self._cond:
@@ -252,11 +266,14 @@ class WorkerRuntime:
     @staticmethod
     def suspect_of(exc: Exception, plan: Plan | None) -> str | None:
         """The worker to blame for ``exc``, when this worker saw it stop answering itself
-        (alive but silent: SIGSTOP, a hang). A crash needs no suspect: the driver sees the
+        (alive but silent: SIGSTOP, a hang, a peer that never connects to build the round).
+        A crash needs no suspect: the driver sees the
         process exit, and the cascade of closed sockets would blame innocent neighbours."""
         rank = getattr(exc, "rank", None)
-        if (plan is None or rank is None or not getattr(exc, "direct", False)
-                or "no heartbeat" not in str(exc) or not 0 <= rank < plan.size):
+        silent = any(sign in str(exc) for sign in ("no heartbeat", "did not answer",
+                                                   "did not connect"))
+        if (plan is None or rank is None or not getattr(exc, "direct", False) or not silent
+                or not 0 <= rank < plan.size):
             return None
         return plan.members[rank].worker_id
 

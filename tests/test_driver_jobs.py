@@ -196,3 +196,33 @@ def test_ssh_launcher_runs_a_job_through_a_real_sshd(tmp_path, sshd_server):
         run.kill_member(1)  # kills the local ssh client; the remote worker goes with it
         assert run.wait(timeout=80) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, 10, final_size=2)
+
+
+@pytest.mark.timeout(60)
+def test_single_worker_crash_is_replaced(tmp_path):
+    """-np 1: a failed worker is replaced (its exit code alone does not end the job)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    flag = tmp_path / "crash"
+    flag.write_text("")
+    with ElasticRun(["-np", "1", *workload(out, 5, "--crash-flag", str(flag), "--crash-at", "50")],
+                    tmp_path) as run:
+        assert run.wait(timeout=50) == 0, run.stderr_tail()
+        assert [e["code"] for e in run.events("worker_failed")] == [5]
+    check_exact_sum(out, SAMPLES, 5, final_size=1)
+
+
+@pytest.mark.timeout(60)
+def test_script_failing_everywhere_ends_the_job(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import elastic\nelastic.init()\nraise SystemExit(3)\n")
+    with ElasticRun(["-np", "2", "python", str(script)], tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        assert "the training script fails" in run.stderr_tail()
+
+
+@pytest.mark.timeout(60)
+def test_workers_dying_before_any_round_end_the_job(tmp_path):
+    with ElasticRun(["-np", "1", "python", "-c", "raise SystemExit(4)"], tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        assert "failed in a row" in run.stderr_tail()

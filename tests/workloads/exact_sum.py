@@ -39,6 +39,9 @@ def main() -> int:
     parser.add_argument("--fail-flag")
     parser.add_argument("--pause-while", help="before each step, wait while this file exists "
                         "(a test holds training back without changing its result)")
+    parser.add_argument("--crash-flag", help="with --crash-at: exit 5 at that commit once, "
+                        "removing the flag (an ordinary crash, not a broken script)")
+    parser.add_argument("--crash-at", type=int, default=0)
     parser.add_argument("--exit-slot", type=int, help="the worker on this slot exits 0 early")
     parser.add_argument("--exit-at", type=int, default=0, help="... after this many commits")
     args = parser.parse_args()
@@ -74,6 +77,14 @@ def main() -> int:
                 if not state.sizes or state.sizes[-1][0] != elastic.size():
                     state.sizes.append((elastic.size(), state.commits))
                 state.commit()
+                if args.crash_flag and state.commits >= args.crash_at and elastic.rank() == 0:
+                    try:
+                        os.unlink(args.crash_flag)
+                    except FileNotFoundError:
+                        pass
+                    else:
+                        print("crashing once with exit status 5", flush=True)
+                        os._exit(5)
                 if exit_early and state.commits >= args.exit_at:
                     print("leaving early with exit status 0", flush=True)
                     os._exit(0)
