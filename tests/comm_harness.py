@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
 from rendezvous.auth import make_secret
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,3 +159,13 @@ class Workers:
         deadline = time.monotonic() + timeout
         for w in self.all:
             w.reap(max(0.0, deadline - time.monotonic()))
+
+
+@pytest.fixture
+def workers():
+    """A pool of real worker processes, reaped even when the test fails."""
+    pool = Workers()
+    try:
+        yield pool
+    finally:
+        pool.reap()

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.comm_harness import Workers
+from tests.comm_harness import workers  # noqa: F401  (fixture)
 
-
-@pytest.fixture
-def workers():
-    pool = Workers()
-    try:
-        yield pool
-    finally:
-        pool.reap()
 
 
 CASES = [(1, "auto")] + [(n, t) for n in (2, 3, 4) for t in ("tcp", "shm")]

@@ -5,16 +5,8 @@ import signal
 
 import pytest
 
-from tests.comm_harness import Workers
+from tests.comm_harness import workers  # noqa: F401  (fixture)
 
-
-@pytest.fixture
-def workers():
-    pool = Workers()
-    try:
-        yield pool
-    finally:
-        pool.reap()
 
 
 TRANSPORTS = ("tcp", "shm")
