@@ -178,7 +178,7 @@ class Job:
         revision = self.store.revision()
         for name, prefix in (("registry", self.keys.workers), ("failure", self.keys.failures)):
             watch = self.store.watch_prefix(prefix, start_revision=revision + 1)
-            self._spawn(f"watch-{name}", self._pump_watch, watch, name)
+            self._spawn(f"watch-{name}", self._pump_watch, watch, name, prefix)
         if self.config.discovery_script:
             self._spawn("discovery", self._poll_discovery)
 
@@ -187,16 +187,44 @@ class Job:
         thread.start()
         self._threads.append(thread)
 
-    def _pump_watch(self, watch, kind: str) -> None:
+    def _pump_watch(self, watch, kind: str, prefix: str) -> None:
+        """Forward a watch's events to the main loop. When the watch ends for good (the
+        store was away longer than the watch waits, or its history was compacted), read
+        the prefix afresh (posted as ``<kind>_resync``) and watch on from there; only a
+        store unreachable for --elastic-timeout ends the job."""
         try:
             while not self._stop.is_set():
-                event = watch.get(timeout=0.5)
+                try:
+                    event = watch.get(timeout=0.5)
+                except RendezvousError as exc:
+                    watch.cancel()
+                    watch = self._rewatch(prefix, kind, exc)
+                    if watch is None:
+                        return
+                    continue
                 if event is not None:
                     self._queue.put(_Message(kind, event))
-        except RendezvousError as exc:
-            self._queue.put(_Message("store_lost", str(exc)))
         finally:
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
+
+    def _rewatch(self, prefix: str, kind: str, cause: Exception):
+        log.warning("watch on %s ended (%s); reading it afresh", prefix, cause)
+        deadline = time.monotonic() + self.config.elastic_timeout
+        while not self._stop.is_set():
+            try:
+                kvs, revision = self.store.get_prefix(prefix)
+                watch = self.store.watch_prefix(prefix, start_revision=revision + 1)
+            except RendezvousError as exc:
+                if time.monotonic() > deadline:
+                    self._queue.put(_Message("store_lost", f"{exc} (for more than "
+                                             f"--elastic-timeout {self.config.elastic_timeout:g}s)"))
+                    return None
+                self._stop.wait(1.0)
+                continue
+            self._queue.put(_Message(f"{kind}_resync", kvs))
+            return watch
+        return None
 
     def _poll_discovery(self) -> None:
         while not self._stop.wait(self.config.discovery_interval):
@@ -273,6 +301,10 @@ class Job:
             self._on_registry(data)
         elif kind == "failure":
             self._on_failure_report(data)
+        elif kind == "registry_resync":
+            self._on_registry_resync(data)
+        elif kind == "failure_resync":
+            pass  # reports are hints; the ones missed are superseded by process exits
         elif kind == "hosts":
             self._apply_host_events(self.hosts.update(data, time.monotonic()))
         elif kind == "discovery_error":
@@ -339,6 +371,23 @@ class Job:
             rec.info = None
             rec.unregistered_at = time.monotonic()
         self._change_at = self._change_at or time.monotonic()
+
+    def _on_registry_resync(self, kvs) -> None:
+        """The registrations as read afresh after the registry watch was lost."""
+        registered = {kv.key[len(self.keys.workers):]: kv for kv in kvs}
+        now = time.monotonic()
+        for rec in self._running():
+            kv = registered.get(rec.worker_id)
+            if kv is not None:
+                if rec.info is None:
+                    self._registration_seq += 1
+                    rec.registered_seq = self._registration_seq
+                rec.info = WorkerInfo.from_json(kv.value)
+                rec.unregistered_at = None
+            elif rec.info is not None:
+                rec.info = None
+                rec.unregistered_at = now
+        self._change_at = self._change_at or now
 
     def _on_failure_report(self, event) -> None:
         if event.type != PUT:
