@@ -18,7 +18,8 @@ setup(
     ],
     extras_require={
         "mpi": ["mpi4py>=3.1", "mpich"],
-        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6",
+                 "cryptography>=3.4"],  # test certificates for etcd TLS
         "bench": ["torch==2.13.0"],
     },
     entry_points={

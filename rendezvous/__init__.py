@@ -34,8 +34,8 @@ def _embedded(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVS
 
 
 def _etcd(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVStore:
-    from rendezvous.etcd import EtcdStore
-    return EtcdStore(url.endpoints, settings)
+    from rendezvous.etcd import EtcdCredentials, EtcdStore
+    return EtcdStore(url.endpoints, settings, EtcdCredentials.from_env(os.environ))
 
 
 BACKENDS = {"embedded": _embedded, "etcd": _etcd}

@@ -13,6 +13,7 @@ import os
 import queue
 import threading
 import warnings
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
@@ -20,7 +21,8 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 import grpc  # noqa: E402
 
 from rendezvous.errors import (LeaseNotFoundError, NotSentError,  # noqa: E402
-                               RendezvousConfigError, RendezvousError, WatchCompactedError)
+                               RendezvousAuthError, RendezvousConfigError, RendezvousError,
+                               WatchCompactedError)
 from rendezvous.memory import prefix_end  # noqa: E402
 from rendezvous.rpc import translate_rpc_error  # noqa: E402
 from rendezvous.store import (DELETE, PUT, Compare, Delete, Event, KeyValue, KVStore,  # noqa: E402
@@ -58,6 +60,59 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+ENV_USER = "ELASTIC_ETCD_USER"
+ENV_PASSWORD = "ELASTIC_ETCD_PASSWORD"
+ENV_CA_CERT = "ELASTIC_ETCD_CA_CERT"
+ENV_CERT = "ELASTIC_ETCD_CERT"
+ENV_KEY = "ELASTIC_ETCD_KEY"
+
+
+@dataclass(frozen=True)
+class EtcdCredentials:
+    """How to prove ourselves to etcd: user/password (etcd auth) and TLS files (a CA to
+    trust the servers, and a client certificate and key when they ask for one).
+
+    ``from_env`` reads ``ELASTIC_ETCD_USER``/``_PASSWORD``/``_CA_CERT``/``_CERT``/``_KEY``:
+    elastic-run's environment passes to its workers and shards, so the whole job uses
+    them. Raises RendezvousConfigError naming the setting or file that is wrong."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_cert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def __post_init__(self):
+        if self.password and not self.user:
+            raise RendezvousConfigError(f"{ENV_PASSWORD} is set but {ENV_USER} is not")
+        if bool(self.cert) != bool(self.key):
+            raise RendezvousConfigError(f"{ENV_CERT} and {ENV_KEY} go together: set both")
+
+    @classmethod
+    def from_env(cls, environ) -> "EtcdCredentials":
+        return cls(user=environ.get(ENV_USER) or None, password=environ.get(ENV_PASSWORD),
+                   ca_cert=environ.get(ENV_CA_CERT) or None, cert=environ.get(ENV_CERT) or None,
+                   key=environ.get(ENV_KEY) or None)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca_cert or self.cert)
+
+    def channel_credentials(self) -> "grpc.ChannelCredentials":
+        def read(path, name):
+            if not path:
+                return None
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as exc:
+                raise RendezvousConfigError(f"{name}={path}: cannot read it: "
+                                            f"{exc.strerror or exc}") from None
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca_cert, ENV_CA_CERT),
+                                            private_key=read(self.key, ENV_KEY),
+                                            certificate_chain=read(self.cert, ENV_CERT))
+
+
 def _key_range(key: str, prefix: bool) -> tuple[bytes, bytes]:
     return key.encode(), (prefix_end(key).encode() if prefix else b"")
 
@@ -70,11 +125,15 @@ def _kv(kv) -> KeyValue:
 class EtcdStore(KVStore):
     scheme = "etcd"
 
-    def __init__(self, endpoints: Sequence[Endpoint], settings: StoreSettings = StoreSettings()):
+    def __init__(self, endpoints: Sequence[Endpoint], settings: StoreSettings = StoreSettings(),
+                 credentials: EtcdCredentials = EtcdCredentials()):
         super().__init__(settings)
         if not endpoints:
             raise RendezvousConfigError("etcd store needs at least one endpoint")
         self._rpc = _import_stubs()
+        self.credentials = credentials
+        self._channel_credentials = credentials.channel_credentials() if credentials.tls else None
+        self._metadata: tuple = ()
         self.endpoints = tuple(endpoints)
         self._lock = threading.Lock()
         self._index = 0
@@ -94,10 +153,34 @@ class EtcdStore(KVStore):
             self._retired.close()
         self._retired = self._channel
         self._index = index % len(self.endpoints)
-        self._channel = grpc.insecure_channel(str(self.endpoint), options=_CHANNEL_OPTIONS)
+        if self._channel_credentials is not None:
+            self._channel = grpc.secure_channel(str(self.endpoint), self._channel_credentials,
+                                                options=_CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.insecure_channel(str(self.endpoint), options=_CHANNEL_OPTIONS)
         self._stubs = (self._rpc.KVStub(self._channel), self._rpc.LeaseStub(self._channel),
-                       self._rpc.WatchStub(self._channel))
+                       self._rpc.WatchStub(self._channel), self._rpc.AuthStub(self._channel))
         self._endpoint_generation += 1
+        self._metadata = ()  # a token is per member: authenticate again on first use
+
+    def _authenticate(self) -> tuple:
+        """The metadata every call carries: etcd's auth token when a user is configured.
+        Raises RendezvousAuthError for a wrong user or password."""
+        if not self.credentials.user or self._metadata:
+            return self._metadata
+        try:
+            token = self._stubs[3].Authenticate(self._rpc.AuthenticateRequest(
+                name=self.credentials.user, password=self.credentials.password or ""),
+                timeout=self.settings.request_timeout).token
+        except ValueError as exc:
+            raise NotSentError(f"etcd authenticate at {self.endpoint}: {exc}") from None
+        except grpc.RpcError as exc:
+            if "authentication failed" in (exc.details() or ""):
+                raise RendezvousAuthError(f"etcd at {self.endpoint} refused user "
+                                          f"{self.credentials.user!r}: {exc.details()}") from None
+            raise translate_rpc_error(exc, f"etcd authenticate at {self.endpoint}") from None
+        self._metadata = (("token", token),)
+        return self._metadata
 
     def _on_connection_error(self, generation: int) -> None:
         if len(self.endpoints) > 1:
@@ -108,12 +191,23 @@ class EtcdStore(KVStore):
 
     def _invoke(self, stub_index: int, method: str, request, what: str):
         stub = self._stubs[stub_index]
+        metadata = self._authenticate()
         try:
-            return getattr(stub, method)(request, timeout=self.settings.request_timeout)
+            return getattr(stub, method)(request, timeout=self.settings.request_timeout,
+                                         metadata=metadata)
         except ValueError as exc:  # the channel was retired and closed under this call
             raise NotSentError(f"etcd {what} at {self.endpoint}: {exc}") from None
         except grpc.RpcError as exc:
             details = (exc.details() or "").lower()
+            if "user name is empty" in details and not self.credentials.user:
+                raise RendezvousAuthError(f"etcd at {self.endpoint} requires a user: set "
+                                          f"{ENV_USER} and {ENV_PASSWORD}") from None
+            if "invalid auth token" in details or "user name is empty" in details:
+                self._metadata = ()  # expired token (etcd restarted, TTL): refused, not applied
+                raise NotSentError(f"etcd {what} at {self.endpoint}: {exc.details()}") from None
+            if "permission denied" in details:
+                raise RendezvousAuthError(f"etcd {what} at {self.endpoint}: {exc.details()} "
+                                          f"(user {self.credentials.user!r})") from None
             if "lease not found" in details:
                 raise LeaseNotFoundError(f"etcd at {self.endpoint}: {exc.details()}") from None
             if "compacted" in details:
@@ -195,7 +289,7 @@ class EtcdStore(KVStore):
             done.get()
 
         try:
-            call = self._stubs[2].Watch(requests())
+            call = self._stubs[2].Watch(requests(), metadata=self._authenticate())
         except ValueError as exc:
             raise NotSentError(f"etcd watch at {self.endpoint}: {exc}") from None
         endpoint = self.endpoint
@@ -212,7 +306,9 @@ class EtcdStore(KVStore):
                             f"etcd at {endpoint}: revision {start_revision} was compacted "
                             f"(oldest kept: {resp.compact_revision})")
                     if resp.canceled:
-                        raise RendezvousError(f"etcd at {endpoint} cancelled the watch: "
+                        if "auth" in resp.cancel_reason or "token" in resp.cancel_reason:
+                            self._metadata = ()  # authenticate again before reopening
+                        raise RendezvousConnectionError(f"etcd at {endpoint} cancelled the watch: "
                                               f"{resp.cancel_reason}")
                     events = [Event(PUT if ev.type == ev.PUT else DELETE, _kv(ev.kv))
                               for ev in resp.events]

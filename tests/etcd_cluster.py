@@ -38,7 +38,11 @@ def _port_open(port: int) -> bool:
 
 
 class EtcdCluster:
-    def __init__(self, size: int, workdir: Path, ready_timeout: float = 30.0):
+    def __init__(self, size: int, workdir: Path, ready_timeout: float = 30.0,
+                 tls: dict | None = None):
+        """``tls``: {"cert", "key", "ca"} file paths: clients must then speak TLS and show a
+        certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env)."""
+        self.tls = tls
         self.size = size
         self.workdir = Path(workdir)
         self.ready_timeout = ready_timeout
@@ -58,7 +62,8 @@ class EtcdCluster:
         return f"etcd://127.0.0.1:{self.client_ports[i]}"
 
     def _command(self, i: int) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_ports[i]}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://127.0.0.1:{self.client_ports[i]}"
         peer = f"http://127.0.0.1:{self.peer_ports[i]}"
         return [ETCD, "--name", self.names[i], "--data-dir", str(self.workdir / self.names[i]),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -67,7 +72,9 @@ class EtcdCluster:
                 "--initial-cluster-token", f"tok-{self.peer_ports[0]}",
                 # Fast elections so failover tests stay short.
                 "--heartbeat-interval", "50", "--election-timeout", "500",
-                "--logger", "zap", "--log-level", "warn"]
+                "--logger", "zap", "--log-level", "warn",
+                *(["--cert-file", self.tls["cert"], "--key-file", self.tls["key"],
+                   "--trusted-ca-file", self.tls["ca"], "--client-cert-auth"] if self.tls else [])]
 
     def start_member(self, i: int) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
