@@ -51,7 +51,7 @@ class WorkerSettings:
     secret: str
     bind_host: str = "127.0.0.1"
     round_timeout: float = 600.0  # waiting for a round that includes us
-    lease_ttl: int = 5
+    lease_ttl: int = 10  # a slow keep-alive on a loaded host must not end a live registration
     comm: CommSettings = field(default_factory=CommSettings)
 
     @classmethod
@@ -69,7 +69,7 @@ class WorkerSettings:
                        slot=int(environ.get(env.ENV_SLOT, "0")), secret=need(env.ENV_SECRET),
                        bind_host=environ.get(env.ENV_BIND_HOST) or "127.0.0.1",
                        round_timeout=float(environ.get(ENV_ROUND_TIMEOUT, "600")),
-                       lease_ttl=int(environ.get(ENV_LEASE_TTL, "5")),
+                       lease_ttl=int(environ.get(ENV_LEASE_TTL, "10")),
                        comm=CommSettings(
                            peer_timeout=float(environ.get(ENV_PEER_TIMEOUT, "30")),
                            connect_timeout=float(environ.get(ENV_CONNECT_TIMEOUT, "30"))))
