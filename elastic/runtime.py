@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import CommunicatorClosedError, WorkerLostError
+from elastic.orphan import exit_when_orphaned
 from rendezvous import env, open_store
 from rendezvous.errors import LeaseNotFoundError, RendezvousConnectionError, RendezvousError
 from rendezvous.keys import JobKeys
@@ -101,6 +102,7 @@ class WorkerRuntime:
 
         Raises RendezvousError when the store cannot be reached or refuses us."""
         s = self.settings
+        self._orphan_watch = exit_when_orphaned()
         self._store = open_store(s.store_url, s.secret)
         self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
         self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
@@ -143,6 +145,8 @@ class WorkerRuntime:
         if self._closed.is_set():
             return
         self._closed.set()
+        if getattr(self, "_orphan_watch", None) is not None:
+            self._orphan_watch.set()
         with self._cond:
             comm, self.comm = self.comm, None
             self._cond.notify_all()

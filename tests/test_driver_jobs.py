@@ -226,3 +226,16 @@ def test_workers_dying_before_any_round_end_the_job(tmp_path):
     with ElasticRun(["-np", "1", "python", "-c", "raise SystemExit(4)"], tmp_path) as run:
         assert run.wait(timeout=50) == 1
         assert "failed in a row" in run.stderr_tail()
+
+
+@pytest.mark.timeout(60)
+def test_workers_and_shards_do_not_outlive_a_killed_driver(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(["-np", "2", "--num-ps", "1", *workload(out, 200)], tmp_path) as run:
+        run.wait_progress(20)
+        pids = list(run.worker_pids().values()) + [e["pid"] for e in run.events("ps_started")]
+        run.proc.send_signal(signal.SIGKILL)  # no chance to stop anything itself
+        run.wait(timeout=10)
+        wait_until(lambda: not any(pid_alive(p) for p in pids), 15,
+                   "orphaned workers and shards to stop")

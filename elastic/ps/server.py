@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 
+from elastic.orphan import exit_when_orphaned
 from elastic.ps import wire
 from elastic.ps.bulk import BulkServer
 from elastic.ps.checkpoint import load_newest
@@ -39,6 +40,7 @@ from elastic.ps.registry import registry_from_env
 from elastic.ps.settings import DEFAULT_SPLIT_THRESHOLD, ServerSettings
 from elastic.ps.state import ShardState, initial_generation
 from elastic.ps.transport import SERVICE, Staging, parse_request
+from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous import auth
 from rendezvous.rpc import RpcServer, frame
 
@@ -271,6 +273,8 @@ def main(argv=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if os.environ.get(ENV_RENDEZVOUS):
+        exit_when_orphaned()  # started by elastic-run: do not outlive it
     try:
         server = ShardServer(settings, secret, registry_from_env())
     except PSConfigError as exc:
