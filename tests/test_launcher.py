@@ -23,6 +23,7 @@ from driver.launcher import (
     encode_env_block, get_launcher, remote_environment, remote_script, ssh_argv,
     ssh_remote_command)
 from rendezvous.errors import ElasticError
+from tests.jobs import wait_until
 from tests.sshd_fixture import free_port, sshd_server  # noqa: F401  (fixture)
 
 PY = sys.executable
@@ -31,16 +32,7 @@ PY = sys.executable
 # ----------------------------------------------------------------------------- helpers
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.01):
-    """Poll ``condition`` until it is truthy or ``timeout`` passes (then fail)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # polling a condition with a deadline
+wait_for = wait_until  # one polling helper for every test
 
 
 def alive(pid: int) -> bool:

@@ -11,14 +11,10 @@ import time
 import pytest
 
 from driver.output import MAX_LINE, OutputForwarder, format_line, worker_prefix, write_line
+from tests.jobs import wait_until
 
 
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)  # polling a condition with a deadline
+wait_for = wait_until  # one polling helper for every test
 
 
 class Pipes:
