@@ -31,7 +31,7 @@ from driver.events import EventLog
 from driver.hosts import HostManager, HostSlots
 from driver import events as ev
 from driver.launcher import (LaunchSpec, LauncherError, WorkerProcess, get_launcher,
-                             ssh_settings_from_env)
+                             ssh_settings_from_env, stop_all)
 from rendezvous import env, open_store
 from rendezvous.auth import make_secret
 from rendezvous.errors import RendezvousError
@@ -433,8 +433,18 @@ class Job:
         now = time.monotonic()
         self._apply_host_events(self.hosts.release_expired(now))
         if self.hosts.all_blacklisted and not self._running():
-            raise JobFailed("every host is blacklisted after repeated worker failures: "
-                            + ", ".join(self.hosts.blacklisted_hosts))
+            # Cooldowns end: wait for the first host to come back, unless that is later
+            # than the job may wait anyway.
+            if self.plan is None:
+                limit, flag = self._started_at + self.config.start_timeout, "--start-timeout"
+            else:
+                limit = (self._broken_since or now) + self.config.elastic_timeout
+                flag = "--elastic-timeout"
+            release = self.hosts.next_release_time()
+            if release is None or release > limit:
+                raise JobFailed("every host is blacklisted after repeated worker failures ("
+                                + ", ".join(self.hosts.blacklisted_hosts)
+                                + f") and none comes back within {flag}")
         usable = self.hosts.usable_hosts
         self._stop_displaced(usable)
         self._kill_unregistered(now)
@@ -549,8 +559,11 @@ class Job:
                                  f"waiting for {min_np} to re-form (have {len(live)})",
                                  waited=round(now - self._broken_since, 3))
             if now - self._broken_since > cfg.elastic_timeout:
+                blacklisted = self.hosts.blacklisted_hosts
                 raise JobFailed(f"no round of at least {min_np} workers could form within "
-                                f"--elastic-timeout {cfg.elastic_timeout:g}s (have {len(live)})")
+                                f"--elastic-timeout {cfg.elastic_timeout:g}s (have {len(live)}"
+                                + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted
+                                   else "") + ")")
 
     def _check_script_failed(self) -> None:
         """Every member of two rounds in a row exited with an error code of its own (no
@@ -636,13 +649,7 @@ class Job:
         for component in (self._chaos, self._ps):
             if component is not None:
                 component.stop()
-        running = [r for r in self.workers.values() if r.running]
-        stoppers = [threading.Thread(target=r.process.stop, args=(STOP_GRACE,), daemon=True)
-                    for r in running]
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join(timeout=STOP_GRACE + 5)
+        stop_all([r.process for r in self.workers.values() if r.running], STOP_GRACE)
         if self.store is not None:
             self.store.close()
         if self._server is not None:

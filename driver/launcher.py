@@ -662,6 +662,16 @@ class AutoLauncher(Launcher):
         return chosen.launch(spec, prefix)
 
 
+def stop_all(processes, grace: float = STOP_GRACE) -> None:
+    """``stop(grace)`` every process at once (SIGTERM, SIGKILL after ``grace``, reap), and
+    return when all are done: a job's processes get the same grace, not one after another."""
+    stoppers = [threading.Thread(target=p.stop, args=(grace,), daemon=True) for p in processes]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join(timeout=grace + REAP_TIMEOUT + 5)
+
+
 LAUNCHER_NAMES = ("local", "ssh", "auto")
 
 

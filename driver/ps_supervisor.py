@@ -19,7 +19,8 @@ import time
 from collections import deque
 
 from driver import events as ev
-from driver.launcher import LaunchSpec, LauncherError, LocalLauncher, WorkerProcess
+from driver.launcher import (LaunchSpec, LauncherError, LocalLauncher, WorkerProcess,
+                             stop_all)
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +83,7 @@ class PSSupervisor:
         with self._lock:
             self._stopping.set()
             procs = list(self._procs.values())
-        stoppers = [threading.Thread(target=p.stop, args=(STOP_GRACE,), daemon=True)
-                    for p in procs]
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join(timeout=STOP_GRACE + 5)
+        stop_all(procs, STOP_GRACE)
 
     # ---- one shard ----
     def _launch(self, index: int) -> bool:

@@ -239,3 +239,30 @@ def test_workers_and_shards_do_not_outlive_a_killed_driver(tmp_path):
         run.wait(timeout=10)
         wait_until(lambda: not any(pid_alive(p) for p in pids), 15,
                    "orphaned workers and shards to stop")
+
+
+@pytest.mark.timeout(60)
+def test_only_a_blacklisted_host_left_waits_for_its_cooldown(tmp_path):
+    """Discovery leaves only a host that is cooling down: the job waits for it to come
+    back (it does within --elastic-timeout) instead of failing at once."""
+    out = tmp_path / "out"
+    out.mkdir()
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
+    args = ["-np", "1", "--min-np", "1", "--host-discovery-script", str(script),
+            "--discovery-interval", "0.2", "--launcher", "local",
+            "--blacklist-cooldown-range", "2", "2", "--elastic-timeout", "30",
+            *workload(out, 10, "--fail-host", "127.0.0.1", "--fail-flag", str(flag),
+                      "--pause-while", str(hold))]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("host_blacklisted", lambda e: e["host"] == "127.0.0.1")
+        flag.unlink()
+        hosts.write_text("127.0.0.1:1\n")  # the good host leaves; only the cooling one stays
+        run.wait_event("host_back", lambda e: e["host"] == "127.0.0.1")
+        run.wait_event("round_formed", lambda e: e["members"][0].startswith("127.0.0.1"))
+        hold.unlink()
+        assert run.wait(timeout=50) == 0, run.stderr_tail()
+    check_exact_sum(out, SAMPLES, 10, final_size=1)
