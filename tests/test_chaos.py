@@ -95,23 +95,22 @@ def test_etcd_killed_and_restarted_mid_run(tmp_path, etcd_single):
 def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_args):
     out = tmp_path / "out"
     out.mkdir()
-    script, hosts = hosts_file_discovery(tmp_path, "localhost:2\n")
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:1\n")
     hold = tmp_path / "hold"  # while it exists the workers wait between steps
-    with ElasticRun(["--min-np", "1", "-np", "2", "--host-discovery-script", str(script),
+    changes = [("localhost:2\n", 2),                   # more slots on the same host
+               ("localhost:2\n127.0.0.1:2\n", 4),      # a second host
+               ("127.0.0.1:1\n", 1)]                   # the first host goes, one slot left
+    with ElasticRun(["--min-np", "1", "-np", "1", "--host-discovery-script", str(script),
                      "--discovery-interval", "0.2", "--launcher", "local", *store_args,
                      *workload(out, epochs=15), "--pause-while", str(hold)], tmp_path) as run:
-        run.wait_progress(30)
-        hold.write_text("")  # however fast the job is, the change lands mid-epoch
-        hosts.write_text("localhost:2\n127.0.0.1:2\n")  # grow: a second host
-        run.wait_event("round_formed", lambda e: e["size"] == 4)
-        hold.unlink()
-        run.wait_progress(run.progress + 30)
-        hold.write_text("")
-        hosts.write_text("127.0.0.1:1\n")  # shrink: the first host goes, one slot left
-        run.wait_event("round_formed", lambda e: e["size"] == 1)
-        hold.unlink()
+        for layout, size in changes:
+            run.wait_progress(run.progress + 30)
+            hold.write_text("")  # however fast the job is, the change lands mid-epoch
+            hosts.write_text(layout)
+            run.wait_event("round_formed", lambda e, size=size: e["size"] == size)
+            hold.unlink()
         assert run.wait(timeout=90) == 0, run.stderr_tail()
         sizes = [e["size"] for e in run.events("round_formed")]
     results = check_exact_sum(out, SAMPLES, 15, final_size=1)
-    assert sizes == [2, 4, 1]
-    assert [size for size, _ in results[0]["sizes"]] == [2, 4, 1]
+    assert sizes == [1, 2, 4, 1]
+    assert [size for size, _ in results[0]["sizes"]] == [1, 2, 4, 1]

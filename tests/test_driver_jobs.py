@@ -82,7 +82,7 @@ def test_sigkilled_worker_is_replaced_in_its_slot(tmp_path, store_args):
 
 
 @pytest.mark.timeout(90)
-def test_failing_host_is_blacklisted_and_comes_back(tmp_path):
+def test_failing_host_is_blacklisted_and_comes_back(tmp_path, store_args):
     out = tmp_path / "out"
     out.mkdir()
     flag = tmp_path / "broken"
@@ -90,7 +90,7 @@ def test_failing_host_is_blacklisted_and_comes_back(tmp_path):
     hold = tmp_path / "hold"
     hold.write_text("")  # training waits until the host is back, however fast it would be
     args = ["-H", "localhost:1,127.0.0.1:1", "-np", "1", "--min-np", "1", "--launcher", "local",
-            "--blacklist-cooldown-range", "1", "2",
+            "--blacklist-cooldown-range", "1", "2", *store_args,
             *workload(out, 30, "--fail-host", "127.0.0.1", "--fail-flag", str(flag),
                       "--pause-while", str(hold))]
     with ElasticRun(args, tmp_path) as run:
