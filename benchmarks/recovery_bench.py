@@ -46,10 +46,12 @@ One JSON line per configuration on stdout (nothing else):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -98,6 +100,19 @@ def wait_for(predicate, timeout: float, what: str):
     """Poll ``predicate`` until it returns something true (returned); BenchTimeout after
     ``timeout`` seconds. (The logs are files: polling them is the simplest correct way.)"""
     return wait_until(predicate, timeout, what, interval=POLL, error=BenchTimeout)
+
+
+@contextlib.contextmanager
+def bench_workdir(prefix: str, keep: bool):
+    """A temporary folder for the jobs' logs: removed afterwards, or kept (path on stderr)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield tmp
+    finally:
+        if keep:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def quantile(xs, q):
@@ -475,8 +490,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the jobs' logs (path on stderr)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    tmp = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
-    try:
+    with bench_workdir("recovery-bench-", args.keep) as tmp:
         for workers in args.workers:
             if "ours" in args.systems:
                 for mode in args.modes:
@@ -485,12 +499,6 @@ def main() -> None:
             if "torchrun" in args.systems:
                 print(json.dumps(torchrun_config(workers, args.kills, args.settle_steps,
                                                  args.work, rng, tmp)), flush=True)
-    finally:
-        if args.keep:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            import shutil
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

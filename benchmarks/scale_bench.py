@@ -44,17 +44,15 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from recovery_bench import (RECOVERY_DEADLINE, STEADY_DEADLINE, BenchTimeout,  # noqa: E402
-                            OursJob, fresh_worker_phases, median_or_none, phase_medians,
+                            OursJob, bench_workdir, fresh_worker_phases, median_or_none, phase_medians,
                             summary, wait_for)
 
 GROW_HOSTS = "localhost:2\n127.0.0.1:2\n"
@@ -208,8 +206,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the jobs' logs (path on stderr)")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="scale-bench-"))
-    try:
+    with bench_workdir("scale-bench-", args.keep) as tmp:
         if "grow-shrink" in args.changes:
             for line in grow_shrink(args.repeats, args.discovery_interval, args.settle_steps,
                                     args.work, tmp):
@@ -217,11 +214,6 @@ def main() -> None:
         if "sigkill" in args.changes:
             print(json.dumps(sigkills(args.repeats, args.discovery_interval, args.settle_steps,
                                       args.work, random.Random(args.seed), tmp)), flush=True)
-    finally:
-        if args.keep:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from driver import planner
@@ -28,7 +28,7 @@ from driver.config import JobConfig
 from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
 from driver.errors import DiscoveryError, DriverError
 from driver.events import EventLog
-from driver.hosts import HostManager, HostSlots
+from driver.hosts import HostManager
 from driver import events as ev
 from driver.launcher import (LaunchSpec, LauncherError, WorkerProcess, get_launcher,
                              ssh_settings_from_env, stop_all)
@@ -142,7 +142,6 @@ class Job:
         self._server = None
         self.store: KVStore | None = None
         self.store_url = ""
-        self._threads: list[threading.Thread] = []
         self._ps = None
         self._chaos = None
         self._launcher = get_launcher(config.launcher,
@@ -183,9 +182,7 @@ class Job:
             self._spawn("discovery", self._poll_discovery)
 
     def _spawn(self, name, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
 
     def _pump_watch(self, watch, kind: str, prefix: str) -> None:
         """Forward a watch's events to the main loop. When the watch ends for good (the
@@ -213,8 +210,7 @@ class Job:
         deadline = time.monotonic() + self.config.elastic_timeout
         while not self._stop.is_set():
             try:
-                kvs, revision = self.store.get_prefix(prefix)
-                watch = self.store.watch_prefix(prefix, start_revision=revision + 1)
+                kvs, watch = self.store.read_and_watch(prefix)
             except RendezvousError as exc:
                 if time.monotonic() > deadline:
                     self._queue.put(_Message("store_lost", f"{exc} (for more than "
@@ -352,7 +348,7 @@ class Job:
                                     "without a round forming (last exit: "
                                     f"{ev.describe_code(code)}); see the worker output above")
         if in_plan:
-            self._change_at = self._change_at or now
+            self._mark_change(now)
 
     def _on_registry(self, event) -> None:
         worker_id = event.key[len(self.keys.workers):]
@@ -370,7 +366,13 @@ class Job:
             # and killed (so its slot is refilled) if it does not within REREGISTER_GRACE.
             rec.info = None
             rec.unregistered_at = time.monotonic()
-        self._change_at = self._change_at or time.monotonic()
+        self._mark_change(time.monotonic())
+
+    def _mark_change(self, now: float) -> None:
+        """Membership changed at ``now``: the next round's formation time counts from the
+        first change it answers."""
+        if self._change_at is None:
+            self._change_at = now
 
     def _on_registry_resync(self, kvs) -> None:
         """The registrations as read afresh after the registry watch was lost."""
@@ -387,7 +389,7 @@ class Job:
             elif rec.info is not None:
                 rec.info = None
                 rec.unregistered_at = now
-        self._change_at = self._change_at or now
+        self._mark_change(now)
 
     def _on_failure_report(self, event) -> None:
         if event.type != PUT:
@@ -426,7 +428,7 @@ class Job:
             self.events.emit(host_event.kind, **{k: v for k, v in host_event.as_record().items()
                                                  if k not in ("kind", "event")})
         if host_events:
-            self._change_at = self._change_at or time.monotonic()
+            self._mark_change(time.monotonic())
 
     # ------------------------------------------------------------------ reconcile
     def _reconcile(self) -> None:

@@ -114,11 +114,11 @@ class WorkerRuntime:
 
     def _open_round_watch(self) -> Watch:
         """Read the current plan, then watch the round key from just after that read."""
-        kvs, revision = self._store.get_prefix(self.keys.round)
+        kvs, watch = self._store.read_and_watch(self.keys.round)
         for kv in kvs:
             if kv.key == self.keys.round:
                 self._note_plan(Plan.from_json(kv.value))
-        return self._store.watch_prefix(self.keys.round, start_revision=revision + 1)
+        return watch
 
     def _register(self) -> None:
         lease = self._store.grant_lease(self.settings.lease_ttl)

@@ -75,13 +75,6 @@ class ElasticSampler:
                 setattr(state, PROGRESS_ATTR, progress)
         return progress
 
-    def num_steps(self, batch_size: int, start: int = 0) -> int:
-        """How many global steps ``batches`` will yield at the current world size."""
-        import elastic
-        offset = self._start_offset(batch_size, start, elastic.size())
-        per_step = batch_size * elastic.size()
-        return -(-(self.num_samples - offset) // per_step) if per_step else 0
-
     def _start_offset(self, batch_size: int, start: int, size: int) -> int:
         """Indices consumed after ``start`` steps: recorded when those steps were committed
         (exact whatever the world sizes were); otherwise extrapolated at the current world

@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 from typing import Callable, Iterator, Sequence
 
+import grpc
+
 from rendezvous.memory import MemoryKV
-from rendezvous.rpc import RpcClient, RpcServer, frame, unframe
+from rendezvous.rpc import RpcClient, RpcServer, frame, translate_rpc_error, unframe
 from rendezvous.store import (Compare, Delete, Event, KeyValue, KVStore, Put,
                               StoreSettings, TxnResult, op_from_dict)
 
@@ -137,8 +139,6 @@ class EmbeddedStore(KVStore):
 
     def _open_watch(self, prefix: str, start_revision: int
                     ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
-        import grpc
-        from rendezvous.rpc import translate_rpc_error
         call = self._rpc.stream("Watch", _encode(prefix=prefix, start=start_revision))
 
         def batches() -> Iterator[tuple[list[Event], int | None]]:

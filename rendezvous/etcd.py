@@ -21,8 +21,8 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 import grpc  # noqa: E402
 
 from rendezvous.errors import (LeaseNotFoundError, NotSentError,  # noqa: E402
-                               RendezvousAuthError, RendezvousConfigError, RendezvousError,
-                               WatchCompactedError)
+                               RendezvousAuthError, RendezvousConfigError,
+                               RendezvousConnectionError, WatchCompactedError)
 from rendezvous.memory import prefix_end  # noqa: E402
 from rendezvous.rpc import translate_rpc_error  # noqa: E402
 from rendezvous.store import (DELETE, PUT, Compare, Delete, Event, KeyValue, KVStore,  # noqa: E402

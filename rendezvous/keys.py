@@ -44,8 +44,3 @@ class JobKeys:
 
     def ps_shard(self, index: int) -> str:
         return f"{self.ps}{index:04d}"
-
-    @property
-    def status(self) -> str:
-        """Job status written by the driver (e.g. ``done``) so workers can stop waiting."""
-        return f"{self.prefix}status"

@@ -15,7 +15,7 @@ import json
 import struct
 import threading
 from concurrent import futures
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import grpc
 

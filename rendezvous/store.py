@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from rendezvous.errors import (LeaseNotFoundError, NotSentError, RendezvousClosedError,
@@ -466,17 +466,24 @@ class KVStore(abc.ABC):
         self._watches.add(watch)
         return watch
 
+    def read_and_watch(self, prefix: str) -> tuple[list[KeyValue], Watch]:
+        """The keys under ``prefix`` now, and a watch of every change after that read:
+        together they miss nothing and repeat nothing (how a follower starts, or starts
+        over after its watch ended for good)."""
+        kvs, revision = self.get_prefix(prefix)
+        return kvs, self.watch_prefix(prefix, start_revision=revision + 1)
+
     def wait_for(self, key: str, predicate: Callable[[KeyValue | None], bool], timeout: float
                  ) -> KeyValue | None:
         """Block until ``predicate(current value of key)`` holds; returns that value.
 
         Raises RendezvousConnectionError (with what it waited for) when ``timeout`` passes."""
-        kvs, rev = self.get_prefix(key)
-        current = next((kv for kv in kvs if kv.key == key), None)
-        if predicate(current):
-            return current
-        deadline = time.monotonic() + timeout
-        with Watch(self, key, rev + 1) as watch:
+        kvs, watch = self.read_and_watch(key)
+        with watch:
+            current = next((kv for kv in kvs if kv.key == key), None)
+            if predicate(current):
+                return current
+            deadline = time.monotonic() + timeout
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

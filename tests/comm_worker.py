@@ -108,7 +108,7 @@ def main() -> None:
                 def closer():
                     deadline = time.monotonic() + 10
                     while not comm._in_op and time.monotonic() < deadline:
-                        time.sleep(0.001)
+                        time.sleep(0.001)  # polling a condition with a deadline
                     closed_at.append(time.perf_counter())
                     comm.close("closed by another thread")
 

@@ -5,11 +5,9 @@ whose ``open()`` makes clients of one fresh store.
 """
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 

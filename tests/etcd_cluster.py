@@ -7,7 +7,6 @@ does not become healthy within the deadline.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket

@@ -7,7 +7,6 @@ visited exactly once, the same state on every rank, the same result as a failure
 from __future__ import annotations
 
 import random
-import signal
 
 import pytest
 

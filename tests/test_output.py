@@ -113,7 +113,7 @@ class SlowTextStream(io.TextIOBase):
     def write(self, s):
         for c in s:
             self.chars.append(c)
-            time.sleep(0)
+            time.sleep(0)  # yield the GIL mid-write: the interleaving is what is under test
         return len(s)
 
     def getvalue(self) -> str:

@@ -17,7 +17,7 @@ from elastic.ps.errors import PSConfigError, PSUnavailableError
 from elastic.ps.settings import ClientSettings
 from rendezvous.errors import RendezvousAuthError
 from tests import ps_worker as pw
-from tests.ps_harness import ROOT, PSJob, wait_for
+from tests.ps_harness import ROOT, PSJob
 
 
 def _result(path):

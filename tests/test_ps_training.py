@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 
 from tests import ps_worker as pw
 from tests.ps_harness import PSJob, wait_for
