@@ -106,7 +106,7 @@ def worker_env(config: JobConfig, secret: str, store_url: str, worker_id: str, h
     """The job's own variables for one worker (pure); they are added to the inherited ones."""
     return {**job_env(config, secret, store_url), env.ENV_WORKER_ID: worker_id,
             env.ENV_HOST: host, env.ENV_SLOT: str(slot), env.ENV_BIND_HOST: bind_host,
-            "ELASTIC_ROUND_TIMEOUT": str(config.elastic_timeout)}
+            env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout)}
 
 
 class Job:

@@ -68,6 +68,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
+from rendezvous import env
 from rendezvous.errors import ElasticError
 
 from driver.output import OutputForwarder, PrefixFn, Stream, worker_prefix
@@ -187,7 +188,7 @@ class SSHSettings:
         object.__setattr__(self, "extra_options", tuple(self.extra_options))
 
 
-ENV_SSH_OPTIONS = "ELASTIC_SSH_OPTIONS"
+ENV_SSH_OPTIONS = env.ENV_SSH_OPTIONS
 
 
 def ssh_settings_from_env(environ: Mapping[str, str]) -> SSHSettings:

@@ -34,10 +34,10 @@ from rendezvous.store import PUT, KVStore, Lease, Watch
 
 log = logging.getLogger(__name__)
 
-ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"
-ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"
-ENV_PEER_TIMEOUT = "ELASTIC_PEER_TIMEOUT"      # seconds before a silent peer is lost
-ENV_CONNECT_TIMEOUT = "ELASTIC_CONNECT_TIMEOUT"
+ENV_ROUND_TIMEOUT = env.ENV_ROUND_TIMEOUT
+ENV_LEASE_TTL = env.ENV_LEASE_TTL
+ENV_PEER_TIMEOUT = env.ENV_PEER_TIMEOUT
+ENV_CONNECT_TIMEOUT = env.ENV_CONNECT_TIMEOUT
 
 
 @dataclass(frozen=True)

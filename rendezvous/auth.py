@@ -17,7 +17,7 @@ import hmac
 import os
 import secrets
 
-ENV_SECRET = "ELASTIC_JOB_SECRET"
+from rendezvous.env import ENV_SECRET
 RPC_METADATA_KEY = "x-elastic-auth"
 NONCE_BYTES = 16
 RESPONSE_BYTES = hashlib.sha256().digest_size

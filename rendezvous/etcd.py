@@ -20,6 +20,7 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 import grpc  # noqa: E402
 
+from rendezvous import env  # noqa: E402
 from rendezvous.errors import (LeaseNotFoundError, NotSentError,  # noqa: E402
                                RendezvousAuthError, RendezvousConfigError,
                                RendezvousConnectionError, WatchCompactedError)
@@ -60,11 +61,11 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-ENV_USER = "ELASTIC_ETCD_USER"
-ENV_PASSWORD = "ELASTIC_ETCD_PASSWORD"
-ENV_CA_CERT = "ELASTIC_ETCD_CA_CERT"
-ENV_CERT = "ELASTIC_ETCD_CERT"
-ENV_KEY = "ELASTIC_ETCD_KEY"
+ENV_USER = env.ENV_ETCD_USER
+ENV_PASSWORD = env.ENV_ETCD_PASSWORD
+ENV_CA_CERT = env.ENV_ETCD_CA_CERT
+ENV_CERT = env.ENV_ETCD_CERT
+ENV_KEY = env.ENV_ETCD_KEY
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,40 @@ class Endpoint:
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    @classmethod
+    def parse(cls, text: str, where: str = "address", *, allow_port_zero: bool = False) -> Endpoint:
+        """The one parser of ``HOST:PORT`` and ``[IPV6]:PORT`` (a bare IPv6 address with a
+        port must be bracketed). ``allow_port_zero`` admits port 0 (bind to any free port).
+
+        Raises:
+            RendezvousConfigError: the text does not parse; the message names ``where``."""
+        if not isinstance(text, str):
+            raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: expected HOST:PORT")
+        text = text.strip()
+        if text.startswith("["):
+            host, sep, rest = text[1:].partition("]")
+            if not sep or not rest.startswith(":"):
+                raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: "
+                                            "expected [IPV6]:PORT")
+            port_text = rest[1:]
+        else:
+            host, sep, port_text = text.rpartition(":")
+            if not sep:
+                raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: "
+                                            "expected HOST:PORT")
+        if not host or (":" in host and not text.startswith("[")) or not _HOST.fullmatch(host):
+            raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: missing or bad host")
+        low = 0 if allow_port_zero else 1
+        if not re.fullmatch(r"[0-9]{1,5}", port_text) or not low <= int(port_text) < 65536:
+            raise RendezvousConfigError(f"bad port {port_text!r} in {where}: "
+                                        f"expected a number from {low} to 65535")
+        return cls(host, int(port_text))
+
+    @property
+    def sockaddr(self) -> tuple[str, int]:
+        """``(host, port)`` as the socket module takes it (IPv6 without brackets)."""
+        return (self.host, self.port)
+
 
 @dataclass(frozen=True)
 class StoreURL:
@@ -35,25 +69,9 @@ class StoreURL:
 
 
 def parse_endpoint(text: str, url: str) -> Endpoint:
-    """``HOST:PORT`` or ``[IPV6]:PORT``. Raises RendezvousConfigError naming ``url``."""
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or not rest.startswith(":"):
-            raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: "
-                                        "expected [IPV6]:PORT")
-        port_text = rest[1:]
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: "
-                                        "expected HOST:PORT")
-    if not host or (":" in host and not text.startswith("[")) or not _HOST.fullmatch(host):
-        raise RendezvousConfigError(f"bad endpoint {text!r} in store URL {url!r}: missing or bad host")
-    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 < int(port_text) < 65536:
-        raise RendezvousConfigError(f"bad port {port_text!r} in store URL {url!r}: "
-                                    "expected a number from 1 to 65535")
-    return Endpoint(host, int(port_text))
+    """``HOST:PORT`` or ``[IPV6]:PORT`` in a store URL. Raises RendezvousConfigError
+    naming ``url``."""
+    return Endpoint.parse(text, f"store URL {url!r}")
 
 
 def parse_store_url(url: str) -> StoreURL:
