@@ -44,3 +44,9 @@ class JobKeys:
 
     def ps_shard(self, index: int) -> str:
         return f"{self.ps}{index:04d}"
+
+    @property
+    def ps_checkpoint(self) -> str:
+        """The newest complete ps checkpoint (JSON of ``rendezvous.plan.CheckpointRecord``);
+        written by the coordinating shard, watched by the driver."""
+        return f"{self.prefix}ps-checkpoint"

@@ -76,3 +76,49 @@ class Plan:
         raw = json.loads(data)
         return cls(round_id=int(raw["round_id"]),
                    members=tuple(Member(**m) for m in raw["members"]))
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """A parameter-server shard's record under ``JobKeys.ps_shard(index)`` (written by
+    the shard). ``ready`` is False while it restores a checkpoint (data calls answer
+    "not ready" meanwhile) and True once it serves; the driver's supervisor waits for
+    it, clients only need the address."""
+
+    index: int
+    num_shards: int
+    address: str
+    pid: int
+    ready: bool = False
+    bulk_address: str = ""   # the shard's bulk-bytes TCP port, when it has one
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "ShardInfo":
+        raw = json.loads(data)
+        known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """The newest complete coordinated checkpoint, under ``JobKeys.ps_checkpoint``
+    (written by the coordinating shard once every shard's files and the manifest are
+    durable). ``pause_ms`` is how long training was held, ``write_ms`` the write."""
+
+    checkpoint_id: int
+    step: int
+    dir: str
+    pause_ms: float = 0.0
+    write_ms: float = 0.0
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "CheckpointRecord":
+        raw = json.loads(data)
+        known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        return cls(**known)
