@@ -22,22 +22,20 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import CommunicatorClosedError, WorkerLostError
 from elastic.orphan import exit_when_orphaned
 from rendezvous import env, open_store
-from rendezvous.errors import LeaseNotFoundError, RendezvousConnectionError, RendezvousError
+from rendezvous.errors import (LeaseNotFoundError, RendezvousConfigError,
+                               RendezvousConnectionError, RendezvousError)
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
 
 log = logging.getLogger(__name__)
-
-ENV_ROUND_TIMEOUT = env.ENV_ROUND_TIMEOUT
-ENV_LEASE_TTL = env.ENV_LEASE_TTL
-ENV_PEER_TIMEOUT = env.ENV_PEER_TIMEOUT
-ENV_CONNECT_TIMEOUT = env.ENV_CONNECT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -56,26 +54,30 @@ class WorkerSettings:
     comm: CommSettings = field(default_factory=CommSettings)
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> "WorkerSettings":
-        """Raises RendezvousError naming the variable that is missing or malformed."""
-        def need(name):
-            value = environ.get(name)
-            if not value:
-                raise RendezvousError(f"{name} is not set: this worker was not started by elastic-run")
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        """The settings elastic-run gave this worker (``environ`` defaults to os.environ).
+
+        Raises:
+            RendezvousConfigError: a variable is missing or malformed (the message names it).
+        """
+        def required(name: str) -> str:
+            value = env.text(name, None, environ)
+            if value is None:
+                raise RendezvousConfigError(
+                    f"{name} is not set: this worker was not started by elastic-run")
             return value
-        try:
-            return cls(store_url=need(env.ENV_RENDEZVOUS), job_id=need(env.ENV_JOB_ID),
-                       worker_id=need(env.ENV_WORKER_ID),
-                       host=environ.get(env.ENV_HOST) or socket.gethostname(),
-                       slot=int(environ.get(env.ENV_SLOT, "0")), secret=need(env.ENV_SECRET),
-                       bind_host=environ.get(env.ENV_BIND_HOST) or "127.0.0.1",
-                       round_timeout=float(environ.get(ENV_ROUND_TIMEOUT, "600")),
-                       lease_ttl=int(environ.get(ENV_LEASE_TTL, "10")),
-                       comm=CommSettings(
-                           peer_timeout=float(environ.get(ENV_PEER_TIMEOUT, "30")),
-                           connect_timeout=float(environ.get(ENV_CONNECT_TIMEOUT, "30"))))
-        except ValueError as exc:
-            raise RendezvousError(f"malformed elastic-run environment: {exc}") from None
+
+        return cls(store_url=required(env.ENV_RENDEZVOUS), job_id=required(env.ENV_JOB_ID),
+                   worker_id=required(env.ENV_WORKER_ID),
+                   host=env.text(env.ENV_HOST, None, environ) or socket.gethostname(),
+                   slot=env.integer(env.ENV_SLOT, 0, environ, minimum=0),
+                   secret=required(env.ENV_SECRET),
+                   bind_host=env.text(env.ENV_BIND_HOST, "127.0.0.1", environ) or "127.0.0.1",
+                   round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
+                   lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
+                   comm=CommSettings(
+                       peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
+                       connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ)))
 
 
 class WorkerRuntime:
@@ -95,6 +97,7 @@ class WorkerRuntime:
         self._listener: RingListener | None = None
         self._closed = threading.Event()
         self._info: WorkerInfo | None = None
+        self._orphan_watch: threading.Event | None = None
 
     # ---- start / stop ----
     def start(self) -> None:
@@ -131,21 +134,26 @@ class WorkerRuntime:
         if self._closed.is_set():
             return
         log.warning("worker registration lease lost (%s); registering again", exc)
-        deadline = time.monotonic() + self.settings.round_timeout
-        while not self._closed.is_set() and time.monotonic() < deadline:
+        backoff = Backoff.within(self.settings.round_timeout, initial=0.5, cap=0.5,
+                                 stop=self._closed)
+        while True:
             try:
                 self._register()
                 return
             except RendezvousError as err:
                 log.warning("registering again failed: %s", err)
-                self._closed.wait(0.5)
+            if not backoff.pause():
+                if not self._closed.is_set():
+                    log.error("gave up registering again after %.0fs",
+                              self.settings.round_timeout)
+                return
 
     def shutdown(self) -> None:
         """Leave the job: close the communicator, end the registration, close the store."""
         if self._closed.is_set():
             return
         self._closed.set()
-        if getattr(self, "_orphan_watch", None) is not None:
+        if self._orphan_watch is not None:
             self._orphan_watch.set()
         with self._cond:
             comm, self.comm = self.comm, None
@@ -181,12 +189,16 @@ class WorkerRuntime:
                 self._note_plan(Plan.from_json(event.value))
 
     def _reopen_round_watch(self) -> Watch | None:
+        """Watch rounds again, trying until it works or the worker shuts down (then the
+        old watch is returned: the loop that asked stops anyway)."""
+        backoff = Backoff(None, initial=1.0, cap=1.0, stop=self._closed)
         while not self._closed.is_set():
             try:
                 return self._open_round_watch()
             except RendezvousError as exc:
                 log.warning("cannot watch rounds yet: %s", exc)
-                self._closed.wait(1.0)
+            if not backoff.pause():
+                break
         return self._watch
 
     def _note_plan(self, plan: Plan) -> None:
@@ -201,11 +213,17 @@ class WorkerRuntime:
             # being built for an older round gives up.
             self._listener.advance(plan.round_id)
 
+    def pending_round(self) -> int | None:
+        """The id of a published round newer than ours, or None (cheap: no I/O)."""
+        with self._cond:
+            latest, plan = self._latest, self.plan
+            if latest is not None and plan is not None and latest.round_id > plan.round_id:
+                return latest.round_id
+            return None
+
     def newer_round_pending(self) -> bool:
         """True when a round newer than ours has been published (cheap: no I/O)."""
-        with self._cond:
-            return (self._latest is not None and self.plan is not None
-                    and self._latest.round_id > self.plan.round_id)
+        return self.pending_round() is not None
 
     @property
     def round_id(self) -> int:
