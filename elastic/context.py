@@ -172,8 +172,8 @@ def _comm() -> Communicator:
 def _layout() -> Layout:
     """Raises ElasticError when ``init()`` has not been called."""
     runtime = _runtime
-    if runtime is not None and runtime.plan is not None:
-        m = runtime.member
+    m = runtime.member if runtime is not None else None
+    if m is not None:
         return Layout(m.local_rank, m.local_size, m.cross_rank, m.cross_size)
     if _static_layout is None:
         raise ElasticError("elastic.init() has not been called")

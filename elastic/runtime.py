@@ -21,8 +21,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import CommunicatorClosedError, WorkerLostError
@@ -115,17 +115,25 @@ class WorkerRuntime:
         self._watcher.start()
         self._register()
 
+    def _started(self) -> tuple[KVStore, RingListener, WorkerInfo]:
+        """What ``start()`` opened. Raises RendezvousError before ``start()``."""
+        if self._store is None or self._listener is None or self._info is None:
+            raise RendezvousError("the worker runtime has not been started")
+        return self._store, self._listener, self._info
+
     def _open_round_watch(self) -> Watch:
         """Read the current plan, then watch the round key from just after that read."""
-        kvs, watch = self._store.read_and_watch(self.keys.round)
+        store, _, _ = self._started()
+        kvs, watch = store.read_and_watch(self.keys.round)
         for kv in kvs:
             if kv.key == self.keys.round:
                 self._note_plan(Plan.from_json(kv.value))
         return watch
 
     def _register(self) -> None:
-        lease = self._store.grant_lease(self.settings.lease_ttl)
-        self._store.put(self.keys.worker(self.settings.worker_id), self._info.to_json(), lease=lease)
+        store, _, info = self._started()
+        lease = store.grant_lease(self.settings.lease_ttl)
+        store.put(self.keys.worker(self.settings.worker_id), info.to_json(), lease=lease)
         lease.keep_alive(on_lost=self._on_lease_lost)
         self._lease = lease
 
@@ -176,8 +184,11 @@ class WorkerRuntime:
     # ---- rounds ----
     def _follow_rounds(self) -> None:
         while not self._closed.is_set():
+            watch = self._watch
+            if watch is None:
+                return
             try:
-                event = self._watch.get(timeout=1.0)
+                event = watch.get(timeout=1.0)
             except RendezvousError as exc:
                 # The watch ended for good (store away too long, history compacted): a
                 # worker that stopped following rounds would hang its next round, so
@@ -230,24 +241,26 @@ class WorkerRuntime:
         return self.plan.round_id if self.plan is not None else 0
 
     @property
-    def member(self) -> Member:
-        return self.plan.member(self.settings.worker_id)
+    def member(self) -> Member | None:
+        """This worker's place in its current round (None before the first round)."""
+        plan = self.plan
+        return plan.member(self.settings.worker_id) if plan is not None else None
 
     def join(self, after_round: int | None = None) -> Plan:
         """Wait for a plan newer than ``after_round`` (default: our current round) that
         includes us, and build its communicator.
 
         Raises RendezvousError when no such round comes within ``round_timeout``."""
+        _, listener, _ = self._started()
         after = self.round_id if after_round is None else after_round
         deadline = time.monotonic() + self.settings.round_timeout
         while True:
-            plan = self._wait_for_plan(after, deadline)
-            me = plan.member(self.settings.worker_id)
+            plan, me = self._wait_for_plan(after, deadline)
             membership = Membership(round_id=plan.round_id, rank=me.rank,
                                     addresses=tuple(m.address for m in plan.members),
                                     secret=self.settings.secret)
             try:
-                comm = RingCommunicator(membership, self._listener, self.settings.comm)
+                comm = RingCommunicator(membership, listener, self.settings.comm)
             except WorkerLostError as exc:
                 log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
                 if not isinstance(exc, CommunicatorClosedError):
@@ -268,15 +281,22 @@ class WorkerRuntime:
         latest = self._latest
         return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
 
-    def _wait_for_plan(self, after: int, deadline: float) -> Plan:
+    def _wait_for_plan(self, after: int, deadline: float) -> tuple[Plan, Member]:
+        """The first plan newer than ``after`` that includes this worker, and its place.
+
+        Raises:
+            RendezvousError: the worker shut down meanwhile.
+            RendezvousConnectionError: no such plan came before ``deadline``.
+        """
         me = self.settings.worker_id
         with self._cond:
             while True:
                 if self._closed.is_set():
                     raise RendezvousError("worker is shut down")
                 plan = self._latest
-                if plan is not None and plan.round_id > after and plan.member(me) is not None:
-                    return plan
+                member = plan.member(me) if plan is not None else None
+                if plan is not None and plan.round_id > after and member is not None:
+                    return plan, member
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     have = f"round {plan.round_id} ({plan.size} workers)" if plan else "no round yet"

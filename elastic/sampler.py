@@ -16,7 +16,7 @@ the layout of the round (``elastic.context.rank()``/``size()``).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -18,12 +18,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
 import elastic.context as context
 from elastic.errors import HostsUpdatedInterrupt
+
+#: a sampler's progress record and the (steps, indices consumed) of the steps taken since
+#: the last commit, which the next commit records in it (see ``elastic.sampler``)
+PendingProgress = tuple[dict[str, Any], list[tuple[int, int]]]
 
 _active = threading.local()
 
@@ -75,7 +80,7 @@ class State:
         self._reset_callbacks: list[Callable[[], object]] = []
         self._commits = 0           # commits made in this job, carried through syncs
         self._saved_commits = 0
-        self._pending_progress = None
+        self._pending_progress: PendingProgress | None = None
 
     def _world_in_use(self) -> World:
         return self._world if self._world is not None else context
@@ -153,8 +158,14 @@ class ObjectState(State):
     def __init__(self, world: World | None = None, /, **attrs: Any):
         super().__init__(world)
         self.__dict__.update(attrs)
-        self._saved = {}
+        self._saved: dict[str, Any] = {}
         self.save()
+
+    if TYPE_CHECKING:
+        # For type checkers only: the attributes are the user's, known at run time.
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def _values(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}
