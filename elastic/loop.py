@@ -7,41 +7,53 @@
 
 The function is called anew after each re-form, so objects built inside it (a sampler,
 an iterator) start from the synced state.
+
+The loop's collaborators: the state it is given (sync, restore, reset callbacks; made
+the current state for samplers while the function runs) and this process's runtime
+(``elastic.context.current_runtime()``: the round to report and the next one to join;
+a static world has none and cannot re-form).
 """
 from __future__ import annotations
 
 import functools
 import logging
+from typing import Any, Callable, TypeVar
 
-from elastic import state as state_module
+import elastic.context as context
 from elastic.errors import CommunicatorClosedError, HostsUpdatedInterrupt, WorkerLostError
+from elastic.state import State, active
 
 log = logging.getLogger(__name__)
 
+R = TypeVar("R")
 
-def run(func):
-    """Decorate ``func(state, *args, **kwargs)``; see the module docstring.
 
-    Raises whatever ``func`` raises other than the two re-form signals, and
-    RendezvousError when no new round forms within the worker's round timeout."""
+def run(func: Callable[..., R]) -> Callable[..., R]:
+    """Decorate ``func(state, *args, **kwargs)``; see the module docstring. Whatever
+    ``func`` raises other than the two re-form signals passes through.
+
+    Raises:
+        WorkerLostError: the round broke in a static world (MPI, or alone), which
+            cannot re-form.
+        RendezvousError: no new round forms within the worker's round timeout.
+    """
 
     @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        import elastic
-        elastic.init()
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> R:
+        context.init()
         skip_sync = False
         while True:
             try:
                 if not skip_sync:
                     state.sync()
                 skip_sync = False
-                with state_module.active(state):
+                with active(state):
                     return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as exc:
                 skip_sync = exc.skip_sync
                 log.info("re-forming: %s", exc)
             except WorkerLostError as exc:
-                runtime = elastic._runtime_if_started()
+                runtime = context.current_runtime()
                 if runtime is None:
                     raise  # a static world (MPI, single process) cannot re-form
                 superseded = isinstance(exc, CommunicatorClosedError)
@@ -52,7 +64,9 @@ def run(func):
                     runtime.report_failure(runtime.round_id, str(exc),
                                            runtime.suspect_of(exc, runtime.plan))
                 state.restore()
-            elastic._reform()
+            runtime = context.current_runtime()
+            if runtime is not None:  # a static world has no next round to join
+                runtime.join()
             state.on_reset()
 
     return wrapper

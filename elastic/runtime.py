@@ -21,23 +21,21 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import CommunicatorClosedError, WorkerLostError
 from elastic.orphan import exit_when_orphaned
 from rendezvous import env, open_store
-from rendezvous.errors import LeaseNotFoundError, RendezvousConnectionError, RendezvousError
+from rendezvous.errors import (LeaseNotFoundError, RendezvousConfigError,
+                               RendezvousConnectionError, RendezvousError)
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
 
 log = logging.getLogger(__name__)
-
-ENV_ROUND_TIMEOUT = env.ENV_ROUND_TIMEOUT
-ENV_LEASE_TTL = env.ENV_LEASE_TTL
-ENV_PEER_TIMEOUT = env.ENV_PEER_TIMEOUT
-ENV_CONNECT_TIMEOUT = env.ENV_CONNECT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -56,26 +54,30 @@ class WorkerSettings:
     comm: CommSettings = field(default_factory=CommSettings)
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> "WorkerSettings":
-        """Raises RendezvousError naming the variable that is missing or malformed."""
-        def need(name):
-            value = environ.get(name)
-            if not value:
-                raise RendezvousError(f"{name} is not set: this worker was not started by elastic-run")
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        """The settings elastic-run gave this worker (``environ`` defaults to os.environ).
+
+        Raises:
+            RendezvousConfigError: a variable is missing or malformed (the message names it).
+        """
+        def required(name: str) -> str:
+            value = env.text(name, None, environ)
+            if value is None:
+                raise RendezvousConfigError(
+                    f"{name} is not set: this worker was not started by elastic-run")
             return value
-        try:
-            return cls(store_url=need(env.ENV_RENDEZVOUS), job_id=need(env.ENV_JOB_ID),
-                       worker_id=need(env.ENV_WORKER_ID),
-                       host=environ.get(env.ENV_HOST) or socket.gethostname(),
-                       slot=int(environ.get(env.ENV_SLOT, "0")), secret=need(env.ENV_SECRET),
-                       bind_host=environ.get(env.ENV_BIND_HOST) or "127.0.0.1",
-                       round_timeout=float(environ.get(ENV_ROUND_TIMEOUT, "600")),
-                       lease_ttl=int(environ.get(ENV_LEASE_TTL, "10")),
-                       comm=CommSettings(
-                           peer_timeout=float(environ.get(ENV_PEER_TIMEOUT, "30")),
-                           connect_timeout=float(environ.get(ENV_CONNECT_TIMEOUT, "30"))))
-        except ValueError as exc:
-            raise RendezvousError(f"malformed elastic-run environment: {exc}") from None
+
+        return cls(store_url=required(env.ENV_RENDEZVOUS), job_id=required(env.ENV_JOB_ID),
+                   worker_id=required(env.ENV_WORKER_ID),
+                   host=env.text(env.ENV_HOST, None, environ) or socket.gethostname(),
+                   slot=env.integer(env.ENV_SLOT, 0, environ, minimum=0),
+                   secret=required(env.ENV_SECRET),
+                   bind_host=env.text(env.ENV_BIND_HOST, "127.0.0.1", environ) or "127.0.0.1",
+                   round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
+                   lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
+                   comm=CommSettings(
+                       peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
+                       connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ)))
 
 
 class WorkerRuntime:
@@ -95,6 +97,7 @@ class WorkerRuntime:
         self._listener: RingListener | None = None
         self._closed = threading.Event()
         self._info: WorkerInfo | None = None
+        self._orphan_watch: threading.Event | None = None
 
     # ---- start / stop ----
     def start(self) -> None:
@@ -112,17 +115,25 @@ class WorkerRuntime:
         self._watcher.start()
         self._register()
 
+    def _started(self) -> tuple[KVStore, RingListener, WorkerInfo]:
+        """What ``start()`` opened. Raises RendezvousError before ``start()``."""
+        if self._store is None or self._listener is None or self._info is None:
+            raise RendezvousError("the worker runtime has not been started")
+        return self._store, self._listener, self._info
+
     def _open_round_watch(self) -> Watch:
         """Read the current plan, then watch the round key from just after that read."""
-        kvs, watch = self._store.read_and_watch(self.keys.round)
+        store, _, _ = self._started()
+        kvs, watch = store.read_and_watch(self.keys.round)
         for kv in kvs:
             if kv.key == self.keys.round:
                 self._note_plan(Plan.from_json(kv.value))
         return watch
 
     def _register(self) -> None:
-        lease = self._store.grant_lease(self.settings.lease_ttl)
-        self._store.put(self.keys.worker(self.settings.worker_id), self._info.to_json(), lease=lease)
+        store, _, info = self._started()
+        lease = store.grant_lease(self.settings.lease_ttl)
+        store.put(self.keys.worker(self.settings.worker_id), info.to_json(), lease=lease)
         lease.keep_alive(on_lost=self._on_lease_lost)
         self._lease = lease
 
@@ -131,21 +142,26 @@ class WorkerRuntime:
         if self._closed.is_set():
             return
         log.warning("worker registration lease lost (%s); registering again", exc)
-        deadline = time.monotonic() + self.settings.round_timeout
-        while not self._closed.is_set() and time.monotonic() < deadline:
+        backoff = Backoff.within(self.settings.round_timeout, initial=0.5, cap=0.5,
+                                 stop=self._closed)
+        while True:
             try:
                 self._register()
                 return
             except RendezvousError as err:
                 log.warning("registering again failed: %s", err)
-                self._closed.wait(0.5)
+            if not backoff.pause():
+                if not self._closed.is_set():
+                    log.error("gave up registering again after %.0fs",
+                              self.settings.round_timeout)
+                return
 
     def shutdown(self) -> None:
         """Leave the job: close the communicator, end the registration, close the store."""
         if self._closed.is_set():
             return
         self._closed.set()
-        if getattr(self, "_orphan_watch", None) is not None:
+        if self._orphan_watch is not None:
             self._orphan_watch.set()
         with self._cond:
             comm, self.comm = self.comm, None
@@ -168,8 +184,11 @@ class WorkerRuntime:
     # ---- rounds ----
     def _follow_rounds(self) -> None:
         while not self._closed.is_set():
+            watch = self._watch
+            if watch is None:
+                return
             try:
-                event = self._watch.get(timeout=1.0)
+                event = watch.get(timeout=1.0)
             except RendezvousError as exc:
                 # The watch ended for good (store away too long, history compacted): a
                 # worker that stopped following rounds would hang its next round, so
@@ -181,12 +200,16 @@ class WorkerRuntime:
                 self._note_plan(Plan.from_json(event.value))
 
     def _reopen_round_watch(self) -> Watch | None:
+        """Watch rounds again, trying until it works or the worker shuts down (then the
+        old watch is returned: the loop that asked stops anyway)."""
+        backoff = Backoff(None, initial=1.0, cap=1.0, stop=self._closed)
         while not self._closed.is_set():
             try:
                 return self._open_round_watch()
             except RendezvousError as exc:
                 log.warning("cannot watch rounds yet: %s", exc)
-                self._closed.wait(1.0)
+            if not backoff.pause():
+                break
         return self._watch
 
     def _note_plan(self, plan: Plan) -> None:
@@ -201,35 +224,43 @@ class WorkerRuntime:
             # being built for an older round gives up.
             self._listener.advance(plan.round_id)
 
+    def pending_round(self) -> int | None:
+        """The id of a published round newer than ours, or None (cheap: no I/O)."""
+        with self._cond:
+            latest, plan = self._latest, self.plan
+            if latest is not None and plan is not None and latest.round_id > plan.round_id:
+                return latest.round_id
+            return None
+
     def newer_round_pending(self) -> bool:
         """True when a round newer than ours has been published (cheap: no I/O)."""
-        with self._cond:
-            return (self._latest is not None and self.plan is not None
-                    and self._latest.round_id > self.plan.round_id)
+        return self.pending_round() is not None
 
     @property
     def round_id(self) -> int:
         return self.plan.round_id if self.plan is not None else 0
 
     @property
-    def member(self) -> Member:
-        return self.plan.member(self.settings.worker_id)
+    def member(self) -> Member | None:
+        """This worker's place in its current round (None before the first round)."""
+        plan = self.plan
+        return plan.member(self.settings.worker_id) if plan is not None else None
 
     def join(self, after_round: int | None = None) -> Plan:
         """Wait for a plan newer than ``after_round`` (default: our current round) that
         includes us, and build its communicator.
 
         Raises RendezvousError when no such round comes within ``round_timeout``."""
+        _, listener, _ = self._started()
         after = self.round_id if after_round is None else after_round
         deadline = time.monotonic() + self.settings.round_timeout
         while True:
-            plan = self._wait_for_plan(after, deadline)
-            me = plan.member(self.settings.worker_id)
+            plan, me = self._wait_for_plan(after, deadline)
             membership = Membership(round_id=plan.round_id, rank=me.rank,
                                     addresses=tuple(m.address for m in plan.members),
                                     secret=self.settings.secret)
             try:
-                comm = RingCommunicator(membership, self._listener, self.settings.comm)
+                comm = RingCommunicator(membership, listener, self.settings.comm)
             except WorkerLostError as exc:
                 log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
                 if not isinstance(exc, CommunicatorClosedError):
@@ -250,15 +281,22 @@ class WorkerRuntime:
         latest = self._latest
         return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
 
-    def _wait_for_plan(self, after: int, deadline: float) -> Plan:
+    def _wait_for_plan(self, after: int, deadline: float) -> tuple[Plan, Member]:
+        """The first plan newer than ``after`` that includes this worker, and its place.
+
+        Raises:
+            RendezvousError: the worker shut down meanwhile.
+            RendezvousConnectionError: no such plan came before ``deadline``.
+        """
         me = self.settings.worker_id
         with self._cond:
             while True:
                 if self._closed.is_set():
                     raise RendezvousError("worker is shut down")
                 plan = self._latest
-                if plan is not None and plan.round_id > after and plan.member(me) is not None:
-                    return plan
+                member = plan.member(me) if plan is not None else None
+                if plan is not None and plan.round_id > after and member is not None:
+                    return plan, member
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     have = f"round {plan.round_id} ({plan.size} workers)" if plan else "no round yet"

@@ -10,10 +10,18 @@ the running ``State``, records progress when the state commits, and finds it aga
 a re-form (when the sampler is built anew). ``batches(batch_size, start)`` starts after
 ``start`` committed steps of the epoch: the state knows how many indices those steps
 consumed, even if the world size changed between them.
+
+The sampler's collaborators: the running state (``elastic.state.current_state()``) and
+the layout of the round (``elastic.context.rank()``/``size()``).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
+
+import elastic.context as context
+from elastic.state import State, current_state
 
 #: the State attribute under which samplers keep their progress
 PROGRESS_ATTR = "_elastic_sampler_progress"
@@ -43,6 +51,11 @@ def rank_share(offset: int, num_samples: int, batch_size: int, rank: int, size: 
 
 
 class ElasticSampler:
+    """The sample indices of each epoch, shared out among the workers of the round (see
+    the module docstring).
+
+    Raises ValueError for a negative ``num_samples``."""
+
     def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0):
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, not {num_samples}")
@@ -50,18 +63,17 @@ class ElasticSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self._state = None
+        self._state: State | None = None
         self._bound_state()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def _bound_state(self):
+    def _bound_state(self) -> State | None:
         # Bind at first use too: a sampler built outside ``@elastic.run`` but iterated
         # inside it still records its progress in the running state.
         if self._state is None:
-            from elastic import state as state_module
-            self._state = state_module.current_state()
+            self._state = current_state()
         return self._state
 
     def _progress(self) -> dict:
@@ -86,14 +98,13 @@ class ElasticSampler:
         base = offsets.get(known, 0)
         return min(self.num_samples, base + (start - known) * batch_size * size)
 
-    def batches(self, batch_size: int, start: int = 0):
+    def batches(self, batch_size: int, start: int = 0) -> Iterator[np.ndarray]:
         """Yield this rank's index arrays, one per global step, from committed step ``start``.
 
         Raises ValueError for a batch size below 1."""
-        import elastic
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-        rank, size = elastic.rank(), elastic.size()
+        rank, size = context.rank(), context.size()
         order = epoch_order(self.num_samples, self.epoch, self.shuffle, self.seed)
         progress = self._progress()
         offset = self._start_offset(batch_size, start, size)

@@ -7,27 +7,40 @@ agree (one small allgather) on who holds the most commits, the oldest such worke
 broadcasts, and everyone saves the result. Usually that is rank 0, the oldest
 survivor; it can be another worker when a failure cut a step short on rank 0 after
 that worker had already committed it, so no committed step is lost.
+
+A state takes what it uses of the world as a ``World`` (its size, three collectives, and
+whether a newer round is pending), the way Horovod's state takes its broadcast function.
+The default is ``elastic.context``, the process's own world; a test or an embedding
+passes its own: ``ObjectState(world, epoch=0)``.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import threading
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
+import elastic.context as context
 from elastic.errors import HostsUpdatedInterrupt
+
+#: a sampler's progress record and the (steps, indices consumed) of the steps taken since
+#: the last commit, which the next commit records in it (see ``elastic.sampler``)
+PendingProgress = tuple[dict[str, Any], list[tuple[int, int]]]
 
 _active = threading.local()
 
 
-def current_state() -> "State | None":
+def current_state() -> State | None:
     """The state that ``@elastic.run`` is running, if any (samplers bind to it)."""
     return getattr(_active, "state", None)
 
 
 @contextlib.contextmanager
-def active(state: "State"):
+def active(state: State) -> Iterator[None]:
+    """Make ``state`` the current state for the duration (``@elastic.run`` does)."""
     previous = current_state()
     _active.state = state
     try:
@@ -42,15 +55,35 @@ def sync_root(commit_counts: list[int]) -> int:
     return commit_counts.index(best)
 
 
+class World(Protocol):
+    """What a ``State`` uses of the world it trains in (``elastic.context`` is one)."""
+
+    def size(self) -> int: ...
+
+    def broadcast(self, x: Any, root: int = 0) -> np.ndarray: ...
+
+    def broadcast_object(self, obj: Any = None, root: int = 0) -> Any: ...
+
+    def allgather_object(self, obj: Any) -> list: ...
+
+    def pending_round(self) -> int | None: ...
+
+
 class State:
     """Base of elastic training state. Subclasses implement ``save``, ``restore`` and
-    ``_broadcast_from(root)``."""
+    ``_broadcast_from(root)``; ``world`` defaults to ``elastic.context``."""
 
-    def __init__(self):
-        self._reset_callbacks = []
+    def __init__(self, world: World | None = None):
+        # None stands for elastic.context, resolved at use: a module reference would
+        # make the state impossible to copy or pickle.
+        self._world = world
+        self._reset_callbacks: list[Callable[[], object]] = []
         self._commits = 0           # commits made in this job, carried through syncs
         self._saved_commits = 0
-        self._pending_progress = None
+        self._pending_progress: PendingProgress | None = None
+
+    def _world_in_use(self) -> World:
+        return self._world if self._world is not None else context
 
     # ---- to implement ----
     def save(self) -> None:
@@ -66,11 +99,12 @@ class State:
         raise NotImplementedError
 
     # ---- the contract ----
-    def register_reset_callbacks(self, callbacks) -> None:
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Functions called (no arguments) after every re-form, e.g. to rescale a learning rate."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        """Call the reset callbacks (``@elastic.run`` does, after every re-form)."""
         for callback in self._reset_callbacks:
             callback()
 
@@ -90,19 +124,18 @@ class State:
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt if a newer round is pending (no I/O: the round watch
         has already seen it)."""
-        from elastic import _runtime_if_started
-        runtime = _runtime_if_started()
-        if runtime is not None and runtime.newer_round_pending():
-            raise HostsUpdatedInterrupt(f"round {runtime._latest.round_id} is pending")
+        pending = self._world_in_use().pending_round()
+        if pending is not None:
+            raise HostsUpdatedInterrupt(f"round {pending} is pending")
 
     def sync(self) -> None:
         """Every worker adopts the newest commit of the round (collective).
 
         Raises WorkerLostError if the round breaks meanwhile."""
-        import elastic
+        world = self._world_in_use()
         self._pending_progress = None
-        if elastic.size() > 1:
-            counts = elastic.allgather_object(self._commits)
+        if world.size() > 1:
+            counts = world.allgather_object(self._commits)
             root = sync_root(counts)
             self._broadcast_from(root)
             self._commits = counts[root]
@@ -114,18 +147,25 @@ class State:
         self._pending_progress = None
 
 
-_INTERNAL = ("_reset_callbacks", "_commits", "_saved_commits", "_pending_progress", "_saved")
+_INTERNAL = ("_world", "_reset_callbacks", "_commits", "_saved_commits", "_pending_progress", "_saved")
 
 
 class ObjectState(State):
     """State made of picklable attributes: ``ObjectState(epoch=0, model=...)``; read and
-    assign them as ``state.epoch``. Synced with ``broadcast_object``."""
+    assign them as ``state.epoch``. Synced with ``broadcast_object``. The world, if
+    given, comes first and by position only, so every keyword stays an attribute."""
 
-    def __init__(self, **attrs):
-        super().__init__()
+    def __init__(self, world: World | None = None, /, **attrs: Any):
+        super().__init__(world)
         self.__dict__.update(attrs)
-        self._saved = {}
+        self._saved: dict[str, Any] = {}
         self.save()
+
+    if TYPE_CHECKING:
+        # For type checkers only: the attributes are the user's, known at run time.
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def _values(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}
@@ -141,8 +181,7 @@ class ObjectState(State):
         self._restore_commits()
 
     def _broadcast_from(self, root: int) -> None:
-        import elastic
-        self.__dict__.update(elastic.broadcast_object(self._values(), root=root))
+        self.__dict__.update(self._world_in_use().broadcast_object(self._values(), root=root))
 
 
 class NumpyState(ObjectState):
@@ -150,11 +189,11 @@ class NumpyState(ObjectState):
     rest as one object. Arrays are copied on save, so in-place updates (``w -= g``) are safe."""
 
     def _broadcast_from(self, root: int) -> None:
-        import elastic
+        world = self._world_in_use()
         values = self._values()
         arrays = {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
         # Receivers learn names, shapes and dtypes first: a new worker may not even have them.
-        layout = elastic.broadcast_object(
+        layout = world.broadcast_object(
             ({k: (v.shape, v.dtype.str) for k, v in sorted(arrays.items())},
              {k: v for k, v in values.items() if k not in arrays}), root=root)
         shapes, objects = layout
@@ -162,5 +201,5 @@ class NumpyState(ObjectState):
             buffer = arrays.get(name)
             if buffer is None or buffer.shape != tuple(shape) or buffer.dtype.str != dtype:
                 buffer = np.zeros(shape, dtype=np.dtype(dtype))
-            self.__dict__[name] = elastic.broadcast(buffer, root=root)
+            self.__dict__[name] = world.broadcast(buffer, root=root)
         self.__dict__.update(objects)

@@ -33,7 +33,8 @@ def test_rank_share_full_and_last_step():
        sizes=st.lists(st.integers(1, 6), min_size=1, max_size=60))
 def test_any_sequence_of_world_sizes_covers_the_epoch_exactly_once(n, batch, sizes):
     """Each step may run at a different world size (a re-form between commits)."""
-    seen, offset, step = [], 0, 0
+    seen: list[int] = []
+    offset, step = 0, 0
     while offset < n:
         size = sizes[step % len(sizes)]
         shares = [rank_share(offset, n, batch, r, size) for r in range(size)]

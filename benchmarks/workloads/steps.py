@@ -34,13 +34,14 @@ T_START = time.time()  # before the heavy imports: when the interpreter got this
 import numpy as np  # noqa: E402
 
 import elastic  # noqa: E402
+from elastic import context  # noqa: E402
 
 
 def current_round() -> int:
     # The round number is not part of the public worker API; the benchmark needs it to
     # tell a commit that finished in the round a worker was killed in from the first
     # commit of the re-formed world (both can come after the kill).
-    runtime = elastic._runtime_if_started()
+    runtime = context.current_runtime()
     return runtime.round_id if runtime is not None else 0
 
 

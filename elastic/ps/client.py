@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+import elastic.context as context
 from elastic.ps import wire
 from elastic.ps.control import RETRYABLE
 from elastic.ps.errors import (PSConfigError, PSRoundChangedError, PSShapeError, PSTimeoutError,
@@ -456,12 +457,10 @@ class PSClient:
 def _runtime_hooks(fallback_source, fallback_newer):
     """Round hooks that follow the elastic runtime when this worker runs under one
     (the round the worker is actually in), else the store's published plan."""
-    import elastic
 
     def runtime():
-        getter = getattr(elastic, "_runtime_if_started", None)
-        rt = getter() if getter is not None else None
-        return rt if rt is not None and getattr(rt, "plan", None) is not None else None
+        rt = context.current_runtime()
+        return rt if rt is not None and rt.plan is not None else None
 
     def round_source():
         rt = runtime()

@@ -1,0 +1,247 @@
+"""The worker's process-global state: the world this process trains in.
+
+A process joins at most one job, so its membership is process-global, and this module
+is the one place that holds it. ``init()`` finds how the process was started and opens
+the matching world:
+
+- under ``elastic-run`` (``ELASTIC_RENDEZVOUS`` is set): a ``WorkerRuntime`` that
+  follows the job's rounds; its communicator is replaced at every re-form;
+- under ``mpiexec``: an ``MpiCommunicator`` over a fixed world;
+- alone: a ring of one member.
+
+The layout getters and the collectives below act on that world, and ``elastic``
+re-exports them as the worker API (DESIGN.md). The rest of the package asks this module
+public questions instead of reading its globals: ``@run`` and the ps client ask
+``current_runtime()``, and ``State`` uses this module as its default ``World``
+(``elastic.state``), whose ``pending_round()`` says whether a newer round waits.
+
+Each kind of world is built by its own creator, which imports its backend when called:
+the communicator stack (sockets, shared memory, the store client) and the optional
+mpi4py load only in a process that calls ``init()``, so ``import elastic`` stays cheap
+for a process that only wants the names (a ps shard imports the package, never ``init``).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from elastic.errors import ElasticError, WorkerLostError
+from rendezvous import env
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from elastic.comm import Communicator
+    from elastic.runtime import WorkerRuntime
+
+
+class Layout(NamedTuple):
+    """Where this process sits among the processes of its host and across hosts."""
+
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+_lock = threading.RLock()
+_runtime: WorkerRuntime | None = None     # under elastic-run
+_static_comm: Communicator | None = None  # a static world's communicator (MPI, or alone)
+_static_layout: Layout | None = None      # a static world's layout
+
+
+def init() -> None:
+    """Join the job (idempotent). Under elastic-run: register, wait for the first round
+    that includes this worker, connect to its peers.
+
+    Raises:
+        RendezvousError: the store is unreachable, no round forms in time, or the
+            elastic-run environment is malformed (``RendezvousConfigError``, naming
+            the variable).
+        ImportError: started by mpiexec, but mpi4py is missing.
+    """
+    global _runtime, _static_comm, _static_layout
+    with _lock:
+        if _runtime is not None or _static_comm is not None:
+            return
+        if env.text(env.ENV_RENDEZVOUS):
+            _runtime = _join_elastic_job()
+        elif _started_by_mpi():
+            _static_comm, _static_layout = _mpi_world()
+        else:
+            _static_comm, _static_layout = _world_of_one()
+        atexit.register(shutdown)
+
+
+def shutdown() -> None:
+    """Leave the job and release everything (idempotent; also runs at exit)."""
+    global _runtime, _static_comm, _static_layout
+    with _lock:
+        runtime, _runtime = _runtime, None
+        comm, _static_comm = _static_comm, None
+        _static_layout = None
+    if runtime is not None:
+        runtime.shutdown()
+    if comm is not None:
+        comm.close("shutdown")
+
+
+def current_runtime() -> WorkerRuntime | None:
+    """The runtime of this worker when it runs under elastic-run and ``init()`` has
+    been called; None in a static world or before ``init()``."""
+    return _runtime
+
+
+def pending_round() -> int | None:
+    """The id of a round newer than this worker's, once it has been published (no I/O:
+    the round watch has already seen it); None when there is none, and always in a
+    static world, which never re-forms."""
+    runtime = _runtime
+    return runtime.pending_round() if runtime is not None else None
+
+
+# ---- the three worlds (each creator imports its backend: see the module docstring) ----
+
+def _join_elastic_job() -> WorkerRuntime:
+    """Register with the job elastic-run started and wait for a round with this worker."""
+    from elastic.runtime import WorkerRuntime, WorkerSettings
+    runtime = WorkerRuntime(WorkerSettings.from_env())
+    runtime.start()
+    try:
+        runtime.join(after_round=0)
+    except BaseException:
+        runtime.shutdown()
+        raise
+    return runtime
+
+
+def _started_by_mpi() -> bool:
+    from elastic.comm import detect_mpi
+    return detect_mpi(os.environ)
+
+
+def _mpi_world() -> tuple[Communicator, Layout]:
+    """The fixed world of mpiexec. Local and cross ranks follow the driver planner's
+    rule: local = the processes sharing this node, cross = those with my local rank."""
+    from mpi4py import MPI  # an optional dependency (the ``mpi`` extra)
+
+    from elastic.comm.mpi import MpiCommunicator
+    comm = MpiCommunicator()
+    world = MPI.COMM_WORLD
+    local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    cross = world.Split(color=local.Get_rank(), key=world.Get_rank())
+    layout = Layout(local.Get_rank(), local.Get_size(), cross.Get_rank(), cross.Get_size())
+    local.Free()
+    cross.Free()
+    return comm, layout
+
+
+def _world_of_one() -> tuple[Communicator, Layout]:
+    """A script run without elastic-run or mpiexec trains alone: a ring of one member."""
+    from elastic.comm import Membership, RingCommunicator, RingListener
+    from rendezvous.auth import make_secret
+    secret = make_secret()
+    listener = RingListener(secret=secret)
+    comm = RingCommunicator(Membership(0, 0, (listener.address,), secret), listener)
+    listener.close()  # a world of one never accepts a peer
+    return comm, Layout(0, 1, 0, 1)
+
+
+# ---- the layout ----
+
+def _comm() -> Communicator:
+    """The communicator of the current round (or of the static world).
+
+    Raises:
+        WorkerLostError: the round is re-forming (no communicator yet).
+        ElasticError: ``init()`` has not been called.
+    """
+    runtime = _runtime
+    if runtime is not None:
+        comm = runtime.comm
+        if comm is None:
+            raise WorkerLostError("no communicator: the round is re-forming")
+        return comm
+    if _static_comm is None:
+        raise ElasticError("elastic.init() has not been called")
+    return _static_comm
+
+
+def _layout() -> Layout:
+    """Raises ElasticError when ``init()`` has not been called."""
+    runtime = _runtime
+    m = runtime.member if runtime is not None else None
+    if m is not None:
+        return Layout(m.local_rank, m.local_size, m.cross_rank, m.cross_size)
+    if _static_layout is None:
+        raise ElasticError("elastic.init() has not been called")
+    return _static_layout
+
+
+def rank() -> int:
+    """This worker's rank in the current round (0 is the oldest survivor)."""
+    return _comm().rank
+
+
+def size() -> int:
+    """The number of workers in the current round."""
+    return _comm().size
+
+
+def local_rank() -> int:
+    """This worker's rank among the workers of its host."""
+    return _layout().local_rank
+
+
+def local_size() -> int:
+    """The number of workers on this worker's host."""
+    return _layout().local_size
+
+
+def cross_rank() -> int:
+    """This worker's rank among the workers with its local rank (one per host)."""
+    return _layout().cross_rank
+
+
+def cross_size() -> int:
+    """The number of workers with this worker's local rank."""
+    return _layout().cross_size
+
+
+# ---- the collectives (each raises WorkerLostError when the round breaks under it) ----
+
+def allreduce(x: Any, op: str = "sum") -> np.ndarray:
+    """A new array: ``x`` reduced over all workers (sum, average, max, min)."""
+    return _comm().allreduce(x, op=op)
+
+
+def broadcast(x: Any, root: int = 0) -> np.ndarray:
+    """``root``'s array, on every worker."""
+    return _comm().broadcast(x, root=root)
+
+
+def allgather(x: Any) -> np.ndarray:
+    """Arrays of all workers concatenated on axis 0 in rank order."""
+    return _comm().allgather(x)
+
+
+def broadcast_object(obj: Any = None, root: int = 0) -> Any:
+    """``root``'s picklable object, on every worker."""
+    return _comm().broadcast_object(obj, root=root)
+
+
+def allgather_object(obj: Any) -> list:
+    """Every worker's picklable object, in rank order."""
+    return _comm().allgather_object(obj)
+
+
+def barrier() -> None:
+    """Return once every worker of the round has called it."""
+    _comm().barrier()
+
+
+__all__ = ["Layout", "init", "shutdown", "current_runtime", "pending_round", "rank", "size",
+           "local_rank", "local_size", "cross_rank", "cross_size", "allreduce", "broadcast",
+           "allgather", "broadcast_object", "allgather_object", "barrier"]
