@@ -11,7 +11,7 @@ import bisect
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rendezvous.errors import LeaseNotFoundError, WatchCompactedError
 from rendezvous.store import DELETE, PUT, Compare, Delete, Event, KeyValue, Put, TxnResult
@@ -43,8 +43,10 @@ def prefix_end(prefix: str) -> str:
 
 
 class MemoryKV:
-    def __init__(self, history_limit: int = 100_000, clock=time.monotonic):
+    def __init__(self, history_limit: int = 100_000, clock=time.monotonic,
+                 on_commit: Callable[[], None] | None = None):
         self._clock = clock
+        self._on_commit = on_commit  # told after every revision (it must not block)
         self._cond = threading.Condition()
         self._data: dict[str, KeyValue] = {}
         self._sorted_keys: list[str] = []
@@ -119,6 +121,8 @@ class MemoryKV:
             self.compacted_revision = self._history_revisions[excess - 1]
             del self._history[:excess], self._history_revisions[:excess]
         self._cond.notify_all()
+        if self._on_commit is not None:
+            self._on_commit()
 
     # ---- leases ----
     def grant(self, ttl: int) -> int:

@@ -42,11 +42,13 @@ from elastic.ps.state import ShardState, initial_generation
 from elastic.ps.transport import SERVICE, Staging, parse_request
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous import auth
-from rendezvous.rpc import RpcServer, frame
+from rendezvous.rpc import RpcServer, ServerLimits, frame
 
 log = logging.getLogger("elastic.ps.server")
 READY_PREFIX = "ELASTIC_PS_READY"
 CHECKPOINT_PREFIX = "ELASTIC_PS_CHECKPOINT"
+#: requests carry headers and chunks of at most ClientSettings.chunk_bytes (4 MiB)
+MAX_MESSAGE_BYTES = 16 << 20
 _PATIENCE = 30.0  # how long a data call waits at a paused gate before "not ready"
 
 
@@ -68,7 +70,9 @@ class ShardServer:
         self.coordinator = None
         if settings.index == 0:
             self.coordinator = Coordinator(settings, self.control, self.peers, self._announce)
-        self._rpc = RpcServer(SERVICE, secret, settings.bind, max_workers=64)
+        # Requests carry headers and chunks of at most ``chunk_bytes`` (4 MiB by default).
+        self._rpc = RpcServer(SERVICE, secret, settings.bind,
+                              ServerLimits(max_message_bytes=MAX_MESSAGE_BYTES, max_workers=64))
         self.bulk = None
         if settings.bulk:
             self.bulk = BulkServer(secret, settings.bind.rpartition(":")[0].strip("[]") or "127.0.0.1",

@@ -29,7 +29,7 @@ import grpc
 from elastic.ps.errors import PSTransferError, PSWrongShardError
 from elastic.ps.memory import BufferPool, buffer
 from rendezvous import auth
-from rendezvous.rpc import UNLIMITED_MESSAGE_OPTIONS, frame, translate_rpc_error, unframe
+from rendezvous.rpc import CLIENT_OPTIONS, frame, translate_rpc_error, unframe
 
 SERVICE = "elastic.ps.Shard"
 # (offset, length) in a reply payload -> the destination views for those bytes, in order
@@ -66,9 +66,9 @@ class Lane:
 
     def __init__(self, address: str, secret: str, lane: int):
         self.address = address
-        self._metadata = ((auth.RPC_METADATA_KEY, auth.rpc_token(secret)),)
+        self._secret = secret
         self._channel = grpc.insecure_channel(
-            address, options=UNLIMITED_MESSAGE_OPTIONS + [("elastic.ps.lane", lane)])
+            address, options=CLIENT_OPTIONS + [("elastic.ps.lane", lane)])
         self._methods: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -80,7 +80,8 @@ class Lane:
             if stub is None:
                 stub = self._methods[method] = self._channel.unary_unary(f"/{SERVICE}/{method}")
         try:
-            return stub(request, timeout=timeout, metadata=self._metadata)
+            return stub(request, timeout=timeout,
+                        metadata=auth.call_metadata(self._secret, f"/{SERVICE}/{method}", request))
         except grpc.RpcError as exc:
             raise translate_rpc_error(exc, f"ps {method} at {self.address}") from None
 
