@@ -94,3 +94,12 @@ def store_args(request) -> list[str]:
     cluster = request.getfixturevalue("etcd_server")
     import uuid
     return ["--rendezvous", cluster.url, "--job-id", f"t{uuid.uuid4().hex[:10]}"]
+
+
+@pytest.fixture
+def three_hosts(tmp_path):
+    """Three separate test hosts (network, UTS, PID and mount namespaces, own sshd):
+    see ``tests/netns_hosts.py``."""
+    from tests.netns_hosts import running_hosts
+    with running_hosts(3, tmp_path / "hosts") as hosts:
+        yield hosts
