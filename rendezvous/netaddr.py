@@ -1,0 +1,123 @@
+"""Which address of this machine other machines can reach (for every server the job runs).
+
+A job across machines must never advertise a bare host name (it may resolve nowhere
+else) nor a loopback address. The rule, as Horovod and MPI launchers do it, is to use
+the local address of the route toward the peers: ``address_toward(peer)`` asks the
+kernel which source address it would use to reach ``peer`` (a UDP ``connect``, which
+sends nothing). ``--network-interface NAME`` picks an interface's address instead
+(``interface_address``), ``--driver-address ADDR`` an explicit one.
+
+Every function here raises ``AddressError`` with a one-line reason naming the host,
+the interface or the address at fault.
+"""
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+
+from rendezvous.errors import RendezvousConfigError
+
+_SIOCGIFADDR = 0x8915   # Linux: an interface's IPv4 address
+
+
+class AddressError(RendezvousConfigError):
+    """No usable address: a host that does not resolve or cannot be routed to, an
+    interface without an IPv4 address, or a loopback address where peers are remote."""
+
+
+def resolve(host: str) -> str:
+    """``host`` as an IP address (an address stays as it is; a name is looked up).
+
+    Raises:
+        AddressError: the name does not resolve."""
+    name = host.strip().strip("[]")
+    try:
+        return str(ipaddress.ip_address(name.split("%", 1)[0]))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AddressError(f"host {host!r} does not resolve: {exc}") from None
+    # IPv4 first: a dual-stack name is most often reached over IPv4 on clusters.
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return str(infos[0][4][0])
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and names that resolve to them (``localhost``)."""
+    try:
+        return ipaddress.ip_address(resolve(address)).is_loopback
+    except AddressError:
+        return False
+
+
+def address_toward(peer: str) -> str:
+    """This machine's source address for packets to ``peer`` (nothing is sent).
+
+    Raises:
+        AddressError: ``peer`` does not resolve, or no route leads to it."""
+    target = resolve(peer)
+    family = socket.AF_INET6 if ":" in target else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((target, 9))   # UDP: picks the route, sends no packet
+        except OSError as exc:
+            raise AddressError(f"no route from this machine to {peer} ({target}): "
+                               f"{exc.strerror or exc}") from None
+        return str(probe.getsockname()[0])
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (e.g. ``eth0``).
+
+    Raises:
+        AddressError: no such interface, or it has no IPv4 address."""
+    if not name or len(name.encode()) > 15 or "/" in name:
+        raise AddressError(f"--network-interface {name!r} is not an interface name")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR,
+                                 struct.pack("256s", name.encode()))
+        except OSError as exc:
+            known = ", ".join(n for _, n in socket.if_nameindex())
+            raise AddressError(f"--network-interface {name}: no IPv4 address on it "
+                               f"({exc.strerror or exc}; interfaces here: {known})") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def advertised_address(peers: list[str], *, interface: str | None = None,
+                       explicit: str | None = None) -> str:
+    """The address this machine's servers announce to ``peers`` (host names or
+    addresses of the machines that must reach it; empty for a one-machine job, which
+    gets ``127.0.0.1``). ``explicit`` wins over ``interface``, which wins over the route.
+
+    Raises:
+        AddressError: a peer that cannot be routed to, peers reached through different
+            source addresses (multi-homed: choose with --network-interface), or a
+            loopback address for remote peers (the message names both ends)."""
+    remote = [p for p in peers if not is_loopback(p)]
+    if explicit:
+        address = resolve(explicit)
+        source = f"--driver-address {explicit}"
+    elif interface:
+        address = interface_address(interface)
+        source = f"--network-interface {interface}"
+    elif not remote:
+        return "127.0.0.1"
+    else:
+        by_address: dict[str, list[str]] = {}
+        for peer in remote:
+            by_address.setdefault(address_toward(peer), []).append(peer)
+        if len(by_address) > 1:
+            routes = "; ".join(f"{a} toward {', '.join(p)}" for a, p in by_address.items())
+            raise AddressError(f"the hosts are reached from different local addresses ({routes}): "
+                               "choose one with --network-interface or --driver-address")
+        address = next(iter(by_address))
+        source = "the route toward the hosts"
+    if remote and ipaddress.ip_address(address).is_loopback:
+        raise AddressError(f"{source} gives loopback address {address}, which the remote "
+                           f"hosts ({', '.join(remote)}) cannot reach")
+    return address
