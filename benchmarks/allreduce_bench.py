@@ -22,6 +22,7 @@ needs the ``mpi`` extra (mpiexec on PATH). A missing one is reported and skipped
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,6 +66,7 @@ def worker_main(args) -> None:
     ctl = Line(socket.create_connection((host, int(port)), timeout=120))
     ctl.sock.settimeout(None)
     impl = args.worker
+    comm: Any  # an MPI communicator or ours, by implementation
     if impl == "mpi":
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
@@ -121,7 +124,7 @@ def worker_main(args) -> None:
             comm.Allreduce(x, out)
             return out
 
-    arrays = {}
+    arrays: dict[int, tuple] = {}
     while True:
         msg = ctl.recv()
         if msg["cmd"] == "exit":
@@ -165,7 +168,7 @@ class Group:
         self.impl = impl
         self.world = world
         self.procs: list[subprocess.Popen] = []
-        self.lines: list[Line] = [None] * world
+        self.lines: list[Line] = []
         srv = socket.socket()
         srv.bind(("127.0.0.1", 0))
         srv.listen(world)
@@ -177,16 +180,18 @@ class Group:
         try:
             if impl == "mpi":
                 self.procs.append(subprocess.Popen(
-                    [shutil.which("mpiexec"), "-n", str(world)] + me, env=env))
+                    [shutil.which("mpiexec") or "mpiexec", "-n", str(world), *me], env=env))
             else:
                 for r in range(world):
                     self.procs.append(subprocess.Popen(
                         me + ["--rank", str(r), "--world", str(world)], env=env))
+            by_rank: dict[int, Line] = {}
             for _ in range(world):
                 conn, _ = srv.accept()
                 conn.settimeout(600)
                 line = Line(conn)
-                self.lines[line.recv()["rank"]] = line
+                by_rank[line.recv()["rank"]] = line
+            self.lines = [by_rank[r] for r in range(world)]
         finally:
             srv.close()
         if impl in ("ours", "ours_tcp"):
@@ -197,7 +202,8 @@ class Group:
             port = free_port()
             for ln in self.lines:
                 ln.send({"port": port})
-        self.transport = [ln.recv()["transport"] for ln in self.lines][0]
+        transports = [ln.recv()["transport"] for ln in self.lines]  # every rank answers
+        self.transport = transports[0]
 
     def run(self, mib: int, iters: int, warmup: int) -> list[float]:
         """Per timed call, the slowest rank's seconds."""
@@ -208,10 +214,8 @@ class Group:
 
     def close(self) -> None:
         for ln in self.lines:
-            try:
+            with contextlib.suppress(OSError, AttributeError):
                 ln.send({"cmd": "exit"})
-            except (OSError, AttributeError):
-                pass
         deadline = time.monotonic() + 20
         for p in self.procs:
             try:
@@ -257,7 +261,7 @@ def main() -> None:
         worker_main(args)
         return
 
-    impls = []
+    impls: list[str] = []
     for impl in args.impls:
         why = available(impl)
         if why:
@@ -270,7 +274,7 @@ def main() -> None:
             for impl in impls:
                 groups[impl] = Group(impl, world, args.secret, args.ours_settings)
             for mib in args.sizes_mib:
-                samples = {impl: [] for impl in impls}
+                samples: dict[str, list[float]] = {impl: [] for impl in impls}
                 for block in range(args.blocks):
                     # Rotate the order so no implementation always runs right after
                     # the same neighbour (cache and scheduler state).

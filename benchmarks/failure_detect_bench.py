@@ -25,6 +25,7 @@ import signal
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,14 +35,14 @@ from tests.comm_harness import Workers  # noqa: E402
 
 def quantile(xs, q):
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def run_config(sig: str, mode: str, transport: str, world: int, trials: int,
                rng: random.Random) -> dict:
     pool = Workers()
     samples, nexts = [], []
-    settings = {"transport": transport}
+    settings: dict[str, Any] = {"transport": transport}
     if sig == "SIGSTOP":
         settings["peer_timeout"] = 2.0
     try:

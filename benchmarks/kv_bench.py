@@ -29,7 +29,7 @@ from tests.etcd_cluster import EtcdCluster  # noqa: E402
 
 def percentile(values, q):
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def report(backend, op, samples):
@@ -43,7 +43,7 @@ def measure(backend, url, secret, n):
     store = open_store(url, secret)
     watcher = open_store(url, secret)
     value = b"x" * 256
-    for i in range(50):  # warm-up: channels, code paths
+    for _ in range(50):  # warm-up: channels, code paths
         store.put("/bench/warm", value)
 
     puts = []
@@ -55,12 +55,14 @@ def measure(backend, url, secret, n):
 
     cas = []
     rev = store.put("/bench/cas", value)
-    for i in range(n):
+    for _ in range(n):
         t0 = time.perf_counter()
         ok = store.compare_and_swap("/bench/cas", value, rev)
         cas.append(time.perf_counter() - t0)
         assert ok
-        rev = store.get("/bench/cas").mod_revision
+        kv = store.get("/bench/cas")
+        assert kv is not None
+        rev = kv.mod_revision
     report(backend, "cas", cas)
 
     notify = []
@@ -86,6 +88,7 @@ def main():
     server = subprocess.Popen([sys.executable, "-m", "rendezvous.server"], cwd=ROOT,
                               env={**os.environ, ENV_SECRET: secret},
                               stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
     try:
         line = server.stdout.readline()
         assert line.startswith(READY_PREFIX), line

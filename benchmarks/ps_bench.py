@@ -19,6 +19,7 @@ Prints one JSON line per measured configuration:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -48,7 +49,8 @@ MiB = 1 << 20
 def model(total_mib: int) -> dict:
     """Four equal float32 matrices (split across shards) and a few small biases."""
     rows = total_mib * MiB // 4 // 4 // 1024
-    params = {f"layer{k}/kernel": np.full((rows, 1024), 0.5, np.float32) for k in range(4)}
+    params: dict[str, np.ndarray] = {
+        f"layer{k}/kernel": np.full((rows, 1024), 0.5, np.float32) for k in range(4)}
     params.update({f"layer{k}/bias": np.zeros(1024, np.float32) for k in range(4)})
     return params
 
@@ -97,7 +99,7 @@ class RawPeers:
 
     def __init__(self, count: int, tmp: str):
         self.procs, self.socks = [], []
-        for i in range(count):
+        for _ in range(count):
             port_file = os.path.join(tmp, f"raw-{uuid.uuid4().hex}.port")
             self.procs.append(subprocess.Popen([sys.executable, __file__, "--raw-server", port_file]))
             deadline = time.monotonic() + 30
@@ -105,7 +107,9 @@ class RawPeers:
                 if time.monotonic() > deadline or self.procs[-1].poll() is not None:
                     raise RuntimeError("raw echo server did not start")
                 time.sleep(0.01)
-            s = socket.create_connection(("127.0.0.1", int(open(port_file).read())), timeout=60)
+            with open(port_file) as f:
+                port = int(f.read())
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.socks.append(s)
 
@@ -149,12 +153,14 @@ class Shards:
                 argv.append("--no-bulk")
             if checkpoint_dir:
                 argv += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-interval", str(interval)]
-            err = open(os.environ["PS_BENCH_SHARD_LOG"] + f".{job_id}.{i}", "ab") \
-                if os.environ.get("PS_BENCH_SHARD_LOG") else subprocess.DEVNULL
-            self.procs.append(subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE,
-                                               stderr=err, cwd=ROOT))
+            shard_log = os.environ.get("PS_BENCH_SHARD_LOG")
+            with (open(f"{shard_log}.{job_id}.{i}", "ab") if shard_log
+                  else contextlib.nullcontext(subprocess.DEVNULL)) as err:
+                self.procs.append(subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE,
+                                                   stderr=err, cwd=ROOT))
         self.announced: list[tuple[float, dict]] = []  # (when read, announcement)
         for i, p in enumerate(self.procs):
+            assert p.stdout is not None
             for raw in p.stdout:
                 line = raw.decode().strip()
                 if line.startswith("ELASTIC_PS_READY "):
@@ -166,6 +172,7 @@ class Shards:
         self._reader.start()
 
     def _drain(self):
+        assert self.procs[0].stdout is not None
         for raw in self.procs[0].stdout:
             line = raw.decode().strip()
             if line.startswith("ELASTIC_PS_CHECKPOINT "):
@@ -203,7 +210,7 @@ def throughput(size_mib: int, shards: int, reps: int, tmp: str, bulk: bool = Tru
     grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
     total = nbytes(params)
     flat = np.concatenate([g.reshape(-1).view(np.uint8) for g in grads.values()])
-    shares = [memoryview(part) for part in np.array_split(flat, shards)]
+    shares = [part.data for part in np.array_split(flat, shards)]
     servers = Shards(shards, secret, bulk=bulk)
     raw = RawPeers(shards, tmp)
     client = PSClient(servers.addresses, secret, ClientSettings(bulk=bulk))

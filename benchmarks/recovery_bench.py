@@ -117,7 +117,7 @@ def bench_workdir(prefix: str, keep: bool):
 
 def quantile(xs, q):
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def summary(samples: list[float]) -> dict:
@@ -164,7 +164,7 @@ class CommitLog:
         self.records: dict[str, list[dict]] = defaultdict(list)
         self.max_round = 0
 
-    def poll(self) -> "CommitLog":
+    def poll(self) -> CommitLog:
         for path in glob.glob(str(self.directory / "*.commits")):
             key = Path(path).stem
             offset = self._offsets.get(key, 0)
@@ -207,7 +207,7 @@ class CommitLog:
 FRESH_PHASES = ("spawned", "start", "init", "joined")
 
 
-def fresh_worker_phases(job: "OursJob", workers, t0: float) -> dict:
+def fresh_worker_phases(job: OursJob, workers, t0: float) -> dict:
     """For the fresh ``workers`` of a re-formed round: seconds from ``t0`` until the last
     of them reached each phase: ``spawned`` (the driver's worker_started event),
     ``start`` (its interpreter reached the script), ``init`` (numpy and elastic imported,
@@ -221,7 +221,8 @@ def fresh_worker_phases(job: "OursJob", workers, t0: float) -> dict:
             times = [started.get(w) for w in workers]
         else:
             times = [(job.log.event(w, phase) or {}).get("t") for w in workers]
-        phases[phase] = None if not times or None in times else max(times) - t0
+        known = [t for t in times if t is not None]
+        phases[phase] = max(known) - t0 if times and len(known) == len(times) else None
     return phases
 
 
@@ -241,7 +242,7 @@ class OursJob:
         command = [sys.executable, str(STEPS), str(self.out), "--work", str(work)]
         self.run = ElasticRun([*args, *command], workdir, env=THREAD_ENV)
 
-    def start(self) -> "OursJob":
+    def start(self) -> OursJob:
         self.run.start()
         return self
 
@@ -254,8 +255,10 @@ class OursJob:
 
     def check_running(self) -> None:
         """BenchTimeout at once if elastic-run ended: no point waiting out a deadline."""
-        if self.run.proc.poll() is not None:
-            raise BenchTimeout(f"elastic-run exited with {self.run.proc.returncode}: "
+        proc = self.run.proc
+        assert proc is not None, "start() first"
+        if proc.poll() is not None:
+            raise BenchTimeout(f"elastic-run exited with {proc.returncode}: "
                                + self.run.stderr_tail(5))
 
     def steady(self, size: int, settle: int):
@@ -312,7 +315,7 @@ def ours_config(mode: str, workers: int, kills: int, settle: int, work: int,
             t0 = time.time()
             os.kill(pid, signal.SIGKILL)
 
-            def recovered():
+            def recovered(survivors=survivors, round_id=round_id, t0=t0):
                 job.check_running()
                 job.log.poll()
                 if mode == "min-np":
@@ -367,9 +370,10 @@ class TorchrunJob:
         self.env = {**os.environ, **THREAD_ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "TorchrunJob":
-        self._out = open(self.workdir / "stdout.log", "w")
-        self._err = open(self.workdir / "stderr.log", "w")
+    def start(self) -> TorchrunJob:
+        # Open until stop(): torchrun writes to them for the whole run.
+        self._out = open(self.workdir / "stdout.log", "w")  # noqa: SIM115
+        self._err = open(self.workdir / "stderr.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._out,
                                      stderr=self._err, start_new_session=True)
         return self
@@ -390,6 +394,7 @@ class TorchrunJob:
             return ""
 
     def check_running(self) -> None:
+        assert self.proc is not None, "start() first"
         if self.proc.poll() is not None:
             raise BenchTimeout(f"torchrun exited with {self.proc.returncode}: "
                                + self.stderr_tail())
@@ -407,6 +412,7 @@ class TorchrunJob:
 
     def finish(self) -> int | None:
         (self.out / "stop").touch()
+        assert self.proc is not None, "start() first"
         try:
             return self.proc.wait(timeout=FINISH_DEADLINE)
         except subprocess.TimeoutExpired:
@@ -434,7 +440,10 @@ class TorchrunJob:
 def torchrun_config(workers: int, kills: int, settle: int, work: int, rng: random.Random,
                     tmp: Path) -> dict:
     job = TorchrunJob(workers, kills + 2, tmp / f"torchrun-{workers}", work)
-    samples, restarted, imported, ready = [], [], [], []
+    samples: list[float] = []
+    restarted: list[float] = []
+    imported: list[float | None] = []
+    ready: list[float | None] = []
     result = {"bench": "recovery", "system": "torchrun", "mode": "torchrun-restart",
               "workers": workers, "max_restarts": kills + 2,
               "definition": DEFINITIONS["torchrun-restart"]}
@@ -447,7 +456,7 @@ def torchrun_config(workers: int, kills: int, settle: int, work: int, rng: rando
             t0 = time.time()
             os.kill(victim["pid"], signal.SIGKILL)
 
-            def recovered():
+            def recovered(group=group, t0=t0):
                 job.check_running()
                 job.log.poll()
                 nxt = job.group_members(group + 1)

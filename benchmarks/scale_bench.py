@@ -51,9 +51,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recovery_bench import (RECOVERY_DEADLINE, STEADY_DEADLINE, BenchTimeout,  # noqa: E402
-                            OursJob, bench_workdir, fresh_worker_phases, median_or_none, phase_medians,
-                            summary, wait_for)
+from recovery_bench import (
+    RECOVERY_DEADLINE,
+    STEADY_DEADLINE,
+    BenchTimeout,
+    OursJob,
+    bench_workdir,
+    fresh_worker_phases,
+    median_or_none,
+    phase_medians,
+    summary,
+    wait_for,
+)
 
 GROW_HOSTS = "localhost:2\n127.0.0.1:2\n"
 SHRINK_HOSTS = "localhost:2\n"
@@ -89,8 +98,9 @@ def discovery_job(workdir: Path, hosts_text: str, args: list[str], work: int) ->
 
 
 def measure_change(job: OursJob, hosts: Path, text: str, size: int, settle: int,
-                   host_event: str) -> tuple[float, float | None, float | None]:
-    """Rewrite the hosts file once the world is steady; (latency, noticed, formed)."""
+                   host_event: str) -> tuple[float, float | None, float, dict | None]:
+    """Rewrite the hosts file once the world is steady; (latency, noticed, formed, the
+    fresh workers' phases)."""
     before = wait_for(lambda: job.steady(size_before(size), settle), STEADY_DEADLINE,
                       f"a steady round of {size_before(size)}")
     t0 = write_hosts(hosts, text)
@@ -118,7 +128,7 @@ def size_before(size_after: int) -> int:
     return 2 if size_after == 4 else 4
 
 
-def result_line(change: str, frm: int, to: int, samples, noticed, formed, interval,
+def result_line(change: str, frm: int, to: int | None, samples, noticed, formed, interval,
                 extra: dict, fresh=()) -> dict:
     return {"bench": "scale", "change": change, "from": frm, "to": to, **summary(samples),
             "discovery_interval": interval, "noticed_s": median_or_none(noticed),
@@ -131,7 +141,8 @@ def grow_shrink(repeats: int, interval: float, settle: int, work: int, tmp: Path
     job, hosts = discovery_job(tmp / "grow-shrink", SHRINK_HOSTS,
                                ["-np", "2", "--min-np", "2",
                                 "--discovery-interval", str(interval)], work)
-    grow, shrink = ([], [], [], []), ([], [], [], [])
+    grow: tuple[list, list, list, list] = ([], [], [], [])
+    shrink: tuple[list, list, list, list] = ([], [], [], [])
     extra = {}
     try:
         job.start()
@@ -169,7 +180,7 @@ def sigkills(kills: int, interval: float, settle: int, work: int, rng: random.Ra
             t0 = time.time()
             os.kill(pid, signal.SIGKILL)
 
-            def recovered():
+            def recovered(survivors=survivors, round_id=round_id, t0=t0):
                 job.check_running()
                 job.log.poll()
                 times = [job.log.first_commit_after(m, round_id, t0) for m in survivors]

@@ -15,6 +15,7 @@ import gzip
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,8 @@ def main() -> int:
 
     train_x, train_y, test_x, test_y = load_digits()
     elastic.init()
-    state = elastic.NumpyState(**init_params(args.hidden), epoch=0, batch=0, steps=0)
+    # Attributes come from the keyword arguments, which a type checker cannot see: Any.
+    state: Any = elastic.NumpyState(**init_params(args.hidden), epoch=0, batch=0, steps=0)
     names = ["w1", "b1", "w2", "b2"]
 
     def report_world():
@@ -88,7 +90,7 @@ def main() -> int:
     @elastic.run
     def train(state):
         sampler = elastic.ElasticSampler(len(train_x), shuffle=True, seed=0)
-        for state.epoch in range(state.epoch, args.epochs):
+        for state.epoch in range(state.epoch, args.epochs):  # noqa: B020 - resumes the epoch
             sampler.set_epoch(state.epoch)
             started, seen = time.perf_counter(), 0
             for idx in sampler.batches(batch_size=args.batch_size, start=state.batch):

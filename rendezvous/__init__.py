@@ -15,11 +15,25 @@ import os
 # use raw bytes, so only etcd's small messages pay for the slower runtime.
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
-from rendezvous.errors import (ElasticError, RendezvousConfigError,  # noqa: E402
-                               RendezvousConnectionError, RendezvousError)
-from rendezvous.store import (Compare, Delete, Event, KeyValue, KVStore, Lease, Put,  # noqa: E402
-                              StoreSettings, TxnResult, Watch)
-from rendezvous.url import StoreURL, parse_store_url  # noqa: E402
+from rendezvous.errors import (
+    ElasticError,
+    RendezvousConfigError,
+    RendezvousConnectionError,
+    RendezvousError,
+)
+from rendezvous.store import (
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    KVStore,
+    Lease,
+    Put,
+    StoreSettings,
+    TxnResult,
+    Watch,
+)
+from rendezvous.url import StoreURL, parse_store_url
 
 
 def _embedded(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVStore:

@@ -18,6 +18,7 @@ import os
 import secrets
 
 from rendezvous.env import ENV_SECRET
+
 RPC_METADATA_KEY = "x-elastic-auth"
 NONCE_BYTES = 16
 RESPONSE_BYTES = hashlib.sha256().digest_size

@@ -7,14 +7,24 @@ which is fine for a store whose values are small records (the size limit applies
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Callable
 
 import grpc
 
 from rendezvous.memory import MemoryKV
 from rendezvous.rpc import RpcClient, RpcServer, frame, translate_rpc_error, unframe
-from rendezvous.store import (Compare, Delete, Event, KeyValue, KVStore, Put,
-                              StoreSettings, TxnResult, op_from_dict)
+from rendezvous.store import (
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    KVStore,
+    Put,
+    StoreSettings,
+    TxnResult,
+    op_from_dict,
+)
 
 SERVICE = "elastic.rendezvous.KV"
 #: how long a watch stream waits before sending an empty batch (a heartbeat)

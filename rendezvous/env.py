@@ -8,7 +8,7 @@ in the error when its value does not parse (the single typed gate for untyped in
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from rendezvous.errors import RendezvousConfigError
 

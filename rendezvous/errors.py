@@ -9,7 +9,7 @@ error over the wire and the client raises the same class (see ``rpc.py``).
 """
 from __future__ import annotations
 
-_REGISTRY: dict[str, type["ElasticError"]] = {}
+_REGISTRY: dict[str, type[ElasticError]] = {}
 
 
 class ElasticError(Exception):

@@ -13,22 +13,38 @@ import os
 import queue
 import threading
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
-import grpc  # noqa: E402
+import grpc
 
-from rendezvous import env  # noqa: E402
-from rendezvous.errors import (LeaseNotFoundError, NotSentError,  # noqa: E402
-                               RendezvousAuthError, RendezvousConfigError,
-                               RendezvousConnectionError, WatchCompactedError)
-from rendezvous.memory import prefix_end  # noqa: E402
-from rendezvous.rpc import translate_rpc_error  # noqa: E402
-from rendezvous.store import (DELETE, PUT, Compare, Delete, Event, KeyValue, KVStore,  # noqa: E402
-                              Put, StoreSettings, TxnResult)
-from rendezvous.url import Endpoint  # noqa: E402
+from rendezvous import env
+from rendezvous.errors import (
+    LeaseNotFoundError,
+    NotSentError,
+    RendezvousAuthError,
+    RendezvousConfigError,
+    RendezvousConnectionError,
+    WatchCompactedError,
+)
+from rendezvous.memory import prefix_end
+from rendezvous.rpc import translate_rpc_error
+from rendezvous.store import (
+    DELETE,
+    PUT,
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    KVStore,
+    Put,
+    StoreSettings,
+    TxnResult,
+)
+from rendezvous.url import Endpoint
 
 
 def _import_stubs():
@@ -90,7 +106,7 @@ class EtcdCredentials:
             raise RendezvousConfigError(f"{ENV_CERT} and {ENV_KEY} go together: set both")
 
     @classmethod
-    def from_env(cls, environ) -> "EtcdCredentials":
+    def from_env(cls, environ) -> EtcdCredentials:
         return cls(user=environ.get(ENV_USER) or None, password=environ.get(ENV_PASSWORD),
                    ca_cert=environ.get(ENV_CA_CERT) or None, cert=environ.get(ENV_CERT) or None,
                    key=environ.get(ENV_KEY) or None)
@@ -99,7 +115,7 @@ class EtcdCredentials:
     def tls(self) -> bool:
         return bool(self.ca_cert or self.cert)
 
-    def channel_credentials(self) -> "grpc.ChannelCredentials":
+    def channel_credentials(self) -> grpc.ChannelCredentials:
         def read(path, name):
             if not path:
                 return None
@@ -140,7 +156,7 @@ class EtcdStore(KVStore):
         self._index = 0
         self._channel: grpc.Channel | None = None
         self._retired: grpc.Channel | None = None
-        self._stubs = None
+        self._stubs: tuple[Any, ...] = ()  # KV, Lease, Watch, Auth: set by _connect
         self._connect(0)
 
     @property

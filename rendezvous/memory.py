@@ -10,8 +10,9 @@ from __future__ import annotations
 import bisect
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 from rendezvous.errors import LeaseNotFoundError, WatchCompactedError
 from rendezvous.store import DELETE, PUT, Compare, Delete, Event, KeyValue, Put, TxnResult
@@ -25,6 +26,8 @@ class _LeaseRecord:
 
 
 def _compare_holds(c: Compare, kv: KeyValue | None) -> bool:
+    actual: Any  # bytes for a value compare, int otherwise (and so is expected)
+    expected: Any
     if c.target == "value":
         if kv is None:
             return c.op == "!="

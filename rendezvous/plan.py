@@ -26,7 +26,7 @@ class WorkerInfo:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "WorkerInfo":
+    def from_json(cls, data: bytes) -> WorkerInfo:
         return cls(**json.loads(data))
 
 
@@ -72,7 +72,7 @@ class Plan:
                           sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Plan":
+    def from_json(cls, data: bytes) -> Plan:
         raw = json.loads(data)
         return cls(round_id=int(raw["round_id"]),
                    members=tuple(Member(**m) for m in raw["members"]))
@@ -96,7 +96,7 @@ class ShardInfo:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "ShardInfo":
+    def from_json(cls, data: bytes) -> ShardInfo:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)
@@ -118,7 +118,7 @@ class CheckpointRecord:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "CheckpointRecord":
+    def from_json(cls, data: bytes) -> CheckpointRecord:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)

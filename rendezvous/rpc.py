@@ -14,14 +14,21 @@ from __future__ import annotations
 import json
 import struct
 import threading
+from collections.abc import Iterable
 from concurrent import futures
-from typing import Callable, Iterable
+from typing import Callable
 
 import grpc
 
 from rendezvous import auth
-from rendezvous.errors import (ElasticError, NotSentError, RendezvousAuthError,
-                               RendezvousConnectionError, RendezvousError, error_class)
+from rendezvous.errors import (
+    ElasticError,
+    NotSentError,
+    RendezvousAuthError,
+    RendezvousConnectionError,
+    RendezvousError,
+    error_class,
+)
 
 UNLIMITED_MESSAGE_OPTIONS = [
     ("grpc.max_send_message_length", -1),

@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import abc
 import base64
+import contextlib
 import logging
 import queue
 import threading
 import time
 import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, cast
 
-from rendezvous.errors import (LeaseNotFoundError, NotSentError, RendezvousClosedError,
-                               RendezvousConnectionError, RendezvousError, ValueTooLargeError,
-                               WatchCompactedError)
+from rendezvous.errors import (
+    LeaseNotFoundError,
+    NotSentError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    ValueTooLargeError,
+    WatchCompactedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,7 @@ class KeyValue:
                 "m": self.mod_revision, "n": self.version, "l": self.lease}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KeyValue":
+    def from_dict(cls, d: dict) -> KeyValue:
         return cls(d["k"], base64.b64decode(d["v"]), d["c"], d["m"], d["n"], d["l"])
 
 
@@ -88,7 +96,7 @@ class Event:
         return {"t": self.type, "kv": self.kv.to_dict()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Event":
+    def from_dict(cls, d: dict) -> Event:
         return cls(d["t"], KeyValue.from_dict(d["kv"]))
 
 
@@ -112,11 +120,12 @@ class Compare:
             raise ValueError(f"bad compare {self.target} {self.op}")
 
     def to_dict(self) -> dict:
-        v = base64.b64encode(self.value).decode() if self.target == "value" else self.value
+        v = (base64.b64encode(cast(bytes, self.value)).decode() if self.target == "value"
+             else self.value)
         return {"k": self.key, "t": self.target, "o": self.op, "v": v}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Compare":
+    def from_dict(cls, d: dict) -> Compare:
         v = base64.b64decode(d["v"]) if d["t"] == "value" else int(d["v"])
         return cls(d["k"], d["t"], d["o"], v)
 
@@ -155,7 +164,7 @@ class TxnResult:
 class Lease:
     """A lease granted by a store; keys put with ``lease=lease.id`` vanish when it ends."""
 
-    def __init__(self, store: "KVStore", lease_id: int, ttl: int):
+    def __init__(self, store: KVStore, lease_id: int, ttl: int):
         self.store = store
         self.id = lease_id
         self.ttl = ttl
@@ -204,10 +213,8 @@ class Lease:
     def revoke(self) -> None:
         """Stop refreshing and end the lease now (its keys vanish). Idempotent."""
         self.stop_keep_alive()
-        try:
+        with contextlib.suppress(LeaseNotFoundError):
             self.store.revoke(self.id)
-        except LeaseNotFoundError:
-            pass
 
 
 _WATCH_CLOSED = object()
@@ -221,7 +228,7 @@ class Watch:
     terminal error (``WatchCompactedError``, or ``RendezvousConnectionError`` after
     ``watch_reconnect_deadline`` without the store)."""
 
-    def __init__(self, store: "KVStore", prefix: str, start_revision: int):
+    def __init__(self, store: KVStore, prefix: str, start_revision: int):
         self.prefix = prefix
         self.next_revision = start_revision
         self._store = store
@@ -272,7 +279,7 @@ class Watch:
                 self._store._on_connection_error(generation)
                 self._cancelled.wait(backoff)
                 backoff = min(backoff * 2, 1.0)
-            except Exception as exc:  # the client was closed under us (gRPC raises ValueError)
+            except Exception as exc:  # noqa: BLE001 - the client was closed under us (gRPC raises ValueError)
                 if not (self._cancelled.is_set() or self._store._closed):
                     self._queue.put(RendezvousError(f"watch on {self.prefix!r} failed: {exc!r}"))
                     return
@@ -303,9 +310,9 @@ class Watch:
             return None
         if item is _WATCH_CLOSED or isinstance(item, Exception):
             self._queue.put(item)  # keep the terminal state for the next caller
-            if item is _WATCH_CLOSED:
-                return None
-            raise item
+            if isinstance(item, Exception):
+                raise item
+            return None
         return item
 
     def __iter__(self) -> Iterator[Event]:
@@ -342,7 +349,7 @@ class KVStore(abc.ABC):
     def __init__(self, settings: StoreSettings):
         self.settings = settings
         self._closed = False
-        self._watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
+        self._watches: weakref.WeakSet[Watch] = weakref.WeakSet()
 
     # ---- what a backend implements (one attempt each; raise typed errors) ----
     @abc.abstractmethod
@@ -372,7 +379,7 @@ class KVStore(abc.ABC):
     #: bumped by a backend each time it moves to another endpoint
     _endpoint_generation = 0
 
-    def _on_connection_error(self, generation: int) -> None:
+    def _on_connection_error(self, generation: int) -> None:  # noqa: B027 - optional hook
         """A call made at ``generation`` could not reach the store. A multi-endpoint
         backend moves to its next endpoint, unless another thread already did."""
 
@@ -445,10 +452,10 @@ class KVStore(abc.ABC):
         return self.txn([Compare(key, "mod", "==", expected_mod_revision)],
                         [Put(key, bytes(value), _lease_id(lease))]).succeeded
 
-    def grant_lease(self, ttl: int) -> Lease:
-        """A new lease of ``ttl`` whole seconds (>= 1)."""
-        ttl = max(1, int(round(ttl)))
-        return Lease(self, self._call(lambda: self._grant(ttl), repeatable=True), ttl)
+    def grant_lease(self, ttl: float) -> Lease:
+        """A new lease of ``ttl`` seconds, rounded to whole seconds (at least 1)."""
+        seconds = max(1, round(ttl))
+        return Lease(self, self._call(lambda: self._grant(seconds), repeatable=True), seconds)
 
     def keepalive(self, lease_id: int, retry: bool = True) -> int:
         """Refresh a lease; returns the TTL. Raises LeaseNotFoundError once it expired."""

@@ -56,7 +56,8 @@ def main() -> int:
 
     worker = os.environ.get("ELASTIC_WORKER_ID", f"pid{os.getpid()}")
     stop_path = os.path.join(args.out_dir, "stop")
-    log = open(os.path.join(args.out_dir, f"{worker}.commits"), "a", buffering=1)
+    # Open for the life of the process: a worker may be SIGKILLed at any line.
+    log = open(os.path.join(args.out_dir, f"{worker}.commits"), "a", buffering=1)  # noqa: SIM115
 
     def record(ev: str, t: float | None = None, **fields) -> None:
         log.write(json.dumps({"ev": ev, "t": time.time() if t is None else t, **fields}) + "\n")
@@ -75,7 +76,7 @@ def main() -> int:
     @elastic.run
     def train(state):
         sampler = elastic.ElasticSampler(args.samples, shuffle=True, seed=1)
-        for state.epoch in range(state.epoch, 1 << 30):
+        for state.epoch in range(state.epoch, 1 << 30):  # noqa: B020 - the documented idiom
             sampler.set_epoch(state.epoch)
             for idx in sampler.batches(batch_size=args.batch, start=state.batch):
                 a @ a  # stands in for the forward/backward pass; result not needed
