@@ -6,6 +6,7 @@ backend and operation: {"bench": "kv", "backend", "op", "n", "p50_ms", "p99_ms",
 
     python benchmarks/kv_bench.py [--n 500]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,20 @@ def percentile(values, q):
 
 def report(backend, op, samples):
     ms = [s * 1e3 for s in samples]
-    print(json.dumps({"bench": "kv", "backend": backend, "op": op, "n": len(ms),
-                      "p50_ms": round(percentile(ms, 0.5), 3), "p99_ms": round(percentile(ms, 0.99), 3),
-                      "mean_ms": round(statistics.fmean(ms), 3)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "bench": "kv",
+                "backend": backend,
+                "op": op,
+                "n": len(ms),
+                "p50_ms": round(percentile(ms, 0.5), 3),
+                "p99_ms": round(percentile(ms, 0.99), 3),
+                "mean_ms": round(statistics.fmean(ms), 3),
+            }
+        ),
+        flush=True,
+    )
 
 
 def measure(backend, url, secret, n):
@@ -85,9 +97,13 @@ def main():
     args = parser.parse_args()
 
     secret = make_secret()
-    server = subprocess.Popen([sys.executable, "-m", "rendezvous.server"], cwd=ROOT,
-                              env={**os.environ, ENV_SECRET: secret},
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rendezvous.server"],
+        cwd=ROOT,
+        env={**os.environ, ENV_SECRET: secret},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert server.stdout is not None
     try:
         line = server.stdout.readline()

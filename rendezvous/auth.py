@@ -10,6 +10,7 @@ their environment (``ENV_SECRET``). Nothing sends the secret itself:
 * a ring-peer handshake is challenge/response: each side sends a random nonce
   and answers the other's with ``challenge_response(secret, nonce)``.
 """
+
 from __future__ import annotations
 
 import hashlib

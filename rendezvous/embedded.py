@@ -4,6 +4,7 @@ Every call carries proof of the job secret (``rpc.RpcServer`` refuses others).
 Messages are JSON headers framed by ``rpc.frame``; values travel base64-encoded,
 which is fine for a store whose values are small records (the size limit applies).
 """
+
 from __future__ import annotations
 
 import threading
@@ -42,16 +43,26 @@ def _decode(message: bytes) -> dict:
 class EmbeddedServer:
     """The store server: ``start()`` returns its address; ``stop()`` ends it."""
 
-    def __init__(self, secret: str, bind: str = "127.0.0.1:0", lease_check_interval: float = 0.1,
-                 history_limit: int = 100_000):
+    def __init__(
+        self,
+        secret: str,
+        bind: str = "127.0.0.1:0",
+        lease_check_interval: float = 0.1,
+        history_limit: int = 100_000,
+    ):
         self.kv = MemoryKV(history_limit=history_limit)
         self._rpc = RpcServer(SERVICE, secret, bind, max_workers=512)
         self._stop = threading.Event()
         self._lease_check_interval = lease_check_interval
         self._expirer: threading.Thread | None = None
         self._streams_generation = 0
-        for name, fn in (("Range", self._range), ("Txn", self._txn), ("Grant", self._grant),
-                         ("KeepAlive", self._keepalive), ("Revoke", self._revoke)):
+        for name, fn in (
+            ("Range", self._range),
+            ("Txn", self._txn),
+            ("Grant", self._grant),
+            ("KeepAlive", self._keepalive),
+            ("Revoke", self._revoke),
+        ):
             self._rpc.add_unary(name, fn)
         self._rpc.add_stream("Watch", self._watch)
 
@@ -87,9 +98,11 @@ class EmbeddedServer:
 
     def _txn(self, request: bytes) -> bytes:
         req = _decode(request)
-        result = self.kv.txn([Compare.from_dict(c) for c in req["cmp"]],
-                             [op_from_dict(o) for o in req["ok"]],
-                             [op_from_dict(o) for o in req["fail"]])
+        result = self.kv.txn(
+            [Compare.from_dict(c) for c in req["cmp"]],
+            [op_from_dict(o) for o in req["ok"]],
+            [op_from_dict(o) for o in req["fail"]],
+        )
         return _encode(ok=result.succeeded, rev=result.revision)
 
     def _grant(self, request: bytes) -> bytes:
@@ -132,10 +145,18 @@ class EmbeddedStore(KVStore):
         resp = self._unary("Range", key=key, prefix=prefix)
         return [KeyValue.from_dict(d) for d in resp["kvs"]], resp["rev"]
 
-    def _txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
-             failure: Sequence[Put | Delete]) -> TxnResult:
-        resp = self._unary("Txn", cmp=[c.to_dict() for c in compares],
-                           ok=[o.to_dict() for o in success], fail=[o.to_dict() for o in failure])
+    def _txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete],
+    ) -> TxnResult:
+        resp = self._unary(
+            "Txn",
+            cmp=[c.to_dict() for c in compares],
+            ok=[o.to_dict() for o in success],
+            fail=[o.to_dict() for o in failure],
+        )
         return TxnResult(resp["ok"], resp["rev"])
 
     def _grant(self, ttl: int) -> int:
@@ -147,8 +168,9 @@ class EmbeddedStore(KVStore):
     def _revoke(self, lease_id: int) -> None:
         self._unary("Revoke", id=lease_id)
 
-    def _open_watch(self, prefix: str, start_revision: int
-                    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
+    def _open_watch(
+        self, prefix: str, start_revision: int
+    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
         call = self._rpc.stream("Watch", _encode(prefix=prefix, start=start_revision))
 
         def batches() -> Iterator[tuple[list[Event], int | None]]:
@@ -158,6 +180,7 @@ class EmbeddedStore(KVStore):
                     yield [Event.from_dict(d) for d in batch["events"]], batch["next"] - 1
             except grpc.RpcError as exc:
                 raise translate_rpc_error(exc, f"watch at {self.address}") from None
+
         return batches(), call.cancel
 
     def _close(self) -> None:

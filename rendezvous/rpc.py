@@ -9,6 +9,7 @@ as the same class (by registered name). Transport failures become
 ``RendezvousConnectionError``; a refused secret becomes ``RendezvousAuthError``.
 ``frame``/``unframe`` pack a JSON header and binary blobs into one message.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,8 @@ def unframe(message: bytes) -> tuple[dict, memoryview]:
     """Inverse of ``frame``: the header and a zero-copy view of the blob bytes."""
     view = memoryview(message)
     (head_len,) = struct.unpack_from("!I", view, 0)
-    header = json.loads(bytes(view[4:4 + head_len]))
-    return header, view[4 + head_len:]
+    header = json.loads(bytes(view[4 : 4 + head_len]))
+    return header, view[4 + head_len :]
 
 
 class _AuthInterceptor(grpc.ServerInterceptor):
@@ -64,8 +65,10 @@ class _AuthInterceptor(grpc.ServerInterceptor):
         self._secret = secret
 
         def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "request refused: missing or wrong job secret")
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "request refused: missing or wrong job secret"
+            )
+
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
         self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
 
@@ -80,8 +83,9 @@ class _AuthInterceptor(grpc.ServerInterceptor):
 
 
 def _abort_with(context, exc: ElasticError):
-    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                  f"{type(exc).__name__}{_ERROR_SEPARATOR}{exc}")
+    context.abort(
+        grpc.StatusCode.FAILED_PRECONDITION, f"{type(exc).__name__}{_ERROR_SEPARATOR}{exc}"
+    )
 
 
 class RpcServer:
@@ -104,6 +108,7 @@ class RpcServer:
                 return fn(request)
             except ElasticError as exc:
                 _abort_with(context, exc)
+
         self._methods[name] = grpc.unary_unary_rpc_method_handler(handler)
 
     def add_stream(self, name: str, fn: StreamHandler) -> None:
@@ -112,17 +117,21 @@ class RpcServer:
                 yield from fn(request, context)
             except ElasticError as exc:
                 _abort_with(context, exc)
+
         self._methods[name] = grpc.unary_stream_rpc_method_handler(handler)
 
     def start(self) -> str:
         """Bind and serve; returns ``host:port`` (the real port when ``bind`` asked for 0).
 
         Raises RendezvousConfigError-free OSError-like ``RendezvousError`` if the bind fails."""
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers),
-                             interceptors=[_AuthInterceptor(self._secret)],
-                             options=UNLIMITED_MESSAGE_OPTIONS)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._max_workers),
+            interceptors=[_AuthInterceptor(self._secret)],
+            options=UNLIMITED_MESSAGE_OPTIONS,
+        )
         server.add_generic_rpc_handlers(
-            [grpc.method_handlers_generic_handler(self.service, self._methods)])
+            [grpc.method_handlers_generic_handler(self.service, self._methods)]
+        )
         host = self._bind.rsplit(":", 1)[0]
         try:
             port = server.add_insecure_port(self._bind)
@@ -153,8 +162,11 @@ def translate_rpc_error(exc: grpc.RpcError, what: str) -> ElasticError:
         return NotSentError(f"{what}: unavailable: {details}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return RendezvousAuthError(f"{what}: {details}")
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED):
+    if code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+    ):
         return RendezvousConnectionError(f"{what}: {code.name.lower()}: {details}")
     return RendezvousError(f"{what}: {code.name if code else 'error'}: {details}")
 
@@ -179,14 +191,19 @@ class RpcClient:
                 table[name] = factory(f"/{self.service}/{name}")
             return table[name]
 
-    def call(self, name: str, payload: bytes, timeout: float | None = None,
-             wait_for_ready: bool = False) -> bytes:
+    def call(
+        self, name: str, payload: bytes, timeout: float | None = None, wait_for_ready: bool = False
+    ) -> bytes:
         """One unary call. Raises the handler's typed error, RendezvousAuthError or
         RendezvousConnectionError (unreachable or past the deadline)."""
         method = self._method(self._unary, "unary_unary", name)
         try:
-            return method(payload, timeout=timeout if timeout is not None else self.timeout,
-                          metadata=self._metadata, wait_for_ready=wait_for_ready)
+            return method(
+                payload,
+                timeout=timeout if timeout is not None else self.timeout,
+                metadata=self._metadata,
+                wait_for_ready=wait_for_ready,
+            )
         except grpc.RpcError as exc:
             raise translate_rpc_error(exc, f"{self.service}.{name} at {self.address}") from None
 

@@ -21,6 +21,7 @@ collective would look like a failure to the driver.
 
     steps.py OUT_DIR [--work K] [--samples N] [--batch B]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def current_round() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
-    parser.add_argument("--work", type=int, default=160,
-                        help="side of the square matrices multiplied per step (compute)")
+    parser.add_argument(
+        "--work",
+        type=int,
+        default=160,
+        help="side of the square matrices multiplied per step (compute)",
+    )
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256, help="length of the allreduced vector")
@@ -88,8 +93,14 @@ def main() -> int:
                 state.batch += 1
                 state.steps += 1
                 state.commit()
-                record("commit", worker=worker, rank=elastic.rank(), size=elastic.size(),
-                       round=current_round(), step=state.steps)
+                record(
+                    "commit",
+                    worker=worker,
+                    rank=elastic.rank(),
+                    size=elastic.size(),
+                    round=current_round(),
+                    step=state.steps,
+                )
                 if total[-1] > 0:
                     return
             state.batch = 0
