@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 # etcd3's generated code predates protobuf 4: select the pure-Python runtime before
-# anything imports protobuf (see DESIGN.md, "Known trap"). The project's own services
+# anything imports protobuf (see docs/DESIGN.md, "Known trap"). The project's own services
 # use raw bytes, so only etcd's small messages pay for the slower runtime.
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 

@@ -50,7 +50,7 @@ from rendezvous.url import Endpoint
 
 def _import_stubs():
     """etcd3's generated modules. Raises RendezvousConfigError when protobuf was already
-    loaded with a native runtime that cannot load them (the DESIGN.md trap)."""
+    loaded with a native runtime that cannot load them (the trap in docs/DESIGN.md)."""
     try:
         with warnings.catch_warnings():
             # Its protobuf-3 era code uses descriptor calls that newer runtimes deprecate.

@@ -302,7 +302,8 @@ class Watch:
                 self._store._on_connection_error(generation)
                 self._cancelled.wait(backoff)
                 backoff = min(backoff * 2, 1.0)
-            except Exception as exc:  # noqa: BLE001 - the client was closed under us (gRPC raises ValueError)
+            # The client was closed under us (gRPC raises ValueError).
+            except Exception as exc:  # noqa: BLE001
                 if not (self._cancelled.is_set() or self._store._closed):
                     self._queue.put(RendezvousError(f"watch on {self.prefix!r} failed: {exc!r}"))
                     return
