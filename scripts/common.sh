@@ -68,7 +68,9 @@ ensure_venv() {
     return 0
   fi
   echo "$PROG: installing $spec into $VENV with pip" >&2
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$spec"
+  # --use-pep517: sdists without a pyproject.toml (etcd3) build the standard way, without
+  # the legacy-install warning of older pips.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --use-pep517 -e "$spec"
   echo "$key" >>"$VENV_STAMP"
 }
 
