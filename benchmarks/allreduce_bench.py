@@ -16,8 +16,9 @@ One JSON line per configuration:
     python benchmarks/allreduce_bench.py [--worlds 2 4] [--sizes-mib 1 16 64]
         [--blocks 4] [--iters 4] [--impls ours ours_tcp gloo mpi]
 
-gloo needs ``pip install torch==2.13.0`` (imported only by its worker processes), MPI
-needs the ``mpi`` extra (mpiexec on PATH). A missing one is reported and skipped.
+gloo needs torch, the ``bench`` extra (imported only by its worker processes); MPI needs
+the ``mpi`` extra (mpiexec on PATH): ``./scripts/install bench,mpi``. A missing one is
+reported and skipped.
 """
 
 from __future__ import annotations
@@ -261,12 +262,12 @@ def available(impl: str) -> str | None:
             import importlib.util
 
             if importlib.util.find_spec("torch") is None:
-                return "torch is not installed (pip install torch==2.13.0)"
+                return "torch is not installed (./scripts/install bench)"
         if impl == "mpi":
             import importlib.util
 
             if importlib.util.find_spec("mpi4py") is None or not shutil.which("mpiexec"):
-                return "mpi4py/mpiexec missing (pip install -e .[mpi])"
+                return "mpi4py/mpiexec missing (./scripts/install mpi)"
     except Exception as e:  # noqa: BLE001 - report and skip
         return str(e)
     return None
