@@ -16,12 +16,15 @@ One JSON line per configuration:
     python benchmarks/allreduce_bench.py [--worlds 2 4] [--sizes-mib 1 16 64]
         [--blocks 4] [--iters 4] [--impls ours ours_tcp gloo mpi]
 
-gloo needs ``pip install torch==2.13.0`` (imported only by its worker processes), MPI
-needs the ``mpi`` extra (mpiexec on PATH). A missing one is reported and skipped.
+gloo needs torch, the ``bench`` extra (imported only by its worker processes); MPI needs
+the ``mpi`` extra (mpiexec on PATH): ``./scripts/install bench,mpi``. A missing one is
+reported and skipped.
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,6 +43,7 @@ ALL_IMPLS = ("ours", "ours_tcp", "gloo", "mpi")
 
 
 # --- control channel (JSON lines over TCP), shared by parent and workers -----------
+
 
 class Line:
     def __init__(self, sock: socket.socket):
@@ -58,14 +63,18 @@ class Line:
 
 # --- worker side -----------------------------------------------------------------------
 
+
 def worker_main(args) -> None:
     import numpy as np
+
     host, port = args.control.rsplit(":", 1)
     ctl = Line(socket.create_connection((host, int(port)), timeout=120))
     ctl.sock.settimeout(None)
     impl = args.worker
+    comm: Any  # an MPI communicator or ours, by implementation
     if impl == "mpi":
         from mpi4py import MPI
+
         comm = MPI.COMM_WORLD
         rank, world = comm.Get_rank(), comm.Get_size()
     else:
@@ -74,13 +83,19 @@ def worker_main(args) -> None:
 
     if impl in ("ours", "ours_tcp"):
         from elastic.comm import CommSettings, Membership, RingCommunicator, RingListener
+
         listener = RingListener("127.0.0.1", secret=args.secret)
         ctl.send({"address": listener.address})
         msg = ctl.recv()
-        settings = CommSettings(**{**json.loads(args.ours_settings),
-                                   "transport": "tcp" if impl == "ours_tcp" else "auto"})
-        comm = RingCommunicator(Membership(1, rank, tuple(msg["addresses"]), args.secret),
-                                listener, settings)
+        settings = CommSettings(
+            **{
+                **json.loads(args.ours_settings),
+                "transport": "tcp" if impl == "ours_tcp" else "auto",
+            }
+        )
+        comm = RingCommunicator(
+            Membership(1, rank, tuple(msg["addresses"]), args.secret), listener, settings
+        )
         ctl.send({"transport": comm.transport})
 
         def barrier():
@@ -94,9 +109,11 @@ def worker_main(args) -> None:
     elif impl == "gloo":
         import torch
         import torch.distributed as dist
+
         msg = ctl.recv()
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{msg['port']}",
-                                rank=rank, world_size=world)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{msg['port']}", rank=rank, world_size=world
+        )
         ctl.send({"transport": "gloo"})
 
         def barrier():
@@ -121,7 +138,7 @@ def worker_main(args) -> None:
             comm.Allreduce(x, out)
             return out
 
-    arrays = {}
+    arrays: dict[int, tuple] = {}
     while True:
         msg = ctl.recv()
         if msg["cmd"] == "exit":
@@ -139,7 +156,7 @@ def worker_main(args) -> None:
             dt = time.perf_counter() - t0
             if i >= msg["warmup"]:
                 times.append(dt)
-        if impl == "gloo":   # gloo reduced in place: restore the input for the next call
+        if impl == "gloo":  # gloo reduced in place: restore the input for the next call
             x.fill_(float(rank + 1))
         ctl.send({"times": times})
     if impl in ("ours", "ours_tcp"):
@@ -147,10 +164,12 @@ def worker_main(args) -> None:
         listener.close()
     elif impl == "gloo":
         import torch.distributed as dist
+
         dist.destroy_process_group()
 
 
 # --- parent side -----------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -165,28 +184,44 @@ class Group:
         self.impl = impl
         self.world = world
         self.procs: list[subprocess.Popen] = []
-        self.lines: list[Line] = [None] * world
+        self.lines: list[Line] = []
         srv = socket.socket()
         srv.bind(("127.0.0.1", 0))
         srv.listen(world)
         srv.settimeout(120)
         control = f"127.0.0.1:{srv.getsockname()[1]}"
-        me = [sys.executable, str(Path(__file__).resolve()), "--worker", impl,
-              "--control", control, "--secret", secret, "--ours-settings", ours_settings]
+        me = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            impl,
+            "--control",
+            control,
+            "--secret",
+            secret,
+            "--ours-settings",
+            ours_settings,
+        ]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         try:
             if impl == "mpi":
-                self.procs.append(subprocess.Popen(
-                    [shutil.which("mpiexec"), "-n", str(world)] + me, env=env))
+                self.procs.append(
+                    subprocess.Popen(
+                        [shutil.which("mpiexec") or "mpiexec", "-n", str(world), *me], env=env
+                    )
+                )
             else:
                 for r in range(world):
-                    self.procs.append(subprocess.Popen(
-                        me + ["--rank", str(r), "--world", str(world)], env=env))
+                    self.procs.append(
+                        subprocess.Popen(me + ["--rank", str(r), "--world", str(world)], env=env)
+                    )
+            by_rank: dict[int, Line] = {}
             for _ in range(world):
                 conn, _ = srv.accept()
                 conn.settimeout(600)
                 line = Line(conn)
-                self.lines[line.recv()["rank"]] = line
+                by_rank[line.recv()["rank"]] = line
+            self.lines = [by_rank[r] for r in range(world)]
         finally:
             srv.close()
         if impl in ("ours", "ours_tcp"):
@@ -197,7 +232,8 @@ class Group:
             port = free_port()
             for ln in self.lines:
                 ln.send({"port": port})
-        self.transport = [ln.recv()["transport"] for ln in self.lines][0]
+        transports = [ln.recv()["transport"] for ln in self.lines]  # every rank answers
+        self.transport = transports[0]
 
     def run(self, mib: int, iters: int, warmup: int) -> list[float]:
         """Per timed call, the slowest rank's seconds."""
@@ -208,10 +244,8 @@ class Group:
 
     def close(self) -> None:
         for ln in self.lines:
-            try:
+            with contextlib.suppress(OSError, AttributeError):
                 ln.send({"cmd": "exit"})
-            except (OSError, AttributeError):
-                pass
         deadline = time.monotonic() + 20
         for p in self.procs:
             try:
@@ -226,13 +260,15 @@ def available(impl: str) -> str | None:
     try:
         if impl == "gloo":
             import importlib.util
+
             if importlib.util.find_spec("torch") is None:
-                return "torch is not installed (pip install torch==2.13.0)"
+                return "torch is not installed (./scripts/install bench)"
         if impl == "mpi":
             import importlib.util
+
             if importlib.util.find_spec("mpi4py") is None or not shutil.which("mpiexec"):
-                return "mpi4py/mpiexec missing (pip install -e .[mpi])"
-    except Exception as e:   # noqa: BLE001 - report and skip
+                return "mpi4py/mpiexec missing (./scripts/install mpi)"
+    except Exception as e:  # noqa: BLE001 - report and skip
         return str(e)
     return None
 
@@ -250,14 +286,17 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=4, help="timed calls per turn")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--impls", nargs="+", default=list(ALL_IMPLS), choices=ALL_IMPLS)
-    ap.add_argument("--ours-settings", default="{}",
-                    help="JSON of extra CommSettings fields for ours (tuning experiments)")
+    ap.add_argument(
+        "--ours-settings",
+        default="{}",
+        help="JSON of extra CommSettings fields for ours (tuning experiments)",
+    )
     args = ap.parse_args()
     if args.worker:
         worker_main(args)
         return
 
-    impls = []
+    impls: list[str] = []
     for impl in args.impls:
         why = available(impl)
         if why:
@@ -270,22 +309,29 @@ def main() -> None:
             for impl in impls:
                 groups[impl] = Group(impl, world, args.secret, args.ours_settings)
             for mib in args.sizes_mib:
-                samples = {impl: [] for impl in impls}
+                samples: dict[str, list[float]] = {impl: [] for impl in impls}
                 for block in range(args.blocks):
                     # Rotate the order so no implementation always runs right after
                     # the same neighbour (cache and scheduler state).
-                    order = impls[block % len(impls):] + impls[:block % len(impls)]
+                    order = impls[block % len(impls) :] + impls[: block % len(impls)]
                     for impl in order:
                         samples[impl] += groups[impl].run(
-                            mib, args.iters, args.warmup if block == 0 else 0)
+                            mib, args.iters, args.warmup if block == 0 else 0
+                        )
                 nbytes = mib * (1 << 20)
                 med = {impl: statistics.median(ts) for impl, ts in samples.items()}
-                busbw = {impl: 2 * (world - 1) / world * nbytes / t / 1e9
-                         for impl, t in med.items()}
-                row = {"bench": "allreduce", "world_size": world, "size_mib": mib,
-                       "dtype": "float32", "timed_calls": args.blocks * args.iters,
-                       "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
-                       "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()}}
+                busbw = {
+                    impl: 2 * (world - 1) / world * nbytes / t / 1e9 for impl, t in med.items()
+                }
+                row = {
+                    "bench": "allreduce",
+                    "world_size": world,
+                    "size_mib": mib,
+                    "dtype": "float32",
+                    "timed_calls": args.blocks * args.iters,
+                    "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+                    "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()},
+                }
                 if "gloo" in busbw:
                     for impl in ("ours", "ours_tcp"):
                         if impl in busbw:

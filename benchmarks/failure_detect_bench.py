@@ -15,6 +15,7 @@ One JSON line per configuration:
 
     python benchmarks/failure_detect_bench.py [--trials 10] [--worlds 2 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,7 @@ import signal
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,14 +36,15 @@ from tests.comm_harness import Workers  # noqa: E402
 
 def quantile(xs, q):
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def run_config(sig: str, mode: str, transport: str, world: int, trials: int,
-               rng: random.Random) -> dict:
+def run_config(
+    sig: str, mode: str, transport: str, world: int, trials: int, rng: random.Random
+) -> dict:
     pool = Workers()
     samples, nexts = [], []
-    settings = {"transport": transport}
+    settings: dict[str, Any] = {"transport": transport}
     if sig == "SIGSTOP":
         settings["peer_timeout"] = 2.0
     try:
@@ -79,12 +82,20 @@ def run_config(sig: str, mode: str, transport: str, world: int, trials: int,
             members = survivors + [fresh]
     finally:
         pool.reap()
-    return {"bench": "failure_detect", "signal": sig, "mode": mode, "transport": transport,
-            "world_size": world, "trials": trials, "samples": len(samples),
-            "median_s": round(statistics.median(samples), 4),
-            "p90_s": round(quantile(samples, 0.9), 4), "max_s": round(max(samples), 4),
-            "next_call_median_s": round(statistics.median(nexts), 5),
-            "load_avg": round(os.getloadavg()[0], 2)}
+    return {
+        "bench": "failure_detect",
+        "signal": sig,
+        "mode": mode,
+        "transport": transport,
+        "world_size": world,
+        "trials": trials,
+        "samples": len(samples),
+        "median_s": round(statistics.median(samples), 4),
+        "p90_s": round(quantile(samples, 0.9), 4),
+        "max_s": round(max(samples), 4),
+        "next_call_median_s": round(statistics.median(nexts), 5),
+        "load_avg": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:
@@ -99,11 +110,17 @@ def main() -> None:
     for world in args.worlds:
         for transport in args.transports:
             for mode in ("busy", "idle"):
-                print(json.dumps(run_config("SIGKILL", mode, transport, world, args.trials, rng)),
-                      flush=True)
+                print(
+                    json.dumps(run_config("SIGKILL", mode, transport, world, args.trials, rng)),
+                    flush=True,
+                )
     if args.stop_trials:
-        print(json.dumps(run_config("SIGSTOP", "busy", "tcp", max(args.worlds),
-                                    args.stop_trials, rng)), flush=True)
+        print(
+            json.dumps(
+                run_config("SIGSTOP", "busy", "tcp", max(args.worlds), args.stop_trials, rng)
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ backend and operation: {"bench": "kv", "backend", "op", "n", "p50_ms", "p99_ms",
 
     python benchmarks/kv_bench.py [--n 500]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,21 +30,32 @@ from tests.etcd_cluster import EtcdCluster  # noqa: E402
 
 def percentile(values, q):
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def report(backend, op, samples):
     ms = [s * 1e3 for s in samples]
-    print(json.dumps({"bench": "kv", "backend": backend, "op": op, "n": len(ms),
-                      "p50_ms": round(percentile(ms, 0.5), 3), "p99_ms": round(percentile(ms, 0.99), 3),
-                      "mean_ms": round(statistics.fmean(ms), 3)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "bench": "kv",
+                "backend": backend,
+                "op": op,
+                "n": len(ms),
+                "p50_ms": round(percentile(ms, 0.5), 3),
+                "p99_ms": round(percentile(ms, 0.99), 3),
+                "mean_ms": round(statistics.fmean(ms), 3),
+            }
+        ),
+        flush=True,
+    )
 
 
 def measure(backend, url, secret, n):
     store = open_store(url, secret)
     watcher = open_store(url, secret)
     value = b"x" * 256
-    for i in range(50):  # warm-up: channels, code paths
+    for _ in range(50):  # warm-up: channels, code paths
         store.put("/bench/warm", value)
 
     puts = []
@@ -55,12 +67,14 @@ def measure(backend, url, secret, n):
 
     cas = []
     rev = store.put("/bench/cas", value)
-    for i in range(n):
+    for _ in range(n):
         t0 = time.perf_counter()
         ok = store.compare_and_swap("/bench/cas", value, rev)
         cas.append(time.perf_counter() - t0)
         assert ok
-        rev = store.get("/bench/cas").mod_revision
+        kv = store.get("/bench/cas")
+        assert kv is not None
+        rev = kv.mod_revision
     report(backend, "cas", cas)
 
     notify = []
@@ -83,9 +97,14 @@ def main():
     args = parser.parse_args()
 
     secret = make_secret()
-    server = subprocess.Popen([sys.executable, "-m", "rendezvous.server"], cwd=ROOT,
-                              env={**os.environ, ENV_SECRET: secret},
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rendezvous.server"],
+        cwd=ROOT,
+        env={**os.environ, ENV_SECRET: secret},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
     try:
         line = server.stdout.readline()
         assert line.startswith(READY_PREFIX), line

@@ -16,9 +16,11 @@ Prints one JSON line per measured configuration:
   time of the steps that overlapped no checkpoint - 1 (see ``checkpoint_overhead`` for
   why not a second job). Means, not medians: a checkpoint's cost lands on a few steps.
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -48,7 +50,9 @@ MiB = 1 << 20
 def model(total_mib: int) -> dict:
     """Four equal float32 matrices (split across shards) and a few small biases."""
     rows = total_mib * MiB // 4 // 4 // 1024
-    params = {f"layer{k}/kernel": np.full((rows, 1024), 0.5, np.float32) for k in range(4)}
+    params: dict[str, np.ndarray] = {
+        f"layer{k}/kernel": np.full((rows, 1024), 0.5, np.float32) for k in range(4)
+    }
     params.update({f"layer{k}/bias": np.zeros(1024, np.float32) for k in range(4)})
     return params
 
@@ -97,15 +101,19 @@ class RawPeers:
 
     def __init__(self, count: int, tmp: str):
         self.procs, self.socks = [], []
-        for i in range(count):
+        for _ in range(count):
             port_file = os.path.join(tmp, f"raw-{uuid.uuid4().hex}.port")
-            self.procs.append(subprocess.Popen([sys.executable, __file__, "--raw-server", port_file]))
+            self.procs.append(
+                subprocess.Popen([sys.executable, __file__, "--raw-server", port_file])
+            )
             deadline = time.monotonic() + 30
             while not os.path.exists(port_file):
                 if time.monotonic() > deadline or self.procs[-1].poll() is not None:
                     raise RuntimeError("raw echo server did not start")
                 time.sleep(0.01)
-            s = socket.create_connection(("127.0.0.1", int(open(port_file).read())), timeout=60)
+            with open(port_file) as f:
+                port = int(f.read())
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.socks.append(s)
 
@@ -114,9 +122,12 @@ class RawPeers:
             s.sendall(struct.pack("!Q", len(data)))
             s.sendall(data)
             _recv_exact(s, out)
+
         outs = [bytearray(len(d)) for d in shares]
-        threads = [threading.Thread(target=one, args=(s, d, o))
-                   for s, d, o in zip(self.socks, shares, outs)]
+        threads = [
+            threading.Thread(target=one, args=(s, d, o))
+            for s, d, o in zip(self.socks, shares, outs)
+        ]
         t = time.perf_counter()
         for th in threads:
             th.start()
@@ -136,25 +147,51 @@ class RawPeers:
 class Shards:
     """Shard processes started as the driver starts them."""
 
-    def __init__(self, count: int, secret: str, mode: str = "async", checkpoint_dir=None,
-                 interval: float = 30.0, store=None, job_id: str = "bench", bulk: bool = True):
+    def __init__(
+        self,
+        count: int,
+        secret: str,
+        mode: str = "async",
+        checkpoint_dir=None,
+        interval: float = 30.0,
+        store=None,
+        job_id: str = "bench",
+        bulk: bool = True,
+    ):
         self.procs, self.addresses = [], []
         environ = {**os.environ, env.ENV_SECRET: secret, "PYTHONPATH": ROOT}
         if store is not None:
             environ.update({env.ENV_RENDEZVOUS: store, env.ENV_JOB_ID: job_id})
         for i in range(count):
-            argv = [sys.executable, "-m", "elastic.ps.server", "--index", str(i),
-                    "--num-shards", str(count), "--mode", mode]
+            argv = [
+                sys.executable,
+                "-m",
+                "elastic.ps.server",
+                "--index",
+                str(i),
+                "--num-shards",
+                str(count),
+                "--mode",
+                mode,
+            ]
             if not bulk:
                 argv.append("--no-bulk")
             if checkpoint_dir:
                 argv += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-interval", str(interval)]
-            err = open(os.environ["PS_BENCH_SHARD_LOG"] + f".{job_id}.{i}", "ab") \
-                if os.environ.get("PS_BENCH_SHARD_LOG") else subprocess.DEVNULL
-            self.procs.append(subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE,
-                                               stderr=err, cwd=ROOT))
+            shard_log = os.environ.get("PS_BENCH_SHARD_LOG")
+            with (
+                open(f"{shard_log}.{job_id}.{i}", "ab")
+                if shard_log
+                else contextlib.nullcontext(subprocess.DEVNULL)
+            ) as err:
+                self.procs.append(
+                    subprocess.Popen(
+                        argv, env=environ, stdout=subprocess.PIPE, stderr=err, cwd=ROOT
+                    )
+                )
         self.announced: list[tuple[float, dict]] = []  # (when read, announcement)
         for i, p in enumerate(self.procs):
+            assert p.stdout is not None
             for raw in p.stdout:
                 line = raw.decode().strip()
                 if line.startswith("ELASTIC_PS_READY "):
@@ -166,6 +203,7 @@ class Shards:
         self._reader.start()
 
     def _drain(self):
+        assert self.procs[0].stdout is not None
         for raw in self.procs[0].stdout:
             line = raw.decode().strip()
             if line.startswith("ELASTIC_PS_CHECKPOINT "):
@@ -203,7 +241,7 @@ def throughput(size_mib: int, shards: int, reps: int, tmp: str, bulk: bool = Tru
     grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
     total = nbytes(params)
     flat = np.concatenate([g.reshape(-1).view(np.uint8) for g in grads.values()])
-    shares = [memoryview(part) for part in np.array_split(flat, shards)]
+    shares = [part.data for part in np.array_split(flat, shards)]
     servers = Shards(shards, secret, bulk=bulk)
     raw = RawPeers(shards, tmp)
     client = PSClient(servers.addresses, secret, ClientSettings(bulk=bulk))
@@ -222,15 +260,23 @@ def throughput(size_mib: int, shards: int, reps: int, tmp: str, bulk: bool = Tru
         servers.close()
     ps_s, raw_s = statistics.median(ps_times), statistics.median(raw_times)
     moved = 2 * total / 1e6
-    return {"bench": "ps_throughput", "model_mib": size_mib, "shards": shards, "reps": reps,
-            "transport": "grpc+bulk" if bulk else "grpc",
-            "ps_step_s": round(ps_s, 4), "raw_round_trip_s": round(raw_s, 4),
-            "ps_mb_s": round(moved / ps_s, 1), "raw_mb_s": round(moved / raw_s, 1),
-            "ratio": round(raw_s / ps_s, 3)}
+    return {
+        "bench": "ps_throughput",
+        "model_mib": size_mib,
+        "shards": shards,
+        "reps": reps,
+        "transport": "grpc+bulk" if bulk else "grpc",
+        "ps_step_s": round(ps_s, 4),
+        "raw_round_trip_s": round(raw_s, 4),
+        "ps_mb_s": round(moved / ps_s, 1),
+        "raw_mb_s": round(moved / raw_s, 1),
+        "ratio": round(raw_s / ps_s, 3),
+    }
 
 
-def checkpoint_overhead(size_mib: int, shards: int, interval: float, seconds: float,
-                        tmp: str) -> dict:
+def checkpoint_overhead(
+    size_mib: int, shards: int, interval: float, seconds: float, tmp: str
+) -> dict:
     """Train one checkpointing job for ``seconds``; compare the mean step time of the
     whole run with the mean over steps that overlapped no checkpoint (from its start,
     ``pause_ms + write_ms`` before shard 0 announced it, to the announcement, padded by
@@ -238,13 +284,20 @@ def checkpoint_overhead(size_mib: int, shards: int, interval: float, seconds: fl
     with a second job would not on a shared machine (measured there: two identical jobs
     without checkpoints differed by -27%..+36% in alternating 2 s blocks)."""
     from rendezvous.embedded import EmbeddedServer
+
     secret = auth.make_secret()
     store = EmbeddedServer(secret)
     store.start()
     params = model(size_mib)
     grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
-    job = Shards(shards, secret, checkpoint_dir=os.path.join(tmp, f"ckpt-{uuid.uuid4().hex}"),
-                 interval=interval, store=f"embedded://{store.address}", job_id="bench-ckpt")
+    job = Shards(
+        shards,
+        secret,
+        checkpoint_dir=os.path.join(tmp, f"ckpt-{uuid.uuid4().hex}"),
+        interval=interval,
+        store=f"embedded://{store.address}",
+        job_id="bench-ckpt",
+    )
     client = PSClient(job.addresses, secret)
     steps = []
     try:
@@ -262,18 +315,30 @@ def checkpoint_overhead(size_mib: int, shards: int, interval: float, seconds: fl
         client.close()
         job.close()
         store.stop()
-    windows = [(t - (c["pause_ms"] + c["write_ms"]) / 1000 - _MARGIN, t + _MARGIN)
-               for t, c in announced]
+    windows = [
+        (t - (c["pause_ms"] + c["write_ms"]) / 1000 - _MARGIN, t + _MARGIN) for t, c in announced
+    ]
     outside = [b - a for a, b in steps if not any(a < hi and b > lo for lo, hi in windows)]
     every = [b - a for a, b in steps]
-    return {"bench": "ps_checkpoint_overhead", "model_mib": size_mib, "shards": shards,
-            "interval_s": interval, "seconds": seconds, "steps": len(every),
-            "checkpoints": len(windows), "steps_during_checkpoints": len(every) - len(outside),
-            "step_s_mean": round(statistics.mean(every), 4),
-            "step_s_mean_without_checkpoints": round(statistics.mean(outside), 4),
-            "overhead": round(statistics.mean(every) / statistics.mean(outside) - 1, 4),
-            "pause_ms_median": statistics.median(c["pause_ms"] for _, c in announced) if announced else None,
-            "write_ms_median": statistics.median(c["write_ms"] for _, c in announced) if announced else None}
+    return {
+        "bench": "ps_checkpoint_overhead",
+        "model_mib": size_mib,
+        "shards": shards,
+        "interval_s": interval,
+        "seconds": seconds,
+        "steps": len(every),
+        "checkpoints": len(windows),
+        "steps_during_checkpoints": len(every) - len(outside),
+        "step_s_mean": round(statistics.mean(every), 4),
+        "step_s_mean_without_checkpoints": round(statistics.mean(outside), 4),
+        "overhead": round(statistics.mean(every) / statistics.mean(outside) - 1, 4),
+        "pause_ms_median": statistics.median(c["pause_ms"] for _, c in announced)
+        if announced
+        else None,
+        "write_ms_median": statistics.median(c["write_ms"] for _, c in announced)
+        if announced
+        else None,
+    }
 
 
 _MARGIN = 0.05
@@ -289,8 +354,11 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt-shards", type=int, default=2)
     p.add_argument("--ckpt-intervals", type=float, nargs="+", default=[10.0, 2.0])
     p.add_argument("--ckpt-seconds", type=float, default=60.0, help="training time per interval")
-    p.add_argument("--no-bulk", action="store_true",
-                   help="throughput with every byte over gRPC (no bulk TCP plane)")
+    p.add_argument(
+        "--no-bulk",
+        action="store_true",
+        help="throughput with every byte over gRPC (no bulk TCP plane)",
+    )
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-checkpoint", action="store_true")
     args = p.parse_args(argv)
@@ -301,12 +369,20 @@ def main(argv=None) -> int:
         if not args.skip_throughput:
             for size in args.sizes:
                 for shards in args.shards:
-                    print(json.dumps(throughput(size, shards, args.reps, tmp, not args.no_bulk)),
-                          flush=True)
+                    print(
+                        json.dumps(throughput(size, shards, args.reps, tmp, not args.no_bulk)),
+                        flush=True,
+                    )
         if not args.skip_checkpoint:
             for interval in args.ckpt_intervals:
-                print(json.dumps(checkpoint_overhead(args.ckpt_size, args.ckpt_shards, interval,
-                                                     args.ckpt_seconds, tmp)), flush=True)
+                print(
+                    json.dumps(
+                        checkpoint_overhead(
+                            args.ckpt_size, args.ckpt_shards, interval, args.ckpt_seconds, tmp
+                        )
+                    ),
+                    flush=True,
+                )
     return 0
 
 

@@ -43,6 +43,7 @@ One JSON line per configuration on stdout (nothing else):
 
     python benchmarks/recovery_bench.py [--kills 5] [--workers 2 4] [--systems ours torchrun]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,12 +84,11 @@ POLL = 0.01
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 DEFINITIONS = {
-    "min-np": "SIGKILL -> every survivor has committed a step in a round newer than the "
-              "kill round",
+    "min-np": "SIGKILL -> every survivor has committed a step in a round newer than the kill round",
     "replace": "SIGKILL -> every member of the first round formed after the kill "
-               "(survivors + the fresh replacement) has committed a step in it",
+    "(survivors + the fresh replacement) has committed a step in it",
     "torchrun-restart": "SIGKILL -> every rank of the restarted worker group has committed "
-                        "a step (resumed from the per-step checkpoint)",
+    "a step (resumed from the per-step checkpoint)",
 }
 
 
@@ -117,15 +117,18 @@ def bench_workdir(prefix: str, keep: bool):
 
 def quantile(xs, q):
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def summary(samples: list[float]) -> dict:
     if not samples:
         return {"median_s": None, "p90_s": None, "max_s": None, "samples": []}
-    return {"median_s": round(statistics.median(samples), 4),
-            "p90_s": round(quantile(samples, 0.9), 4), "max_s": round(max(samples), 4),
-            "samples": [round(s, 4) for s in samples]}
+    return {
+        "median_s": round(statistics.median(samples), 4),
+        "p90_s": round(quantile(samples, 0.9), 4),
+        "max_s": round(max(samples), 4),
+        "samples": [round(s, 4) for s in samples],
+    }
 
 
 def median_or_none(xs):
@@ -164,7 +167,7 @@ class CommitLog:
         self.records: dict[str, list[dict]] = defaultdict(list)
         self.max_round = 0
 
-    def poll(self) -> "CommitLog":
+    def poll(self) -> CommitLog:
         for path in glob.glob(str(self.directory / "*.commits")):
             key = Path(path).stem
             offset = self._offsets.get(key, 0)
@@ -207,7 +210,7 @@ class CommitLog:
 FRESH_PHASES = ("spawned", "start", "init", "joined")
 
 
-def fresh_worker_phases(job: "OursJob", workers, t0: float) -> dict:
+def fresh_worker_phases(job: OursJob, workers, t0: float) -> dict:
     """For the fresh ``workers`` of a re-formed round: seconds from ``t0`` until the last
     of them reached each phase: ``spawned`` (the driver's worker_started event),
     ``start`` (its interpreter reached the script), ``init`` (numpy and elastic imported,
@@ -221,14 +224,22 @@ def fresh_worker_phases(job: "OursJob", workers, t0: float) -> dict:
             times = [started.get(w) for w in workers]
         else:
             times = [(job.log.event(w, phase) or {}).get("t") for w in workers]
-        phases[phase] = None if not times or None in times else max(times) - t0
+        known = [t for t in times if t is not None]
+        phases[phase] = max(known) - t0 if times and len(known) == len(times) else None
     return phases
 
 
 def phase_medians(rows: list[dict], prefix: str) -> dict:
     """{prefix + phase + "_s": median over the rows} for the phases in ``rows``."""
-    return {f"{prefix}{phase}_s": median_or_none([r.get(phase) for r in rows])
-            for phase in FRESH_PHASES} if rows else {}
+    return (
+        {
+            f"{prefix}{phase}_s": median_or_none([r.get(phase) for r in rows])
+            for phase in FRESH_PHASES
+        }
+        if rows
+        else {}
+    )
+
 
 class OursJob:
     """``elastic-run`` running ``workloads/steps.py`` (through ``tests.jobs.ElasticRun``:
@@ -241,7 +252,7 @@ class OursJob:
         command = [sys.executable, str(STEPS), str(self.out), "--work", str(work)]
         self.run = ElasticRun([*args, *command], workdir, env=THREAD_ENV)
 
-    def start(self) -> "OursJob":
+    def start(self) -> OursJob:
         self.run.start()
         return self
 
@@ -254,9 +265,12 @@ class OursJob:
 
     def check_running(self) -> None:
         """BenchTimeout at once if elastic-run ended: no point waiting out a deadline."""
-        if self.run.proc.poll() is not None:
-            raise BenchTimeout(f"elastic-run exited with {self.run.proc.returncode}: "
-                               + self.run.stderr_tail(5))
+        proc = self.run.proc
+        assert proc is not None, "start() first"
+        if proc.poll() is not None:
+            raise BenchTimeout(
+                f"elastic-run exited with {proc.returncode}: " + self.run.stderr_tail(5)
+            )
 
     def steady(self, size: int, settle: int):
         """The current round event when it has ``size`` members, each with ``settle``
@@ -291,20 +305,28 @@ class OursJob:
                 kill_group(start["pid"])
 
 
-def ours_config(mode: str, workers: int, kills: int, settle: int, work: int,
-                rng: random.Random, tmp: Path) -> dict:
+def ours_config(
+    mode: str, workers: int, kills: int, settle: int, work: int, rng: random.Random, tmp: Path
+) -> dict:
     args = ["-np", str(workers)]
     if mode == "min-np":
         args += ["--min-np", str(2 if workers > 2 else 1)]
     job = OursJob(args, tmp / f"ours-{mode}-{workers}", work)
     samples, seen, formed, fresh = [], [], [], []
-    result = {"bench": "recovery", "system": "ours", "mode": mode, "workers": workers,
-              "elastic_run_args": args, "definition": DEFINITIONS[mode]}
+    result = {
+        "bench": "recovery",
+        "system": "ours",
+        "mode": mode,
+        "workers": workers,
+        "elastic_run_args": args,
+        "definition": DEFINITIONS[mode],
+    }
     try:
         job.start()
         for _ in range(kills):
-            current = wait_for(lambda: job.steady(workers, settle), STEADY_DEADLINE,
-                               f"a steady round of {workers}")
+            current = wait_for(
+                lambda: job.steady(workers, settle), STEADY_DEADLINE, f"a steady round of {workers}"
+            )
             round_id, members = current["round"], current["members"]
             victim = rng.choice(members)
             pid = job.run.worker_pids()[victim]
@@ -312,7 +334,7 @@ def ours_config(mode: str, workers: int, kills: int, settle: int, work: int,
             t0 = time.time()
             os.kill(pid, signal.SIGKILL)
 
-            def recovered():
+            def recovered(survivors=survivors, round_id=round_id, t0=t0):
                 job.check_running()
                 job.log.poll()
                 if mode == "min-np":
@@ -327,8 +349,9 @@ def ours_config(mode: str, workers: int, kills: int, settle: int, work: int,
 
             done = wait_for(recovered, RECOVERY_DEADLINE, f"recovery from killing {victim}")
             samples.append(done - t0)
-            failed = next((e for e in job.run.events("worker_failed")
-                           if e["worker"] == victim), None)
+            failed = next(
+                (e for e in job.run.events("worker_failed") if e["worker"] == victim), None
+            )
             seen.append(failed["t"] - t0 if failed else None)
             nxt = next((r for r in job.rounds() if r["round"] > round_id), None)
             formed.append(nxt["t"] - t0 if nxt else None)
@@ -339,13 +362,19 @@ def ours_config(mode: str, workers: int, kills: int, settle: int, work: int,
         result["error"] = str(exc)
     finally:
         job.stop()
-    result.update(kills=len(samples), **summary(samples),
-                  failure_seen_s=median_or_none(seen), round_formed_s=median_or_none(formed),
-                  **phase_medians(fresh, "replacement_"), load_avg=round(os.getloadavg()[0], 2))
+    result.update(
+        kills=len(samples),
+        **summary(samples),
+        failure_seen_s=median_or_none(seen),
+        round_formed_s=median_or_none(formed),
+        **phase_medians(fresh, "replacement_"),
+        load_avg=round(os.getloadavg()[0], 2),
+    )
     return result
 
 
 # --------------------------------------------------------------------------- torchrun
+
 
 class TorchrunJob:
     """``torchrun`` (``python -m torch.distributed.run``) running ``workloads/torch_steps.py``
@@ -358,20 +387,37 @@ class TorchrunJob:
         self.out = workdir / "out"
         self.out.mkdir(parents=True)
         self.log = CommitLog(self.out)
-        self.argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:1",
-                     f"--nproc-per-node={workers}", f"--max-restarts={max_restarts}",
-                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                     str(TORCH_STEPS), str(self.out), "--work", str(work)]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1:1",
+            f"--nproc-per-node={workers}",
+            f"--max-restarts={max_restarts}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            str(TORCH_STEPS),
+            str(self.out),
+            "--work",
+            str(work),
+        ]
         # Without it a restarted gloo group on one node reads the dead workers'
         # addresses from the agent's shared store and usually hangs (pytorch #135712).
         self.env = {**os.environ, **THREAD_ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "TorchrunJob":
-        self._out = open(self.workdir / "stdout.log", "w")
-        self._err = open(self.workdir / "stderr.log", "w")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._out,
-                                     stderr=self._err, start_new_session=True)
+    def start(self) -> TorchrunJob:
+        # Open until stop(): torchrun writes to them for the whole run.
+        self._out = open(self.workdir / "stdout.log", "w")  # noqa: SIM115
+        self._err = open(self.workdir / "stderr.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._out,
+            stderr=self._err,
+            start_new_session=True,
+        )
         return self
 
     def group_members(self, group: int) -> dict[int, dict]:
@@ -390,9 +436,11 @@ class TorchrunJob:
             return ""
 
     def check_running(self) -> None:
+        assert self.proc is not None, "start() first"
         if self.proc.poll() is not None:
-            raise BenchTimeout(f"torchrun exited with {self.proc.returncode}: "
-                               + self.stderr_tail())
+            raise BenchTimeout(
+                f"torchrun exited with {self.proc.returncode}: " + self.stderr_tail()
+            )
 
     def steady(self, settle: int):
         self.check_running()
@@ -407,6 +455,7 @@ class TorchrunJob:
 
     def finish(self) -> int | None:
         (self.out / "stop").touch()
+        assert self.proc is not None, "start() first"
         try:
             return self.proc.wait(timeout=FINISH_DEADLINE)
         except subprocess.TimeoutExpired:
@@ -431,23 +480,33 @@ class TorchrunJob:
                 f.close()
 
 
-def torchrun_config(workers: int, kills: int, settle: int, work: int, rng: random.Random,
-                    tmp: Path) -> dict:
+def torchrun_config(
+    workers: int, kills: int, settle: int, work: int, rng: random.Random, tmp: Path
+) -> dict:
     job = TorchrunJob(workers, kills + 2, tmp / f"torchrun-{workers}", work)
-    samples, restarted, imported, ready = [], [], [], []
-    result = {"bench": "recovery", "system": "torchrun", "mode": "torchrun-restart",
-              "workers": workers, "max_restarts": kills + 2,
-              "definition": DEFINITIONS["torchrun-restart"]}
+    samples: list[float] = []
+    restarted: list[float] = []
+    imported: list[float | None] = []
+    ready: list[float | None] = []
+    result = {
+        "bench": "recovery",
+        "system": "torchrun",
+        "mode": "torchrun-restart",
+        "workers": workers,
+        "max_restarts": kills + 2,
+        "definition": DEFINITIONS["torchrun-restart"],
+    }
     try:
         job.start()
         for _ in range(kills):
-            group, members = wait_for(lambda: job.steady(settle), STEADY_DEADLINE,
-                                      f"a steady torchrun group of {workers}")
+            group, members = wait_for(
+                lambda: job.steady(settle), STEADY_DEADLINE, f"a steady torchrun group of {workers}"
+            )
             victim = members[rng.randrange(workers)]
             t0 = time.time()
             os.kill(victim["pid"], signal.SIGKILL)
 
-            def recovered():
+            def recovered(group=group, t0=t0):
                 job.check_running()
                 job.log.poll()
                 nxt = job.group_members(group + 1)
@@ -456,8 +515,11 @@ def torchrun_config(workers: int, kills: int, settle: int, work: int, rng: rando
                 times = [job.log.first_commit_after(m["key"], group, t0) for m in nxt.values()]
                 return None if None in times else (max(times), nxt)
 
-            done, nxt = wait_for(recovered, RECOVERY_DEADLINE,
-                                 f"torchrun recovery from killing rank {victim['rank']}")
+            done, nxt = wait_for(
+                recovered,
+                RECOVERY_DEADLINE,
+                f"torchrun recovery from killing rank {victim['rank']}",
+            )
             samples.append(done - t0)
             restarted.append(max(m["t"] for m in nxt.values()) - t0)
             for phase, out in (("imported", imported), ("ready", ready)):
@@ -468,9 +530,14 @@ def torchrun_config(workers: int, kills: int, settle: int, work: int, rng: rando
         result["error"] = str(exc)
     finally:
         job.stop()
-    result.update(kills=len(samples), **summary(samples), restarted_s=median_or_none(restarted),
-                  imported_s=median_or_none(imported), ready_s=median_or_none(ready),
-                  load_avg=round(os.getloadavg()[0], 2))
+    result.update(
+        kills=len(samples),
+        **summary(samples),
+        restarted_s=median_or_none(restarted),
+        imported_s=median_or_none(imported),
+        ready_s=median_or_none(ready),
+        load_avg=round(os.getloadavg()[0], 2),
+    )
     return result
 
 
@@ -478,14 +545,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=5, help="SIGKILLs per configuration")
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--systems", nargs="+", default=["ours", "torchrun"],
-                    choices=["ours", "torchrun"])
-    ap.add_argument("--modes", nargs="+", default=["min-np", "replace"],
-                    choices=["min-np", "replace"], help="ours' configurations")
-    ap.add_argument("--settle-steps", type=int, default=20,
-                    help="commits every member makes in a round before the next kill")
-    ap.add_argument("--work", type=int, default=160,
-                    help="side of the matrix product each step computes")
+    ap.add_argument(
+        "--systems", nargs="+", default=["ours", "torchrun"], choices=["ours", "torchrun"]
+    )
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["min-np", "replace"],
+        choices=["min-np", "replace"],
+        help="ours' configurations",
+    )
+    ap.add_argument(
+        "--settle-steps",
+        type=int,
+        default=20,
+        help="commits every member makes in a round before the next kill",
+    )
+    ap.add_argument(
+        "--work", type=int, default=160, help="side of the matrix product each step computes"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the jobs' logs (path on stderr)")
     args = ap.parse_args()
@@ -494,11 +572,21 @@ def main() -> None:
         for workers in args.workers:
             if "ours" in args.systems:
                 for mode in args.modes:
-                    print(json.dumps(ours_config(mode, workers, args.kills, args.settle_steps,
-                                                 args.work, rng, tmp)), flush=True)
+                    print(
+                        json.dumps(
+                            ours_config(
+                                mode, workers, args.kills, args.settle_steps, args.work, rng, tmp
+                            )
+                        ),
+                        flush=True,
+                    )
             if "torchrun" in args.systems:
-                print(json.dumps(torchrun_config(workers, args.kills, args.settle_steps,
-                                                 args.work, rng, tmp)), flush=True)
+                print(
+                    json.dumps(
+                        torchrun_config(workers, args.kills, args.settle_steps, args.work, rng, tmp)
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

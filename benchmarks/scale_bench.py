@@ -38,6 +38,7 @@ One JSON line per configuration on stdout (nothing else):
 
     python benchmarks/scale_bench.py [--repeats 5] [--discovery-interval 0.2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,20 +52,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recovery_bench import (RECOVERY_DEADLINE, STEADY_DEADLINE, BenchTimeout,  # noqa: E402
-                            OursJob, bench_workdir, fresh_worker_phases, median_or_none, phase_medians,
-                            summary, wait_for)
+from recovery_bench import (
+    RECOVERY_DEADLINE,
+    STEADY_DEADLINE,
+    BenchTimeout,
+    OursJob,
+    bench_workdir,
+    fresh_worker_phases,
+    median_or_none,
+    phase_medians,
+    summary,
+    wait_for,
+)
 
 GROW_HOSTS = "localhost:2\n127.0.0.1:2\n"
 SHRINK_HOSTS = "localhost:2\n"
 
 DEFINITIONS = {
     "grow": "hosts file rewritten -> every member of the first round of the new size "
-            "formed after the write has committed a step in a round of that size",
+    "formed after the write has committed a step in a round of that size",
     "shrink": "hosts file rewritten -> every member of the first round of the new size "
-              "formed after the write has committed a step in a round of that size",
+    "formed after the write has committed a step in a round of that size",
     "sigkill": "SIGKILL -> every survivor has committed a step in a round newer than the "
-               "kill round",
+    "kill round",
 }
 
 
@@ -83,32 +93,42 @@ def discovery_job(workdir: Path, hosts_text: str, args: list[str], work: int) ->
     script = workdir / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
-    job = OursJob(["--host-discovery-script", str(script), "--launcher", "local", *args],
-                  workdir, work)
+    job = OursJob(
+        ["--host-discovery-script", str(script), "--launcher", "local", *args], workdir, work
+    )
     return job, hosts
 
 
-def measure_change(job: OursJob, hosts: Path, text: str, size: int, settle: int,
-                   host_event: str) -> tuple[float, float | None, float | None]:
-    """Rewrite the hosts file once the world is steady; (latency, noticed, formed)."""
-    before = wait_for(lambda: job.steady(size_before(size), settle), STEADY_DEADLINE,
-                      f"a steady round of {size_before(size)}")
+def measure_change(
+    job: OursJob, hosts: Path, text: str, size: int, settle: int, host_event: str
+) -> tuple[float, float | None, float, dict | None]:
+    """Rewrite the hosts file once the world is steady; (latency, noticed, formed, the
+    fresh workers' phases)."""
+    before = wait_for(
+        lambda: job.steady(size_before(size), settle),
+        STEADY_DEADLINE,
+        f"a steady round of {size_before(size)}",
+    )
     t0 = write_hosts(hosts, text)
 
     def changed():
         job.check_running()
         job.log.poll()
-        new = next((r for r in job.rounds()
-                    if r["round"] > before["round"] and r["size"] == size), None)
+        new = next(
+            (r for r in job.rounds() if r["round"] > before["round"] and r["size"] == size), None
+        )
         if new is None:
             return None
-        times = [job.log.first_commit_after(m, new["round"] - 1, t0, size=size)
-                 for m in new["members"]]
+        times = [
+            job.log.first_commit_after(m, new["round"] - 1, t0, size=size) for m in new["members"]
+        ]
         return None if None in times else (max(times), new)
 
     done, new = wait_for(changed, RECOVERY_DEADLINE, f"a world of {size} after the change")
-    noticed = next((e["t"] for e in job.run.events(host_event)
-                    if e["host"] == "127.0.0.1" and e["t"] >= t0), None)
+    noticed = next(
+        (e["t"] for e in job.run.events(host_event) if e["host"] == "127.0.0.1" and e["t"] >= t0),
+        None,
+    )
     fresh = set(new["members"]) - set(before["members"])
     phases = fresh_worker_phases(job, fresh, t0) if fresh else None
     return done - t0, (noticed - t0 if noticed else None), new["t"] - t0, phases
@@ -118,50 +138,72 @@ def size_before(size_after: int) -> int:
     return 2 if size_after == 4 else 4
 
 
-def result_line(change: str, frm: int, to: int, samples, noticed, formed, interval,
-                extra: dict, fresh=()) -> dict:
-    return {"bench": "scale", "change": change, "from": frm, "to": to, **summary(samples),
-            "discovery_interval": interval, "noticed_s": median_or_none(noticed),
-            "round_formed_s": median_or_none(formed),
-            **phase_medians([p for p in fresh if p], "new_worker_"),
-            "definition": DEFINITIONS[change], **extra, "load_avg": round(os.getloadavg()[0], 2)}
+def result_line(
+    change: str, frm: int, to: int | None, samples, noticed, formed, interval, extra: dict, fresh=()
+) -> dict:
+    return {
+        "bench": "scale",
+        "change": change,
+        "from": frm,
+        "to": to,
+        **summary(samples),
+        "discovery_interval": interval,
+        "noticed_s": median_or_none(noticed),
+        "round_formed_s": median_or_none(formed),
+        **phase_medians([p for p in fresh if p], "new_worker_"),
+        "definition": DEFINITIONS[change],
+        **extra,
+        "load_avg": round(os.getloadavg()[0], 2),
+    }
 
 
 def grow_shrink(repeats: int, interval: float, settle: int, work: int, tmp: Path) -> list[dict]:
-    job, hosts = discovery_job(tmp / "grow-shrink", SHRINK_HOSTS,
-                               ["-np", "2", "--min-np", "2",
-                                "--discovery-interval", str(interval)], work)
-    grow, shrink = ([], [], [], []), ([], [], [], [])
+    job, hosts = discovery_job(
+        tmp / "grow-shrink",
+        SHRINK_HOSTS,
+        ["-np", "2", "--min-np", "2", "--discovery-interval", str(interval)],
+        work,
+    )
+    grow: tuple[list, list, list, list] = ([], [], [], [])
+    shrink: tuple[list, list, list, list] = ([], [], [], [])
     extra = {}
     try:
         job.start()
         for _ in range(repeats):
-            for out, text, size, kind in ((grow, GROW_HOSTS, 4, "host_added"),
-                                          (shrink, SHRINK_HOSTS, 2, "host_removed")):
-                for series, value in zip(out, measure_change(job, hosts, text, size, settle,
-                                                             kind)):
+            for out, text, size, kind in (
+                (grow, GROW_HOSTS, 4, "host_added"),
+                (shrink, SHRINK_HOSTS, 2, "host_removed"),
+            ):
+                for series, value in zip(out, measure_change(job, hosts, text, size, settle, kind)):
                     series.append(value)
         extra["job_exit"] = job.finish()
     except BenchTimeout as exc:
         extra["error"] = str(exc)
     finally:
         job.stop()
-    return [result_line("grow", 2, 4, *grow[:3], interval, extra, grow[3]),
-            result_line("shrink", 4, 2, *shrink[:3], interval, extra)]
+    return [
+        result_line("grow", 2, 4, *grow[:3], interval, extra, grow[3]),
+        result_line("shrink", 4, 2, *shrink[:3], interval, extra),
+    ]
 
 
-def sigkills(kills: int, interval: float, settle: int, work: int, rng: random.Random,
-             tmp: Path) -> dict:
-    job, _ = discovery_job(tmp / "sigkill", "localhost:4\n",
-                           ["-np", "4", "--min-np", "2", "--discovery-interval", str(interval)],
-                           work)
+def sigkills(
+    kills: int, interval: float, settle: int, work: int, rng: random.Random, tmp: Path
+) -> dict:
+    job, _ = discovery_job(
+        tmp / "sigkill",
+        "localhost:4\n",
+        ["-np", "4", "--min-np", "2", "--discovery-interval", str(interval)],
+        work,
+    )
     samples, noticed, formed, sizes = [], [], [], []
     extra = {}
     try:
         job.start()
         for _ in range(kills):
-            current = wait_for(lambda: job.steady(4, settle), STEADY_DEADLINE,
-                               "a steady round of 4")
+            current = wait_for(
+                lambda: job.steady(4, settle), STEADY_DEADLINE, "a steady round of 4"
+            )
             round_id, members = current["round"], current["members"]
             victim = rng.choice(members)
             survivors = [m for m in members if m != victim]
@@ -169,16 +211,18 @@ def sigkills(kills: int, interval: float, settle: int, work: int, rng: random.Ra
             t0 = time.time()
             os.kill(pid, signal.SIGKILL)
 
-            def recovered():
+            def recovered(survivors=survivors, round_id=round_id, t0=t0):
                 job.check_running()
                 job.log.poll()
                 times = [job.log.first_commit_after(m, round_id, t0) for m in survivors]
                 return None if None in times else max(times)
 
-            samples.append(wait_for(recovered, RECOVERY_DEADLINE,
-                                    f"recovery from killing {victim}") - t0)
-            failed = next((e for e in job.run.events("worker_failed")
-                           if e["worker"] == victim), None)
+            samples.append(
+                wait_for(recovered, RECOVERY_DEADLINE, f"recovery from killing {victim}") - t0
+            )
+            failed = next(
+                (e for e in job.run.events("worker_failed") if e["worker"] == victim), None
+            )
             noticed.append(failed["t"] - t0 if failed else None)
             nxt = next((r for r in job.rounds() if r["round"] > round_id), None)
             formed.append(nxt["t"] - t0 if nxt else None)
@@ -194,26 +238,46 @@ def sigkills(kills: int, interval: float, settle: int, work: int, rng: random.Ra
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="grow/shrink cycles, and SIGKILLs")
+    ap.add_argument("--repeats", type=int, default=5, help="grow/shrink cycles, and SIGKILLs")
     ap.add_argument("--discovery-interval", type=float, default=0.2)
-    ap.add_argument("--changes", nargs="+", default=["grow-shrink", "sigkill"],
-                    choices=["grow-shrink", "sigkill"])
-    ap.add_argument("--settle-steps", type=int, default=20,
-                    help="commits every member makes in a round before the next change")
-    ap.add_argument("--work", type=int, default=160,
-                    help="side of the matrix product each step computes")
+    ap.add_argument(
+        "--changes",
+        nargs="+",
+        default=["grow-shrink", "sigkill"],
+        choices=["grow-shrink", "sigkill"],
+    )
+    ap.add_argument(
+        "--settle-steps",
+        type=int,
+        default=20,
+        help="commits every member makes in a round before the next change",
+    )
+    ap.add_argument(
+        "--work", type=int, default=160, help="side of the matrix product each step computes"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the jobs' logs (path on stderr)")
     args = ap.parse_args()
     with bench_workdir("scale-bench-", args.keep) as tmp:
         if "grow-shrink" in args.changes:
-            for line in grow_shrink(args.repeats, args.discovery_interval, args.settle_steps,
-                                    args.work, tmp):
+            for line in grow_shrink(
+                args.repeats, args.discovery_interval, args.settle_steps, args.work, tmp
+            ):
                 print(json.dumps(line), flush=True)
         if "sigkill" in args.changes:
-            print(json.dumps(sigkills(args.repeats, args.discovery_interval, args.settle_steps,
-                                      args.work, random.Random(args.seed), tmp)), flush=True)
+            print(
+                json.dumps(
+                    sigkills(
+                        args.repeats,
+                        args.discovery_interval,
+                        args.settle_steps,
+                        args.work,
+                        random.Random(args.seed),
+                        tmp,
+                    )
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

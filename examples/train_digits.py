@@ -8,6 +8,7 @@ re-forms, rank 0 of the new round brings everyone to the newest committed state,
 ``ElasticSampler`` makes sure every training image of an epoch is used once. Reaches about
 97% test accuracy (at least 95% is checked at the end: exit status 1 below that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ import gzip
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +39,12 @@ def load_digits():
 
 def init_params(hidden: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    return {"w1": rng.normal(0, np.sqrt(2 / 64), (64, hidden)), "b1": np.zeros(hidden),
-            "w2": rng.normal(0, np.sqrt(2 / hidden), (hidden, 10)), "b2": np.zeros(10)}
+    return {
+        "w1": rng.normal(0, np.sqrt(2 / 64), (64, hidden)),
+        "b1": np.zeros(hidden),
+        "w2": rng.normal(0, np.sqrt(2 / hidden), (hidden, 10)),
+        "b2": np.zeros(10),
+    }
 
 
 def forward(p, x):
@@ -76,19 +82,24 @@ def main() -> int:
 
     train_x, train_y, test_x, test_y = load_digits()
     elastic.init()
-    state = elastic.NumpyState(**init_params(args.hidden), epoch=0, batch=0, steps=0)
+    # Attributes come from the keyword arguments, which a type checker cannot see: Any.
+    state: Any = elastic.NumpyState(**init_params(args.hidden), epoch=0, batch=0, steps=0)
     names = ["w1", "b1", "w2", "b2"]
 
     def report_world():
         if elastic.rank() == 0:
-            print(f"world re-formed: {elastic.size()} workers, resuming at epoch {state.epoch} "
-                  f"batch {state.batch}", flush=True)
+            print(
+                f"world re-formed: {elastic.size()} workers, resuming at epoch {state.epoch} "
+                f"batch {state.batch}",
+                flush=True,
+            )
+
     state.register_reset_callbacks([report_world])
 
     @elastic.run
     def train(state):
         sampler = elastic.ElasticSampler(len(train_x), shuffle=True, seed=0)
-        for state.epoch in range(state.epoch, args.epochs):
+        for state.epoch in range(state.epoch, args.epochs):  # noqa: B020 - resumes the epoch
             sampler.set_epoch(state.epoch)
             started, seen = time.perf_counter(), 0
             for idx in sampler.batches(batch_size=args.batch_size, start=state.batch):
@@ -101,7 +112,8 @@ def main() -> int:
                 for k in names:
                     n = getattr(state, k).size
                     getattr(state, k)[...] -= args.lr * (
-                        total[offset:offset + n].reshape(getattr(state, k).shape) / global_batch)
+                        total[offset : offset + n].reshape(getattr(state, k).shape) / global_batch
+                    )
                     offset += n
                 seen += int(global_batch)
                 state.batch += 1
@@ -111,15 +123,19 @@ def main() -> int:
             if elastic.rank() == 0:
                 elapsed = time.perf_counter() - started
                 acc = accuracy({k: getattr(state, k) for k in names}, test_x, test_y)
-                print(f"epoch {state.epoch + 1}/{args.epochs}: world size {elastic.size()}, "
-                      f"{seen / max(elapsed, 1e-9):.0f} samples/s, test accuracy {acc:.3f}",
-                      flush=True)
+                print(
+                    f"epoch {state.epoch + 1}/{args.epochs}: world size {elastic.size()}, "
+                    f"{seen / max(elapsed, 1e-9):.0f} samples/s, test accuracy {acc:.3f}",
+                    flush=True,
+                )
 
     train(state)
     final = accuracy({k: getattr(state, k) for k in names}, test_x, test_y)
     if elastic.rank() == 0:
-        print(f"done: {state.steps} steps, test accuracy {final:.3f} "
-              f"(target {TARGET_ACCURACY:.2f})", flush=True)
+        print(
+            f"done: {state.steps} steps, test accuracy {final:.3f} (target {TARGET_ACCURACY:.2f})",
+            flush=True,
+        )
     elastic.shutdown()
     return 0 if final >= TARGET_ACCURACY else 1
 

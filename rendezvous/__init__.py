@@ -6,43 +6,64 @@
 Backends register by scheme in ``BACKENDS``; each is a ``KVStore`` subclass built
 from ``(StoreURL, secret, StoreSettings)``.
 """
+
 from __future__ import annotations
 
 import os
 
 # etcd3's generated code predates protobuf 4: select the pure-Python runtime before
-# anything imports protobuf (see DESIGN.md, "Known trap"). The project's own services
+# anything imports protobuf (see docs/DESIGN.md, "Known trap"). The project's own services
 # use raw bytes, so only etcd's small messages pay for the slower runtime.
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
-from rendezvous.errors import (ElasticError, RendezvousConfigError,  # noqa: E402
-                               RendezvousConnectionError, RendezvousError)
-from rendezvous.store import (Compare, Delete, Event, KeyValue, KVStore, Lease, Put,  # noqa: E402
-                              StoreSettings, TxnResult, Watch)
-from rendezvous.url import StoreURL, parse_store_url  # noqa: E402
+from rendezvous.errors import (
+    ElasticError,
+    RendezvousConfigError,
+    RendezvousConnectionError,
+    RendezvousError,
+)
+from rendezvous.store import (
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    KVStore,
+    Lease,
+    Put,
+    StoreSettings,
+    TxnResult,
+    Watch,
+)
+from rendezvous.url import StoreURL, parse_store_url
 
 
 def _embedded(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVStore:
     from rendezvous.embedded import EmbeddedStore
+
     if not url.endpoints:
-        raise RendezvousConfigError("the embedded store's address is not known here: "
-                                    "'embedded' is for elastic-run; workers get embedded://HOST:PORT")
+        raise RendezvousConfigError(
+            "the embedded store's address is not known here: "
+            "'embedded' is for elastic-run; workers get embedded://HOST:PORT"
+        )
     if not secret:
-        raise RendezvousConfigError("the embedded store needs the job secret "
-                                    "(ELASTIC_JOB_SECRET is not set)")
+        raise RendezvousConfigError(
+            "the embedded store needs the job secret (ELASTIC_JOB_SECRET is not set)"
+        )
     return EmbeddedStore(str(url.endpoints[0]), secret, settings)
 
 
 def _etcd(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVStore:
     from rendezvous.etcd import EtcdCredentials, EtcdStore
+
     return EtcdStore(url.endpoints, settings, EtcdCredentials.from_env(os.environ))
 
 
 BACKENDS = {"embedded": _embedded, "etcd": _etcd}
 
 
-def open_store(url: str, secret: str | None = None, settings: StoreSettings | None = None,
-               check: bool = True) -> KVStore:
+def open_store(
+    url: str, secret: str | None = None, settings: StoreSettings | None = None, check: bool = True
+) -> KVStore:
     """A client of the store at ``url``.
 
     With ``check``, one read proves the store answers (and accepts the secret) within
@@ -53,8 +74,12 @@ def open_store(url: str, secret: str | None = None, settings: StoreSettings | No
     store = BACKENDS[parsed.scheme](parsed, secret, settings)
     if check:
         from dataclasses import replace
-        probe = replace(settings, retry_deadline=settings.connect_timeout,
-                        request_timeout=min(settings.request_timeout, settings.connect_timeout))
+
+        probe = replace(
+            settings,
+            retry_deadline=settings.connect_timeout,
+            request_timeout=min(settings.request_timeout, settings.connect_timeout),
+        )
         saved, store.settings = store.settings, probe
         try:
             store.revision()
@@ -71,6 +96,22 @@ def open_store(url: str, secret: str | None = None, settings: StoreSettings | No
     return store
 
 
-__all__ = ["open_store", "parse_store_url", "KVStore", "StoreSettings", "KeyValue", "Event",
-           "Compare", "Put", "Delete", "TxnResult", "Lease", "Watch", "BACKENDS",
-           "ElasticError", "RendezvousError", "RendezvousConfigError", "RendezvousConnectionError"]
+__all__ = [
+    "open_store",
+    "parse_store_url",
+    "KVStore",
+    "StoreSettings",
+    "KeyValue",
+    "Event",
+    "Compare",
+    "Put",
+    "Delete",
+    "TxnResult",
+    "Lease",
+    "Watch",
+    "BACKENDS",
+    "ElasticError",
+    "RendezvousError",
+    "RendezvousConfigError",
+    "RendezvousConnectionError",
+]

@@ -14,6 +14,7 @@ their environment (``ENV_SECRET``). Nothing sends the secret itself:
 * a ring-peer handshake is challenge/response: each side sends a random nonce
   and answers the other's with ``challenge_response(secret, nonce)``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,15 +50,18 @@ def _mac(secret: str, data: bytes) -> str:
     return hmac.new(secret.encode(), data, hashlib.sha256).hexdigest()
 
 
-def call_metadata(secret: str, method: str, body: bytes,
-                  now: float | None = None) -> tuple[tuple[str, str], tuple[str, str]]:
+def call_metadata(
+    secret: str, method: str, body: bytes, now: float | None = None
+) -> tuple[tuple[str, str], tuple[str, str]]:
     """The metadata that proves ``secret`` for one call of ``method`` with ``body``."""
     stamp = int((time.time() if now is None else now) * 1000)
     nonce = secrets.token_hex(12)
     head = _mac(secret, f"call|{method}|{stamp}|{nonce}".encode())
     digest = hashlib.sha256(body).hexdigest()
-    return ((RPC_METADATA_KEY, f"{stamp}.{nonce}.{head}"),
-            (RPC_BODY_KEY, _mac(secret, f"body|{nonce}|{digest}".encode())))
+    return (
+        (RPC_METADATA_KEY, f"{stamp}.{nonce}.{head}"),
+        (RPC_BODY_KEY, _mac(secret, f"body|{nonce}|{digest}".encode())),
+    )
 
 
 class CallVerifier:
@@ -86,8 +90,10 @@ class CallVerifier:
             raise ProofRefused("wrong job secret")
         now = self._clock()
         if abs(now - int(stamp) / 1000) > self._window:
-            raise ProofRefused(f"proof outside the {self._window:g}s window of this server's "
-                               "clock (a replay, or clocks that disagree)")
+            raise ProofRefused(
+                f"proof outside the {self._window:g}s window of this server's "
+                "clock (a replay, or clocks that disagree)"
+            )
         with self._lock:
             if nonce in self._seen:
                 raise ProofRefused("replayed request (nonce already used)")

@@ -4,19 +4,37 @@ Every call carries proof of the job secret (``rpc.RpcServer`` refuses others).
 Messages are JSON headers framed by ``rpc.frame``; values travel base64-encoded,
 which is fine for a store whose values are small records (the size limit applies).
 """
+
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import grpc
 
 from rendezvous.memory import MemoryKV
-from rendezvous.rpc import (MalformedRequest, RpcClient, RpcServer, ServerLimits, frame,
-                            translate_rpc_error, unframe)
-from rendezvous.store import (Compare, Delete, Event, KeyValue, KVStore, Put,
-                              StoreSettings, TxnResult, op_from_dict)
+from rendezvous.rpc import (
+    MalformedRequest,
+    RpcClient,
+    RpcServer,
+    ServerLimits,
+    frame,
+    translate_rpc_error,
+    unframe,
+)
+from rendezvous.store import (
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    KVStore,
+    Put,
+    StoreSettings,
+    TxnResult,
+    op_from_dict,
+)
 
 SERVICE = "elastic.rendezvous.KV"
 #: how long a watch stream waits before sending an empty batch (a heartbeat)
@@ -40,17 +58,28 @@ class EmbeddedServer:
     a watch is a coroutine waiting for the next revision, so thousands of watchers cost
     no thread each. Leases expire on a thread of their own."""
 
-    def __init__(self, secret: str, bind: str = "127.0.0.1:0", lease_check_interval: float = 0.1,
-                 history_limit: int = 100_000, limits: ServerLimits | None = None):
+    def __init__(
+        self,
+        secret: str,
+        bind: str = "127.0.0.1:0",
+        lease_check_interval: float = 0.1,
+        history_limit: int = 100_000,
+        limits: ServerLimits | None = None,
+    ):
         self.kv = MemoryKV(history_limit=history_limit, on_commit=self._on_commit)
         self._rpc = RpcServer(SERVICE, secret, bind, limits)
         self._stop = threading.Event()
         self._lease_check_interval = lease_check_interval
         self._expirer: threading.Thread | None = None
         self._streams_generation = 0
-        self._revision_changed: asyncio.Future | None = None   # set at each new revision
-        for name, fn in (("Range", self._range), ("Txn", self._txn), ("Grant", self._grant),
-                         ("KeepAlive", self._keepalive), ("Revoke", self._revoke)):
+        self._revision_changed: asyncio.Future | None = None  # set at each new revision
+        for name, fn in (
+            ("Range", self._range),
+            ("Txn", self._txn),
+            ("Grant", self._grant),
+            ("KeepAlive", self._keepalive),
+            ("Revoke", self._revoke),
+        ):
             self._rpc.add_unary(name, fn, blocking=False)
         self._rpc.add_stream("Watch", self._watch)
 
@@ -83,10 +112,9 @@ class EmbeddedServer:
         """Wake every waiting watch (called under the store's lock, from any thread)."""
         loop = self._rpc.loop
         if loop is not None and not loop.is_closed():
-            try:
+            # A closing loop (RuntimeError) has no watch left to wake.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._wake_watches)
-            except RuntimeError:
-                pass  # the loop is closing: no watch is left to wake
 
     def _wake_watches(self) -> None:
         changed, self._revision_changed = self._revision_changed, None
@@ -101,16 +129,20 @@ class EmbeddedServer:
 
     def _txn(self, request: bytes) -> bytes:
         req = _decode(request)
-        result = self.kv.txn([Compare.from_dict(c) for c in req["cmp"]],
-                             [op_from_dict(o) for o in req["ok"]],
-                             [op_from_dict(o) for o in req["fail"]])
+        result = self.kv.txn(
+            [Compare.from_dict(c) for c in req["cmp"]],
+            [op_from_dict(o) for o in req["ok"]],
+            [op_from_dict(o) for o in req["fail"]],
+        )
         return _encode(ok=result.succeeded, rev=result.revision)
 
     def _grant(self, request: bytes) -> bytes:
         ttl = _decode(request)["ttl"]
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_LEASE_TTL:
-            raise MalformedRequest(f"lease TTL must be a whole number of seconds from 1 to "
-                                   f"{MAX_LEASE_TTL}, got {ttl!r}")
+            raise MalformedRequest(
+                f"lease TTL must be a whole number of seconds from 1 to "
+                f"{MAX_LEASE_TTL}, got {ttl!r}"
+            )
         return _encode(id=self.kv.grant(ttl))
 
     def _keepalive(self, request: bytes) -> bytes:
@@ -127,14 +159,14 @@ class EmbeddedServer:
         while not self._stop.is_set() and generation == self._streams_generation:
             if self._revision_changed is None:
                 self._revision_changed = asyncio.get_running_loop().create_future()
-            changed = self._revision_changed   # taken before reading: no wake-up is missed
+            changed = self._revision_changed  # taken before reading: no wake-up is missed
             events, next_rev = self.kv.events_since(prefix, next_rev, 0.0)
             if not events:
                 try:
                     await asyncio.wait_for(asyncio.shield(changed), WATCH_POLL_SECONDS)
                     continue
                 except asyncio.TimeoutError:
-                    pass   # idle: send an empty batch (a heartbeat that advances ``next``)
+                    pass  # idle: send an empty batch (a heartbeat that advances ``next``)
             # ``next``: every event below it has been sent (lets an idle watch's resume
             # point advance, so it never asks for history that could be compacted).
             yield _encode(events=[ev.to_dict() for ev in events], next=next_rev)
@@ -157,10 +189,18 @@ class EmbeddedStore(KVStore):
         resp = self._unary("Range", key=key, prefix=prefix)
         return [KeyValue.from_dict(d) for d in resp["kvs"]], resp["rev"]
 
-    def _txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
-             failure: Sequence[Put | Delete]) -> TxnResult:
-        resp = self._unary("Txn", cmp=[c.to_dict() for c in compares],
-                           ok=[o.to_dict() for o in success], fail=[o.to_dict() for o in failure])
+    def _txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete],
+    ) -> TxnResult:
+        resp = self._unary(
+            "Txn",
+            cmp=[c.to_dict() for c in compares],
+            ok=[o.to_dict() for o in success],
+            fail=[o.to_dict() for o in failure],
+        )
         return TxnResult(resp["ok"], resp["rev"])
 
     def _grant(self, ttl: int) -> int:
@@ -172,8 +212,9 @@ class EmbeddedStore(KVStore):
     def _revoke(self, lease_id: int) -> None:
         self._unary("Revoke", id=lease_id)
 
-    def _open_watch(self, prefix: str, start_revision: int
-                    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
+    def _open_watch(
+        self, prefix: str, start_revision: int
+    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
         call = self._rpc.stream("Watch", _encode(prefix=prefix, start=start_revision))
 
         def batches() -> Iterator[tuple[list[Event], int | None]]:
@@ -183,6 +224,7 @@ class EmbeddedStore(KVStore):
                     yield [Event.from_dict(d) for d in batch["events"]], batch["next"] - 1
             except grpc.RpcError as exc:
                 raise translate_rpc_error(exc, f"watch at {self.address}") from None
+
         return batches(), call.cancel
 
     def _close(self) -> None:

@@ -5,30 +5,31 @@ tune a few things the same way. Each name is defined here once; code elsewhere r
 variable through ``text``/``number``/``integer``/``flag`` below, which name the variable
 in the error when its value does not parse (the single typed gate for untyped input).
 """
+
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from rendezvous.errors import RendezvousConfigError
 
 # -- set by elastic-run for every process of the job (worker or ps shard)
-ENV_RENDEZVOUS = "ELASTIC_RENDEZVOUS"      # store URL: embedded address or etcd://...
+ENV_RENDEZVOUS = "ELASTIC_RENDEZVOUS"  # store URL: embedded address or etcd://...
 ENV_JOB_ID = "ELASTIC_JOB_ID"
-ENV_SECRET = "ELASTIC_JOB_SECRET"          # the per-job secret (never on a command line)
+ENV_SECRET = "ELASTIC_JOB_SECRET"  # the per-job secret (never on a command line)
 
 # -- set by elastic-run for each worker
-ENV_WORKER_ID = "ELASTIC_WORKER_ID"        # unique per launched worker process
-ENV_HOST = "ELASTIC_HOST"                  # the host name the driver knows this worker by
+ENV_WORKER_ID = "ELASTIC_WORKER_ID"  # unique per launched worker process
+ENV_HOST = "ELASTIC_HOST"  # the host name the driver knows this worker by
 ENV_SLOT = "ELASTIC_SLOT"
-ENV_BIND_HOST = "ELASTIC_BIND_HOST"        # address the worker's data listener binds to
+ENV_BIND_HOST = "ELASTIC_BIND_HOST"  # address the worker's data listener binds to
 ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"  # seconds a worker waits for a round with it
 
 # -- tuning a user may set (inherited by every process of the job)
-ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"        # seconds of a worker registration's lease
+ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"  # seconds of a worker registration's lease
 ENV_PEER_TIMEOUT = "ELASTIC_PEER_TIMEOUT"  # seconds before a silent ring peer is lost
 ENV_CONNECT_TIMEOUT = "ELASTIC_CONNECT_TIMEOUT"  # seconds to connect to ring neighbours
-ENV_SSH_OPTIONS = "ELASTIC_SSH_OPTIONS"    # extra ssh arguments (shell words) for the driver
+ENV_SSH_OPTIONS = "ELASTIC_SSH_OPTIONS"  # extra ssh arguments (shell words) for the driver
 
 # -- etcd's own security, passed through to every client of the job
 ENV_ETCD_USER = "ELASTIC_ETCD_USER"
@@ -38,15 +39,17 @@ ENV_ETCD_CERT = "ELASTIC_ETCD_CERT"
 ENV_ETCD_KEY = "ELASTIC_ETCD_KEY"
 
 
-def text(name: str, default: str | None = None,
-         environ: Mapping[str, str] | None = None) -> str | None:
+def text(
+    name: str, default: str | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
     """The variable's value; ``default`` when it is unset or empty."""
     value = (os.environ if environ is None else environ).get(name)
     return value if value else default
 
 
-def number(name: str, default: float, environ: Mapping[str, str] | None = None, *,
-           positive: bool = True) -> float:
+def number(
+    name: str, default: float, environ: Mapping[str, str] | None = None, *, positive: bool = True
+) -> float:
     """The variable as a float (``default`` when unset). Raises RendezvousConfigError
     naming the variable when the value is not a (positive, if asked) finite number."""
     raw = text(name, None, environ)
@@ -57,13 +60,15 @@ def number(name: str, default: float, environ: Mapping[str, str] | None = None, 
     except ValueError:
         raise RendezvousConfigError(f"{name}={raw!r} is not a number") from None
     if value != value or value in (float("inf"), float("-inf")) or (positive and value <= 0):
-        raise RendezvousConfigError(f"{name}={raw!r} must be a "
-                                    f"{'positive ' if positive else ''}finite number")
+        raise RendezvousConfigError(
+            f"{name}={raw!r} must be a {'positive ' if positive else ''}finite number"
+        )
     return value
 
 
-def integer(name: str, default: int, environ: Mapping[str, str] | None = None, *,
-            minimum: int | None = None) -> int:
+def integer(
+    name: str, default: int, environ: Mapping[str, str] | None = None, *, minimum: int | None = None
+) -> int:
     """The variable as an int (``default`` when unset). Raises RendezvousConfigError
     naming the variable when the value is not a whole number (at least ``minimum``)."""
     raw = text(name, None, environ)

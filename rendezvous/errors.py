@@ -7,9 +7,10 @@
 Every error class registers itself by name so that a server can send a typed
 error over the wire and the client raises the same class (see ``rpc.py``).
 """
+
 from __future__ import annotations
 
-_REGISTRY: dict[str, type["ElasticError"]] = {}
+_REGISTRY: dict[str, type[ElasticError]] = {}
 
 
 class ElasticError(Exception):

@@ -7,33 +7,50 @@ that we resume ourselves, and typed errors that say whether a request was sent.
 Endpoints: one gRPC channel at a time, to the current endpoint; a call that cannot
 connect moves the client to the next endpoint before the retry (``_on_connection_error``).
 """
+
 from __future__ import annotations
 
 import os
 import queue
 import threading
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
-import grpc  # noqa: E402
+import grpc
 
-from rendezvous import env  # noqa: E402
-from rendezvous.errors import (LeaseNotFoundError, NotSentError,  # noqa: E402
-                               RendezvousAuthError, RendezvousConfigError,
-                               RendezvousConnectionError, WatchCompactedError)
-from rendezvous.memory import prefix_end  # noqa: E402
-from rendezvous.rpc import translate_rpc_error  # noqa: E402
-from rendezvous.store import (DELETE, PUT, Compare, Delete, Event, KeyValue, KVStore,  # noqa: E402
-                              Put, StoreSettings, TxnResult)
-from rendezvous.url import Endpoint  # noqa: E402
+from rendezvous import env
+from rendezvous.errors import (
+    LeaseNotFoundError,
+    NotSentError,
+    RendezvousAuthError,
+    RendezvousConfigError,
+    RendezvousConnectionError,
+    WatchCompactedError,
+)
+from rendezvous.memory import prefix_end
+from rendezvous.rpc import translate_rpc_error
+from rendezvous.store import (
+    DELETE,
+    PUT,
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    KVStore,
+    Put,
+    StoreSettings,
+    TxnResult,
+)
+from rendezvous.url import Endpoint
 
 
 def _import_stubs():
     """etcd3's generated modules. Raises RendezvousConfigError when protobuf was already
-    loaded with a native runtime that cannot load them (the DESIGN.md trap)."""
+    loaded with a native runtime that cannot load them (the trap in docs/DESIGN.md)."""
     try:
         with warnings.catch_warnings():
             # Its protobuf-3 era code uses descriptor calls that newer runtimes deprecate.
@@ -43,7 +60,8 @@ def _import_stubs():
     except TypeError as exc:  # "Descriptors cannot be created directly"
         raise RendezvousConfigError(
             "the etcd client needs PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python set before "
-            f"protobuf is first imported (import rendezvous or elastic earlier): {exc}") from None
+            f"protobuf is first imported (import rendezvous or elastic earlier): {exc}"
+        ) from None
     except ImportError as exc:
         raise RendezvousConfigError(f"the etcd backend needs the etcd3 package: {exc}") from None
 
@@ -90,16 +108,20 @@ class EtcdCredentials:
             raise RendezvousConfigError(f"{ENV_CERT} and {ENV_KEY} go together: set both")
 
     @classmethod
-    def from_env(cls, environ) -> "EtcdCredentials":
-        return cls(user=environ.get(ENV_USER) or None, password=environ.get(ENV_PASSWORD),
-                   ca_cert=environ.get(ENV_CA_CERT) or None, cert=environ.get(ENV_CERT) or None,
-                   key=environ.get(ENV_KEY) or None)
+    def from_env(cls, environ) -> EtcdCredentials:
+        return cls(
+            user=environ.get(ENV_USER) or None,
+            password=environ.get(ENV_PASSWORD),
+            ca_cert=environ.get(ENV_CA_CERT) or None,
+            cert=environ.get(ENV_CERT) or None,
+            key=environ.get(ENV_KEY) or None,
+        )
 
     @property
     def tls(self) -> bool:
         return bool(self.ca_cert or self.cert)
 
-    def channel_credentials(self) -> "grpc.ChannelCredentials":
+    def channel_credentials(self) -> grpc.ChannelCredentials:
         def read(path, name):
             if not path:
                 return None
@@ -107,11 +129,15 @@ class EtcdCredentials:
                 with open(path, "rb") as f:
                     return f.read()
             except OSError as exc:
-                raise RendezvousConfigError(f"{name}={path}: cannot read it: "
-                                            f"{exc.strerror or exc}") from None
-        return grpc.ssl_channel_credentials(root_certificates=read(self.ca_cert, ENV_CA_CERT),
-                                            private_key=read(self.key, ENV_KEY),
-                                            certificate_chain=read(self.cert, ENV_CERT))
+                raise RendezvousConfigError(
+                    f"{name}={path}: cannot read it: {exc.strerror or exc}"
+                ) from None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_cert, ENV_CA_CERT),
+            private_key=read(self.key, ENV_KEY),
+            certificate_chain=read(self.cert, ENV_CERT),
+        )
 
 
 def _key_range(key: str, prefix: bool) -> tuple[bytes, bytes]:
@@ -119,15 +145,20 @@ def _key_range(key: str, prefix: bool) -> tuple[bytes, bytes]:
 
 
 def _kv(kv) -> KeyValue:
-    return KeyValue(kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision,
-                    kv.version, kv.lease)
+    return KeyValue(
+        kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision, kv.version, kv.lease
+    )
 
 
 class EtcdStore(KVStore):
     scheme = "etcd"
 
-    def __init__(self, endpoints: Sequence[Endpoint], settings: StoreSettings = StoreSettings(),
-                 credentials: EtcdCredentials = EtcdCredentials()):
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        settings: StoreSettings = StoreSettings(),
+        credentials: EtcdCredentials = EtcdCredentials(),
+    ):
         super().__init__(settings)
         if not endpoints:
             raise RendezvousConfigError("etcd store needs at least one endpoint")
@@ -140,7 +171,7 @@ class EtcdStore(KVStore):
         self._index = 0
         self._channel: grpc.Channel | None = None
         self._retired: grpc.Channel | None = None
-        self._stubs = None
+        self._stubs: tuple[Any, ...] = ()  # KV, Lease, Watch, Auth: set by _connect
         self._connect(0)
 
     @property
@@ -155,12 +186,17 @@ class EtcdStore(KVStore):
         self._retired = self._channel
         self._index = index % len(self.endpoints)
         if self._channel_credentials is not None:
-            self._channel = grpc.secure_channel(str(self.endpoint), self._channel_credentials,
-                                                options=_CHANNEL_OPTIONS)
+            self._channel = grpc.secure_channel(
+                str(self.endpoint), self._channel_credentials, options=_CHANNEL_OPTIONS
+            )
         else:
             self._channel = grpc.insecure_channel(str(self.endpoint), options=_CHANNEL_OPTIONS)
-        self._stubs = (self._rpc.KVStub(self._channel), self._rpc.LeaseStub(self._channel),
-                       self._rpc.WatchStub(self._channel), self._rpc.AuthStub(self._channel))
+        self._stubs = (
+            self._rpc.KVStub(self._channel),
+            self._rpc.LeaseStub(self._channel),
+            self._rpc.WatchStub(self._channel),
+            self._rpc.AuthStub(self._channel),
+        )
         self._endpoint_generation += 1
         self._metadata = ()  # a token is per member: authenticate again on first use
 
@@ -170,15 +206,24 @@ class EtcdStore(KVStore):
         if not self.credentials.user or self._metadata:
             return self._metadata
         try:
-            token = self._stubs[3].Authenticate(self._rpc.AuthenticateRequest(
-                name=self.credentials.user, password=self.credentials.password or ""),
-                timeout=self.settings.request_timeout).token
+            token = (
+                self._stubs[3]
+                .Authenticate(
+                    self._rpc.AuthenticateRequest(
+                        name=self.credentials.user, password=self.credentials.password or ""
+                    ),
+                    timeout=self.settings.request_timeout,
+                )
+                .token
+            )
         except ValueError as exc:
             raise NotSentError(f"etcd authenticate at {self.endpoint}: {exc}") from None
         except grpc.RpcError as exc:
             if "authentication failed" in (exc.details() or ""):
-                raise RendezvousAuthError(f"etcd at {self.endpoint} refused user "
-                                          f"{self.credentials.user!r}: {exc.details()}") from None
+                raise RendezvousAuthError(
+                    f"etcd at {self.endpoint} refused user "
+                    f"{self.credentials.user!r}: {exc.details()}"
+                ) from None
             raise translate_rpc_error(exc, f"etcd authenticate at {self.endpoint}") from None
         self._metadata = (("token", token),)
         return self._metadata
@@ -194,21 +239,25 @@ class EtcdStore(KVStore):
         stub = self._stubs[stub_index]
         metadata = self._authenticate()
         try:
-            return getattr(stub, method)(request, timeout=self.settings.request_timeout,
-                                         metadata=metadata)
+            return getattr(stub, method)(
+                request, timeout=self.settings.request_timeout, metadata=metadata
+            )
         except ValueError as exc:  # the channel was retired and closed under this call
             raise NotSentError(f"etcd {what} at {self.endpoint}: {exc}") from None
         except grpc.RpcError as exc:
             details = (exc.details() or "").lower()
             if "user name is empty" in details and not self.credentials.user:
-                raise RendezvousAuthError(f"etcd at {self.endpoint} requires a user: set "
-                                          f"{ENV_USER} and {ENV_PASSWORD}") from None
+                raise RendezvousAuthError(
+                    f"etcd at {self.endpoint} requires a user: set {ENV_USER} and {ENV_PASSWORD}"
+                ) from None
             if "invalid auth token" in details or "user name is empty" in details:
                 self._metadata = ()  # expired token (etcd restarted, TTL): refused, not applied
                 raise NotSentError(f"etcd {what} at {self.endpoint}: {exc.details()}") from None
             if "permission denied" in details:
-                raise RendezvousAuthError(f"etcd {what} at {self.endpoint}: {exc.details()} "
-                                          f"(user {self.credentials.user!r})") from None
+                raise RendezvousAuthError(
+                    f"etcd {what} at {self.endpoint}: {exc.details()} "
+                    f"(user {self.credentials.user!r})"
+                ) from None
             if "lease not found" in details:
                 raise LeaseNotFoundError(f"etcd at {self.endpoint}: {exc.details()}") from None
             if "compacted" in details:
@@ -218,17 +267,28 @@ class EtcdStore(KVStore):
     # ---- KV ----
     def _range(self, key: str, prefix: bool) -> tuple[list[KeyValue], int]:
         start, end = _key_range(key, prefix)
-        resp = self._invoke(0, "Range", self._rpc.RangeRequest(
-            key=start, range_end=end, sort_order=self._rpc.RangeRequest.ASCEND,
-            sort_target=self._rpc.RangeRequest.KEY), "range")
+        resp = self._invoke(
+            0,
+            "Range",
+            self._rpc.RangeRequest(
+                key=start,
+                range_end=end,
+                sort_order=self._rpc.RangeRequest.ASCEND,
+                sort_target=self._rpc.RangeRequest.KEY,
+            ),
+            "range",
+        )
         return [_kv(kv) for kv in resp.kvs], resp.header.revision
 
     def _compare(self, c: Compare):
         m = self._rpc.Compare
-        msg = m(key=c.key.encode(),
-                result={"==": m.EQUAL, "!=": m.NOT_EQUAL, "<": m.LESS, ">": m.GREATER}[c.op],
-                target={"mod": m.MOD, "create": m.CREATE, "version": m.VERSION,
-                        "value": m.VALUE}[c.target])
+        msg = m(
+            key=c.key.encode(),
+            result={"==": m.EQUAL, "!=": m.NOT_EQUAL, "<": m.LESS, ">": m.GREATER}[c.op],
+            target={"mod": m.MOD, "create": m.CREATE, "version": m.VERSION, "value": m.VALUE}[
+                c.target
+            ],
+        )
         if c.target == "mod":
             msg.mod_revision = c.value
         elif c.target == "create":
@@ -241,18 +301,32 @@ class EtcdStore(KVStore):
 
     def _op(self, op: Put | Delete):
         if isinstance(op, Put):
-            return self._rpc.RequestOp(request_put=self._rpc.PutRequest(
-                key=op.key.encode(), value=op.value, lease=op.lease))
+            return self._rpc.RequestOp(
+                request_put=self._rpc.PutRequest(
+                    key=op.key.encode(), value=op.value, lease=op.lease
+                )
+            )
         start, end = _key_range(op.key, op.prefix)
-        return self._rpc.RequestOp(request_delete_range=self._rpc.DeleteRangeRequest(
-            key=start, range_end=end))
+        return self._rpc.RequestOp(
+            request_delete_range=self._rpc.DeleteRangeRequest(key=start, range_end=end)
+        )
 
-    def _txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
-             failure: Sequence[Put | Delete]) -> TxnResult:
-        resp = self._invoke(0, "Txn", self._rpc.TxnRequest(
-            compare=[self._compare(c) for c in compares],
-            success=[self._op(o) for o in success],
-            failure=[self._op(o) for o in failure]), "txn")
+    def _txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete],
+    ) -> TxnResult:
+        resp = self._invoke(
+            0,
+            "Txn",
+            self._rpc.TxnRequest(
+                compare=[self._compare(c) for c in compares],
+                success=[self._op(o) for o in success],
+                failure=[self._op(o) for o in failure],
+            ),
+            "txn",
+        )
         return TxnResult(resp.succeeded, resp.header.revision)
 
     # ---- leases ----
@@ -260,8 +334,9 @@ class EtcdStore(KVStore):
         return self._invoke(1, "LeaseGrant", self._rpc.LeaseGrantRequest(TTL=ttl), "lease grant").ID
 
     def _keepalive(self, lease_id: int) -> int:
-        responses = self._invoke(1, "LeaseKeepAlive",
-                                 iter([self._rpc.LeaseKeepAliveRequest(ID=lease_id)]), "keep-alive")
+        responses = self._invoke(
+            1, "LeaseKeepAlive", iter([self._rpc.LeaseKeepAliveRequest(ID=lease_id)]), "keep-alive"
+        )
         try:
             for resp in responses:
                 if resp.TTL <= 0:
@@ -277,11 +352,15 @@ class EtcdStore(KVStore):
         self._invoke(1, "LeaseRevoke", self._rpc.LeaseRevokeRequest(ID=lease_id), "lease revoke")
 
     # ---- watches ----
-    def _open_watch(self, prefix: str, start_revision: int
-                    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
+    def _open_watch(
+        self, prefix: str, start_revision: int
+    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
         start, end = _key_range(prefix, True)
-        create = self._rpc.WatchRequest(create_request=self._rpc.WatchCreateRequest(
-            key=start, range_end=end, start_revision=start_revision, progress_notify=True))
+        create = self._rpc.WatchRequest(
+            create_request=self._rpc.WatchCreateRequest(
+                key=start, range_end=end, start_revision=start_revision, progress_notify=True
+            )
+        )
         # The request side must stay open: etcd ends the watch when the client half-closes.
         done: queue.Queue = queue.Queue()
 
@@ -305,14 +384,18 @@ class EtcdStore(KVStore):
                     if resp.compact_revision:
                         raise WatchCompactedError(
                             f"etcd at {endpoint}: revision {start_revision} was compacted "
-                            f"(oldest kept: {resp.compact_revision})")
+                            f"(oldest kept: {resp.compact_revision})"
+                        )
                     if resp.canceled:
                         if "auth" in resp.cancel_reason or "token" in resp.cancel_reason:
                             self._metadata = ()  # authenticate again before reopening
-                        raise RendezvousConnectionError(f"etcd at {endpoint} cancelled the watch: "
-                                              f"{resp.cancel_reason}")
-                    events = [Event(PUT if ev.type == ev.PUT else DELETE, _kv(ev.kv))
-                              for ev in resp.events]
+                        raise RendezvousConnectionError(
+                            f"etcd at {endpoint} cancelled the watch: {resp.cancel_reason}"
+                        )
+                    events = [
+                        Event(PUT if ev.type == ev.PUT else DELETE, _kv(ev.kv))
+                        for ev in resp.events
+                    ]
                     # A progress notification (no events, not the creation answer) says
                     # every event up to its header revision has been sent.
                     progress = resp.header.revision if not events and not resp.created else None
@@ -321,6 +404,7 @@ class EtcdStore(KVStore):
                 raise translate_rpc_error(exc, f"etcd watch at {endpoint}") from None
             finally:
                 done.put(None)
+
         return batches(), cancel
 
     def _close(self) -> None:

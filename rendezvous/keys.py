@@ -1,4 +1,5 @@
 """The key layout of one job in the store (every part of the product names keys through here)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

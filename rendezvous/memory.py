@@ -5,13 +5,15 @@ a write that changes nothing (a delete of nothing) does not move the revision.
 History is kept for watches up to ``history_limit`` events; a watch from before that
 raises ``WatchCompactedError``. Time is passed in (``now``) so expiry is testable.
 """
+
 from __future__ import annotations
 
 import bisect
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any
 
 from rendezvous.errors import LeaseNotFoundError, WatchCompactedError
 from rendezvous.store import DELETE, PUT, Compare, Delete, Event, KeyValue, Put, TxnResult
@@ -25,16 +27,27 @@ class _LeaseRecord:
 
 
 def _compare_holds(c: Compare, kv: KeyValue | None) -> bool:
+    actual: Any  # bytes for a value compare, int otherwise (and so is expected)
+    expected: Any
     if c.target == "value":
         if kv is None:
             return c.op == "!="
         actual, expected = kv.value, c.value
     else:
-        actual = 0 if kv is None else {"mod": kv.mod_revision, "create": kv.create_revision,
-                                       "version": kv.version}[c.target]
+        actual = (
+            0
+            if kv is None
+            else {"mod": kv.mod_revision, "create": kv.create_revision, "version": kv.version}[
+                c.target
+            ]
+        )
         expected = c.value
-    return {"==": actual == expected, "!=": actual != expected,
-            "<": actual < expected, ">": actual > expected}[c.op]
+    return {
+        "==": actual == expected,
+        "!=": actual != expected,
+        "<": actual < expected,
+        ">": actual > expected,
+    }[c.op]
 
 
 def prefix_end(prefix: str) -> str:
@@ -43,8 +56,12 @@ def prefix_end(prefix: str) -> str:
 
 
 class MemoryKV:
-    def __init__(self, history_limit: int = 100_000, clock=time.monotonic,
-                 on_commit: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        history_limit: int = 100_000,
+        clock=time.monotonic,
+        on_commit: Callable[[], None] | None = None,
+    ):
         self._clock = clock
         self._on_commit = on_commit  # told after every revision (it must not block)
         self._cond = threading.Condition()
@@ -65,12 +82,20 @@ class MemoryKV:
                 kv = self._data.get(key)
                 return ([kv] if kv else []), self.revision
             lo = bisect.bisect_left(self._sorted_keys, key)
-            hi = bisect.bisect_left(self._sorted_keys, prefix_end(key)) if key else len(self._sorted_keys)
+            hi = (
+                bisect.bisect_left(self._sorted_keys, prefix_end(key))
+                if key
+                else len(self._sorted_keys)
+            )
             return [self._data[k] for k in self._sorted_keys[lo:hi]], self.revision
 
     # ---- writes ----
-    def txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
-            failure: Sequence[Put | Delete]) -> TxnResult:
+    def txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete],
+    ) -> TxnResult:
         """Raises LeaseNotFoundError when a put names a lease that does not exist."""
         with self._cond:
             ok = all(_compare_holds(c, self._data.get(c.key)) for c in compares)
@@ -84,8 +109,11 @@ class MemoryKV:
                 if isinstance(op, Put):
                     events.append(self._put(op, new_rev))
                 else:
-                    keys = ([op.key] if op.key in self._data else []) if not op.prefix \
+                    keys = (
+                        ([op.key] if op.key in self._data else [])
+                        if not op.prefix
                         else [kv.key for kv in self.range(op.key, True)[0]]
+                    )
                     events.extend(self._delete(k, new_rev) for k in keys)
             if events:
                 self._commit(events, new_rev)
@@ -97,8 +125,14 @@ class MemoryKV:
             bisect.insort(self._sorted_keys, op.key)
         elif old.lease and old.lease != op.lease and old.lease in self._leases:
             self._leases[old.lease].keys.discard(op.key)
-        kv = KeyValue(op.key, op.value, old.create_revision if old else rev, rev,
-                      (old.version if old else 0) + 1, op.lease)
+        kv = KeyValue(
+            op.key,
+            op.value,
+            old.create_revision if old else rev,
+            rev,
+            (old.version if old else 0) + 1,
+            op.lease,
+        )
         self._data[op.key] = kv
         if op.lease:
             self._leases[op.lease].keys.add(op.key)
@@ -163,8 +197,9 @@ class MemoryKV:
             self._commit([self._delete(k, rev) for k in sorted(rec.keys)], rev)
 
     # ---- watches ----
-    def events_since(self, prefix: str, start_revision: int, timeout: float
-                     ) -> tuple[list[Event], int]:
+    def events_since(
+        self, prefix: str, start_revision: int, timeout: float
+    ) -> tuple[list[Event], int]:
         """Events under ``prefix`` at revisions >= ``start_revision``, waiting up to ``timeout``
         for the first, and the revision to ask from next time. Raises WatchCompactedError
         if that history is gone."""
@@ -172,8 +207,10 @@ class MemoryKV:
         with self._cond:
             while True:
                 if start_revision <= self.compacted_revision:
-                    raise WatchCompactedError(f"revision {start_revision} was compacted "
-                                              f"(history kept from {self.compacted_revision + 1})")
+                    raise WatchCompactedError(
+                        f"revision {start_revision} was compacted "
+                        f"(history kept from {self.compacted_revision + 1})"
+                    )
                 lo = bisect.bisect_left(self._history_revisions, start_revision)
                 found = [ev for ev in self._history[lo:] if ev.key.startswith(prefix)]
                 start_revision = max(start_revision, self.revision + 1)

@@ -10,6 +10,7 @@ sends nothing). ``--network-interface NAME`` picks an interface's address instea
 Every function here raises ``AddressError`` with a one-line reason naming the host,
 the interface or the address at fault.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -19,7 +20,7 @@ import struct
 
 from rendezvous.errors import RendezvousConfigError
 
-_SIOCGIFADDR = 0x8915   # Linux: an interface's IPv4 address
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
 
 class AddressError(RendezvousConfigError):
@@ -63,10 +64,11 @@ def address_toward(peer: str) -> str:
     family = socket.AF_INET6 if ":" in target else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
-            probe.connect((target, 9))   # UDP: picks the route, sends no packet
+            probe.connect((target, 9))  # UDP: picks the route, sends no packet
         except OSError as exc:
-            raise AddressError(f"no route from this machine to {peer} ({target}): "
-                               f"{exc.strerror or exc}") from None
+            raise AddressError(
+                f"no route from this machine to {peer} ({target}): {exc.strerror or exc}"
+            ) from None
         return str(probe.getsockname()[0])
 
 
@@ -79,17 +81,19 @@ def interface_address(name: str) -> str:
         raise AddressError(f"--network-interface {name!r} is not an interface name")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR,
-                                 struct.pack("256s", name.encode()))
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
         except OSError as exc:
             known = ", ".join(n for _, n in socket.if_nameindex())
-            raise AddressError(f"--network-interface {name}: no IPv4 address on it "
-                               f"({exc.strerror or exc}; interfaces here: {known})") from None
+            raise AddressError(
+                f"--network-interface {name}: no IPv4 address on it "
+                f"({exc.strerror or exc}; interfaces here: {known})"
+            ) from None
     return socket.inet_ntoa(packed[20:24])
 
 
-def advertised_address(peers: list[str], *, interface: str | None = None,
-                       explicit: str | None = None) -> str:
+def advertised_address(
+    peers: list[str], *, interface: str | None = None, explicit: str | None = None
+) -> str:
     """The address this machine's servers announce to ``peers`` (host names or
     addresses of the machines that must reach it; empty for a one-machine job, which
     gets ``127.0.0.1``). ``explicit`` wins over ``interface``, which wins over the route.
@@ -113,11 +117,15 @@ def advertised_address(peers: list[str], *, interface: str | None = None,
             by_address.setdefault(address_toward(peer), []).append(peer)
         if len(by_address) > 1:
             routes = "; ".join(f"{a} toward {', '.join(p)}" for a, p in by_address.items())
-            raise AddressError(f"the hosts are reached from different local addresses ({routes}): "
-                               "choose one with --network-interface or --driver-address")
+            raise AddressError(
+                f"the hosts are reached from different local addresses ({routes}): "
+                "choose one with --network-interface or --driver-address"
+            )
         address = next(iter(by_address))
         source = "the route toward the hosts"
     if remote and ipaddress.ip_address(address).is_loopback:
-        raise AddressError(f"{source} gives loopback address {address}, which the remote "
-                           f"hosts ({', '.join(remote)}) cannot reach")
+        raise AddressError(
+            f"{source} gives loopback address {address}, which the remote "
+            f"hosts ({', '.join(remote)}) cannot reach"
+        )
     return address

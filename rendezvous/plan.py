@@ -3,6 +3,7 @@
 The driver is the only writer of plans; workers read them. Both sides share these
 classes so the JSON schema is defined once.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ class WorkerInfo:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "WorkerInfo":
+    def from_json(cls, data: bytes) -> WorkerInfo:
         return cls(**json.loads(data))
 
 
@@ -67,15 +68,17 @@ class Plan:
         return tuple(m.worker_id for m in self.members)
 
     def to_json(self) -> bytes:
-        return json.dumps({"round_id": self.round_id,
-                           "members": [asdict(m) for m in self.members]},
-                          sort_keys=True).encode()
+        return json.dumps(
+            {"round_id": self.round_id, "members": [asdict(m) for m in self.members]},
+            sort_keys=True,
+        ).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Plan":
+    def from_json(cls, data: bytes) -> Plan:
         raw = json.loads(data)
-        return cls(round_id=int(raw["round_id"]),
-                   members=tuple(Member(**m) for m in raw["members"]))
+        return cls(
+            round_id=int(raw["round_id"]), members=tuple(Member(**m) for m in raw["members"])
+        )
 
 
 @dataclass(frozen=True)
@@ -90,13 +93,13 @@ class ShardInfo:
     address: str
     pid: int
     ready: bool = False
-    bulk_address: str = ""   # the shard's bulk-bytes TCP port, when it has one
+    bulk_address: str = ""  # the shard's bulk-bytes TCP port, when it has one
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "ShardInfo":
+    def from_json(cls, data: bytes) -> ShardInfo:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)
@@ -118,7 +121,7 @@ class CheckpointRecord:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "CheckpointRecord":
+    def from_json(cls, data: bytes) -> CheckpointRecord:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)

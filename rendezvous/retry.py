@@ -16,6 +16,7 @@ that delay would pass the deadline (the caller then gives up with its own error)
 ``stop`` event cuts a pause short, so a thread that retries still stops promptly. The
 clock and the sleep are injectable, so a schedule can be unit-tested without waiting.
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,10 +29,17 @@ class Backoff:
 
     Raises ValueError for a non-positive ``initial`` or a ``cap`` below it."""
 
-    def __init__(self, deadline: float | None, *, initial: float = 0.05, cap: float = 1.0,
-                 factor: float = 2.0, stop: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], object] = time.sleep):
+    def __init__(
+        self,
+        deadline: float | None,
+        *,
+        initial: float = 0.05,
+        cap: float = 1.0,
+        factor: float = 2.0,
+        stop: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
+    ):
         if not initial > 0 or not cap >= initial or not factor >= 1:
             raise ValueError(f"bad backoff schedule: initial={initial}, cap={cap}, factor={factor}")
         self.deadline = deadline

@@ -22,6 +22,7 @@ line, never a traceback per call. Transport failures become ``RendezvousConnecti
 a refused secret becomes ``RendezvousAuthError``. ``frame``/``unframe`` pack a JSON
 header and binary blobs into one message.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,14 @@ import grpc
 import grpc.aio
 
 from rendezvous import auth
-from rendezvous.errors import (ElasticError, NotSentError, RendezvousAuthError,
-                               RendezvousConnectionError, RendezvousError, error_class)
+from rendezvous.errors import (
+    ElasticError,
+    NotSentError,
+    RendezvousAuthError,
+    RendezvousConnectionError,
+    RendezvousError,
+    error_class,
+)
 from rendezvous.url import Endpoint
 
 log = logging.getLogger(__name__)
@@ -75,12 +82,12 @@ def unframe(message: bytes) -> tuple[dict, memoryview]:
         (head_len,) = struct.unpack_from("!I", view, 0)
         if 4 + head_len > len(view):
             raise ValueError(f"header of {head_len} bytes in a message of {len(view)}")
-        header = json.loads(bytes(view[4:4 + head_len]))
+        header = json.loads(bytes(view[4 : 4 + head_len]))
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise MalformedRequest(f"malformed message: {exc}") from None
     if not isinstance(header, dict):
         raise MalformedRequest("malformed message: the header is not an object")
-    return header, view[4 + head_len:]
+    return header, view[4 + head_len :]
 
 
 class MalformedRequest(RendezvousError, ValueError):
@@ -107,17 +114,23 @@ class ServerLimits:
     max_pending_calls: int = 20_000
 
     def __post_init__(self):
-        if self.max_message_bytes < 1024 or self.max_streams_per_connection < 1 \
-                or self.max_workers < 1 or not self.handshake_timeout > 0:
+        if (
+            self.max_message_bytes < 1024
+            or self.max_streams_per_connection < 1
+            or self.max_workers < 1
+            or not self.handshake_timeout > 0
+        ):
             raise ValueError(f"unusable server limits: {self}")
 
     def grpc_options(self) -> list[tuple[str, int]]:
-        return [("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.max_concurrent_streams", self.max_streams_per_connection),
-                ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout * 1000)),
-                ("grpc.server.max_pending_requests", self.max_pending_calls),
-                ("grpc.server.max_pending_requests_hard_limit", 2 * self.max_pending_calls)]
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout * 1000)),
+            ("grpc.server.max_pending_requests", self.max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * self.max_pending_calls),
+        ]
 
 
 class _RateLimitedLog:
@@ -141,10 +154,12 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, MalformedRequest):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, ElasticError):
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                            f"{type(exc).__name__}{_ERROR_SEPARATOR}{exc}")
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"malformed request: {type(exc).__name__}: {exc}")
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, f"{type(exc).__name__}{_ERROR_SEPARATOR}{exc}"
+        )
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(exc).__name__}: {exc}"
+    )
 
 
 class _Router(grpc.GenericRpcHandler):
@@ -165,8 +180,9 @@ class _Router(grpc.GenericRpcHandler):
             self._server._refusals.warn("auth", f"refused a call of {method}: {exc}")
             reason = f"request refused: {exc}"
 
-            async def deny(_requests, context):   # never reads the request
+            async def deny(_requests, context):  # never reads the request
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
             if handler.response_streaming:
                 return grpc.stream_stream_rpc_method_handler(deny)
             return grpc.stream_unary_rpc_method_handler(deny)
@@ -178,8 +194,13 @@ class RpcServer:
 
     Register handlers with ``add_unary``/``add_stream`` before ``start``."""
 
-    def __init__(self, service: str, secret: str, bind: str = "127.0.0.1:0",
-                 limits: ServerLimits | None = None):
+    def __init__(
+        self,
+        service: str,
+        secret: str,
+        bind: str = "127.0.0.1:0",
+        limits: ServerLimits | None = None,
+    ):
         self.service = service
         self._bind = bind
         self._limits = limits or ServerLimits()
@@ -201,14 +222,14 @@ class RpcServer:
         metadata = dict(context.invocation_metadata() or ())
         token = metadata.get(auth.RPC_METADATA_KEY, "")
         try:
-            self._verifier.check_body(token.split(".")[1], request,
-                                      metadata.get(auth.RPC_BODY_KEY))
+            self._verifier.check_body(token.split(".")[1], request, metadata.get(auth.RPC_BODY_KEY))
         except (auth.ProofRefused, IndexError) as exc:
             raise _BodyRefused(str(exc)) from None
 
     def add_unary(self, name: str, fn: UnaryHandler, *, blocking: bool = True) -> None:
         """Serve ``fn(request) -> reply``. ``blocking`` handlers run on the thread pool;
         others (quick, never waiting) run on the event loop itself."""
+
         async def handler(request: bytes, context):
             try:
                 self._check_body(context, request)
@@ -225,11 +246,13 @@ class RpcServer:
             except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
                 self._refusals.warn("malformed", f"malformed {name} request: {exc!r}")
                 await _abort(context, exc)
+
         self._handlers[f"/{self.service}/{name}"] = grpc.unary_unary_rpc_method_handler(handler)
 
     def add_stream(self, name: str, fn: StreamHandler) -> None:
         """Serve ``fn(request, context)``, an async generator of replies (it runs on the
         event loop: it must await, never block)."""
+
         async def handler(request: bytes, context):
             try:
                 self._check_body(context, request)
@@ -242,6 +265,7 @@ class RpcServer:
             except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
                 self._refusals.warn("malformed", f"malformed {name} request: {exc!r}")
                 await _abort(context, exc)
+
         self._handlers[f"/{self.service}/{name}"] = grpc.unary_stream_rpc_method_handler(handler)
 
     def start(self, timeout: float = 10.0) -> str:
@@ -250,11 +274,13 @@ class RpcServer:
         Raises:
             RendezvousError: the address cannot be bound (the message names it)."""
         bind = Endpoint.parse(self._bind, f"{self.service} bind address", allow_port_zero=True)
-        self._pool = futures.ThreadPoolExecutor(max_workers=self._limits.max_workers,
-                                                thread_name_prefix=f"rpc-{self.service}")
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=self._limits.max_workers, thread_name_prefix=f"rpc-{self.service}"
+        )
         started: futures.Future[int] = futures.Future()
-        self._thread = threading.Thread(target=self._serve, args=(started,), daemon=True,
-                                        name=f"rpc-{self.service}")
+        self._thread = threading.Thread(
+            target=self._serve, args=(started,), daemon=True, name=f"rpc-{self.service}"
+        )
         self._thread.start()
         try:
             port = started.result(timeout=timeout)
@@ -269,7 +295,7 @@ class RpcServer:
         self._loop = loop
         try:
             loop.run_until_complete(self._start(started))
-        except BaseException as exc:  # reported to start(), which raises it
+        except BaseException as exc:  # noqa: BLE001  (reported to start(), which raises it)
             if not started.done():
                 started.set_exception(exc)
         if started.exception() is None:
@@ -325,8 +351,11 @@ def translate_rpc_error(exc: grpc.RpcError, what: str) -> ElasticError:
         return NotSentError(f"{what}: unavailable: {details}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return RendezvousAuthError(f"{what}: {details}")
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED):
+    if code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+    ):
         return RendezvousConnectionError(f"{what}: {code.name.lower()}: {details}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return MalformedRequest(f"{what}: {details}")
@@ -357,14 +386,19 @@ class RpcClient:
         """The proof of the secret for one call of ``name`` with ``payload``."""
         return auth.call_metadata(self._secret, f"/{self.service}/{name}", payload)
 
-    def call(self, name: str, payload: bytes, timeout: float | None = None,
-             wait_for_ready: bool = False) -> bytes:
+    def call(
+        self, name: str, payload: bytes, timeout: float | None = None, wait_for_ready: bool = False
+    ) -> bytes:
         """One unary call. Raises the handler's typed error, RendezvousAuthError or
         RendezvousConnectionError (unreachable or past the deadline)."""
         method = self._method(self._unary, "unary_unary", name)
         try:
-            return method(payload, timeout=timeout if timeout is not None else self.timeout,
-                          metadata=self.metadata(name, payload), wait_for_ready=wait_for_ready)
+            return method(
+                payload,
+                timeout=timeout if timeout is not None else self.timeout,
+                metadata=self.metadata(name, payload),
+                wait_for_ready=wait_for_ready,
+            )
         except grpc.RpcError as exc:
             raise translate_rpc_error(exc, f"{self.service}.{name} at {self.address}") from None
 

@@ -4,6 +4,7 @@ The job secret comes from ``ELASTIC_JOB_SECRET`` (a new one is made and printed 
 unset). Prints one line ``ELASTIC_STORE_READY embedded://HOST:PORT`` once serving, then
 serves until SIGINT/SIGTERM.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,14 @@ READY_PREFIX = "ELASTIC_STORE_READY"
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rendezvous.server",
-                                     description="Serve the embedded rendezvous KV store.")
-    parser.add_argument("--bind", default="127.0.0.1:0",
-                        help="HOST:PORT to listen on (port 0: any free port; default %(default)s)")
+    parser = argparse.ArgumentParser(
+        prog="python -m rendezvous.server", description="Serve the embedded rendezvous KV store."
+    )
+    parser.add_argument(
+        "--bind",
+        default="127.0.0.1:0",
+        help="HOST:PORT to listen on (port 0: any free port; default %(default)s)",
+    )
     args = parser.parse_args(argv)
     secret = auth.secret_from_env()
     if secret is None:

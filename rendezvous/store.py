@@ -13,21 +13,30 @@ applied (``NotSentError``); an ambiguous failure (deadline passed after sending)
 is raised, because repeating a compare-and-swap that did succeed would report a
 loss for what was a win.
 """
+
 from __future__ import annotations
 
 import abc
 import base64
+import contextlib
 import logging
 import queue
 import threading
 import time
 import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, cast
 
-from rendezvous.errors import (LeaseNotFoundError, NotSentError, RendezvousClosedError,
-                               RendezvousConnectionError, RendezvousError, ValueTooLargeError,
-                               WatchCompactedError)
+from rendezvous.errors import (
+    LeaseNotFoundError,
+    NotSentError,
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    ValueTooLargeError,
+    WatchCompactedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +48,9 @@ DELETE = "delete"
 class StoreSettings:
     """How long calls may take and how much they may carry."""
 
-    request_timeout: float = 5.0        # one attempt of one call
-    retry_deadline: float = 30.0        # total time a call keeps retrying through an outage
-    connect_timeout: float = 5.0        # ``open_store(check=True)``: first contact
+    request_timeout: float = 5.0  # one attempt of one call
+    retry_deadline: float = 30.0  # total time a call keeps retrying through an outage
+    connect_timeout: float = 5.0  # ``open_store(check=True)``: first contact
     watch_reconnect_deadline: float = 60.0  # a watch gives up after this long without its store
     max_value_bytes: int = 1536 * 1024  # etcd's default request limit is 1.5 MiB
 
@@ -56,11 +65,17 @@ class KeyValue:
     lease: int = 0
 
     def to_dict(self) -> dict:
-        return {"k": self.key, "v": base64.b64encode(self.value).decode(), "c": self.create_revision,
-                "m": self.mod_revision, "n": self.version, "l": self.lease}
+        return {
+            "k": self.key,
+            "v": base64.b64encode(self.value).decode(),
+            "c": self.create_revision,
+            "m": self.mod_revision,
+            "n": self.version,
+            "l": self.lease,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KeyValue":
+    def from_dict(cls, d: dict) -> KeyValue:
         return cls(d["k"], base64.b64decode(d["v"]), d["c"], d["m"], d["n"], d["l"])
 
 
@@ -88,7 +103,7 @@ class Event:
         return {"t": self.type, "kv": self.kv.to_dict()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Event":
+    def from_dict(cls, d: dict) -> Event:
         return cls(d["t"], KeyValue.from_dict(d["kv"]))
 
 
@@ -112,11 +127,15 @@ class Compare:
             raise ValueError(f"bad compare {self.target} {self.op}")
 
     def to_dict(self) -> dict:
-        v = base64.b64encode(self.value).decode() if self.target == "value" else self.value
+        v = (
+            base64.b64encode(cast(bytes, self.value)).decode()
+            if self.target == "value"
+            else self.value
+        )
         return {"k": self.key, "t": self.target, "o": self.op, "v": v}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Compare":
+    def from_dict(cls, d: dict) -> Compare:
         v = base64.b64decode(d["v"]) if d["t"] == "value" else int(d["v"])
         return cls(d["k"], d["t"], d["o"], v)
 
@@ -128,7 +147,12 @@ class Put:
     lease: int = 0
 
     def to_dict(self) -> dict:
-        return {"op": "put", "k": self.key, "v": base64.b64encode(self.value).decode(), "l": self.lease}
+        return {
+            "op": "put",
+            "k": self.key,
+            "v": base64.b64encode(self.value).decode(),
+            "l": self.lease,
+        }
 
 
 @dataclass(frozen=True)
@@ -155,7 +179,7 @@ class TxnResult:
 class Lease:
     """A lease granted by a store; keys put with ``lease=lease.id`` vanish when it ends."""
 
-    def __init__(self, store: "KVStore", lease_id: int, ttl: int):
+    def __init__(self, store: KVStore, lease_id: int, ttl: int):
         self.store = store
         self.id = lease_id
         self.ttl = ttl
@@ -166,8 +190,9 @@ class Lease:
         """One keep-alive; returns the TTL granted. Raises LeaseNotFoundError once expired."""
         return self.store.keepalive(self.id)
 
-    def keep_alive(self, on_lost: Callable[[Exception], None] | None = None,
-                   interval: float | None = None) -> None:
+    def keep_alive(
+        self, on_lost: Callable[[Exception], None] | None = None, interval: float | None = None
+    ) -> None:
         """Refresh in a daemon thread every ``interval`` (default TTL/3) until ``revoke``.
 
         ``on_lost`` is called once if the lease is found expired, or if the store stays
@@ -204,10 +229,8 @@ class Lease:
     def revoke(self) -> None:
         """Stop refreshing and end the lease now (its keys vanish). Idempotent."""
         self.stop_keep_alive()
-        try:
+        with contextlib.suppress(LeaseNotFoundError):
             self.store.revoke(self.id)
-        except LeaseNotFoundError:
-            pass
 
 
 _WATCH_CLOSED = object()
@@ -221,7 +244,7 @@ class Watch:
     terminal error (``WatchCompactedError``, or ``RendezvousConnectionError`` after
     ``watch_reconnect_deadline`` without the store)."""
 
-    def __init__(self, store: "KVStore", prefix: str, start_revision: int):
+    def __init__(self, store: KVStore, prefix: str, start_revision: int):
         self.prefix = prefix
         self.next_revision = start_revision
         self._store = store
@@ -262,17 +285,25 @@ class Watch:
                 now = time.monotonic()
                 deadline = deadline or now + self._store.settings.watch_reconnect_deadline
                 if now > deadline:
-                    self._queue.put(RendezvousConnectionError(
-                        f"watch on {self.prefix!r} lost its store for more than "
-                        f"{self._store.settings.watch_reconnect_deadline:.0f}s: {exc}"))
+                    self._queue.put(
+                        RendezvousConnectionError(
+                            f"watch on {self.prefix!r} lost its store for more than "
+                            f"{self._store.settings.watch_reconnect_deadline:.0f}s: {exc}"
+                        )
+                    )
                     return
                 self.reconnects += 1
-                log.debug("watch %s reconnecting from revision %d: %s", self.prefix,
-                          self.next_revision, exc)
+                log.debug(
+                    "watch %s reconnecting from revision %d: %s",
+                    self.prefix,
+                    self.next_revision,
+                    exc,
+                )
                 self._store._on_connection_error(generation)
                 self._cancelled.wait(backoff)
                 backoff = min(backoff * 2, 1.0)
-            except Exception as exc:  # the client was closed under us (gRPC raises ValueError)
+            # The client was closed under us (gRPC raises ValueError).
+            except Exception as exc:  # noqa: BLE001
                 if not (self._cancelled.is_set() or self._store._closed):
                     self._queue.put(RendezvousError(f"watch on {self.prefix!r} failed: {exc!r}"))
                     return
@@ -303,9 +334,9 @@ class Watch:
             return None
         if item is _WATCH_CLOSED or isinstance(item, Exception):
             self._queue.put(item)  # keep the terminal state for the next caller
-            if item is _WATCH_CLOSED:
-                return None
-            raise item
+            if isinstance(item, Exception):
+                raise item
+            return None
         return item
 
     def __iter__(self) -> Iterator[Event]:
@@ -342,15 +373,19 @@ class KVStore(abc.ABC):
     def __init__(self, settings: StoreSettings):
         self.settings = settings
         self._closed = False
-        self._watches: "weakref.WeakSet[Watch]" = weakref.WeakSet()
+        self._watches: weakref.WeakSet[Watch] = weakref.WeakSet()
 
     # ---- what a backend implements (one attempt each; raise typed errors) ----
     @abc.abstractmethod
     def _range(self, key: str, prefix: bool) -> tuple[list[KeyValue], int]: ...
 
     @abc.abstractmethod
-    def _txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
-             failure: Sequence[Put | Delete]) -> TxnResult: ...
+    def _txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete],
+    ) -> TxnResult: ...
 
     @abc.abstractmethod
     def _grant(self, ttl: int) -> int: ...
@@ -362,8 +397,9 @@ class KVStore(abc.ABC):
     def _revoke(self, lease_id: int) -> None: ...
 
     @abc.abstractmethod
-    def _open_watch(self, prefix: str, start_revision: int
-                    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
+    def _open_watch(
+        self, prefix: str, start_revision: int
+    ) -> tuple[Iterator[tuple[list[Event], int | None]], Callable[[], None]]:
         """A stream of ``(events, progress)`` batches from ``start_revision`` and a function
         that ends it. A batch holds whole revisions; ``progress``, when not None, is a
         revision up to which the stream has sent every event of the prefix. Raises
@@ -372,7 +408,7 @@ class KVStore(abc.ABC):
     #: bumped by a backend each time it moves to another endpoint
     _endpoint_generation = 0
 
-    def _on_connection_error(self, generation: int) -> None:
+    def _on_connection_error(self, generation: int) -> None:  # noqa: B027 - optional hook
         """A call made at ``generation`` could not reach the store. A multi-endpoint
         backend moves to its next endpoint, unless another thread already did."""
 
@@ -394,7 +430,11 @@ class KVStore(abc.ABC):
                     raise RendezvousClosedError("store client is closed") from exc
                 self._on_connection_error(generation)
                 ambiguous = not isinstance(exc, NotSentError)
-                if not retry or (ambiguous and not repeatable) or time.monotonic() + backoff > deadline:
+                if (
+                    not retry
+                    or (ambiguous and not repeatable)
+                    or time.monotonic() + backoff > deadline
+                ):
                     raise
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
@@ -403,8 +443,10 @@ class KVStore(abc.ABC):
         if not isinstance(value, (bytes, bytearray)):
             raise TypeError(f"value for {key!r} must be bytes, not {type(value).__name__}")
         if len(value) > self.settings.max_value_bytes:
-            raise ValueTooLargeError(f"value for {key!r} is {len(value)} bytes, above the limit of "
-                                     f"{self.settings.max_value_bytes} bytes")
+            raise ValueTooLargeError(
+                f"value for {key!r} is {len(value)} bytes, above the limit of "
+                f"{self.settings.max_value_bytes} bytes"
+            )
 
     def get(self, key: str) -> KeyValue | None:
         kvs, _ = self._call(lambda: self._range(key, False))
@@ -421,7 +463,9 @@ class KVStore(abc.ABC):
     def put(self, key: str, value: bytes, lease: int | Lease = 0) -> int:
         """Write ``value``; returns the revision of the write."""
         self._check_value(key, value)
-        return self.txn([], [Put(key, bytes(value), _lease_id(lease))], [], _repeatable=True).revision
+        return self.txn(
+            [], [Put(key, bytes(value), _lease_id(lease))], [], _repeatable=True
+        ).revision
 
     def delete(self, key: str) -> int:
         return self.txn([], [Delete(key)], [], _repeatable=True).revision
@@ -429,26 +473,34 @@ class KVStore(abc.ABC):
     def delete_prefix(self, prefix: str) -> int:
         return self.txn([], [Delete(prefix, prefix=True)], [], _repeatable=True).revision
 
-    def txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete] = (),
-            failure: Sequence[Put | Delete] = (), _repeatable: bool = False) -> TxnResult:
+    def txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[Put | Delete] = (),
+        failure: Sequence[Put | Delete] = (),
+        _repeatable: bool = False,
+    ) -> TxnResult:
         """Apply ``success`` if every compare holds, else ``failure``, atomically at one revision."""
         for op in (*success, *failure):
             if isinstance(op, Put):
                 self._check_value(op.key, op.value)
         return self._call(lambda: self._txn(compares, success, failure), repeatable=_repeatable)
 
-    def compare_and_swap(self, key: str, value: bytes, expected_mod_revision: int,
-                         lease: int | Lease = 0) -> bool:
+    def compare_and_swap(
+        self, key: str, value: bytes, expected_mod_revision: int, lease: int | Lease = 0
+    ) -> bool:
         """Put ``value`` only if ``key``'s mod revision is ``expected_mod_revision``
         (0: only if the key does not exist). True when this call won."""
         self._check_value(key, value)
-        return self.txn([Compare(key, "mod", "==", expected_mod_revision)],
-                        [Put(key, bytes(value), _lease_id(lease))]).succeeded
+        return self.txn(
+            [Compare(key, "mod", "==", expected_mod_revision)],
+            [Put(key, bytes(value), _lease_id(lease))],
+        ).succeeded
 
-    def grant_lease(self, ttl: int) -> Lease:
-        """A new lease of ``ttl`` whole seconds (>= 1)."""
-        ttl = max(1, int(round(ttl)))
-        return Lease(self, self._call(lambda: self._grant(ttl), repeatable=True), ttl)
+    def grant_lease(self, ttl: float) -> Lease:
+        """A new lease of ``ttl`` seconds, rounded to whole seconds (at least 1)."""
+        seconds = max(1, round(ttl))
+        return Lease(self, self._call(lambda: self._grant(seconds), repeatable=True), seconds)
 
     def keepalive(self, lease_id: int, retry: bool = True) -> int:
         """Refresh a lease; returns the TTL. Raises LeaseNotFoundError once it expired."""
@@ -473,8 +525,9 @@ class KVStore(abc.ABC):
         kvs, revision = self.get_prefix(prefix)
         return kvs, self.watch_prefix(prefix, start_revision=revision + 1)
 
-    def wait_for(self, key: str, predicate: Callable[[KeyValue | None], bool], timeout: float
-                 ) -> KeyValue | None:
+    def wait_for(
+        self, key: str, predicate: Callable[[KeyValue | None], bool], timeout: float
+    ) -> KeyValue | None:
         """Block until ``predicate(current value of key)`` holds; returns that value.
 
         Raises RendezvousConnectionError (with what it waited for) when ``timeout`` passes."""
@@ -487,7 +540,9 @@ class KVStore(abc.ABC):
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise RendezvousConnectionError(f"timed out after {timeout:.1f}s waiting on {key!r}")
+                    raise RendezvousConnectionError(
+                        f"timed out after {timeout:.1f}s waiting on {key!r}"
+                    )
                 ev = watch.get(timeout=remaining)
                 if ev is None or ev.key != key:
                     continue

@@ -3,6 +3,7 @@
 ``embedded`` alone (the CLI's default) names the store the driver runs; the driver
 turns it into ``embedded://HOST:PORT`` for its workers once the server has a port.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,20 +36,21 @@ class Endpoint:
         if text.startswith("["):
             host, sep, rest = text[1:].partition("]")
             if not sep or not rest.startswith(":"):
-                raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: "
-                                            "expected [IPV6]:PORT")
+                raise RendezvousConfigError(
+                    f"bad endpoint {text!r} in {where}: expected [IPV6]:PORT"
+                )
             port_text = rest[1:]
         else:
             host, sep, port_text = text.rpartition(":")
             if not sep:
-                raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: "
-                                            "expected HOST:PORT")
+                raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: expected HOST:PORT")
         if not host or (":" in host and not text.startswith("[")) or not _HOST.fullmatch(host):
             raise RendezvousConfigError(f"bad endpoint {text!r} in {where}: missing or bad host")
         low = 0 if allow_port_zero else 1
         if not re.fullmatch(r"[0-9]{1,5}", port_text) or not low <= int(port_text) < 65536:
-            raise RendezvousConfigError(f"bad port {port_text!r} in {where}: "
-                                        f"expected a number from {low} to 65535")
+            raise RendezvousConfigError(
+                f"bad port {port_text!r} in {where}: expected a number from {low} to 65535"
+            )
         return cls(host, int(port_text))
 
     @property
@@ -77,14 +79,18 @@ def parse_endpoint(text: str, url: str) -> Endpoint:
 def parse_store_url(url: str) -> StoreURL:
     """Raises RendezvousConfigError with a one-line reason for anything malformed."""
     if not isinstance(url, str) or not url.strip():
-        raise RendezvousConfigError("empty store URL: expected 'embedded' or etcd://HOST:PORT[,...]")
+        raise RendezvousConfigError(
+            "empty store URL: expected 'embedded' or etcd://HOST:PORT[,...]"
+        )
     url = url.strip()
     if url == "embedded":
         return StoreURL("embedded", ())
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in SCHEMES:
-        raise RendezvousConfigError(f"bad store URL {url!r}: expected 'embedded', "
-                                    "embedded://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]")
+        raise RendezvousConfigError(
+            f"bad store URL {url!r}: expected 'embedded', "
+            "embedded://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]"
+        )
     parts = rest.rstrip("/").split(",")
     if not rest or any(not p.strip() for p in parts):
         raise RendezvousConfigError(f"bad store URL {url!r}: empty endpoint")

@@ -21,6 +21,7 @@ collective would look like a failure to the driver.
 
     steps.py OUT_DIR [--work K] [--samples N] [--batch B]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,12 @@ def current_round() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
-    parser.add_argument("--work", type=int, default=160,
-                        help="side of the square matrices multiplied per step (compute)")
+    parser.add_argument(
+        "--work",
+        type=int,
+        default=160,
+        help="side of the square matrices multiplied per step (compute)",
+    )
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256, help="length of the allreduced vector")
@@ -57,7 +62,8 @@ def main() -> int:
 
     worker = os.environ.get("ELASTIC_WORKER_ID", f"pid{os.getpid()}")
     stop_path = os.path.join(args.out_dir, "stop")
-    log = open(os.path.join(args.out_dir, f"{worker}.commits"), "a", buffering=1)
+    # Open for the life of the process: a worker may be SIGKILLed at any line.
+    log = open(os.path.join(args.out_dir, f"{worker}.commits"), "a", buffering=1)  # noqa: SIM115
 
     def record(ev: str, t: float | None = None, **fields) -> None:
         log.write(json.dumps({"ev": ev, "t": time.time() if t is None else t, **fields}) + "\n")
@@ -76,7 +82,7 @@ def main() -> int:
     @elastic.run
     def train(state):
         sampler = elastic.ElasticSampler(args.samples, shuffle=True, seed=1)
-        for state.epoch in range(state.epoch, 1 << 30):
+        for state.epoch in range(state.epoch, 1 << 30):  # noqa: B020 - the documented idiom
             sampler.set_epoch(state.epoch)
             for idx in sampler.batches(batch_size=args.batch, start=state.batch):
                 a @ a  # stands in for the forward/backward pass; result not needed
@@ -88,8 +94,14 @@ def main() -> int:
                 state.batch += 1
                 state.steps += 1
                 state.commit()
-                record("commit", worker=worker, rank=elastic.rank(), size=elastic.size(),
-                       round=current_round(), step=state.steps)
+                record(
+                    "commit",
+                    worker=worker,
+                    rank=elastic.rank(),
+                    size=elastic.size(),
+                    round=current_round(),
+                    step=state.steps,
+                )
                 if total[-1] > 0:
                     return
             state.batch = 0

@@ -23,6 +23,7 @@ Benchmarks only: torch is never a dependency of the project.
 
     torchrun --nproc-per-node=N ... torch_steps.py OUT_DIR [--work K]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,10 @@ def main() -> int:
 
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    log = open(os.path.join(args.out_dir, f"torch-g{restart}-rank{rank}.commits"), "a",
-               buffering=1)
+    # Open for the life of the process: a worker may be SIGKILLed at any line.
+    log = open(  # noqa: SIM115
+        os.path.join(args.out_dir, f"torch-g{restart}-rank{rank}.commits"), "a", buffering=1
+    )
 
     def record(ev: str, **fields) -> None:
         log.write(json.dumps({"ev": ev, "t": time.time(), **fields}) + "\n")
@@ -77,26 +80,35 @@ def main() -> int:
     a = torch.randn(args.work, args.work, generator=generator)
     stop_path = os.path.join(args.out_dir, "stop")
     params = list(model.parameters())
+
+    def grad_of(p: torch.Tensor) -> torch.Tensor:
+        assert p.grad is not None, "backward() gives every parameter a gradient"
+        return p.grad
+
     while True:
         a @ a  # stands in for the rest of a forward/backward pass
         lo = ((step * world + rank) * args.batch) % (args.samples - args.batch)
-        loss = model(features[lo:lo + args.batch]).pow(2).mean()
+        loss = model(features[lo : lo + args.batch]).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in params]
-                         + [torch.tensor([1.0 if os.path.exists(stop_path) else 0.0])])
+        flat = torch.cat(
+            [grad_of(p).reshape(-1) for p in params]
+            + [torch.tensor([1.0 if os.path.exists(stop_path) else 0.0])]
+        )
         dist.all_reduce(flat)
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].reshape(p.shape) / world)
+            grad_of(p).copy_(flat[offset : offset + n].reshape(p.shape) / world)
             offset += n
         optimizer.step()
         step += 1
         if rank == 0:
             tmp = f"{ckpt_path}.tmp"
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "step": step}, tmp)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                tmp,
+            )
             os.replace(tmp, ckpt_path)
         record("commit", rank=rank, size=world, round=restart, step=step)
         if flat[-1].item() > 0:
