@@ -11,12 +11,13 @@ import sys
 
 from driver.config import parse_args
 from driver.errors import DriverError, UsageError
+from driver.job import Job
 from rendezvous.errors import ElasticError
 
 PROG = "elastic-run"
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_args(argv)
@@ -26,7 +27,6 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.DEBUG if config.verbosity > 1 else
                         logging.INFO if config.verbosity else logging.WARNING,
                         format=f"{PROG}: %(levelname)s %(name)s: %(message)s")
-    from driver.job import Job
     try:
         return Job(config).run()
     except (DriverError, ElasticError) as exc:

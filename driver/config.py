@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from driver.errors import HostSpecError, UsageError
 from driver.hosts import BlacklistPolicy, HostSlots, parse_host_slots, total_slots
+from driver.launch.launchers import LAUNCHER_NAMES
 from rendezvous.url import StoreURL, parse_store_url
 
 DEFAULT_SLOTS_PER_HOST = 1
@@ -36,7 +37,6 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
-LAUNCHERS = ("auto", "local", "ssh")
 PS_MODES = ("async", "sync")
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument("--start-timeout", type=_positive_seconds, default=DEFAULT_START_TIMEOUT,
                        metavar="SEC", help="fail the job if -np workers have not registered this "
                                            "long after start (default: %(default)s)")
-    fault.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+    fault.add_argument("--launcher", choices=LAUNCHER_NAMES, default="auto",
                        help="how workers start: 'local' runs every worker on this machine "
                             "whatever its host name (handy to simulate hosts), 'ssh' runs "
                             "'ssh HOST' for every host, 'auto' uses local for this machine and "

@@ -17,7 +17,8 @@ Rules (DESIGN.md leaves them to us):
 * Protection. By default a host is never blacklisted when that would leave fewer than
   ``min_np`` slots on the usable hosts: a job that cannot shrink keeps its machines and
   replaces the dead workers instead (a one-machine job keeps its machine however often
-  its workers die). A ``HostBlacklistSkipped`` event says so.
+  its workers die). A ``HostBlacklistSkipped`` event says so. (The host events are
+  classes of the driver's event vocabulary, ``driver.events``.)
 * Blacklist state is kept per host name even while discovery no longer lists the host,
   so a flapping host cannot escape its cooldown by vanishing and coming back.
 """
@@ -26,10 +27,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 from driver.errors import HostSpecError
+from driver.events import (HostAdded, HostBlacklisted, HostBlacklistSkipped, HostEvent,
+                           HostRemoved, HostReturned, HostSlotsChanged)
 
 
 @dataclass(frozen=True)
@@ -188,88 +191,6 @@ class BlacklistPolicy:
         if not 0 <= self.cooldown_min <= self.cooldown_max:
             raise ValueError(f"need 0 <= cooldown_min <= cooldown_max, "
                              f"got {self.cooldown_min}, {self.cooldown_max}")
-
-
-# ----------------------------------------------------------------------------- events
-
-@dataclass(frozen=True)
-class HostEvent:
-    """Something that changed about a host. ``kind`` names the event in the event log."""
-
-    kind: ClassVar[str] = "host_event"
-    host: str
-
-    def as_record(self) -> dict:
-        """The event as one JSON-ready dict for the event log: ``{"event": kind, ...fields}``."""
-        return {"event": self.kind, **asdict(self)}
-
-
-@dataclass(frozen=True)
-class HostAdded(HostEvent):
-    kind: ClassVar[str] = "host_added"
-    slots: int
-
-    def __str__(self) -> str:
-        return f"host {self.host} added with {self.slots} slot(s)"
-
-
-@dataclass(frozen=True)
-class HostRemoved(HostEvent):
-    kind: ClassVar[str] = "host_removed"
-    slots: int
-
-    def __str__(self) -> str:
-        return f"host {self.host} removed (had {self.slots} slot(s))"
-
-
-@dataclass(frozen=True)
-class HostSlotsChanged(HostEvent):
-    kind: ClassVar[str] = "host_slots_changed"
-    old_slots: int
-    new_slots: int
-
-    def __str__(self) -> str:
-        return f"host {self.host} now has {self.new_slots} slot(s) (was {self.old_slots})"
-
-
-@dataclass(frozen=True)
-class HostBlacklisted(HostEvent):
-    """``failures`` worker failures within the window; out until ``until`` (``now`` scale)."""
-
-    kind: ClassVar[str] = "host_blacklisted"
-    failures: int
-    strikes: int
-    cooldown: float
-    until: float
-
-    def __str__(self) -> str:
-        return (f"host {self.host} blacklisted for {self.cooldown:g} s after {self.failures} "
-                f"worker failure(s) (strike {self.strikes})")
-
-
-@dataclass(frozen=True)
-class HostBlacklistSkipped(HostEvent):
-    """The host met the blacklisting rule but is kept: without it fewer than ``min_np``
-    slots would remain (``remaining_slots``)."""
-
-    kind: ClassVar[str] = "host_blacklist_skipped"
-    failures: int
-    remaining_slots: int
-    min_np: int
-
-    def __str__(self) -> str:
-        return (f"host {self.host} kept despite {self.failures} worker failure(s): without it "
-                f"{self.remaining_slots} slot(s) would remain, fewer than min_np {self.min_np}")
-
-
-@dataclass(frozen=True)
-class HostReturned(HostEvent):
-    """The host's cooldown ended; it is usable again (if discovery still lists it)."""
-
-    kind: ClassVar[str] = "host_back"
-
-    def __str__(self) -> str:
-        return f"host {self.host} back from the blacklist"
 
 
 # ----------------------------------------------------------------------------- manager

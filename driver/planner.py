@@ -17,7 +17,7 @@ Horovod's definitions:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence, TypeVar
 
 from driver.hosts import HostSlots
 from rendezvous.plan import Member, Plan, WorkerInfo
@@ -30,7 +30,20 @@ class WorkerSlot(NamedTuple):
     slot: int
 
 
-def slot_of(worker: WorkerInfo) -> WorkerSlot:
+class Placed(Protocol):
+    """Anything that sits in a slot: a registration, or the driver's worker record."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def slot(self) -> int: ...
+
+
+P = TypeVar("P", bound=Placed)
+
+
+def slot_of(worker: Placed) -> WorkerSlot:
     return WorkerSlot(worker.host, worker.slot)
 
 
@@ -44,11 +57,12 @@ def _slot_positions(hosts: Sequence[HostSlots]) -> dict[WorkerSlot, int]:
     return {slot: i for i, slot in enumerate(allowed_slots(hosts))}
 
 
-def displaced_workers(live: Sequence[WorkerInfo], hosts: Sequence[HostSlots]) -> tuple[WorkerInfo, ...]:
-    """Registered workers whose slot is no longer allowed (host removed or blacklisted,
-    or the host now has fewer slots). No plan includes them; the driver should stop them."""
+def displaced_workers(workers: Sequence[P], hosts: Sequence[HostSlots]) -> tuple[P, ...]:
+    """The workers (registrations or the driver's records) whose slot is no longer
+    allowed (host removed or blacklisted, or the host now has fewer slots). No plan
+    includes them; the driver stops them."""
     positions = _slot_positions(hosts)
-    return tuple(w for w in live if slot_of(w) not in positions)
+    return tuple(w for w in workers if slot_of(w) not in positions)
 
 
 def build_plan(round_id: int, workers: Sequence[WorkerInfo]) -> Plan:

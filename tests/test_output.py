@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from driver.output import MAX_LINE, OutputForwarder, format_line, worker_prefix, write_line
+from driver.launch.output import MAX_LINE, OutputForwarder, format_line, worker_prefix, write_line
 from tests.jobs import wait_until
 
 

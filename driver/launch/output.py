@@ -27,7 +27,7 @@ import io
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, Optional, TextIO, Union
+from typing import BinaryIO, Callable, TextIO, Union
 
 WRITE_LOCK = threading.Lock()
 """Held around every write of a whole line to the driver's stdout/stderr."""
@@ -39,7 +39,7 @@ Stream = Union[TextIO, BinaryIO]
 PrefixFn = Callable[[], str]
 
 
-def worker_prefix(rank: Optional[int], label: str) -> str:
+def worker_prefix(rank: int | None, label: str) -> str:
     """``[rank]`` when the rank is known, else ``[label]`` (``label`` is ``host:slot``)."""
     return f"[{rank}]" if rank is not None else f"[{label}]"
 
@@ -80,27 +80,24 @@ class OutputForwarder:
     they are when a line is written (so redirections made later are honoured).
     ``log_path``, if given, also receives every line unprefixed (a per-worker log for
     ``--log-dir``); it is opened in append mode by ``start`` (``OSError`` propagates).
-    ``on_stdout_line(line)``, if given, sees every stdout line first (from the pump
-    thread); when it returns True the line is consumed, not forwarded (how the driver
-    reads a process's machine-readable announcements, e.g. a ps shard's address).
+    Output is only ever forwarded: what the driver must know from a process comes
+    through the store, never from its output.
     """
 
-    def __init__(self, prefix_fn: PrefixFn, out: Optional[Stream] = None,
-                 err: Optional[Stream] = None, name: str = "worker",
-                 log_path: Optional[str] = None,
-                 on_stdout_line: Optional[Callable[[bytes], bool]] = None):
+    def __init__(self, prefix_fn: PrefixFn, out: Stream | None = None,
+                 err: Stream | None = None, name: str = "worker",
+                 log_path: str | None = None):
         self.prefix_fn = prefix_fn
-        self.on_stdout_line = on_stdout_line
         self._out = out
         self._err = err
         self.name = name
         self.log_path = log_path
-        self._log: Optional[BinaryIO] = None
+        self._log: BinaryIO | None = None
         self._log_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._open_pumps = 0  # the last pump to end closes the log
 
-    def start(self, stdout: Optional[BinaryIO], stderr: Optional[BinaryIO]) -> None:
+    def start(self, stdout: BinaryIO | None, stderr: BinaryIO | None) -> None:
         """Start one daemon thread per given pipe (binary, readable). Each thread closes
         its pipe at EOF."""
         if self.log_path is not None:
@@ -154,8 +151,6 @@ class OutputForwarder:
                 if not line:
                     break
                 self._log_line(line)
-                if which == "out" and self.on_stdout_line is not None and self._consumed(line):
-                    continue
                 if broken:
                     continue  # keep draining so the worker never blocks on a full pipe
                 try:
@@ -168,12 +163,6 @@ class OutputForwarder:
             except OSError:
                 pass
             self._pump_ended()
-
-    def _consumed(self, line: bytes) -> bool:
-        try:
-            return bool(self.on_stdout_line(line))
-        except Exception:  # a broken hook must not stop the pipe being drained
-            return False
 
     def _log_line(self, line: bytes) -> None:
         if self._log is None:
