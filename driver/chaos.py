@@ -6,6 +6,7 @@ table) through ``strike`` and reports each kill as a ``chaos_kill`` event. A cha
 victim's death does not count against its host's blacklist record: the host did
 nothing wrong.
 """
+
 from __future__ import annotations
 
 import random
@@ -27,8 +28,13 @@ class ChaosMonkey:
     """Calls ``on_tick`` about every ``interval`` seconds until ``max_kills`` kills were
     made (None: no limit) or ``stop``; ``seed`` makes the schedule and victims repeat."""
 
-    def __init__(self, interval: float, max_kills: int | None, on_tick: Callable[[], None],
-                 seed: int | None = None):
+    def __init__(
+        self,
+        interval: float,
+        max_kills: int | None,
+        on_tick: Callable[[], None],
+        seed: int | None = None,
+    ):
         self.interval = interval
         self.max_kills = max_kills
         self.on_tick = on_tick

@@ -4,6 +4,7 @@ Exit status: 0 when every worker of the final round exited 0; 1 with a one-line 
 when the job failed (reset limit, elastic timeout, every host blacklisted, a worker of the
 final round failed, a discovery or store error); 2 for bad arguments.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.DEBUG if config.verbosity > 1 else
-                        logging.INFO if config.verbosity else logging.WARNING,
-                        format=f"{PROG}: %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG
+        if config.verbosity > 1
+        else logging.INFO
+        if config.verbosity
+        else logging.WARNING,
+        format=f"{PROG}: %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return Job(config).run()
     except (DriverError, ElasticError) as exc:

@@ -5,6 +5,7 @@ Every class derives from ``DriverError``, itself a ``rendezvous.errors.ElasticEr
 one-line reason, and exit non-zero. Messages are single lines: they name the flag,
 script, host or file at fault.
 """
+
 from __future__ import annotations
 
 from rendezvous.errors import ElasticError

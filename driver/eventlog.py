@@ -11,22 +11,23 @@
   ``driver.launch.output.WRITE_LOCK`` (so it never splits a worker's output line).
   Quiet events reach the stream only with ``verbose``.
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
 from driver.errors import EventError, EventLogError
 from driver.events import Event, is_known
 from driver.launch.output import WRITE_LOCK
-
-
 
 
 def _json_default(value: Any) -> Any:
@@ -53,8 +54,9 @@ def encode_event(record: Mapping[str, Any]) -> bytes:
     try:
         text = json.dumps(record, default=_json_default, ensure_ascii=False, allow_nan=False)
     except ValueError:
-        text = json.dumps(_finite(record), default=_json_default, ensure_ascii=False,
-                          allow_nan=False)
+        text = json.dumps(
+            _finite(record), default=_json_default, ensure_ascii=False, allow_nan=False
+        )
     return (text + "\n").encode("utf-8", "surrogateescape")
 
 
@@ -70,8 +72,13 @@ class EventLog:
         EventLogError: the events file cannot be opened.
     """
 
-    def __init__(self, path: str | None, stream: TextIO | None = None,
-                 verbose: bool = False, prefix: str = "elastic-run"):
+    def __init__(
+        self,
+        path: str | None,
+        stream: TextIO | None = None,
+        verbose: bool = False,
+        prefix: str = "elastic-run",
+    ):
         self.path = path
         self._stream = stream
         self.verbose = verbose
@@ -82,11 +89,11 @@ class EventLog:
         self._fd: int | None = None
         if path is not None:
             try:
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-                                   0o644)
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             except OSError as e:
-                raise EventLogError(f"cannot open the events file {path!r}: "
-                                    f"{e.strerror or e}") from e
+                raise EventLogError(
+                    f"cannot open the events file {path!r}: {e.strerror or e}"
+                ) from e
 
     @property
     def stream(self) -> TextIO:
@@ -104,16 +111,18 @@ class EventLog:
         """
         if not is_known(event):
             raise EventError(f"unknown event kind {event!r}")
-        record = {"t": round(time.time(), 6), "elapsed": round(self.elapsed(), 6),
-                  "kind": event.kind, **{f.name: getattr(event, f.name) for f in fields(event)}}
+        record = {
+            "t": round(time.time(), 6),
+            "elapsed": round(self.elapsed(), 6),
+            "kind": event.kind,
+            **{f.name: getattr(event, f.name) for f in fields(event)},
+        }
         line = encode_event(record)
         with self._lock:
             if self._fd is not None:
-                try:
-                    # One write of the whole line: a crash leaves whole lines only.
+                # One write of the whole line: a crash leaves whole lines only.
+                with contextlib.suppress(OSError):
                     os.write(self._fd, line)
-                except OSError:
-                    pass
         if self.verbose or not event.quiet:
             self._print(f"{self.prefix}: {event}\n")
         return record
@@ -131,10 +140,8 @@ class EventLog:
         with self._lock:
             fd, self._fd = self._fd, None
         if fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     def __enter__(self) -> EventLog:
         return self

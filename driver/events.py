@@ -12,12 +12,14 @@ Times in fields are seconds; ``code`` is an exit code (-N: killed by signal N); 
 ``rank`` is None for a worker outside the current round. Readers may also find a
 ``step`` field (the newest committed training step) on any event; ``runplot`` draws it.
 """
+
 from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Protocol, Sequence
+from typing import Any, ClassVar, Protocol
 
 from driver.errors import EventError
 
@@ -72,9 +74,13 @@ class Event:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("__annotations__", {})
-        reserved = sorted(RESERVED_FIELDS.intersection(
-            name for name, hint in own.items() if "ClassVar" not in str(hint)))
+        # The class's own annotations (or, without any, its base's: checked already).
+        own = getattr(cls, "__annotations__", {})
+        reserved = sorted(
+            RESERVED_FIELDS.intersection(
+                name for name, hint in own.items() if "ClassVar" not in str(hint)
+            )
+        )
         if reserved:
             raise EventError(f"reserved event field(s) {reserved} in {cls.__name__}")
         kind = cls.__dict__.get("kind")
@@ -108,7 +114,7 @@ class JobStarted(Event):
     kind: ClassVar[str] = "job_started"
     quiet: ClassVar[bool] = True
     job_id: str
-    store: str            # the store URL workers use
+    store: str  # the store URL workers use
     np: int
     min_np: int
     max_np: int | None
@@ -130,8 +136,9 @@ class RoundFormed(Event):
     members: Sequence[str]
 
     def __str__(self) -> str:
-        return (f"round {self.round} formed: {_plural(self.size, 'worker')} "
-                f"in {_seconds(self.seconds)}")
+        return (
+            f"round {self.round} formed: {_plural(self.size, 'worker')} in {_seconds(self.seconds)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -153,11 +160,13 @@ class JobDone(Event):
     kind: ClassVar[str] = "job_done"
     round: int
     size: int
-    resets: int          # rounds that followed the first, not counting finishing ones
+    resets: int  # rounds that followed the first, not counting finishing ones
 
     def __str__(self) -> str:
-        return (f"job done in round {self.round} ({_plural(self.size, 'worker')}, "
-                f"{_plural(self.resets, 'reset')})")
+        return (
+            f"job done in round {self.round} ({_plural(self.size, 'worker')}, "
+            f"{_plural(self.resets, 'reset')})"
+        )
 
 
 @dataclass(frozen=True)
@@ -167,8 +176,8 @@ class JobFailure(Event):
     kind: ClassVar[str] = "job_failed"
     quiet: ClassVar[bool] = True
     reason: str
-    rounds: int          # the last round formed (0: none)
-    seconds: float       # since the job started
+    rounds: int  # the last round formed (0: none)
+    seconds: float  # since the job started
 
     def __str__(self) -> str:
         return f"job failed: {self.reason}"
@@ -292,8 +301,10 @@ class ChaosKill(Event):
     kill: int
 
     def __str__(self) -> str:
-        return (f"chaos: killed {_worker(self.host, self.slot, self.rank)} (pid {self.pid}), "
-                f"kill {self.kill}")
+        return (
+            f"chaos: killed {_worker(self.host, self.slot, self.rank)} (pid {self.pid}), "
+            f"kill {self.kill}"
+        )
 
 
 # ----------------------------------------------------------------------------- hosts
@@ -346,8 +357,10 @@ class HostBlacklisted(HostEvent):
     until: float
 
     def __str__(self) -> str:
-        return (f"host {self.host} blacklisted for {self.cooldown:g} s after {self.failures} "
-                f"worker failure(s) (strike {self.strikes})")
+        return (
+            f"host {self.host} blacklisted for {self.cooldown:g} s after {self.failures} "
+            f"worker failure(s) (strike {self.strikes})"
+        )
 
 
 @dataclass(frozen=True)
@@ -361,8 +374,10 @@ class HostBlacklistSkipped(HostEvent):
     min_np: int
 
     def __str__(self) -> str:
-        return (f"host {self.host} kept despite {self.failures} worker failure(s): without it "
-                f"{self.remaining_slots} slot(s) would remain, fewer than min_np {self.min_np}")
+        return (
+            f"host {self.host} kept despite {self.failures} worker failure(s): without it "
+            f"{self.remaining_slots} slot(s) would remain, fewer than min_np {self.min_np}"
+        )
 
 
 @dataclass(frozen=True)
@@ -435,8 +450,10 @@ class CheckpointWritten(Event):
     checkpoint: int
 
     def __str__(self) -> str:
-        return (f"checkpoint {self.checkpoint} of step {self.step} written in "
-                f"{_seconds(self.seconds)} to {self.path}")
+        return (
+            f"checkpoint {self.checkpoint} of step {self.step} written in "
+            f"{_seconds(self.seconds)} to {self.path}"
+        )
 
 
 KINDS = frozenset(_VOCABULARY)

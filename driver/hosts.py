@@ -22,17 +22,25 @@ Rules (DESIGN.md leaves them to us):
 * Blacklist state is kept per host name even while discovery no longer lists the host,
   so a flapping host cannot escape its cooldown by vanishing and coming back.
 """
+
 from __future__ import annotations
 
 import ipaddress
 import re
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from driver.errors import HostSpecError
-from driver.events import (HostAdded, HostBlacklisted, HostBlacklistSkipped, HostEvent,
-                           HostRemoved, HostReturned, HostSlotsChanged)
+from driver.events import (
+    HostAdded,
+    HostBlacklisted,
+    HostBlacklistSkipped,
+    HostEvent,
+    HostRemoved,
+    HostReturned,
+    HostSlotsChanged,
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,9 @@ class HostSlots:
         if not self.host:
             raise HostSpecError("empty host name")
         if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 1:
-            raise HostSpecError(f"bad slots {self.slots!r} for host {self.host!r} "
-                                f"(must be a whole number >= 1)")
+            raise HostSpecError(
+                f"bad slots {self.slots!r} for host {self.host!r} (must be a whole number >= 1)"
+            )
 
 
 # A DNS name or IPv4 literal: letters, digits, '-', '_', '.'; no leading '-' or '.'
@@ -80,7 +89,7 @@ def split_host(entry: str) -> tuple[str, str | None]:
         if close < 0:
             raise HostSpecError(f"missing ']' in {text!r}")
         host = _check_ipv6(text[1:close], text) if close > 1 else ""
-        rest = text[close + 1:]
+        rest = text[close + 1 :]
         if rest and not rest.startswith(":"):
             raise HostSpecError(f"unexpected {rest!r} after ']' in {text!r}")
         suffix = rest[1:] if rest else None
@@ -88,8 +97,10 @@ def split_host(entry: str) -> tuple[str, str | None]:
         try:
             host, suffix = _check_ipv6(text, text), None
         except HostSpecError:
-            raise HostSpecError(f"bad host {text!r}: more than one ':' and not an IPv6 address "
-                                f"(write IPv6 with slots as [ADDRESS]:SLOTS)") from None
+            raise HostSpecError(
+                f"bad host {text!r}: more than one ':' and not an IPv6 address "
+                f"(write IPv6 with slots as [ADDRESS]:SLOTS)"
+            ) from None
     else:
         host, sep, suffix = text.partition(":")
         if not sep:
@@ -111,8 +122,9 @@ def parse_host_slots(entry: str, default_slots: int) -> HostSlots:
         return HostSlots(host, default_slots)
     if _NUMBER.match(slots_text) and int(slots_text) >= 1:
         return HostSlots(host, int(slots_text))
-    raise HostSpecError(f"bad slots {slots_text!r} in {entry.strip()!r} "
-                        f"(must be a whole number >= 1)")
+    raise HostSpecError(
+        f"bad slots {slots_text!r} in {entry.strip()!r} (must be a whole number >= 1)"
+    )
 
 
 def total_slots(hosts: Iterable[HostSlots]) -> int:
@@ -146,12 +158,17 @@ def diff_hosts(old: Sequence[HostSlots], new: Sequence[HostSlots]) -> HostDiff:
     return HostDiff(
         added=tuple(h for h in new if h.host not in old_slots),
         removed=tuple(h for h in old if h.host not in new_slots),
-        changed=tuple((h.host, old_slots[h.host], h.slots) for h in new
-                      if h.host in old_slots and old_slots[h.host] != h.slots),
+        changed=tuple(
+            (h.host, old_slots[h.host], h.slots)
+            for h in new
+            if h.host in old_slots and old_slots[h.host] != h.slots
+        ),
     )
 
 
-def order_hosts(known_order: Sequence[str], discovered: Sequence[HostSlots]) -> tuple[HostSlots, ...]:
+def order_hosts(
+    known_order: Sequence[str], discovered: Sequence[HostSlots]
+) -> tuple[HostSlots, ...]:
     """``discovered`` in the job's stable order: hosts named in ``known_order`` first, in
     that order; the others after them, in discovery order. Slot counts are the new ones."""
     by_name = {h.host: h for h in discovered}
@@ -177,11 +194,11 @@ class BlacklistPolicy:
 
     Raises ``ValueError`` on construction if a value is out of range."""
 
-    failure_threshold: int = 3      # worker failures on one host ...
-    failure_window: float = 60.0    # ... within this many seconds blacklist it
+    failure_threshold: int = 3  # worker failures on one host ...
+    failure_window: float = 60.0  # ... within this many seconds blacklist it
     cooldown_min: float = 10.0
     cooldown_max: float = 300.0
-    protect_min_np: bool = True     # never blacklist below min_np usable slots
+    protect_min_np: bool = True  # never blacklist below min_np usable slots
 
     def __post_init__(self):
         if self.failure_threshold < 1:
@@ -189,11 +206,14 @@ class BlacklistPolicy:
         if not self.failure_window > 0:
             raise ValueError(f"failure_window must be > 0, got {self.failure_window}")
         if not 0 <= self.cooldown_min <= self.cooldown_max:
-            raise ValueError(f"need 0 <= cooldown_min <= cooldown_max, "
-                             f"got {self.cooldown_min}, {self.cooldown_max}")
+            raise ValueError(
+                f"need 0 <= cooldown_min <= cooldown_max, "
+                f"got {self.cooldown_min}, {self.cooldown_max}"
+            )
 
 
 # ----------------------------------------------------------------------------- manager
+
 
 @dataclass
 class _HostRecord:
@@ -214,7 +234,7 @@ class HostManager:
         self._policy = policy
         self._min_np = min_np
         self._max_np = max_np
-        self._hosts: tuple[HostSlots, ...] = ()   # discovered, in stable order
+        self._hosts: tuple[HostSlots, ...] = ()  # discovered, in stable order
         self._records: dict[str, _HostRecord] = {}
 
     # -- queries
@@ -255,7 +275,9 @@ class HostManager:
 
     def next_release_time(self) -> float | None:
         """The earliest end of a running cooldown (when to call ``release_expired``), or None."""
-        ends = [r.blacklisted_until for r in self._records.values() if r.blacklisted_until is not None]
+        ends = [
+            r.blacklisted_until for r in self._records.values() if r.blacklisted_until is not None
+        ]
         return min(ends) if ends else None
 
     # -- changes

@@ -2,9 +2,9 @@
 
 Each function looks at the worker records (``driver.workers``), the current plan, the
 job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
-manager's answers), the config and ``now``, and returns what to do: ``Publish``,
-``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``Report`` (an event to emit),
-``Succeed``, or nothing. None of them touches the store, a process or a clock; the
+manager's answers), the config and ``now``, and returns what to do (``driver.decisions``):
+``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``Report`` (an event to
+emit), ``CountFailure``, ``Succeed``, or nothing. None of them touches the store, a process or a clock; the
 main loop (``driver.job``) carries the decisions out. Functions that also update the
 book return a ``Step`` (the decisions and the new book).
 
@@ -39,16 +39,41 @@ The rules:
   cooldown to end, unless that is later than the job may wait anyway.
 * Wake-up (``next_wakeup``): the earliest ``Wait``, at most ``MAX_SLEEP`` away.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Mapping, NamedTuple, Sequence, Union
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 from driver import planner, workers
 from driver.config import JobConfig
-from driver.events import (Event, Waiting, WorkerExited, WorkerFailed, WorkerStopped,
-                           describe_code)
-from driver.hosts import HostManager, HostSlots
+from driver.decisions import (
+    Book,
+    CountFailure,
+    Decision,
+    Fail,
+    HostsView,
+    Kill,
+    Launch,
+    Publish,
+    Report,
+    Step,
+    Stop,
+    Succeed,
+    Wait,
+)
+from driver.events import (
+    ChaosKill,
+    FailureReported,
+    Waiting,
+    WorkerExited,
+    WorkerFailed,
+    WorkerStopped,
+    WorkerStopping,
+    describe_code,
+)
+from driver.hosts import HostSlots
 from driver.workers import WorkerRecord, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
 
@@ -76,177 +101,98 @@ MIN_SLEEP = 0.01
 Workers = Mapping[str, WorkerRecord]
 
 
-# ----------------------------------------------------------------------------- decisions
-
-
-@dataclass(frozen=True)
-class Publish:
-    """Publish ``plan`` as the next round; ``seconds`` since the change it answers."""
-    plan: Plan
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Nothing to do about ``why`` before ``until`` (unless a message comes first)."""
-    until: float
-    why: str
-
-
-@dataclass(frozen=True)
-class Fail:
-    """End the job; ``reason`` is the one line ``elastic-run`` prints."""
-    reason: str
-
-
-@dataclass(frozen=True)
-class Kill:
-    """SIGKILL the worker (it is hung or unresponsive); its exit counts as a failure."""
-    worker_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Stop the worker (SIGTERM, SIGKILL after the grace); its exit is no failure."""
-    worker_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Start a worker in slot ``slot`` of ``host``."""
-    host: str
-    slot: int
-
-
-@dataclass(frozen=True)
-class Report:
-    """Emit ``event``."""
-    event: Event
-
-
-@dataclass(frozen=True)
-class CountFailure:
-    """A worker on ``host`` failed on its own (exit ``code``): count it against the host
-    (blacklisting) and then against the failure streak (``count_failure``)."""
-    host: str
-    code: int
-
-
-@dataclass(frozen=True)
-class Succeed:
-    """The job is done: every member of round ``round`` (of ``size``) exited 0."""
-    round: int
-    size: int
-    resets: int
-
-
-Decision = Union[Publish, Wait, Fail, Kill, Stop, Launch, Report, CountFailure, Succeed]
-
-
-# ----------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class Book:
-    """What the loop remembers between decisions; replaced, never changed.
-
-    ``change_at``: when the membership first changed since the last round (the next
-    round's formation time counts from it). ``done_slots``: slots whose worker finished
-    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed."""
-
-    started_at: float
-    resets: int = 0
-    failure_streak: int = 0
-    np_registered_at: float | None = None
-    broken_since: float | None = None
-    waiting_reported: bool = False
-    member_finished_at: float | None = None
-    change_at: float | None = None
-    all_failed_rounds: frozenset[int] = frozenset()
-    done_slots: frozenset[tuple[str, int]] = frozenset()
-
-    def changed(self, now: float) -> Book:
-        """The membership changed at ``now``."""
-        return self if self.change_at is not None else replace(self, change_at=now)
-
-    def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
-        """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""
-        return replace(self, done_slots=self.done_slots | {(host, slot)},
-                       member_finished_at=now if in_round else self.member_finished_at)
-
-
-@dataclass(frozen=True)
-class HostsView:
-    """What the rules ask of the host manager, as of one moment."""
-
-    usable: tuple[HostSlots, ...]
-    blacklisted: tuple[str, ...] = ()
-    all_blacklisted: bool = False
-    next_release: float | None = None
-    available_slots: int = 0
-
-    @classmethod
-    def of(cls, hosts: HostManager) -> HostsView:
-        return cls(usable=hosts.usable_hosts, blacklisted=hosts.blacklisted_hosts,
-                   all_blacklisted=hosts.all_blacklisted, next_release=hosts.next_release_time(),
-                   available_slots=hosts.available_slots)
-
-
-class Step(NamedTuple):
-    """Decisions, and the book after them."""
-    decisions: tuple[Decision, ...]
-    book: Book
-
-
 # ----------------------------------------------------------------------------- workers
 
 
 def live_infos(workers: Workers) -> list[WorkerInfo]:
     """Registrations of the live workers, in registration order (what the planner takes)."""
-    live = sorted((r for r in workers.values() if r.live and r.info is not None),
-                  key=lambda r: r.registered_seq)
+    live = sorted(
+        (r for r in workers.values() if r.live and r.info is not None),
+        key=lambda r: r.registered_seq,
+    )
     return [r.info for r in live if r.info is not None]
 
 
-def workers_to_stop(workers: Workers, usable: Sequence[HostSlots]) -> list[Stop]:
-    """Active workers whose host or slot left the job."""
+def workers_to_stop(workers: Workers, usable: Sequence[HostSlots]) -> list[Decision]:
+    """Stop the active workers whose host or slot left the job (and say so)."""
     active = [r for r in workers.values() if r.state.active]
-    return [Stop(r.worker_id, "its host or slot left the job")
-            for r in planner.displaced_workers(active, usable)]
+    reason = "its host or slot left the job"
+    decisions: list[Decision] = []
+    for r in planner.displaced_workers(active, usable):
+        event = WorkerStopping(worker=r.worker_id, host=r.host, slot=r.slot, reason=reason)
+        decisions += [Report(event), Stop(r.worker_id, reason)]
+    return decisions
 
 
 def workers_to_kill(workers: Workers, now: float) -> list[Kill]:
     """Workers whose registration lapsed more than ``REREGISTER_GRACE`` ago."""
-    return [Kill(r.worker_id, f"its registration lapsed and it did not register again "
-                              f"within {REREGISTER_GRACE:g}s")
-            for r in workers.values()
-            if r.state is WorkerState.UNREGISTERED and now - r.since > REREGISTER_GRACE]
+    return [
+        Kill(
+            r.worker_id,
+            f"its registration lapsed and it did not register again within {REREGISTER_GRACE:g}s",
+        )
+        for r in workers.values()
+        if r.state is WorkerState.UNREGISTERED and now - r.since > REREGISTER_GRACE
+    ]
 
 
 def lapse_waits(workers: Workers) -> list[Wait]:
     """When each lapsed registration's grace ends."""
-    return [Wait(r.since + REREGISTER_GRACE, f"{r.worker_id} to register again")
-            for r in workers.values() if r.state is WorkerState.UNREGISTERED]
+    return [
+        Wait(r.since + REREGISTER_GRACE, f"{r.worker_id} to register again")
+        for r in workers.values()
+        if r.state is WorkerState.UNREGISTERED
+    ]
 
 
-def slots_to_fill(workers: Workers, usable: Sequence[HostSlots], book: Book,
-                  config: JobConfig) -> list[Launch]:
+def slots_to_fill(
+    workers: Workers, usable: Sequence[HostSlots], book: Book, config: JobConfig
+) -> list[Launch]:
     """A launch for each free slot (running workers and finished slots occupy theirs)."""
     occupied = [(r.host, r.slot) for r in workers.values() if r.state.running]
-    return [Launch(host, slot) for host, slot in planner.slots_to_fill(
-        usable, occupied + sorted(book.done_slots), config.max_np)]
+    return [
+        Launch(host, slot)
+        for host, slot in planner.slots_to_fill(
+            usable, occupied + sorted(book.done_slots), config.max_np
+        )
+    ]
 
 
-def unresponsive(workers: Workers, plan: Plan | None, suspect: str | None,
-                 round_id: object) -> Kill | None:
-    """Peers of the current round report ``suspect`` as failed: kill it if it is active
-    (it is alive but not answering: stopped, hung)."""
-    rec = workers.get(suspect) if suspect else None
-    if plan is None or round_id != plan.round_id or rec is None or not rec.state.active:
-        return None
-    return Kill(rec.worker_id, "unresponsive (reported by its peers)")
+def failure_reported(
+    workers: Workers, plan: Plan | None, report: Mapping[str, Any]
+) -> list[Decision]:
+    """A worker's failure report (``worker_id``, ``round_id``, ``reason``, ``suspect``):
+    say so, and when peers of the current round name an active worker, kill it (it is
+    alive but not answering: stopped, hung)."""
+    suspect, round_id = report.get("suspect"), report.get("round_id")
+    decisions: list[Decision] = [
+        Report(
+            FailureReported(
+                reporter=report.get("worker_id"),
+                round=round_id,
+                reason=report.get("reason"),
+                suspect=suspect,
+            )
+        )
+    ]
+    rec = workers.get(suspect) if isinstance(suspect, str) else None
+    if plan is not None and round_id == plan.round_id and rec is not None and rec.state.active:
+        decisions.append(Kill(rec.worker_id, "unresponsive (reported by its peers)"))
+    return decisions
+
+
+def chaos_kill(rec: WorkerRecord, plan: Plan | None, pid: int, kills: int) -> list[Decision]:
+    """The chaos chose ``rec`` (process ``pid``, its ``kills``-th victim): say so, kill it."""
+    member = plan.member(rec.worker_id) if plan is not None else None
+    event = ChaosKill(
+        worker=rec.worker_id,
+        host=rec.host,
+        slot=rec.slot,
+        rank=member.rank if member is not None else None,
+        pid=pid,
+        kill=kills,
+    )
+    return [Report(event), Kill(rec.worker_id, "chaos", chaos=True)]
 
 
 def chaos_candidates(workers: Workers, plan: Plan | None, book: Book) -> list[str]:
@@ -257,25 +203,37 @@ def chaos_candidates(workers: Workers, plan: Plan | None, book: Book) -> list[st
     return [m.worker_id for m in plan.members if workers[m.worker_id].state.active]
 
 
-def worker_exited(rec: WorkerRecord, code: int, plan: Plan | None, book: Book,
-                  now: float) -> tuple[WorkerRecord, Step]:
+def worker_exited(
+    rec: WorkerRecord, code: int, plan: Plan | None, book: Book, now: float
+) -> tuple[WorkerRecord, Step]:
     """The worker's process exited with ``code``: its new record, the event to report,
     and whether the failure counts (a chaos victim's does not: its host did nothing
     wrong). A member that finished starts the finish grace."""
     done = workers.exited(rec, code, now)
     member = plan.member(rec.worker_id) if plan is not None else None
     rank = member.rank if member is not None else None
-    where = {"worker": rec.worker_id, "host": rec.host, "slot": rec.slot}
+    wid, host, slot = rec.worker_id, rec.host, rec.slot
     decisions: list[Decision]
     if done.state is WorkerState.FINISHED:
-        decisions = [Report(WorkerExited(**where, code=code, rank=rank))]
-        book = book.finished(rec.host, rec.slot, member is not None, now)
+        decisions = [Report(WorkerExited(worker=wid, host=host, slot=slot, code=code, rank=rank))]
+        book = book.finished(host, slot, member is not None, now)
     elif done.state is WorkerState.STOPPED:
-        decisions = [Report(WorkerStopped(**where, code=code))]
+        decisions = [Report(WorkerStopped(worker=wid, host=host, slot=slot, code=code))]
     else:
         chaos = rec.state is WorkerState.CHAOS_KILLED
-        decisions = [Report(WorkerFailed(**where, code=code, rank=rank,
-                                         in_round=member is not None, chaos=chaos))]
+        decisions = [
+            Report(
+                WorkerFailed(
+                    worker=wid,
+                    host=host,
+                    slot=slot,
+                    code=code,
+                    rank=rank,
+                    in_round=member is not None,
+                    chaos=chaos,
+                )
+            )
+        ]
         if not chaos:
             decisions.append(CountFailure(rec.host, code))
     if member is not None:
@@ -288,17 +246,24 @@ def count_failure(book: Book, available_slots: int, code: int) -> Step:
     streak = book.failure_streak + 1
     book = replace(book, failure_streak=streak)
     if streak > max(FAILURE_STREAK_MIN, 3 * available_slots):
-        return Step((Fail(f"{streak} workers failed in a row without a round forming "
-                          f"(last exit: {describe_code(code)}); see the worker output above"),),
-                    book)
+        return Step(
+            (
+                Fail(
+                    f"{streak} workers failed in a row without a round forming "
+                    f"(last exit: {describe_code(code)}); see the worker output above"
+                ),
+            ),
+            book,
+        )
     return Step((), book)
 
 
 # ----------------------------------------------------------------------------- hosts
 
 
-def hosts_rule(workers: Workers, plan: Plan | None, book: Book, hosts: HostsView,
-               config: JobConfig, now: float) -> list[Decision]:
+def hosts_rule(
+    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+) -> list[Decision]:
     """A wait for the next cooldown to end; and when every host is blacklisted and no
     worker runs, a failure if that end is later than the job may wait."""
     release = hosts.next_release
@@ -310,16 +275,22 @@ def hosts_rule(workers: Workers, plan: Plan | None, book: Book, hosts: HostsView
             limit = since + config.elastic_timeout
             flag = "--elastic-timeout"
         if release is None or release > limit:
-            return [Fail("every host is blacklisted after repeated worker failures ("
-                         + ", ".join(hosts.blacklisted) + f") and none comes back within {flag}")]
+            return [
+                Fail(
+                    "every host is blacklisted after repeated worker failures ("
+                    + ", ".join(hosts.blacklisted)
+                    + f") and none comes back within {flag}"
+                )
+            ]
     return [Wait(release, "a blacklisted host to come back")] if release is not None else []
 
 
 # ----------------------------------------------------------------------------- rounds
 
 
-def plan_round(workers: Workers, plan: Plan | None, book: Book, hosts: HostsView,
-               config: JobConfig, now: float) -> Step:
+def plan_round(
+    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+) -> Step:
     """Whether to publish a round now, wait, or give up (see the module docstring)."""
     if book.member_finished_at is not None and now - book.member_finished_at < FINISH_GRACE:
         return Step((Wait(book.member_finished_at + FINISH_GRACE, "the others to finish"),), book)
@@ -328,13 +299,20 @@ def plan_round(workers: Workers, plan: Plan | None, book: Book, hosts: HostsView
         if len(live) < config.np:
             book = replace(book, np_registered_at=None)
             if now - book.started_at > config.start_timeout:
-                return Step((Fail(f"only {len(live)} of {config.np} workers registered within "
-                                  f"--start-timeout {config.start_timeout:g}s"),), book)
+                return Step(
+                    (
+                        Fail(
+                            f"only {len(live)} of {config.np} workers registered within "
+                            f"--start-timeout {config.start_timeout:g}s"
+                        ),
+                    ),
+                    book,
+                )
             return Step((Wait(book.started_at + config.start_timeout, "-np workers"),), book)
-        if book.np_registered_at is None:
-            book = replace(book, np_registered_at=now)
+        registered_at = book.np_registered_at if book.np_registered_at is not None else now
+        book = replace(book, np_registered_at=registered_at)
         launched = sum(1 for r in workers.values() if r.state.active)
-        grace_end = book.np_registered_at + FIRST_ROUND_GRACE
+        grace_end = registered_at + FIRST_ROUND_GRACE
         if len(live) < launched and now < grace_end:
             return Step((Wait(grace_end, "the rest of the first workers"),), book)
         min_np = config.np
@@ -344,10 +322,14 @@ def plan_round(workers: Workers, plan: Plan | None, book: Book, hosts: HostsView
     intact = plan is not None and planner.round_is_intact(plan, live, hosts.usable)
     decisions: list[Decision] = []
     if candidate is not None and planner.needs_new_round(plan, candidate):
-        joiners = [r.launched_at for r in workers.values()
-                   if r.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED)]
-        if not planner.hold_growth_for_joiners(intact, [now - t for t in joiners],
-                                               JOIN_BATCH_WINDOW):
+        joiners = [
+            r.launched_at
+            for r in workers.values()
+            if r.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED)
+        ]
+        if not planner.hold_growth_for_joiners(
+            intact, [now - t for t in joiners], JOIN_BATCH_WINDOW
+        ):
             return _publish(candidate, plan, book, config, now)
         decisions.append(Wait(max(joiners) + JOIN_BATCH_WINDOW, "new workers to register"))
     if plan is None:
@@ -357,22 +339,36 @@ def plan_round(workers: Workers, plan: Plan | None, book: Book, hosts: HostsView
     return _broken(workers, plan, book, len(live), min_np, hosts, config, now)
 
 
-def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig,
-             now: float) -> Step:
+def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig, now: float) -> Step:
     resets = book.resets
     if plan is not None and not book.done_slots:
         # (Rounds for stragglers after a member finished are not resets.)
         resets += 1
         if config.reset_limit is not None and resets > config.reset_limit:
-            return Step((Fail(f"reset limit exceeded: the job re-formed {resets} times "
-                              f"(--reset-limit {config.reset_limit})"),), book)
+            return Step(
+                (
+                    Fail(
+                        f"reset limit exceeded: the job re-formed {resets} times "
+                        f"(--reset-limit {config.reset_limit})"
+                    ),
+                ),
+                book,
+            )
     took = now - (book.change_at if book.change_at is not None else now)
     book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
     return Step((Publish(candidate, round(took, 3)),), book)
 
 
-def _broken(workers: Workers, plan: Plan, book: Book, have: int, min_np: int,
-            hosts: HostsView, config: JobConfig, now: float) -> Step:
+def _broken(
+    workers: Workers,
+    plan: Plan,
+    book: Book,
+    have: int,
+    min_np: int,
+    hosts: HostsView,
+    config: JobConfig,
+    now: float,
+) -> Step:
     """The round lost members and no plan of ``min_np`` can form yet."""
     book, failed = script_fails(workers, plan, book)
     if failed is not None:
@@ -384,17 +380,27 @@ def _broken(workers: Workers, plan: Plan, book: Book, have: int, min_np: int,
     if not book.waiting_reported:
         if now - since > WAITING_REPORT_AFTER:
             book = replace(book, waiting_reported=True)
-            decisions.append(Report(Waiting(
-                what=f"round {plan.round_id} lost workers; waiting for {min_np} to re-form "
-                     f"(have {have})", waited=round(now - since, 3))))
+            decisions.append(
+                Report(
+                    Waiting(
+                        what=f"round {plan.round_id} lost workers; waiting for {min_np} to re-form "
+                        f"(have {have})",
+                        waited=round(now - since, 3),
+                    )
+                )
+            )
         else:
             decisions.append(Wait(since + WAITING_REPORT_AFTER, "a round to re-form"))
     if now - since > config.elastic_timeout:
         blacklisted = hosts.blacklisted
-        decisions.append(Fail(f"no round of at least {min_np} workers could form within "
-                              f"--elastic-timeout {config.elastic_timeout:g}s (have {have}"
-                              + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted
-                                 else "") + ")"))
+        decisions.append(
+            Fail(
+                f"no round of at least {min_np} workers could form within "
+                f"--elastic-timeout {config.elastic_timeout:g}s (have {have}"
+                + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted else "")
+                + ")"
+            )
+        )
     else:
         decisions.append(Wait(since + config.elastic_timeout, "--elastic-timeout"))
     return Step(tuple(decisions), book)
@@ -405,16 +411,20 @@ def script_fails(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail |
     signal, no stop): the script fails deterministically, and replacing the workers
     again would only repeat it. The book remembers rounds whose members all failed."""
     members = [workers[m.worker_id] for m in plan.members]
-    if not members or not all(r.state is WorkerState.FAILED and r.exit_code is not None
-                              and r.exit_code > 0 for r in members):
+    if not members or not all(
+        r.state is WorkerState.FAILED and r.exit_code is not None and r.exit_code > 0
+        for r in members
+    ):
         return book, None
     book = replace(book, all_failed_rounds=book.all_failed_rounds | {plan.round_id})
     if plan.round_id - 1 not in book.all_failed_rounds:
         return book, None
     codes = sorted({r.exit_code for r in members if r.exit_code is not None})
-    return book, Fail(f"every worker of rounds {plan.round_id - 1} and {plan.round_id} exited "
-                      f"with an error (codes {codes}): the training script fails; see the "
-                      "worker output above")
+    return book, Fail(
+        f"every worker of rounds {plan.round_id - 1} and {plan.round_id} exited "
+        f"with an error (codes {codes}): the training script fails; see the "
+        "worker output above"
+    )
 
 
 # ----------------------------------------------------------------------------- the end
@@ -442,9 +452,11 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
     failed = [m for m in plan.members if codes[m.worker_id] != 0]
     if failed:
         m = failed[0]
-        return Fail(f"worker rank {m.rank} ({m.worker_id}) of the final round "
-                    f"{plan.round_id} exited with {codes[m.worker_id]} "
-                    "after other workers had finished")
+        return Fail(
+            f"worker rank {m.rank} ({m.worker_id}) of the final round "
+            f"{plan.round_id} exited with {codes[m.worker_id]} "
+            "after other workers had finished"
+        )
     return Succeed(round=plan.round_id, size=plan.size, resets=book.resets)
 
 

@@ -17,6 +17,7 @@ checkpoint, and clients retry until it is back. A shard dying over and over
 (``MAX_RESTARTS`` within ``RESTART_WINDOW``) ends the job through ``on_fatal``:
 restarting cannot fix whatever kills it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Callable
 
 from driver.errors import JobFailed, LauncherError
 from driver.events import CheckpointWritten, EventSink, PsExited, PsRestarted, PsStarted
@@ -43,14 +45,35 @@ MAX_RESTARTS = 10
 RESTART_WINDOW = 60.0
 
 
-def shard_command(index: int, num_shards: int, mode: str, bind_host: str,
-                  checkpoint_dir: str | None, checkpoint_interval: float) -> tuple[str, ...]:
+def shard_command(
+    index: int,
+    num_shards: int,
+    mode: str,
+    bind_host: str,
+    checkpoint_dir: str | None,
+    checkpoint_interval: float,
+) -> tuple[str, ...]:
     """The command line of shard ``index`` (pure)."""
-    command = [sys.executable, "-m", "elastic.ps.server", "--index", str(index),
-               "--num-shards", str(num_shards), "--mode", mode, "--bind", f"{bind_host}:0"]
+    command = [
+        sys.executable,
+        "-m",
+        "elastic.ps.server",
+        "--index",
+        str(index),
+        "--num-shards",
+        str(num_shards),
+        "--mode",
+        mode,
+        "--bind",
+        f"{bind_host}:0",
+    ]
     if checkpoint_dir:
-        command += ["--checkpoint-dir", checkpoint_dir,
-                    "--checkpoint-interval", str(checkpoint_interval)]
+        command += [
+            "--checkpoint-dir",
+            checkpoint_dir,
+            "--checkpoint-interval",
+            str(checkpoint_interval),
+        ]
     return tuple(command)
 
 
@@ -63,10 +86,20 @@ class PSSupervisor:
     cannot go on. ``ready_timeout``: how long ``start`` waits; ``store_patience``: how
     long the store may be unreachable before that is fatal."""
 
-    def __init__(self, commands: Sequence[tuple[str, ...]], env: Mapping[str, str], *,
-                 store: KVStore, keys: JobKeys, launcher: Launcher, events: EventSink,
-                 on_fatal: Callable[[str], None], ready_timeout: float,
-                 store_patience: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        commands: Sequence[tuple[str, ...]],
+        env: Mapping[str, str],
+        *,
+        store: KVStore,
+        keys: JobKeys,
+        launcher: Launcher,
+        events: EventSink,
+        on_fatal: Callable[[str], None],
+        ready_timeout: float,
+        store_patience: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.commands = list(commands)
         self.env = dict(env)
         self.num_shards = len(self.commands)
@@ -80,8 +113,8 @@ class PSSupervisor:
         self._clock = clock
         self._lock = threading.Condition()
         self._procs: dict[int, WorkerProcess] = {}
-        self._records: dict[int, ShardInfo] = {}   # the newest record of each shard
-        self._ready: dict[int, int] = {}           # shard -> pid announced ready
+        self._records: dict[int, ShardInfo] = {}  # the newest record of each shard
+        self._ready: dict[int, int] = {}  # shard -> pid announced ready
         self._last_checkpoint: int | None = None
         self._restarts: dict[int, deque[float]] = {i: deque() for i in range(self.num_shards)}
         self._fatal: str | None = None
@@ -97,11 +130,13 @@ class PSSupervisor:
                 cannot go on (the ``on_fatal`` reason).
             LauncherError: a shard cannot be started.
         """
-        for name, prefix, take in (("ps-shards", self._keys.ps, self._take_shard_record),
-                                   ("ps-checkpoints", self._keys.ps_checkpoint,
-                                    self._take_checkpoint)):
-            thread = threading.Thread(target=self._follow, args=(prefix, take), name=name,
-                                      daemon=True)
+        for name, prefix, take in (
+            ("ps-shards", self._keys.ps, self._take_shard_record),
+            ("ps-checkpoints", self._keys.ps_checkpoint, self._take_checkpoint),
+        ):
+            thread = threading.Thread(
+                target=self._follow, args=(prefix, take), name=name, daemon=True
+            )
             thread.start()
             self._threads.append(thread)
         for index in range(self.num_shards):
@@ -114,8 +149,10 @@ class PSSupervisor:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
                     missing = sorted(set(range(self.num_shards)) - set(self._ready))
-                    raise JobFailed(f"ps shards {missing} not ready within "
-                                    f"{self.ready_timeout:g}s (see their output above)")
+                    raise JobFailed(
+                        f"ps shards {missing} not ready within "
+                        f"{self.ready_timeout:g}s (see their output above)"
+                    )
                 self._lock.wait(min(remaining, 0.5))
 
     def stop(self) -> None:
@@ -136,10 +173,19 @@ class PSSupervisor:
             for kv in kvs:
                 take(kv)
 
-        follow_prefix(self._store, prefix, None, on_event=on_event, on_resync=on_resync,
-                      on_lost=lambda exc: self._fail(f"lost the rendezvous store while "
-                                                     f"watching the ps shards: {exc}"),
-                      stop=self._stopping, patience=self._store_patience, clock=self._clock)
+        follow_prefix(
+            self._store,
+            prefix,
+            None,
+            on_event=on_event,
+            on_resync=on_resync,
+            on_lost=lambda exc: self._fail(
+                f"lost the rendezvous store while watching the ps shards: {exc}"
+            ),
+            stop=self._stopping,
+            patience=self._store_patience,
+            clock=self._clock,
+        )
 
     def _take_shard_record(self, kv: KeyValue) -> None:
         try:
@@ -156,8 +202,13 @@ class PSSupervisor:
     def _newly_ready(self, index: int) -> ShardInfo | None:
         """The record that makes shard ``index`` ready now, or None (call under the lock)."""
         proc, info = self._procs.get(index), self._records.get(index)
-        if (proc is None or info is None or not info.ready or info.pid != proc.pid
-                or self._ready.get(index) == proc.pid):
+        if (
+            proc is None
+            or info is None
+            or not info.ready
+            or info.pid != proc.pid
+            or self._ready.get(index) == proc.pid
+        ):
             return None
         self._ready[index] = proc.pid
         self._lock.notify_all()
@@ -175,9 +226,14 @@ class PSSupervisor:
             if record.checkpoint_id == self._last_checkpoint:
                 return  # the same checkpoint, read again after a watch ended
             self._last_checkpoint = record.checkpoint_id
-        self._events.emit(CheckpointWritten(
-            step=record.step, path=record.dir, checkpoint=record.checkpoint_id,
-            seconds=round((record.pause_ms + record.write_ms) / 1e3, 3)))
+        self._events.emit(
+            CheckpointWritten(
+                step=record.step,
+                path=record.dir,
+                checkpoint=record.checkpoint_id,
+                seconds=round((record.pause_ms + record.write_ms) / 1e3, 3),
+            )
+        )
 
     # ---- one shard ----
     def _launch(self, index: int) -> bool:
@@ -186,8 +242,14 @@ class PSSupervisor:
         Raises:
             LauncherError: the shard cannot be started.
         """
-        spec = LaunchSpec(host="localhost", slot=index, command=self.commands[index],
-                          env=self.env, cwd=os.getcwd(), label=f"ps{index}")
+        spec = LaunchSpec(
+            host="localhost",
+            slot=index,
+            command=self.commands[index],
+            env=self.env,
+            cwd=os.getcwd(),
+            label=f"ps{index}",
+        )
         # Under the lock with the stopping check, so a restart racing ``stop`` cannot leave
         # a shard behind: either stop sees it, or it is never started.
         with self._lock:
@@ -198,8 +260,9 @@ class PSSupervisor:
             self._ready.pop(index, None)
             # Only a record written after this launch can make the new process ready.
             self._records.pop(index, None)
-        thread = threading.Thread(target=self._watch, args=(index, proc), daemon=True,
-                                  name=f"ps{index}-wait")
+        thread = threading.Thread(
+            target=self._watch, args=(index, proc), daemon=True, name=f"ps{index}-wait"
+        )
         thread.start()
         return True
 
@@ -214,8 +277,10 @@ class PSSupervisor:
         while history and history[0] < now - RESTART_WINDOW:
             history.popleft()
         if len(history) > MAX_RESTARTS:
-            self._fail(f"ps shard {index} died {len(history)} times within "
-                       f"{RESTART_WINDOW:g}s (last exit: {code}); giving up")
+            self._fail(
+                f"ps shard {index} died {len(history)} times within "
+                f"{RESTART_WINDOW:g}s (last exit: {code}); giving up"
+            )
             return
         try:
             if self._launch(index):

@@ -7,12 +7,14 @@ from there, retrying with ``rendezvous.retry.Backoff``; only a store unreachable
 ``patience`` seconds ends it (``on_lost``). Used by the job (registrations, failure
 reports) and by the ps supervisor (shard records, checkpoints).
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 from rendezvous.errors import RendezvousError
 from rendezvous.retry import Backoff
@@ -24,11 +26,18 @@ POLL = 0.5
 """Seconds between looks at ``stop`` while the watch is quiet."""
 
 
-def follow_prefix(store: KVStore, prefix: str, watch: Watch | None, *,
-                  on_event: Callable[[Event], None],
-                  on_resync: Callable[[Sequence[KeyValue]], None],
-                  on_lost: Callable[[Exception], None], stop: threading.Event,
-                  patience: float, clock: Callable[[], float] = time.monotonic) -> None:
+def follow_prefix(
+    store: KVStore,
+    prefix: str,
+    watch: Watch | None,
+    *,
+    on_event: Callable[[Event], None],
+    on_resync: Callable[[Sequence[KeyValue]], None],
+    on_lost: Callable[[Exception], None],
+    stop: threading.Event,
+    patience: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """Forward changes under ``prefix`` until ``stop`` is set (runs in the caller's
     thread). ``watch`` None: start with a fresh read (``on_resync``). Callbacks run in
     this thread and must not raise. Always cancels the watch before returning."""
@@ -53,10 +62,15 @@ def follow_prefix(store: KVStore, prefix: str, watch: Watch | None, *,
             watch.cancel()
 
 
-def _read_and_watch(store: KVStore, prefix: str,
-                    on_resync: Callable[[Sequence[KeyValue]], None],
-                    on_lost: Callable[[Exception], None], stop: threading.Event,
-                    patience: float, clock: Callable[[], float]) -> Watch | None:
+def _read_and_watch(
+    store: KVStore,
+    prefix: str,
+    on_resync: Callable[[Sequence[KeyValue]], None],
+    on_lost: Callable[[Exception], None],
+    stop: threading.Event,
+    patience: float,
+    clock: Callable[[], float],
+) -> Watch | None:
     backoff = Backoff.within(patience, initial=0.1, cap=1.0, stop=stop, clock=clock)
     while True:
         try:

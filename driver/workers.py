@@ -14,6 +14,7 @@ job's main loop keeps the newest per worker id. The lifecycle::
 Only REGISTERED workers can be members of a new round; LAUNCHED, REGISTERED and
 UNREGISTERED ones are *active* (the driver has not given up on them).
 """
+
 from __future__ import annotations
 
 import enum
@@ -23,15 +24,15 @@ from rendezvous.plan import WorkerInfo
 
 
 class WorkerState(enum.Enum):
-    LAUNCHED = "launched"          # started; not registered yet
-    REGISTERED = "registered"      # its registration is in the store: it can be a member
+    LAUNCHED = "launched"  # started; not registered yet
+    REGISTERED = "registered"  # its registration is in the store: it can be a member
     UNREGISTERED = "unregistered"  # its registration lapsed while its process runs
-    STOPPING = "stopping"          # the driver stops it: its exit is no failure
-    KILLED = "killed"              # SIGKILLed by the driver (hung, unresponsive)
+    STOPPING = "stopping"  # the driver stops it: its exit is no failure
+    KILLED = "killed"  # SIGKILLed by the driver (hung, unresponsive)
     CHAOS_KILLED = "chaos_killed"  # SIGKILLed by --chaos-kill-interval: not its host's fault
-    FINISHED = "finished"          # exited 0 on its own
-    FAILED = "failed"              # exited with an error or a signal (or was killed)
-    STOPPED = "stopped"            # exited after the driver stopped it
+    FINISHED = "finished"  # exited 0 on its own
+    FAILED = "failed"  # exited with an error or a signal (or was killed)
+    STOPPED = "stopped"  # exited after the driver stopped it
 
     @property
     def running(self) -> bool:
@@ -76,13 +77,15 @@ class WorkerRecord:
         return self.state is WorkerState.REGISTERED
 
 
-def registered(rec: WorkerRecord, info: WorkerInfo, created_revision: int,
-               now: float) -> WorkerRecord:
+def registered(
+    rec: WorkerRecord, info: WorkerInfo, created_revision: int, now: float
+) -> WorkerRecord:
     """Its registration was written (``created_revision``: the revision that created
     the key). A worker on its way out only has its registration noted."""
     if rec.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED):
-        return replace(rec, state=WorkerState.REGISTERED, since=now, info=info,
-                       registered_seq=created_revision)
+        return replace(
+            rec, state=WorkerState.REGISTERED, since=now, info=info, registered_seq=created_revision
+        )
     return replace(rec, info=info, registered_seq=created_revision)
 
 
@@ -100,8 +103,7 @@ def stopping(rec: WorkerRecord, now: float) -> WorkerRecord:
 
 def killed(rec: WorkerRecord, now: float, chaos: bool = False) -> WorkerRecord:
     """The driver (or, with ``chaos``, the chaos monkey) sent it SIGKILL."""
-    return replace(rec, state=WorkerState.CHAOS_KILLED if chaos else WorkerState.KILLED,
-                   since=now)
+    return replace(rec, state=WorkerState.CHAOS_KILLED if chaos else WorkerState.KILLED, since=now)
 
 
 def exited(rec: WorkerRecord, code: int, now: float) -> WorkerRecord:

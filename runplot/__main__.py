@@ -4,12 +4,13 @@ Exit status 0 when the picture was written; 1 with a one-line reason when the ev
 file cannot be read or holds no event, the picture cannot be written, or matplotlib is
 not installed (then no file is written).
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from driver.errors import PlotError
 from runplot.render import render
@@ -18,8 +19,9 @@ from runplot.timeline import build_timeline, load_events
 PROG = "runplot"
 
 
-def plot(events_path: str | Path, output: str | Path | None = None,
-         title: str | None = None) -> Path:
+def plot(
+    events_path: str | Path, output: str | Path | None = None, title: str | None = None
+) -> Path:
     """Write the picture of ``events_path`` to ``output`` (default: the events path with
     ``.svg``) and return the path written.
 
@@ -38,11 +40,17 @@ def plot(events_path: str | Path, output: str | Path | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Draw a run (world size, committed steps, failures) from an "
-                               "elastic-run --events file (needs matplotlib).")
+        prog=PROG,
+        description="Draw a run (world size, committed steps, failures) from an "
+        "elastic-run --events file (needs matplotlib).",
+    )
     parser.add_argument("events", help="the JSON-lines events file")
-    parser.add_argument("-o", "--output", help="picture to write; the format follows the "
-                        "suffix: .svg, .png, .pdf, ... (default: EVENTS with .svg)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help="picture to write; the format follows the "
+        "suffix: .svg, .png, .pdf, ... (default: EVENTS with .svg)",
+    )
     parser.add_argument("--title", help="title above the picture")
     args = parser.parse_args(argv)
     try:

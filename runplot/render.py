@@ -8,6 +8,7 @@ also gets a faint vertical guide across both panels. SVG output keeps its text a
 so the picture is searchable and small. matplotlib is used through ``Figure`` only (no
 pyplot), so drawing a run never changes the caller's backend.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,8 @@ STYLE: dict[str, tuple[str, str, bool, str]] = {  # kind: (colour, marker, fille
 WORLD_COLOUR = "#1f77b4"
 LIVE_COLOUR = "#9ecae1"
 STEP_COLOUR = "#2ca02c"
-LANE_POINTS = 880.0   # the plot's width in points, for spacing markers in the lane
-LABEL_GAP = 22.0      # round labels closer than this many points are left out
+LANE_POINTS = 880.0  # the plot's width in points, for spacing markers in the lane
+LABEL_GAP = 22.0  # round labels closer than this many points are left out
 _END_KINDS = (ev.JobDone.kind, ev.JobFailure.kind)
 
 
@@ -49,8 +50,10 @@ def _matplotlib() -> tuple[Any, Any]:
         import matplotlib
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotError("matplotlib is not installed; install it to draw a run "
-                        "(pip install matplotlib, or the package's 'plot' extra)") from None
+        raise PlotError(
+            "matplotlib is not installed; install it to draw a run "
+            "(pip install matplotlib, or the package's 'plot' extra)"
+        ) from None
     return matplotlib, Figure
 
 
@@ -68,8 +71,13 @@ def render(tl: Timeline, path: Path, title: str) -> None:
     lanes = max(rows, default=0) + 1
     heights = [0.35 * lanes, 3.0] + ([2.6] if tl.steps else [])
     fig = figure_class(figsize=(10, sum(heights) + 1.0))
-    axes = fig.subplots(len(heights), 1, sharex=True, squeeze=False,
-                        gridspec_kw={"height_ratios": heights, "hspace": 0.08})[:, 0]
+    axes = fig.subplots(
+        len(heights),
+        1,
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights, "hspace": 0.08},
+    )[:, 0]
     lane_ax, world_ax = axes[0], axes[1]
     _world(world_ax, tl, x_max)
     _markers(lane_ax, axes, tl, rows)
@@ -83,8 +91,15 @@ def render(tl: Timeline, path: Path, title: str) -> None:
         handles += h
         labels += lab
     if handles:
-        axes[-1].legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.22),
-                        ncol=4, fontsize=8, frameon=False)
+        axes[-1].legend(
+            handles,
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.22),
+            ncol=4,
+            fontsize=8,
+            frameon=False,
+        )
     fig.suptitle(title, fontsize=12, fontweight="bold")
     lane_ax.set_title(summary(tl), fontsize=9)
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "runplot"}):
@@ -95,23 +110,36 @@ def _world(ax: Any, tl: Timeline, x_max: float) -> None:
     if tl.live:
         xs = [0.0] + [x for x, _ in tl.live] + [tl.duration]
         ys = [0] + [n for _, n in tl.live] + [tl.live[-1][1]]
-        ax.step(xs, ys, where="post", color=LIVE_COLOUR, lw=1.5, ls="--",
-                label="live worker processes")
+        ax.step(
+            xs, ys, where="post", color=LIVE_COLOUR, lw=1.5, ls="--", label="live worker processes"
+        )
     if tl.world:
         xs = [0.0] + [x for x, _ in tl.world] + [tl.duration]
         ys = [0] + [s for _, s in tl.world] + [tl.world[-1][1]]
         ax.step(xs, ys, where="post", color=WORLD_COLOUR, lw=2.4, label="world size (per round)")
-        ax.plot([x for x, _ in tl.world], [s for _, s in tl.world], "o", color=WORLD_COLOUR,
-                ms=4)
+        ax.plot([x for x, _ in tl.world], [s for _, s in tl.world], "o", color=WORLD_COLOUR, ms=4)
         last = -1e9
         for (x, size), (_, rnd) in zip(tl.world, tl.rounds):
             if (x - last) * LANE_POINTS / x_max > LABEL_GAP:  # skip labels that would overlap
-                ax.annotate(f"r{rnd}", (x, size), textcoords="offset points", xytext=(3, 5),
-                            fontsize=8, color=WORLD_COLOUR)
+                ax.annotate(
+                    f"r{rnd}",
+                    (x, size),
+                    textcoords="offset points",
+                    xytext=(3, 5),
+                    fontsize=8,
+                    color=WORLD_COLOUR,
+                )
                 last = x
     else:
-        ax.text(0.5, 0.5, "no round formed", transform=ax.transAxes, ha="center",
-                va="center", color="#555555")
+        ax.text(
+            0.5,
+            0.5,
+            "no round formed",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="#555555",
+        )
     ax.set_ylabel("workers")
     ax.set_ylim(0, max([s for _, s in tl.world] + [n for _, n in tl.live] + [1]) * 1.15)
     ax.yaxis.get_major_locator().set_params(integer=True)
@@ -125,11 +153,20 @@ def _markers(lane: Any, axes: Any, tl: Timeline, rows: list[int]) -> None:
     for m, row in zip(tl.markers, rows):
         colour, shape, filled, text = STYLE[m.kind]
         for panel in axes[1:]:
-            panel.axvline(m.x, color=colour, alpha=0.4, lw=1,
-                          ls="-" if m.kind in _END_KINDS else "--")
-        lane.plot([m.x], [row], marker=shape, ls="none", ms=8, mew=2, color=colour,
-                  mfc=colour if filled else "white",
-                  label=None if m.kind in labelled else text)
+            panel.axvline(
+                m.x, color=colour, alpha=0.4, lw=1, ls="-" if m.kind in _END_KINDS else "--"
+            )
+        lane.plot(
+            [m.x],
+            [row],
+            marker=shape,
+            ls="none",
+            ms=8,
+            mew=2,
+            color=colour,
+            mfc=colour if filled else "white",
+            label=None if m.kind in labelled else text,
+        )
         labelled.add(m.kind)
     lane.set_ylim(-0.7, max(rows, default=0) + 0.7)
     lane.set_yticks([])
@@ -139,11 +176,23 @@ def _markers(lane: Any, axes: Any, tl: Timeline, rows: list[int]) -> None:
 
 
 def _steps(ax: Any, tl: Timeline) -> None:
-    ax.plot([x for x, _ in tl.steps], [s for _, s in tl.steps], color=STEP_COLOUR, lw=2,
-            label="committed step")
+    ax.plot(
+        [x for x, _ in tl.steps],
+        [s for _, s in tl.steps],
+        color=STEP_COLOUR,
+        lw=2,
+        label="committed step",
+    )
     if tl.checkpoints:
-        ax.plot([x for x, _ in tl.checkpoints], [s for _, s in tl.checkpoints], "o",
-                color=STEP_COLOUR, mfc="white", mew=1.8, label="checkpoint")
+        ax.plot(
+            [x for x, _ in tl.checkpoints],
+            [s for _, s in tl.checkpoints],
+            "o",
+            color=STEP_COLOUR,
+            mfc="white",
+            mew=1.8,
+            label="checkpoint",
+        )
     ax.set_ylabel("committed step")
     ax.set_ylim(bottom=0)
     ax.grid(True, color="#e6e6e6")

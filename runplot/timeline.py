@@ -10,13 +10,15 @@
 
 Torn or foreign lines in the events file are skipped and counted.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from driver import events as ev
 from driver.errors import PlotError
@@ -31,21 +33,34 @@ class Marker:
 @dataclass(frozen=True)
 class Timeline:
     """The series of a run (seconds since the driver started on every x)."""
+
     duration: float
-    world: tuple[tuple[float, int], ...]        # (elapsed, world size) at each round
-    rounds: tuple[tuple[float, Any], ...]       # (elapsed, round number)
-    live: tuple[tuple[float, int], ...]         # (elapsed, live worker processes)
-    steps: tuple[tuple[float, float], ...]      # (elapsed, newest committed step)
+    world: tuple[tuple[float, int], ...]  # (elapsed, world size) at each round
+    rounds: tuple[tuple[float, Any], ...]  # (elapsed, round number)
+    live: tuple[tuple[float, int], ...]  # (elapsed, live worker processes)
+    steps: tuple[tuple[float, float], ...]  # (elapsed, newest committed step)
     checkpoints: tuple[tuple[float, float], ...]
     markers: tuple[Marker, ...]
-    outcome: str                                # "done", "failed: ...", or "" (no end event)
+    outcome: str  # "done", "failed: ...", or "" (no end event)
     counts: dict[str, int] = field(default_factory=dict, hash=False)
 
 
-MARKER_KINDS = tuple(cls.kind for cls in (
-    ev.WorkerFailed, ev.ChaosKill, ev.HostBlacklisted, ev.HostAdded, ev.HostRemoved,
-    ev.HostReturned, ev.PsExited, ev.PsRestarted, ev.HostDiscoveryFailed, ev.JobDone,
-    ev.JobFailure))
+MARKER_KINDS = tuple(
+    cls.kind
+    for cls in (
+        ev.WorkerFailed,
+        ev.ChaosKill,
+        ev.HostBlacklisted,
+        ev.HostAdded,
+        ev.HostRemoved,
+        ev.HostReturned,
+        ev.PsExited,
+        ev.PsRestarted,
+        ev.HostDiscoveryFailed,
+        ev.JobDone,
+        ev.JobFailure,
+    )
+)
 _WORKER_ENDS = (ev.WorkerExited.kind, ev.WorkerFailed.kind, ev.WorkerStopped.kind)
 
 
@@ -59,8 +74,8 @@ def load_events(path: str | Path) -> tuple[list[dict], int]:
     """
     try:
         raw = Path(path).read_bytes()
-    except OSError as e:
-        raise PlotError(f"cannot read {path}: {e.strerror or e}") from e
+    except OSError as exc:
+        raise PlotError(f"cannot read {path}: {exc.strerror or exc}") from exc
     events, skipped = [], 0
     for line in raw.splitlines():
         if not line.strip():
@@ -91,9 +106,15 @@ def _number(value: Any) -> float | None:
 def build_timeline(events: Iterable[dict]) -> Timeline:
     """The series and markers of a run (pure). Events without a usable ``elapsed`` are
     ignored; the rest are taken in time order."""
-    usable = sorted((e for e in events if _number(e.get("elapsed")) is not None),
-                    key=lambda e: e["elapsed"])
-    world, rounds, live, steps, checkpoints, markers = [], [], [], [], [], []
+    usable = sorted(
+        (e for e in events if _number(e.get("elapsed")) is not None), key=lambda e: e["elapsed"]
+    )
+    world: list[tuple[float, int]] = []
+    rounds: list[tuple[float, Any]] = []
+    live: list[tuple[float, int]] = []
+    steps: list[tuple[float, float]] = []
+    checkpoints: list[tuple[float, float]] = []
+    markers: list[Marker] = []
     counts: dict[str, int] = {}
     running = 0
     outcome = ""
@@ -124,9 +145,17 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
         elif kind == ev.JobFailure.kind:
             outcome = f"failed: {e.get('reason', '?')}"
     duration = usable[-1]["elapsed"] if usable else 0.0
-    return Timeline(duration=float(duration), world=tuple(world), rounds=tuple(rounds),
-                    live=tuple(live), steps=tuple(steps), checkpoints=tuple(checkpoints),
-                    markers=tuple(markers), outcome=outcome, counts=counts)
+    return Timeline(
+        duration=float(duration),
+        world=tuple(world),
+        rounds=tuple(rounds),
+        live=tuple(live),
+        steps=tuple(steps),
+        checkpoints=tuple(checkpoints),
+        markers=tuple(markers),
+        outcome=outcome,
+        counts=counts,
+    )
 
 
 def summary(tl: Timeline) -> str:
@@ -134,9 +163,12 @@ def summary(tl: Timeline) -> str:
     done after 63s``."""
     c = tl.counts
     parts = [f"{len(tl.rounds)} round" + ("" if len(tl.rounds) == 1 else "s")]
-    for kind, word in ((ev.WorkerFailed.kind, "worker failure"), (ev.ChaosKill.kind, "chaos kill"),
-                       (ev.HostBlacklisted.kind, "blacklisting"),
-                       (ev.PsRestarted.kind, "ps restart")):
+    for kind, word in (
+        (ev.WorkerFailed.kind, "worker failure"),
+        (ev.ChaosKill.kind, "chaos kill"),
+        (ev.HostBlacklisted.kind, "blacklisting"),
+        (ev.PsRestarted.kind, "ps restart"),
+    ):
         if c.get(kind):
             parts.append(f"{c[kind]} {word}" + ("" if c[kind] == 1 else "s"))
     if tl.steps:

@@ -1,5 +1,6 @@
 """The event vocabulary (typed events, their fields and readable text) and the event log
 (JSON lines + readable stderr lines). The picture drawn from the log: test_runplot.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,6 @@ from driver.errors import EventError, EventLogError
 from driver.eventlog import EventLog
 from driver.events import describe_code
 
-
 # ----------------------------------------------------------------------------- EventLog
 
 
@@ -26,17 +26,23 @@ def test_event_log_writes_json_lines_and_text(tmp_path):
     log = EventLog(str(path), stream=stream)
     log.emit(ev.RoundFormed(round=3, size=4, seconds=0.42, members=["a", "b", "c", "d"]))
     log.emit(ev.WorkerStarted(worker="h-0-1", host="h", slot=0, pid=12))  # quiet: file only
-    log.emit(ev.WorkerFailed(worker="h-1-2", host="h", slot=1, rank=2, code=-9,
-                             reason="lease expired"))
+    log.emit(
+        ev.WorkerFailed(worker="h-1-2", host="h", slot=1, rank=2, code=-9, reason="lease expired")
+    )
     log.emit(ev.Waiting(what="2 more workers (have 2 of 4)", waited=12.5))
     # Values JSON cannot hold never crash the log (a set, a NaN).
-    log.emit(ev.CheckpointWritten(step=120, path={"odd": {1, 2}}, seconds=float("nan"),
-                                  checkpoint=7))
+    odd: typing.Any = {"odd": {1, 2}}
+    log.emit(ev.CheckpointWritten(step=120, path=odd, seconds=float("nan"), checkpoint=7))
     # Flushed per line: complete before close, as a crashed driver would leave it.
     records = [json.loads(line) for line in path.read_text().splitlines()]
     log.close()
-    assert [r["kind"] for r in records] == ["round_formed", "worker_started", "worker_failed",
-                                           "waiting", "checkpoint_written"]
+    assert [r["kind"] for r in records] == [
+        "round_formed",
+        "worker_started",
+        "worker_failed",
+        "waiting",
+        "checkpoint_written",
+    ]
     assert records[0]["round"] == 3 and records[0]["size"] == 4
     assert all(isinstance(r["t"], float) and r["t"] > 1e9 for r in records)
     elapsed = [r["elapsed"] for r in records]
@@ -60,16 +66,20 @@ def test_verbose_shows_routine_events_and_no_file_is_fine():
 def test_emit_rejects_unknown_kinds_and_reserved_fields(tmp_path):
     log = EventLog(str(tmp_path / "e.jsonl"), stream=io.StringIO())
     with pytest.raises(EventError, match="unknown event kind"):
-        log.emit("round_fromed")
+        log.emit("round_fromed")  # type: ignore[arg-type]
     with pytest.raises(EventError, match="reserved"):
+
         @dataclass(frozen=True)
         class Timed(ev.Event):
             kind: typing.ClassVar[str] = "timed"
             elapsed: float
+
     with pytest.raises(EventError, match="defined twice"):
+
         @dataclass(frozen=True)
         class Twin(ev.Event):
             kind: typing.ClassVar[str] = "job_done"
+
     assert (tmp_path / "e.jsonl").read_text() == ""
 
 
@@ -84,8 +94,9 @@ def test_concurrent_emits_leave_whole_lines(tmp_path):
 
     def emit_many(i):
         for n in range(200):
-            log.emit(ev.CheckpointWritten(step=n, path=f"w{i}" + "p" * 300, seconds=0.1,
-                                          checkpoint=i))
+            log.emit(
+                ev.CheckpointWritten(step=n, path=f"w{i}" + "p" * 300, seconds=0.1, checkpoint=i)
+            )
 
     threads = [threading.Thread(target=emit_many, args=(i,)) for i in range(4)]
     for t in threads:
@@ -120,7 +131,7 @@ def _sample(cls):
 
 def test_every_kind_has_a_class_and_a_readable_text():
     vocabulary = ev.vocabulary()
-    assert ev.KINDS == set(vocabulary) and len(ev.KINDS) == 23
+    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 23
     for kind, cls in vocabulary.items():
         assert cls.kind == kind
         event = _sample(cls)
@@ -128,16 +139,19 @@ def test_every_kind_has_a_class_and_a_readable_text():
         assert set(record) == {"t", "elapsed", "kind"} | {f.name for f in dataclasses.fields(cls)}
         text = str(event)
         assert text and "\n" not in text and not text.startswith("<")
-    assert str(ev.HostBlacklisted(host="n2", failures=3, strikes=1, cooldown=30.0, until=99.0)) \
+    assert (
+        str(ev.HostBlacklisted(host="n2", failures=3, strikes=1, cooldown=30.0, until=99.0))
         == "host n2 blacklisted for 30 s after 3 worker failure(s) (strike 1)"
+    )
     assert describe_code(0) == "exit 0" and describe_code(-15) == "killed by SIGTERM"
     assert describe_code(-99) == "killed by signal 99" and describe_code(None) == "code None"
 
 
 def test_events_carry_the_fields_readers_rely_on():
     """What tests, benchmarks and runplot read from the events file: the fields exist."""
-    fields = {cls.kind: {f.name for f in dataclasses.fields(cls)}
-              for cls in ev.vocabulary().values()}
+    fields = {
+        cls.kind: {f.name for f in dataclasses.fields(cls)} for cls in ev.vocabulary().values()
+    }
     assert {"worker", "host", "slot", "pid"} <= fields["worker_started"]
     assert {"round", "size", "seconds", "members"} <= fields["round_formed"]
     assert {"worker", "host", "slot", "code", "rank", "chaos"} <= fields["worker_failed"]

@@ -11,10 +11,25 @@ from hypothesis import strategies as st
 
 from driver.errors import HostSpecError
 from driver.eventlog import EventLog
-from driver.hosts import (BlacklistPolicy, HostAdded, HostBlacklisted, HostBlacklistSkipped,
-                          HostDiff, HostManager, HostRemoved, HostReturned, HostSlots,
-                          HostSlotsChanged, available_slots, cooldown_for, diff_hosts,
-                          order_hosts, parse_host_slots, split_host, total_slots)
+from driver.hosts import (
+    BlacklistPolicy,
+    HostAdded,
+    HostBlacklisted,
+    HostBlacklistSkipped,
+    HostDiff,
+    HostManager,
+    HostRemoved,
+    HostReturned,
+    HostSlots,
+    HostSlotsChanged,
+    available_slots,
+    cooldown_for,
+    diff_hosts,
+    order_hosts,
+    parse_host_slots,
+    split_host,
+    total_slots,
+)
 
 
 def hs(spec: str) -> tuple[HostSlots, ...]:

@@ -1,6 +1,7 @@
 """The job's main loop (``driver.job.Job``) with fake worker processes, a fake clock and a
 real embedded store: launches, registrations, rounds, exits, timers and the end of a job,
 driven turn by turn. (Real processes and real signals: test_driver_jobs.py.)"""
+
 from __future__ import annotations
 
 import itertools
@@ -18,7 +19,7 @@ from driver.messages import ChaosTick, RegistryResync, SignalReceived
 from driver.wiring import job_env, worker_env
 from driver.workers import WorkerRecord, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
-from rendezvous.store import KeyValue
+from rendezvous.store import KeyValue, KVStore
 from tests.jobs import wait_until
 
 _pids = itertools.count(40000)
@@ -100,8 +101,9 @@ def harness():
         clock = FakeClock()
         launcher = launcher or FakeLauncher()
         events = Events()
-        job = Job(parse_args([*args, "python", "train.py"]), launcher=launcher, events=events,
-                  clock=clock)
+        job = Job(
+            parse_args([*args, "python", "train.py"]), launcher=launcher, events=events, clock=clock
+        )
         made.append(job)
         job.open()
         return job, launcher, events, clock
@@ -113,21 +115,28 @@ def harness():
 
 def turn_until(job: Job, condition, what: str, timeout: float = 10.0):
     """Turn the loop until ``condition()`` holds (store watches deliver asynchronously)."""
+
     def step():
         job.turn(max_wait=0.02)
         return condition()
+
     return wait_until(step, timeout, what, interval=0)
+
+
+def store_of(job: Job) -> KVStore:
+    assert job.store is not None
+    return job.store
 
 
 def register(job: Job, worker_id: str) -> None:
     """What a worker does once it has started: write its registration."""
     rec = job.workers[worker_id]
     info = WorkerInfo(worker_id, rec.host, rec.slot, 1, f"127.0.0.1:{7000 + rec.slot}")
-    job.store.put(job.keys.worker(worker_id), info.to_json())
+    store_of(job).put(job.keys.worker(worker_id), info.to_json())
 
 
 def published(job: Job) -> Plan | None:
-    kv = job.store.get(job.keys.round)
+    kv = store_of(job).get(job.keys.round)
     return Plan.from_json(kv.value) if kv is not None else None
 
 
@@ -156,8 +165,12 @@ def test_a_job_forms_its_round_and_succeeds(harness):
 
 def test_run_returns_the_exit_status(tmp_path):
     launcher = FakeLauncher()
-    job = Job(parse_args(["-np", "1", "python", "train.py"]), launcher=launcher,
-              events=Events(), clock=FakeClock())
+    job = Job(
+        parse_args(["-np", "1", "python", "train.py"]),
+        launcher=launcher,
+        events=Events(),
+        clock=FakeClock(),
+    )
     result: list = []
     runner = threading.Thread(target=lambda: result.append(job.run()), daemon=True)
     runner.start()
@@ -182,8 +195,9 @@ def test_a_failed_member_is_replaced_and_the_round_re_forms(harness):
     (c,) = set(job.workers) - {a, b}
     assert (job.workers[c].host, job.workers[c].slot) == (job.workers[b].host, 1)
     register(job, c)
-    turn_until(job, lambda: job.plan.round_id == 2, "round 2")
-    assert published(job).worker_ids == (a, c) and job.book.resets == 1
+    turn_until(job, lambda: job.plan is not None and job.plan.round_id == 2, "round 2")
+    assert job.plan == published(job) and job.plan.worker_ids == (a, c)
+    assert job.book.resets == 1
 
 
 def test_start_timeout_on_the_fake_clock(harness):
@@ -196,8 +210,8 @@ def test_start_timeout_on_the_fake_clock(harness):
 
 def test_a_lapsed_registration_is_killed_after_the_grace(harness):
     job, launcher, _, clock = harness("-np", "2", "--min-np", "1")
-    a, b = first_round(job, 2)
-    job.store.delete(job.keys.worker(b))  # its lease expired; the process still runs
+    _, b = first_round(job, 2)
+    store_of(job).delete(job.keys.worker(b))  # its lease expired; the process still runs
     turn_until(job, lambda: job.workers[b].state is WorkerState.UNREGISTERED, "the lapse")
     clock.advance(9)
     job.turn(max_wait=0.02)
@@ -219,9 +233,17 @@ def test_chaos_kills_a_member_that_does_not_count_against_its_host(harness):
 
 
 def test_a_launch_failure_is_a_failure_of_its_host(harness):
-    job, _, events, _ = harness("-np", "1", "-H", "localhost:1,nohost:1", "--min-np", "1",
-                                "--launcher", "local",
-                                launcher=FakeLauncher(fail_hosts={"nohost"}))
+    job, _, events, _ = harness(
+        "-np",
+        "1",
+        "-H",
+        "localhost:1,nohost:1",
+        "--min-np",
+        "1",
+        "--launcher",
+        "local",
+        launcher=FakeLauncher(fail_hosts={"nohost"}),
+    )
     turn_until(job, lambda: "worker_failed" in events.kinds(), "the failed launch")
     failed = next(e for e in events if e.kind == "worker_failed")
     assert failed.host == "nohost" and failed.code is None
@@ -239,8 +261,12 @@ def test_a_signal_ends_the_job_with_its_name(harness):
 
 
 def _job_with(*worker_ids):
-    job = Job(parse_args(["-np", str(max(1, len(worker_ids))), "python", "x.py"]),
-              launcher=FakeLauncher(), events=Events(), clock=FakeClock())
+    job = Job(
+        parse_args(["-np", str(max(1, len(worker_ids))), "python", "x.py"]),
+        launcher=FakeLauncher(),
+        events=Events(),
+        clock=FakeClock(),
+    )
     for i, wid in enumerate(worker_ids):
         job.workers[wid] = WorkerRecord.launched(wid, "localhost", i, 0.0)
     return job
@@ -253,8 +279,9 @@ def _kv(job, wid, revision):
 
 def test_registry_resync_registers_and_unregisters():
     job = _job_with("a", "b", "c")
-    job.workers["b"] = workers.registered(job.workers["b"], WorkerInfo("b", "localhost", 1, 1,
-                                                                       "x:1"), 1, 0.0)
+    job.workers["b"] = workers.registered(
+        job.workers["b"], WorkerInfo("b", "localhost", 1, 1, "x:1"), 1, 0.0
+    )
     job._on_registry_resync(RegistryResync([_kv(job, "a", 5), _kv(job, "c", 6)]))
     assert job.workers["a"].info is not None and job.workers["c"].info is not None
     assert job.workers["b"].info is None and job.workers["b"].state is WorkerState.UNREGISTERED

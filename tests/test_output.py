@@ -13,7 +13,6 @@ import pytest
 from driver.launch.output import MAX_LINE, OutputForwarder, format_line, worker_prefix, write_line
 from tests.jobs import wait_until
 
-
 wait_for = wait_until  # one polling helper for every test
 
 

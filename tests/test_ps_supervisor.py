@@ -6,6 +6,7 @@ The shard here is a stand-in (a few lines of Python writing the records a real s
 writes, from the environment the supervisor gives it), so these tests prove the
 supervisor's side of the contract whatever the real shard does.
 """
+
 from __future__ import annotations
 
 import io
@@ -79,12 +80,21 @@ def supervise(embedded_server):
         environment = {**job_env(config, embedded_server.secret, url), "PYTHONPATH": str(ROOT)}
         fatal: list[str] = []
         events = Events()
-        commands = [(sys.executable, "-c", FAKE_SHARD, str(i), str(len(modes)), mode)
-                    for i, mode in enumerate(modes)]
-        sup = PSSupervisor(commands, environment, store=store, keys=keys,
-                           launcher=LocalLauncher(io.BytesIO(), io.BytesIO()), events=events,
-                           on_fatal=fatal.append, ready_timeout=ready_timeout,
-                           store_patience=30.0)
+        commands = [
+            (sys.executable, "-c", FAKE_SHARD, str(i), str(len(modes)), mode)
+            for i, mode in enumerate(modes)
+        ]
+        sup = PSSupervisor(
+            commands,
+            environment,
+            store=store,
+            keys=keys,
+            launcher=LocalLauncher(io.BytesIO(), io.BytesIO()),
+            events=events,
+            on_fatal=fatal.append,
+            ready_timeout=ready_timeout,
+            store_patience=30.0,
+        )
         made.append((sup, store))
         return sup, store, keys, events, fatal
 
@@ -102,15 +112,18 @@ def test_shards_are_ready_through_the_store_and_checkpoints_are_events(supervise
     assert started[1].address == "127.0.0.1:7101" and started[1].pid == sup._procs[1].pid
     wait_until(lambda: events.of("checkpoint_written"), 15, "the checkpoint event")
     (checkpoint,) = events.of("checkpoint_written")
-    assert (checkpoint.checkpoint, checkpoint.step, checkpoint.path, checkpoint.seconds) == \
-        (1, 10, "/ckpt", 0.025)
+    assert (checkpoint.checkpoint, checkpoint.step, checkpoint.path, checkpoint.seconds) == (
+        1,
+        10,
+        "/ckpt",
+        0.025,
+    )
 
 
 def test_a_stale_record_of_another_process_is_not_readiness(supervise):
     sup, store, keys, events, _ = supervise("serve", "restoring", ready_timeout=4.0)
     # A ready record left by a shard 1 that died: its pid is not the new process's.
-    store.put(keys.ps_shard(1), ShardInfo(1, 2, "127.0.0.1:1", pid=2 ** 22 + 7,
-                                          ready=True).to_json())
+    store.put(keys.ps_shard(1), ShardInfo(1, 2, "127.0.0.1:1", pid=2**22 + 7, ready=True).to_json())
     with pytest.raises(JobFailed, match=r"ps shards \[1\] not ready within 4s"):
         sup.start()
     assert [e.shard for e in events.of("ps_started")] == [0]
@@ -121,8 +134,11 @@ def test_a_killed_shard_is_restarted_and_ready_again_with_its_new_pid(supervise)
     sup.start()
     old = sup._procs[1].pid
     os.kill(old, signal.SIGKILL)
-    wait_until(lambda: [e for e in events.of("ps_started") if e.shard == 1 and e.pid != old],
-               30, "shard 1 ready again")
+    wait_until(
+        lambda: [e for e in events.of("ps_started") if e.shard == 1 and e.pid != old],
+        30,
+        "shard 1 ready again",
+    )
     assert [(e.shard, e.code) for e in events.of("ps_exited")] == [(1, -signal.SIGKILL)]
     assert [e.shard for e in events.of("ps_restarted")] == [1] and not fatal
 

@@ -1,5 +1,6 @@
 """The picture of a run drawn from its events file (``python -m runplot``): the timeline
 (pure), the matplotlib rendering, and the command line."""
+
 from __future__ import annotations
 
 import json
@@ -84,18 +85,29 @@ def test_timeline_from_events(tmp_path):
     assert tl.live[-1] == (20.0, 0) and max(n for _, n in tl.live) == 6
     assert [s for _, s in tl.steps] == [100, 120, 250, 400, 520]  # the ps restart is no progress
     assert tl.checkpoints == ((5.0, 100), (15.0, 400))
-    assert [m.kind for m in tl.markers] == ["chaos_kill", "worker_failed", "host_added",
-                                           "worker_failed", "host_blacklisted", "ps_exited",
-                                           "ps_restarted", "job_done"]
+    assert [m.kind for m in tl.markers] == [
+        "chaos_kill",
+        "worker_failed",
+        "host_added",
+        "worker_failed",
+        "host_blacklisted",
+        "ps_exited",
+        "ps_restarted",
+        "job_done",
+    ]
     assert tl.outcome == "done" and tl.duration == 20.1
-    assert summary(tl) == ("5 rounds, 2 worker failures, 1 chaos kill, 1 blacklisting, "
-                           "1 ps restart, last step 520; job done after 20s")
+    assert summary(tl) == (
+        "5 rounds, 2 worker failures, 1 chaos kill, 1 blacklisting, "
+        "1 ps restart, last step 520; job done after 20s"
+    )
 
 
 def test_elapsed_is_derived_from_t_when_missing(tmp_path):
     path = tmp_path / "old.jsonl"
-    path.write_text('{"t": 100.0, "kind": "round_formed", "round": 1, "size": 2}\n'
-                    '{"t": 102.5, "kind": "job_failed", "reason": "reset limit"}\n')
+    path.write_text(
+        '{"t": 100.0, "kind": "round_formed", "round": 1, "size": 2}\n'
+        '{"t": 102.5, "kind": "job_failed", "reason": "reset limit"}\n'
+    )
     tl = build_timeline(load_events(path)[0])
     assert tl.world == ((0.0, 2),) and tl.duration == 2.5
     assert tl.outcome == "failed: reset limit"
@@ -128,9 +140,14 @@ def test_svg_picture_of_a_run(tmp_path):
 
 def test_svg_without_steps_or_rounds(tmp_path):
     path = tmp_path / "run.jsonl"
-    write_events(path, [{"elapsed": 0.5, "kind": "waiting", "what": "workers"},
-                        {"elapsed": 3.0, "kind": "job_failed", "reason": "start timeout"}],
-                 torn=False)
+    write_events(
+        path,
+        [
+            {"elapsed": 0.5, "kind": "waiting", "what": "workers"},
+            {"elapsed": 3.0, "kind": "job_failed", "reason": "start timeout"},
+        ],
+        torn=False,
+    )
     texts = svg_texts(plot(path, tmp_path / "run.svg"))
     assert "no round formed" in texts and "committed step" not in texts
     assert "job failed" in texts
@@ -139,18 +156,32 @@ def test_svg_without_steps_or_rounds(tmp_path):
 def test_plot_command_line(tmp_path):
     path = tmp_path / "run.jsonl"
     write_events(path, sample_events())
-    done = subprocess.run([sys.executable, "-m", "runplot", str(path), "-o",
-                           str(tmp_path / "run.png")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "runplot", str(path), "-o", str(tmp_path / "run.png")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    default = subprocess.run([sys.executable, "-m", "runplot", str(path)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60)
+    default = subprocess.run(
+        [sys.executable, "-m", "runplot", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert default.returncode == 0 and (tmp_path / "run.svg").exists()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    failed = subprocess.run([sys.executable, "-m", "runplot", str(empty)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    failed = subprocess.run(
+        [sys.executable, "-m", "runplot", str(empty)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert failed.returncode == 1 and "no events" in failed.stderr
     with pytest.raises(PlotError):
         plot(tmp_path / "missing.jsonl")
@@ -159,10 +190,17 @@ def test_plot_command_line(tmp_path):
 def test_without_matplotlib_one_line_and_no_file(tmp_path):
     path = tmp_path / "run.jsonl"
     write_events(path, sample_events())
-    hide = ("import sys; sys.modules['matplotlib'] = None; "
-            "from runplot.__main__ import main; sys.exit(main(sys.argv[1:]))")
-    done = subprocess.run([sys.executable, "-c", hide, str(path), "-o", str(tmp_path / "x.svg")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    hide = (
+        "import sys; sys.modules['matplotlib'] = None; "
+        "from runplot.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hide, str(path), "-o", str(tmp_path / "x.svg")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "matplotlib is not installed" in lines[0], done.stderr

@@ -6,6 +6,7 @@ a ``WorkerProcess`` whose output is forwarded, prefixed, to the driver's stdout 
 stderr. Workers and ps shards are launched the same way: what the driver needs to know
 from a process (its registration, a shard's readiness) comes through the store.
 """
+
 from __future__ import annotations
 
 import abc
@@ -18,8 +19,12 @@ from driver.errors import UnknownLauncherError
 from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import SSHWorkerProcess, WorkerProcess, start_process
 from driver.launch.spec import LaunchSpec, SSHSettings
-from driver.launch.ssh_wrapper import (encode_env_block, remote_environment, ssh_argv,
-                                       ssh_remote_command)
+from driver.launch.ssh_wrapper import (
+    encode_env_block,
+    remote_environment,
+    ssh_argv,
+    ssh_remote_command,
+)
 
 LAUNCHER_NAMES = ("auto", "local", "ssh")
 """The launchers ``get_launcher`` knows, as ``--launcher`` offers them (default first)."""
@@ -66,8 +71,12 @@ class SSHLauncher(Launcher):
 
     name = "ssh"
 
-    def __init__(self, settings: SSHSettings | None = None, out: Stream | None = None,
-                 err: Stream | None = None):
+    def __init__(
+        self,
+        settings: SSHSettings | None = None,
+        out: Stream | None = None,
+        err: Stream | None = None,
+    ):
         super().__init__(out, err)
         self.settings = settings or SSHSettings()
 
@@ -90,8 +99,13 @@ class AutoLauncher(Launcher):
 
     name = "auto"
 
-    def __init__(self, settings: SSHSettings | None = None, out: Stream | None = None,
-                 err: Stream | None = None, is_local: Callable[[str], bool] | None = None):
+    def __init__(
+        self,
+        settings: SSHSettings | None = None,
+        out: Stream | None = None,
+        err: Stream | None = None,
+        is_local: Callable[[str], bool] | None = None,
+    ):
         super().__init__(out, err)
         self.local = LocalLauncher(out, err)
         self.ssh = SSHLauncher(settings, out, err)
@@ -103,9 +117,14 @@ class AutoLauncher(Launcher):
         return chosen.launch(spec, prefix)
 
 
-def get_launcher(name: str, *, ssh_settings: SSHSettings | None = None,
-                 out: Stream | None = None, err: Stream | None = None,
-                 is_local: Callable[[str], bool] | None = None) -> Launcher:
+def get_launcher(
+    name: str,
+    *,
+    ssh_settings: SSHSettings | None = None,
+    out: Stream | None = None,
+    err: Stream | None = None,
+    is_local: Callable[[str], bool] | None = None,
+) -> Launcher:
     """The launcher called ``name`` (one of ``LAUNCHER_NAMES``).
 
     Raises:
@@ -117,5 +136,6 @@ def get_launcher(name: str, *, ssh_settings: SSHSettings | None = None,
         return SSHLauncher(ssh_settings, out, err)
     if name == "auto":
         return AutoLauncher(ssh_settings, out, err, is_local)
-    raise UnknownLauncherError(f"unknown launcher {name!r} (choose from "
-                               f"{', '.join(LAUNCHER_NAMES)})")
+    raise UnknownLauncherError(
+        f"unknown launcher {name!r} (choose from {', '.join(LAUNCHER_NAMES)})"
+    )

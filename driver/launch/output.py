@@ -21,13 +21,15 @@ Guarantees:
   worker never blocks on a full pipe;
 * threads end at EOF, i.e. when the worker and every descendant holding the pipe exit.
 """
+
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, TextIO, Union
+from typing import IO, BinaryIO, Callable, TextIO, Union, cast
 
 WRITE_LOCK = threading.Lock()
 """Held around every write of a whole line to the driver's stdout/stderr."""
@@ -68,7 +70,7 @@ def write_line(stream: Stream, data: bytes) -> None:
             stream.write(data.decode("utf-8", "replace"))
             stream.flush()
         else:
-            stream.write(data)
+            cast(BinaryIO, stream).write(data)
             stream.flush()
 
 
@@ -84,9 +86,14 @@ class OutputForwarder:
     through the store, never from its output.
     """
 
-    def __init__(self, prefix_fn: PrefixFn, out: Stream | None = None,
-                 err: Stream | None = None, name: str = "worker",
-                 log_path: str | None = None):
+    def __init__(
+        self,
+        prefix_fn: PrefixFn,
+        out: Stream | None = None,
+        err: Stream | None = None,
+        name: str = "worker",
+        log_path: str | None = None,
+    ):
         self.prefix_fn = prefix_fn
         self._out = out
         self._err = err
@@ -97,19 +104,25 @@ class OutputForwarder:
         self._threads: list[threading.Thread] = []
         self._open_pumps = 0  # the last pump to end closes the log
 
-    def start(self, stdout: BinaryIO | None, stderr: BinaryIO | None) -> None:
+    def start(self, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         """Start one daemon thread per given pipe (binary, readable). Each thread closes
         its pipe at EOF."""
         if self.log_path is not None:
-            self._log = open(self.log_path, "ab", buffering=0)
-        pipes = [(pipe, which) for pipe, which in ((stdout, "out"), (stderr, "err"))
-                 if pipe is not None]
+            # Open for the pumps' lifetime; the last pump to end closes it.
+            self._log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115
+        pipes = [
+            (pipe, which) for pipe, which in ((stdout, "out"), (stderr, "err")) if pipe is not None
+        ]
         # Count every pump before starting any, so the first to end cannot close the log
         # while the other has not started yet.
         self._open_pumps = len(pipes)
         for pipe, which in pipes:
-            t = threading.Thread(target=self._pump, args=(pipe, which),
-                                 name=f"output-{self.name}-{which}", daemon=True)
+            t = threading.Thread(
+                target=self._pump,
+                args=(pipe, which),
+                name=f"output-{self.name}-{which}",
+                daemon=True,
+            )
             self._threads.append(t)
             t.start()
         if not pipes:
@@ -137,10 +150,10 @@ class OutputForwarder:
     def _prefix(self) -> str:
         try:
             return str(self.prefix_fn())
-        except Exception:  # a broken prefix must not lose the worker's output
+        except Exception:  # noqa: BLE001  (a broken prefix must not lose the worker's output)
             return f"[{self.name}]"
 
-    def _pump(self, pipe: BinaryIO, which: str) -> None:
+    def _pump(self, pipe: IO[bytes], which: str) -> None:
         broken = False
         try:
             while True:
@@ -158,10 +171,8 @@ class OutputForwarder:
                 except (OSError, ValueError):
                     broken = True  # the driver's stream is gone (closed, EPIPE)
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 pipe.close()
-            except OSError:
-                pass
             self._pump_ended()
 
     def _log_line(self, line: bytes) -> None:
@@ -183,7 +194,5 @@ class OutputForwarder:
                 return
             log, self._log = self._log, None
         if log is not None:
-            try:
+            with contextlib.suppress(OSError):
                 log.close()
-            except OSError:
-                pass

@@ -26,15 +26,18 @@ Stopping
 shards. Five seconds is what a worker needs to leave its ring and flush its output; a
 longer grace only delays the job's end when a worker ignores SIGTERM.
 """
+
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import subprocess
 import threading
 import time
-from typing import IO, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import IO
 
 from driver.errors import LaunchError
 from driver.launch.output import OutputForwarder, PrefixFn, Stream, worker_prefix
@@ -50,8 +53,13 @@ REAP_TIMEOUT = 5.0
 kernel is stuck in uninterruptible I/O)."""
 
 
-def start_process(argv: list[str], spec: LaunchSpec, environ: Mapping[str, str],
-                  cwd: str | None, stdin: int | IO[bytes] | None) -> subprocess.Popen:
+def start_process(
+    argv: list[str],
+    spec: LaunchSpec,
+    environ: Mapping[str, str],
+    cwd: str | None,
+    stdin: int | IO[bytes] | None,
+) -> subprocess.Popen:
     """``argv`` in a new session with its stdout and stderr piped.
 
     Raises:
@@ -59,13 +67,21 @@ def start_process(argv: list[str], spec: LaunchSpec, environ: Mapping[str, str],
             working directory); the message names the program and ``spec.label``.
     """
     try:
-        return subprocess.Popen(argv, cwd=cwd, env=dict(environ), stdin=stdin,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=dict(environ),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
     except OSError as e:
         where = f" in {cwd!r}" if cwd else ""
-        raise LaunchError(f"cannot start {argv[0]!r}{where} for {spec.label}: "
-                          f"{e.strerror or e}") from e
+        raise LaunchError(
+            f"cannot start {argv[0]!r}{where} for {spec.label}: {e.strerror or e}"
+        ) from e
 
 
 class WorkerProcess:
@@ -89,8 +105,10 @@ class WorkerProcess:
             self._pidfd = None
 
     def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.spec.label} pid={self.pid} "
-                f"rank={self.rank} returncode={self.returncode}>")
+        return (
+            f"<{type(self).__name__} {self.spec.label} pid={self.pid} "
+            f"rank={self.rank} returncode={self.returncode}>"
+        )
 
     @property
     def pid(self) -> int:
@@ -104,8 +122,9 @@ class WorkerProcess:
         """The current output prefix: ``[rank]``, or ``[label]`` before a rank."""
         return worker_prefix(self.rank, self.spec.label)
 
-    def forward_output(self, prefix: PrefixFn | None, out: Stream | None,
-                       err: Stream | None) -> None:
+    def forward_output(
+        self, prefix: PrefixFn | None, out: Stream | None, err: Stream | None
+    ) -> None:
         """Start forwarding the process's stdout and stderr, each line prefixed with
         ``prefix()`` (default: ``self.prefix``), and to ``spec.log_path`` if set.
 
@@ -113,8 +132,9 @@ class WorkerProcess:
             LaunchError: the log file cannot be opened; the process is then killed
                 and reaped, and its pipes closed.
         """
-        forwarder = OutputForwarder(prefix or self.prefix, out, err, name=self.spec.label,
-                                    log_path=self.spec.log_path)
+        forwarder = OutputForwarder(
+            prefix or self.prefix, out, err, name=self.spec.label, log_path=self.spec.log_path
+        )
         self.forwarder = forwarder
         try:
             forwarder.start(self._popen.stdout, self._popen.stderr)
@@ -124,8 +144,9 @@ class WorkerProcess:
             for pipe in (self._popen.stdin, self._popen.stdout, self._popen.stderr):
                 if pipe is not None:
                     pipe.close()
-            raise LaunchError(f"cannot open the output log {self.spec.log_path!r} "
-                              f"for {self.spec.label}: {e}") from e
+            raise LaunchError(
+                f"cannot open the output log {self.spec.log_path!r} for {self.spec.label}: {e}"
+            ) from e
 
     @property
     def returncode(self) -> int | None:
@@ -220,18 +241,15 @@ class WorkerProcess:
                 self._kill_group(sig)
 
     def _kill_group(self, sig: int) -> None:
-        try:
+        # The group is gone (or a stray changed user): nothing left to signal.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # the group is gone (or a stray changed user): nothing left to signal
 
     def _close_pidfd(self) -> None:
         fd, self._pidfd = self._pidfd, None
         if fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     def __del__(self):
         self._close_pidfd()
@@ -247,8 +265,12 @@ class SSHWorkerProcess(WorkerProcess):
         self._forced = False
         # Written by a thread: a large environment must not block launch() while ssh is
         # still connecting (it reads stdin only once the session is open).
-        self._env_writer = threading.Thread(target=self._send_bytes, args=(env_block, False),
-                                            name=f"ssh-env-{spec.label}", daemon=True)
+        self._env_writer = threading.Thread(
+            target=self._send_bytes,
+            args=(env_block, False),
+            name=f"ssh-env-{spec.label}",
+            daemon=True,
+        )
         self._env_writer.start()
 
     @property

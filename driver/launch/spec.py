@@ -2,12 +2,13 @@
 
 Both are frozen values validated on construction; nothing here starts a process.
 """
+
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from driver.errors import LaunchSpecError
 from rendezvous import env
@@ -35,6 +36,7 @@ class LaunchSpec:
         LaunchSpecError: an empty command, non-string arguments, a negative slot, a
             variable name that is not ``[A-Za-z_][A-Za-z0-9_]*`` or a value with NUL.
     """
+
     host: str
     slot: int
     command: tuple[str, ...]
@@ -46,8 +48,9 @@ class LaunchSpec:
     def __post_init__(self):
         command = tuple(self.command) if not isinstance(self.command, str) else None
         if not command or not all(isinstance(a, str) for a in command):
-            raise LaunchSpecError(f"command must be a non-empty sequence of strings, "
-                                  f"got {self.command!r}")
+            raise LaunchSpecError(
+                f"command must be a non-empty sequence of strings, got {self.command!r}"
+            )
         if any("\0" in a for a in command):
             raise LaunchSpecError("command arguments must not contain NUL")
         if not isinstance(self.host, str) or not self.host:
@@ -59,8 +62,9 @@ class LaunchSpec:
             if not valid_env_name(name):
                 raise LaunchSpecError(f"bad environment variable name {name!r}")
             if not isinstance(value, str) or "\0" in value:
-                raise LaunchSpecError(f"environment variable {name} must be a string "
-                                      f"without NUL, got {value!r}")
+                raise LaunchSpecError(
+                    f"environment variable {name} must be a string without NUL, got {value!r}"
+                )
         # Frozen: the normalized values are set once, here.
         object.__setattr__(self, "command", command)
         object.__setattr__(self, "env", variables)
@@ -81,6 +85,7 @@ class SSHSettings:
     Raises:
         LaunchSpecError: a value out of range.
     """
+
     port: int | None = None
     identity_file: str | None = None
     user: str | None = None

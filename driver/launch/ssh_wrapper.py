@@ -35,24 +35,51 @@ partition).
 The login shell on the host must parse ``exec /bin/sh -c '...'`` (sh, bash, dash, zsh,
 ksh, fish and csh do: the script has no newline, backslash or ``!``).
 """
+
 from __future__ import annotations
 
 import fnmatch
 import math
 import shlex
-from typing import Mapping
+from collections.abc import Mapping
 
 from driver.errors import LaunchSpecError
 from driver.launch.spec import LaunchSpec, SSHSettings, valid_env_name
 
 NOT_FORWARDED = (
     # who and where the user is on *this* machine: the remote login sets its own
-    "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "MAIL", "_",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "HOSTNAME",
+    "MAIL",
+    "_",
     "TMPDIR",
     # the driver's terminal and desktop session
-    "TERM", "TERMCAP", "COLUMNS", "LINES", "DISPLAY", "XAUTHORITY", "WINDOWID", "STY",
-    "WINDOW", "TMUX", "TMUX_PANE", "LS_COLORS", "PS1", "PS2", "PROMPT_COMMAND",
-    "SSH_*", "XDG_*", "DBUS_*", "GPG_AGENT_INFO", "KRB5CCNAME",
+    "TERM",
+    "TERMCAP",
+    "COLUMNS",
+    "LINES",
+    "DISPLAY",
+    "XAUTHORITY",
+    "WINDOWID",
+    "STY",
+    "WINDOW",
+    "TMUX",
+    "TMUX_PANE",
+    "LS_COLORS",
+    "PS1",
+    "PS2",
+    "PROMPT_COMMAND",
+    "SSH_*",
+    "XDG_*",
+    "DBUS_*",
+    "GPG_AGENT_INFO",
+    "KRB5CCNAME",
 )
 """Driver variables (``fnmatch`` patterns) never sent to an ssh worker."""
 
@@ -60,8 +87,9 @@ CONTROL_TERM = "TERM"
 CONTROL_KILL = "KILL"
 
 
-def remote_environment(spec_env: Mapping[str, str], driver_env: Mapping[str, str],
-                       settings: SSHSettings) -> dict[str, str]:
+def remote_environment(
+    spec_env: Mapping[str, str], driver_env: Mapping[str, str], settings: SSHSettings
+) -> dict[str, str]:
     """The variables an ssh worker gets on top of its login environment: the driver's
     (unless ``forward_env`` is off) minus ``NOT_FORWARDED`` and ``env_exclude`` and minus
     names a shell cannot set (e.g. ``BASH_FUNC_x%%``), then ``spec_env`` over them."""
@@ -69,8 +97,11 @@ def remote_environment(spec_env: Mapping[str, str], driver_env: Mapping[str, str
     if settings.forward_env:
         patterns = NOT_FORWARDED + settings.env_exclude
         for name, value in driver_env.items():
-            if (valid_env_name(name) and "\0" not in value
-                    and not any(fnmatch.fnmatchcase(name, p) for p in patterns)):
+            if (
+                valid_env_name(name)
+                and "\0" not in value
+                and not any(fnmatch.fnmatchcase(name, p) for p in patterns)
+            ):
                 chosen[name] = value
     chosen.update(spec_env)
     return chosen
@@ -111,10 +142,10 @@ def remote_script(command: tuple[str, ...], cwd: str, remote_grace: float) -> st
         "__er_ok=; "
         "while IFS= read -r __er_l; do "
         '[ -z "$__er_l" ] && { __er_ok=1; break; }; '
-        'case $__er_l in '
+        "case $__er_l in "
         ':*) __er_l=${__er_l#:}; __er_v=$(printf %bx "${__er_l#*=}"); __er_v=${__er_v%x} ;; '
-        '*) __er_v=${__er_l#*=} ;; '
-        'esac; '
+        "*) __er_v=${__er_l#*=} ;; "
+        "esac; "
         'export "${__er_l%%=*}=$__er_v"; '
         "done; "
         '[ -n "$__er_ok" ] || exit 125; '
@@ -123,10 +154,10 @@ def remote_script(command: tuple[str, ...], cwd: str, remote_grace: float) -> st
     watchdog = (
         "( trap '' TERM; PATH=/usr/bin:/bin:$PATH; "
         "while IFS= read -r __er_c; do "
-        f'case $__er_c in {CONTROL_TERM}) kill -TERM 0 ;; {CONTROL_KILL}) kill -KILL 0 ;; esac; '
+        f"case $__er_c in {CONTROL_TERM}) kill -TERM 0 ;; {CONTROL_KILL}) kill -KILL 0 ;; esac; "
         "done; "
         "kill -TERM 0; __er_i=0; "
-        f'while [ $__er_i -lt {grace} ] && kill -0 $$ 2>/dev/null; do '
+        f"while [ $__er_i -lt {grace} ] && kill -0 $$ 2>/dev/null; do "
         "sleep 1; __er_i=$((__er_i+1)); done; "
         # fd 3: a background list's stdin would be /dev/null without job control.
         "kill -KILL 0 ) <&3 >/dev/null 2>&1 3<&- & "
@@ -151,15 +182,25 @@ def ssh_argv(host: str, remote_command: str, settings: SSHSettings) -> list[str]
     """
     if not host or host.startswith("-") or any(c.isspace() for c in host):
         raise LaunchSpecError(f"bad ssh host {host!r}")
-    argv = [settings.ssh_binary, *settings.extra_options,
-            "-T", "-x",
-            "-o", "BatchMode=yes",
-            "-o", "StrictHostKeyChecking=no",
-            # Hides "Permanently added ... to the list of known hosts" on every worker.
-            "-o", "LogLevel=ERROR",
-            "-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}",
-            "-o", f"ServerAliveInterval={max(1, math.ceil(settings.server_alive_interval))}",
-            "-o", f"ServerAliveCountMax={settings.server_alive_count}"]
+    argv = [
+        settings.ssh_binary,
+        *settings.extra_options,
+        "-T",
+        "-x",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        # Hides "Permanently added ... to the list of known hosts" on every worker.
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}",
+        "-o",
+        f"ServerAliveInterval={max(1, math.ceil(settings.server_alive_interval))}",
+        "-o",
+        f"ServerAliveCountMax={settings.server_alive_count}",
+    ]
     if settings.port is not None:
         argv += ["-p", str(settings.port)]
     if settings.identity_file is not None:
