@@ -4,15 +4,16 @@ the rules need (pure values; no process, no clock).
 A record is replaced, never changed: each transition below returns a new one, and the
 job's main loop keeps the newest per worker id. The lifecycle::
 
-    LAUNCHED --registered--> REGISTERED <--registered-- UNREGISTERED
-                                 |-----registration lapsed----^
-    LAUNCHED/REGISTERED/UNREGISTERED --stop--> STOPPING --exit--> STOPPED
-                                     --kill--> KILLED, CHAOS_KILLED --exit--> FAILED
-    any running state --exit 0--> FINISHED    --exit != 0--> FAILED
+    LAUNCHED ----registered---> REGISTERED ---registration lapsed---> UNREGISTERED
+                                    ^------------registered again-----------'
+    active (LAUNCHED, REGISTERED, UNREGISTERED) --stop--> STOPPING
+    active --kill--> KILLED         active --chaos kill--> CHAOS_KILLED
+    STOPPING --exit, any code--> STOPPED
+    any other running state --exit 0--> FINISHED, --any other exit--> FAILED
 
-(a STOPPING worker always ends STOPPED, whatever its code: the driver asked it to go).
-Only REGISTERED workers can be members of a new round; LAUNCHED, REGISTERED and
-UNREGISTERED ones are *active* (the driver has not given up on them).
+Only REGISTERED workers can be members of a new round. A worker the driver stops or
+kills stops being a candidate at once, not when its exit is seen: the driver has given
+up on it. A chaos victim's failure is not held against its host.
 """
 
 from __future__ import annotations

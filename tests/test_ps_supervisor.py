@@ -121,12 +121,22 @@ def test_shards_are_ready_through_the_store_and_checkpoints_are_events(supervise
 
 
 def test_a_stale_record_of_another_process_is_not_readiness(supervise):
-    sup, store, keys, events, _ = supervise("serve", "restoring", ready_timeout=4.0)
-    # A ready record left by a shard 1 that died: its pid is not the new process's.
-    store.put(keys.ps_shard(1), ShardInfo(1, 2, "127.0.0.1:1", pid=2**22 + 7, ready=True).to_json())
-    with pytest.raises(JobFailed, match=r"ps shards \[1\] not ready within 4s"):
+    sup, store, keys, events, _ = supervise("restoring", ready_timeout=3.0)
+    # A ready record left by a shard 0 that died: its pid is not the new process's.
+    stale = ShardInfo(0, 1, "127.0.0.1:1", pid=2**22 + 7, ready=True)
+    store.put(keys.ps_shard(0), stale.to_json())
+    with pytest.raises(JobFailed, match=r"ps shards \[0\] not ready within 3s"):
         sup.start()
-    assert [e.shard for e in events.of("ps_started")] == [0]
+    # Nor is the new process's own record while it says it is restoring.
+    pid = sup._procs[0].pid
+
+    def own_record():
+        kv = store.get(keys.ps_shard(0))
+        return kv is not None and ShardInfo.from_json(kv.value).pid == pid
+
+    wait_until(own_record, 30, "the shard's own record")
+    sup._take_shard_record(store.get(keys.ps_shard(0)))
+    assert events.of("ps_started") == []
 
 
 def test_a_killed_shard_is_restarted_and_ready_again_with_its_new_pid(supervise):

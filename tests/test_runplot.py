@@ -153,35 +153,27 @@ def test_svg_without_steps_or_rounds(tmp_path):
     assert "job failed" in texts
 
 
+def run_plot(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runplot", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_plot_command_line(tmp_path):
     path = tmp_path / "run.jsonl"
     write_events(path, sample_events())
-    done = subprocess.run(
-        [sys.executable, "-m", "runplot", str(path), "-o", str(tmp_path / "run.png")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_plot(str(path), "-o", str(tmp_path / "run.png"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    default = subprocess.run(
-        [sys.executable, "-m", "runplot", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    default = run_plot(str(path))
     assert default.returncode == 0 and (tmp_path / "run.svg").exists()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    failed = subprocess.run(
-        [sys.executable, "-m", "runplot", str(empty)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    failed = run_plot(str(empty))
     assert failed.returncode == 1 and "no events" in failed.stderr
     with pytest.raises(PlotError):
         plot(tmp_path / "missing.jsonl")
