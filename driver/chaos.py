@@ -1,14 +1,17 @@
 """``--chaos-kill-interval``: SIGKILL a random worker of the current round at random times.
 
-The schedule is a pure function; the timer thread only posts ``chaos`` messages, and the
-job's main loop picks the victim (it owns the worker table) and reports each kill as a
-``chaos_kill`` event. A chaos victim's death does not count against its host's blacklist
-record: the host did nothing wrong.
+The schedule is a pure function; the timer thread only calls ``on_tick`` (the job posts
+itself a ``ChaosTick``), and the job's main loop picks the victim (it owns the worker
+table) through ``strike`` and reports each kill as a ``chaos_kill`` event. A chaos
+victim's death does not count against its host's blacklist record: the host did
+nothing wrong.
 """
+
 from __future__ import annotations
 
 import random
 import threading
+from typing import Callable
 
 
 def next_kill_delay(rng: random.Random, interval: float) -> float:
@@ -22,10 +25,19 @@ def pick_victim(rng: random.Random, candidates: list[str]) -> str | None:
 
 
 class ChaosMonkey:
-    def __init__(self, job, seed: int | None = None):
-        self.job = job
-        self.interval = job.config.chaos_kill_interval
-        self.max_kills = job.config.chaos_max_kills
+    """Calls ``on_tick`` about every ``interval`` seconds until ``max_kills`` kills were
+    made (None: no limit) or ``stop``; ``seed`` makes the schedule and victims repeat."""
+
+    def __init__(
+        self,
+        interval: float,
+        max_kills: int | None,
+        on_tick: Callable[[], None],
+        seed: int | None = None,
+    ):
+        self.interval = interval
+        self.max_kills = max_kills
+        self.on_tick = on_tick
         self.rng = random.Random(seed)
         self.kills = 0
         self._stop = threading.Event()
@@ -36,17 +48,21 @@ class ChaosMonkey:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _exhausted(self) -> bool:
+        return self.max_kills is not None and self.kills >= self.max_kills
 
     def _run(self) -> None:
         while not self._stop.wait(next_kill_delay(self.rng, self.interval)):
-            if self.max_kills is not None and self.kills >= self.max_kills:
+            if self._exhausted():
                 return
-            self.job.post("chaos")
+            self.on_tick()
 
     def strike(self, candidates: list[str]) -> str | None:
         """Called by the main loop: choose the victim among ``candidates`` and count it."""
-        if self.max_kills is not None and self.kills >= self.max_kills:
+        if self._exhausted():
             return None
         victim = pick_victim(self.rng, candidates)
         if victim is not None:

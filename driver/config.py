@@ -14,6 +14,7 @@ How the worker counts resolve (DESIGN.md contract; our choices where it is silen
   ``--min-np`` defaults to ``-np``; ``--max-np`` defaults to no limit beyond the slots;
 * always ``--min-np`` <= ``-np`` <= ``--max-np``; with ``-H`` the slots must hold ``-np``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,13 @@ import math
 import os
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
 from driver.hosts import BlacklistPolicy, HostSlots, parse_host_slots, total_slots
+from driver.launch.launchers import LAUNCHER_NAMES
 from rendezvous.url import StoreURL, parse_store_url
 
 DEFAULT_SLOTS_PER_HOST = 1
@@ -36,7 +39,6 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
-LAUNCHERS = ("auto", "local", "ssh")
 PS_MODES = ("async", "sync")
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
@@ -48,26 +50,26 @@ class JobConfig:
     """Validated settings of one ``elastic-run`` job (see ``build_parser`` for meanings)."""
 
     command: tuple[str, ...]
-    np: int                            # workers to wait for before the first round
+    np: int  # workers to wait for before the first round
     min_np: int
-    max_np: int | None                 # None: no limit beyond the slots
-    hosts: tuple[HostSlots, ...]       # fixed hosts (-H, or localhost); () with a script
-    discovery_script: str | None       # absolute path
+    max_np: int | None  # None: no limit beyond the slots
+    hosts: tuple[HostSlots, ...]  # fixed hosts (-H, or localhost); () with a script
+    discovery_script: str | None  # absolute path
     slots_per_host: int
     discovery_interval: float
-    rendezvous: StoreURL               # scheme "embedded" (no endpoints) or "etcd"
+    rendezvous: StoreURL  # scheme "embedded" (no endpoints) or "etcd"
     job_id: str
-    reset_limit: int | None            # None: unlimited
+    reset_limit: int | None  # None: unlimited
     blacklist_cooldown_range: tuple[float, float]
     elastic_timeout: float
     start_timeout: float
-    launcher: str                      # "auto" | "local" | "ssh"
+    launcher: str  # "auto" | "local" | "ssh"
     num_ps: int
     ps_mode: str
     ps_checkpoint_dir: str | None
     ps_checkpoint_interval: float
     chaos_kill_interval: float | None  # None: no chaos
-    chaos_max_kills: int | None        # None: unlimited (while chaos is on)
+    chaos_max_kills: int | None  # None: unlimited (while chaos is on)
     log_dir: str | None
     events_file: str | None
     verbosity: int
@@ -85,6 +87,7 @@ class JobConfig:
 
 # ----------------------------------------------------------------------------- parser
 
+
 class _RaisingParser(argparse.ArgumentParser):
     """argparse reports errors by printing and exiting; we want a ``UsageError``."""
 
@@ -101,7 +104,12 @@ def _number_type(kind: Callable[[str], float], minimum: float, strict: bool, wha
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-        if math.isnan(value) or math.isinf(value) or value < minimum or (strict and value == minimum):
+        if (
+            math.isnan(value)
+            or math.isinf(value)
+            or value < minimum
+            or (strict and value == minimum)
+        ):
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
 
@@ -135,107 +143,211 @@ one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable
 def build_parser() -> argparse.ArgumentParser:
     """The ``elastic-run`` argument parser. Its ``error`` raises ``UsageError``;
     ``--help`` prints the help and exits 0 (``SystemExit``), as argparse does."""
-    p = _RaisingParser(prog="elastic-run", description=_DESCRIPTION, epilog=_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       # "--min" must not silently mean "--min-np"; and abbreviations
-                       # would make a user's future flag typo land on ours.
-                       allow_abbrev=False)
+    p = _RaisingParser(
+        prog="elastic-run",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        # "--min" must not silently mean "--min-np"; and abbreviations
+        # would make a user's future flag typo land on ours.
+        allow_abbrev=False,
+    )
 
     size = p.add_argument_group("job size")
-    size.add_argument("-np", dest="np", type=_positive_int, metavar="N",
-                      help="workers to start with. Without hosts: the job runs N workers on "
-                           "localhost, replacing any that fail (a static-size job). With hosts: "
-                           "how many workers must be up before training starts (default: "
-                           "--min-np, or all slots of -H)")
-    size.add_argument("--min-np", type=_positive_int, metavar="N",
-                      help="fewest workers to train with; below it the job waits for hosts, up "
-                           "to --elastic-timeout (default: -np)")
-    size.add_argument("--max-np", type=_positive_int, metavar="N",
-                      help="most workers at once (default: -np without hosts; with hosts no "
-                           "limit beyond the slots)")
+    size.add_argument(
+        "-np",
+        dest="np",
+        type=_positive_int,
+        metavar="N",
+        help="workers to start with. Without hosts: the job runs N workers on "
+        "localhost, replacing any that fail (a static-size job). With hosts: "
+        "how many workers must be up before training starts (default: "
+        "--min-np, or all slots of -H)",
+    )
+    size.add_argument(
+        "--min-np",
+        type=_positive_int,
+        metavar="N",
+        help="fewest workers to train with; below it the job waits for hosts, up "
+        "to --elastic-timeout (default: -np)",
+    )
+    size.add_argument(
+        "--max-np",
+        type=_positive_int,
+        metavar="N",
+        help="most workers at once (default: -np without hosts; with hosts no "
+        "limit beyond the slots)",
+    )
 
     hosts = p.add_argument_group("hosts")
     where = hosts.add_mutually_exclusive_group()
-    where.add_argument("-H", "--hosts", dest="hosts", metavar="HOST[:SLOTS],...",
-                       help="fixed host list, e.g. node1:4,node2:4; a HOST without :SLOTS gets "
-                            "--slots-per-host; IPv6 with slots as [addr]:SLOTS (default: localhost "
-                            "with -np slots)")
-    where.add_argument("--host-discovery-script", metavar="PATH",
-                       help="executable run every --discovery-interval; prints one HOST or "
-                            "HOST:SLOTS per line (blank lines and # comments ignored, a host "
-                            "listed twice is an error). Hosts it stops listing are removed")
-    hosts.add_argument("--slots-per-host", type=_positive_int, default=DEFAULT_SLOTS_PER_HOST,
-                       metavar="N", help="slots of a host listed without :SLOTS (default: %(default)s)")
-    hosts.add_argument("--discovery-interval", type=_positive_seconds,
-                       default=DEFAULT_DISCOVERY_INTERVAL, metavar="SEC",
-                       help="seconds between runs of the discovery script (default: %(default)s)")
-    hosts.add_argument("--blacklist-cooldown-range", type=_non_negative_seconds, nargs=2,
-                       default=DEFAULT_BLACKLIST_COOLDOWN_RANGE, metavar=("MIN", "MAX"),
-                       help="a host whose workers keep failing is left out for a cooldown that "
-                            "starts at MIN seconds and doubles with each blacklisting up to MAX "
-                            f"(default: {DEFAULT_BLACKLIST_COOLDOWN_RANGE[0]:g} "
-                            f"{DEFAULT_BLACKLIST_COOLDOWN_RANGE[1]:g}). A host is left out when "
-                            f"{BlacklistPolicy.failure_threshold} of its workers fail within "
-                            f"{BlacklistPolicy.failure_window:g} s, but never if that would leave "
-                            f"fewer than --min-np slots")
+    where.add_argument(
+        "-H",
+        "--hosts",
+        dest="hosts",
+        metavar="HOST[:SLOTS],...",
+        help="fixed host list, e.g. node1:4,node2:4; a HOST without :SLOTS gets "
+        "--slots-per-host; IPv6 with slots as [addr]:SLOTS (default: localhost "
+        "with -np slots)",
+    )
+    where.add_argument(
+        "--host-discovery-script",
+        metavar="PATH",
+        help="executable run every --discovery-interval; prints one HOST or "
+        "HOST:SLOTS per line (blank lines and # comments ignored, a host "
+        "listed twice is an error). Hosts it stops listing are removed",
+    )
+    hosts.add_argument(
+        "--slots-per-host",
+        type=_positive_int,
+        default=DEFAULT_SLOTS_PER_HOST,
+        metavar="N",
+        help="slots of a host listed without :SLOTS (default: %(default)s)",
+    )
+    hosts.add_argument(
+        "--discovery-interval",
+        type=_positive_seconds,
+        default=DEFAULT_DISCOVERY_INTERVAL,
+        metavar="SEC",
+        help="seconds between runs of the discovery script (default: %(default)s)",
+    )
+    hosts.add_argument(
+        "--blacklist-cooldown-range",
+        type=_non_negative_seconds,
+        nargs=2,
+        default=DEFAULT_BLACKLIST_COOLDOWN_RANGE,
+        metavar=("MIN", "MAX"),
+        help="a host whose workers keep failing is left out for a cooldown that "
+        "starts at MIN seconds and doubles with each blacklisting up to MAX "
+        f"(default: {DEFAULT_BLACKLIST_COOLDOWN_RANGE[0]:g} "
+        f"{DEFAULT_BLACKLIST_COOLDOWN_RANGE[1]:g}). A host is left out when "
+        f"{BlacklistPolicy.failure_threshold} of its workers fail within "
+        f"{BlacklistPolicy.failure_window:g} s, but never if that would leave "
+        f"fewer than --min-np slots",
+    )
 
     store = p.add_argument_group("rendezvous")
-    store.add_argument("--rendezvous", default=DEFAULT_RENDEZVOUS, metavar="URL",
-                       help="'embedded' (the driver runs the store) or "
-                            "etcd://HOST:PORT[,HOST:PORT...] (default: %(default)s)")
-    store.add_argument("--job-id", metavar="ID",
-                       help="names the job's keys in the store; letters, digits, '_', '.', '-' "
-                            "(default: a fresh random id)")
+    store.add_argument(
+        "--rendezvous",
+        default=DEFAULT_RENDEZVOUS,
+        metavar="URL",
+        help="'embedded' (the driver runs the store) or "
+        "etcd://HOST:PORT[,HOST:PORT...] (default: %(default)s)",
+    )
+    store.add_argument(
+        "--job-id",
+        metavar="ID",
+        help="names the job's keys in the store; letters, digits, '_', '.', '-' "
+        "(default: a fresh random id)",
+    )
 
     fault = p.add_argument_group("fault tolerance")
-    fault.add_argument("--reset-limit", type=_non_negative_int, metavar="N",
-                       help="fail the job when more than N rounds follow the first (each worker "
-                            "failure or host change makes a new round) (default: unlimited)")
-    fault.add_argument("--elastic-timeout", type=_positive_seconds, default=DEFAULT_ELASTIC_TIMEOUT,
-                       metavar="SEC", help="fail the job after waiting this long for --min-np "
-                                           "workers once training started (default: %(default)s)")
-    fault.add_argument("--start-timeout", type=_positive_seconds, default=DEFAULT_START_TIMEOUT,
-                       metavar="SEC", help="fail the job if -np workers have not registered this "
-                                           "long after start (default: %(default)s)")
-    fault.add_argument("--launcher", choices=LAUNCHERS, default="auto",
-                       help="how workers start: 'local' runs every worker on this machine "
-                            "whatever its host name (handy to simulate hosts), 'ssh' runs "
-                            "'ssh HOST' for every host, 'auto' uses local for this machine and "
-                            "ssh for the others (default: %(default)s)")
+    fault.add_argument(
+        "--reset-limit",
+        type=_non_negative_int,
+        metavar="N",
+        help="fail the job when more than N rounds follow the first (each worker "
+        "failure or host change makes a new round) (default: unlimited)",
+    )
+    fault.add_argument(
+        "--elastic-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_ELASTIC_TIMEOUT,
+        metavar="SEC",
+        help="fail the job after waiting this long for --min-np "
+        "workers once training started (default: %(default)s)",
+    )
+    fault.add_argument(
+        "--start-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_START_TIMEOUT,
+        metavar="SEC",
+        help="fail the job if -np workers have not registered this "
+        "long after start (default: %(default)s)",
+    )
+    fault.add_argument(
+        "--launcher",
+        choices=LAUNCHER_NAMES,
+        default="auto",
+        help="how workers start: 'local' runs every worker on this machine "
+        "whatever its host name (handy to simulate hosts), 'ssh' runs "
+        "'ssh HOST' for every host, 'auto' uses local for this machine and "
+        "ssh for the others (default: %(default)s)",
+    )
 
     ps = p.add_argument_group("parameter servers")
-    ps.add_argument("--num-ps", type=_non_negative_int, default=0, metavar="N",
-                    help="parameter-server shards to run (default: %(default)s, none)")
-    ps.add_argument("--ps-mode", choices=PS_MODES, default=DEFAULT_PS_MODE,
-                    help="async: apply each push on arrival; sync: apply step s once every "
-                         "worker of the round pushed it (default: %(default)s)")
-    ps.add_argument("--ps-checkpoint-dir", metavar="DIR",
-                    help="where shards write checkpoints and restart from (default: none, so "
-                         "a restarted shard starts empty)")
-    ps.add_argument("--ps-checkpoint-interval", type=_positive_seconds,
-                    default=DEFAULT_PS_CHECKPOINT_INTERVAL, metavar="SEC",
-                    help="seconds between checkpoints; ignored without --ps-checkpoint-dir "
-                         "(default: %(default)s)")
+    ps.add_argument(
+        "--num-ps",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="parameter-server shards to run (default: %(default)s, none)",
+    )
+    ps.add_argument(
+        "--ps-mode",
+        choices=PS_MODES,
+        default=DEFAULT_PS_MODE,
+        help="async: apply each push on arrival; sync: apply step s once every "
+        "worker of the round pushed it (default: %(default)s)",
+    )
+    ps.add_argument(
+        "--ps-checkpoint-dir",
+        metavar="DIR",
+        help="where shards write checkpoints and restart from (default: none, so "
+        "a restarted shard starts empty)",
+    )
+    ps.add_argument(
+        "--ps-checkpoint-interval",
+        type=_positive_seconds,
+        default=DEFAULT_PS_CHECKPOINT_INTERVAL,
+        metavar="SEC",
+        help="seconds between checkpoints; ignored without --ps-checkpoint-dir "
+        "(default: %(default)s)",
+    )
 
     chaos = p.add_argument_group("chaos testing")
-    chaos.add_argument("--chaos-kill-interval", type=_positive_seconds, metavar="SEC",
-                       help="SIGKILL a random worker every SEC seconds (default: off)")
-    chaos.add_argument("--chaos-max-kills", type=_non_negative_int, metavar="N",
-                       help="stop the chaos after N kills; needs --chaos-kill-interval "
-                            "(default: unlimited)")
+    chaos.add_argument(
+        "--chaos-kill-interval",
+        type=_positive_seconds,
+        metavar="SEC",
+        help="SIGKILL a random worker every SEC seconds (default: off)",
+    )
+    chaos.add_argument(
+        "--chaos-max-kills",
+        type=_non_negative_int,
+        metavar="N",
+        help="stop the chaos after N kills; needs --chaos-kill-interval (default: unlimited)",
+    )
 
     out = p.add_argument_group("output")
-    out.add_argument("--log-dir", metavar="DIR",
-                     help="also write each worker's output to a file in DIR (default: none)")
-    out.add_argument("--events", dest="events_file", metavar="FILE",
-                     help="append one JSON line per event (rounds, worker and host changes) "
-                          "to FILE (default: none)")
-    out.add_argument("-v", "--verbose", dest="verbosity", action="count", default=0,
-                     help="more driver output on stderr; repeat for more")
+    out.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="also write each worker's output to a file in DIR (default: none)",
+    )
+    out.add_argument(
+        "--events",
+        dest="events_file",
+        metavar="FILE",
+        help="append one JSON line per event (rounds, worker and host changes) "
+        "to FILE (default: none)",
+    )
+    out.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="count",
+        default=0,
+        help="more driver output on stderr; repeat for more",
+    )
 
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARG...]",
-                   help="the worker program and its arguments; everything from COMMAND on "
-                        "belongs to it (put -- before it if it starts with '-')")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND [ARG...]",
+        help="the worker program and its arguments; everything from COMMAND on "
+        "belongs to it (put -- before it if it starts with '-')",
+    )
     return p
 
 
@@ -264,8 +376,10 @@ def _parse_rendezvous(text: str) -> StoreURL:
     if url.scheme == DEFAULT_RENDEZVOUS and url.endpoints:
         # embedded://HOST:PORT is how workers reach the store the driver runs; the
         # driver picks that address itself, so a user-given one would be ignored.
-        raise UsageError(f"--rendezvous {text}: use 'embedded' (the driver chooses the "
-                         f"embedded store's address) or etcd://HOST:PORT[,HOST:PORT...]")
+        raise UsageError(
+            f"--rendezvous {text}: use 'embedded' (the driver chooses the "
+            f"embedded store's address) or etcd://HOST:PORT[,HOST:PORT...]"
+        )
     return url
 
 
@@ -279,9 +393,13 @@ def _check_script(path: str) -> str:
     return os.path.abspath(path)
 
 
-def _resolve_sizes(np: int | None, min_np: int | None, max_np: int | None,
-                   fixed_hosts: tuple[HostSlots, ...] | None, has_script: bool
-                   ) -> tuple[int, int, int | None, tuple[HostSlots, ...]]:
+def _resolve_sizes(
+    np: int | None,
+    min_np: int | None,
+    max_np: int | None,
+    fixed_hosts: tuple[HostSlots, ...] | None,
+    has_script: bool,
+) -> tuple[int, int, int | None, tuple[HostSlots, ...]]:
     """(np, min_np, max_np, fixed hosts) after defaults; see the module docstring."""
     if np is not None and min_np is not None and min_np > np:
         raise UsageError(f"-np {np} is below --min-np {min_np}")
@@ -321,13 +439,22 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        raise UsageError("no COMMAND given: say which program each worker runs, "
-                         "e.g. elastic-run -np 2 python train.py")
+        raise UsageError(
+            "no COMMAND given: say which program each worker runs, "
+            "e.g. elastic-run -np 2 python train.py"
+        )
 
-    fixed_hosts = _parse_host_list(args.hosts, args.slots_per_host) if args.hosts is not None else None
-    script = _check_script(args.host_discovery_script) if args.host_discovery_script is not None else None
-    np, min_np, max_np, hosts = _resolve_sizes(args.np, args.min_np, args.max_np, fixed_hosts,
-                                               script is not None)
+    fixed_hosts = (
+        _parse_host_list(args.hosts, args.slots_per_host) if args.hosts is not None else None
+    )
+    script = (
+        _check_script(args.host_discovery_script)
+        if args.host_discovery_script is not None
+        else None
+    )
+    np, min_np, max_np, hosts = _resolve_sizes(
+        args.np, args.min_np, args.max_np, fixed_hosts, script is not None
+    )
 
     low, high = args.blacklist_cooldown_range
     if low > high:
@@ -337,21 +464,37 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
 
     job_id = args.job_id if args.job_id is not None else new_job_id()
     if not _JOB_ID.match(job_id):
-        raise UsageError(f"--job-id {job_id!r}: use 1-128 letters, digits, '_', '.', '-' "
-                         f"(starting with a letter or digit)")
+        raise UsageError(
+            f"--job-id {job_id!r}: use 1-128 letters, digits, '_', '.', '-' "
+            f"(starting with a letter or digit)"
+        )
 
     if args.chaos_max_kills is not None and args.chaos_kill_interval is None:
         raise UsageError("--chaos-max-kills needs --chaos-kill-interval (chaos is off without it)")
 
     return JobConfig(
-        command=tuple(command), np=np, min_np=min_np, max_np=max_np, hosts=hosts,
-        discovery_script=script, slots_per_host=args.slots_per_host,
-        discovery_interval=args.discovery_interval, rendezvous=rendezvous, job_id=job_id,
-        reset_limit=args.reset_limit, blacklist_cooldown_range=(low, high),
-        elastic_timeout=args.elastic_timeout, start_timeout=args.start_timeout,
-        launcher=args.launcher, num_ps=args.num_ps, ps_mode=args.ps_mode,
+        command=tuple(command),
+        np=np,
+        min_np=min_np,
+        max_np=max_np,
+        hosts=hosts,
+        discovery_script=script,
+        slots_per_host=args.slots_per_host,
+        discovery_interval=args.discovery_interval,
+        rendezvous=rendezvous,
+        job_id=job_id,
+        reset_limit=args.reset_limit,
+        blacklist_cooldown_range=(low, high),
+        elastic_timeout=args.elastic_timeout,
+        start_timeout=args.start_timeout,
+        launcher=args.launcher,
+        num_ps=args.num_ps,
+        ps_mode=args.ps_mode,
         ps_checkpoint_dir=args.ps_checkpoint_dir,
         ps_checkpoint_interval=args.ps_checkpoint_interval,
-        chaos_kill_interval=args.chaos_kill_interval, chaos_max_kills=args.chaos_max_kills,
-        log_dir=args.log_dir, events_file=args.events_file, verbosity=args.verbosity,
+        chaos_kill_interval=args.chaos_kill_interval,
+        chaos_max_kills=args.chaos_max_kills,
+        log_dir=args.log_dir,
+        events_file=args.events_file,
+        verbosity=args.verbosity,
     )

@@ -9,8 +9,10 @@ comments (whole-line or trailing) are ignored. A host listed twice is an error r
 than merged: ``a:2`` then ``a:4`` could mean 6 or 4 slots, and guessing wrong places
 workers on slots that do not exist.
 """
+
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import os
@@ -18,15 +20,15 @@ import signal
 import socket
 import subprocess
 from abc import ABC, abstractmethod
-from typing import Sequence
+from collections.abc import Sequence
 
 from driver.errors import DiscoveryError, HostSpecError
 from driver.hosts import HostSlots, parse_host_slots
 
-DEFAULT_SCRIPT_TIMEOUT = 30.0   # cloud inventory calls can be slow; a hang must still end
+DEFAULT_SCRIPT_TIMEOUT = 30.0  # cloud inventory calls can be slow; a hang must still end
 _STDERR_TAIL_LINES = 5
 _STDERR_TAIL_CHARS = 400
-_REAP_TIMEOUT = 5.0             # after SIGKILL to the group; only a stuck kernel call exceeds it
+_REAP_TIMEOUT = 5.0  # after SIGKILL to the group; only a stuck kernel call exceeds it
 
 
 def parse_discovery_output(text: str, default_slots: int, source: str) -> tuple[HostSlots, ...]:
@@ -46,8 +48,10 @@ def parse_discovery_output(text: str, default_slots: int, source: str) -> tuple[
         except HostSpecError as e:
             raise DiscoveryError(f"{source}: line {number} {line.strip()!r}: {e}") from None
         if host.host in first_line_of:
-            raise DiscoveryError(f"{source}: line {number} {line.strip()!r}: host {host.host!r} "
-                                 f"already listed on line {first_line_of[host.host]}")
+            raise DiscoveryError(
+                f"{source}: line {number} {line.strip()!r}: host {host.host!r} "
+                f"already listed on line {first_line_of[host.host]}"
+            )
         first_line_of[host.host] = number
         hosts.append(host)
     return tuple(hosts)
@@ -109,33 +113,41 @@ class ScriptDiscovery(HostDiscovery):
         ``timeout`` seconds, or prints a line that does not parse."""
         source = f"discovery script {self.path}"
         try:
-            process = subprocess.Popen([self.path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, start_new_session=True)
+            process = subprocess.Popen(
+                [self.path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as e:
             raise DiscoveryError(f"{source} could not be run: {e.strerror or e}") from None
         try:
             stdout, stderr = process.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             self._kill_and_reap(process)
-            raise DiscoveryError(f"{source} did not finish within {self.timeout:g} s "
-                                 f"(killed it and its process group)") from None
+            raise DiscoveryError(
+                f"{source} did not finish within {self.timeout:g} s "
+                f"(killed it and its process group)"
+            ) from None
         except BaseException:
             # Interrupted (e.g. KeyboardInterrupt): still leave no process behind.
             self._kill_and_reap(process)
             raise
         if process.returncode != 0:
             tail = _tail(stderr)
-            raise DiscoveryError(f"{source} {_describe_exit(process.returncode)}"
-                                 + (f": {tail}" if tail else " (no stderr output)"))
-        return parse_discovery_output(stdout.decode("utf-8", errors="replace"),
-                                      self.default_slots, source)
+            raise DiscoveryError(
+                f"{source} {_describe_exit(process.returncode)}"
+                + (f": {tail}" if tail else " (no stderr output)")
+            )
+        return parse_discovery_output(
+            stdout.decode("utf-8", errors="replace"), self.default_slots, source
+        )
 
     @staticmethod
     def _kill_and_reap(process: subprocess.Popen) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
             os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # the group is already gone
         try:
             process.communicate(timeout=_REAP_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -152,14 +164,12 @@ class ScriptDiscovery(HostDiscovery):
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _own_names() -> frozenset[str]:
     """This machine's host name and fully qualified name (getfqdn may ask DNS: once)."""
     names = {socket.gethostname()}
-    try:
+    with contextlib.suppress(OSError):
         names.add(socket.getfqdn())
-    except OSError:
-        pass
     return frozenset(n.lower() for n in names if n)
 
 
@@ -184,7 +194,7 @@ def _resolve(name: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
         return []
-    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,9 +1,11 @@
-"""The driver's typed errors.
+"""The driver's typed errors, in one place.
 
-Every class derives from ``rendezvous.errors.ElasticError`` (the project's root), so
-``elastic-run`` can catch one base, print ``str(error)`` as its one-line reason, and
-exit non-zero. Messages are single lines: they name the flag, script or host at fault.
+Every class derives from ``DriverError``, itself a ``rendezvous.errors.ElasticError``
+(the project's root), so ``elastic-run`` can catch one base, print ``str(error)`` as its
+one-line reason, and exit non-zero. Messages are single lines: they name the flag,
+script, host or file at fault.
 """
+
 from __future__ import annotations
 
 from rendezvous.errors import ElasticError
@@ -29,3 +31,45 @@ class HostSpecError(DriverError, ValueError):
 class DiscoveryError(DriverError):
     """Host discovery failed: the script could not be run, exited non-zero, timed out,
     or printed a line that does not parse. The message names the script (and the line)."""
+
+
+class JobFailed(DriverError):
+    """The job cannot succeed; the message is the one-line reason ``elastic-run`` prints."""
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+class LauncherError(DriverError):
+    """Base of the errors of ``driver.launch``."""
+
+
+class LaunchSpecError(LauncherError, ValueError):
+    """A ``LaunchSpec`` or ``SSHSettings`` value is unusable (empty command, bad variable
+    name, a host that looks like an option, ...)."""
+
+
+class LaunchError(LauncherError):
+    """The worker process could not be started (command or ``ssh`` not found, missing
+    working directory, no permission). Failures after the start are exit codes."""
+
+
+class UnknownLauncherError(LauncherError, ValueError):
+    """``get_launcher`` was given a name it does not know."""
+
+
+# ----------------------------------------------------------------------------- events
+
+
+class EventError(DriverError, ValueError):
+    """``EventLog.emit`` was given something that is not an event of the vocabulary, or
+    an event class declares a field the log reserves (``t``, ``elapsed``, ``kind``)."""
+
+
+class EventLogError(DriverError):
+    """The events file could not be opened."""
+
+
+class PlotError(DriverError):
+    """A run cannot be drawn: the events file cannot be read or holds no usable event,
+    or the renderer (matplotlib, the ``plot`` extra) is not installed."""

@@ -1,106 +1,33 @@
-"""The driver's event log: one JSON line per event to ``--events``, a readable line to stderr.
+"""The driver's event vocabulary: every event it records, as a typed value.
 
-``EventLog(path, stream=sys.stderr, verbose=False).emit(kind, **fields)``:
+Every event is a frozen dataclass below: its ``kind`` (a class constant) names it in
+the events file, its fields are exactly what the file holds (``driver.eventlog`` writes
+``{"t", "elapsed", "kind", **fields}``), and ``str(event)`` is the readable line.
+Code that emits an event constructs one of these classes, so what is written cannot
+drift from what is documented here: the class *is* the documentation. ``quiet``
+events (worker started, checkpoint written, ...) reach stderr only with ``--verbose``.
+``vocabulary()`` maps every kind to its class (readers such as ``runplot`` use it).
 
-* appends ``{"t": <unix time>, "elapsed": <seconds since the log was made>, "kind": kind,
-  **fields}`` as one line to ``path`` (if given), written with a single ``write`` on an
-  unbuffered file, so a driver that crashes leaves only complete lines behind (a torn
-  last line is possible only if the machine itself dies; readers skip it);
-* writes ``elastic-run: <text>`` to ``stream`` under ``driver.output.WRITE_LOCK`` (so it
-  never splits a worker's output line). Routine kinds (``QUIET_KINDS``: worker started,
-  checkpoint written, ...) reach the stream only with ``verbose``.
-
-Every kind is a constant below and listed in ``KINDS``; ``FIELDS`` documents the
-fields each one usually carries (``format_event`` copes with missing ones and shows
-extra ones as ``key=value``). Any event may carry ``step`` (the newest committed
-training step the driver knows of): ``driver.plot`` draws it.
+Times in fields are seconds; ``code`` is an exit code (-N: killed by signal N); a
+``rank`` is None for a worker outside the current round. Readers may also find a
+``step`` field (the newest committed training step) on any event; ``runplot`` draws it.
 """
+
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
-import sys
-import threading
-import time
-from typing import Any, Mapping, Optional, TextIO
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
-from rendezvous.errors import ElasticError
-
-from driver.output import WRITE_LOCK
-
-# ----------------------------------------------------------------------------- kinds
-
-ROUND_FORMED = "round_formed"
-WORKER_STARTED = "worker_started"
-WORKER_EXITED = "worker_exited"
-WORKER_FAILED = "worker_failed"
-WORKER_STOPPED = "worker_stopped"
-HOST_ADDED = "host_added"
-HOST_REMOVED = "host_removed"
-HOST_BLACKLISTED = "host_blacklisted"
-HOST_BACK = "host_back"
-DISCOVERY_ERROR = "discovery_error"
-PS_STARTED = "ps_started"
-PS_EXITED = "ps_exited"
-PS_RESTARTED = "ps_restarted"
-CHECKPOINT_WRITTEN = "checkpoint_written"
-CHAOS_KILL = "chaos_kill"
-JOB_DONE = "job_done"
-JOB_FAILED = "job_failed"
-WAITING = "waiting"
-JOB_STARTED = "job_started"
-WORKER_STOPPING = "worker_stopping"
-FAILURE_REPORTED = "failure_reported"
-HOST_SLOTS_CHANGED = "host_slots_changed"
-HOST_BLACKLIST_SKIPPED = "host_blacklist_skipped"
-
-FIELDS: dict[str, tuple[str, ...]] = {
-    ROUND_FORMED: ("round", "size", "seconds", "hosts"),       # seconds: time to form it
-    WORKER_STARTED: ("host", "slot", "pid", "worker_id", "rank"),
-    WORKER_EXITED: ("host", "slot", "rank", "code"),            # code: exit code, -N = signal N
-    WORKER_FAILED: ("host", "slot", "rank", "code", "reason"),
-    WORKER_STOPPED: ("host", "slot", "rank", "code"),           # stopped by the driver
-    HOST_ADDED: ("host", "slots"),
-    HOST_REMOVED: ("host",),
-    HOST_BLACKLISTED: ("host", "cooldown", "reason"),           # cooldown: seconds
-    HOST_BACK: ("host",),
-    DISCOVERY_ERROR: ("error",),
-    PS_STARTED: ("shard", "address", "pid"),
-    PS_EXITED: ("shard", "code"),
-    PS_RESTARTED: ("shard", "step"),                            # step: checkpoint restored
-    CHECKPOINT_WRITTEN: ("step", "path", "seconds"),
-    CHAOS_KILL: ("host", "slot", "rank", "pid", "target"),      # target: "worker" | "ps"
-    JOB_DONE: ("rounds", "seconds"),
-    JOB_FAILED: ("reason", "rounds", "seconds"),
-    WAITING: ("what", "waited"),                                # waited: seconds so far
-    JOB_STARTED: ("job_id", "store", "np", "min_np", "max_np", "command"),
-    WORKER_STOPPING: ("host", "slot", "reason"),                # SIGTERM sent, SIGKILL after grace
-    FAILURE_REPORTED: ("reporter", "round", "reason", "suspect"),  # a worker saw a peer fail
-    HOST_SLOTS_CHANGED: ("host", "old_slots", "new_slots"),
-    HOST_BLACKLIST_SKIPPED: ("host", "failures", "remaining_slots", "min_np"),
-}
-KINDS = frozenset(FIELDS)
-
-QUIET_KINDS = frozenset({WORKER_STARTED, WORKER_EXITED, WORKER_STOPPED, PS_STARTED,
-                         CHECKPOINT_WRITTEN, WORKER_STOPPING, JOB_STARTED, JOB_FAILED,
-                         FAILURE_REPORTED})
-# (JOB_FAILED: elastic-run prints the reason itself, once.)
-"""Kinds written to stderr only with ``verbose`` (always to the events file)."""
+from driver.errors import EventError
 
 RESERVED_FIELDS = frozenset({"t", "elapsed", "kind"})
+_VOCABULARY: dict[str, type[Event]] = {}
 
 
-class EventError(ElasticError, ValueError):
-    """``emit`` was given a kind not in ``KINDS`` or a reserved field name."""
-
-
-class EventLogError(ElasticError):
-    """The events file could not be opened."""
-
-
-# ----------------------------------------------------------------------------- text
+# ----------------------------------------------------------------------------- text helpers
 
 
 def describe_code(code: Any) -> str:
@@ -121,226 +48,413 @@ def _seconds(value: Any) -> str:
     return str(value)
 
 
-def _worker(f: dict) -> str:
-    where = f"{f.pop('host', '?')}:{f.pop('slot', '?')}"
-    rank = f.pop("rank", None)
-    return f"worker [{rank}] {where}" if rank is not None else f"worker {where}"
-
-
 def _plural(n: Any, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def format_event(kind: str, fields: Mapping[str, Any]) -> str:
-    """The one-line text of an event (without the ``elastic-run:`` prefix). Never
-    raises for missing or odd fields; fields the text does not use are appended as
-    ``key=value``."""
-    f = dict(fields)
-    f.pop("t", None)
-    f.pop("elapsed", None)
-    text = _format(kind, f)
-    extra = " ".join(f"{k}={v}" for k, v in f.items())
-    return f"{text} ({extra})" if extra else text
+def _worker(host: str, slot: int, rank: int | None = None) -> str:
+    return f"worker [{rank}] {host}:{slot}" if rank is not None else f"worker {host}:{slot}"
 
 
-def _format(kind: str, f: dict) -> str:
-    g = f.pop
-    if kind == ROUND_FORMED:
-        text = f"round {g('round', '?')} formed: {_plural(g('size', '?'), 'worker')}"
-        if "seconds" in f:
-            text += f" in {_seconds(g('seconds'))}"
-        if "hosts" in f:
-            hosts = g("hosts")
-            text += f" on {_plural(len(hosts), 'host')}" if isinstance(hosts, (list, tuple)) \
-                else f" on {hosts}"
-        return text
-    if kind == WORKER_STARTED:
-        w = _worker(f)
-        return f"{w} started" + (f" (pid {g('pid')})" if "pid" in f else "")
-    if kind in (WORKER_EXITED, WORKER_FAILED, WORKER_STOPPED):
-        w = _worker(f)
-        code = f" ({describe_code(g('code'))})" if "code" in f else ""
-        if kind == WORKER_EXITED:
-            return f"{w} exited{code}"
-        if kind == WORKER_STOPPED:
-            return f"{w} stopped{code}"
-        reason = f": {g('reason')}" if "reason" in f else ""
-        return f"{w} failed{code}{reason}"
-    if kind == HOST_ADDED:
-        return f"host {g('host', '?')} added" + (f" ({_plural(g('slots'), 'slot')})"
-                                                 if "slots" in f else "")
-    if kind == HOST_REMOVED:
-        return f"host {g('host', '?')} removed"
-    if kind == HOST_BLACKLISTED:
-        text = f"host {g('host', '?')} blacklisted"
-        if "cooldown" in f:
-            text += f" for {_seconds(g('cooldown'))}"
-        return text + (f": {g('reason')}" if "reason" in f else "")
-    if kind == HOST_BACK:
-        return f"host {g('host', '?')} is back from the blacklist"
-    if kind == DISCOVERY_ERROR:
-        return f"host discovery failed: {g('error', '?')}"
-    if kind == PS_STARTED:
-        text = f"ps shard {g('shard', '?')} started"
-        if "address" in f:
-            text += f" on {g('address')}"
-        return text + (f" (pid {g('pid')})" if "pid" in f else "")
-    if kind == PS_EXITED:
-        return f"ps shard {g('shard', '?')} exited" + (f" ({describe_code(g('code'))})"
-                                                       if "code" in f else "")
-    if kind == PS_RESTARTED:
-        return f"ps shard {g('shard', '?')} restarted" + (f" from step {g('step')}"
-                                                          if "step" in f else "")
-    if kind == CHECKPOINT_WRITTEN:
-        text = f"checkpoint of step {g('step', '?')} written"
-        if "seconds" in f:
-            text += f" in {_seconds(g('seconds'))}"
-        return text + (f" to {g('path')}" if "path" in f else "")
-    if kind == CHAOS_KILL:
-        target = g("target", "worker")
-        if target == "ps":
-            text = f"chaos: killed ps shard {g('shard', '?')}"
-        else:
-            text = f"chaos: killed {_worker(f)}"
-        return text + (f" (pid {g('pid')})" if "pid" in f else "")
-    if kind == JOB_DONE:
-        text = "job done"
-        if "rounds" in f:
-            text += f" after {_plural(g('rounds'), 'round')}"
-        return text + (f" in {_seconds(g('seconds'))}" if "seconds" in f else "")
-    if kind == JOB_FAILED:
-        return f"job failed: {g('reason', '?')}"
-    if kind == JOB_STARTED:
-        return f"job {g('job_id', '?')} started on store {g('store', '?')}"
-    if kind == WORKER_STOPPING:
-        return f"stopping {_worker(f)}" + (f": {g('reason')}" if "reason" in f else "")
-    if kind == FAILURE_REPORTED:
-        text = f"worker {g('reporter', '?')} reports a failure in round {g('round', '?')}"
-        if f.get("suspect"):
-            text += f", blaming {g('suspect')}"
-        else:
-            f.pop("suspect", None)
-        return text + (f": {g('reason')}" if "reason" in f else "")
-    if kind == HOST_SLOTS_CHANGED:
-        return f"host {g('host', '?')} now has {g('new_slots', '?')} slots (was {g('old_slots', '?')})"
-    if kind == HOST_BLACKLIST_SKIPPED:
-        return (f"host {g('host', '?')} failed {g('failures', '?')} times but stays: "
-                f"blacklisting it would leave {g('remaining_slots', '?')} slots, below "
-                f"--min-np {g('min_np', '?')}")
-    if kind == WAITING:
-        text = f"waiting for {g('what', '?')}"
-        return text + (f" ({_seconds(g('waited'))} so far)" if "waited" in f else "")
-    return kind
+# ----------------------------------------------------------------------------- the base
 
 
-# ----------------------------------------------------------------------------- the log
+@dataclass(frozen=True)
+class Event:
+    """Base of every event. A subclass sets ``kind`` (registered in the vocabulary when
+    the class is made), may set ``quiet``, and defines ``__str__``.
 
+    Raises:
+        EventError: (when a subclass is defined) a field named ``t``, ``elapsed`` or
+            ``kind``, or a kind another class already has.
+    """
 
-def _json_default(value: Any) -> Any:
-    # Sets, tuples of odd things, exceptions, paths: never let an event crash the driver.
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=str)
-    return str(value)
+    kind: ClassVar[str] = ""
+    quiet: ClassVar[bool] = False  # stderr only with --verbose (always in the file)
 
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities replaced by None (strict JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def encode_event(kind: str, fields: Mapping[str, Any], t: float, elapsed: float) -> bytes:
-    """One events-file line: strict JSON (no NaN), UTF-8, ending in a newline. Values
-    JSON cannot hold are written as their ``str``."""
-    record = {"t": round(t, 6), "elapsed": round(elapsed, 6), "kind": kind, **fields}
-    try:
-        text = json.dumps(record, default=_json_default, ensure_ascii=False, allow_nan=False)
-    except ValueError:
-        text = json.dumps(_finite(record), default=_json_default, ensure_ascii=False,
-                          allow_nan=False)
-    return (text + "\n").encode("utf-8", "surrogateescape")
-
-
-class EventLog:
-    """Writes events to the events file and to ``stream`` (see the module docstring).
-
-    ``path`` None: no file. The file is truncated when the log is made (one file per
-    run). Raises ``EventLogError`` if it cannot be opened. Safe to use from several
-    threads. Write failures after that (full disk, closed stream) are swallowed: the
-    event log must never be the reason a job fails."""
-
-    def __init__(self, path: Optional[str], stream: Optional[TextIO] = None,
-                 verbose: bool = False, prefix: str = "elastic-run"):
-        self.path = path
-        self._stream = stream
-        self.verbose = verbose
-        self.prefix = prefix
-        self.start_monotonic = time.monotonic()
-        self.start_time = time.time()
-        self._lock = threading.Lock()
-        self._fd: Optional[int] = None
-        if path is not None:
-            try:
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-                                   0o644)
-            except OSError as e:
-                raise EventLogError(f"cannot open the events file {path!r}: "
-                                    f"{e.strerror or e}") from e
-
-    @property
-    def stream(self) -> TextIO:
-        return self._stream if self._stream is not None else sys.stderr
-
-    def elapsed(self) -> float:
-        """Seconds since the log was made (monotonic)."""
-        return time.monotonic() - self.start_monotonic
-
-    def emit(self, kind: str, **fields: Any) -> dict:
-        """Record one event; returns the record written. Raises ``EventError`` for an
-        unknown kind or a field named ``t``/``elapsed``/``kind``."""
-        if kind not in KINDS:
-            raise EventError(f"unknown event kind {kind!r}")
-        reserved = RESERVED_FIELDS.intersection(fields)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The class's own annotations (or, without any, its base's: checked already).
+        own = getattr(cls, "__annotations__", {})
+        reserved = sorted(
+            RESERVED_FIELDS.intersection(
+                name for name, hint in own.items() if "ClassVar" not in str(hint)
+            )
+        )
         if reserved:
-            raise EventError(f"reserved event field(s) {sorted(reserved)} in {kind}")
-        t, elapsed = time.time(), self.elapsed()
-        line = encode_event(kind, fields, t, elapsed)
-        with self._lock:
-            if self._fd is not None:
-                try:
-                    # One write of the whole line: a crash leaves whole lines only.
-                    os.write(self._fd, line)
-                except OSError:
-                    pass
-        if self.verbose or kind not in QUIET_KINDS:
-            self._print(f"{self.prefix}: {format_event(kind, fields)}\n")
-        return {"t": t, "elapsed": elapsed, "kind": kind, **fields}
+            raise EventError(f"reserved event field(s) {reserved} in {cls.__name__}")
+        kind = cls.__dict__.get("kind")
+        if kind:
+            if _VOCABULARY.get(kind, cls) is not cls:
+                raise EventError(f"event kind {kind!r} defined twice")
+            _VOCABULARY[kind] = cls
 
-    def _print(self, text: str) -> None:
-        stream = self.stream
-        with WRITE_LOCK:
-            try:
-                stream.write(text)
-                stream.flush()
-            except (OSError, ValueError):
-                pass
 
-    def close(self) -> None:
-        with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+def vocabulary() -> Mapping[str, type[Event]]:
+    """Every event kind and its class."""
+    return dict(_VOCABULARY)
 
-    def __enter__(self) -> "EventLog":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+def is_known(event: object) -> bool:
+    """True if ``event`` is an instance of a class of the vocabulary."""
+    return isinstance(event, Event) and _VOCABULARY.get(event.kind) is type(event)
+
+
+class EventSink(Protocol):
+    """Where components send their events (an ``EventLog``, or a list in a test)."""
+
+    def emit(self, event: Event) -> object: ...
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+@dataclass(frozen=True)
+class JobStarted(Event):
+    kind: ClassVar[str] = "job_started"
+    quiet: ClassVar[bool] = True
+    job_id: str
+    store: str  # the store URL workers use
+    np: int
+    min_np: int
+    max_np: int | None
+    command: Sequence[str]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} started on store {self.store}"
+
+
+@dataclass(frozen=True)
+class RoundFormed(Event):
+    """Round ``round`` was published; ``seconds`` from the first membership change it
+    answers to its publication; ``members`` are worker ids in rank order."""
+
+    kind: ClassVar[str] = "round_formed"
+    round: int
+    size: int
+    seconds: float
+    members: Sequence[str]
+
+    def __str__(self) -> str:
+        return (
+            f"round {self.round} formed: {_plural(self.size, 'worker')} in {_seconds(self.seconds)}"
+        )
+
+
+@dataclass(frozen=True)
+class Waiting(Event):
+    """A long wait, and what for (``waited``: seconds so far)."""
+
+    kind: ClassVar[str] = "waiting"
+    what: str
+    waited: float
+
+    def __str__(self) -> str:
+        return f"waiting for {self.what} ({_seconds(self.waited)} so far)"
+
+
+@dataclass(frozen=True)
+class JobDone(Event):
+    """Every member of the final round ``round`` (of ``size``) exited 0."""
+
+    kind: ClassVar[str] = "job_done"
+    round: int
+    size: int
+    resets: int  # rounds that followed the first, not counting finishing ones
+
+    def __str__(self) -> str:
+        return (
+            f"job done in round {self.round} ({_plural(self.size, 'worker')}, "
+            f"{_plural(self.resets, 'reset')})"
+        )
+
+
+@dataclass(frozen=True)
+class JobFailure(Event):
+    """The job failed (``elastic-run`` prints the reason itself, so it is quiet here)."""
+
+    kind: ClassVar[str] = "job_failed"
+    quiet: ClassVar[bool] = True
+    reason: str
+    rounds: int  # the last round formed (0: none)
+    seconds: float  # since the job started
+
+    def __str__(self) -> str:
+        return f"job failed: {self.reason}"
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+@dataclass(frozen=True)
+class WorkerStarted(Event):
+    kind: ClassVar[str] = "worker_started"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{_worker(self.host, self.slot)} started (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class WorkerExited(Event):
+    """The worker finished on its own with code 0."""
+
+    kind: ClassVar[str] = "worker_exited"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    code: int
+    rank: int | None
+
+    def __str__(self) -> str:
+        return f"{_worker(self.host, self.slot, self.rank)} exited ({describe_code(self.code)})"
+
+
+@dataclass(frozen=True)
+class WorkerFailed(Event):
+    """The worker exited with an error or a signal nobody in the driver sent it (or was
+    killed by the driver or the chaos), or could not be started (``code`` None and a
+    ``reason``). ``in_round``: it was a member of the current round."""
+
+    kind: ClassVar[str] = "worker_failed"
+    worker: str
+    host: str
+    slot: int
+    code: int | None
+    rank: int | None = None
+    in_round: bool = False
+    chaos: bool = False  # killed by --chaos-kill-interval: not its host's fault
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        text = f"{_worker(self.host, self.slot, self.rank)} failed"
+        if self.code is not None:
+            text += f" ({describe_code(self.code)})"
+        if self.chaos:
+            text += " (chaos kill)"
+        return text + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class WorkerStopping(Event):
+    """The driver sent SIGTERM (SIGKILL follows after the grace)."""
+
+    kind: ClassVar[str] = "worker_stopping"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"stopping {_worker(self.host, self.slot)}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class WorkerStopped(Event):
+    """A worker the driver stopped has exited."""
+
+    kind: ClassVar[str] = "worker_stopped"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    code: int
+
+    def __str__(self) -> str:
+        return f"{_worker(self.host, self.slot)} stopped ({describe_code(self.code)})"
+
+
+@dataclass(frozen=True)
+class FailureReported(Event):
+    """Worker ``reporter`` saw a peer fail in ``round`` (``suspect``: the peer it names)."""
+
+    kind: ClassVar[str] = "failure_reported"
+    quiet: ClassVar[bool] = True
+    reporter: str | None
+    round: int | None
+    reason: str | None
+    suspect: str | None
+
+    def __str__(self) -> str:
+        text = f"worker {self.reporter} reports a failure in round {self.round}"
+        if self.suspect:
+            text += f", blaming {self.suspect}"
+        return text + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class ChaosKill(Event):
+    """``--chaos-kill-interval`` SIGKILLed a member of the round (``kill``: how many so far)."""
+
+    kind: ClassVar[str] = "chaos_kill"
+    worker: str
+    host: str
+    slot: int
+    rank: int | None
+    pid: int
+    kill: int
+
+    def __str__(self) -> str:
+        return (
+            f"chaos: killed {_worker(self.host, self.slot, self.rank)} (pid {self.pid}), "
+            f"kill {self.kill}"
+        )
+
+
+# ----------------------------------------------------------------------------- hosts
+
+
+@dataclass(frozen=True)
+class HostEvent(Event):
+    """Something that changed about a host (``driver.hosts.HostManager`` makes these)."""
+
+    host: str
+
+
+@dataclass(frozen=True)
+class HostAdded(HostEvent):
+    kind: ClassVar[str] = "host_added"
+    slots: int
+
+    def __str__(self) -> str:
+        return f"host {self.host} added with {self.slots} slot(s)"
+
+
+@dataclass(frozen=True)
+class HostRemoved(HostEvent):
+    kind: ClassVar[str] = "host_removed"
+    slots: int
+
+    def __str__(self) -> str:
+        return f"host {self.host} removed (had {self.slots} slot(s))"
+
+
+@dataclass(frozen=True)
+class HostSlotsChanged(HostEvent):
+    kind: ClassVar[str] = "host_slots_changed"
+    old_slots: int
+    new_slots: int
+
+    def __str__(self) -> str:
+        return f"host {self.host} now has {self.new_slots} slot(s) (was {self.old_slots})"
+
+
+@dataclass(frozen=True)
+class HostBlacklisted(HostEvent):
+    """``failures`` worker failures within the window; out until ``until`` (on the
+    driver's monotonic clock) for ``cooldown`` seconds, its ``strikes``-th time."""
+
+    kind: ClassVar[str] = "host_blacklisted"
+    failures: int
+    strikes: int
+    cooldown: float
+    until: float
+
+    def __str__(self) -> str:
+        return (
+            f"host {self.host} blacklisted for {self.cooldown:g} s after {self.failures} "
+            f"worker failure(s) (strike {self.strikes})"
+        )
+
+
+@dataclass(frozen=True)
+class HostBlacklistSkipped(HostEvent):
+    """The host met the blacklisting rule but is kept: without it fewer than ``min_np``
+    slots would remain (``remaining_slots``)."""
+
+    kind: ClassVar[str] = "host_blacklist_skipped"
+    failures: int
+    remaining_slots: int
+    min_np: int
+
+    def __str__(self) -> str:
+        return (
+            f"host {self.host} kept despite {self.failures} worker failure(s): without it "
+            f"{self.remaining_slots} slot(s) would remain, fewer than min_np {self.min_np}"
+        )
+
+
+@dataclass(frozen=True)
+class HostReturned(HostEvent):
+    """The host's cooldown ended; it is usable again (if discovery still lists it)."""
+
+    kind: ClassVar[str] = "host_back"
+
+    def __str__(self) -> str:
+        return f"host {self.host} back from the blacklist"
+
+
+@dataclass(frozen=True)
+class HostDiscoveryFailed(Event):
+    """A discovery run after the first failed (it is retried at the next interval)."""
+
+    kind: ClassVar[str] = "discovery_error"
+    error: str
+
+    def __str__(self) -> str:
+        return f"host discovery failed: {self.error}"
+
+
+# ----------------------------------------------------------------------------- ps shards
+
+
+@dataclass(frozen=True)
+class PsStarted(Event):
+    """Shard ``shard`` (process ``pid``) serves at ``address``."""
+
+    kind: ClassVar[str] = "ps_started"
+    quiet: ClassVar[bool] = True
+    shard: int
+    address: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"ps shard {self.shard} started on {self.address} (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class PsExited(Event):
+    kind: ClassVar[str] = "ps_exited"
+    shard: int
+    code: int | None
+
+    def __str__(self) -> str:
+        return f"ps shard {self.shard} exited ({describe_code(self.code)})"
+
+
+@dataclass(frozen=True)
+class PsRestarted(Event):
+    kind: ClassVar[str] = "ps_restarted"
+    shard: int
+
+    def __str__(self) -> str:
+        return f"ps shard {self.shard} restarted"
+
+
+@dataclass(frozen=True)
+class CheckpointWritten(Event):
+    """Coordinated checkpoint ``checkpoint`` of training step ``step`` is complete in
+    ``path``; ``seconds``: training paused plus files written."""
+
+    kind: ClassVar[str] = "checkpoint_written"
+    quiet: ClassVar[bool] = True
+    step: int
+    path: str
+    seconds: float
+    checkpoint: int
+
+    def __str__(self) -> str:
+        return (
+            f"checkpoint {self.checkpoint} of step {self.step} written in "
+            f"{_seconds(self.seconds)} to {self.path}"
+        )
+
+
+KINDS = frozenset(_VOCABULARY)
+"""Every event kind of the vocabulary."""

@@ -17,19 +17,30 @@ Rules (DESIGN.md leaves them to us):
 * Protection. By default a host is never blacklisted when that would leave fewer than
   ``min_np`` slots on the usable hosts: a job that cannot shrink keeps its machines and
   replaces the dead workers instead (a one-machine job keeps its machine however often
-  its workers die). A ``HostBlacklistSkipped`` event says so.
+  its workers die). A ``HostBlacklistSkipped`` event says so. (The host events are
+  classes of the driver's event vocabulary, ``driver.events``.)
 * Blacklist state is kept per host name even while discovery no longer lists the host,
   so a flapping host cannot escape its cooldown by vanishing and coming back.
 """
+
 from __future__ import annotations
 
 import ipaddress
 import re
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from driver.errors import HostSpecError
+from driver.events import (
+    HostAdded,
+    HostBlacklisted,
+    HostBlacklistSkipped,
+    HostEvent,
+    HostRemoved,
+    HostReturned,
+    HostSlotsChanged,
+)
 
 
 @dataclass(frozen=True)
@@ -43,8 +54,9 @@ class HostSlots:
         if not self.host:
             raise HostSpecError("empty host name")
         if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 1:
-            raise HostSpecError(f"bad slots {self.slots!r} for host {self.host!r} "
-                                f"(must be a whole number >= 1)")
+            raise HostSpecError(
+                f"bad slots {self.slots!r} for host {self.host!r} (must be a whole number >= 1)"
+            )
 
 
 # A DNS name or IPv4 literal: letters, digits, '-', '_', '.'; no leading '-' or '.'
@@ -77,7 +89,7 @@ def split_host(entry: str) -> tuple[str, str | None]:
         if close < 0:
             raise HostSpecError(f"missing ']' in {text!r}")
         host = _check_ipv6(text[1:close], text) if close > 1 else ""
-        rest = text[close + 1:]
+        rest = text[close + 1 :]
         if rest and not rest.startswith(":"):
             raise HostSpecError(f"unexpected {rest!r} after ']' in {text!r}")
         suffix = rest[1:] if rest else None
@@ -85,8 +97,10 @@ def split_host(entry: str) -> tuple[str, str | None]:
         try:
             host, suffix = _check_ipv6(text, text), None
         except HostSpecError:
-            raise HostSpecError(f"bad host {text!r}: more than one ':' and not an IPv6 address "
-                                f"(write IPv6 with slots as [ADDRESS]:SLOTS)") from None
+            raise HostSpecError(
+                f"bad host {text!r}: more than one ':' and not an IPv6 address "
+                f"(write IPv6 with slots as [ADDRESS]:SLOTS)"
+            ) from None
     else:
         host, sep, suffix = text.partition(":")
         if not sep:
@@ -108,8 +122,9 @@ def parse_host_slots(entry: str, default_slots: int) -> HostSlots:
         return HostSlots(host, default_slots)
     if _NUMBER.match(slots_text) and int(slots_text) >= 1:
         return HostSlots(host, int(slots_text))
-    raise HostSpecError(f"bad slots {slots_text!r} in {entry.strip()!r} "
-                        f"(must be a whole number >= 1)")
+    raise HostSpecError(
+        f"bad slots {slots_text!r} in {entry.strip()!r} (must be a whole number >= 1)"
+    )
 
 
 def total_slots(hosts: Iterable[HostSlots]) -> int:
@@ -143,12 +158,17 @@ def diff_hosts(old: Sequence[HostSlots], new: Sequence[HostSlots]) -> HostDiff:
     return HostDiff(
         added=tuple(h for h in new if h.host not in old_slots),
         removed=tuple(h for h in old if h.host not in new_slots),
-        changed=tuple((h.host, old_slots[h.host], h.slots) for h in new
-                      if h.host in old_slots and old_slots[h.host] != h.slots),
+        changed=tuple(
+            (h.host, old_slots[h.host], h.slots)
+            for h in new
+            if h.host in old_slots and old_slots[h.host] != h.slots
+        ),
     )
 
 
-def order_hosts(known_order: Sequence[str], discovered: Sequence[HostSlots]) -> tuple[HostSlots, ...]:
+def order_hosts(
+    known_order: Sequence[str], discovered: Sequence[HostSlots]
+) -> tuple[HostSlots, ...]:
     """``discovered`` in the job's stable order: hosts named in ``known_order`` first, in
     that order; the others after them, in discovery order. Slot counts are the new ones."""
     by_name = {h.host: h for h in discovered}
@@ -174,11 +194,11 @@ class BlacklistPolicy:
 
     Raises ``ValueError`` on construction if a value is out of range."""
 
-    failure_threshold: int = 3      # worker failures on one host ...
-    failure_window: float = 60.0    # ... within this many seconds blacklist it
+    failure_threshold: int = 3  # worker failures on one host ...
+    failure_window: float = 60.0  # ... within this many seconds blacklist it
     cooldown_min: float = 10.0
     cooldown_max: float = 300.0
-    protect_min_np: bool = True     # never blacklist below min_np usable slots
+    protect_min_np: bool = True  # never blacklist below min_np usable slots
 
     def __post_init__(self):
         if self.failure_threshold < 1:
@@ -186,93 +206,14 @@ class BlacklistPolicy:
         if not self.failure_window > 0:
             raise ValueError(f"failure_window must be > 0, got {self.failure_window}")
         if not 0 <= self.cooldown_min <= self.cooldown_max:
-            raise ValueError(f"need 0 <= cooldown_min <= cooldown_max, "
-                             f"got {self.cooldown_min}, {self.cooldown_max}")
-
-
-# ----------------------------------------------------------------------------- events
-
-@dataclass(frozen=True)
-class HostEvent:
-    """Something that changed about a host. ``kind`` names the event in the event log."""
-
-    kind: ClassVar[str] = "host_event"
-    host: str
-
-    def as_record(self) -> dict:
-        """The event as one JSON-ready dict for the event log: ``{"event": kind, ...fields}``."""
-        return {"event": self.kind, **asdict(self)}
-
-
-@dataclass(frozen=True)
-class HostAdded(HostEvent):
-    kind: ClassVar[str] = "host_added"
-    slots: int
-
-    def __str__(self) -> str:
-        return f"host {self.host} added with {self.slots} slot(s)"
-
-
-@dataclass(frozen=True)
-class HostRemoved(HostEvent):
-    kind: ClassVar[str] = "host_removed"
-    slots: int
-
-    def __str__(self) -> str:
-        return f"host {self.host} removed (had {self.slots} slot(s))"
-
-
-@dataclass(frozen=True)
-class HostSlotsChanged(HostEvent):
-    kind: ClassVar[str] = "host_slots_changed"
-    old_slots: int
-    new_slots: int
-
-    def __str__(self) -> str:
-        return f"host {self.host} now has {self.new_slots} slot(s) (was {self.old_slots})"
-
-
-@dataclass(frozen=True)
-class HostBlacklisted(HostEvent):
-    """``failures`` worker failures within the window; out until ``until`` (``now`` scale)."""
-
-    kind: ClassVar[str] = "host_blacklisted"
-    failures: int
-    strikes: int
-    cooldown: float
-    until: float
-
-    def __str__(self) -> str:
-        return (f"host {self.host} blacklisted for {self.cooldown:g} s after {self.failures} "
-                f"worker failure(s) (strike {self.strikes})")
-
-
-@dataclass(frozen=True)
-class HostBlacklistSkipped(HostEvent):
-    """The host met the blacklisting rule but is kept: without it fewer than ``min_np``
-    slots would remain (``remaining_slots``)."""
-
-    kind: ClassVar[str] = "host_blacklist_skipped"
-    failures: int
-    remaining_slots: int
-    min_np: int
-
-    def __str__(self) -> str:
-        return (f"host {self.host} kept despite {self.failures} worker failure(s): without it "
-                f"{self.remaining_slots} slot(s) would remain, fewer than min_np {self.min_np}")
-
-
-@dataclass(frozen=True)
-class HostReturned(HostEvent):
-    """The host's cooldown ended; it is usable again (if discovery still lists it)."""
-
-    kind: ClassVar[str] = "host_back"
-
-    def __str__(self) -> str:
-        return f"host {self.host} back from the blacklist"
+            raise ValueError(
+                f"need 0 <= cooldown_min <= cooldown_max, "
+                f"got {self.cooldown_min}, {self.cooldown_max}"
+            )
 
 
 # ----------------------------------------------------------------------------- manager
+
 
 @dataclass
 class _HostRecord:
@@ -293,7 +234,7 @@ class HostManager:
         self._policy = policy
         self._min_np = min_np
         self._max_np = max_np
-        self._hosts: tuple[HostSlots, ...] = ()   # discovered, in stable order
+        self._hosts: tuple[HostSlots, ...] = ()  # discovered, in stable order
         self._records: dict[str, _HostRecord] = {}
 
     # -- queries
@@ -334,7 +275,9 @@ class HostManager:
 
     def next_release_time(self) -> float | None:
         """The earliest end of a running cooldown (when to call ``release_expired``), or None."""
-        ends = [r.blacklisted_until for r in self._records.values() if r.blacklisted_until is not None]
+        ends = [
+            r.blacklisted_until for r in self._records.values() if r.blacklisted_until is not None
+        ]
         return min(ends) if ends else None
 
     # -- changes

@@ -14,10 +14,12 @@ Horovod's definitions:
   are. This is what splitting the world by ``local_rank`` (MPI_Comm_split with rank as
   the key) gives, so it matches ``elastic`` under ``mpiexec``.
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 
 from driver.hosts import HostSlots
 from rendezvous.plan import Member, Plan, WorkerInfo
@@ -30,7 +32,20 @@ class WorkerSlot(NamedTuple):
     slot: int
 
 
-def slot_of(worker: WorkerInfo) -> WorkerSlot:
+class Placed(Protocol):
+    """Anything that sits in a slot: a registration, or the driver's worker record."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def slot(self) -> int: ...
+
+
+P = TypeVar("P", bound=Placed)
+
+
+def slot_of(worker: Placed) -> WorkerSlot:
     return WorkerSlot(worker.host, worker.slot)
 
 
@@ -44,11 +59,12 @@ def _slot_positions(hosts: Sequence[HostSlots]) -> dict[WorkerSlot, int]:
     return {slot: i for i, slot in enumerate(allowed_slots(hosts))}
 
 
-def displaced_workers(live: Sequence[WorkerInfo], hosts: Sequence[HostSlots]) -> tuple[WorkerInfo, ...]:
-    """Registered workers whose slot is no longer allowed (host removed or blacklisted,
-    or the host now has fewer slots). No plan includes them; the driver should stop them."""
+def displaced_workers(workers: Sequence[P], hosts: Sequence[HostSlots]) -> tuple[P, ...]:
+    """The workers (registrations or the driver's records) whose slot is no longer
+    allowed (host removed or blacklisted, or the host now has fewer slots). No plan
+    includes them; the driver stops them."""
     positions = _slot_positions(hosts)
-    return tuple(w for w in live if slot_of(w) not in positions)
+    return tuple(w for w in workers if slot_of(w) not in positions)
 
 
 def build_plan(round_id: int, workers: Sequence[WorkerInfo]) -> Plan:
@@ -67,15 +83,29 @@ def build_plan(round_id: int, workers: Sequence[WorkerInfo]) -> Plan:
         cross_ranks.append(seen_with_local_rank[local_rank])
         seen_with_local_rank[local_rank] += 1
     members = tuple(
-        Member(worker_id=w.worker_id, host=w.host, slot=w.slot, address=w.address, rank=rank,
-               local_rank=local_ranks[rank], local_size=local_sizes[w.host],
-               cross_rank=cross_ranks[rank], cross_size=cross_sizes[local_ranks[rank]])
-        for rank, w in enumerate(workers))
+        Member(
+            worker_id=w.worker_id,
+            host=w.host,
+            slot=w.slot,
+            address=w.address,
+            rank=rank,
+            local_rank=local_ranks[rank],
+            local_size=local_sizes[w.host],
+            cross_rank=cross_ranks[rank],
+            cross_size=cross_sizes[local_ranks[rank]],
+        )
+        for rank, w in enumerate(workers)
+    )
     return Plan(round_id=round_id, members=members)
 
 
-def next_plan(previous: Plan | None, live: Sequence[WorkerInfo], hosts: Sequence[HostSlots],
-              min_np: int, max_np: int | None) -> Plan | None:
+def next_plan(
+    previous: Plan | None,
+    live: Sequence[WorkerInfo],
+    hosts: Sequence[HostSlots],
+    min_np: int,
+    max_np: int | None,
+) -> Plan | None:
     """The next round's plan, or None when fewer than ``min_np`` workers can be in it.
 
     ``live``: registered, alive workers in registration order. ``hosts``: the usable
@@ -103,8 +133,10 @@ def next_plan(previous: Plan | None, live: Sequence[WorkerInfo], hosts: Sequence
     survivors = [eligible[i] for i in previous_ids if i in eligible]
     survivor_ids = set(previous_ids)
     # sorted() is stable, so workers on the same slot stay in registration order.
-    newcomers = sorted((w for w in eligible.values() if w.worker_id not in survivor_ids),
-                       key=lambda w: positions[slot_of(w)])
+    newcomers = sorted(
+        (w for w in eligible.values() if w.worker_id not in survivor_ids),
+        key=lambda w: positions[slot_of(w)],
+    )
     chosen: list[WorkerInfo] = []
     taken: set[WorkerSlot] = set()
     for w in survivors + newcomers:
@@ -138,8 +170,9 @@ def round_is_intact(plan: Plan, live: Sequence[WorkerInfo], hosts: Sequence[Host
     return all(m.worker_id in live_ids for m in plan.members)
 
 
-def slots_to_fill(hosts: Sequence[HostSlots], occupied: Iterable[tuple[str, int]],
-                  max_np: int | None) -> tuple[WorkerSlot, ...]:
+def slots_to_fill(
+    hosts: Sequence[HostSlots], occupied: Iterable[tuple[str, int]], max_np: int | None
+) -> tuple[WorkerSlot, ...]:
     """The free slots that need a (re)launched worker, in placement order (host order,
     then slot), so that the occupied and returned slots together stay within ``max_np``.
 
@@ -153,7 +186,9 @@ def slots_to_fill(hosts: Sequence[HostSlots], occupied: Iterable[tuple[str, int]
     return tuple(free[:room])
 
 
-def hold_growth_for_joiners(round_intact: bool, joiner_ages: Sequence[float], window: float) -> bool:
+def hold_growth_for_joiners(
+    round_intact: bool, joiner_ages: Sequence[float], window: float
+) -> bool:
     """True when publishing a bigger round should wait: the current round still works and
     workers launched less than ``window`` seconds ago (``joiner_ages``) have not registered
     yet. Workers started together (a host added, several slots refilled) then join in one

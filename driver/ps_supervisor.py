@@ -1,82 +1,158 @@
 """Parameter-server shards under the driver (``--num-ps N``): start, watch, restart.
 
 Each shard is ``python -m elastic.ps.server --index I ...`` on the driver's machine (the
-driver starts a command; it never imports ``elastic``). A shard announces itself on stdout
-(``ELASTIC_PS_READY {...}``, and shard 0 ``ELASTIC_PS_CHECKPOINT {...}`` per checkpoint)
-and publishes its address in the store, where clients find it. A shard that dies is
-restarted with the same arguments: it loads the newest complete checkpoint, and clients
-retry until it is back. A shard dying over and over (``MAX_RESTARTS`` within
-``RESTART_WINDOW``) ends the job: restarting cannot fix whatever kills it.
+driver starts a command; it never imports ``elastic``). Shards tell the driver what it
+needs through the store, the one route for these facts:
+
+* shard ``I`` writes its ``rendezvous.plan.ShardInfo`` under ``JobKeys.ps_shard(I)``:
+  ``ready=False`` while it restores a checkpoint, ``ready=True`` once it serves. A shard
+  is ready for the supervisor when that record says ready *and* carries the pid of the
+  process the supervisor launched, so the record of a shard that died is never taken
+  for its replacement's (``ps_started``);
+* the coordinating shard writes a ``rendezvous.plan.CheckpointRecord`` under
+  ``JobKeys.ps_checkpoint`` after each complete checkpoint (``checkpoint_written``).
+
+A shard that dies is restarted with the same arguments: it loads the newest complete
+checkpoint, and clients retry until it is back. A shard dying over and over
+(``MAX_RESTARTS`` within ``RESTART_WINDOW``) ends the job through ``on_fatal``:
+restarting cannot fix whatever kills it.
 """
+
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Callable
 
-from driver import events as ev
-from driver.launcher import (LaunchSpec, LauncherError, LocalLauncher, WorkerProcess,
-                             stop_all)
+from driver.errors import JobFailed, LauncherError
+from driver.events import CheckpointWritten, EventSink, PsExited, PsRestarted, PsStarted
+from driver.launch.launchers import Launcher
+from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
+from driver.launch.spec import LaunchSpec
+from driver.watch import follow_prefix
+from rendezvous.keys import JobKeys
+from rendezvous.plan import CheckpointRecord, ShardInfo
+from rendezvous.store import PUT, KeyValue, KVStore
 
 log = logging.getLogger(__name__)
 
-READY_PREFIX = b"ELASTIC_PS_READY "
-CHECKPOINT_PREFIX = b"ELASTIC_PS_CHECKPOINT "
 MAX_RESTARTS = 10
 RESTART_WINDOW = 60.0
-STOP_GRACE = 5.0
 
 
-def shard_command(index: int, num_shards: int, mode: str, bind_host: str,
-                  checkpoint_dir: str | None, checkpoint_interval: float) -> tuple[str, ...]:
+def shard_command(
+    index: int,
+    num_shards: int,
+    mode: str,
+    bind_host: str,
+    checkpoint_dir: str | None,
+    checkpoint_interval: float,
+) -> tuple[str, ...]:
     """The command line of shard ``index`` (pure)."""
-    command = [sys.executable, "-m", "elastic.ps.server", "--index", str(index),
-               "--num-shards", str(num_shards), "--mode", mode, "--bind", f"{bind_host}:0"]
+    command = [
+        sys.executable,
+        "-m",
+        "elastic.ps.server",
+        "--index",
+        str(index),
+        "--num-shards",
+        str(num_shards),
+        "--mode",
+        mode,
+        "--bind",
+        f"{bind_host}:0",
+    ]
     if checkpoint_dir:
-        command += ["--checkpoint-dir", checkpoint_dir,
-                    "--checkpoint-interval", str(checkpoint_interval)]
+        command += [
+            "--checkpoint-dir",
+            checkpoint_dir,
+            "--checkpoint-interval",
+            str(checkpoint_interval),
+        ]
     return tuple(command)
 
 
 class PSSupervisor:
-    def __init__(self, job, ready_timeout: float | None = None):
-        cfg = job.config
-        self.job = job
-        self.events = job.events
-        self.num_shards = cfg.num_ps
-        self.ready_timeout = ready_timeout or cfg.start_timeout
-        bind = "127.0.0.1" if job.all_local else job.advertised_host
-        checkpoint_dir = os.path.abspath(cfg.ps_checkpoint_dir) if cfg.ps_checkpoint_dir else None
-        self.commands = [shard_command(i, cfg.num_ps, cfg.ps_mode, bind, checkpoint_dir,
-                                       cfg.ps_checkpoint_interval) for i in range(cfg.num_ps)]
-        self.env = job.shard_env()
-        self._launcher = LocalLauncher()
+    """Runs shard ``i`` as ``commands[i]`` with ``env`` added to the driver's environment.
+
+    ``store``/``keys``: where the shards' records are; ``launcher`` starts them (as
+    ``localhost`` slot ``i``, output prefixed ``[psI]``); ``events`` receives the ps
+    events; ``on_fatal(reason)`` is called (from a supervisor thread) when the shards
+    cannot go on. ``ready_timeout``: how long ``start`` waits; ``store_patience``: how
+    long the store may be unreachable before that is fatal."""
+
+    def __init__(
+        self,
+        commands: Sequence[tuple[str, ...]],
+        env: Mapping[str, str],
+        *,
+        store: KVStore,
+        keys: JobKeys,
+        launcher: Launcher,
+        events: EventSink,
+        on_fatal: Callable[[str], None],
+        ready_timeout: float,
+        store_patience: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.commands = list(commands)
+        self.env = dict(env)
+        self.num_shards = len(self.commands)
+        self.ready_timeout = ready_timeout
+        self._store = store
+        self._keys = keys
+        self._launcher = launcher
+        self._events = events
+        self._on_fatal = on_fatal
+        self._store_patience = store_patience
+        self._clock = clock
         self._lock = threading.Condition()
         self._procs: dict[int, WorkerProcess] = {}
-        self._ready: dict[int, dict] = {}
-        self._restarts: dict[int, deque] = {i: deque() for i in range(cfg.num_ps)}
+        self._records: dict[int, ShardInfo] = {}  # the newest record of each shard
+        self._ready: dict[int, int] = {}  # shard -> pid announced ready
+        self._last_checkpoint: int | None = None
+        self._restarts: dict[int, deque[float]] = {i: deque() for i in range(self.num_shards)}
+        self._fatal: str | None = None
         self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     # ---- lifecycle ----
     def start(self) -> None:
-        """Start every shard and wait until each announced its address.
+        """Follow the shards' records, start every shard, and wait until each is ready.
 
-        Raises the job's JobFailed when a shard is not ready within the deadline."""
+        Raises:
+            JobFailed: a shard is not ready within ``ready_timeout``, or the shards
+                cannot go on (the ``on_fatal`` reason).
+            LauncherError: a shard cannot be started.
+        """
+        for name, prefix, take in (
+            ("ps-shards", self._keys.ps, self._take_shard_record),
+            ("ps-checkpoints", self._keys.ps_checkpoint, self._take_checkpoint),
+        ):
+            thread = threading.Thread(
+                target=self._follow, args=(prefix, take), name=name, daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
         for index in range(self.num_shards):
             self._launch(index)
-        deadline = time.monotonic() + self.ready_timeout
+        deadline = self._clock() + self.ready_timeout
         with self._lock:
             while len(self._ready) < self.num_shards:
-                remaining = deadline - time.monotonic()
+                if self._fatal is not None:
+                    raise JobFailed(self._fatal)
+                remaining = deadline - self._clock()
                 if remaining <= 0:
                     missing = sorted(set(range(self.num_shards)) - set(self._ready))
-                    from driver.job import JobFailed
-                    raise JobFailed(f"ps shards {missing} not ready within {self.ready_timeout:g}s "
-                                    "(see their output above)")
+                    raise JobFailed(
+                        f"ps shards {missing} not ready within "
+                        f"{self.ready_timeout:g}s (see their output above)"
+                    )
                 self._lock.wait(min(remaining, 0.5))
 
     def stop(self) -> None:
@@ -84,60 +160,138 @@ class PSSupervisor:
             self._stopping.set()
             procs = list(self._procs.values())
         stop_all(procs, STOP_GRACE)
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    # ---- the store ----
+    def _follow(self, prefix: str, take: Callable[[KeyValue], None]) -> None:
+        def on_event(event) -> None:
+            if event.type == PUT:
+                take(event.kv)
+
+        def on_resync(kvs: Sequence[KeyValue]) -> None:
+            for kv in kvs:
+                take(kv)
+
+        follow_prefix(
+            self._store,
+            prefix,
+            None,
+            on_event=on_event,
+            on_resync=on_resync,
+            on_lost=lambda exc: self._fail(
+                f"lost the rendezvous store while watching the ps shards: {exc}"
+            ),
+            stop=self._stopping,
+            patience=self._store_patience,
+            clock=self._clock,
+        )
+
+    def _take_shard_record(self, kv: KeyValue) -> None:
+        try:
+            info = ShardInfo.from_json(kv.value)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable ps shard record under %s: %s", kv.key, exc)
+            return
+        with self._lock:
+            self._records[info.index] = info
+            ready = self._newly_ready(info.index)
+        if ready is not None:
+            self._events.emit(PsStarted(shard=ready.index, address=ready.address, pid=ready.pid))
+
+    def _newly_ready(self, index: int) -> ShardInfo | None:
+        """The record that makes shard ``index`` ready now, or None (call under the lock)."""
+        proc, info = self._procs.get(index), self._records.get(index)
+        if (
+            proc is None
+            or info is None
+            or not info.ready
+            or info.pid != proc.pid
+            or self._ready.get(index) == proc.pid
+        ):
+            return None
+        self._ready[index] = proc.pid
+        self._lock.notify_all()
+        return info
+
+    def _take_checkpoint(self, kv: KeyValue) -> None:
+        if kv.key != self._keys.ps_checkpoint:
+            return
+        try:
+            record = CheckpointRecord.from_json(kv.value)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable checkpoint record: %s", exc)
+            return
+        with self._lock:
+            if record.checkpoint_id == self._last_checkpoint:
+                return  # the same checkpoint, read again after a watch ended
+            self._last_checkpoint = record.checkpoint_id
+        self._events.emit(
+            CheckpointWritten(
+                step=record.step,
+                path=record.dir,
+                checkpoint=record.checkpoint_id,
+                seconds=round((record.pause_ms + record.write_ms) / 1e3, 3),
+            )
+        )
 
     # ---- one shard ----
     def _launch(self, index: int) -> bool:
-        """Start shard ``index`` (False when stopping). Raises LauncherError."""
-        spec = LaunchSpec(host="localhost", slot=index, command=self.commands[index],
-                          env=self.env, cwd=os.getcwd(), label=f"ps{index}")
+        """Start shard ``index`` (False when stopping).
+
+        Raises:
+            LauncherError: the shard cannot be started.
+        """
+        spec = LaunchSpec(
+            host="localhost",
+            slot=index,
+            command=self.commands[index],
+            env=self.env,
+            cwd=os.getcwd(),
+            label=f"ps{index}",
+        )
         # Under the lock with the stopping check, so a restart racing ``stop`` cannot leave
         # a shard behind: either stop sees it, or it is never started.
         with self._lock:
             if self._stopping.is_set():
                 return False
-            proc = self._launcher.launch(spec, prefix=lambda: f"[ps{index}]",
-                                         on_stdout_line=lambda line: self._announce(index, line))
+            proc = self._launcher.launch(spec)
             self._procs[index] = proc
             self._ready.pop(index, None)
-        thread = threading.Thread(target=self._watch, args=(index, proc), daemon=True,
-                                  name=f"ps{index}-wait")
+            # Only a record written after this launch can make the new process ready.
+            self._records.pop(index, None)
+        thread = threading.Thread(
+            target=self._watch, args=(index, proc), daemon=True, name=f"ps{index}-wait"
+        )
         thread.start()
         return True
-
-    def _announce(self, index: int, line: bytes) -> bool:
-        """Turn a shard's machine-readable stdout lines into events (True: consumed)."""
-        if line.startswith(READY_PREFIX):
-            info = json.loads(line[len(READY_PREFIX):])
-            with self._lock:
-                self._ready[index] = info
-                self._lock.notify_all()
-            self.events.emit(ev.PS_STARTED, shard=index, address=info.get("address"),
-                             pid=info.get("pid"))
-            return True
-        if line.startswith(CHECKPOINT_PREFIX):
-            info = json.loads(line[len(CHECKPOINT_PREFIX):])
-            self.events.emit(ev.CHECKPOINT_WRITTEN, step=info.get("step"), path=info.get("dir"),
-                             seconds=round((info.get("pause_ms", 0) + info.get("write_ms", 0)) / 1e3, 3),
-                             checkpoint=info.get("checkpoint_id"))
-            return True
-        return False
 
     def _watch(self, index: int, proc: WorkerProcess) -> None:
         code = proc.wait(timeout=None)
         if self._stopping.is_set():
             return
-        self.events.emit(ev.PS_EXITED, shard=index, code=code)
-        now = time.monotonic()
+        self._events.emit(PsExited(shard=index, code=code))
+        now = self._clock()
         history = self._restarts[index]
         history.append(now)
         while history and history[0] < now - RESTART_WINDOW:
             history.popleft()
         if len(history) > MAX_RESTARTS:
-            self.job.post("fatal", f"ps shard {index} died {len(history)} times within "
-                                   f"{RESTART_WINDOW:g}s (last exit: {code}); giving up")
+            self._fail(
+                f"ps shard {index} died {len(history)} times within "
+                f"{RESTART_WINDOW:g}s (last exit: {code}); giving up"
+            )
             return
         try:
             if self._launch(index):
-                self.events.emit(ev.PS_RESTARTED, shard=index)
+                self._events.emit(PsRestarted(shard=index))
         except LauncherError as exc:
-            self.job.post("fatal", f"cannot restart ps shard {index}: {exc}")
+            self._fail(f"cannot restart ps shard {index}: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            self._fatal = self._fatal or reason
+            self._lock.notify_all()
+        self._on_fatal(reason)

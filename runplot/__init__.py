@@ -1,6 +1,8 @@
-"""The picture of a run from an ``elastic-run --events`` file (``elastic-plot``).
+"""A picture of an ``elastic-run`` job from its events file (``--events``).
 
-Placeholder: the plot tool still lives in ``driver/plot.py``; this package only gives the
-``elastic-plot`` console script something to resolve. The driver restructuring replaces
-this package with the real one (the tool moves out of the driver package).
+    python -m runplot run.jsonl -o run.svg      (or: elastic-plot run.jsonl -o run.png)
+
+``runplot.timeline`` turns the events into series and markers (pure, no dependency);
+``runplot.render`` draws them with matplotlib, the optional ``plot`` extra. The event
+vocabulary (kinds and fields) is ``driver.events``; this package only reads the file.
 """

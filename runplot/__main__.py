@@ -1,19 +1,65 @@
-"""``elastic-plot`` / ``python -m runplot``: forwards to ``driver.plot``'s command.
+"""``python -m runplot EVENTS.jsonl [-o run.svg] [--title T]``: draw a run.
 
-Placeholder until the driver restructuring moves the plot tool here and replaces this file.
+Exit status 0 when the picture was written; 1 with a one-line reason when the events
+file cannot be read or holds no event, the picture cannot be written, or matplotlib is
+not installed (then no file is written).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from driver import plot
+from driver.errors import PlotError
+from runplot.render import render
+from runplot.timeline import build_timeline, load_events
+
+PROG = "runplot"
+
+
+def plot(
+    events_path: str | Path, output: str | Path | None = None, title: str | None = None
+) -> Path:
+    """Write the picture of ``events_path`` to ``output`` (default: the events path with
+    ``.svg``) and return the path written.
+
+    Raises:
+        PlotError: the file cannot be read, holds no events, or matplotlib is missing.
+        OSError: the picture cannot be written.
+        ValueError: matplotlib does not know the output's format.
+    """
+    events, _ = load_events(events_path)
+    if not events:
+        raise PlotError(f"{events_path}: no events")
+    out = Path(output) if output is not None else Path(events_path).with_suffix(".svg")
+    render(build_timeline(events), out, title or f"elastic-run: {Path(events_path).name}")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the plot command with ``argv`` (default: the process's arguments)."""
-    return plot.main(argv)
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Draw a run (world size, committed steps, failures) from an "
+        "elastic-run --events file (needs matplotlib).",
+    )
+    parser.add_argument("events", help="the JSON-lines events file")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help="picture to write; the format follows the "
+        "suffix: .svg, .png, .pdf, ... (default: EVENTS with .svg)",
+    )
+    parser.add_argument("--title", help="title above the picture")
+    args = parser.parse_args(argv)
+    try:
+        written = plot(args.events, args.output, args.title)
+    except (PlotError, OSError, ValueError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    print(f"{PROG}: wrote {written}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

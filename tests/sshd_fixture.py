@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.launcher import SSHSettings
+from driver.launch.spec import SSHSettings
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"

@@ -9,8 +9,13 @@ import time
 
 import pytest
 
-from driver.discovery import (FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host,
-                              parse_discovery_output)
+from driver.discovery import (
+    FixedDiscovery,
+    HostDiscovery,
+    ScriptDiscovery,
+    is_local_host,
+    parse_discovery_output,
+)
 from driver.errors import DiscoveryError
 from driver.hosts import HostSlots
 

@@ -1,6 +1,7 @@
 """The host vocabulary and the host manager (pure logic; time is passed in)."""
 from __future__ import annotations
 
+import io
 import json
 import re
 
@@ -9,10 +10,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from driver.errors import HostSpecError
-from driver.hosts import (BlacklistPolicy, HostAdded, HostBlacklisted, HostBlacklistSkipped,
-                          HostDiff, HostManager, HostRemoved, HostReturned, HostSlots,
-                          HostSlotsChanged, available_slots, cooldown_for, diff_hosts,
-                          order_hosts, parse_host_slots, split_host, total_slots)
+from driver.eventlog import EventLog
+from driver.hosts import (
+    BlacklistPolicy,
+    HostAdded,
+    HostBlacklisted,
+    HostBlacklistSkipped,
+    HostDiff,
+    HostManager,
+    HostRemoved,
+    HostReturned,
+    HostSlots,
+    HostSlotsChanged,
+    available_slots,
+    cooldown_for,
+    diff_hosts,
+    order_hosts,
+    parse_host_slots,
+    split_host,
+    total_slots,
+)
 
 
 def hs(spec: str) -> tuple[HostSlots, ...]:
@@ -377,8 +394,8 @@ def test_zero_cooldown_returns_at_once():
     (HostReturned("a"), "host_back", "host a back from the blacklist"),
 ])
 def test_events_are_loggable(event, kind, text):
-    record = event.as_record()
-    assert record["event"] == kind and record["host"] == "a"
+    record = EventLog(None, stream=io.StringIO()).emit(event)
+    assert record["kind"] == kind and record["host"] == "a"
     assert json.loads(json.dumps(record)) == record
     assert str(event) == text
 

@@ -17,11 +17,19 @@ import time
 
 import pytest
 
-from driver.launcher import (
-    CONTROL_KILL, CONTROL_TERM, NOT_FORWARDED, AutoLauncher, LaunchError, LaunchSpec,
-    LaunchSpecError, LocalLauncher, SSHLauncher, SSHSettings, UnknownLauncherError,
-    encode_env_block, get_launcher, remote_environment, remote_script, ssh_argv,
-    ssh_remote_command)
+from driver.errors import LaunchError, LaunchSpecError, UnknownLauncherError
+from driver.launch.launchers import AutoLauncher, LocalLauncher, SSHLauncher, get_launcher
+from driver.launch.spec import LaunchSpec, SSHSettings
+from driver.launch.ssh_wrapper import (
+    CONTROL_KILL,
+    CONTROL_TERM,
+    NOT_FORWARDED,
+    encode_env_block,
+    remote_environment,
+    remote_script,
+    ssh_argv,
+    ssh_remote_command,
+)
 from rendezvous.errors import ElasticError
 from tests.jobs import wait_until
 from tests.sshd_fixture import free_port, sshd_server  # noqa: F401  (fixture)

@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from driver.output import MAX_LINE, OutputForwarder, format_line, worker_prefix, write_line
+from driver.launch.output import MAX_LINE, OutputForwarder, format_line, worker_prefix, write_line
 from tests.jobs import wait_until
-
 
 wait_for = wait_until  # one polling helper for every test
 

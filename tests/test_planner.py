@@ -8,8 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from driver.hosts import HostSlots, parse_host_slots
-from driver.planner import (WorkerSlot, allowed_slots, build_plan, displaced_workers,
-                            needs_new_round, next_plan, round_is_intact, slots_to_fill)
+from driver.planner import (
+    WorkerSlot,
+    allowed_slots,
+    build_plan,
+    displaced_workers,
+    needs_new_round,
+    next_plan,
+    round_is_intact,
+    slots_to_fill,
+)
 from rendezvous.plan import Member, Plan, WorkerInfo
 
 

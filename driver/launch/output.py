@@ -8,7 +8,7 @@ a rank, ``[host:slot]`` before), because a worker's rank changes between rounds.
 Guarantees:
 
 * a line is written with one ``write`` under ``WRITE_LOCK``, a single lock shared by
-  every forwarder (and by ``driver.events``), so lines of different workers, or an
+  every forwarder (and by ``driver.eventlog``), so lines of different workers, or an
   event line, never interleave inside a line;
 * bytes are forwarded as they are (written to the stream's binary buffer when it has
   one); a stream that only takes text gets them decoded with replacement characters,
@@ -21,13 +21,15 @@ Guarantees:
   worker never blocks on a full pipe;
 * threads end at EOF, i.e. when the worker and every descendant holding the pipe exit.
 """
+
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, Optional, TextIO, Union
+from typing import IO, BinaryIO, Callable, TextIO, Union, cast
 
 WRITE_LOCK = threading.Lock()
 """Held around every write of a whole line to the driver's stdout/stderr."""
@@ -39,7 +41,7 @@ Stream = Union[TextIO, BinaryIO]
 PrefixFn = Callable[[], str]
 
 
-def worker_prefix(rank: Optional[int], label: str) -> str:
+def worker_prefix(rank: int | None, label: str) -> str:
     """``[rank]`` when the rank is known, else ``[label]`` (``label`` is ``host:slot``)."""
     return f"[{rank}]" if rank is not None else f"[{label}]"
 
@@ -68,7 +70,7 @@ def write_line(stream: Stream, data: bytes) -> None:
             stream.write(data.decode("utf-8", "replace"))
             stream.flush()
         else:
-            stream.write(data)
+            cast(BinaryIO, stream).write(data)
             stream.flush()
 
 
@@ -80,39 +82,47 @@ class OutputForwarder:
     they are when a line is written (so redirections made later are honoured).
     ``log_path``, if given, also receives every line unprefixed (a per-worker log for
     ``--log-dir``); it is opened in append mode by ``start`` (``OSError`` propagates).
-    ``on_stdout_line(line)``, if given, sees every stdout line first (from the pump
-    thread); when it returns True the line is consumed, not forwarded (how the driver
-    reads a process's machine-readable announcements, e.g. a ps shard's address).
+    Output is only ever forwarded: what the driver must know from a process comes
+    through the store, never from its output.
     """
 
-    def __init__(self, prefix_fn: PrefixFn, out: Optional[Stream] = None,
-                 err: Optional[Stream] = None, name: str = "worker",
-                 log_path: Optional[str] = None,
-                 on_stdout_line: Optional[Callable[[bytes], bool]] = None):
+    def __init__(
+        self,
+        prefix_fn: PrefixFn,
+        out: Stream | None = None,
+        err: Stream | None = None,
+        name: str = "worker",
+        log_path: str | None = None,
+    ):
         self.prefix_fn = prefix_fn
-        self.on_stdout_line = on_stdout_line
         self._out = out
         self._err = err
         self.name = name
         self.log_path = log_path
-        self._log: Optional[BinaryIO] = None
+        self._log: BinaryIO | None = None
         self._log_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._open_pumps = 0  # the last pump to end closes the log
 
-    def start(self, stdout: Optional[BinaryIO], stderr: Optional[BinaryIO]) -> None:
+    def start(self, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         """Start one daemon thread per given pipe (binary, readable). Each thread closes
         its pipe at EOF."""
         if self.log_path is not None:
-            self._log = open(self.log_path, "ab", buffering=0)
-        pipes = [(pipe, which) for pipe, which in ((stdout, "out"), (stderr, "err"))
-                 if pipe is not None]
+            # Open for the pumps' lifetime; the last pump to end closes it.
+            self._log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115
+        pipes = [
+            (pipe, which) for pipe, which in ((stdout, "out"), (stderr, "err")) if pipe is not None
+        ]
         # Count every pump before starting any, so the first to end cannot close the log
         # while the other has not started yet.
         self._open_pumps = len(pipes)
         for pipe, which in pipes:
-            t = threading.Thread(target=self._pump, args=(pipe, which),
-                                 name=f"output-{self.name}-{which}", daemon=True)
+            t = threading.Thread(
+                target=self._pump,
+                args=(pipe, which),
+                name=f"output-{self.name}-{which}",
+                daemon=True,
+            )
             self._threads.append(t)
             t.start()
         if not pipes:
@@ -140,10 +150,10 @@ class OutputForwarder:
     def _prefix(self) -> str:
         try:
             return str(self.prefix_fn())
-        except Exception:  # a broken prefix must not lose the worker's output
+        except Exception:  # noqa: BLE001  (a broken prefix must not lose the worker's output)
             return f"[{self.name}]"
 
-    def _pump(self, pipe: BinaryIO, which: str) -> None:
+    def _pump(self, pipe: IO[bytes], which: str) -> None:
         broken = False
         try:
             while True:
@@ -154,8 +164,6 @@ class OutputForwarder:
                 if not line:
                     break
                 self._log_line(line)
-                if which == "out" and self.on_stdout_line is not None and self._consumed(line):
-                    continue
                 if broken:
                     continue  # keep draining so the worker never blocks on a full pipe
                 try:
@@ -163,17 +171,9 @@ class OutputForwarder:
                 except (OSError, ValueError):
                     broken = True  # the driver's stream is gone (closed, EPIPE)
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 pipe.close()
-            except OSError:
-                pass
             self._pump_ended()
-
-    def _consumed(self, line: bytes) -> bool:
-        try:
-            return bool(self.on_stdout_line(line))
-        except Exception:  # a broken hook must not stop the pipe being drained
-            return False
 
     def _log_line(self, line: bytes) -> None:
         if self._log is None:
@@ -194,7 +194,5 @@ class OutputForwarder:
                 return
             log, self._log = self._log, None
         if log is not None:
-            try:
+            with contextlib.suppress(OSError):
                 log.close()
-            except OSError:
-                pass

@@ -1,0 +1,153 @@
+"""What the job's rules decide, and what they remember: plain values, no behaviour.
+
+``driver.policy`` returns these; ``driver.job`` carries them out, one handler per class.
+A ``Step`` pairs decisions with the ``Book`` after them (the loop's memory between
+decisions, replaced, never changed); a ``HostsView`` is what the rules ask of the host
+manager, as of one moment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple, Union
+
+from driver.events import Event
+from driver.hosts import HostManager, HostSlots
+from rendezvous.plan import Plan
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish ``plan`` as the next round; ``seconds`` since the change it answers."""
+
+    plan: Plan
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do about ``why`` before ``until`` (unless a message comes first)."""
+
+    until: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """End the job; ``reason`` is the one line ``elastic-run`` prints."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    """SIGKILL the worker (it is hung or unresponsive); its exit counts as a failure,
+    unless the ``chaos`` killed it (then it is not its host's fault)."""
+
+    worker_id: str
+    reason: str
+    chaos: bool = False
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the worker (SIGTERM, SIGKILL after the grace); its exit is no failure."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start a worker in slot ``slot`` of ``host``."""
+
+    host: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class Report:
+    """Emit ``event``."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class CountFailure:
+    """A worker on ``host`` failed on its own (exit ``code``): count it against the host
+    (blacklisting) and then against the failure streak (``count_failure``)."""
+
+    host: str
+    code: int
+
+
+@dataclass(frozen=True)
+class Succeed:
+    """The job is done: every member of round ``round`` (of ``size``) exited 0."""
+
+    round: int
+    size: int
+    resets: int
+
+
+Decision = Union[Publish, Wait, Fail, Kill, Stop, Launch, Report, CountFailure, Succeed]
+
+
+@dataclass(frozen=True)
+class Book:
+    """What the loop remembers between decisions; replaced, never changed.
+
+    ``change_at``: when the membership first changed since the last round (the next
+    round's formation time counts from it). ``done_slots``: slots whose worker finished
+    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed."""
+
+    started_at: float
+    resets: int = 0
+    failure_streak: int = 0
+    np_registered_at: float | None = None
+    broken_since: float | None = None
+    waiting_reported: bool = False
+    member_finished_at: float | None = None
+    change_at: float | None = None
+    all_failed_rounds: frozenset[int] = frozenset()
+    done_slots: frozenset[tuple[str, int]] = frozenset()
+
+    def changed(self, now: float) -> Book:
+        """The membership changed at ``now``."""
+        return self if self.change_at is not None else replace(self, change_at=now)
+
+    def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
+        """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""
+        return replace(
+            self,
+            done_slots=self.done_slots | {(host, slot)},
+            member_finished_at=now if in_round else self.member_finished_at,
+        )
+
+
+@dataclass(frozen=True)
+class HostsView:
+    """What the rules ask of the host manager, as of one moment."""
+
+    usable: tuple[HostSlots, ...]
+    blacklisted: tuple[str, ...] = ()
+    all_blacklisted: bool = False
+    next_release: float | None = None
+    available_slots: int = 0
+
+    @classmethod
+    def of(cls, hosts: HostManager) -> HostsView:
+        return cls(
+            usable=hosts.usable_hosts,
+            blacklisted=hosts.blacklisted_hosts,
+            all_blacklisted=hosts.all_blacklisted,
+            next_release=hosts.next_release_time(),
+            available_slots=hosts.available_slots,
+        )
+
+
+class Step(NamedTuple):
+    """Decisions, and the book after them."""
+
+    decisions: tuple[Decision, ...]
+    book: Book

@@ -1,0 +1,115 @@
+"""What the job's threads tell its main loop: one small frozen class per kind of news.
+
+Only the main loop (``driver.job.Job``) owns the job's state; every other thread (process
+waiters, store watches, discovery, signal handlers, the chaos timer, the ps supervisor)
+posts one of these to its queue, and the loop dispatches on the class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from driver.hosts import HostSlots
+from rendezvous.store import Event, KeyValue
+
+
+@dataclass(frozen=True)
+class ProcessExited:
+    """The process of worker ``worker_id`` exited with ``code``."""
+
+    worker_id: str
+    code: int
+
+
+@dataclass(frozen=True)
+class RegistryChanged:
+    """A worker registration was written or vanished (a store watch event)."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class RegistryResync:
+    """Every registration, read afresh after the registry watch ended."""
+
+    kvs: Sequence[KeyValue]
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """A worker reported a failure it saw (a store watch event)."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class FailureResync:
+    """Every failure report, read afresh after that watch ended."""
+
+    kvs: Sequence[KeyValue]
+
+
+@dataclass(frozen=True)
+class HostsFound:
+    """A discovery run listed ``hosts``."""
+
+    hosts: tuple[HostSlots, ...]
+
+
+@dataclass(frozen=True)
+class DiscoveryFailed:
+    """A discovery run failed (after the first; the first is fatal)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    """``elastic-run`` got SIGINT or SIGTERM."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class StoreLost:
+    """The store stayed unreachable longer than the job may wait."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class KillRequested:
+    """Kill worker ``worker_id`` (it is known to be hung)."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ChaosTick:
+    """The chaos timer fired: kill a member of the round."""
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """A component cannot go on (e.g. a ps shard keeps dying); ``reason`` ends the job."""
+
+    reason: str
+
+
+Message = Union[
+    ProcessExited,
+    RegistryChanged,
+    RegistryResync,
+    FailureReport,
+    FailureResync,
+    HostsFound,
+    DiscoveryFailed,
+    SignalReceived,
+    StoreLost,
+    KillRequested,
+    ChaosTick,
+    Fatal,
+]

@@ -1,0 +1,467 @@
+"""The job's rules, as pure functions that return decisions.
+
+Each function looks at the worker records (``driver.workers``), the current plan, the
+job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
+manager's answers), the config and ``now``, and returns what to do (``driver.decisions``):
+``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``Report`` (an event to
+emit), ``CountFailure``, ``Succeed``, or nothing. None of them touches the store, a process or a clock; the
+main loop (``driver.job``) carries the decisions out. Functions that also update the
+book return a ``Step`` (the decisions and the new book).
+
+The rules:
+
+* Outcome (``outcome``): the job succeeds when every member of the current round has
+  finished and all exited 0; it fails when some finished and others failed (the finished
+  ones cannot be replaced: their state is gone), or when workers finished before any
+  round formed. A worker the driver stopped did not finish, whatever its code.
+* The script fails everywhere (``plan_round``): every member of two rounds in a row
+  exited with an error code of its own (no signal, no stop) ends the job; one such
+  round is replaced as usual (with -np 1 it is just a failed worker).
+* Exits (``worker_exited``): a worker the driver stopped is stopped, whatever its code;
+  else 0 is finished and anything else failed, counted against its host and the streak
+  unless the chaos killed it.
+* Failure streak (``count_failure``): more than ``max(FAILURE_STREAK_MIN, 3 x slots)``
+  worker failures with no round forming end the job: they die before they can join.
+* First round (``plan_round``): wait for ``-np`` registered workers, up to
+  ``--start-timeout``; once there are, wait ``FIRST_ROUND_GRACE`` for the rest of those
+  launched, so a job on 8 slots forms one round of 8.
+* Finish grace: after a member exits 0, no round for ``FINISH_GRACE`` (the others are
+  most likely finishing too).
+* Join batch window: a bigger round waits while workers launched less than
+  ``JOIN_BATCH_WINDOW`` ago have not registered, if the current round still works.
+* Reregister grace (``workers_to_kill``): a worker whose registration lapsed and that
+  has not registered again within ``REREGISTER_GRACE`` is killed (it is hung).
+* Broken round (``plan_round``): a round that lost members and cannot re-form is
+  reported after ``WAITING_REPORT_AFTER`` and ends the job after ``--elastic-timeout``.
+* Reset limit: publishing a round beyond ``--reset-limit`` re-forms ends the job
+  (rounds after a worker finished are not resets).
+* All hosts blacklisted (``hosts_rule``): with nothing running, wait for the first
+  cooldown to end, unless that is later than the job may wait anyway.
+* Wake-up (``next_wakeup``): the earliest ``Wait``, at most ``MAX_SLEEP`` away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from driver import planner, workers
+from driver.config import JobConfig
+from driver.decisions import (
+    Book,
+    CountFailure,
+    Decision,
+    Fail,
+    HostsView,
+    Kill,
+    Launch,
+    Publish,
+    Report,
+    Step,
+    Stop,
+    Succeed,
+    Wait,
+)
+from driver.events import (
+    ChaosKill,
+    FailureReported,
+    Waiting,
+    WorkerExited,
+    WorkerFailed,
+    WorkerStopped,
+    WorkerStopping,
+    describe_code,
+)
+from driver.hosts import HostSlots
+from driver.workers import WorkerRecord, WorkerState
+from rendezvous.plan import Plan, WorkerInfo
+
+#: after the first ``-np`` workers registered, how long to wait for the rest of those
+#: launched before the first round (so a job starting on 8 slots forms one round of 8)
+FIRST_ROUND_GRACE = 1.0
+#: how long a broken round may wait before a ``waiting`` event says so (a worker that
+#: finishes first leaves its round broken for a moment: no need to report that)
+WAITING_REPORT_AFTER = 1.0
+#: after a member of the round exits 0, how long to wait before re-forming without it:
+#: at the end of training the others exit too, and a round for that moment is noise
+FINISH_GRACE = 2.0
+#: workers launched together join in one re-form if they register within this window
+JOIN_BATCH_WINDOW = 3.0
+#: a worker whose registration vanished (lease expired) but whose process runs is killed
+#: if it has not registered again after this long: it is hung, and its slot is refilled
+REREGISTER_GRACE = 10.0
+#: worker failures in a row, with no round forming, that end the job (at least this many,
+#: or three per slot): the workers die before they can join, restarting will not help
+FAILURE_STREAK_MIN = 10
+#: the loop looks at the job at least this often, whatever it waits for
+MAX_SLEEP = 1.0
+MIN_SLEEP = 0.01
+
+Workers = Mapping[str, WorkerRecord]
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def live_infos(workers: Workers) -> list[WorkerInfo]:
+    """Registrations of the live workers, in registration order (what the planner takes)."""
+    live = sorted(
+        (r for r in workers.values() if r.live and r.info is not None),
+        key=lambda r: r.registered_seq,
+    )
+    return [r.info for r in live if r.info is not None]
+
+
+def workers_to_stop(workers: Workers, usable: Sequence[HostSlots]) -> list[Decision]:
+    """Stop the active workers whose host or slot left the job (and say so)."""
+    active = [r for r in workers.values() if r.state.active]
+    reason = "its host or slot left the job"
+    decisions: list[Decision] = []
+    for r in planner.displaced_workers(active, usable):
+        event = WorkerStopping(worker=r.worker_id, host=r.host, slot=r.slot, reason=reason)
+        decisions += [Report(event), Stop(r.worker_id, reason)]
+    return decisions
+
+
+def workers_to_kill(workers: Workers, now: float) -> list[Kill]:
+    """Workers whose registration lapsed more than ``REREGISTER_GRACE`` ago."""
+    return [
+        Kill(
+            r.worker_id,
+            f"its registration lapsed and it did not register again within {REREGISTER_GRACE:g}s",
+        )
+        for r in workers.values()
+        if r.state is WorkerState.UNREGISTERED and now - r.since > REREGISTER_GRACE
+    ]
+
+
+def lapse_waits(workers: Workers) -> list[Wait]:
+    """When each lapsed registration's grace ends."""
+    return [
+        Wait(r.since + REREGISTER_GRACE, f"{r.worker_id} to register again")
+        for r in workers.values()
+        if r.state is WorkerState.UNREGISTERED
+    ]
+
+
+def slots_to_fill(
+    workers: Workers, usable: Sequence[HostSlots], book: Book, config: JobConfig
+) -> list[Launch]:
+    """A launch for each free slot (running workers and finished slots occupy theirs)."""
+    occupied = [(r.host, r.slot) for r in workers.values() if r.state.running]
+    return [
+        Launch(host, slot)
+        for host, slot in planner.slots_to_fill(
+            usable, occupied + sorted(book.done_slots), config.max_np
+        )
+    ]
+
+
+def failure_reported(
+    workers: Workers, plan: Plan | None, report: Mapping[str, Any]
+) -> list[Decision]:
+    """A worker's failure report (``worker_id``, ``round_id``, ``reason``, ``suspect``):
+    say so, and when peers of the current round name an active worker, kill it (it is
+    alive but not answering: stopped, hung)."""
+    suspect, round_id = report.get("suspect"), report.get("round_id")
+    decisions: list[Decision] = [
+        Report(
+            FailureReported(
+                reporter=report.get("worker_id"),
+                round=round_id,
+                reason=report.get("reason"),
+                suspect=suspect,
+            )
+        )
+    ]
+    rec = workers.get(suspect) if isinstance(suspect, str) else None
+    if plan is not None and round_id == plan.round_id and rec is not None and rec.state.active:
+        decisions.append(Kill(rec.worker_id, "unresponsive (reported by its peers)"))
+    return decisions
+
+
+def chaos_kill(rec: WorkerRecord, plan: Plan | None, pid: int, kills: int) -> list[Decision]:
+    """The chaos chose ``rec`` (process ``pid``, its ``kills``-th victim): say so, kill it."""
+    member = plan.member(rec.worker_id) if plan is not None else None
+    event = ChaosKill(
+        worker=rec.worker_id,
+        host=rec.host,
+        slot=rec.slot,
+        rank=member.rank if member is not None else None,
+        pid=pid,
+        kill=kills,
+    )
+    return [Report(event), Kill(rec.worker_id, "chaos", chaos=True)]
+
+
+def chaos_candidates(workers: Workers, plan: Plan | None, book: Book) -> list[str]:
+    """Members of the round the chaos may kill (none once a worker finished: the end of
+    training is not the time to test recovery)."""
+    if plan is None or book.done_slots:
+        return []
+    return [m.worker_id for m in plan.members if workers[m.worker_id].state.active]
+
+
+def worker_exited(
+    rec: WorkerRecord, code: int, plan: Plan | None, book: Book, now: float
+) -> tuple[WorkerRecord, Step]:
+    """The worker's process exited with ``code``: its new record, the event to report,
+    and whether the failure counts (a chaos victim's does not: its host did nothing
+    wrong). A member that finished starts the finish grace."""
+    done = workers.exited(rec, code, now)
+    member = plan.member(rec.worker_id) if plan is not None else None
+    rank = member.rank if member is not None else None
+    wid, host, slot = rec.worker_id, rec.host, rec.slot
+    decisions: list[Decision]
+    if done.state is WorkerState.FINISHED:
+        decisions = [Report(WorkerExited(worker=wid, host=host, slot=slot, code=code, rank=rank))]
+        book = book.finished(host, slot, member is not None, now)
+    elif done.state is WorkerState.STOPPED:
+        decisions = [Report(WorkerStopped(worker=wid, host=host, slot=slot, code=code))]
+    else:
+        chaos = rec.state is WorkerState.CHAOS_KILLED
+        decisions = [
+            Report(
+                WorkerFailed(
+                    worker=wid,
+                    host=host,
+                    slot=slot,
+                    code=code,
+                    rank=rank,
+                    in_round=member is not None,
+                    chaos=chaos,
+                )
+            )
+        ]
+        if not chaos:
+            decisions.append(CountFailure(rec.host, code))
+    if member is not None:
+        book = book.changed(now)
+    return done, Step(tuple(decisions), book)
+
+
+def count_failure(book: Book, available_slots: int, code: int) -> Step:
+    """A worker failed on its own (not the chaos). Fails the job past the streak limit."""
+    streak = book.failure_streak + 1
+    book = replace(book, failure_streak=streak)
+    if streak > max(FAILURE_STREAK_MIN, 3 * available_slots):
+        return Step(
+            (
+                Fail(
+                    f"{streak} workers failed in a row without a round forming "
+                    f"(last exit: {describe_code(code)}); see the worker output above"
+                ),
+            ),
+            book,
+        )
+    return Step((), book)
+
+
+# ----------------------------------------------------------------------------- hosts
+
+
+def hosts_rule(
+    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+) -> list[Decision]:
+    """A wait for the next cooldown to end; and when every host is blacklisted and no
+    worker runs, a failure if that end is later than the job may wait."""
+    release = hosts.next_release
+    if hosts.all_blacklisted and not any(r.state.running for r in workers.values()):
+        if plan is None:
+            limit, flag = book.started_at + config.start_timeout, "--start-timeout"
+        else:
+            since = book.broken_since if book.broken_since is not None else now
+            limit = since + config.elastic_timeout
+            flag = "--elastic-timeout"
+        if release is None or release > limit:
+            return [
+                Fail(
+                    "every host is blacklisted after repeated worker failures ("
+                    + ", ".join(hosts.blacklisted)
+                    + f") and none comes back within {flag}"
+                )
+            ]
+    return [Wait(release, "a blacklisted host to come back")] if release is not None else []
+
+
+# ----------------------------------------------------------------------------- rounds
+
+
+def plan_round(
+    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+) -> Step:
+    """Whether to publish a round now, wait, or give up (see the module docstring)."""
+    if book.member_finished_at is not None and now - book.member_finished_at < FINISH_GRACE:
+        return Step((Wait(book.member_finished_at + FINISH_GRACE, "the others to finish"),), book)
+    live = live_infos(workers)
+    if plan is None:
+        if len(live) < config.np:
+            book = replace(book, np_registered_at=None)
+            if now - book.started_at > config.start_timeout:
+                return Step(
+                    (
+                        Fail(
+                            f"only {len(live)} of {config.np} workers registered within "
+                            f"--start-timeout {config.start_timeout:g}s"
+                        ),
+                    ),
+                    book,
+                )
+            return Step((Wait(book.started_at + config.start_timeout, "-np workers"),), book)
+        registered_at = book.np_registered_at if book.np_registered_at is not None else now
+        book = replace(book, np_registered_at=registered_at)
+        launched = sum(1 for r in workers.values() if r.state.active)
+        grace_end = registered_at + FIRST_ROUND_GRACE
+        if len(live) < launched and now < grace_end:
+            return Step((Wait(grace_end, "the rest of the first workers"),), book)
+        min_np = config.np
+    else:
+        min_np = config.min_np
+    candidate = planner.next_plan(plan, live, hosts.usable, min_np, config.max_np)
+    intact = plan is not None and planner.round_is_intact(plan, live, hosts.usable)
+    decisions: list[Decision] = []
+    if candidate is not None and planner.needs_new_round(plan, candidate):
+        joiners = [
+            r.launched_at
+            for r in workers.values()
+            if r.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED)
+        ]
+        if not planner.hold_growth_for_joiners(
+            intact, [now - t for t in joiners], JOIN_BATCH_WINDOW
+        ):
+            return _publish(candidate, plan, book, config, now)
+        decisions.append(Wait(max(joiners) + JOIN_BATCH_WINDOW, "new workers to register"))
+    if plan is None:
+        return Step(tuple(decisions), book)
+    if intact:
+        return Step(tuple(decisions), replace(book, broken_since=None))  # a lapse is over
+    return _broken(workers, plan, book, len(live), min_np, hosts, config, now)
+
+
+def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig, now: float) -> Step:
+    resets = book.resets
+    if plan is not None and not book.done_slots:
+        # (Rounds for stragglers after a member finished are not resets.)
+        resets += 1
+        if config.reset_limit is not None and resets > config.reset_limit:
+            return Step(
+                (
+                    Fail(
+                        f"reset limit exceeded: the job re-formed {resets} times "
+                        f"(--reset-limit {config.reset_limit})"
+                    ),
+                ),
+                book,
+            )
+    took = now - (book.change_at if book.change_at is not None else now)
+    book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
+    return Step((Publish(candidate, round(took, 3)),), book)
+
+
+def _broken(
+    workers: Workers,
+    plan: Plan,
+    book: Book,
+    have: int,
+    min_np: int,
+    hosts: HostsView,
+    config: JobConfig,
+    now: float,
+) -> Step:
+    """The round lost members and no plan of ``min_np`` can form yet."""
+    book, failed = script_fails(workers, plan, book)
+    if failed is not None:
+        return Step((failed,), book)
+    decisions: list[Decision] = []
+    if book.broken_since is None:
+        book = replace(book, broken_since=now, waiting_reported=False)
+    since = book.broken_since if book.broken_since is not None else now
+    if not book.waiting_reported:
+        if now - since > WAITING_REPORT_AFTER:
+            book = replace(book, waiting_reported=True)
+            decisions.append(
+                Report(
+                    Waiting(
+                        what=f"round {plan.round_id} lost workers; waiting for {min_np} to re-form "
+                        f"(have {have})",
+                        waited=round(now - since, 3),
+                    )
+                )
+            )
+        else:
+            decisions.append(Wait(since + WAITING_REPORT_AFTER, "a round to re-form"))
+    if now - since > config.elastic_timeout:
+        blacklisted = hosts.blacklisted
+        decisions.append(
+            Fail(
+                f"no round of at least {min_np} workers could form within "
+                f"--elastic-timeout {config.elastic_timeout:g}s (have {have}"
+                + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted else "")
+                + ")"
+            )
+        )
+    else:
+        decisions.append(Wait(since + config.elastic_timeout, "--elastic-timeout"))
+    return Step(tuple(decisions), book)
+
+
+def script_fails(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | None]:
+    """Every member of two rounds in a row exited with an error code of its own (no
+    signal, no stop): the script fails deterministically, and replacing the workers
+    again would only repeat it. The book remembers rounds whose members all failed."""
+    members = [workers[m.worker_id] for m in plan.members]
+    if not members or not all(
+        r.state is WorkerState.FAILED and r.exit_code is not None and r.exit_code > 0
+        for r in members
+    ):
+        return book, None
+    book = replace(book, all_failed_rounds=book.all_failed_rounds | {plan.round_id})
+    if plan.round_id - 1 not in book.all_failed_rounds:
+        return book, None
+    codes = sorted({r.exit_code for r in members if r.exit_code is not None})
+    return book, Fail(
+        f"every worker of rounds {plan.round_id - 1} and {plan.round_id} exited "
+        f"with an error (codes {codes}): the training script fails; see the "
+        "worker output above"
+    )
+
+
+# ----------------------------------------------------------------------------- the end
+
+
+def finish_code(rec: WorkerRecord) -> int | None:
+    """A worker's exit code as the outcome sees it: one the driver stopped did not
+    finish, whatever its code (a SIGTERM handler may well exit 0)."""
+    if rec.state is WorkerState.STOPPED:
+        return rec.exit_code or -1
+    return rec.exit_code if not rec.state.running else None
+
+
+def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail | None:
+    """``Succeed`` when every member of the round exited 0; ``Fail`` when the round
+    ended with some members finished and others failed, or workers finished before a
+    first round; None while the job runs (or a round of failures that re-forming handles)."""
+    if plan is None:
+        if book.done_slots and not any(r.state.running for r in workers.values()):
+            return Fail("workers exited before the first round formed")
+        return None
+    codes = {m.worker_id: finish_code(workers[m.worker_id]) for m in plan.members}
+    if any(code is None for code in codes.values()) or 0 not in codes.values():
+        return None
+    failed = [m for m in plan.members if codes[m.worker_id] != 0]
+    if failed:
+        m = failed[0]
+        return Fail(
+            f"worker rank {m.rank} ({m.worker_id}) of the final round "
+            f"{plan.round_id} exited with {codes[m.worker_id]} "
+            "after other workers had finished"
+        )
+    return Succeed(round=plan.round_id, size=plan.size, resets=book.resets)
+
+
+def next_wakeup(waits: Sequence[Wait], now: float) -> float:
+    """Seconds the loop may sleep: until the earliest wait ends, within
+    [``MIN_SLEEP``, ``MAX_SLEEP``]."""
+    wake = min((w.until - now for w in waits), default=MAX_SLEEP)
+    return min(MAX_SLEEP, max(MIN_SLEEP, wake))

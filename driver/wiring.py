@@ -1,0 +1,132 @@
+"""How a job is wired to its processes and its store (pure, except ``open_job_store``).
+
+* ``job_env``/``worker_env``: the variables every process of the job, and each worker,
+  is given on top of what it inherits (``rendezvous.env`` names them);
+* ``worker_spec``: the ``LaunchSpec`` of one worker, with its id, its bind address and
+  its log file;
+* ``shard_commands``: the ps shards' command lines (``--num-ps``);
+* ``open_job_store``: the store the job's processes meet in: the driver's own embedded
+  server, or the etcd cluster of ``--rendezvous``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from driver.config import JobConfig
+from driver.launch.spec import LaunchSpec
+from driver.ps_supervisor import shard_command
+from rendezvous import env, open_store
+from rendezvous.embedded import EmbeddedServer
+from rendezvous.keys import JobKeys
+from rendezvous.store import KVStore
+from rendezvous.url import Endpoint
+
+
+def job_env(config: JobConfig, secret: str, store_url: str) -> dict[str, str]:
+    """What every process of the job (worker or ps shard) is told about it (pure)."""
+    return {
+        env.ENV_RENDEZVOUS: store_url,
+        env.ENV_JOB_ID: config.job_id,
+        env.ENV_SECRET: secret,
+        # The etcd client needs it before protobuf loads, whatever the script imports first.
+        "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
+        # Output is forwarded line by line: do not let Python hold it back.
+        "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+    }
+
+
+def worker_env(
+    config: JobConfig,
+    secret: str,
+    store_url: str,
+    worker_id: str,
+    host: str,
+    slot: int,
+    bind_host: str,
+) -> dict[str, str]:
+    """The job's own variables for one worker (pure); they are added to the inherited ones."""
+    return {
+        **job_env(config, secret, store_url),
+        env.ENV_WORKER_ID: worker_id,
+        env.ENV_HOST: host,
+        env.ENV_SLOT: str(slot),
+        env.ENV_BIND_HOST: bind_host,
+        env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
+    }
+
+
+def worker_id_for(host: str, slot: int, sequence: int) -> str:
+    """A worker id unique in the job: ``host-slot-N`` with the host made file-name safe."""
+    safe_host = "".join(c if c.isalnum() or c in "-." else "_" for c in host)
+    return f"{safe_host}-{slot}-{sequence}"
+
+
+def worker_spec(
+    config: JobConfig,
+    secret: str,
+    store_url: str,
+    worker_id: str,
+    host: str,
+    slot: int,
+    bind_host: str,
+) -> LaunchSpec:
+    """The launch of one worker: the job's command in the driver's working directory,
+    labelled ``host:slot``, logged to ``--log-dir`` if given.
+
+    Raises:
+        LaunchSpecError: the command or an environment value is unusable.
+    """
+    log_path = os.path.join(config.log_dir, f"{worker_id}.log") if config.log_dir else None
+    return LaunchSpec(
+        host=host,
+        slot=slot,
+        command=tuple(config.command),
+        env=worker_env(config, secret, store_url, worker_id, host, slot, bind_host),
+        cwd=os.getcwd(),
+        label=f"{host}:{slot}",
+        log_path=log_path,
+    )
+
+
+def shard_commands(config: JobConfig, bind_host: str) -> list[tuple[str, ...]]:
+    """The command line of each ps shard (checkpoint directory made absolute)."""
+    checkpoint_dir = os.path.abspath(config.ps_checkpoint_dir) if config.ps_checkpoint_dir else None
+    return [
+        shard_command(
+            i,
+            config.num_ps,
+            config.ps_mode,
+            bind_host,
+            checkpoint_dir,
+            config.ps_checkpoint_interval,
+        )
+        for i in range(config.num_ps)
+    ]
+
+
+def open_job_store(
+    config: JobConfig, keys: JobKeys, secret: str, all_local: bool, advertised_host: str
+) -> tuple[EmbeddedServer | None, KVStore, str]:
+    """The embedded server the driver runs (None with etcd), a client of the store, and
+    the store URL workers use. Keys an earlier job with the same id left are deleted.
+
+    Raises:
+        RendezvousError: the store cannot be started, reached or used.
+    """
+    server = None
+    if config.rendezvous.scheme == "embedded":
+        server = EmbeddedServer(secret, bind="127.0.0.1:0" if all_local else "0.0.0.0:0")
+        port = Endpoint.parse(server.start(), "the embedded store's address").port
+        url = f"embedded://{Endpoint('127.0.0.1' if all_local else advertised_host, port)}"
+    else:
+        url = str(config.rendezvous)
+    try:
+        store = open_store(url, secret)
+        # A job id names one job: keys left by an earlier job with the same id would mislead us.
+        store.delete_prefix(keys.prefix)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    return server, store, url

@@ -1,0 +1,117 @@
+"""The driver's record of each worker it launched: one lifecycle state, and the facts
+the rules need (pure values; no process, no clock).
+
+A record is replaced, never changed: each transition below returns a new one, and the
+job's main loop keeps the newest per worker id. The lifecycle::
+
+    LAUNCHED ----registered---> REGISTERED ---registration lapsed---> UNREGISTERED
+                                    ^------------registered again-----------'
+    active (LAUNCHED, REGISTERED, UNREGISTERED) --stop--> STOPPING
+    active --kill--> KILLED         active --chaos kill--> CHAOS_KILLED
+    STOPPING --exit, any code--> STOPPED
+    any other running state --exit 0--> FINISHED, --any other exit--> FAILED
+
+Only REGISTERED workers can be members of a new round. A worker the driver stops or
+kills stops being a candidate at once, not when its exit is seen: the driver has given
+up on it. A chaos victim's failure is not held against its host.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from rendezvous.plan import WorkerInfo
+
+
+class WorkerState(enum.Enum):
+    LAUNCHED = "launched"  # started; not registered yet
+    REGISTERED = "registered"  # its registration is in the store: it can be a member
+    UNREGISTERED = "unregistered"  # its registration lapsed while its process runs
+    STOPPING = "stopping"  # the driver stops it: its exit is no failure
+    KILLED = "killed"  # SIGKILLed by the driver (hung, unresponsive)
+    CHAOS_KILLED = "chaos_killed"  # SIGKILLed by --chaos-kill-interval: not its host's fault
+    FINISHED = "finished"  # exited 0 on its own
+    FAILED = "failed"  # exited with an error or a signal (or was killed)
+    STOPPED = "stopped"  # exited after the driver stopped it
+
+    @property
+    def running(self) -> bool:
+        """The process has not exited (as far as the driver has seen)."""
+        return self not in _EXITED
+
+    @property
+    def active(self) -> bool:
+        """Running and not given up on: neither being stopped nor killed."""
+        return self in _ACTIVE
+
+
+_EXITED = frozenset({WorkerState.FINISHED, WorkerState.FAILED, WorkerState.STOPPED})
+_ACTIVE = frozenset({WorkerState.LAUNCHED, WorkerState.REGISTERED, WorkerState.UNREGISTERED})
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One launched worker. ``since``: when it entered ``state`` (for UNREGISTERED, when
+    its registration lapsed). ``info``: its registration while the key exists.
+    ``registered_seq``: the store revision that created its registration, so workers
+    order by when they (last) registered. ``exit_code`` once it exited."""
+
+    worker_id: str
+    host: str
+    slot: int
+    launched_at: float
+    state: WorkerState = WorkerState.LAUNCHED
+    since: float = 0.0
+    info: WorkerInfo | None = None
+    registered_seq: int = 0
+    exit_code: int | None = None
+
+    @classmethod
+    def launched(cls, worker_id: str, host: str, slot: int, now: float) -> WorkerRecord:
+        """A worker started at ``now``."""
+        return cls(worker_id, host, slot, launched_at=now, since=now)
+
+    @property
+    def live(self) -> bool:
+        """Registered and running: a candidate member of the next round."""
+        return self.state is WorkerState.REGISTERED
+
+
+def registered(
+    rec: WorkerRecord, info: WorkerInfo, created_revision: int, now: float
+) -> WorkerRecord:
+    """Its registration was written (``created_revision``: the revision that created
+    the key). A worker on its way out only has its registration noted."""
+    if rec.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED):
+        return replace(
+            rec, state=WorkerState.REGISTERED, since=now, info=info, registered_seq=created_revision
+        )
+    return replace(rec, info=info, registered_seq=created_revision)
+
+
+def unregistered(rec: WorkerRecord, now: float) -> WorkerRecord:
+    """Its registration vanished (lease expired) while the process runs."""
+    if rec.state in (WorkerState.LAUNCHED, WorkerState.REGISTERED):
+        return replace(rec, state=WorkerState.UNREGISTERED, since=now, info=None)
+    return replace(rec, info=None)
+
+
+def stopping(rec: WorkerRecord, now: float) -> WorkerRecord:
+    """The driver sent it SIGTERM."""
+    return replace(rec, state=WorkerState.STOPPING, since=now)
+
+
+def killed(rec: WorkerRecord, now: float, chaos: bool = False) -> WorkerRecord:
+    """The driver (or, with ``chaos``, the chaos monkey) sent it SIGKILL."""
+    return replace(rec, state=WorkerState.CHAOS_KILLED if chaos else WorkerState.KILLED, since=now)
+
+
+def exited(rec: WorkerRecord, code: int, now: float) -> WorkerRecord:
+    """Its process exited with ``code``: STOPPED if the driver was stopping it, else
+    FINISHED for 0 and FAILED for anything else."""
+    if rec.state is WorkerState.STOPPING:
+        state = WorkerState.STOPPED
+    else:
+        state = WorkerState.FINISHED if code == 0 else WorkerState.FAILED
+    return replace(rec, state=state, since=now, info=None, exit_code=code)
