@@ -15,7 +15,7 @@ from pathlib import Path
 
 from elastic.ps.client import PSClient
 from elastic.ps.settings import ClientSettings
-from elastic.ps.transport import ShardLink
+from elastic.ps.client.link import ShardLink
 from rendezvous import env
 from rendezvous.keys import JobKeys
 from tests.jobs import wait_until

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from elastic.ps import checkpoint as ck
+from elastic.ps.shard import checkpoint as ck
 from elastic.ps.client import PSClient
 from elastic.ps.errors import PSConfigError, PSUnavailableError
 from elastic.ps.settings import ClientSettings
@@ -239,7 +239,7 @@ def test_multi_shard_checkpoints_need_the_store(tmp_path):
 
 def test_grpc_only_transfers_and_bulk_port_refuses_a_wrong_secret(embedded_server, tmp_path):
     from elastic.ps.bulk import BulkClient
-    from elastic.ps.transport import ShardLink
+    from elastic.ps.client.link import ShardLink
     values = np.random.default_rng(1).normal(size=(300, 70))
     with PSJob(embedded_server, tmp_path, 2).start() as job:
         # chunked Upload/Download over gRPC (no bulk plane), in many small parts

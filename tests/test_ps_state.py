@@ -11,7 +11,7 @@ import pytest
 from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
                                PSUninitializedError)
 from elastic.ps.partition import Slice
-from elastic.ps.state import (APPLIED, PENDING, ROLLED_BACK, SUPERSEDED, UNKNOWN, ShardState,
+from elastic.ps.shard.state import (APPLIED, PENDING, ROLLED_BACK, SUPERSEDED, UNKNOWN, ShardState,
                               initial_generation)
 
 SGD = {"optimizer": "sgd", "lr": 1.0}

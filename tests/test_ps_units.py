@@ -12,7 +12,7 @@ from elastic.ps.errors import PSConfigError, PSShapeError, PSTransferError
 from elastic.ps.optimizers import Adam, Momentum, SGD, make_optimizer
 from elastic.ps.partition import Slice, assemble, home_shard, place, row_ranges, slice_for
 from elastic.ps.settings import ClientSettings, ServerSettings
-from elastic.ps.transport import Staging
+from elastic.ps.client.link import Staging
 from rendezvous.rpc import frame
 
 
@@ -291,7 +291,7 @@ def test_optimizer_output_buffer_is_used_and_param_untouched():
 
 
 def test_cut_slices_a_concatenation_of_pieces():
-    from elastic.ps.transport import as_pieces, cut
+    from elastic.ps.client.link import as_pieces, cut
     pieces = as_pieces([b"abc", b"", b"defg", bytearray(b"hi")])
     joined = b"abcdefghi"
     for off in range(len(joined)):

@@ -37,14 +37,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from elastic.ps.checkpoint import (FileRecord, Manifest, is_complete, load_newest,
+from elastic.ps.shard.checkpoint import (FileRecord, Manifest, is_complete, load_newest,
                                    next_checkpoint_id, prune, write_manifest)
-from elastic.ps.control import Peers, ShardControl
+from elastic.ps.shard.control import Peers, ShardControl
 from elastic.ps.errors import PSError
 from elastic.ps.settings import ServerSettings
-from elastic.ps.state import initial_generation
+from elastic.ps.shard.state import initial_generation
 
-log = logging.getLogger("elastic.ps.coordinator")
+log = logging.getLogger("elastic.ps.shard.coordinator")
 
 
 class Coordinator:

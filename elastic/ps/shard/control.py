@@ -8,18 +8,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from elastic.ps.checkpoint import read_checkpoint, write_shard
-from elastic.ps.errors import (PSNotReadyError, PSTransferError, PSUnavailableError,
-                               PSWrongShardError)
+from elastic.ps.shard.checkpoint import read_checkpoint, write_shard
+from elastic.ps.errors import RETRYABLE, PSUnavailableError
 from elastic.ps.settings import ServerSettings
-from elastic.ps.state import ShardState
-from elastic.ps.transport import ShardLink
+from elastic.ps.shard.state import ShardState
+from elastic.ps.client.link import ShardLink
 from rendezvous.errors import RendezvousAuthError, RendezvousConnectionError
 
-log = logging.getLogger("elastic.ps.control")
+log = logging.getLogger("elastic.ps.shard.control")
 
-# Failures that mean "not there yet / not this process": try again (re-reading the address).
-RETRYABLE = (RendezvousConnectionError, PSNotReadyError, PSWrongShardError, PSTransferError)
 
 
 def _lower_priority() -> None:

@@ -36,7 +36,7 @@ from elastic.ps import wire
 from elastic.ps.errors import PSCheckpointError
 from elastic.ps.partition import Slice, assemble, slice_for
 
-log = logging.getLogger("elastic.ps.checkpoint")
+log = logging.getLogger("elastic.ps.shard.checkpoint")
 
 MAGIC = b"EPSCKPT1"
 DIGEST_BYTES = hashlib.sha256().digest_size

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastic.ps.checkpoint import SavedVariable, ShardSnapshot
+from elastic.ps.shard.checkpoint import SavedVariable, ShardSnapshot
 from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
                                PSUninitializedError)
 from elastic.ps.memory import unshared
 from elastic.ps.optimizers import Optimizer, make_optimizer
 from elastic.ps.partition import Slice
 
-log = logging.getLogger("elastic.ps.state")
+log = logging.getLogger("elastic.ps.shard.state")
 
 # sync push/wait outcomes
 APPLIED = "applied"          # the step is applied (by this round or an earlier one)

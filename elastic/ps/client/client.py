@@ -29,15 +29,14 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from elastic.ps import wire
-from elastic.ps.control import RETRYABLE
-from elastic.ps.errors import (PSConfigError, PSRoundChangedError, PSShapeError, PSTimeoutError,
+from elastic.ps.errors import (RETRYABLE, PSConfigError, PSRoundChangedError, PSShapeError, PSTimeoutError,
                                PSUnavailableError, PSUninitializedError)
 from elastic.ps.memory import tune_malloc
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import Slice, place
 from elastic.ps.settings import ClientSettings
-from elastic.ps.state import APPLIED, ROLLED_BACK, SUPERSEDED, UNKNOWN
-from elastic.ps.transport import ShardLink
+from elastic.ps.shard.state import APPLIED, ROLLED_BACK, SUPERSEDED, UNKNOWN
+from elastic.ps.client.link import ShardLink
 from rendezvous import env
 from rendezvous.errors import RendezvousError
 
