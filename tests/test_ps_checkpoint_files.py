@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from elastic.ps.shard import checkpoint as ck
 from elastic.ps.errors import PSCheckpointError
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import place
+from elastic.ps.shard import checkpoint as ck
 
 THRESHOLD = 64
 
@@ -156,5 +156,6 @@ def test_write_atomic_leaves_old_file_when_interrupted(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         ck.write_atomic(path, parts())
-    assert open(path, "rb").read() == b"old"
+    with open(path, "rb") as f:
+        assert f.read() == b"old"
     assert os.listdir(tmp_path) == ["f.bin"]

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from elastic.ps.shard import checkpoint as ck
 from elastic.ps.client import PSClient
 from elastic.ps.errors import PSConfigError, PSUnavailableError
 from elastic.ps.settings import ClientSettings
+from elastic.ps.shard import checkpoint as ck
 from rendezvous.errors import RendezvousAuthError
 from tests import ps_worker as pw
 from tests.ps_harness import ROOT, PSJob
@@ -237,27 +237,29 @@ def test_multi_shard_checkpoints_need_the_store(tmp_path):
     assert run.returncode == 2 and "ELASTIC_RENDEZVOUS" in run.stderr
 
 
-def test_grpc_only_transfers_and_bulk_port_refuses_a_wrong_secret(embedded_server, tmp_path):
-    from elastic.ps.bulk import BulkClient
+def test_chunked_transfers_over_the_bulk_port_which_refuses_a_wrong_secret(embedded_server,
+                                                                            tmp_path):
+    from elastic.ps.client.bulk import BulkClient
     from elastic.ps.client.link import ShardLink
+    from elastic.ps.protocol import Hello, Part
     values = np.random.default_rng(1).normal(size=(300, 70))
     with PSJob(embedded_server, tmp_path, 2).start() as job:
-        # chunked Upload/Download over gRPC (no bulk plane), in many small parts
-        c = job.client(bulk=False, chunk_bytes=16 << 10, lanes=3)
+        # chunked uploads and downloads through the bulk port, in many small parts
+        c = job.client(chunk_bytes=16 << 10, lanes=3)
         c.init({"v": values}, optimizer="sgd", lr=0.5)
         assert c.push({"v": np.ones_like(values)}) == 1
         np.testing.assert_array_equal(c.pull()["v"], values - 0.5)
-        # the same through the bulk plane
-        b = job.client(chunk_bytes=16 << 10, lanes=3)
+        # another client sees the same values, in parts of another size
+        b = job.client(chunk_bytes=8 << 10, lanes=2)
         np.testing.assert_array_equal(b.pull()["v"], values - 0.5)
         link = ShardLink(0, job.addresses[0], job.secret)
         try:
-            port = link.request("Hello", {})[0]["bulk_port"]
+            port = Hello.from_dict(link.request("Hello")[0]).bulk_port
         finally:
             link.close()
         intruder = BulkClient(f"127.0.0.1:{port}", "wrong", lanes=1, timeout=5)
         try:
             with pytest.raises(RendezvousAuthError):
-                intruder.get({"id": "x", "offset": 0, "length": 1}, [memoryview(bytearray(1))])
+                intruder.get(Part("x", 0, 1), [memoryview(bytearray(1))])
         finally:
             intruder.close()

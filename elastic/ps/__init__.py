@@ -6,9 +6,15 @@ and its dependencies load on first use.
 """
 from __future__ import annotations
 
-from elastic.ps.errors import (PSConfigError, PSError, PSRoundChangedError,  # noqa: F401
-                               PSShapeError, PSTimeoutError, PSUnavailableError,
-                               PSUninitializedError)
+from elastic.ps.errors import (
+    PSConfigError,
+    PSError,
+    PSRoundChangedError,
+    PSShapeError,
+    PSTimeoutError,
+    PSUnavailableError,
+    PSUninitializedError,
+)
 
 
 def connect(settings=None):

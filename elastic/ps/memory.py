@@ -48,7 +48,7 @@ def tune_malloc() -> bool:
 def buffer(nbytes: int) -> memoryview:
     """A writable, uninitialised byte buffer (numpy-allocated: huge pages where the
     kernel offers them)."""
-    return memoryview(np.empty(nbytes, dtype=np.uint8))
+    return np.empty(nbytes, dtype=np.uint8).data
 
 
 def unshared(array: np.ndarray | None, holders: int) -> bool:
@@ -74,9 +74,9 @@ class BufferPool:
             for i in range(len(self._buffers)):
                 # holders: the list's reference; a view handed out earlier adds its own
                 if self._buffers[i].nbytes == nbytes and unshared(self._buffers[i], 1):
-                    return memoryview(self._buffers[i])
+                    return self._buffers[i].data
             array = np.empty(nbytes, dtype=np.uint8)
             self._buffers.append(array)
             if len(self._buffers) > self._keep:
                 self._buffers.pop(0)  # forgotten here; freed once its user drops it
-            return memoryview(array)
+            return array.data

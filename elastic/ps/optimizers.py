@@ -13,6 +13,7 @@ checkpoint without copying it or holding a lock while the bytes travel.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class Optimizer:
     updated parameter (a new array) and updates the slots in place."""
 
     name = ""
-    defaults: dict = {}
+    defaults: ClassVar[dict] = {}
 
     def __init__(self, lr: float, **args):
         unknown = set(args) - set(self.defaults)
@@ -69,7 +70,7 @@ class Momentum(Optimizer):
     """v = momentum * v + g; p -= lr * v (or lr * (g + momentum * v) with nesterov)."""
 
     name = "momentum"
-    defaults = {"momentum": 0.9, "nesterov": False}
+    defaults: ClassVar[dict] = {"momentum": 0.9, "nesterov": False}
 
     def slots(self, param):
         return {"velocity": np.zeros_like(param)}
@@ -87,7 +88,7 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba) with bias correction; ``t`` counts the updates applied."""
 
     name = "adam"
-    defaults = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+    defaults: ClassVar[dict] = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
 
     def slots(self, param):
         return {"m": np.zeros_like(param), "v": np.zeros_like(param),

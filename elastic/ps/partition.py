@@ -53,7 +53,7 @@ class Slice:
                 "full_shape": list(self.full_shape), "dtype": self.dtype}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Slice":
+    def from_dict(cls, d: dict) -> Slice:
         return cls(d["name"], int(d["shard"]), int(d["start"]), int(d["stop"]),
                    tuple(int(x) for x in d["full_shape"]), str(d["dtype"]))
 
@@ -106,12 +106,12 @@ def assemble(target: Slice, sources: list[tuple[Slice, np.ndarray]]) -> np.ndarr
     (e.g. a checkpoint written under another shard count). A 0-d or row-less source
     (a scalar optimizer slot) is taken as is. Raises ValueError when the sources do not
     cover the target."""
-    for src, array in sources:
+    for _, array in sources:
         if array.ndim == 0:
             return np.array(array, copy=True)
     out = np.empty(target.shape, dtype=np.dtype(target.dtype))
     if not target.full_shape:
-        for src, array in sources:
+        for _, array in sources:
             out[...] = array
             return out
         raise ValueError(f"no source for {target.name}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elastic.ps.errors import PSConfigError
+from rendezvous.errors import RendezvousConfigError
+from rendezvous.url import Endpoint
 
 MODES = ("async", "sync")
 MiB = 1 << 20
@@ -17,9 +19,10 @@ class ClientSettings:
 
     ``retry_deadline`` bounds how long one operation keeps retrying a shard that is down
     or restoring; past it ``PSUnavailableError`` is raised. ``call_timeout`` bounds one
-    attempt of one RPC. Large payloads move in ``chunk_bytes`` pieces spread over
-    ``lanes`` connections per shard, because one gRPC stream of one huge message is
-    several times slower than a few streams of moderate ones (see benchmarks/ps_bench.py)."""
+    attempt of one RPC. Payloads above ``chunk_bytes`` move in pieces of that size over
+    the shards' bulk TCP ports (``elastic.ps.bulk``), up to ``lanes`` connections per
+    shard at once, because a few concurrent streams move bytes faster than one (see
+    benchmarks/ps_bench.py)."""
 
     retry_deadline: float = 60.0
     call_timeout: float = 30.0
@@ -31,7 +34,6 @@ class ClientSettings:
     lanes: int = 4
     connect_timeout: float = 10.0     # connect(): wait for the shards' addresses
     tune_malloc: bool = True          # see elastic/ps/memory.py (process-wide, glibc only)
-    bulk: bool = True                 # chunk bytes over the shards' bulk TCP port (bulk.py)
 
     def __post_init__(self):
         for name in ("retry_deadline", "call_timeout", "sync_timeout", "poll_interval",
@@ -44,7 +46,10 @@ class ClientSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """One shard's configuration (the command line of ``python -m elastic.ps.server``)."""
+    """One shard's configuration (the command line of ``python -m elastic.ps.server``).
+
+    Raises:
+        PSConfigError: a bad index, mode, bind address, interval or threshold."""
 
     index: int
     num_shards: int
@@ -60,7 +65,6 @@ class ServerSettings:
     peer_call_timeout: float = 120.0  # one control call (a snapshot includes writing the file)
     max_wait: float = 2.0             # cap on one long-poll inside the shard
     staging_ttl: float = 300.0        # an abandoned upload/download is dropped after this
-    bulk: bool = True                 # serve chunk bytes on a TCP port too (bulk.py)
 
     def __post_init__(self):
         if self.num_shards < 1 or not 0 <= self.index < self.num_shards:
@@ -71,3 +75,26 @@ class ServerSettings:
             raise PSConfigError("checkpoint interval must be > 0 and keep_checkpoints >= 1")
         if self.split_threshold < 1:
             raise PSConfigError("split_threshold must be >= 1 byte")
+        _bind_endpoint(self.bind)  # a bad address fails here, at start-up
+
+    def checkpoint_root(self) -> str:
+        """The checkpoint directory.
+
+        Raises:
+            PSConfigError: the shard was started without ``--checkpoint-dir``."""
+        if not self.checkpoint_dir:
+            raise PSConfigError(f"ps shard {self.index} has no checkpoint directory")
+        return self.checkpoint_dir
+
+    @property
+    def bind_endpoint(self) -> Endpoint:
+        """Where the shard serves (port 0: any free port); its bulk port binds the same host."""
+        return _bind_endpoint(self.bind)
+
+
+def _bind_endpoint(bind: str) -> Endpoint:
+    """Raises PSConfigError when ``bind`` is not HOST:PORT."""
+    try:
+        return Endpoint.parse(bind, "the shard's --bind", allow_port_zero=True)
+    except RendezvousConfigError as exc:
+        raise PSConfigError(str(exc)) from None

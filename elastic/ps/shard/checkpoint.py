@@ -21,6 +21,7 @@ variables for any shard count.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -91,7 +92,7 @@ class Manifest:
         return json.dumps(body, sort_keys=True, indent=1).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> "Manifest":
+    def from_bytes(cls, data: bytes, where: str) -> Manifest:
         """Raises PSCheckpointError (naming ``where``) for bad JSON or a checksum mismatch."""
         try:
             body = json.loads(data)
@@ -146,10 +147,8 @@ def write_atomic(path: str, parts, trailer: bool = False) -> tuple[int, str]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     _fsync_dir(directory)
     return size, digest.hexdigest()
@@ -214,7 +213,7 @@ def _read_shard_file(path: str, record: FileRecord) -> tuple[dict, list]:
         raise PSCheckpointError(f"{path}: not a ps checkpoint file")
     try:
         return wire.decode(view[len(MAGIC):-DIGEST_BYTES])
-    except Exception as exc:  # a well-checksummed but malformed file: a writer bug
+    except Exception as exc:  # noqa: BLE001 - a well-checksummed but malformed file: a writer bug
         raise PSCheckpointError(f"{path}: malformed contents: {exc}") from None
 
 
@@ -297,12 +296,6 @@ def load_newest(root: str | None) -> LoadedCheckpoint | None:
         except PSCheckpointError as exc:
             log.warning("skipping checkpoint %d, using an older one: %s", checkpoint_id, exc)
     return None
-
-
-def newest_complete_id(root: str | None) -> int | None:
-    """The id of the newest checkpoint that loads (verifies every file), or None."""
-    loaded = load_newest(root)
-    return loaded.checkpoint_id if loaded else None
 
 
 def prune(root: str, keep: int) -> None:

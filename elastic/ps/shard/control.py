@@ -2,36 +2,45 @@
 asks (``ShardControl``), and how it reaches the other shards (``Peers``)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
-from elastic.ps.shard.checkpoint import read_checkpoint, write_shard
-from elastic.ps.errors import RETRYABLE, PSUnavailableError
-from elastic.ps.settings import ServerSettings
-from elastic.ps.shard.state import ShardState
 from elastic.ps.client.link import ShardLink
+from elastic.ps.errors import RETRYABLE, PSProtocolError, PSUnavailableError
+from elastic.ps.protocol import (
+    A,
+    Aligned,
+    Call,
+    CheckpointArgs,
+    Empty,
+    R,
+    RollbackArgs,
+    ShardStatus,
+    Snapshotted,
+)
+from elastic.ps.settings import ServerSettings
+from elastic.ps.shard.checkpoint import read_checkpoint, write_shard
+from elastic.ps.shard.state import ShardState
 from rendezvous.errors import RendezvousAuthError, RendezvousConnectionError
+from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.shard.control")
-
 
 
 def _lower_priority() -> None:
     """Make the calling thread yield the CPU to the training path (Linux: niceness is
     per thread). Best effort: where it cannot, files are written at normal priority."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (OSError, AttributeError):
-        pass
 
 
 class ShardControl:
     """Checkpoint and rollback operations on the local shard, by name (``handle``)."""
-
-    OPS = ("Status", "Prepare", "Align", "Snapshot", "Abort", "Rollback")
 
     def __init__(self, state: ShardState, settings: ServerSettings):
         self.state = state
@@ -41,46 +50,47 @@ class ShardControl:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ps-ckpt-writer",
                                           initializer=_lower_priority)
 
-    def handle(self, op: str, args: dict) -> dict:
-        return getattr(self, op.lower())(args)
+    def handle(self, call: Call[A, R], args: A) -> R:
+        """Run ``call`` (one of ``protocol.CONTROL_CALLS``) on this shard."""
+        return getattr(self, call.name.lower())(args)
 
-    def status(self, args: dict) -> dict:
+    def status(self, args: Empty) -> ShardStatus:
         return self.state.status()
 
-    def prepare(self, args: dict) -> dict:
-        return self.state.prepare(int(args["checkpoint_id"]), self.settings.pause_timeout)
+    def prepare(self, args: CheckpointArgs) -> ShardStatus:
+        return self.state.prepare(args.checkpoint_id, self.settings.pause_timeout)
 
-    def align(self, args: dict) -> dict:
-        step = self.state.align(int(args["checkpoint_id"]), int(args["target"]),
-                                self.settings.align_timeout, self.settings.mode == "async")
-        return {"step": step}
+    def align(self, args: CheckpointArgs) -> Aligned:
+        """Raises PSProtocolError without a target or when the checkpoint's pause is gone."""
+        if args.target is None:
+            raise PSProtocolError(f"Align of checkpoint {args.checkpoint_id} names no target step")
+        return Aligned(self.state.align(args.checkpoint_id, args.target,
+                                        self.settings.align_timeout, self.settings.mode == "async"))
 
-    def snapshot(self, args: dict) -> dict:
+    def snapshot(self, args: CheckpointArgs) -> Snapshotted:
         """Copy (the gate reopens right after), then write this shard's file.
         Raises PSProtocolError (pause gone) or OSError (disk)."""
-        checkpoint_id = int(args["checkpoint_id"])
-        snap = self.state.snapshot(checkpoint_id)
+        snap = self.state.snapshot(args.checkpoint_id)
         s = self.settings
-        record = self._writer.submit(write_shard, s.checkpoint_dir, checkpoint_id, s.index,
-                                     s.num_shards, snap).result(timeout=s.peer_call_timeout)
-        return {"name": record.name, "size": record.size, "sha256": record.sha256, "step": snap.step}
+        record = self._writer.submit(write_shard, s.checkpoint_root(), args.checkpoint_id,
+                                     s.index, s.num_shards, snap).result(timeout=s.peer_call_timeout)
+        return Snapshotted(record.name, record.size, record.sha256, snap.step)
 
-    def abort(self, args: dict) -> dict:
-        self.state.abort(int(args["checkpoint_id"]))
-        return {}
+    def abort(self, args: CheckpointArgs) -> Empty:
+        self.state.abort(args.checkpoint_id)
+        return Empty()
 
-    def rollback(self, args: dict) -> dict:
-        """Become checkpoint ``checkpoint_id`` (None: the empty start) in ``generation``.
-        Raises PSCheckpointError when the checkpoint no longer reads."""
-        checkpoint_id = args.get("checkpoint_id")
-        generation = args["generation"]
+    def rollback(self, args: RollbackArgs) -> ShardStatus:
+        """Become checkpoint ``args.checkpoint_id`` (None: the empty start) in
+        ``args.generation``. Raises PSCheckpointError when the checkpoint no longer reads."""
+        checkpoint_id, generation = args.checkpoint_id, args.generation
         if self.state.at_checkpoint(checkpoint_id):
             self.state.adopt_generation(generation)
         else:
             s = self.settings
             snap = None
             if checkpoint_id is not None:
-                snap = read_checkpoint(s.checkpoint_dir, int(checkpoint_id)).shard_snapshot(
+                snap = read_checkpoint(s.checkpoint_root(), checkpoint_id).shard_snapshot(
                     s.index, s.num_shards, s.split_threshold)
             self.state.load(snap, checkpoint_id, generation)
             log.info("shard %d: restored %s, step %d (generation %s)", s.index,
@@ -95,7 +105,8 @@ class ShardControl:
 class Peers:
     """Control calls to the other shards, addresses from ``lookup(index)``."""
 
-    def __init__(self, settings: ServerSettings, secret: str, lookup):
+    def __init__(self, settings: ServerSettings, secret: str,
+                 lookup: Callable[[int], str | None]):
         self.settings = settings
         self._secret = secret
         self._lookup = lookup
@@ -118,33 +129,38 @@ class Peers:
                 link = self._links[index] = ShardLink(index, address, self._secret)
             return link
 
-    def call(self, index: int, op: str, args: dict, retry_for: float) -> dict:
-        """``op`` on shard ``index``, retrying unreachable/not-ready for ``retry_for``
-        seconds (0: one attempt). Raises PSUnavailableError past that, or the shard's
-        own typed error."""
+    def call(self, index: int, call: Call[A, R], args: A, retry_for: float) -> R:
+        """``call`` on shard ``index``; its reply record.
+
+        Retries an unreachable or not-ready shard for ``retry_for`` seconds (0: one
+        attempt), re-reading its address.
+
+        Raises:
+            PSUnavailableError: the shard did not answer within ``retry_for``.
+            PSError: the shard's own typed error."""
         started = time.monotonic()
-        deadline = started + retry_for
-        delay, refresh, last, told = 0.02, False, None, False
+        backoff = Backoff(started + retry_for, initial=0.02, cap=0.5)
+        refresh, told = False, False
         while True:
             try:
                 link = self._link(index, refresh)
                 if link is None:
                     raise RendezvousConnectionError(f"shard {index} has no published address")
-                header, _ = link.request(op, args, timeout=self.settings.peer_call_timeout)
-                return header
+                header, _ = link.request(call.name, args,
+                                         timeout=self.settings.peer_call_timeout)
+                return call.reply.from_dict(header)
             except RETRYABLE + (RendezvousAuthError,) as exc:
                 # An auth failure here means the published address is stale and now
                 # belongs to another job's process: re-read it like a refused connection.
                 last = exc
-            if time.monotonic() + delay > deadline:
-                raise PSUnavailableError(f"ps shard {index} did not answer {op} "
-                                         f"within {retry_for:.0f}s: {last}")
             if not told and time.monotonic() - started > 5.0:
                 log.info("waiting for ps shard %d to answer %s (up to %.0fs): %s",
-                         index, op, retry_for, last)
+                         index, call.name, retry_for, last)
                 told = True
-            time.sleep(delay)  # backoff between attempts at a peer that is down
-            delay, refresh = min(delay * 2, 0.5), True
+            if not backoff.pause():
+                raise PSUnavailableError(f"ps shard {index} did not answer {call.name} "
+                                         f"within {retry_for:.0f}s: {last}")
+            refresh = True
 
     def close(self) -> None:
         with self._lock:

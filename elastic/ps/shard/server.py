@@ -4,56 +4,94 @@
     python -m elastic.ps.server --index I --num-shards N [--mode async|sync] \\
         [--bind HOST:PORT] [--checkpoint-dir DIR --checkpoint-interval SEC]
 
-Start-up: serve (control calls at once; data calls answer "not ready" until the state
-is restored), publish the address in the store when one is configured, restore
-(async: the newest complete checkpoint; sync: shard 0 brings every shard to the newest
-complete checkpoint, see coordinator.py), then print one line on stdout::
+A shard announces itself and its checkpoints through the rendezvous store only
+(``rendezvous.plan``'s records):
 
-    ELASTIC_PS_READY {"index": I, "address": "HOST:PORT", "num_shards": N, "pid": P}
+* as soon as it serves (control calls at once; data calls answer "not ready" until the
+  state is restored), ``ShardInfo(ready=False)`` under ``JobKeys.ps_shard(I)``, so
+  clients and peers find it while it restores;
+* once restored (async: the newest complete checkpoint; sync: shard 0 brings every
+  shard to the newest complete checkpoint, see coordinator.py), the same record with
+  ``ready=True`` and the same pid: the driver's supervisor waits for that;
+* shard 0 checkpoints every ``--checkpoint-interval`` seconds and, after each complete
+  coordinated checkpoint, writes a ``CheckpointRecord`` (id, step, dir, how long
+  training was paused and how long the files took) under ``JobKeys.ps_checkpoint``.
 
-Shard 0 checkpoints every ``--checkpoint-interval`` seconds and prints, for each one,
-``ELASTIC_PS_CHECKPOINT {"checkpoint_id": K, "step": S, "dir": DIR, "pause_ms": P,
-"write_ms": W}`` (how long training was paused, and how long the files took).
-A restart with the same arguments is correct: the driver needs nothing else.
+Without ``ELASTIC_RENDEZVOUS``/``ELASTIC_JOB_ID`` (a shard run alone, e.g. by a test or
+a benchmark) there is nowhere to announce: the shard serves, restores and checkpoints
+all the same (one shard only, as shards find each other through the store), and says
+nothing. A restart with the same arguments is correct: the driver needs nothing else.
 Exit status: 0 after SIGTERM/SIGINT, 2 for bad arguments or a missing secret.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
+from dataclasses import replace
+from typing import Callable
 
 from elastic.orphan import exit_when_orphaned
 from elastic.ps import wire
-from elastic.ps.bulk import BulkServer
-from elastic.ps.shard.checkpoint import load_newest
-from elastic.ps.shard.control import Peers, ShardControl
-from elastic.ps.shard.coordinator import Coordinator
-from elastic.ps.errors import PSConfigError, PSError
+from elastic.ps.errors import PSConfigError, PSError, PSWrongShardError
 from elastic.ps.memory import tune_malloc
 from elastic.ps.partition import Slice
-from elastic.ps.registry import registry_from_env
-from elastic.ps.settings import DEFAULT_SPLIT_THRESHOLD, ServerSettings
+from elastic.ps.protocol import (
+    APPLIED,
+    CONTROL_CALLS,
+    RESTORE_ALL,
+    SERVICE,
+    STATUS,
+    Call,
+    CreateArgs,
+    Created,
+    Empty,
+    Envelope,
+    Hello,
+    PullArgs,
+    PushArgs,
+    ReleaseArgs,
+    Restored,
+    StepArgs,
+    StepReply,
+)
+from elastic.ps.registry import StoreRegistry, registry_from_env
+from elastic.ps.settings import DEFAULT_SPLIT_THRESHOLD, MODES, ServerSettings
+from elastic.ps.shard.bulk import BulkServer
+from elastic.ps.shard.checkpoint import Manifest, load_newest
+from elastic.ps.shard.control import Peers, ShardControl
+from elastic.ps.shard.coordinator import Coordinator
+from elastic.ps.shard.staging import Staging
 from elastic.ps.shard.state import ShardState, initial_generation
-from elastic.ps.client.link import SERVICE, Staging, parse_request
-from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous import auth
-from rendezvous.rpc import RpcServer, frame
+from rendezvous.env import ENV_RENDEZVOUS
+from rendezvous.errors import RendezvousError
+from rendezvous.plan import CheckpointRecord, ShardInfo
+from rendezvous.rpc import RpcServer, frame, unframe
+from rendezvous.url import Endpoint
 
-log = logging.getLogger("elastic.ps.server")
-READY_PREFIX = "ELASTIC_PS_READY"
-CHECKPOINT_PREFIX = "ELASTIC_PS_CHECKPOINT"
+log = logging.getLogger("elastic.ps.shard.server")
 _PATIENCE = 30.0  # how long a data call waits at a paused gate before "not ready"
+
+# A request handler: (envelope, whole header, payload) -> reply frame
+Handler = Callable[[Envelope, dict, memoryview], bytes]
 
 
 class ShardServer:
-    """One shard: state, RPC handlers, and (shard 0) the coordinator."""
+    """One shard: state, RPC handlers, and (shard 0) the coordinator. ``registry`` is
+    where it announces itself (None: nowhere, see the module doc).
 
-    def __init__(self, settings: ServerSettings, secret: str, registry=None):
+    Raises:
+        PSConfigError: shards of a multi-shard job that must reach each other
+            (checkpoints, sync mode) but have no registry.
+        OSError: the bulk port cannot be bound."""
+
+    def __init__(self, settings: ServerSettings, secret: str,
+                 registry: StoreRegistry | None = None):
         if settings.num_shards > 1 and registry is None and (
                 settings.checkpoint_dir or settings.mode == "sync"):
             raise PSConfigError(
@@ -69,109 +107,117 @@ class ShardServer:
         if settings.index == 0:
             self.coordinator = Coordinator(settings, self.control, self.peers, self._announce)
         self._rpc = RpcServer(SERVICE, secret, settings.bind, max_workers=64)
-        self.bulk = None
-        if settings.bulk:
-            self.bulk = BulkServer(secret, settings.bind.rpartition(":")[0].strip("[]") or "127.0.0.1",
-                                   self.staging)
-        for name in ("Hello", "Describe", "Create", "Pull", "Push", "WaitStep", "Upload", "Download",
-                     "Release", "RestoreAll", *ShardControl.OPS):
-            self._rpc.add_unary(name, getattr(self, "_h_" + name.lower(), None)
-                                or self._control_handler(name))
+        self.bulk = BulkServer(secret, settings.bind_endpoint.host, self.staging)
+        handlers: dict[str, Handler] = {
+            "Hello": self._hello, "Describe": self._describe, "Create": self._create,
+            "Pull": self._pull, "Push": self._push, "WaitStep": self._wait_step,
+            "Release": self._release, "RestoreAll": self._restore_all}
+        for call in CONTROL_CALLS:
+            handlers[call.name] = self._control_handler(call)
+        for name, handler in handlers.items():
+            self._rpc.add_unary(name, self._serving(handler))
         self.address: str | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # ---------------------------------------------------------------- handlers
-    def _parse(self, request: bytes) -> tuple[dict, object]:
-        header, body = parse_request(request, self.settings.index)
-        if "upload" in header:
-            body = self.staging.take_upload(header["upload"])
-        return header, body
+    def _serving(self, handler: Handler) -> Callable[[bytes], bytes]:
+        """The RPC handler: checks the envelope, takes a staged upload, calls ``handler``."""
+        def handle(request: bytes) -> bytes:
+            header, body = unframe(request)
+            envelope = Envelope.from_dict(header)
+            if envelope.shard != self.settings.index:
+                raise PSWrongShardError(f"this is ps shard {self.settings.index}, "
+                                        f"not {envelope.shard}")
+            if envelope.upload is not None:
+                body = self.staging.take_upload(envelope.upload)
+            return handler(envelope, header, body)
+        return handle
 
-    def _grads(self, body) -> list:
+    @staticmethod
+    def _grads(body) -> list:
         _, tensors = wire.decode(body)
         return [(meta["name"], array) for meta, array in tensors]
 
-    def _h_hello(self, request: bytes) -> bytes:
-        parse_request(request, self.settings.index)
-        return frame({"index": self.settings.index,
-                      "bulk_port": self.bulk.port if self.bulk is not None else None})
+    def _hello(self, envelope: Envelope, header: dict, body) -> bytes:
+        return frame(Hello(self.settings.index, self.bulk.port).to_dict())
 
-    def _h_describe(self, request: bytes) -> bytes:
-        self._parse(request)
-        return frame({**self.state.describe(), "split_threshold": self.settings.split_threshold})
+    def _describe(self, envelope: Envelope, header: dict, body) -> bytes:
+        described = replace(self.state.describe(), split_threshold=self.settings.split_threshold)
+        return frame(described.to_dict())
 
-    def _h_create(self, request: bytes) -> bytes:
-        header, body = self._parse(request)
+    def _create(self, envelope: Envelope, header: dict, body) -> bytes:
+        args = CreateArgs.from_dict(header)
         _, tensors = wire.decode(body)
         entries = [(Slice.from_dict(meta["slice"]), array) for meta, array in tensors]
-        created = self.state.create(entries, header["optimizer"], _PATIENCE)
-        return frame({"created": created})
+        return frame(Created(tuple(self.state.create(entries, args.optimizer, _PATIENCE))).to_dict())
 
-    def _h_pull(self, request: bytes) -> bytes:
-        header, _ = self._parse(request)
-        state_header, tensors = self.state.pull(header.get("names"))
+    def _pull(self, envelope: Envelope, header: dict, body) -> bytes:
+        args = PullArgs.from_dict(header)
+        pulled, tensors = self.state.pull(None if args.names is None else list(args.names))
         metas, blobs = wire.layout(tensors)
-        return self.staging.reply({**state_header, "tensors": metas}, blobs,
-                                  int(header.get("inline_max", 1 << 62)))
+        inline_max = envelope.inline_max if envelope.inline_max is not None else 1 << 62
+        return self.staging.reply({**pulled.to_dict(), wire.TENSORS: metas}, blobs, inline_max)
 
-    def _h_push(self, request: bytes) -> bytes:
-        header, body = self._parse(request)
+    def _push(self, envelope: Envelope, header: dict, body) -> bytes:
         grads = self._grads(body)
         if self.settings.mode == "async":
-            step = self.state.push_async(str(header["client"]), int(header["seq"]), grads, _PATIENCE)
-            return frame({"status": "applied", "step": step, "generation": self.state.generation})
-        reply = self.state.push_sync(int(header["round"]), int(header["size"]), int(header["rank"]),
-                                     int(header["step"]), str(header["generation"]), grads,
-                                     min(float(header.get("wait", 0.0)), self.settings.max_wait))
-        return frame(reply)
+            args = PushArgs.from_dict(header)
+            step = self.state.push_async(args.client, args.seq, grads, _PATIENCE)
+            return frame(StepReply(APPLIED, step, self.state.generation).to_dict())
+        sync = StepArgs.from_dict(header)
+        return frame(self.state.push_sync(sync.round, sync.size, sync.rank, sync.step,
+                                          sync.generation, grads,
+                                          min(sync.wait, self.settings.max_wait)).to_dict())
 
-    def _h_waitstep(self, request: bytes) -> bytes:
-        header, _ = self._parse(request)
-        return frame(self.state.wait_step(int(header["round"]), int(header["rank"]),
-                                          int(header["step"]), str(header["generation"]),
-                                          min(float(header.get("wait", 0.0)), self.settings.max_wait)))
+    def _wait_step(self, envelope: Envelope, header: dict, body) -> bytes:
+        sync = StepArgs.from_dict(header)
+        return frame(self.state.wait_step(sync.round, sync.rank, sync.step, sync.generation,
+                                          min(sync.wait, self.settings.max_wait)).to_dict())
 
-    def _h_upload(self, request: bytes) -> bytes:
-        header, body = parse_request(request, self.settings.index)
-        self.staging.upload_part(header, body)
-        return frame({})
+    def _release(self, envelope: Envelope, header: dict, body) -> bytes:
+        self.staging.release(ReleaseArgs.from_dict(header).id)
+        return frame(Empty().to_dict())
 
-    def _h_download(self, request: bytes) -> bytes:
-        header, _ = parse_request(request, self.settings.index)
-        return self.staging.download_part(header)
-
-    def _h_release(self, request: bytes) -> bytes:
-        header, _ = parse_request(request, self.settings.index)
-        self.staging.release(header["id"])
-        return frame({})
-
-    def _h_restoreall(self, request: bytes) -> bytes:
-        self._parse(request)
+    def _restore_all(self, envelope: Envelope, header: dict, body) -> bytes:
         if self.coordinator is None:
             raise PSConfigError("RestoreAll is served by shard 0 only")
         checkpoint_id, generation = self.coordinator.restore_all()
-        return frame({"checkpoint_id": checkpoint_id, "generation": generation})
+        return frame(Restored(checkpoint_id, generation).to_dict())
 
-    def _control_handler(self, op: str):
-        def handle(request: bytes) -> bytes:
-            header, _ = parse_request(request, self.settings.index)
-            return frame(self.control.handle(op, header))
+    def _control_handler(self, call: Call) -> Handler:
+        def handle(envelope: Envelope, header: dict, body) -> bytes:
+            return frame(self.control.handle(call, call.args.from_dict(header)).to_dict())
         return handle
 
     # ---------------------------------------------------------------- life cycle
     def start(self) -> str:
-        """Serve and publish the address. Raises RendezvousError (bind or store)."""
+        """Serve, and announce the address (not ready yet).
+
+        Raises:
+            RendezvousError: the bind failed, or the store stayed unreachable."""
         self.address = self._rpc.start()
-        if self.bulk is not None:
-            self.bulk.start()
-        if self.registry is not None:
-            self.registry.publish(self.settings.index, self.info())
+        self.bulk.start()
+        self._publish(ready=False)
         return self.address
 
-    def info(self) -> dict:
-        return {"index": self.settings.index, "num_shards": self.settings.num_shards,
-                "address": self.address, "pid": os.getpid(), "mode": self.settings.mode}
+    def info(self, ready: bool) -> ShardInfo:
+        """This shard's record in the store."""
+        bulk = Endpoint(self.settings.bind_endpoint.host, self.bulk.port)
+        return ShardInfo(self.settings.index, self.settings.num_shards, str(self.address),
+                         os.getpid(), ready, str(bulk))
+
+    def _publish(self, ready: bool) -> None:
+        if self.registry is not None:
+            self.registry.publish(self.info(ready))
+
+    def announce_ready(self) -> None:
+        """Say in the store that this shard is restored and serving.
+
+        Raises:
+            RendezvousError: the store stayed unreachable past its deadline."""
+        self._publish(ready=True)
+        log.info("shard %d serving at %s", self.settings.index, self.address)
 
     def restore(self) -> None:
         """Restore the state for this start (see module doc). Raises PSCheckpointError
@@ -180,9 +226,9 @@ class ShardServer:
         if s.mode == "sync":
             if self.coordinator is not None:
                 self.coordinator.restore_all()
-            else:
+            elif self.peers is not None:
                 try:
-                    self.peers.call(0, "RestoreAll", {}, retry_for=s.peer_deadline)
+                    self.peers.call(0, RESTORE_ALL, Empty(), retry_for=s.peer_deadline)
                 except PSError as exc:
                     log.warning("shard 0 did not restore the shards (%s); loading alone", exc)
         if not self.state.loaded:
@@ -198,10 +244,8 @@ class ShardServer:
             steps = []
             for i in range(s.num_shards):
                 if i != s.index:
-                    try:
-                        steps.append(int(self.peers.call(i, "Status", {}, retry_for=0.0)["step"]))
-                    except PSError:
-                        pass
+                    with contextlib.suppress(PSError):
+                        steps.append(self.peers.call(i, STATUS, Empty(), retry_for=0.0).step)
             if steps:
                 self.state.raise_step(max(steps))
 
@@ -212,17 +256,23 @@ class ShardServer:
             t.start()
             self._threads.append(t)
 
-    def _announce(self, manifest, pause_ms: float, write_ms: float) -> None:
-        print(f"{CHECKPOINT_PREFIX} " + json.dumps(
-            {"checkpoint_id": manifest.checkpoint_id, "step": manifest.step,
-             "dir": self.settings.checkpoint_dir, "pause_ms": round(pause_ms, 1),
-             "write_ms": round(write_ms, 1)}), flush=True)
+    def _announce(self, manifest: Manifest, pause_ms: float, write_ms: float) -> None:
+        """A coordinated checkpoint is complete: say so in the store (when there is one)."""
+        if self.registry is None:
+            return
+        record = CheckpointRecord(manifest.checkpoint_id, manifest.step,
+                                  str(self.settings.checkpoint_dir), round(pause_ms, 1),
+                                  round(write_ms, 1))
+        try:
+            self.registry.publish_checkpoint(record)
+        except RendezvousError as exc:  # the checkpoint itself is complete on disk
+            log.warning("checkpoint %d not announced in the store: %s",
+                        manifest.checkpoint_id, exc)
 
     def stop(self) -> None:
         self._stop.set()
         self._rpc.stop(grace=0.5)
-        if self.bulk is not None:
-            self.bulk.close()
+        self.bulk.close()
         for t in self._threads:
             t.join(timeout=5)
         if self.coordinator is not None:
@@ -235,28 +285,28 @@ class ShardServer:
 
 
 def parse_args(argv=None) -> ServerSettings:
+    """The shard's settings from its command line; exits 2 with a one-line error for
+    bad arguments (argparse)."""
     p = argparse.ArgumentParser(prog="python -m elastic.ps.server",
                                 description="Serve one parameter-server shard.")
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--num-shards", type=int, required=True)
-    p.add_argument("--mode", choices=("async", "sync"), default="async")
+    p.add_argument("--mode", choices=MODES, default="async")
     p.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT (port 0: any free port)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-interval", type=float, default=30.0)
     p.add_argument("--keep-checkpoints", type=int, default=3)
     p.add_argument("--split-threshold", type=int, default=DEFAULT_SPLIT_THRESHOLD,
                    help="variables above this many bytes are split across shards")
-    p.add_argument("--no-bulk", action="store_true",
-                   help="move large payloads over gRPC only (no bulk TCP port)")
     a = p.parse_args(argv)
     try:
         return ServerSettings(index=a.index, num_shards=a.num_shards, mode=a.mode, bind=a.bind,
                               checkpoint_dir=a.checkpoint_dir,
                               checkpoint_interval=a.checkpoint_interval,
-                              keep_checkpoints=a.keep_checkpoints, split_threshold=a.split_threshold,
-                              bulk=not a.no_bulk)
+                              keep_checkpoints=a.keep_checkpoints, split_threshold=a.split_threshold)
     except PSConfigError as exc:
         p.error(str(exc))
+        raise  # not reached: error() exits
 
 
 def main(argv=None) -> int:
@@ -284,12 +334,8 @@ def main(argv=None) -> int:
         server.start()
         server.restore()
         server.run_background()
-        print(f"{READY_PREFIX} " + json.dumps(server.info()), flush=True)
+        server.announce_ready()
         stop.wait()
     finally:
         server.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,21 +25,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastic.ps.shard.checkpoint import SavedVariable, ShardSnapshot
-from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
-                               PSUninitializedError)
+from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
 from elastic.ps.memory import unshared
 from elastic.ps.optimizers import Optimizer, make_optimizer
 from elastic.ps.partition import Slice
+from elastic.ps.protocol import (
+    APPLIED,
+    PENDING,
+    ROLLED_BACK,
+    SUPERSEDED,
+    UNKNOWN,
+    Description,
+    Pulled,
+    ShardStatus,
+    StepReply,
+    VariableInfo,
+)
+from elastic.ps.shard.checkpoint import SavedVariable, ShardSnapshot
 
 log = logging.getLogger("elastic.ps.shard.state")
-
-# sync push/wait outcomes
-APPLIED = "applied"          # the step is applied (by this round or an earlier one)
-PENDING = "pending"          # still waiting for other ranks: ask again (WaitStep)
-SUPERSEDED = "superseded"    # a newer round exists; this round's step was dropped
-ROLLED_BACK = "rolled_back"  # the shards restored a checkpoint: pull again, then redo
-UNKNOWN = "unknown"          # the shard no longer has this contribution: push it again
 
 
 def initial_generation(checkpoint_id: int | None) -> str:
@@ -52,11 +56,11 @@ class _Var:
     previous array, reused as the next update's output once no pull or checkpoint still
     reads it (saves faulting in fresh pages every step)."""
 
-    __slots__ = ("slice", "param", "slots", "optimizer", "spare")
+    __slots__ = ("optimizer", "param", "slice", "slots", "spare")
 
     def __init__(self, sl: Slice, param: np.ndarray, slots: dict, optimizer: Optimizer):
         self.slice, self.param, self.slots, self.optimizer = sl, param, slots, optimizer
-        self.spare = None
+        self.spare: np.ndarray | None = None
 
 
 @dataclass
@@ -164,17 +168,17 @@ class ShardState:
             self._cond.notify_all()
             return [sl.name for sl, _ in new]
 
-    def describe(self) -> dict:
+    def describe(self) -> Description:
+        """Raises PSNotReadyError while restoring."""
         with self._cond:
             self._require_loaded()
-            return {"index": self.index, "num_shards": self.num_shards, "mode": self.mode,
-                    "step": self.step, "generation": self.generation,
-                    "variables": [{"slice": v.slice.to_dict(), "optimizer": v.optimizer.config()}
-                                  for v in self._vars.values()]}
+            return Description(self.index, self.num_shards, self.mode, self.step, self.generation,
+                               tuple(VariableInfo(v.slice, v.optimizer.config())
+                                     for v in self._vars.values()))
 
-    def pull(self, names: list[str] | None) -> tuple[dict, list[tuple[dict, np.ndarray]]]:
-        """The named slices (all when None): a header with the step and generation, and
-        (slice metadata, array) pairs. The arrays are the live parameters, which are
+    def pull(self, names: list[str] | None) -> tuple[Pulled, list[tuple[dict, np.ndarray]]]:
+        """The named slices (all when None): their step and generation, and (slice
+        metadata, array) pairs. The arrays are the live parameters, which are
         never written in place (optimizers return new arrays), so the caller may send
         them after releasing the lock and still send one consistent state.
         Raises PSUninitializedError naming missing variables, PSNotReadyError."""
@@ -185,7 +189,7 @@ class ShardState:
             missing = [n for n in names if n not in self._vars]
             if missing:
                 raise PSUninitializedError(f"ps shard {self.index} has no variable(s) {missing}")
-            return ({"step": self.step, "generation": self.generation},
+            return (Pulled(self.step, self.generation),
                     [(self._vars[n].slice.to_dict(), self._vars[n].param) for n in names])
 
     def _apply(self, grads: list[tuple[str, np.ndarray]]) -> None:
@@ -211,15 +215,14 @@ class ShardState:
             self._dedup[client] = seq
             return self.step
 
-    def _sync_reply(self, status: str) -> dict:
-        return {"status": status, "step": self.step, "generation": self.generation,
-                "round": self._round}
+    def _sync_reply(self, status: str) -> StepReply:
+        return StepReply(status, self.step, self.generation, self._round)
 
     def _drop_pending(self) -> None:
         self._pending = {}
         self._cond.notify_all()
 
-    def _enter_round(self, round_id: int, generation: str, step: int) -> dict | None:
+    def _enter_round(self, round_id: int, generation: str, step: int) -> StepReply | None:
         """Common checks of sync calls; a terminal reply, or None to go on."""
         if generation != self.generation or step > self.step + 1:
             return self._sync_reply(ROLLED_BACK)
@@ -245,21 +248,20 @@ class ShardState:
                 names.setdefault(name)
         averaged = []
         for name in names:
-            total = None
             # rank order makes the sum, and so the step, identical on every run
-            for rank in sorted(self._pending):
-                for n, grad in self._pending[rank]:
-                    if n == name:
-                        total = np.array(grad, copy=True) if total is None else total + grad
+            grads = [grad for rank in sorted(self._pending)
+                     for n, grad in self._pending[rank] if n == name]
+            total = np.array(grads[0], copy=True)
+            for grad in grads[1:]:
+                total = total + grad
             averaged.append((name, total / size))
         self._pending = {}
         self._apply(averaged)
 
     def push_sync(self, round_id: int, size: int, rank: int, step: int, generation: str,
-                  grads: list[tuple[str, np.ndarray]], wait: float) -> dict:
+                  grads: list[tuple[str, np.ndarray]], wait: float) -> StepReply:
         """Contribute ``rank``'s gradients to ``step`` of ``round_id`` and wait up to
-        ``wait`` seconds for it to be applied. Returns ``{"status", "step",
-        "generation", "round"}``. Raises PSProtocolError for a size or rank that
+        ``wait`` seconds for it to be applied. Raises PSProtocolError for a size or rank that
         contradicts the round, PSUninitializedError, PSShapeError, PSNotReadyError."""
         with self._cond:
             self._require_loaded()
@@ -278,7 +280,8 @@ class ShardState:
             self._try_apply_sync()
             return self._wait_step(round_id, rank, step, generation, wait)
 
-    def wait_step(self, round_id: int, rank: int, step: int, generation: str, wait: float) -> dict:
+    def wait_step(self, round_id: int, rank: int, step: int, generation: str,
+                  wait: float) -> StepReply:
         """Long-poll for a step this rank pushed earlier (same reply as ``push_sync``)."""
         with self._cond:
             self._require_loaded()
@@ -290,7 +293,8 @@ class ShardState:
                 return self._sync_reply(UNKNOWN)  # this shard restarted since the push
             return self._wait_step(round_id, rank, step, generation, wait)
 
-    def _wait_step(self, round_id, rank, step, generation, wait) -> dict:
+    def _wait_step(self, round_id: int, rank: int, step: int, generation: str,
+                   wait: float) -> StepReply:
         deadline = self._clock() + wait
         while True:
             if generation != self.generation:
@@ -308,13 +312,12 @@ class ShardState:
                 return self._sync_reply(PENDING)
 
     # ---------------------------------------------------------------- checkpoint calls
-    def status(self) -> dict:
+    def status(self) -> ShardStatus:
         with self._cond:
-            return {"index": self.index, "step": self.step, "generation": self.generation,
-                    "loaded": self.loaded, "base": self.base, "version": self._version,
-                    "clean": self._version == self._clean_version}
+            return ShardStatus(self.index, self.step, self.generation, self.loaded, self.base,
+                               self._version, self._version == self._clean_version)
 
-    def prepare(self, checkpoint_id: int, lease: float) -> dict:
+    def prepare(self, checkpoint_id: int, lease: float) -> ShardStatus:
         """Close the gate (no apply starts; none is running since applies hold the lock)
         for at most ``lease`` seconds; returns ``status()``. Raises PSNotReadyError."""
         with self._cond:
