@@ -22,7 +22,6 @@ import functools
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,12 +32,11 @@ import numpy as np
 from elastic.ps import wire
 from elastic.ps.client.link import ShardLink
 from elastic.ps.client.rounds import RoundSource, RoundTracker
+from elastic.ps.client.sync import sync_step
 from elastic.ps.errors import (
     RETRYABLE,
     PSConfigError,
-    PSRoundChangedError,
     PSShapeError,
-    PSTimeoutError,
     PSUnavailableError,
     PSUninitializedError,
 )
@@ -46,10 +44,7 @@ from elastic.ps.memory import tune_malloc
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import Slice, place
 from elastic.ps.protocol import (
-    FINAL,
     ROLLED_BACK,
-    SUPERSEDED,
-    UNKNOWN,
     CreateArgs,
     Description,
     PullArgs,
@@ -388,50 +383,19 @@ class PSClient:
         elastic runtime calls this after each re-form). Raises PSConfigError."""
         self._rounds.set(round_id, size, rank)
 
-    def _step_request(self, index: int, method: str, args: StepArgs, payload) -> StepReply:
-        """One sync ``Push`` or ``WaitStep`` long-poll on shard ``index``."""
+    def _step_call(self, args: StepArgs, index: int, method: str, payload) -> StepReply:
+        """One sync ``Push`` or ``WaitStep`` long-poll on shard ``index`` (retried)."""
         extra = self.settings.poll_interval
-        return StepReply.from_dict(self._request(index, method, args, payload, extra)[0])
+        return self._with_recreate(index, lambda: StepReply.from_dict(
+            self._request(index, method, args, payload, extra)[0]))
 
     def _push_sync(self, payloads: dict[int, list]) -> int:
         round_id, size, rank = self._rounds.current()
         with self._lock:
             step, generation = self._step + 1, self._generation
-        s = self.settings
-        args = StepArgs(round_id, size, rank, step, str(generation), s.poll_interval)
-        deadline = time.monotonic() + s.sync_timeout
-        stop = threading.Event()
-
-        def one(i: int) -> StepReply | None:
-            method, next_note = "Push", time.monotonic() + 10.0
-            while not stop.is_set():
-                if i == 0 and time.monotonic() > next_note:
-                    log.info("sync step %d of round %d (rank %d of %d): still waiting for the "
-                             "other workers' gradients", step, round_id, rank, size)
-                    next_note = time.monotonic() + 30.0
-                if self._rounds.moved(round_id):
-                    stop.set()
-                    raise PSRoundChangedError(f"a round after {round_id} was published; "
-                                              f"step {step} is dropped: re-form and redo it")
-                if time.monotonic() > deadline:
-                    stop.set()
-                    raise PSTimeoutError(f"sync step {step} of round {round_id} was not completed "
-                                         f"by all {size} workers within {s.sync_timeout:.0f}s")
-                payload = payloads[i] if method == "Push" else b""
-                reply = self._with_recreate(i, functools.partial(
-                    self._step_request, i, method, args, payload))
-                if reply.status in FINAL:
-                    return reply
-                method = "Push" if reply.status == UNKNOWN else "WaitStep"
-            return None
-
-        # None only from a call stopped by another one's error, which _each raises
-        replies = [r for r in self._each(one).values() if r is not None]
-        superseded = [r for r in replies if r.status == SUPERSEDED]
-        if superseded:
-            newest = max(r.round or 0 for r in superseded)
-            raise PSRoundChangedError(f"round {newest} replaced round {round_id}; step {step} "
-                                      f"is dropped: re-form and redo it")
+        args = StepArgs(round_id, size, rank, step, str(generation), self.settings.poll_interval)
+        replies = sync_step(args, payloads, functools.partial(self._step_call, args), self._each,
+                            self._rounds.moved, self.settings.sync_timeout)
         with self._lock:
             rolled = [r for r in replies if r.status == ROLLED_BACK]
             if rolled:
