@@ -306,3 +306,26 @@ def test_cut_slices_a_concatenation_of_pieces():
     for off in range(len(joined)):
         for length in range(len(joined) - off + 1):
             assert b"".join(cut(pieces, off, length)) == joined[off:off + length]
+
+
+# ------------------------------------------------------------------ protocol headers
+def test_headers_round_trip_through_json_and_name_a_missing_field():
+    import json
+
+    from elastic.ps.errors import PSProtocolError
+    from elastic.ps.protocol import Description, Envelope, StepArgs, StepReply, VariableInfo
+    described = Description(1, 2, "sync", 7, "c3", (VariableInfo(
+        Slice("w", 1, 0, 4, (4, 2), "<f8"), {"optimizer": "sgd", "lr": 0.1}),), 64)
+    assert Description.from_dict(json.loads(json.dumps(described.to_dict()))) == described
+    step = StepArgs(round=3, size=2, rank=1, step=9, generation="c3", wait=0.5)
+    header = {**Envelope(1, inline_max=10).to_dict(), **step.to_dict()}
+    assert StepArgs.from_dict(header) == step and Envelope.from_dict(header).shard == 1
+    assert StepReply.from_dict({"status": "applied", "step": 1, "generation": "c0"}).round is None
+    with pytest.raises(PSProtocolError, match=r"StepArgs.*generation"):
+        StepArgs.from_dict({"round": 1, "size": 1, "rank": 0, "step": 1})
+
+
+def test_bad_bind_address_is_a_config_error():
+    with pytest.raises(PSConfigError, match="--bind"):
+        ServerSettings(index=0, num_shards=1, bind="localhost")
+    assert ServerSettings(index=0, num_shards=1, bind="[::1]:0").bind_endpoint.host == "::1"
