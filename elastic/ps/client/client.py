@@ -62,6 +62,7 @@ from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.client.client")
 
+
 class _Progress(Protocol):
     """A shard reply that says where the shard is (step, and history)."""
 
