@@ -20,7 +20,6 @@ Prints one JSON line per measured configuration:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -40,8 +39,10 @@ if ROOT not in sys.path:
 import numpy as np  # noqa: E402
 
 from elastic.ps.client import PSClient  # noqa: E402
-from elastic.ps.settings import ClientSettings  # noqa: E402
-from rendezvous import auth, env  # noqa: E402
+from rendezvous import auth, env, open_store  # noqa: E402
+from rendezvous.embedded import EmbeddedServer  # noqa: E402
+from rendezvous.keys import JobKeys  # noqa: E402
+from rendezvous.plan import CheckpointRecord, ShardInfo  # noqa: E402
 
 MiB = 1 << 20
 
@@ -144,8 +145,21 @@ class RawPeers:
 
 
 # ---------------------------------------------------------------- shards
+def _ready(pid: int):
+    """Whether a shard's record says process ``pid`` is ready."""
+
+    def check(kv) -> bool:
+        if kv is None:
+            return False
+        info = ShardInfo.from_json(kv.value)
+        return info.ready and info.pid == pid
+
+    return check
+
+
 class Shards:
-    """Shard processes started as the driver starts them."""
+    """Shard processes started as the driver starts them, announcing themselves and
+    their checkpoints in an embedded store (as under elastic-run)."""
 
     def __init__(
         self,
@@ -154,14 +168,21 @@ class Shards:
         mode: str = "async",
         checkpoint_dir=None,
         interval: float = 30.0,
-        store=None,
         job_id: str = "bench",
-        bulk: bool = True,
     ):
         self.procs, self.addresses = [], []
-        environ = {**os.environ, env.ENV_SECRET: secret, "PYTHONPATH": ROOT}
-        if store is not None:
-            environ.update({env.ENV_RENDEZVOUS: store, env.ENV_JOB_ID: job_id})
+        self._server = EmbeddedServer(secret)
+        self._server.start()
+        self._store = open_store(f"embedded://{self._server.address}", secret)
+        keys = JobKeys(job_id)
+        _, self._watch = self._store.read_and_watch(keys.ps_checkpoint)
+        environ = {
+            **os.environ,
+            env.ENV_SECRET: secret,
+            "PYTHONPATH": ROOT,
+            env.ENV_RENDEZVOUS: f"embedded://{self._server.address}",
+            env.ENV_JOB_ID: job_id,
+        }
         for i in range(count):
             argv = [
                 sys.executable,
@@ -174,40 +195,39 @@ class Shards:
                 "--mode",
                 mode,
             ]
-            if not bulk:
-                argv.append("--no-bulk")
             if checkpoint_dir:
                 argv += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-interval", str(interval)]
-            shard_log = os.environ.get("PS_BENCH_SHARD_LOG")
-            with (
-                open(f"{shard_log}.{job_id}.{i}", "ab")
-                if shard_log
-                else contextlib.nullcontext(subprocess.DEVNULL)
-            ) as err:
+            log_path = os.environ.get("PS_BENCH_SHARD_LOG")
+            log_name = f"{log_path}.{job_id}.{i}" if log_path else os.devnull
+            with open(log_name, "ab") as err:  # the shard keeps its own descriptor
                 self.procs.append(
                     subprocess.Popen(
-                        argv, env=environ, stdout=subprocess.PIPE, stderr=err, cwd=ROOT
+                        argv, env=environ, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT
                     )
                 )
-        self.announced: list[tuple[float, dict]] = []  # (when read, announcement)
+        self.announced: list[tuple[float, dict]] = []  # (when seen, CheckpointRecord fields)
         for i, p in enumerate(self.procs):
-            assert p.stdout is not None
-            for raw in p.stdout:
-                line = raw.decode().strip()
-                if line.startswith("ELASTIC_PS_READY "):
-                    self.addresses.append(json.loads(line.split(" ", 1)[1])["address"])
-                    break
-            else:
-                raise RuntimeError(f"shard {i} exited before it was ready")
+            kv = self._store.wait_for(keys.ps_shard(i), _ready(p.pid), timeout=120)
+            if kv is None:
+                raise RuntimeError(f"ps shard {i} was not ready within 120s")
+            self.addresses.append(ShardInfo.from_json(kv.value).address)
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
 
     def _drain(self):
-        assert self.procs[0].stdout is not None
-        for raw in self.procs[0].stdout:
-            line = raw.decode().strip()
-            if line.startswith("ELASTIC_PS_CHECKPOINT "):
-                self.announced.append((time.monotonic(), json.loads(line.split(" ", 1)[1])))
+        for event in self._watch:  # ends when the watch is cancelled
+            record = CheckpointRecord.from_json(event.value)
+            self.announced.append(
+                (
+                    time.monotonic(),
+                    {
+                        "checkpoint_id": record.checkpoint_id,
+                        "step": record.step,
+                        "pause_ms": record.pause_ms,
+                        "write_ms": record.write_ms,
+                    },
+                )
+            )
 
     def wait_checkpoints(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -225,6 +245,9 @@ class Shards:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
+        self._watch.cancel()
+        self._store.close()
+        self._server.stop()
 
 
 def ps_step(client, grads) -> float:
@@ -235,16 +258,16 @@ def ps_step(client, grads) -> float:
 
 
 # ---------------------------------------------------------------- measurements
-def throughput(size_mib: int, shards: int, reps: int, tmp: str, bulk: bool = True) -> dict:
+def throughput(size_mib: int, shards: int, reps: int, tmp: str) -> dict:
     secret = auth.make_secret()
     params = model(size_mib)
     grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
     total = nbytes(params)
     flat = np.concatenate([g.reshape(-1).view(np.uint8) for g in grads.values()])
-    shares = [part.data for part in np.array_split(flat, shards)]
-    servers = Shards(shards, secret, bulk=bulk)
+    shares = [memoryview(part.data) for part in np.array_split(flat, shards)]
+    servers = Shards(shards, secret)
     raw = RawPeers(shards, tmp)
-    client = PSClient(servers.addresses, secret, ClientSettings(bulk=bulk))
+    client = PSClient(servers.addresses, secret)
     try:
         client.init(params, optimizer="sgd", lr=0.01)
         for _ in range(2):  # warm-up: connections, allocations
@@ -265,7 +288,7 @@ def throughput(size_mib: int, shards: int, reps: int, tmp: str, bulk: bool = Tru
         "model_mib": size_mib,
         "shards": shards,
         "reps": reps,
-        "transport": "grpc+bulk" if bulk else "grpc",
+        "transport": "grpc+bulk",
         "ps_step_s": round(ps_s, 4),
         "raw_round_trip_s": round(raw_s, 4),
         "ps_mb_s": round(moved / ps_s, 1),
@@ -283,11 +306,7 @@ def checkpoint_overhead(
     ``_MARGIN``). Both sets share the same minutes of machine load, which a comparison
     with a second job would not on a shared machine (measured there: two identical jobs
     without checkpoints differed by -27%..+36% in alternating 2 s blocks)."""
-    from rendezvous.embedded import EmbeddedServer
-
     secret = auth.make_secret()
-    store = EmbeddedServer(secret)
-    store.start()
     params = model(size_mib)
     grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
     job = Shards(
@@ -295,7 +314,6 @@ def checkpoint_overhead(
         secret,
         checkpoint_dir=os.path.join(tmp, f"ckpt-{uuid.uuid4().hex}"),
         interval=interval,
-        store=f"embedded://{store.address}",
         job_id="bench-ckpt",
     )
     client = PSClient(job.addresses, secret)
@@ -314,7 +332,6 @@ def checkpoint_overhead(
     finally:
         client.close()
         job.close()
-        store.stop()
     windows = [
         (t - (c["pause_ms"] + c["write_ms"]) / 1000 - _MARGIN, t + _MARGIN) for t, c in announced
     ]
@@ -354,11 +371,6 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt-shards", type=int, default=2)
     p.add_argument("--ckpt-intervals", type=float, nargs="+", default=[10.0, 2.0])
     p.add_argument("--ckpt-seconds", type=float, default=60.0, help="training time per interval")
-    p.add_argument(
-        "--no-bulk",
-        action="store_true",
-        help="throughput with every byte over gRPC (no bulk TCP plane)",
-    )
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-checkpoint", action="store_true")
     args = p.parse_args(argv)
@@ -369,10 +381,7 @@ def main(argv=None) -> int:
         if not args.skip_throughput:
             for size in args.sizes:
                 for shards in args.shards:
-                    print(
-                        json.dumps(throughput(size, shards, args.reps, tmp, not args.no_bulk)),
-                        flush=True,
-                    )
+                    print(json.dumps(throughput(size, shards, args.reps, tmp)), flush=True)
         if not args.skip_checkpoint:
             for interval in args.ckpt_intervals:
                 print(

@@ -1,9 +1,11 @@
 """Test harness for parameter-server processes: plays the driver's part (starts shards
-with the documented command line, SIGKILLs and restarts them, reaps everything) and
-runs worker scripts. Real processes, real gRPC on loopback, nothing mocked."""
+with the documented command line, waits for their records in the store, SIGKILLs and
+restarts them, reaps everything) and runs worker scripts. Real processes, real gRPC on
+loopback, nothing mocked."""
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -12,64 +14,92 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from elastic.ps.client import PSClient
+from elastic.ps.client.link import ShardLink
+from elastic.ps.registry import StoreRegistry
 from elastic.ps.settings import ClientSettings
-from elastic.ps.transport import ShardLink
-from rendezvous import env
+from rendezvous import env, open_store
 from rendezvous.keys import JobKeys
+from rendezvous.plan import CheckpointRecord, Member, Plan, ShardInfo
+from rendezvous.store import PUT
 from tests.jobs import wait_until
-from rendezvous.plan import Member, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(ROOT / "tests" / "ps_worker.py")
-READY = "ELASTIC_PS_READY "
-CHECKPOINT = "ELASTIC_PS_CHECKPOINT "
 
 
 wait_for = wait_until  # one polling helper for every test
 
 
+class _Announcements:
+    """What the shards of one job say in the store (``ShardInfo`` per index, every
+    ``CheckpointRecord`` with its store revision), followed by a watch."""
+
+    def __init__(self, store, keys: JobKeys):
+        self._keys = keys
+        self._cond = threading.Condition()
+        self.shards: dict[int, ShardInfo] = {}
+        self.checkpoints: list[tuple[int, CheckpointRecord]] = []
+        kvs, self._watch = store.read_and_watch(keys.prefix)
+        for kv in kvs:
+            self._note(kv.key, kv.value, kv.mod_revision)
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        for event in self._watch:  # ends when the watch is cancelled
+            if event.type == PUT:
+                self._note(event.key, event.value, event.revision)
+
+    def _note(self, key: str, value: bytes, revision: int) -> None:
+        with self._cond:
+            if key.startswith(self._keys.ps):
+                info = ShardInfo.from_json(value)
+                self.shards[info.index] = info
+            elif key == self._keys.ps_checkpoint:
+                self.checkpoints.append((revision, CheckpointRecord.from_json(value)))
+            self._cond.notify_all()
+
+    def checkpoints_after(self, revision: int) -> list[CheckpointRecord]:
+        with self._cond:
+            return [record for rev, record in self.checkpoints if rev > revision]
+
+    def wait(self, predicate: Callable[[], object], timeout: float, what: str,
+             gone: Callable[[], str | None] = lambda: None):
+        """``predicate()`` (called under the lock) once true; AssertionError after
+        ``timeout`` or as soon as ``gone()`` names a reason to stop waiting."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                value = predicate()
+                if value:
+                    return value
+                reason = gone()
+                if reason:
+                    raise AssertionError(f"{reason} before {what}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {what} within {timeout}s")
+                self._cond.wait(min(left, 0.1))  # also wakes to look at the process
+
+    def close(self) -> None:
+        self._watch.cancel()
+        self._thread.join(timeout=5)
+
+
 class _Proc:
-    """A child process whose stdout is read line by line in a thread."""
+    """A child process in its own session; its stdout and stderr go to one log file."""
 
     def __init__(self, name: str, argv: list[str], environ: dict, log_dir: Path):
         self.name = name
         self.stderr_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.err"
-        self._stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, cwd=str(ROOT), start_new_session=True)
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for raw in self.proc.stdout:
-            with self._cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_line(self, prefix: str, timeout: float, after: int = 0) -> str:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for line in self.lines[after:]:
-                    if line.startswith(prefix):
-                        return line
-                if self.proc.poll() is not None and not self._reader.is_alive():
-                    raise AssertionError(f"{self.name} exited {self.proc.returncode} before "
-                                         f"printing {prefix!r}:\n{self.stderr()}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"{self.name} did not print {prefix!r} in {timeout}s:\n"
-                                         f"{self.stderr()}")
-                self._cond.wait(min(left, 0.1))
+        with open(self.stderr_path, "wb") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(argv, env=environ, stdout=log, stderr=log,
+                                         cwd=str(ROOT), start_new_session=True)
 
     def stderr(self) -> str:
-        self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")[-6000:]
 
     def kill(self) -> None:
@@ -80,17 +110,12 @@ class _Proc:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()
 
     def reap(self, timeout: float) -> int:
-        rc = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
-        self._stderr.close()
-        return rc
+        return self.proc.wait(timeout=timeout)
 
 
 class PSJob:
@@ -115,6 +140,10 @@ class PSJob:
         self.addresses: dict[int, str] = {}
         self.workers: list[_Proc] = []
         self._clients: list[PSClient] = []
+        self.keys = JobKeys(self.job_id)
+        self._store = open_store(self.store_url, self.secret)
+        self._announced = _Announcements(self._store, self.keys)
+        self._checkpoint_floor = 0  # store revision when the current shard 0 started
 
     def env(self, **extra) -> dict:
         e = dict(os.environ)
@@ -134,14 +163,33 @@ class PSJob:
                      "--checkpoint-interval", str(self.checkpoint_interval)]
         return argv
 
-    def start(self, indices=None, timeout: float = 60.0) -> "PSJob":
+    def start(self, indices=None, timeout: float = 60.0) -> PSJob:
         indices = range(self.num_shards) if indices is None else indices
-        for i in indices:  # all first, then wait: sync shards restore together
-            self.shards[i] = _Proc(f"shard{i}", self.shard_argv(i), self.env(), self.logs)
-        for i in indices:
-            line = self.shards[i].wait_line(READY, timeout)
-            self.addresses[i] = json.loads(line[len(READY):])["address"]
+        try:
+            for i in indices:  # all first, then wait: sync shards restore together
+                if i == 0:
+                    _, self._checkpoint_floor = self._store.get_prefix(self.keys.ps_checkpoint)
+                self.shards[i] = _Proc(f"shard{i}", self.shard_argv(i), self.env(), self.logs)
+            for i in indices:
+                self.addresses[i] = self._wait_ready(i, timeout).address
+        except BaseException:
+            self.close()  # ``with PSJob(...).start()`` never entered: reap here
+            raise
         return self
+
+    def _wait_ready(self, index: int, timeout: float) -> ShardInfo:
+        """The record of shard ``index``'s current process once it says it is ready."""
+        proc = self.shards[index]
+
+        def ready() -> ShardInfo | None:
+            info = self._announced.shards.get(index)
+            return info if info is not None and info.ready and info.pid == proc.proc.pid else None
+
+        def gone() -> str | None:
+            if proc.proc.poll() is None:
+                return None
+            return f"{proc.name} exited {proc.proc.returncode}:\n{proc.stderr()}"
+        return self._announced.wait(ready, timeout, f"ready record of {proc.name}", gone)
 
     def kill_shard(self, index: int) -> None:
         self.shards[index].kill()
@@ -150,17 +198,16 @@ class PSJob:
         self.start([index], timeout)
 
     def checkpoints(self) -> list[dict]:
-        shard0 = self.shards.get(0)
-        return [json.loads(l[len(CHECKPOINT):]) for l in list(shard0.lines)
-                if l.startswith(CHECKPOINT)] if shard0 else []
+        """The checkpoints the current shard 0 announced in the store, oldest first."""
+        return [dataclasses.asdict(record)
+                for record in self._announced.checkpoints_after(self._checkpoint_floor)]
 
     def wait_checkpoint(self, min_step: int, timeout: float = 30.0) -> dict:
-        return wait_for(lambda: next((c for c in self.checkpoints() if c["step"] >= min_step), None),
-                        timeout, f"a checkpoint at step >= {min_step}")
+        def found() -> dict | None:
+            return next((c for c in self.checkpoints() if c["step"] >= min_step), None)
+        return self._announced.wait(found, timeout, f"a checkpoint at step >= {min_step}")
 
     def client(self, **settings) -> PSClient:
-        from elastic.ps.registry import StoreRegistry
-        from rendezvous import open_store
         registry = StoreRegistry(open_store(self.store_url, self.secret), self.job_id)
         c = PSClient([self.addresses[i] for i in range(self.num_shards)], self.secret,
                      ClientSettings(**{"retry_deadline": 60.0, **settings}),
@@ -172,21 +219,16 @@ class PSJob:
         """Describe of one shard, straight from it."""
         link = ShardLink(index, self.addresses[index], self.secret)
         try:
-            header, _ = link.request("Describe", {}, timeout=10)
+            header, _ = link.request("Describe", timeout=10)
             return header
         finally:
             link.close()
 
     def publish_round(self, round_id: int, worker_ids: list[str]) -> None:
         """What the driver does when membership changes: a new plan in the store."""
-        from rendezvous import open_store
         members = tuple(Member(w, "localhost", k, "127.0.0.1:1", k, k, len(worker_ids), 0, 1)
                         for k, w in enumerate(worker_ids))
-        store = open_store(self.store_url, self.secret)
-        try:
-            store.put(JobKeys(self.job_id).round, Plan(round_id, members).to_json())
-        finally:
-            store.close()
+        self._store.put(self.keys.round, Plan(round_id, members).to_json())
 
     def worker(self, *args, **environ) -> _Proc:
         p = _Proc(f"worker{len(self.workers)}", [sys.executable, WORKER, *map(str, args)],
@@ -200,7 +242,8 @@ class PSJob:
             try:
                 rc = w.reap(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{w.name} still running after {timeout}s:\n{w.stderr()}")
+                raise AssertionError(
+                    f"{w.name} still running after {timeout}s:\n{w.stderr()}") from None
             assert rc == 0, f"{w.name} exited {rc}:\n{w.stderr()}"
 
     def shard_log(self, index: int) -> str:
@@ -212,6 +255,8 @@ class PSJob:
             c.close()
         for p in [*self.workers, *self.shards.values()]:
             p.stop()
+        self._announced.close()
+        self._store.close()
 
     def __enter__(self):
         return self

@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from elastic.ps import checkpoint as ck
 from elastic.ps.errors import PSCheckpointError
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import place
+from elastic.ps.shard import checkpoint as ck
 
 THRESHOLD = 64
 
@@ -104,7 +104,7 @@ def test_damaged_shard_file_falls_back_to_previous_checkpoint_with_a_warning(tmp
     records = _write(tmp_path, 2, _snapshots(new, 2, step=20), step=20)
     bad = os.path.join(ck.checkpoint_dir(str(tmp_path), 2), records[1].name)
     _damage(bad, how)
-    with caplog.at_level(logging.WARNING, logger="elastic.ps.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
         loaded = ck.load_newest(str(tmp_path))
     assert (loaded.checkpoint_id, loaded.step) == (1, 10)
     assert bad in caplog.text
@@ -123,7 +123,7 @@ def test_corrupt_manifest_and_missing_manifest(tmp_path, caplog):
         text = f.read().replace(b'"step": 2', b'"step": 7')
         f.seek(0)
         f.write(text)
-    with caplog.at_level(logging.WARNING, logger="elastic.ps.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
         loaded = ck.load_newest(str(tmp_path))
     assert loaded.checkpoint_id == 1
     assert manifest in caplog.text and "checkpoint 3" not in caplog.text
@@ -156,5 +156,6 @@ def test_write_atomic_leaves_old_file_when_interrupted(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         ck.write_atomic(path, parts())
-    assert open(path, "rb").read() == b"old"
+    with open(path, "rb") as f:
+        assert f.read() == b"old"
     assert os.listdir(tmp_path) == ["f.bin"]

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from elastic.ps import checkpoint as ck
 from elastic.ps.client import PSClient
 from elastic.ps.errors import PSConfigError, PSUnavailableError
 from elastic.ps.settings import ClientSettings
+from elastic.ps.shard import checkpoint as ck
 from rendezvous.errors import RendezvousAuthError
 from tests import ps_worker as pw
+from tests.jobs import wait_until
 from tests.ps_harness import ROOT, PSJob
 
 
@@ -237,27 +239,108 @@ def test_multi_shard_checkpoints_need_the_store(tmp_path):
     assert run.returncode == 2 and "ELASTIC_RENDEZVOUS" in run.stderr
 
 
-def test_grpc_only_transfers_and_bulk_port_refuses_a_wrong_secret(embedded_server, tmp_path):
-    from elastic.ps.bulk import BulkClient
-    from elastic.ps.transport import ShardLink
+def test_chunked_transfers_over_the_bulk_port_which_refuses_a_wrong_secret(embedded_server,
+                                                                            tmp_path):
+    from elastic.ps.client.bulk import BulkClient
+    from elastic.ps.client.link import ShardLink
+    from elastic.ps.protocol import Hello, Part
     values = np.random.default_rng(1).normal(size=(300, 70))
     with PSJob(embedded_server, tmp_path, 2).start() as job:
-        # chunked Upload/Download over gRPC (no bulk plane), in many small parts
-        c = job.client(bulk=False, chunk_bytes=16 << 10, lanes=3)
+        # chunked uploads and downloads through the bulk port, in many small parts
+        c = job.client(chunk_bytes=16 << 10, lanes=3)
         c.init({"v": values}, optimizer="sgd", lr=0.5)
         assert c.push({"v": np.ones_like(values)}) == 1
         np.testing.assert_array_equal(c.pull()["v"], values - 0.5)
-        # the same through the bulk plane
-        b = job.client(chunk_bytes=16 << 10, lanes=3)
+        # another client sees the same values, in parts of another size
+        b = job.client(chunk_bytes=8 << 10, lanes=2)
         np.testing.assert_array_equal(b.pull()["v"], values - 0.5)
         link = ShardLink(0, job.addresses[0], job.secret)
         try:
-            port = link.request("Hello", {})[0]["bulk_port"]
+            port = Hello.from_dict(link.request("Hello")[0]).bulk_port
         finally:
             link.close()
         intruder = BulkClient(f"127.0.0.1:{port}", "wrong", lanes=1, timeout=5)
         try:
             with pytest.raises(RendezvousAuthError):
-                intruder.get({"id": "x", "offset": 0, "length": 1}, [memoryview(bytearray(1))])
+                intruder.get(Part("x", 0, 1), [memoryview(bytearray(1))])
         finally:
             intruder.close()
+
+
+def test_a_shard_announces_itself_only_in_the_store(embedded_server, tmp_path):
+    """ShardInfo with ready=False as soon as it serves, then ready=True with the same pid;
+    each complete checkpoint as a CheckpointRecord; nothing on stdout."""
+    from rendezvous import open_store
+    from rendezvous.plan import ShardInfo
+    ckpt = str(tmp_path / "ckpt")
+    job = PSJob(embedded_server, tmp_path, 1, checkpoint_dir=ckpt, checkpoint_interval=0.1)
+    store = open_store(job.store_url, job.secret)
+    _, watch = store.read_and_watch(job.keys.ps_shard(0))
+    try:
+        with job.start():
+            c = job.client()
+            c.init({"w": np.zeros(3)})
+            c.push({"w": np.ones(3)})
+            record = job.wait_checkpoint(min_step=1)
+            infos = []
+            while not (infos and infos[-1].ready):
+                event = watch.get(timeout=30)
+                assert event is not None, f"no ready record, only {infos}"
+                infos.append(ShardInfo.from_json(event.value))
+            pid = job.shards[0].proc.pid
+            log = job.shard_log(0)
+    finally:
+        watch.cancel()
+        store.close()
+    assert [(i.ready, i.pid, i.address) for i in infos] == [
+        (False, pid, job.addresses[0]), (True, pid, job.addresses[0])]
+    assert infos[0].bulk_address.startswith("127.0.0.1:")
+    assert record["dir"] == ckpt and record["step"] >= 1
+    assert ck.is_complete(ckpt, record["checkpoint_id"])
+    assert "ELASTIC_PS_" not in log
+
+
+def _outcome(port: int, proc: subprocess.Popen) -> str | None:
+    """"exited", "serving" once something accepts on ``port``, else None."""
+    if proc.poll() is not None:
+        return "exited"
+    with socket.socket() as s:
+        return "serving" if s.connect_ex(("127.0.0.1", port)) == 0 else None
+
+
+def _shard_alone(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
+    """A shard started without a store on a free port it is told (no store: nowhere to
+    announce one it picks itself); tries another port if one is taken meanwhile."""
+    environ = {**os.environ, "ELASTIC_JOB_SECRET": "s", "PYTHONPATH": str(ROOT)}
+    for name in ("ELASTIC_RENDEZVOUS", "ELASTIC_JOB_ID"):
+        environ.pop(name, None)
+    for _ in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with open(tmp_path / "stdout", "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "elastic.ps.server", "--index", "0", "--num-shards", "1",
+                 "--bind", f"127.0.0.1:{port}", *args],
+                env=environ, cwd=str(ROOT), stdout=out, stderr=subprocess.DEVNULL)
+        if wait_until(lambda p=proc, n=port: _outcome(n, p), 60, "the shard") == "serving":
+            return proc, port
+        proc.wait(timeout=10)
+    raise AssertionError("no shard could bind a free port in 3 attempts")
+
+
+def test_a_shard_without_a_store_serves_and_checkpoints_alone(tmp_path):
+    """No ELASTIC_RENDEZVOUS: the shard serves, checkpoints to disk and prints nothing."""
+    ckpt = str(tmp_path / "ckpt")
+    proc, port = _shard_alone(tmp_path, "--checkpoint-dir", ckpt, "--checkpoint-interval", "0.1")
+    client = PSClient([f"127.0.0.1:{port}"], "s", ClientSettings(retry_deadline=30))
+    try:
+        client.init({"w": np.zeros(3)})
+        assert client.push({"w": np.ones(3)}) == 1
+        wait_until(lambda: (loaded := ck.load_newest(ckpt)) is not None and loaded.step >= 1,
+                   30, "a checkpoint at step 1 on disk")
+    finally:
+        client.close()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    assert (tmp_path / "stdout").read_bytes() == b""

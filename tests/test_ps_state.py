@@ -8,11 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
-                               PSUninitializedError)
+from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
 from elastic.ps.partition import Slice
-from elastic.ps.state import (APPLIED, PENDING, ROLLED_BACK, SUPERSEDED, UNKNOWN, ShardState,
-                              initial_generation)
+from elastic.ps.protocol import APPLIED, PENDING, ROLLED_BACK, SUPERSEDED, UNKNOWN
+from elastic.ps.shard.state import ShardState, initial_generation
 
 SGD = {"optimizer": "sgd", "lr": 1.0}
 G0 = initial_generation(None)
@@ -27,7 +26,7 @@ def _state(mode="async", value=None):
 
 
 def _w(st):
-    _, [(meta, a)] = st.pull(["w"])
+    _, [(_meta, a)] = st.pull(["w"])
     return a
 
 
@@ -36,7 +35,7 @@ def test_data_calls_wait_for_restore():
     with pytest.raises(PSNotReadyError):
         st.describe()
     st.load(None, None, G0)
-    assert st.describe()["variables"] == []
+    assert st.describe().variables == ()
 
 
 def test_async_push_applies_and_dedupes_repeats():
@@ -68,17 +67,17 @@ def test_sync_step_applies_rank_ordered_average_once_all_ranks_pushed():
     with ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(_sync_push, st, 1, 3, r, 1, g) for r, g in ((2, 6.0), (0, 1.0), (1, 2.0))]
         replies = [f.result(timeout=10) for f in futures]
-    assert {r["status"] for r in replies} == {APPLIED} and st.step == 1
+    assert {r.status for r in replies} == {APPLIED} and st.step == 1
     np.testing.assert_allclose(_w(st), -3.0 * np.ones(4))
 
 
 def test_sync_pending_then_wait_step():
     st = _state("sync")
-    assert _sync_push(st, 1, 2, 0, 1, 1.0, wait=0.05)["status"] == PENDING
-    assert st.wait_step(1, 0, 1, G0, 0.05)["status"] == PENDING
-    assert _sync_push(st, 1, 2, 1, 1, 3.0)["status"] == APPLIED
-    assert st.wait_step(1, 0, 1, G0, 0.05)["status"] == APPLIED
-    assert _sync_push(st, 1, 2, 0, 1, 9.0)["status"] == APPLIED  # a redo of an applied step
+    assert _sync_push(st, 1, 2, 0, 1, 1.0, wait=0.05).status == PENDING
+    assert st.wait_step(1, 0, 1, G0, 0.05).status == PENDING
+    assert _sync_push(st, 1, 2, 1, 1, 3.0).status == APPLIED
+    assert st.wait_step(1, 0, 1, G0, 0.05).status == APPLIED
+    assert _sync_push(st, 1, 2, 0, 1, 9.0).status == APPLIED  # a redo of an applied step
     np.testing.assert_allclose(_w(st), -2.0 * np.ones(4))
 
 
@@ -86,13 +85,13 @@ def test_newer_round_drops_incomplete_step_and_supersedes_old_waiters():
     st = _state("sync")
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(_sync_push, st, 1, 3, 0, 1, 1.0)
-        assert _sync_push(st, 1, 3, 1, 1, 1.0, wait=0.05)["status"] == PENDING
+        assert _sync_push(st, 1, 3, 1, 1, 1.0, wait=0.05).status == PENDING
         # rank 2 died; the survivors redo step 1 in round 2 (size 2)
-        assert _sync_push(st, 2, 2, 0, 1, 4.0, wait=0.05)["status"] == PENDING
-        assert waiting.result(timeout=10)["status"] == SUPERSEDED
-    assert _sync_push(st, 1, 3, 2, 1, 1.0)["status"] == SUPERSEDED
-    assert st.wait_step(1, 1, 1, G0, 0.05)["status"] == SUPERSEDED
-    assert _sync_push(st, 2, 2, 1, 1, 2.0)["status"] == APPLIED
+        assert _sync_push(st, 2, 2, 0, 1, 4.0, wait=0.05).status == PENDING
+        assert waiting.result(timeout=10).status == SUPERSEDED
+    assert _sync_push(st, 1, 3, 2, 1, 1.0).status == SUPERSEDED
+    assert st.wait_step(1, 1, 1, G0, 0.05).status == SUPERSEDED
+    assert _sync_push(st, 2, 2, 1, 1, 2.0).status == APPLIED
     np.testing.assert_allclose(_w(st), -3.0 * np.ones(4))  # only round 2's average
 
 
@@ -107,28 +106,28 @@ def test_sync_rejects_contradicting_round_sizes_and_ranks():
 
 def test_generation_change_refuses_old_gradients_and_step_skew():
     st = _state("sync")
-    assert _sync_push(st, 1, 1, 0, 1, 1.0)["status"] == APPLIED
-    assert _sync_push(st, 1, 1, 0, 5, 1.0)["status"] == ROLLED_BACK  # client is ahead
+    assert _sync_push(st, 1, 1, 0, 1, 1.0).status == APPLIED
+    assert _sync_push(st, 1, 1, 0, 5, 1.0).status == ROLLED_BACK  # client is ahead
     st.adopt_generation("c0-x")
     reply = _sync_push(st, 1, 1, 0, 2, 1.0)
-    assert reply["status"] == ROLLED_BACK and reply["generation"] == "c0-x"
-    assert _sync_push(st, 1, 1, 0, 2, 1.0, gen="c0-x")["status"] == APPLIED
+    assert reply.status == ROLLED_BACK and reply.generation == "c0-x"
+    assert _sync_push(st, 1, 1, 0, 2, 1.0, gen="c0-x").status == APPLIED
 
 
 def test_wait_step_after_reload_is_unknown_or_rolled_back():
     st = _state("sync")
     _sync_push(st, 3, 2, 0, 1, 1.0, wait=0.01)
     fresh = _state("sync")  # a restarted shard: round unknown
-    assert fresh.wait_step(3, 0, 1, G0, 0.01)["status"] == UNKNOWN
+    assert fresh.wait_step(3, 0, 1, G0, 0.01).status == UNKNOWN
     st.load(None, None, "c0-y")
-    assert st.wait_step(3, 0, 1, G0, 0.01)["status"] == ROLLED_BACK
+    assert st.wait_step(3, 0, 1, G0, 0.01).status == ROLLED_BACK
 
 
 def test_gate_blocks_applies_until_snapshot_and_align_lets_laggards_catch_up():
     st = _state()
     st.push_async("a", 1, [("w", np.ones(4))], 1.0)
     status = st.prepare(checkpoint_id=7, lease=30.0)
-    assert status["step"] == 1 and status["loaded"]
+    assert status.step == 1 and status.loaded
     with pytest.raises(PSNotReadyError):
         st.push_async("a", 2, [("w", np.ones(4))], 0.05)
     # another shard is at step 2: one more push may pass, the next waits
@@ -172,11 +171,11 @@ def test_align_fast_forward_and_abort_and_lease():
 def test_sync_apply_waits_for_the_gate():
     st = _state("sync")
     st.prepare(4, lease=30.0)
-    assert _sync_push(st, 1, 1, 0, 1, 1.0, wait=0.05)["status"] == PENDING
+    assert _sync_push(st, 1, 1, 0, 1, 1.0, wait=0.05).status == PENDING
     assert st.step == 0
     snap = st.snapshot(4)
     assert snap.step == 0
-    assert st.wait_step(1, 0, 1, G0, 5.0)["status"] == APPLIED and st.step == 1
+    assert st.wait_step(1, 0, 1, G0, 5.0).status == APPLIED and st.step == 1
 
 
 def test_load_and_at_checkpoint():

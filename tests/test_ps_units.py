@@ -1,7 +1,8 @@
 """Unit tests of the pure parameter-server parts: partitioner, optimizers, wire format,
-chunk staging, settings."""
+chunk staging, settings, protocol headers."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -9,10 +10,11 @@ import pytest
 
 from elastic.ps import wire
 from elastic.ps.errors import PSConfigError, PSShapeError, PSTransferError
-from elastic.ps.optimizers import Adam, Momentum, SGD, make_optimizer
+from elastic.ps.optimizers import SGD, Adam, Momentum, make_optimizer
 from elastic.ps.partition import Slice, assemble, home_shard, place, row_ranges, slice_for
+from elastic.ps.protocol import Part
 from elastic.ps.settings import ClientSettings, ServerSettings
-from elastic.ps.transport import Staging
+from elastic.ps.shard.staging import Staging
 from rendezvous.rpc import frame
 
 
@@ -172,7 +174,7 @@ def test_wire_round_trip_of_many_dtypes_and_shapes():
     message = wire.encode({"step": 3}, [({"name": str(i)}, a) for i, a in enumerate(arrays)])
     header, tensors = wire.decode(message)
     assert header["step"] == 3
-    for (meta, got), want in zip(tensors, arrays):
+    for (_meta, got), want in zip(tensors, arrays):
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
     assert not tensors[0][1].flags.writeable  # zero-copy view of the message
@@ -180,7 +182,7 @@ def test_wire_round_trip_of_many_dtypes_and_shapes():
 
 def test_wire_decode_of_a_bytearray_is_writable():
     message = bytearray(wire.encode({}, [({"name": "a"}, np.ones(3))]))
-    _, [(meta, a)] = wire.decode(message)
+    _, [(_meta, a)] = wire.decode(message)
     a += 1
     assert a[0] == 2.0
 
@@ -201,21 +203,28 @@ def test_encode_parts_joins_to_encode():
 
 
 # ------------------------------------------------------------------ staging
+def _put(st: Staging, upload: str, offset: int, total: int, data) -> None:
+    """What the shard's bulk port does with one part of an upload."""
+    part = Part(upload, offset, len(data), total)
+    st.upload_view(part)[:] = data
+    st.upload_done(part)
+
+
 def test_staging_reassembles_parts_in_any_order_and_detects_gaps():
     clock = [0.0]
     st = Staging(ttl=10, clock=lambda: clock[0])
     data = bytes(range(256)) * 5
     for off in (1000, 0, 500):
-        st.upload_part({"id": "u", "offset": off, "total": len(data)}, memoryview(data)[off:off + 500])
-    st.upload_part({"id": "u", "offset": 0, "total": len(data)}, memoryview(data)[:500])  # a retry
+        _put(st, "u", off, len(data), memoryview(data)[off:off + 500])
+    _put(st, "u", 0, len(data), memoryview(data)[:500])  # a retry
     assert bytes(st.take_upload("u")) == data
     with pytest.raises(PSTransferError):
         st.take_upload("u")  # taken
-    st.upload_part({"id": "g", "offset": 0, "total": 10}, memoryview(b"12345"))
+    _put(st, "g", 0, 10, memoryview(b"12345"))
     with pytest.raises(PSTransferError, match="incomplete"):
         st.take_upload("g")
     with pytest.raises(PSTransferError):
-        st.upload_part({"id": "x", "offset": 8, "total": 10}, memoryview(b"12345"))
+        _put(st, "x", 8, 10, memoryview(b"12345"))
 
 
 def test_staging_downloads_expire():
@@ -225,12 +234,12 @@ def test_staging_downloads_expire():
     from rendezvous.rpc import unframe
     header, _ = unframe(reply)
     assert header["total"] == 100
-    part = st.download_part({"id": header["download"], "offset": 90, "length": 10})
-    assert bytes(unframe(part)[1]) == b"x" * 10
+    part = st.download_pieces(Part(header["download"], 90, 10))
+    assert b"".join(part) == b"x" * 10
     clock[0] = 100.0
     st.offer(b"y")  # any use expires old entries
     with pytest.raises(PSTransferError):
-        st.download_part({"id": header["download"], "offset": 0, "length": 1})
+        st.download_pieces(Part(header["download"], 0, 1))
     small = st.reply({"a": 1}, b"abc", inline_max=10)
     assert small == frame({"a": 1}, [b"abc"])
 
@@ -238,7 +247,7 @@ def test_staging_downloads_expire():
 # ------------------------------------------------------------------ settings
 def test_settings_are_frozen_and_validated():
     s = ClientSettings()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         s.lanes = 2  # type: ignore[misc]
     with pytest.raises(PSConfigError):
         ClientSettings(retry_deadline=0)
@@ -291,9 +300,32 @@ def test_optimizer_output_buffer_is_used_and_param_untouched():
 
 
 def test_cut_slices_a_concatenation_of_pieces():
-    from elastic.ps.transport import as_pieces, cut
+    from elastic.ps.wire import as_pieces, cut
     pieces = as_pieces([b"abc", b"", b"defg", bytearray(b"hi")])
     joined = b"abcdefghi"
     for off in range(len(joined)):
         for length in range(len(joined) - off + 1):
             assert b"".join(cut(pieces, off, length)) == joined[off:off + length]
+
+
+# ------------------------------------------------------------------ protocol headers
+def test_headers_round_trip_through_json_and_name_a_missing_field():
+    import json
+
+    from elastic.ps.errors import PSProtocolError
+    from elastic.ps.protocol import Description, Envelope, StepArgs, StepReply, VariableInfo
+    described = Description(1, 2, "sync", 7, "c3", (VariableInfo(
+        Slice("w", 1, 0, 4, (4, 2), "<f8"), {"optimizer": "sgd", "lr": 0.1}),), 64)
+    assert Description.from_dict(json.loads(json.dumps(described.to_dict()))) == described
+    step = StepArgs(round=3, size=2, rank=1, step=9, generation="c3", wait=0.5)
+    header = {**Envelope(1, inline_max=10).to_dict(), **step.to_dict()}
+    assert StepArgs.from_dict(header) == step and Envelope.from_dict(header).shard == 1
+    assert StepReply.from_dict({"status": "applied", "step": 1, "generation": "c0"}).round is None
+    with pytest.raises(PSProtocolError, match=r"StepArgs.*generation"):
+        StepArgs.from_dict({"round": 1, "size": 1, "rank": 0, "step": 1})
+
+
+def test_bad_bind_address_is_a_config_error():
+    with pytest.raises(PSConfigError, match="--bind"):
+        ServerSettings(index=0, num_shards=1, bind="localhost")
+    assert ServerSettings(index=0, num_shards=1, bind="[::1]:0").bind_endpoint.host == "::1"

@@ -4,10 +4,11 @@ Every class registers by name (``rendezvous.errors.ElasticError``), so a shard t
 raises one makes the client raise the same class (``rendezvous.rpc`` transport).
 Names start with ``PS`` to stay unique in that registry.
 """
+
 from __future__ import annotations
 
 from elastic.errors import HostsUpdatedInterrupt
-from rendezvous.errors import ElasticError
+from rendezvous.errors import ElasticError, RendezvousConnectionError
 
 
 class PSError(ElasticError):
@@ -64,3 +65,7 @@ class PSRoundChangedError(PSError, HostsUpdatedInterrupt):
 
 class PSCheckpointError(PSError):
     """A checkpoint file or manifest is missing, truncated or fails its checksum."""
+
+
+# Failures that mean "not there yet / not this process": try again (re-reading the address).
+RETRYABLE = (RendezvousConnectionError, PSNotReadyError, PSWrongShardError, PSTransferError)

@@ -8,6 +8,7 @@ a reused heap block ~3 ms). ``buffer`` allocates through numpy; ``tune_malloc`` 
 the smaller messages (gRPC's and ``bytes.join``'s, up to 32 MiB) come from a heap that
 is not trimmed after every free.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,7 +23,7 @@ log = logging.getLogger("elastic.ps.memory")
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_MAX = 32 << 20   # glibc's upper limit on 64-bit systems
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's upper limit on 64-bit systems
 _TRIM_THRESHOLD = 512 << 20
 _tuned = False
 
@@ -38,8 +39,9 @@ def tune_malloc() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    ok = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and \
-        bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    )
     _tuned = ok
     log.debug("malloc tuning %s", "applied" if ok else "refused")
     return ok
@@ -48,7 +50,7 @@ def tune_malloc() -> bool:
 def buffer(nbytes: int) -> memoryview:
     """A writable, uninitialised byte buffer (numpy-allocated: huge pages where the
     kernel offers them)."""
-    return memoryview(np.empty(nbytes, dtype=np.uint8))
+    return np.empty(nbytes, dtype=np.uint8).data
 
 
 def unshared(array: np.ndarray | None, holders: int) -> bool:
@@ -74,9 +76,9 @@ class BufferPool:
             for i in range(len(self._buffers)):
                 # holders: the list's reference; a view handed out earlier adds its own
                 if self._buffers[i].nbytes == nbytes and unshared(self._buffers[i], 1):
-                    return memoryview(self._buffers[i])
+                    return self._buffers[i].data
             array = np.empty(nbytes, dtype=np.uint8)
             self._buffers.append(array)
             if len(self._buffers) > self._keep:
                 self._buffers.pop(0)  # forgotten here; freed once its user drops it
-            return memoryview(array)
+            return array.data

@@ -10,9 +10,11 @@ array (``out`` when given: a spare buffer the caller knows nobody reads; slots a
 updated in place). A shard can then hand out a parameter array to a pull or a
 checkpoint without copying it or holding a lock while the bytes travel.
 """
+
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 
@@ -24,13 +26,15 @@ class Optimizer:
     updated parameter (a new array) and updates the slots in place."""
 
     name = ""
-    defaults: dict = {}
+    defaults: ClassVar[dict] = {}
 
     def __init__(self, lr: float, **args):
         unknown = set(args) - set(self.defaults)
         if unknown:
-            raise PSConfigError(f"optimizer {self.name!r} has no argument(s) {sorted(unknown)}; "
-                                f"it takes lr and {sorted(self.defaults)}")
+            raise PSConfigError(
+                f"optimizer {self.name!r} has no argument(s) {sorted(unknown)}; "
+                f"it takes lr and {sorted(self.defaults)}"
+            )
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
             raise PSConfigError(f"lr must be a positive number, not {lr!r}")
         self.lr = float(lr)
@@ -43,13 +47,19 @@ class Optimizer:
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {}
 
-    def apply(self, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray],
-              out: np.ndarray | None = None) -> np.ndarray:
+    def apply(
+        self,
+        param: np.ndarray,
+        grad: np.ndarray,
+        slots: dict[str, np.ndarray],
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         raise NotImplementedError
 
 
-def _minus(param: np.ndarray, scale: float, direction: np.ndarray,
-           out: np.ndarray | None) -> np.ndarray:
+def _minus(
+    param: np.ndarray, scale: float, direction: np.ndarray, out: np.ndarray | None
+) -> np.ndarray:
     """``param - scale * direction`` in param's dtype, into ``out`` (or a new array)."""
     if out is None or out.shape != param.shape or out.dtype != param.dtype:
         out = np.empty_like(param)
@@ -69,7 +79,7 @@ class Momentum(Optimizer):
     """v = momentum * v + g; p -= lr * v (or lr * (g + momentum * v) with nesterov)."""
 
     name = "momentum"
-    defaults = {"momentum": 0.9, "nesterov": False}
+    defaults: ClassVar[dict] = {"momentum": 0.9, "nesterov": False}
 
     def slots(self, param):
         return {"velocity": np.zeros_like(param)}
@@ -87,11 +97,14 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba) with bias correction; ``t`` counts the updates applied."""
 
     name = "adam"
-    defaults = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+    defaults: ClassVar[dict] = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
 
     def slots(self, param):
-        return {"m": np.zeros_like(param), "v": np.zeros_like(param),
-                "t": np.zeros((), dtype=np.int64)}
+        return {
+            "m": np.zeros_like(param),
+            "v": np.zeros_like(param),
+            "t": np.zeros((), dtype=np.int64),
+        }
 
     def apply(self, param, grad, slots, out=None):
         b1, b2, eps = self.args["beta1"], self.args["beta2"], self.args["eps"]
@@ -102,7 +115,7 @@ class Adam(Optimizer):
         m += (1 - b1) * grad
         v *= b2
         v += (1 - b2) * np.square(grad)
-        step = self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        step = self.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
         return _minus(param, step, m / (np.sqrt(v) + eps), out)
 
 

@@ -10,6 +10,7 @@ Placement of one variable depends only on its own name, shape and dtype, the sha
 count and the threshold, so it never changes when other variables are added, and a
 checkpoint written under one shard count can be re-cut for another (``assemble``).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -46,16 +47,28 @@ class Slice:
 
     def take(self, array: np.ndarray) -> np.ndarray:
         """This slice's part of a full-shaped ``array`` (a view, no copy)."""
-        return array if not self.full_shape else array[self.start:self.stop]
+        return array if not self.full_shape else array[self.start : self.stop]
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shard": self.shard, "start": self.start, "stop": self.stop,
-                "full_shape": list(self.full_shape), "dtype": self.dtype}
+        return {
+            "name": self.name,
+            "shard": self.shard,
+            "start": self.start,
+            "stop": self.stop,
+            "full_shape": list(self.full_shape),
+            "dtype": self.dtype,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Slice":
-        return cls(d["name"], int(d["shard"]), int(d["start"]), int(d["stop"]),
-                   tuple(int(x) for x in d["full_shape"]), str(d["dtype"]))
+    def from_dict(cls, d: dict) -> Slice:
+        return cls(
+            d["name"],
+            int(d["shard"]),
+            int(d["start"]),
+            int(d["stop"]),
+            tuple(int(x) for x in d["full_shape"]),
+            str(d["dtype"]),
+        )
 
 
 def home_shard(name: str, num_shards: int) -> int:
@@ -77,8 +90,9 @@ def row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def place(name: str, shape: tuple[int, ...], dtype, num_shards: int,
-          threshold: int) -> tuple[Slice, ...]:
+def place(
+    name: str, shape: tuple[int, ...], dtype, num_shards: int, threshold: int
+) -> tuple[Slice, ...]:
     """The slices of one variable, in row order. Raises ValueError for a bad shard count."""
     if num_shards < 1:
         raise ValueError("num_shards must be >= 1")
@@ -88,12 +102,15 @@ def place(name: str, shape: tuple[int, ...], dtype, num_shards: int,
     home = home_shard(name, num_shards)
     rows = shape[0] if shape else 1
     parts = min(num_shards, rows) if shape and nbytes > threshold else 1
-    return tuple(Slice(name, (home + k) % num_shards, start, stop, shape, dt.str)
-                 for k, (start, stop) in enumerate(row_ranges(rows, parts)))
+    return tuple(
+        Slice(name, (home + k) % num_shards, start, stop, shape, dt.str)
+        for k, (start, stop) in enumerate(row_ranges(rows, parts))
+    )
 
 
-def slice_for(name: str, shape: tuple[int, ...], dtype, shard: int, num_shards: int,
-              threshold: int) -> Slice | None:
+def slice_for(
+    name: str, shape: tuple[int, ...], dtype, shard: int, num_shards: int, threshold: int
+) -> Slice | None:
     """The slice of ``name`` that ``shard`` holds, or None."""
     for s in place(name, shape, dtype, num_shards, threshold):
         if s.shard == shard:
@@ -106,12 +123,12 @@ def assemble(target: Slice, sources: list[tuple[Slice, np.ndarray]]) -> np.ndarr
     (e.g. a checkpoint written under another shard count). A 0-d or row-less source
     (a scalar optimizer slot) is taken as is. Raises ValueError when the sources do not
     cover the target."""
-    for src, array in sources:
+    for _, array in sources:
         if array.ndim == 0:
             return np.array(array, copy=True)
     out = np.empty(target.shape, dtype=np.dtype(target.dtype))
     if not target.full_shape:
-        for src, array in sources:
+        for _, array in sources:
             out[...] = array
             return out
         raise ValueError(f"no source for {target.name}")
@@ -120,9 +137,10 @@ def assemble(target: Slice, sources: list[tuple[Slice, np.ndarray]]) -> np.ndarr
         lo, hi = max(src.start, target.start), min(src.stop, target.stop)
         if lo >= hi:
             continue
-        out[lo - target.start:hi - target.start] = array[lo - src.start:hi - src.start]
+        out[lo - target.start : hi - target.start] = array[lo - src.start : hi - src.start]
         covered += hi - lo
     if covered != target.stop - target.start:
-        raise ValueError(f"slices of {target.name} cover {covered} of rows "
-                         f"{target.start}:{target.stop}")
+        raise ValueError(
+            f"slices of {target.name} cover {covered} of rows {target.start}:{target.stop}"
+        )
     return out

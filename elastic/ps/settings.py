@@ -1,9 +1,12 @@
 """Settings of the ps client and shards (frozen: shared freely between threads)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from elastic.ps.errors import PSConfigError
+from rendezvous.errors import RendezvousConfigError
+from rendezvous.url import Endpoint
 
 MODES = ("async", "sync")
 MiB = 1 << 20
@@ -17,25 +20,32 @@ class ClientSettings:
 
     ``retry_deadline`` bounds how long one operation keeps retrying a shard that is down
     or restoring; past it ``PSUnavailableError`` is raised. ``call_timeout`` bounds one
-    attempt of one RPC. Large payloads move in ``chunk_bytes`` pieces spread over
-    ``lanes`` connections per shard, because one gRPC stream of one huge message is
-    several times slower than a few streams of moderate ones (see benchmarks/ps_bench.py)."""
+    attempt of one RPC. Payloads above ``chunk_bytes`` move in pieces of that size over
+    the shards' bulk TCP ports (``elastic.ps.bulk``), up to ``lanes`` connections per
+    shard at once, because a few concurrent streams move bytes faster than one (see
+    benchmarks/ps_bench.py)."""
 
     retry_deadline: float = 60.0
     call_timeout: float = 30.0
-    sync_timeout: float = 600.0       # a sync step waits this long for slow members
-    poll_interval: float = 0.5        # long-poll slice while a sync step waits
+    sync_timeout: float = 600.0  # a sync step waits this long for slow members
+    poll_interval: float = 0.5  # long-poll slice while a sync step waits
     backoff_initial: float = 0.02
     backoff_max: float = 0.5
     chunk_bytes: int = 4 * MiB
     lanes: int = 4
-    connect_timeout: float = 10.0     # connect(): wait for the shards' addresses
-    tune_malloc: bool = True          # see elastic/ps/memory.py (process-wide, glibc only)
-    bulk: bool = True                 # chunk bytes over the shards' bulk TCP port (bulk.py)
+    connect_timeout: float = 10.0  # connect(): wait for the shards' addresses
+    tune_malloc: bool = True  # see elastic/ps/memory.py (process-wide, glibc only)
 
     def __post_init__(self):
-        for name in ("retry_deadline", "call_timeout", "sync_timeout", "poll_interval",
-                     "backoff_initial", "backoff_max", "connect_timeout"):
+        for name in (
+            "retry_deadline",
+            "call_timeout",
+            "sync_timeout",
+            "poll_interval",
+            "backoff_initial",
+            "backoff_max",
+            "connect_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise PSConfigError(f"ClientSettings.{name} must be > 0")
         if self.chunk_bytes < 1024 or self.lanes < 1:
@@ -44,7 +54,10 @@ class ClientSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """One shard's configuration (the command line of ``python -m elastic.ps.server``)."""
+    """One shard's configuration (the command line of ``python -m elastic.ps.server``).
+
+    Raises:
+        PSConfigError: a bad index, mode, bind address, interval or threshold."""
 
     index: int
     num_shards: int
@@ -54,13 +67,12 @@ class ServerSettings:
     checkpoint_interval: float = 30.0
     keep_checkpoints: int = 3
     split_threshold: int = DEFAULT_SPLIT_THRESHOLD
-    pause_timeout: float = 10.0       # a checkpoint pause ends by itself after this (coordinator died)
-    align_timeout: float = 2.0        # how long shards may take to reach the checkpoint's step
-    peer_deadline: float = 60.0       # restore/rollback keeps trying an unreachable peer this long
+    pause_timeout: float = 10.0  # a checkpoint pause ends by itself after this (coordinator died)
+    align_timeout: float = 2.0  # how long shards may take to reach the checkpoint's step
+    peer_deadline: float = 60.0  # restore/rollback keeps trying an unreachable peer this long
     peer_call_timeout: float = 120.0  # one control call (a snapshot includes writing the file)
-    max_wait: float = 2.0             # cap on one long-poll inside the shard
-    staging_ttl: float = 300.0        # an abandoned upload/download is dropped after this
-    bulk: bool = True                 # serve chunk bytes on a TCP port too (bulk.py)
+    max_wait: float = 2.0  # cap on one long-poll inside the shard
+    staging_ttl: float = 300.0  # an abandoned upload/download is dropped after this
 
     def __post_init__(self):
         if self.num_shards < 1 or not 0 <= self.index < self.num_shards:
@@ -71,3 +83,26 @@ class ServerSettings:
             raise PSConfigError("checkpoint interval must be > 0 and keep_checkpoints >= 1")
         if self.split_threshold < 1:
             raise PSConfigError("split_threshold must be >= 1 byte")
+        _bind_endpoint(self.bind)  # a bad address fails here, at start-up
+
+    def checkpoint_root(self) -> str:
+        """The checkpoint directory.
+
+        Raises:
+            PSConfigError: the shard was started without ``--checkpoint-dir``."""
+        if not self.checkpoint_dir:
+            raise PSConfigError(f"ps shard {self.index} has no checkpoint directory")
+        return self.checkpoint_dir
+
+    @property
+    def bind_endpoint(self) -> Endpoint:
+        """Where the shard serves (port 0: any free port); its bulk port binds the same host."""
+        return _bind_endpoint(self.bind)
+
+
+def _bind_endpoint(bind: str) -> Endpoint:
+    """Raises PSConfigError when ``bind`` is not HOST:PORT."""
+    try:
+        return Endpoint.parse(bind, "the shard's --bind", allow_port_zero=True)
+    except RendezvousConfigError as exc:
+        raise PSConfigError(str(exc)) from None

@@ -29,29 +29,59 @@ back every shard that is not exactly at C, under a new *generation* when any sha
 moved past C. Clients see the generation change and redo from C instead of pushing
 gradients of lost steps. Rollbacks and checkpoints are serialized on shard 0.
 """
+
 from __future__ import annotations
 
 import logging
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
-from elastic.ps.checkpoint import (FileRecord, Manifest, is_complete, load_newest,
-                                   next_checkpoint_id, prune, write_manifest)
-from elastic.ps.control import Peers, ShardControl
 from elastic.ps.errors import PSError
+from elastic.ps.protocol import (
+    ABORT,
+    ALIGN,
+    PREPARE,
+    ROLLBACK,
+    SNAPSHOT,
+    STATUS,
+    A,
+    Call,
+    CheckpointArgs,
+    Empty,
+    R,
+    RollbackArgs,
+    ShardStatus,
+)
 from elastic.ps.settings import ServerSettings
-from elastic.ps.state import initial_generation
+from elastic.ps.shard.checkpoint import (
+    FileRecord,
+    Manifest,
+    is_complete,
+    load_newest,
+    next_checkpoint_id,
+    prune,
+    write_manifest,
+)
+from elastic.ps.shard.control import Peers, ShardControl
+from elastic.ps.shard.state import initial_generation
 
-log = logging.getLogger("elastic.ps.coordinator")
+log = logging.getLogger("elastic.ps.shard.coordinator")
 
 
 class Coordinator:
     """Runs on shard 0: checkpoints (``run``/``checkpoint_once``) and ``restore_all``."""
 
-    def __init__(self, settings: ServerSettings, local: ShardControl, peers: Peers | None,
-                 on_checkpoint=None):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        local: ShardControl,
+        peers: Peers | None,
+        on_checkpoint: Callable[[Manifest, float, float], None] | None = None,
+    ):
         self.settings = settings
         self.local = local
         self.peers = peers
@@ -59,28 +89,49 @@ class Coordinator:
         self._lock = threading.Lock()  # one checkpoint or rollback at a time
         self._pool = ThreadPoolExecutor(max(settings.num_shards, 1), thread_name_prefix="ps-coord")
 
-    def _invoke(self, index: int, op: str, args: dict, retry_for: float) -> dict:
+    def _invoke(self, index: int, call: Call[A, R], args: A, retry_for: float) -> R:
         if index == self.settings.index:
-            return self.local.handle(op, args)
+            return self.local.handle(call, args)
         if self.peers is None:
             raise PSError(f"shard {index} cannot be reached without the rendezvous store")
-        return self.peers.call(index, op, args, retry_for)
+        return self.peers.call(index, call, args, retry_for)
 
-    def _all(self, op: str, args: dict, retry_for: float = 0.0, indices=None,
-             tolerate: bool = False) -> list:
-        """``op`` on every shard in parallel. With ``tolerate`` a failed shard gives None;
-        otherwise the first error is raised after all calls finished."""
+    def _try_all(
+        self,
+        call: Call[A, R],
+        args: A,
+        retry_for: float = 0.0,
+        indices: Iterable[int] | None = None,
+    ) -> list[R | None]:
+        """``call`` on every shard (of ``indices``) in parallel: their replies in index
+        order, None for a shard that failed (logged)."""
+        return self._gather(call, args, retry_for, indices, tolerate=True)
+
+    def _all(self, call: Call[A, R], args: A) -> list[R]:
+        """``call`` on every shard in parallel, one attempt each: their replies in index
+        order. Raises the first error, once every call has finished."""
+        return [r for r in self._gather(call, args, 0.0, None, tolerate=False) if r is not None]
+
+    def _gather(
+        self,
+        call: Call[A, R],
+        args: A,
+        retry_for: float,
+        indices: Iterable[int] | None,
+        tolerate: bool,
+    ) -> list[R | None]:
         indices = range(self.settings.num_shards) if indices is None else indices
-        futures = {i: self._pool.submit(self._invoke, i, op, args, retry_for) for i in indices}
-        results, first = [], None
+        futures = {i: self._pool.submit(self._invoke, i, call, args, retry_for) for i in indices}
+        results: list[R | None] = []
+        first = None
         for i, f in futures.items():
             try:
                 results.append(f.result())
-            except Exception as exc:  # noqa: BLE001 - reported below or tolerated
+            except Exception as exc:  # noqa: BLE001 - raised below, or tolerated and logged
                 if not tolerate:
                     first = first or exc
                 else:
-                    log.warning("shard %d: %s failed: %s", i, op, exc)
+                    log.warning("shard %d: %s failed: %s", i, call.name, exc)
                 results.append(None)
         if first is not None:
             raise first
@@ -89,42 +140,63 @@ class Coordinator:
     # ------------------------------------------------------------ checkpoints
     def checkpoint_once(self) -> Manifest | None:
         """Take one coordinated checkpoint; returns its manifest, or None when skipped
-        (nothing changed) or aborted (a shard failed; logged)."""
+        (nothing changed) or aborted (a shard failed; logged).
+
+        Raises:
+            PSConfigError: the shards have no checkpoint directory.
+            OSError: the manifest cannot be written."""
         s = self.settings
+        root = s.checkpoint_root()
         with self._lock:
-            checkpoint_id = next_checkpoint_id(s.checkpoint_dir)
-            args = {"checkpoint_id": checkpoint_id}
+            checkpoint_id = next_checkpoint_id(root)
+            args = CheckpointArgs(checkpoint_id)
             started = time.monotonic()
             try:
-                statuses = self._all("Prepare", args)
+                statuses = self._all(PREPARE, args)
                 # sync only: async shards restore alone, generations do not matter there
-                if s.mode == "sync" and len({st["generation"] for st in statuses}) > 1:
+                if s.mode == "sync" and len({st.generation for st in statuses}) > 1:
                     raise PSError("shards are in different generations (a rollback is under way)")
-                bases = {st["base"] for st in statuses}
-                if all(st["clean"] for st in statuses) and len(bases) == 1 and (
-                        None in bases or is_complete(s.checkpoint_dir, bases.pop())):
-                    self._all("Abort", args, tolerate=True)
+                bases = {st.base for st in statuses}
+                base = next(iter(bases))
+                if (
+                    all(st.clean for st in statuses)
+                    and len(bases) == 1
+                    and (base is None or is_complete(root, base))
+                ):
+                    self._try_all(ABORT, args)
                     return None
-                target = max(st["step"] for st in statuses)
-                if any(st["step"] < target for st in statuses):
-                    steps = self._all("Align", {**args, "target": target})
-                    if any(st["step"] < target for st in steps):
-                        raise PSError(f"shards did not reach step {target} within "
-                                      f"{s.align_timeout}s (steps {[st['step'] for st in steps]})")
+                target = max(st.step for st in statuses)
+                if any(st.step < target for st in statuses):
+                    aligned = self._all(ALIGN, CheckpointArgs(checkpoint_id, target))
+                    if any(a.step < target for a in aligned):
+                        raise PSError(
+                            f"shards did not reach step {target} within "
+                            f"{s.align_timeout}s (steps {[a.step for a in aligned]})"
+                        )
                 paused = time.monotonic()
-                records = self._all("Snapshot", args)
+                records = self._all(SNAPSHOT, args)
             except Exception as exc:  # noqa: BLE001 - any failure aborts this checkpoint
                 log.warning("checkpoint %d aborted: %s", checkpoint_id, exc)
-                self._all("Abort", args, tolerate=True)
+                self._try_all(ABORT, args)
                 return None
-            manifest = Manifest(checkpoint_id, target, s.num_shards, s.split_threshold,
-                                tuple(FileRecord(r["name"], r["size"], r["sha256"]) for r in records),
-                                time.time())
-            write_manifest(s.checkpoint_dir, manifest)
-            prune(s.checkpoint_dir, s.keep_checkpoints)
+            manifest = Manifest(
+                checkpoint_id,
+                target,
+                s.num_shards,
+                s.split_threshold,
+                tuple(FileRecord(r.name, r.size, r.sha256) for r in records),
+                time.time(),
+            )
+            write_manifest(root, manifest)
+            prune(root, s.keep_checkpoints)
         pause_ms, write_ms = 1000 * (paused - started), 1000 * (time.monotonic() - paused)
-        log.info("checkpoint %d complete at step %d (pause %.0f ms, files %.0f ms)", checkpoint_id,
-                 target, pause_ms, write_ms)
+        log.info(
+            "checkpoint %d complete at step %d (pause %.0f ms, files %.0f ms)",
+            checkpoint_id,
+            target,
+            pause_ms,
+            write_ms,
+        )
         if self.on_checkpoint is not None:
             self.on_checkpoint(manifest, pause_ms, write_ms)
         return manifest
@@ -134,7 +206,7 @@ class Coordinator:
         while not stop.wait(self.settings.checkpoint_interval):
             try:
                 self.checkpoint_once()
-            except Exception:  # noqa: BLE001 - keep checkpointing; the next one may work
+            except Exception:  # keep checkpointing: the next one may work
                 log.exception("checkpoint failed")
 
     # ------------------------------------------------------------ rollback
@@ -146,24 +218,35 @@ class Coordinator:
         with self._lock:
             loaded = load_newest(s.checkpoint_dir)
             checkpoint_id = loaded.checkpoint_id if loaded else None
-            statuses = self._all("Status", {}, retry_for=s.peer_deadline, tolerate=True)
+            statuses = self._try_all(STATUS, Empty(), retry_for=s.peer_deadline)
 
-            def at_checkpoint(st):
-                return st["loaded"] and st["base"] == checkpoint_id and st["clean"]
+            def at_checkpoint(st: ShardStatus) -> bool:
+                return st.loaded and st.base == checkpoint_id and st.clean
 
-            moved_on = any(st is not None and st["loaded"] and not at_checkpoint(st)
-                           for st in statuses)
+            moved_on = any(
+                st is not None and st.loaded and not at_checkpoint(st) for st in statuses
+            )
             generation = initial_generation(checkpoint_id)
             if moved_on:
                 generation += "-" + secrets.token_hex(4)
-            todo = [i for i, st in enumerate(statuses)
-                    if st is not None and not (at_checkpoint(st) and st["generation"] == generation)]
+            todo = [
+                i
+                for i, st in enumerate(statuses)
+                if st is not None and not (at_checkpoint(st) and st.generation == generation)
+            ]
             if todo:
-                log.info("restoring shards %s to %s (generation %s)", todo,
-                         f"checkpoint {checkpoint_id}" if checkpoint_id else "the empty start",
-                         generation)
-                self._all("Rollback", {"checkpoint_id": checkpoint_id, "generation": generation},
-                          retry_for=s.peer_deadline, indices=todo, tolerate=True)
+                log.info(
+                    "restoring shards %s to %s (generation %s)",
+                    todo,
+                    f"checkpoint {checkpoint_id}" if checkpoint_id else "the empty start",
+                    generation,
+                )
+                self._try_all(
+                    ROLLBACK,
+                    RollbackArgs(checkpoint_id, generation),
+                    retry_for=s.peer_deadline,
+                    indices=todo,
+                )
             return checkpoint_id, generation
 
     def close(self) -> None:

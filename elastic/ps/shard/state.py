@@ -16,6 +16,7 @@ has pushed ``s``. A push of a newer round drops the older round's incomplete ste
 new one, so a gradient computed before the rollback is refused (``rolled_back``)
 instead of being applied to restored parameters.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,21 +26,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastic.ps.checkpoint import SavedVariable, ShardSnapshot
-from elastic.ps.errors import (PSNotReadyError, PSProtocolError, PSShapeError,
-                               PSUninitializedError)
+from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
 from elastic.ps.memory import unshared
 from elastic.ps.optimizers import Optimizer, make_optimizer
 from elastic.ps.partition import Slice
+from elastic.ps.protocol import (
+    APPLIED,
+    PENDING,
+    ROLLED_BACK,
+    SUPERSEDED,
+    UNKNOWN,
+    Description,
+    Pulled,
+    ShardStatus,
+    StepReply,
+    VariableInfo,
+)
+from elastic.ps.shard.checkpoint import SavedVariable, ShardSnapshot
 
-log = logging.getLogger("elastic.ps.state")
-
-# sync push/wait outcomes
-APPLIED = "applied"          # the step is applied (by this round or an earlier one)
-PENDING = "pending"          # still waiting for other ranks: ask again (WaitStep)
-SUPERSEDED = "superseded"    # a newer round exists; this round's step was dropped
-ROLLED_BACK = "rolled_back"  # the shards restored a checkpoint: pull again, then redo
-UNKNOWN = "unknown"          # the shard no longer has this contribution: push it again
+log = logging.getLogger("elastic.ps.shard.state")
 
 
 def initial_generation(checkpoint_id: int | None) -> str:
@@ -52,11 +57,11 @@ class _Var:
     previous array, reused as the next update's output once no pull or checkpoint still
     reads it (saves faulting in fresh pages every step)."""
 
-    __slots__ = ("slice", "param", "slots", "optimizer", "spare")
+    __slots__ = ("optimizer", "param", "slice", "slots", "spare")
 
     def __init__(self, sl: Slice, param: np.ndarray, slots: dict, optimizer: Optimizer):
         self.slice, self.param, self.slots, self.optimizer = sl, param, slots, optimizer
-        self.spare = None
+        self.spare: np.ndarray | None = None
 
 
 @dataclass
@@ -76,9 +81,9 @@ class ShardState:
         self._vars: dict[str, _Var] = {}
         self.step = 0
         self.generation = initial_generation(None)
-        self.loaded = False          # nothing restored yet: data calls are refused
+        self.loaded = False  # nothing restored yet: data calls are refused
         self.base: int | None = None  # checkpoint this state equals while ``clean``
-        self._version = 0            # bumped by every mutation
+        self._version = 0  # bumped by every mutation
         self._clean_version = 0
         self._dedup: dict[str, int] = {}
         self._pause: _Pause | None = None
@@ -99,8 +104,9 @@ class ShardState:
         if pause is None:
             return True
         if self._clock() >= pause.expires:
-            log.warning("checkpoint %d pause expired (coordinator gone?); resuming",
-                        pause.checkpoint_id)
+            log.warning(
+                "checkpoint %d pause expired (coordinator gone?); resuming", pause.checkpoint_id
+            )
             self._pause = None
             return True
         return pause.target is not None and self.step < pause.target
@@ -129,12 +135,15 @@ class ShardState:
             raise PSUninitializedError(f"ps shard {self.index} has no variable(s) {missing}")
         for name, grad in grads:
             if grad.shape != self._vars[name].param.shape:
-                raise PSShapeError(f"gradient of {name!r} on shard {self.index} has shape "
-                                   f"{grad.shape}, the slice has {self._vars[name].param.shape}")
+                raise PSShapeError(
+                    f"gradient of {name!r} on shard {self.index} has shape "
+                    f"{grad.shape}, the slice has {self._vars[name].param.shape}"
+                )
 
     # ---------------------------------------------------------------- data calls
-    def create(self, entries: list[tuple[Slice, np.ndarray]], optimizer: dict,
-               patience: float) -> list[str]:
+    def create(
+        self, entries: list[tuple[Slice, np.ndarray]], optimizer: dict, patience: float
+    ) -> list[str]:
         """Create the variables that do not exist yet (later calls keep what exists);
         returns the names created. Raises PSShapeError when an existing variable has
         another shape, PSConfigError for a bad optimizer, PSNotReadyError."""
@@ -143,14 +152,24 @@ class ShardState:
             self._require_loaded()
             for sl, value in entries:
                 if sl.shard != self.index:
-                    raise PSProtocolError(f"slice of {sl.name!r} for shard {sl.shard} sent to {self.index}")
+                    raise PSProtocolError(
+                        f"slice of {sl.name!r} for shard {sl.shard} sent to {self.index}"
+                    )
                 if value.shape != sl.shape:
-                    raise PSShapeError(f"{sl.name!r}: value shape {value.shape} != slice {sl.shape}")
+                    raise PSShapeError(
+                        f"{sl.name!r}: value shape {value.shape} != slice {sl.shape}"
+                    )
                 have = self._vars.get(sl.name)
-                if have is not None and (have.slice.full_shape, have.slice.start, have.slice.stop,
-                                         have.slice.dtype) != (sl.full_shape, sl.start, sl.stop, sl.dtype):
-                    raise PSShapeError(f"variable {sl.name!r} exists as {have.slice.dtype} "
-                                       f"{have.slice.full_shape}, not {sl.dtype} {sl.full_shape}")
+                if have is not None and (
+                    have.slice.full_shape,
+                    have.slice.start,
+                    have.slice.stop,
+                    have.slice.dtype,
+                ) != (sl.full_shape, sl.start, sl.stop, sl.dtype):
+                    raise PSShapeError(
+                        f"variable {sl.name!r} exists as {have.slice.dtype} "
+                        f"{have.slice.full_shape}, not {sl.dtype} {sl.full_shape}"
+                    )
             new = [(sl, v) for sl, v in entries if sl.name not in self._vars]
             if not new:
                 return []
@@ -164,17 +183,22 @@ class ShardState:
             self._cond.notify_all()
             return [sl.name for sl, _ in new]
 
-    def describe(self) -> dict:
+    def describe(self) -> Description:
+        """Raises PSNotReadyError while restoring."""
         with self._cond:
             self._require_loaded()
-            return {"index": self.index, "num_shards": self.num_shards, "mode": self.mode,
-                    "step": self.step, "generation": self.generation,
-                    "variables": [{"slice": v.slice.to_dict(), "optimizer": v.optimizer.config()}
-                                  for v in self._vars.values()]}
+            return Description(
+                self.index,
+                self.num_shards,
+                self.mode,
+                self.step,
+                self.generation,
+                tuple(VariableInfo(v.slice, v.optimizer.config()) for v in self._vars.values()),
+            )
 
-    def pull(self, names: list[str] | None) -> tuple[dict, list[tuple[dict, np.ndarray]]]:
-        """The named slices (all when None): a header with the step and generation, and
-        (slice metadata, array) pairs. The arrays are the live parameters, which are
+    def pull(self, names: list[str] | None) -> tuple[Pulled, list[tuple[dict, np.ndarray]]]:
+        """The named slices (all when None): their step and generation, and (slice
+        metadata, array) pairs. The arrays are the live parameters, which are
         never written in place (optimizers return new arrays), so the caller may send
         them after releasing the lock and still send one consistent state.
         Raises PSUninitializedError naming missing variables, PSNotReadyError."""
@@ -185,8 +209,10 @@ class ShardState:
             missing = [n for n in names if n not in self._vars]
             if missing:
                 raise PSUninitializedError(f"ps shard {self.index} has no variable(s) {missing}")
-            return ({"step": self.step, "generation": self.generation},
-                    [(self._vars[n].slice.to_dict(), self._vars[n].param) for n in names])
+            return (
+                Pulled(self.step, self.generation),
+                [(self._vars[n].slice.to_dict(), self._vars[n].param) for n in names],
+            )
 
     def _apply(self, grads: list[tuple[str, np.ndarray]]) -> None:
         for name, grad in grads:
@@ -197,8 +223,9 @@ class ShardState:
         self._bump()
         self._cond.notify_all()
 
-    def push_async(self, client: str, seq: int, grads: list[tuple[str, np.ndarray]],
-                   patience: float) -> int:
+    def push_async(
+        self, client: str, seq: int, grads: list[tuple[str, np.ndarray]], patience: float
+    ) -> int:
         """Apply one push now; returns the step after it. A repeated ``(client, seq)`` is
         not applied twice. Raises PSUninitializedError, PSShapeError, PSNotReadyError."""
         with self._cond:
@@ -211,15 +238,14 @@ class ShardState:
             self._dedup[client] = seq
             return self.step
 
-    def _sync_reply(self, status: str) -> dict:
-        return {"status": status, "step": self.step, "generation": self.generation,
-                "round": self._round}
+    def _sync_reply(self, status: str) -> StepReply:
+        return StepReply(status, self.step, self.generation, self._round)
 
     def _drop_pending(self) -> None:
         self._pending = {}
         self._cond.notify_all()
 
-    def _enter_round(self, round_id: int, generation: str, step: int) -> dict | None:
+    def _enter_round(self, round_id: int, generation: str, step: int) -> StepReply | None:
         """Common checks of sync calls; a terminal reply, or None to go on."""
         if generation != self.generation or step > self.step + 1:
             return self._sync_reply(ROLLED_BACK)
@@ -227,8 +253,13 @@ class ShardState:
             return self._sync_reply(SUPERSEDED)
         if round_id > self._round:
             if self._pending:
-                log.info("shard %d: round %d replaces %d; dropping incomplete step %d",
-                         self.index, round_id, self._round, self.step + 1)
+                log.info(
+                    "shard %d: round %d replaces %d; dropping incomplete step %d",
+                    self.index,
+                    round_id,
+                    self._round,
+                    self.step + 1,
+                )
             self._round, self._round_size = round_id, None
             self._drop_pending()
         if step <= self.step:
@@ -245,21 +276,32 @@ class ShardState:
                 names.setdefault(name)
         averaged = []
         for name in names:
-            total = None
             # rank order makes the sum, and so the step, identical on every run
-            for rank in sorted(self._pending):
-                for n, grad in self._pending[rank]:
-                    if n == name:
-                        total = np.array(grad, copy=True) if total is None else total + grad
+            grads = [
+                grad
+                for rank in sorted(self._pending)
+                for n, grad in self._pending[rank]
+                if n == name
+            ]
+            total = np.array(grads[0], copy=True)
+            for grad in grads[1:]:
+                total = total + grad
             averaged.append((name, total / size))
         self._pending = {}
         self._apply(averaged)
 
-    def push_sync(self, round_id: int, size: int, rank: int, step: int, generation: str,
-                  grads: list[tuple[str, np.ndarray]], wait: float) -> dict:
+    def push_sync(
+        self,
+        round_id: int,
+        size: int,
+        rank: int,
+        step: int,
+        generation: str,
+        grads: list[tuple[str, np.ndarray]],
+        wait: float,
+    ) -> StepReply:
         """Contribute ``rank``'s gradients to ``step`` of ``round_id`` and wait up to
-        ``wait`` seconds for it to be applied. Returns ``{"status", "step",
-        "generation", "round"}``. Raises PSProtocolError for a size or rank that
+        ``wait`` seconds for it to be applied. Raises PSProtocolError for a size or rank that
         contradicts the round, PSUninitializedError, PSShapeError, PSNotReadyError."""
         with self._cond:
             self._require_loaded()
@@ -272,13 +314,16 @@ class ShardState:
             if self._round_size is None:
                 self._round_size = size
             elif self._round_size != size:
-                raise PSProtocolError(f"round {round_id} was pushed with sizes "
-                                      f"{self._round_size} and {size}")
+                raise PSProtocolError(
+                    f"round {round_id} was pushed with sizes {self._round_size} and {size}"
+                )
             self._pending[rank] = grads
             self._try_apply_sync()
             return self._wait_step(round_id, rank, step, generation, wait)
 
-    def wait_step(self, round_id: int, rank: int, step: int, generation: str, wait: float) -> dict:
+    def wait_step(
+        self, round_id: int, rank: int, step: int, generation: str, wait: float
+    ) -> StepReply:
         """Long-poll for a step this rank pushed earlier (same reply as ``push_sync``)."""
         with self._cond:
             self._require_loaded()
@@ -290,7 +335,9 @@ class ShardState:
                 return self._sync_reply(UNKNOWN)  # this shard restarted since the push
             return self._wait_step(round_id, rank, step, generation, wait)
 
-    def _wait_step(self, round_id, rank, step, generation, wait) -> dict:
+    def _wait_step(
+        self, round_id: int, rank: int, step: int, generation: str, wait: float
+    ) -> StepReply:
         deadline = self._clock() + wait
         while True:
             if generation != self.generation:
@@ -308,13 +355,19 @@ class ShardState:
                 return self._sync_reply(PENDING)
 
     # ---------------------------------------------------------------- checkpoint calls
-    def status(self) -> dict:
+    def status(self) -> ShardStatus:
         with self._cond:
-            return {"index": self.index, "step": self.step, "generation": self.generation,
-                    "loaded": self.loaded, "base": self.base, "version": self._version,
-                    "clean": self._version == self._clean_version}
+            return ShardStatus(
+                self.index,
+                self.step,
+                self.generation,
+                self.loaded,
+                self.base,
+                self._version,
+                self._version == self._clean_version,
+            )
 
-    def prepare(self, checkpoint_id: int, lease: float) -> dict:
+    def prepare(self, checkpoint_id: int, lease: float) -> ShardStatus:
         """Close the gate (no apply starts; none is running since applies hold the lock)
         for at most ``lease`` seconds; returns ``status()``. Raises PSNotReadyError."""
         with self._cond:
@@ -330,7 +383,9 @@ class ShardState:
         with self._cond:
             pause = self._pause
             if pause is None or pause.checkpoint_id != checkpoint_id:
-                raise PSProtocolError(f"shard {self.index} is not paused for checkpoint {checkpoint_id}")
+                raise PSProtocolError(
+                    f"shard {self.index} is not paused for checkpoint {checkpoint_id}"
+                )
             pause.target = target
             pause.expires = max(pause.expires, self._clock() + timeout + 1.0)
             self._cond.notify_all()
@@ -340,8 +395,14 @@ class ShardState:
                 if self.step >= target or not self._wait(deadline):
                     break
             if self.step < target and fast_forward:
-                log.info("shard %d: step %d -> %d for checkpoint %d (a push that reached other "
-                         "shards did not arrive here)", self.index, self.step, target, checkpoint_id)
+                log.info(
+                    "shard %d: step %d -> %d for checkpoint %d (a push that reached other "
+                    "shards did not arrive here)",
+                    self.index,
+                    self.step,
+                    target,
+                    checkpoint_id,
+                )
                 self.step = target
                 self._bump()
             return self.step
@@ -352,12 +413,23 @@ class ShardState:
         with self._cond:
             pause = self._pause
             if pause is None or pause.checkpoint_id != checkpoint_id:
-                raise PSProtocolError(f"shard {self.index} is not paused for checkpoint {checkpoint_id}")
-            snap = ShardSnapshot(self.step, {
-                # parameters are replaced, never modified: no copy needed; slots are copied
-                name: SavedVariable(v.slice, v.param, {k: a.copy() for k, a in v.slots.items()},
-                                    v.optimizer.config())
-                for name, v in self._vars.items()}, dict(self._dedup))
+                raise PSProtocolError(
+                    f"shard {self.index} is not paused for checkpoint {checkpoint_id}"
+                )
+            snap = ShardSnapshot(
+                self.step,
+                {
+                    # parameters are replaced, never modified: no copy needed; slots are copied
+                    name: SavedVariable(
+                        v.slice,
+                        v.param,
+                        {k: a.copy() for k, a in v.slots.items()},
+                        v.optimizer.config(),
+                    )
+                    for name, v in self._vars.items()
+                },
+                dict(self._dedup),
+            )
             self.base, self._clean_version = checkpoint_id, self._version
             self._pause = None
             self._try_apply_sync()
@@ -371,7 +443,9 @@ class ShardState:
                 self._try_apply_sync()
                 self._cond.notify_all()
 
-    def load(self, snapshot: ShardSnapshot | None, checkpoint_id: int | None, generation: str) -> None:
+    def load(
+        self, snapshot: ShardSnapshot | None, checkpoint_id: int | None, generation: str
+    ) -> None:
         """Replace the whole state (None: empty at step 0) and start ``generation``.
         Raises PSConfigError for an optimizer config it cannot rebuild."""
         variables = {}
@@ -381,7 +455,9 @@ class ShardState:
                 param = np.array(sv.param, copy=True)
                 slots = opt.slots(param)
                 for k, a in sv.slots.items():
-                    slots[k] = np.array(a, dtype=slots[k].dtype if k in slots else a.dtype, copy=True)
+                    slots[k] = np.array(
+                        a, dtype=slots[k].dtype if k in slots else a.dtype, copy=True
+                    )
                 variables[name] = _Var(sv.slice, param, slots, opt)
         with self._cond:
             self._vars = variables
@@ -405,7 +481,9 @@ class ShardState:
     def at_checkpoint(self, checkpoint_id: int | None) -> bool:
         """True when the state is exactly what loading ``checkpoint_id`` would give."""
         with self._cond:
-            return self.loaded and self.base == checkpoint_id and self._version == self._clean_version
+            return (
+                self.loaded and self.base == checkpoint_id and self._version == self._clean_version
+            )
 
     def raise_step(self, step: int) -> None:
         """async restart: continue the global step count of the other shards."""

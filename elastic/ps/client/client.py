@@ -16,35 +16,66 @@ the step is applied. It raises ``PSRoundChangedError`` (a ``HostsUpdatedInterrup
 when a newer round drops the step; when the shards rolled back to a checkpoint it
 returns the restored step without applying anything (pull again and go on).
 """
+
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
-import time
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Protocol, TypeVar
 
 import numpy as np
 
 import elastic.context as context
 from elastic.ps import wire
-from elastic.ps.control import RETRYABLE
-from elastic.ps.errors import (PSConfigError, PSRoundChangedError, PSShapeError, PSTimeoutError,
-                               PSUnavailableError, PSUninitializedError)
+from elastic.ps.client.link import ShardLink
+from elastic.ps.client.rounds import RoundSource, RoundTracker
+from elastic.ps.client.sync import sync_step
+from elastic.ps.errors import (
+    RETRYABLE,
+    PSConfigError,
+    PSShapeError,
+    PSUnavailableError,
+    PSUninitializedError,
+)
 from elastic.ps.memory import tune_malloc
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import Slice, place
+from elastic.ps.protocol import (
+    ROLLED_BACK,
+    CreateArgs,
+    Description,
+    PullArgs,
+    Pulled,
+    PushArgs,
+    Record,
+    StepArgs,
+    StepReply,
+)
+from elastic.ps.registry import registry_from_env, store_round_hooks
 from elastic.ps.settings import ClientSettings
-from elastic.ps.state import APPLIED, ROLLED_BACK, SUPERSEDED, UNKNOWN
-from elastic.ps.transport import ShardLink
 from rendezvous import env
 from rendezvous.errors import RendezvousError
+from rendezvous.retry import Backoff
 
-log = logging.getLogger("elastic.ps.client")
+log = logging.getLogger("elastic.ps.client.client")
 
-RoundSource = Callable[[], "tuple[int, int, int] | None"]
+
+class _Progress(Protocol):
+    """A shard reply that says where the shard is (step, and history)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def generation(self) -> str: ...
+
+
+T = TypeVar("T")
 
 
 class PSClient:
@@ -56,12 +87,16 @@ class PSClient:
     round was published; without them the round is what ``set_round`` set, by
     default ``(0, 1, 0)``: a worker alone. Raises PSConfigError for no addresses."""
 
-    def __init__(self, addresses: Sequence[str], secret: str,
-                 settings: ClientSettings | None = None,
-                 resolver: Callable[[int], str | None] | None = None,
-                 round_source: RoundSource | None = None,
-                 newer_round: Callable[[int], bool] | None = None,
-                 on_close: Sequence[Callable[[], None]] = ()):
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        secret: str,
+        settings: ClientSettings | None = None,
+        resolver: Callable[[int], str | None] | None = None,
+        round_source: RoundSource | None = None,
+        newer_round: Callable[[int], bool] | None = None,
+        on_close: Sequence[Callable[[], None]] = (),
+    ):
         if not addresses:
             raise PSConfigError("PSClient needs at least one shard address")
         self.settings = settings or ClientSettings()
@@ -70,13 +105,15 @@ class PSClient:
         self._secret = secret
         self._n = len(addresses)
         self._resolver = resolver
-        self._round_source = round_source
-        self._newer_round = newer_round
+        self._rounds = RoundTracker(round_source, newer_round)
         self._on_close = list(on_close)
-        self._lock = threading.Lock()        # client fields below
-        self._push_lock = threading.Lock()   # pushes in order: the seq numbers dedupe retries
+        self._lock = threading.Lock()  # client fields below
+        self._push_lock = threading.Lock()  # pushes in order: the seq numbers dedupe retries
         self._shard_pool = ThreadPoolExecutor(self._n, thread_name_prefix="ps-shard")
-        self._part_pool = ThreadPoolExecutor(self._n * self.settings.lanes, thread_name_prefix="ps-part")
+        self._part_pool = ThreadPoolExecutor(
+            self._n * self.settings.lanes, thread_name_prefix="ps-part"
+        )
+        self._closed = threading.Event()  # also cuts retry pauses short
         self._links = [self._new_link(i, a) for i, a in enumerate(addresses)]
         self._client_id = uuid.uuid4().hex
         self._seq = 0
@@ -85,15 +122,19 @@ class PSClient:
         self._mode: str | None = None
         self._step = 0
         self._generation: str | None = None
-        self._round = (0, 1, 0)
         self._init_values: dict[str, tuple[np.ndarray, dict]] = {}
-        self._closed = False
 
     # ------------------------------------------------------------ plumbing
     def _new_link(self, index: int, address: str) -> ShardLink:
-        return ShardLink(index, address, self._secret, self.settings.lanes,
-                         self.settings.chunk_bytes, self._part_pool, self.settings.bulk,
-                         self.settings.call_timeout)
+        return ShardLink(
+            index,
+            address,
+            self._secret,
+            self.settings.lanes,
+            self.settings.chunk_bytes,
+            self._part_pool,
+            self.settings.call_timeout,
+        )
 
     def _refresh(self, index: int) -> None:
         if self._resolver is None:
@@ -112,26 +153,32 @@ class PSClient:
 
     def _retry(self, index: int, fn):
         """``fn(link)`` on shard ``index``, retried while the shard is unreachable or
-        not ready. Raises PSUnavailableError past the retry deadline."""
-        s = self.settings
-        deadline = time.monotonic() + s.retry_deadline
-        delay = s.backoff_initial
-        while True:
-            if self._closed:
-                raise PSUnavailableError("the ps client is closed")
+        not ready. Raises PSUnavailableError past the retry deadline or once closed."""
+        backoff = self._backoff()
+        while not self._closed.is_set():
             link = self._links[index]
             try:
                 return fn(link)
             except RETRYABLE as exc:
                 last = exc
-            if time.monotonic() + delay > deadline:
-                raise PSUnavailableError(f"ps shard {index} (last at {link.address}) did not "
-                                         f"answer within {s.retry_deadline:.0f}s: {last}") from last
-            time.sleep(delay)  # backoff while the shard restarts
-            delay = min(delay * 2, s.backoff_max)
+            if not backoff.pause():  # backoff while the shard restarts
+                if self._closed.is_set():
+                    break
+                raise PSUnavailableError(
+                    f"ps shard {index} (last at {link.address}) did not answer "
+                    f"within {self.settings.retry_deadline:.0f}s: {last}"
+                ) from last
             self._refresh(index)
+        raise PSUnavailableError("the ps client is closed")
 
-    def _each(self, fn, indices=None) -> dict[int, object]:
+    def _backoff(self) -> Backoff:
+        """The retry schedule of one operation, ending at its retry deadline or at close."""
+        s = self.settings
+        return Backoff.within(
+            s.retry_deadline, initial=s.backoff_initial, cap=s.backoff_max, stop=self._closed
+        )
+
+    def _each(self, fn: Callable[[int], T], indices: Iterable[int] | None = None) -> dict[int, T]:
         """``fn(index)`` for each shard in parallel; the first error is raised after
         every call has finished (no call is left running behind the caller)."""
         indices = list(range(self._n)) if indices is None else list(indices)
@@ -140,47 +187,59 @@ class PSClient:
         for i, f in futures.items():
             try:
                 out[i] = f.result()
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - raised below, once all have finished
                 first = first or exc
         if first is not None:
             raise first
         return out
 
-    def _request(self, index: int, method: str, header: dict, payload=b"", extra_time: float = 0.0,
-                 sink=None):
+    def _request(
+        self,
+        index: int,
+        method: str,
+        args: Record | None = None,
+        payload=b"",
+        extra_time: float = 0.0,
+        sink=None,
+    ):
         timeout = self.settings.call_timeout + extra_time
-        return self._retry(index, lambda link: link.request(method, header, payload, timeout, sink))
+        return self._retry(index, lambda link: link.request(method, args, payload, timeout, sink))
 
     # ------------------------------------------------------------ layout
-    def _describe(self) -> None:
-        replies = self._each(lambda i: self._request(i, "Describe", {})[0])
+    def _describe(self) -> int:
+        """Ask every shard for its layout; returns their split threshold.
+        Raises PSConfigError when a shard is not the one this client expects there."""
+        replies = self._each(lambda i: Description.from_dict(self._request(i, "Describe")[0]))
         layout: dict[str, list[Slice]] = {}
-        for i, rh in replies.items():
-            if rh["num_shards"] != self._n or rh["index"] != i:
-                raise PSConfigError(f"shard at index {i} says it is shard {rh['index']} of "
-                                    f"{rh['num_shards']}; this client has {self._n} addresses")
-            for v in rh["variables"]:
-                sl = Slice.from_dict(v["slice"])
-                layout.setdefault(sl.name, []).append(sl)
+        for i, described in replies.items():
+            if described.num_shards != self._n or described.index != i:
+                raise PSConfigError(
+                    f"shard at index {i} says it is shard {described.index} of "
+                    f"{described.num_shards}; this client has {self._n} addresses"
+                )
+            for variable in described.variables:
+                layout.setdefault(variable.slice.name, []).append(variable.slice)
         with self._lock:
             self._layout = {k: tuple(sorted(v, key=lambda s: s.start)) for k, v in layout.items()}
-            self._threshold = int(replies[0]["split_threshold"])
-            self._mode = replies[0]["mode"]
+            self._threshold = replies[0].split_threshold
+            self._mode = replies[0].mode
             self._note(replies.values())
+        return replies[0].split_threshold
 
-    def _note(self, replies) -> None:
+    def _note(self, replies: Iterable[_Progress]) -> None:
         """Track step and generation from shard replies (caller holds ``_lock``)."""
         replies = list(replies)
-        steps = [int(r["step"]) for r in replies if "step" in r]
-        if steps:
+        if replies:
+            steps = [r.step for r in replies]
             self._step = min(steps) if self._mode == "sync" else max(steps)
-        gens = {r["generation"] for r in replies if "generation" in r}
+        gens = {r.generation for r in replies}
         if len(gens) == 1:
             self._generation = gens.pop()
 
-    def _ensure_layout(self) -> None:
-        if self._threshold is None:
-            self._describe()
+    def _ensure_layout(self) -> int:
+        """The shards' split threshold, asking them for their layout the first time."""
+        threshold = self._threshold
+        return threshold if threshold is not None else self._describe()
 
     def _known(self, names) -> None:
         missing = [n for n in names if n not in self._layout]
@@ -188,11 +247,18 @@ class PSClient:
             self._describe()
             missing = [n for n in names if n not in self._layout]
             if missing:
-                raise PSUninitializedError(f"no variable(s) {missing} on the shards; call init() first")
+                raise PSUninitializedError(
+                    f"no variable(s) {missing} on the shards; call init() first"
+                )
 
     # ------------------------------------------------------------ init
-    def init(self, params: Mapping[str, np.ndarray], optimizer: str = "sgd", lr: float = 0.01,
-             **optimizer_args) -> None:
+    def init(
+        self,
+        params: Mapping[str, np.ndarray],
+        optimizer: str = "sgd",
+        lr: float = 0.01,
+        **optimizer_args,
+    ) -> None:
         """Create the variables that do not exist yet, with this optimizer (variables
         that exist keep their values, optimizer and slots). Raises PSConfigError for a
         bad optimizer, PSShapeError for a dtype that cannot travel or a variable that
@@ -210,20 +276,25 @@ class PSClient:
         self._describe()
 
     def _create(self, values: dict[str, tuple[np.ndarray, dict]], indices=None) -> None:
+        threshold = self._ensure_layout()
         configs: dict[str, dict] = {}
         per_shard: dict[tuple[int, str], list] = {}
         for name, (array, config) in values.items():
             key = repr(sorted(config.items()))
             configs[key] = config
-            for sl in place(name, array.shape, array.dtype, self._n, self._threshold):
-                per_shard.setdefault((sl.shard, key), []).append(({"slice": sl.to_dict()}, sl.take(array)))
+            for sl in place(name, array.shape, array.dtype, self._n, threshold):
+                per_shard.setdefault((sl.shard, key), []).append(
+                    ({"slice": sl.to_dict()}, sl.take(array))
+                )
         wanted = set(range(self._n)) if indices is None else set(indices)
 
         def create(i):
             for (shard, key), tensors in per_shard.items():
                 if shard == i:
-                    self._request(i, "Create", {"optimizer": configs[key]},
-                                  wire.encode_parts({}, tensors))
+                    self._request(
+                        i, "Create", CreateArgs(configs[key]), wire.encode_parts({}, tensors)
+                    )
+
         self._each(create, sorted(wanted & {shard for shard, _ in per_shard}))
 
     def _recreate(self, index: int) -> None:
@@ -232,18 +303,22 @@ class PSClient:
         with self._lock:
             values = dict(self._init_values)
         if not values:
-            raise PSUninitializedError(f"ps shard {index} lost its variables and this client "
-                                       f"has no init() values to re-create them")
+            raise PSUninitializedError(
+                f"ps shard {index} lost its variables and this client "
+                f"has no init() values to re-create them"
+            )
         log.warning("ps shard %d lost its variables; re-creating them from init()", index)
         self._create(values, [index])
 
     def _with_recreate(self, index: int, fn):
-        deadline = time.monotonic() + self.settings.retry_deadline
+        """``fn()``, re-creating the variables of shard ``index`` while it says it lost
+        them, until the retry deadline. Raises what ``fn`` raises."""
+        backoff = self._backoff()
         while True:
             try:
                 return fn()
             except PSUninitializedError:
-                if time.monotonic() > deadline:
+                if backoff.expired():
                     raise
                 self._recreate(index)
 
@@ -262,62 +337,58 @@ class PSClient:
                 on_shard.setdefault(sl.shard, []).append(name)
         # every shard writes its slices straight into these (no assembly copy)
         out = {n: np.empty(sl[0].full_shape, np.dtype(sl[0].dtype)) for n, sl in layout.items()}
-        deadline = time.monotonic() + self.settings.retry_deadline
-        delay = self.settings.backoff_initial
+        backoff = self._backoff()
         while True:
-            replies = self._each(lambda i: self._with_recreate(
-                i, lambda: self._pull_one(i, on_shard[i], out)), sorted(on_shard))
-            gens = {h.get("generation") for h in replies.values()}
+            replies: dict[int, Pulled] = self._each(
+                lambda i: self._with_recreate(i, lambda: self._pull_one(i, on_shard[i], out)),
+                sorted(on_shard),
+            )
+            gens = {pulled.generation for pulled in replies.values()}
             # sync: every slice must come from one history (a rollback may be under way)
             if self._mode != "sync" or len(gens) <= 1:
                 break
-            if time.monotonic() > deadline:
-                raise PSUnavailableError(f"the ps shards stayed in different generations {sorted(gens)} "
-                                         f"for {self.settings.retry_deadline:.0f}s (a rollback did not finish)")
-            time.sleep(delay)
-            delay = min(delay * 2, self.settings.backoff_max)
+            if not backoff.pause(clip=True):
+                raise PSUnavailableError(
+                    f"the ps shards stayed in different generations {sorted(gens)} for "
+                    f"{self.settings.retry_deadline:.0f}s (a rollback did not finish)"
+                )
         with self._lock:
             self._note(replies.values())
         return out
 
     @staticmethod
-    def _targets(metas: list[dict], out: dict[str, np.ndarray]) -> list[tuple[int, memoryview]]:
-        """(offset in the reply body, destination bytes) of each tensor of a pull reply.
-        Raises PSShapeError when a slice does not fit the variable this client knows."""
-        targets, offset = [], 0
+    def _destinations(metas: list[dict], out: dict[str, np.ndarray]) -> list[memoryview]:
+        """Where each tensor of a pull reply goes, in order: the bytes of its slice of
+        ``out``. Raises PSShapeError when a slice does not fit the variable known here."""
+        destinations = []
         for meta in metas:
             sl = Slice.from_dict(meta)
             full = out.get(sl.name)
             if full is None or full.shape != sl.full_shape or full.dtype != np.dtype(meta["dtype"]):
-                raise PSShapeError(f"shard sent {sl.name!r} as {meta['dtype']} {sl.full_shape}, "
-                                   f"expected {None if full is None else (full.dtype, full.shape)}")
-            dest = memoryview(sl.take(full).reshape(-1).view(np.uint8))
+                raise PSShapeError(
+                    f"shard sent {sl.name!r} as {meta['dtype']} {sl.full_shape}, "
+                    f"expected {None if full is None else (full.dtype, full.shape)}"
+                )
+            dest = sl.take(full).reshape(-1).view(np.uint8).data
             if dest.nbytes != int(meta["nbytes"]):
-                raise PSShapeError(f"slice of {sl.name!r} has {meta['nbytes']} bytes, expected {dest.nbytes}")
-            targets.append((offset, dest))
-            offset += dest.nbytes
-        return targets
+                raise PSShapeError(
+                    f"slice of {sl.name!r} has {meta['nbytes']} bytes, expected {dest.nbytes}"
+                )
+            destinations.append(dest)
+        return destinations
 
-    def _pull_one(self, index: int, names: list[str], out: dict[str, np.ndarray]) -> dict:
-        def sink(rh):
-            spans = self._targets(rh["tensors"], out)
+    def _pull_one(self, index: int, names: list[str], out: dict[str, np.ndarray]) -> Pulled:
+        def sink(header: dict):
+            destinations = self._destinations(wire.tensor_metas(header), out)
+            return lambda offset, length: wire.cut(destinations, offset, length)
 
-            def targets(offset: int, length: int) -> list[memoryview]:
-                end, views = offset + length, []
-                for start, dest in spans:
-                    lo, hi = max(offset, start), min(end, start + dest.nbytes)
-                    if lo < hi:
-                        views.append(dest[lo - start:hi - start])
-                return views
-            return targets
-
-        rh, body = self._request(index, "Pull", {"names": names}, sink=sink)
+        header, body = self._request(index, "Pull", PullArgs(tuple(names)), sink=sink)
         if body is not None:  # a small reply came inline
             data, pos = memoryview(body).cast("B"), 0
-            for view in sink(rh)(0, data.nbytes):
-                view[:] = data[pos:pos + view.nbytes]
+            for view in sink(header)(0, data.nbytes):
+                view[:] = data[pos : pos + view.nbytes]
                 pos += view.nbytes
-        return rh
+        return Pulled.from_dict(header)
 
     # ------------------------------------------------------------ push
     def _payloads(self, grads: Mapping[str, np.ndarray]) -> dict[int, list]:
@@ -328,8 +399,9 @@ class PSClient:
             slices = self._layout[name]
             g = np.asarray(grad)
             if g.shape != slices[0].full_shape:
-                raise PSShapeError(f"gradient of {name!r} has shape {g.shape}, the variable "
-                                   f"{slices[0].full_shape}")
+                raise PSShapeError(
+                    f"gradient of {name!r} has shape {g.shape}, the variable {slices[0].full_shape}"
+                )
             g = g.astype(np.dtype(slices[0].dtype), copy=False)
             for sl in slices:
                 tensors[sl.shard].append(({"name": name}, sl.take(g)))
@@ -346,9 +418,12 @@ class PSClient:
             if self._mode == "sync":
                 return self._push_sync(payloads)
             self._seq += 1
-            header = {"client": self._client_id, "seq": self._seq}
-            replies = self._each(lambda i: self._with_recreate(
-                i, lambda: self._request(i, "Push", header, payloads[i])[0]))
+            args = PushArgs(self._client_id, self._seq)
+            replies: dict[int, StepReply] = self._each(
+                lambda i: self._with_recreate(
+                    i, lambda: StepReply.from_dict(self._request(i, "Push", args, payloads[i])[0])
+                )
+            )
             with self._lock:
                 self._note(replies.values())
                 return self._step
@@ -356,71 +431,40 @@ class PSClient:
     def set_round(self, round_id: int, size: int, rank: int) -> None:
         """Sync mode: this worker is ``rank`` of ``size`` in round ``round_id`` (the
         elastic runtime calls this after each re-form). Raises PSConfigError."""
-        if not 0 <= rank < size:
-            raise PSConfigError(f"rank {rank} is not in 0..{size - 1}")
-        with self._lock:
-            self._round = (int(round_id), int(size), int(rank))
+        self._rounds.set(round_id, size, rank)
 
-    def _current_round(self) -> tuple[int, int, int]:
-        got = self._round_source() if self._round_source is not None else None
-        with self._lock:
-            if got is not None and got[0] >= self._round[0]:
-                self._round = tuple(int(x) for x in got)
-            return self._round
-
-    def _round_moved(self, round_id: int) -> bool:
-        with self._lock:
-            if self._round[0] > round_id:
-                return True
-        return self._newer_round is not None and self._newer_round(round_id)
+    def _step_call(self, args: StepArgs, index: int, method: str, payload) -> StepReply:
+        """One sync ``Push`` or ``WaitStep`` long-poll on shard ``index`` (retried)."""
+        extra = self.settings.poll_interval
+        return self._with_recreate(
+            index,
+            lambda: StepReply.from_dict(self._request(index, method, args, payload, extra)[0]),
+        )
 
     def _push_sync(self, payloads: dict[int, list]) -> int:
-        round_id, size, rank = self._current_round()
+        round_id, size, rank = self._rounds.current()
         with self._lock:
             step, generation = self._step + 1, self._generation
-        s = self.settings
-        header = {"round": round_id, "size": size, "rank": rank, "step": step,
-                  "generation": generation, "wait": s.poll_interval}
-        deadline = time.monotonic() + s.sync_timeout
-        stop = threading.Event()
-
-        def one(i):
-            method, next_note = "Push", time.monotonic() + 10.0
-            while not stop.is_set():
-                if i == 0 and time.monotonic() > next_note:
-                    log.info("sync step %d of round %d (rank %d of %d): still waiting for the "
-                             "other workers' gradients", step, round_id, rank, size)
-                    next_note = time.monotonic() + 30.0
-                if self._round_moved(round_id):
-                    stop.set()
-                    raise PSRoundChangedError(f"a round after {round_id} was published; "
-                                              f"step {step} is dropped: re-form and redo it")
-                if time.monotonic() > deadline:
-                    stop.set()
-                    raise PSTimeoutError(f"sync step {step} of round {round_id} was not completed "
-                                         f"by all {size} workers within {s.sync_timeout:.0f}s")
-                payload = payloads[i] if method == "Push" else b""
-                reply = self._with_recreate(i, lambda: self._request(
-                    i, method, header, payload, extra_time=s.poll_interval)[0])
-                if reply["status"] in (APPLIED, ROLLED_BACK, SUPERSEDED):
-                    return reply
-                method = "Push" if reply["status"] == UNKNOWN else "WaitStep"
-            return None
-
-        replies = self._each(one)
-        superseded = [r for r in replies.values() if r and r["status"] == SUPERSEDED]
-        if superseded:
-            newest = max(r["round"] for r in superseded)
-            raise PSRoundChangedError(f"round {newest} replaced round {round_id}; step {step} "
-                                      f"is dropped: re-form and redo it")
+        args = StepArgs(round_id, size, rank, step, str(generation), self.settings.poll_interval)
+        replies = sync_step(
+            args,
+            payloads,
+            functools.partial(self._step_call, args),
+            self._each,
+            self._rounds.moved,
+            self.settings.sync_timeout,
+        )
         with self._lock:
-            rolled = [r for r in replies.values() if r["status"] == ROLLED_BACK]
+            rolled = [r for r in replies if r.status == ROLLED_BACK]
             if rolled:
-                log.warning("the ps shards rolled back to step %d; step %d was not applied",
-                            min(r["step"] for r in rolled), step)
+                log.warning(
+                    "the ps shards rolled back to step %d; step %d was not applied",
+                    min(r.step for r in rolled),
+                    step,
+                )
                 self._note(rolled)
             else:
-                self._note(replies.values())
+                self._note(replies)
             return self._step
 
     @property
@@ -434,9 +478,9 @@ class PSClient:
 
     def close(self) -> None:
         """Release connections and threads (idempotent)."""
-        if self._closed:
+        if self._closed.is_set():
             return
-        self._closed = True
+        self._closed.set()
         self._shard_pool.shutdown(wait=True)
         self._part_pool.shutdown(wait=True)
         for link in self._links:
@@ -444,10 +488,10 @@ class PSClient:
         for fn in self._on_close:
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - closing must not fail the caller
+            except Exception:
                 log.debug("close hook failed", exc_info=True)
 
-    def __enter__(self) -> "PSClient":
+    def __enter__(self) -> PSClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -483,14 +527,15 @@ def connect(settings: ClientSettings | None = None, environ=os.environ) -> PSCli
     (store URL, job id, secret; the shard addresses from the store). Raises
     PSConfigError when the job has no shards or the environment is incomplete,
     RendezvousError when the store cannot be reached."""
-    from elastic.ps.registry import registry_from_env, store_round_hooks
     settings = settings or ClientSettings()
     secret = environ.get(env.ENV_SECRET)
-    if not environ.get(env.ENV_RENDEZVOUS) or not environ.get(env.ENV_JOB_ID) or not secret:
-        raise PSConfigError("elastic.ps.connect() needs a job started by elastic-run --num-ps N "
-                            f"({env.ENV_RENDEZVOUS}, {env.ENV_JOB_ID} and {env.ENV_SECRET} "
-                            "must be set)")
-    registry = registry_from_env(environ)
+    registry = registry_from_env(environ) if secret else None
+    if registry is None or not secret:
+        raise PSConfigError(
+            "elastic.ps.connect() needs a job started by elastic-run --num-ps N "
+            f"({env.ENV_RENDEZVOUS}, {env.ENV_JOB_ID} and {env.ENV_SECRET} "
+            "must be set)"
+        )
     try:
         addresses = registry.wait_all(settings.connect_timeout)
     except BaseException:
@@ -501,5 +546,12 @@ def connect(settings: ClientSettings | None = None, environ=os.environ) -> PSCli
     if worker_id:
         source, newer = store_round_hooks(registry.store, environ[env.ENV_JOB_ID], worker_id)
     round_source, newer_round = _runtime_hooks(source, newer)
-    return PSClient(addresses, secret, settings, resolver=registry.lookup,
-                    round_source=round_source, newer_round=newer_round, on_close=[registry.close])
+    return PSClient(
+        addresses,
+        secret,
+        settings,
+        resolver=registry.lookup,
+        round_source=round_source,
+        newer_round=newer_round,
+        on_close=[registry.close],
+    )

@@ -19,8 +19,10 @@ therefore choose the same checkpoint. Each file stores its slices' metadata (var
 name, full shape, rows held), so ``LoadedCheckpoint.shard_snapshot`` can cut the
 variables for any shard count.
 """
+
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,7 +38,7 @@ from elastic.ps import wire
 from elastic.ps.errors import PSCheckpointError
 from elastic.ps.partition import Slice, assemble, slice_for
 
-log = logging.getLogger("elastic.ps.checkpoint")
+log = logging.getLogger("elastic.ps.shard.checkpoint")
 
 MAGIC = b"EPSCKPT1"
 DIGEST_BYTES = hashlib.sha256().digest_size
@@ -82,16 +84,21 @@ class Manifest:
     created: float = 0.0
 
     def to_bytes(self) -> bytes:
-        body = {"format": FORMAT, "checkpoint_id": self.checkpoint_id, "step": self.step,
-                "num_shards": self.num_shards, "split_threshold": self.split_threshold,
-                "created": self.created,
-                "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files]}
+        body = {
+            "format": FORMAT,
+            "checkpoint_id": self.checkpoint_id,
+            "step": self.step,
+            "num_shards": self.num_shards,
+            "split_threshold": self.split_threshold,
+            "created": self.created,
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
+        }
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         body["checksum"] = hashlib.sha256(canonical.encode()).hexdigest()
         return json.dumps(body, sort_keys=True, indent=1).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> "Manifest":
+    def from_bytes(cls, data: bytes, where: str) -> Manifest:
         """Raises PSCheckpointError (naming ``where``) for bad JSON or a checksum mismatch."""
         try:
             body = json.loads(data)
@@ -102,8 +109,14 @@ class Manifest:
             if body.get("format") != FORMAT:
                 raise PSCheckpointError(f"{where}: unknown manifest format {body.get('format')!r}")
             files = tuple(FileRecord(f["name"], int(f["size"]), f["sha256"]) for f in body["files"])
-            return cls(int(body["checkpoint_id"]), int(body["step"]), int(body["num_shards"]),
-                       int(body["split_threshold"]), files, float(body.get("created", 0.0)))
+            return cls(
+                int(body["checkpoint_id"]),
+                int(body["step"]),
+                int(body["num_shards"]),
+                int(body["split_threshold"]),
+                files,
+                float(body.get("created", 0.0)),
+            )
         except PSCheckpointError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -146,32 +159,40 @@ def write_atomic(path: str, parts, trailer: bool = False) -> tuple[int, str]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     _fsync_dir(directory)
     return size, digest.hexdigest()
 
 
-def write_shard(root: str, checkpoint_id: int, index: int, num_shards: int,
-                snapshot: ShardSnapshot) -> FileRecord:
+def write_shard(
+    root: str, checkpoint_id: int, index: int, num_shards: int, snapshot: ShardSnapshot
+) -> FileRecord:
     """Write one shard's file of checkpoint ``checkpoint_id``; returns its record for the
     manifest. Raises OSError when the disk refuses."""
     directory = checkpoint_dir(root, checkpoint_id)
     os.makedirs(directory, exist_ok=True)
-    header = {"format": FORMAT, "checkpoint_id": checkpoint_id, "step": snapshot.step,
-              "shard": index, "num_shards": num_shards, "dedup": snapshot.dedup,
-              "variables": {name: {"slice": v.slice.to_dict(), "optimizer": v.optimizer}
-                            for name, v in snapshot.variables.items()}}
+    header = {
+        "format": FORMAT,
+        "checkpoint_id": checkpoint_id,
+        "step": snapshot.step,
+        "shard": index,
+        "num_shards": num_shards,
+        "dedup": snapshot.dedup,
+        "variables": {
+            name: {"slice": v.slice.to_dict(), "optimizer": v.optimizer}
+            for name, v in snapshot.variables.items()
+        },
+    }
     tensors = []
     for name, v in snapshot.variables.items():
         tensors.append(({"var": name, "slot": None}, v.param))
         tensors.extend(({"var": name, "slot": s}, a) for s, a in v.slots.items())
     name = shard_filename(index, num_shards)
-    size, sha = write_atomic(os.path.join(directory, name),
-                             [MAGIC, *wire.encode_parts(header, tensors)], trailer=True)
+    size, sha = write_atomic(
+        os.path.join(directory, name), [MAGIC, *wire.encode_parts(header, tensors)], trailer=True
+    )
     return FileRecord(name, size, sha)
 
 
@@ -204,17 +225,18 @@ def _read_shard_file(path: str, record: FileRecord) -> tuple[dict, list]:
     except OSError as exc:
         raise PSCheckpointError(f"{path}: cannot read: {exc}") from None
     if len(data) != record.size:
-        raise PSCheckpointError(f"{path}: truncated or wrong size: {len(data)} bytes, "
-                                f"manifest says {record.size}")
+        raise PSCheckpointError(
+            f"{path}: truncated or wrong size: {len(data)} bytes, manifest says {record.size}"
+        )
     view = memoryview(data)
     digest = hashlib.sha256(view[:-DIGEST_BYTES]).digest()
     if digest.hex() != record.sha256 or digest != bytes(view[-DIGEST_BYTES:]):
         raise PSCheckpointError(f"{path}: checksum mismatch (corrupted)")
-    if bytes(view[:len(MAGIC)]) != MAGIC:
+    if bytes(view[: len(MAGIC)]) != MAGIC:
         raise PSCheckpointError(f"{path}: not a ps checkpoint file")
     try:
-        return wire.decode(view[len(MAGIC):-DIGEST_BYTES])
-    except Exception as exc:  # a well-checksummed but malformed file: a writer bug
+        return wire.decode(view[len(MAGIC) : -DIGEST_BYTES])
+    except Exception as exc:  # noqa: BLE001 - a well-checksummed but malformed file: a writer bug
         raise PSCheckpointError(f"{path}: malformed contents: {exc}") from None
 
 
@@ -237,8 +259,9 @@ class LoadedCheckpoint:
     def shard_snapshot(self, index: int, num_shards: int, threshold: int) -> ShardSnapshot:
         """The state shard ``index`` of ``num_shards`` holds, re-cut with the
         partitioner when the shard count (or threshold) differs from the writer's."""
-        same_layout = (num_shards == self.manifest.num_shards
-                       and threshold == self.manifest.split_threshold)
+        same_layout = (
+            num_shards == self.manifest.num_shards and threshold == self.manifest.split_threshold
+        )
         dedup: dict[str, int] = {}
         if same_layout:
             own = self._files.get(shard_filename(index, num_shards))
@@ -259,8 +282,10 @@ class LoadedCheckpoint:
             sources = by_var.get(name, [])
             param = assemble(target, [(s, a) for s, slot, a in sources if slot is None])
             slot_names = sorted({slot for _, slot, _ in sources if slot is not None})
-            slots = {sn: assemble(target, [(s, a) for s, slot, a in sources if slot == sn])
-                     for sn in slot_names}
+            slots = {
+                sn: assemble(target, [(s, a) for s, slot, a in sources if slot == sn])
+                for sn in slot_names
+            }
             variables[name] = SavedVariable(target, param, slots, dict(info["optimizer"]))
         return ShardSnapshot(self.manifest.step, variables, dedup)
 
@@ -297,12 +322,6 @@ def load_newest(root: str | None) -> LoadedCheckpoint | None:
         except PSCheckpointError as exc:
             log.warning("skipping checkpoint %d, using an older one: %s", checkpoint_id, exc)
     return None
-
-
-def newest_complete_id(root: str | None) -> int | None:
-    """The id of the newest checkpoint that loads (verifies every file), or None."""
-    loaded = load_newest(root)
-    return loaded.checkpoint_id if loaded else None
 
 
 def prune(root: str, keep: int) -> None:
