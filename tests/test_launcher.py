@@ -438,6 +438,26 @@ def test_killing_the_ssh_launch_kills_the_remote_command(ssh_launcher, cap, proc
     wait_for(lambda: not alive(remote), 10, "the remote worker to die")
 
 
+def test_a_killed_ssh_worker_is_sigkilled_whichever_end_closes_first(ssh_launcher, cap, procs,
+                                                                     monkeypatch):
+    """The remote side may confirm the KILL (ssh then exits 255) before the local SIGKILL
+    lands: the status is the launcher's decision, -SIGKILL, not the race's winner."""
+    script = "trap '' TERM; echo pid $$; while :; do sleep 0.05; done"
+    p = ssh_launcher.launch(spec("sh", "-c", script, host="127.0.0.1"))
+    procs.append(p)
+    remote = int(cap.value_after("pid"))
+    local_signal = p._signal_leader_group
+
+    def remote_side_first(sig):
+        p._popen.wait(10)        # ssh ends by itself once the remote KILL cut the session
+        local_signal(sig)
+    monkeypatch.setattr(p, "_signal_leader_group", remote_side_first)
+    p.kill()
+    assert p._popen.returncode == 255
+    assert p.wait(10) == -signal.SIGKILL
+    wait_for(lambda: not alive(remote), 10, "the remote worker to die")
+
+
 def test_ssh_worker_killed_by_a_signal_reports_128_plus_n(ssh_launcher, cap, procs):
     p = ssh_launcher.launch(spec("sh", "-c", "kill -KILL $$", host="127.0.0.1"))
     procs.append(p)

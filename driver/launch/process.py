@@ -275,10 +275,13 @@ class SSHWorkerProcess(WorkerProcess):
 
     @property
     def returncode(self) -> int | None:
+        """As for a local worker. A worker this launcher SIGKILLed (``kill()``, or
+        ``stop()`` escalating) reports ``-SIGKILL`` whichever way its end reached us:
+        ssh killed here first (-9), ssh exiting 255 once the remote KILL cut the session,
+        or the remote shell's 128+9. Which one wins is a race between the remote side and
+        the local signal, so the status is taken from the decision, not from the race."""
         rc = self._popen.returncode
-        # After stop() escalated, ssh reports the remote SIGKILL as 255: say it like a
-        # local worker would.
-        if self._forced and rc == 255:
+        if self._forced and rc in (255, 128 + signal.SIGKILL, -signal.SIGKILL):
             return -signal.SIGKILL
         return rc
 
@@ -295,6 +298,7 @@ class SSHWorkerProcess(WorkerProcess):
     def kill(self) -> None:
         """Send KILL to the remote wrapper and SIGKILL the local ssh at once."""
         if self.poll() is None:
+            self._forced = True
             self._send(CONTROL_KILL)
             self._close_stdin()
             self._signal_leader_group(signal.SIGKILL)
