@@ -11,19 +11,54 @@ This module only names the API; each part lives in its own module:
 - ``elastic.errors``: the exceptions;
 - ``elastic.ps``: ``elastic.ps.connect()``, the parameter-server client (cheap to import).
 """
+
 from __future__ import annotations
 
 from elastic import ps
-from elastic.context import (allgather, allgather_object, allreduce, barrier, broadcast,
-                             broadcast_object, cross_rank, cross_size, init, local_rank,
-                             local_size, rank, shutdown, size)
+from elastic.context import (
+    allgather,
+    allgather_object,
+    allreduce,
+    barrier,
+    broadcast,
+    broadcast_object,
+    cross_rank,
+    cross_size,
+    init,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
 from elastic.errors import ElasticError, HostsUpdatedInterrupt, RendezvousError, WorkerLostError
 from elastic.loop import run
 from elastic.sampler import ElasticSampler
 from elastic.state import NumpyState, ObjectState, State
 
-__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "cross_rank",
-           "cross_size", "allreduce", "broadcast", "allgather", "broadcast_object",
-           "allgather_object", "barrier", "State", "ObjectState", "NumpyState", "run",
-           "ElasticSampler", "ElasticError", "HostsUpdatedInterrupt", "WorkerLostError",
-           "RendezvousError", "ps"]
+__all__ = [
+    "init",
+    "shutdown",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "cross_rank",
+    "cross_size",
+    "allreduce",
+    "broadcast",
+    "allgather",
+    "broadcast_object",
+    "allgather_object",
+    "barrier",
+    "State",
+    "ObjectState",
+    "NumpyState",
+    "run",
+    "ElasticSampler",
+    "ElasticError",
+    "HostsUpdatedInterrupt",
+    "WorkerLostError",
+    "RendezvousError",
+    "ps",
+]

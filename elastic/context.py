@@ -20,6 +20,7 @@ the communicator stack (sockets, shared memory, the store client) and the option
 mpi4py load only in a process that calls ``init()``, so ``import elastic`` stays cheap
 for a process that only wants the names (a ps shard imports the package, never ``init``).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -47,9 +48,9 @@ class Layout(NamedTuple):
 
 
 _lock = threading.RLock()
-_runtime: WorkerRuntime | None = None     # under elastic-run
+_runtime: WorkerRuntime | None = None  # under elastic-run
 _static_comm: Communicator | None = None  # a static world's communicator (MPI, or alone)
-_static_layout: Layout | None = None      # a static world's layout
+_static_layout: Layout | None = None  # a static world's layout
 
 
 def init() -> None:
@@ -104,9 +105,11 @@ def pending_round() -> int | None:
 
 # ---- the three worlds (each creator imports its backend: see the module docstring) ----
 
+
 def _join_elastic_job() -> WorkerRuntime:
     """Register with the job elastic-run started and wait for a round with this worker."""
     from elastic.runtime import WorkerRuntime, WorkerSettings
+
     runtime = WorkerRuntime(WorkerSettings.from_env())
     runtime.start()
     try:
@@ -119,6 +122,7 @@ def _join_elastic_job() -> WorkerRuntime:
 
 def _started_by_mpi() -> bool:
     from elastic.comm import detect_mpi
+
     return detect_mpi(os.environ)
 
 
@@ -128,6 +132,7 @@ def _mpi_world() -> tuple[Communicator, Layout]:
     from mpi4py import MPI  # an optional dependency (the ``mpi`` extra)
 
     from elastic.comm.mpi import MpiCommunicator
+
     comm = MpiCommunicator()
     world = MPI.COMM_WORLD
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
@@ -142,6 +147,7 @@ def _world_of_one() -> tuple[Communicator, Layout]:
     """A script run without elastic-run or mpiexec trains alone: a ring of one member."""
     from elastic.comm import Membership, RingCommunicator, RingListener
     from rendezvous.auth import make_secret
+
     secret = make_secret()
     listener = RingListener(secret=secret)
     comm = RingCommunicator(Membership(0, 0, (listener.address,), secret), listener)
@@ -150,6 +156,7 @@ def _world_of_one() -> tuple[Communicator, Layout]:
 
 
 # ---- the layout ----
+
 
 def _comm() -> Communicator:
     """The communicator of the current round (or of the static world).
@@ -212,6 +219,7 @@ def cross_size() -> int:
 
 # ---- the collectives (each raises WorkerLostError when the round breaks under it) ----
 
+
 def allreduce(x: Any, op: str = "sum") -> np.ndarray:
     """A new array: ``x`` reduced over all workers (sum, average, max, min)."""
     return _comm().allreduce(x, op=op)
@@ -242,6 +250,22 @@ def barrier() -> None:
     _comm().barrier()
 
 
-__all__ = ["Layout", "init", "shutdown", "current_runtime", "pending_round", "rank", "size",
-           "local_rank", "local_size", "cross_rank", "cross_size", "allreduce", "broadcast",
-           "allgather", "broadcast_object", "allgather_object", "barrier"]
+__all__ = [
+    "Layout",
+    "init",
+    "shutdown",
+    "current_runtime",
+    "pending_round",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "cross_rank",
+    "cross_size",
+    "allreduce",
+    "broadcast",
+    "allgather",
+    "broadcast_object",
+    "allgather_object",
+    "barrier",
+]

@@ -1,4 +1,5 @@
 """The worker API's exceptions (contract names: see DESIGN.md)."""
+
 from rendezvous.errors import ElasticError, RendezvousError
 
 
@@ -20,5 +21,10 @@ class CommunicatorClosedError(WorkerLostError):
     """The communicator was closed (a new round arrived) while a collective was pending."""
 
 
-__all__ = ["ElasticError", "RendezvousError", "HostsUpdatedInterrupt", "WorkerLostError",
-           "CommunicatorClosedError"]
+__all__ = [
+    "ElasticError",
+    "RendezvousError",
+    "HostsUpdatedInterrupt",
+    "WorkerLostError",
+    "CommunicatorClosedError",
+]

@@ -13,6 +13,7 @@ the current state for samplers while the function runs) and this process's runti
 (``elastic.context.current_runtime()``: the round to report and the next one to join;
 a static world has none and cannot re-form).
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,12 +58,17 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                 if runtime is None:
                     raise  # a static world (MPI, single process) cannot re-form
                 superseded = isinstance(exc, CommunicatorClosedError)
-                log.log(logging.INFO if superseded else logging.WARNING,
-                        "round %d %s (%s); rolling back to the last commit", runtime.round_id,
-                        "was superseded" if superseded else "lost a worker", exc)
+                log.log(
+                    logging.INFO if superseded else logging.WARNING,
+                    "round %d %s (%s); rolling back to the last commit",
+                    runtime.round_id,
+                    "was superseded" if superseded else "lost a worker",
+                    exc,
+                )
                 if not superseded:
-                    runtime.report_failure(runtime.round_id, str(exc),
-                                           runtime.suspect_of(exc, runtime.plan))
+                    runtime.report_failure(
+                        runtime.round_id, str(exc), runtime.suspect_of(exc, runtime.plan)
+                    )
                 state.restore()
             runtime = context.current_runtime()
             if runtime is not None:  # a static world has no next round to join

@@ -6,6 +6,7 @@ killed, even with SIGKILL), it sends itself SIGTERM, so its own handlers and ``a
 still run. (PR_SET_PDEATHSIG would not do: it follows the parent *thread*, and the driver
 starts processes from several threads.)
 """
+
 from __future__ import annotations
 
 import logging

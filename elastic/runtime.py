@@ -13,6 +13,7 @@ A worker launched by ``elastic-run`` finds its job in the environment (``rendezv
 A worker that sees a collective fail reports it under ``/elastic/<job>/failures/`` so the
 driver learns of it even when it cannot see the peer's process (a remote host).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,12 @@ from elastic.comm import CommSettings, Communicator, Membership, RingCommunicato
 from elastic.errors import CommunicatorClosedError, WorkerLostError
 from elastic.orphan import exit_when_orphaned
 from rendezvous import env, open_store
-from rendezvous.errors import (LeaseNotFoundError, RendezvousConfigError,
-                               RendezvousConnectionError, RendezvousError)
+from rendezvous.errors import (
+    LeaseNotFoundError,
+    RendezvousConfigError,
+    RendezvousConnectionError,
+    RendezvousError,
+)
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Member, Plan, WorkerInfo
 from rendezvous.retry import Backoff
@@ -60,24 +65,30 @@ class WorkerSettings:
         Raises:
             RendezvousConfigError: a variable is missing or malformed (the message names it).
         """
+
         def required(name: str) -> str:
             value = env.text(name, None, environ)
             if value is None:
                 raise RendezvousConfigError(
-                    f"{name} is not set: this worker was not started by elastic-run")
+                    f"{name} is not set: this worker was not started by elastic-run"
+                )
             return value
 
-        return cls(store_url=required(env.ENV_RENDEZVOUS), job_id=required(env.ENV_JOB_ID),
-                   worker_id=required(env.ENV_WORKER_ID),
-                   host=env.text(env.ENV_HOST, None, environ) or socket.gethostname(),
-                   slot=env.integer(env.ENV_SLOT, 0, environ, minimum=0),
-                   secret=required(env.ENV_SECRET),
-                   bind_host=env.text(env.ENV_BIND_HOST, "127.0.0.1", environ) or "127.0.0.1",
-                   round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
-                   lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
-                   comm=CommSettings(
-                       peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
-                       connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ)))
+        return cls(
+            store_url=required(env.ENV_RENDEZVOUS),
+            job_id=required(env.ENV_JOB_ID),
+            worker_id=required(env.ENV_WORKER_ID),
+            host=env.text(env.ENV_HOST, None, environ) or socket.gethostname(),
+            slot=env.integer(env.ENV_SLOT, 0, environ, minimum=0),
+            secret=required(env.ENV_SECRET),
+            bind_host=env.text(env.ENV_BIND_HOST, "127.0.0.1", environ) or "127.0.0.1",
+            round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
+            lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
+            comm=CommSettings(
+                peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
+                connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ),
+            ),
+        )
 
 
 class WorkerRuntime:
@@ -87,8 +98,8 @@ class WorkerRuntime:
         self.settings = settings
         self.keys = JobKeys(settings.job_id)
         self._cond = threading.Condition()
-        self._latest: Plan | None = None     # newest plan seen (may not include us)
-        self.plan: Plan | None = None        # the round our communicator belongs to
+        self._latest: Plan | None = None  # newest plan seen (may not include us)
+        self.plan: Plan | None = None  # the round our communicator belongs to
         self.comm: Communicator | None = None
         self._store: KVStore | None = None
         self._lease: Lease | None = None
@@ -110,8 +121,9 @@ class WorkerRuntime:
         self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
         self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
         self._watch = self._open_round_watch()
-        self._watcher = threading.Thread(target=self._follow_rounds, name="elastic-rounds",
-                                         daemon=True)
+        self._watcher = threading.Thread(
+            target=self._follow_rounds, name="elastic-rounds", daemon=True
+        )
         self._watcher.start()
         self._register()
 
@@ -142,8 +154,9 @@ class WorkerRuntime:
         if self._closed.is_set():
             return
         log.warning("worker registration lease lost (%s); registering again", exc)
-        backoff = Backoff.within(self.settings.round_timeout, initial=0.5, cap=0.5,
-                                 stop=self._closed)
+        backoff = Backoff.within(
+            self.settings.round_timeout, initial=0.5, cap=0.5, stop=self._closed
+        )
         while True:
             try:
                 self._register()
@@ -152,8 +165,7 @@ class WorkerRuntime:
                 log.warning("registering again failed: %s", err)
             if not backoff.pause():
                 if not self._closed.is_set():
-                    log.error("gave up registering again after %.0fs",
-                              self.settings.round_timeout)
+                    log.error("gave up registering again after %.0fs", self.settings.round_timeout)
                 return
 
     def shutdown(self) -> None:
@@ -256,9 +268,12 @@ class WorkerRuntime:
         deadline = time.monotonic() + self.settings.round_timeout
         while True:
             plan, me = self._wait_for_plan(after, deadline)
-            membership = Membership(round_id=plan.round_id, rank=me.rank,
-                                    addresses=tuple(m.address for m in plan.members),
-                                    secret=self.settings.secret)
+            membership = Membership(
+                round_id=plan.round_id,
+                rank=me.rank,
+                addresses=tuple(m.address for m in plan.members),
+                secret=self.settings.secret,
+            )
             try:
                 comm = RingCommunicator(membership, listener, self.settings.comm)
             except WorkerLostError as exc:
@@ -299,10 +314,13 @@ class WorkerRuntime:
                     return plan, member
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    have = f"round {plan.round_id} ({plan.size} workers)" if plan else "no round yet"
+                    have = (
+                        f"round {plan.round_id} ({plan.size} workers)" if plan else "no round yet"
+                    )
                     raise RendezvousConnectionError(
                         f"worker {me} waited {self.settings.round_timeout:.0f}s for a round after "
-                        f"{after} that includes it; the store has {have}")
+                        f"{after} that includes it; the store has {have}"
+                    )
                 self._cond.wait(min(remaining, 1.0))
 
     @staticmethod
@@ -312,10 +330,16 @@ class WorkerRuntime:
         A crash needs no suspect: the driver sees the
         process exit, and the cascade of closed sockets would blame innocent neighbours."""
         rank = getattr(exc, "rank", None)
-        silent = any(sign in str(exc) for sign in ("no heartbeat", "did not answer",
-                                                   "did not connect"))
-        if (plan is None or rank is None or not getattr(exc, "direct", False) or not silent
-                or not 0 <= rank < plan.size):
+        silent = any(
+            sign in str(exc) for sign in ("no heartbeat", "did not answer", "did not connect")
+        )
+        if (
+            plan is None
+            or rank is None
+            or not getattr(exc, "direct", False)
+            or not silent
+            or not 0 <= rank < plan.size
+        ):
             return None
         return plan.members[rank].worker_id
 
@@ -323,10 +347,17 @@ class WorkerRuntime:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""
         if self._store is None or self._lease is None:
             return
-        record = json.dumps({"worker_id": self.settings.worker_id, "round_id": round_id,
-                             "reason": reason[:500], "suspect": suspect}).encode()
+        record = json.dumps(
+            {
+                "worker_id": self.settings.worker_id,
+                "round_id": round_id,
+                "reason": reason[:500],
+                "suspect": suspect,
+            }
+        ).encode()
         try:
-            self._store.put(self.keys.failure(round_id, self.settings.worker_id), record,
-                            lease=self._lease)
+            self._store.put(
+                self.keys.failure(round_id, self.settings.worker_id), record, lease=self._lease
+            )
         except (RendezvousError, LeaseNotFoundError) as exc:
             log.debug("could not report failure: %s", exc)

@@ -14,6 +14,7 @@ consumed, even if the world size changed between them.
 The sampler's collaborators: the running state (``elastic.state.current_state()``) and
 the layout of the round (``elastic.context.rank()``/``size()``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -34,8 +35,9 @@ def epoch_order(num_samples: int, epoch: int, shuffle: bool, seed: int) -> np.nd
     return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int64)
 
 
-def rank_share(offset: int, num_samples: int, batch_size: int, rank: int, size: int
-               ) -> tuple[int, int, int]:
+def rank_share(
+    offset: int, num_samples: int, batch_size: int, rank: int, size: int
+) -> tuple[int, int, int]:
     """The slice ``[lo, hi)`` of the epoch order that ``rank`` processes in the global step
     starting at ``offset``, and the offset after the step (pure).
 

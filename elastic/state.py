@@ -13,6 +13,7 @@ whether a newer round is pending), the way Horovod's state takes its broadcast f
 The default is ``elastic.context``, the process's own world; a test or an embedding
 passes its own: ``ObjectState(world, epoch=0)``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,7 +79,7 @@ class State:
         # make the state impossible to copy or pickle.
         self._world = world
         self._reset_callbacks: list[Callable[[], object]] = []
-        self._commits = 0           # commits made in this job, carried through syncs
+        self._commits = 0  # commits made in this job, carried through syncs
         self._saved_commits = 0
         self._pending_progress: PendingProgress | None = None
 
@@ -147,7 +148,14 @@ class State:
         self._pending_progress = None
 
 
-_INTERNAL = ("_world", "_reset_callbacks", "_commits", "_saved_commits", "_pending_progress", "_saved")
+_INTERNAL = (
+    "_world",
+    "_reset_callbacks",
+    "_commits",
+    "_saved_commits",
+    "_pending_progress",
+    "_saved",
+)
 
 
 class ObjectState(State):
@@ -194,8 +202,12 @@ class NumpyState(ObjectState):
         arrays = {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
         # Receivers learn names, shapes and dtypes first: a new worker may not even have them.
         layout = world.broadcast_object(
-            ({k: (v.shape, v.dtype.str) for k, v in sorted(arrays.items())},
-             {k: v for k, v in values.items() if k not in arrays}), root=root)
+            (
+                {k: (v.shape, v.dtype.str) for k, v in sorted(arrays.items())},
+                {k: v for k, v in values.items() if k not in arrays},
+            ),
+            root=root,
+        )
         shapes, objects = layout
         for name, (shape, dtype) in shapes.items():
             buffer = arrays.get(name)

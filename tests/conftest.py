@@ -3,6 +3,7 @@
 ``store_backend`` parametrizes a test over both backends; it yields a ``StoreBackend``
 whose ``open()`` makes clients of one fresh store.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,14 +16,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import rendezvous  # noqa: E402  (sets the protobuf runtime before anything imports protobuf)
 from rendezvous import StoreSettings, open_store  # noqa: E402
 from rendezvous.auth import make_secret  # noqa: E402
 from rendezvous.embedded import EmbeddedServer  # noqa: E402
 from tests.etcd_cluster import EtcdCluster  # noqa: E402
 
-FAST = StoreSettings(request_timeout=2.0, retry_deadline=10.0, connect_timeout=5.0,
-                     watch_reconnect_deadline=20.0)
+# Fixtures that live in their own modules (the real sshd).
+pytest_plugins = ["tests.sshd_fixture"]
+
+FAST = StoreSettings(
+    request_timeout=2.0, retry_deadline=10.0, connect_timeout=5.0, watch_reconnect_deadline=20.0
+)
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +97,7 @@ def store_args(request) -> list[str]:
         return []
     cluster = request.getfixturevalue("etcd_server")
     import uuid
+
     return ["--rendezvous", cluster.url, "--job-id", f"t{uuid.uuid4().hex[:10]}"]
 
 
@@ -101,5 +106,6 @@ def three_hosts(tmp_path):
     """Three separate test hosts (network, UTS, PID and mount namespaces, own sshd):
     see ``tests/netns_hosts.py``."""
     from tests.netns_hosts import running_hosts
+
     with running_hosts(3, tmp_path / "hosts") as hosts:
         yield hosts

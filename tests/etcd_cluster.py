@@ -5,6 +5,7 @@ can SIGKILL and restart any member on its own data dir, and reaps everything on
 ``stop()``. Raises RuntimeError (with the tail of the member's log) when a member
 does not become healthy within the deadline.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -37,8 +38,9 @@ def _port_open(port: int) -> bool:
 
 
 class EtcdCluster:
-    def __init__(self, size: int, workdir: Path, ready_timeout: float = 30.0,
-                 tls: dict | None = None):
+    def __init__(
+        self, size: int, workdir: Path, ready_timeout: float = 30.0, tls: dict | None = None
+    ):
         """``tls``: {"cert", "key", "ca"} file paths: clients must then speak TLS and show a
         certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env)."""
         self.tls = tls
@@ -50,8 +52,9 @@ class EtcdCluster:
         self.peer_ports = ports[size:]
         self.names = [f"m{i}" for i in range(size)]
         self.procs: list[subprocess.Popen | None] = [None] * size
-        self.initial_cluster = ",".join(f"{n}=http://127.0.0.1:{p}"
-                                        for n, p in zip(self.names, self.peer_ports))
+        self.initial_cluster = ",".join(
+            f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports)
+        )
 
     @property
     def url(self) -> str:
@@ -64,25 +67,58 @@ class EtcdCluster:
         scheme = "https" if self.tls else "http"
         client = f"{scheme}://127.0.0.1:{self.client_ports[i]}"
         peer = f"http://127.0.0.1:{self.peer_ports[i]}"
-        return [ETCD, "--name", self.names[i], "--data-dir", str(self.workdir / self.names[i]),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", self.initial_cluster, "--initial-cluster-state", "new",
-                "--initial-cluster-token", f"tok-{self.peer_ports[0]}",
-                # Fast elections so failover tests stay short.
-                "--heartbeat-interval", "50", "--election-timeout", "500",
-                "--logger", "zap", "--log-level", "warn",
-                *(["--cert-file", self.tls["cert"], "--key-file", self.tls["key"],
-                   "--trusted-ca-file", self.tls["ca"], "--client-cert-auth"] if self.tls else [])]
+        return [
+            ETCD,
+            "--name",
+            self.names[i],
+            "--data-dir",
+            str(self.workdir / self.names[i]),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            self.initial_cluster,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            f"tok-{self.peer_ports[0]}",
+            # Fast elections so failover tests stay short.
+            "--heartbeat-interval",
+            "50",
+            "--election-timeout",
+            "500",
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
+            *(
+                [
+                    "--cert-file",
+                    self.tls["cert"],
+                    "--key-file",
+                    self.tls["key"],
+                    "--trusted-ca-file",
+                    self.tls["ca"],
+                    "--client-cert-auth",
+                ]
+                if self.tls
+                else []
+            ),
+        ]
 
     def start_member(self, i: int) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.workdir / f"{self.names[i]}.log", "ab")
-        self.procs[i] = subprocess.Popen(self._command(i), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        log.close()
+        with open(self.workdir / f"{self.names[i]}.log", "ab") as log:
+            self.procs[i] = subprocess.Popen(
+                self._command(i), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
-    def start(self) -> "EtcdCluster":
+    def start(self) -> EtcdCluster:
         for i in range(self.size):
             self.start_member(i)
         try:
@@ -97,6 +133,7 @@ class EtcdCluster:
         """Until member ``i`` answers a read (it has a leader)."""
         from rendezvous import StoreSettings, open_store
         from rendezvous.errors import RendezvousError
+
         deadline = time.monotonic() + self.ready_timeout
         settings = StoreSettings(request_timeout=1.0, retry_deadline=1.0, connect_timeout=1.0)
         while time.monotonic() < deadline:
@@ -110,12 +147,15 @@ class EtcdCluster:
                 except RendezvousError:
                     pass
             time.sleep(0.05)  # polling a condition with a deadline
-        raise RuntimeError(f"etcd member {i} not ready within {self.ready_timeout}s: "
-                           f"{self.log_tail(i)}")
+        raise RuntimeError(
+            f"etcd member {i} not ready within {self.ready_timeout}s: {self.log_tail(i)}"
+        )
 
     def log_tail(self, i: int, lines: int = 10) -> str:
         try:
-            return "\n".join((self.workdir / f"{self.names[i]}.log").read_text().splitlines()[-lines:])
+            return "\n".join(
+                (self.workdir / f"{self.names[i]}.log").read_text().splitlines()[-lines:]
+            )
         except OSError:
             return "(no log)"
 

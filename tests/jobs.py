@@ -5,8 +5,10 @@ follows its stdout for ``progress N`` lines (printed by ``workloads/exact_sum.py
 reads the events file. ``stop()`` (also on ``__exit__``) ends the driver and SIGKILLs any
 worker the events file names that is still alive, so nothing outlives a failed test.
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,8 +25,13 @@ EXACT_SUM = WORKLOADS / "exact_sum.py"
 _PROGRESS = re.compile(r"progress (\d+)")
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.02,
-               error: type[Exception] = AssertionError):
+def wait_until(
+    predicate,
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    error: type[Exception] = AssertionError,
+):
     """Poll ``predicate`` until it returns a true value (returned); ``error`` naming
     ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -77,11 +84,19 @@ class ElasticRun:
         self._lines: list[str] = []
         self._reader: threading.Thread | None = None
 
-    def start(self) -> "ElasticRun":
-        self._out = open(self.out_path, "w")
-        self._err = open(self.err_path, "w")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-                                     stderr=self._err, text=True, start_new_session=True)
+    def start(self) -> ElasticRun:
+        # Open for the driver's life, closed by stop().
+        self._out = open(self.out_path, "w")  # noqa: SIM115
+        self._err = open(self.err_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         return self
@@ -100,14 +115,18 @@ class ElasticRun:
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"elastic-run did not finish within {timeout:.0f}s:\n"
-                                 + self.stderr_tail()) from None
+            raise AssertionError(
+                f"elastic-run did not finish within {timeout:.0f}s:\n" + self.stderr_tail()
+            ) from None
         self._reader.join(timeout=10)
         return code
 
     def wait_progress(self, at_least: int, timeout: float = 60) -> int:
-        return wait_until(lambda: self.progress >= at_least and self.progress, timeout,
-                          f"progress {at_least} (at {self.progress}); stderr:\n{self.stderr_tail()}")
+        return wait_until(
+            lambda: self.progress >= at_least and self.progress,
+            timeout,
+            f"progress {at_least} (at {self.progress}); stderr:\n{self.stderr_tail()}",
+        )
 
     def events(self, kind: str | None = None) -> list[dict]:
         try:
@@ -117,12 +136,16 @@ class ElasticRun:
         records = [json.loads(line) for line in lines if line.strip()]
         return [r for r in records if kind is None or r["kind"] == kind]
 
-    def wait_event(self, kind: str, predicate=lambda e: True, timeout: float = 60,
-                   after: int = 0) -> dict:
+    def wait_event(
+        self, kind: str, predicate=lambda e: True, timeout: float = 60, after: int = 0
+    ) -> dict:
         """The first event of ``kind`` (past the first ``after`` of that kind) that
         satisfies ``predicate``."""
-        return wait_until(lambda: next((e for e in self.events(kind)[after:] if predicate(e)),
-                                       None), timeout, f"event {kind}; stderr:\n{self.stderr_tail()}")
+        return wait_until(
+            lambda: next((e for e in self.events(kind)[after:] if predicate(e)), None),
+            timeout,
+            f"event {kind}; stderr:\n{self.stderr_tail()}",
+        )
 
     def current_round(self) -> dict | None:
         rounds = self.events("round_formed")
@@ -153,17 +176,13 @@ class ElasticRun:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=15)
             except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 self.proc.wait(timeout=10)
         for pid in self.worker_pids().values():
             if pid_alive(pid):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
         if self._reader is not None:
             self._reader.join(timeout=10)
         for f in (getattr(self, "_out", None), getattr(self, "_err", None)):
@@ -181,8 +200,13 @@ def exact_sum_results(out_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("*.json"))]
 
 
-def check_exact_sum(out_dir: Path, samples: int, epochs: int, final_size: int | None = None,
-                    commits: int | None = None) -> list[dict]:
+def check_exact_sum(
+    out_dir: Path,
+    samples: int,
+    epochs: int,
+    final_size: int | None = None,
+    commits: int | None = None,
+) -> list[dict]:
     """Every worker of the final round holds the identical, exact state."""
     results = exact_sum_results(out_dir)
     assert results, f"no worker wrote a result into {out_dir}"
@@ -197,8 +221,9 @@ def check_exact_sum(out_dir: Path, samples: int, epochs: int, final_size: int | 
         assert r["total"] == expected_total, f"wrong total: {r}"
         assert r["epoch"] == epochs - 1
     keys = ("commits", "total", "digest", "sizes", "visits_sum")
-    assert len({tuple(json.dumps(r[k]) for k in keys) for r in results}) == 1, \
+    assert len({tuple(json.dumps(r[k]) for k in keys) for r in results}) == 1, (
         f"ranks disagree: {results}"
+    )
     if commits is not None:
         assert results[0]["commits"] == commits
     return results

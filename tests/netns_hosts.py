@@ -29,6 +29,7 @@ host processes are torn down on the next ``start()``.
 Requires root (CI runs as root), iproute2 (``ip``), util-linux (``unshare``,
 ``nsenter``, ``mount``) and openssh-server; ``scripts/test`` installs them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -105,10 +106,10 @@ class NetnsHost:
         self.name = f"h{index}-{net}"
         self.address = f"{SUBNET_PREFIX}.{net}.{10 + index}"
         self.netns = f"eth{net}-{index}"
-        self.veth = f"etv{net}h{index}"       # the bridge side: cut() takes it down
+        self.veth = f"etv{net}h{index}"  # the bridge side: cut() takes it down
         self.workdir = workdir
-        self.launcher: subprocess.Popen | None = None   # `unshare`, parent of the host's PID 1
-        self.init_pid: int | None = None                # PID 1 of the host, seen from here
+        self.launcher: subprocess.Popen | None = None  # `unshare`, parent of the host's PID 1
+        self.init_pid: int | None = None  # PID 1 of the host, seen from here
         self.log = workdir / f"{self.name}.log"
 
     def __repr__(self) -> str:
@@ -126,17 +127,39 @@ class NetnsHost:
         _ip(*inside, "route", "add", "default", "via", f"{SUBNET_PREFIX}.{self.net}.1")
         with open(self.log, "ab") as log:
             self.launcher = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "--pid",
-                 "--fork", "--propagation", "private", sys.executable, "-m", "tests.netns_init",
-                 self.name, str(sshd_config)],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True)
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.netns,
+                    "unshare",
+                    "--uts",
+                    "--mount",
+                    "--pid",
+                    "--fork",
+                    "--propagation",
+                    "private",
+                    sys.executable,
+                    "-m",
+                    "tests.netns_init",
+                    self.name,
+                    str(sshd_config),
+                ],
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
         ready = self.launcher.stdout.readline() if self.launcher.stdout else b""
         if ready.strip() != b"ready":
             raise HostsError(f"host {self.name} did not start: {self.log_tail()}")
-        self.init_pid = _wait_for(lambda: next(iter(_children(self.launcher.pid)), None),
-                                  5.0, f"PID 1 of host {self.name}")
+        self.init_pid = _wait_for(
+            lambda: next(iter(_children(self.launcher.pid)), None),
+            5.0,
+            f"PID 1 of host {self.name}",
+        )
 
     def cut(self) -> None:
         """Drop every packet to and from this host from now on (no FIN, no RST)."""
@@ -179,8 +202,9 @@ class NetnsHost:
         return subprocess.Popen(self.command(argv), **kwargs)
 
     def run(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(argv), capture_output=True, text=True,
-                              timeout=timeout, cwd=ROOT)
+        return subprocess.run(
+            self.command(argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        )
 
     def pids(self) -> list[int]:
         """Every process of this host but its init and sshd (ids as seen from here)."""
@@ -224,9 +248,22 @@ class NetnsHosts:
     @property
     def ssh_options(self) -> str:
         """ssh arguments that log in to every host as this user (``ELASTIC_SSH_OPTIONS``)."""
-        return shlex.join(["-F", "/dev/null", "-i", str(self.key), "-o", "BatchMode=yes",
-                           "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                           "-o", "LogLevel=ERROR"])
+        return shlex.join(
+            [
+                "-F",
+                "/dev/null",
+                "-i",
+                str(self.key),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "LogLevel=ERROR",
+            ]
+        )
 
     def ssh_argv(self, host: NetnsHost, command: str) -> list[str]:
         return ["ssh", *shlex.split(self.ssh_options), host.address, command]
@@ -239,8 +276,10 @@ class NetnsHosts:
     def start(self) -> NetnsHosts:
         for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
             if shutil.which(tool) is None:
-                raise HostsError(f"{tool} not found: install iproute2, util-linux and "
-                                     "openssh (scripts/test does)")
+                raise HostsError(
+                    f"{tool} not found: install iproute2, util-linux and "
+                    "openssh (scripts/test does)"
+                )
         if not os.access(SSHD, os.X_OK):
             raise HostsError(f"{SSHD} not found: install openssh-server (scripts/test does)")
         if os.geteuid() != 0:
@@ -303,35 +342,49 @@ class NetnsHosts:
         for path in (self.key, self.host_key):
             for old in (path, path.with_name(path.name + ".pub")):
                 old.unlink(missing_ok=True)
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
-                           check=True, timeout=30, stdin=subprocess.DEVNULL)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+                check=True,
+                timeout=30,
+                stdin=subprocess.DEVNULL,
+            )
         shutil.copyfile(f"{self.key}.pub", self.workdir / "authorized_keys")
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
 
     def _sshd_config(self, host: NetnsHost) -> Path:
         path = self.workdir / f"sshd_config.{host.name}"
-        path.write_text("\n".join([
-            f"ListenAddress {host.address}:22",
-            f"HostKey {self.host_key}",
-            f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
-            "PidFile none",
-            "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",          # tmp dirs are world-writable
-            "MaxStartups 200",
-            "MaxSessions 200",
-            "PrintMotd no",
-            "LogLevel ERROR",
-        ]) + "\n")
+        path.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {host.address}:22",
+                    f"HostKey {self.host_key}",
+                    f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
+                    "PidFile none",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",  # tmp dirs are world-writable
+                    "MaxStartups 200",
+                    "MaxSessions 200",
+                    "PrintMotd no",
+                    "LogLevel ERROR",
+                ]
+            )
+            + "\n"
+        )
         return path
 
     def _wait_ssh(self, host: NetnsHost) -> None:
         def logged_in() -> bool:
-            done = subprocess.run(self.ssh_argv(host, "true"), capture_output=True,
-                                  stdin=subprocess.DEVNULL, timeout=10)
+            done = subprocess.run(
+                self.ssh_argv(host, "true"),
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=10,
+            )
             return done.returncode == 0
+
         _wait_for(logged_in, READY_TIMEOUT, f"sshd of host {host.name} to accept a login")
 
 
@@ -371,6 +424,7 @@ def running_hosts(count: int, workdir: Path):
     """``NetnsHosts`` as a context manager that also tears down at interpreter exit (a
     test interrupted by its timeout still leaves nothing behind)."""
     import atexit
+
     hosts = NetnsHosts(count, workdir)
     atexit.register(hosts.close)
     try:

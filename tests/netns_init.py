@@ -9,6 +9,7 @@ a zombie. It prints ``ready`` once sshd runs. When it exits (SIGTERM, or sshd di
 kernel SIGKILLs every process of the host's PID namespace: killing this one process
 tears the whole host down.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,15 +21,17 @@ import sys
 def main(argv: list[str]) -> int:
     hostname, sshd_config = argv
     subprocess.run(["hostname", hostname], check=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=1g", "tmpfs", "/dev/shm"],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "mode=1777,size=1g", "tmpfs", "/dev/shm"], check=True
+    )
     # /proc of this PID namespace, so ps and /proc show only the host's processes.
     subprocess.run(["mount", "-t", "proc", "proc", "/proc"], check=True)
     # Exiting is the teardown: the kernel then SIGKILLs the rest of the namespace.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, lambda *_: os._exit(0))
-    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", sshd_config],
-                            stdin=subprocess.DEVNULL)
+    sshd = subprocess.Popen(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", sshd_config], stdin=subprocess.DEVNULL
+    )
     print("ready", flush=True)
     while True:
         try:

@@ -2,6 +2,7 @@
 with the documented command line, waits for their records in the store, SIGKILLs and
 restarts them, reaps everything) and runs worker scripts. Real processes, real gRPC on
 loopback, nothing mocked."""
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,13 @@ class _Announcements:
         with self._cond:
             return [record for rev, record in self.checkpoints if rev > revision]
 
-    def wait(self, predicate: Callable[[], object], timeout: float, what: str,
-             gone: Callable[[], str | None] = lambda: None):
+    def wait(
+        self,
+        predicate: Callable[[], object],
+        timeout: float,
+        what: str,
+        gone: Callable[[], str | None] = lambda: None,
+    ):
         """``predicate()`` (called under the lock) once true; AssertionError after
         ``timeout`` or as soon as ``gone()`` names a reason to stop waiting."""
         deadline = time.monotonic() + timeout
@@ -96,8 +102,9 @@ class _Proc:
         self.name = name
         self.stderr_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.err"
         with open(self.stderr_path, "wb") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(argv, env=environ, stdout=log, stderr=log,
-                                         cwd=str(ROOT), start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, env=environ, stdout=log, stderr=log, cwd=str(ROOT), start_new_session=True
+            )
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")[-6000:]
@@ -122,9 +129,17 @@ class PSJob:
     """Shards (and workers) of one job against one embedded store. Use as a context
     manager: every process is killed and reaped on exit, even when the test failed."""
 
-    def __init__(self, store_server, tmp_path: Path, num_shards: int, mode: str = "async",
-                 checkpoint_dir: str | None = None, checkpoint_interval: float = 0.3,
-                 split_threshold: int = 64, job_id: str | None = None):
+    def __init__(
+        self,
+        store_server,
+        tmp_path: Path,
+        num_shards: int,
+        mode: str = "async",
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: float = 0.3,
+        split_threshold: int = 64,
+        job_id: str | None = None,
+    ):
         self.store_server = store_server
         self.secret = store_server.secret
         self.store_url = f"embedded://{store_server.address}"
@@ -147,20 +162,42 @@ class PSJob:
 
     def env(self, **extra) -> dict:
         e = dict(os.environ)
-        e.update({env.ENV_SECRET: self.secret, env.ENV_RENDEZVOUS: self.store_url,
-                  env.ENV_JOB_ID: self.job_id, "PYTHONPATH": str(ROOT),
-                  "PYTHONUNBUFFERED": "1"})
+        e.update(
+            {
+                env.ENV_SECRET: self.secret,
+                env.ENV_RENDEZVOUS: self.store_url,
+                env.ENV_JOB_ID: self.job_id,
+                "PYTHONPATH": str(ROOT),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         e.update({k: str(v) for k, v in extra.items()})
         return e
 
     def shard_argv(self, index: int) -> list[str]:
         """The command line the driver uses (and reuses unchanged for a restart)."""
-        argv = [sys.executable, "-m", "elastic.ps.server", "--index", str(index),
-                "--num-shards", str(self.num_shards), "--mode", self.mode,
-                "--bind", "127.0.0.1:0", "--split-threshold", str(self.split_threshold)]
+        argv = [
+            sys.executable,
+            "-m",
+            "elastic.ps.server",
+            "--index",
+            str(index),
+            "--num-shards",
+            str(self.num_shards),
+            "--mode",
+            self.mode,
+            "--bind",
+            "127.0.0.1:0",
+            "--split-threshold",
+            str(self.split_threshold),
+        ]
         if self.checkpoint_dir:
-            argv += ["--checkpoint-dir", self.checkpoint_dir,
-                     "--checkpoint-interval", str(self.checkpoint_interval)]
+            argv += [
+                "--checkpoint-dir",
+                self.checkpoint_dir,
+                "--checkpoint-interval",
+                str(self.checkpoint_interval),
+            ]
         return argv
 
     def start(self, indices=None, timeout: float = 60.0) -> PSJob:
@@ -189,6 +226,7 @@ class PSJob:
             if proc.proc.poll() is None:
                 return None
             return f"{proc.name} exited {proc.proc.returncode}:\n{proc.stderr()}"
+
         return self._announced.wait(ready, timeout, f"ready record of {proc.name}", gone)
 
     def kill_shard(self, index: int) -> None:
@@ -199,19 +237,26 @@ class PSJob:
 
     def checkpoints(self) -> list[dict]:
         """The checkpoints the current shard 0 announced in the store, oldest first."""
-        return [dataclasses.asdict(record)
-                for record in self._announced.checkpoints_after(self._checkpoint_floor)]
+        return [
+            dataclasses.asdict(record)
+            for record in self._announced.checkpoints_after(self._checkpoint_floor)
+        ]
 
     def wait_checkpoint(self, min_step: int, timeout: float = 30.0) -> dict:
         def found() -> dict | None:
             return next((c for c in self.checkpoints() if c["step"] >= min_step), None)
+
         return self._announced.wait(found, timeout, f"a checkpoint at step >= {min_step}")
 
     def client(self, **settings) -> PSClient:
         registry = StoreRegistry(open_store(self.store_url, self.secret), self.job_id)
-        c = PSClient([self.addresses[i] for i in range(self.num_shards)], self.secret,
-                     ClientSettings(**{"retry_deadline": 60.0, **settings}),
-                     resolver=registry.lookup, on_close=[registry.close])
+        c = PSClient(
+            [self.addresses[i] for i in range(self.num_shards)],
+            self.secret,
+            ClientSettings(**{"retry_deadline": 60.0, **settings}),
+            resolver=registry.lookup,
+            on_close=[registry.close],
+        )
         self._clients.append(c)
         return c
 
@@ -226,29 +271,37 @@ class PSJob:
 
     def publish_round(self, round_id: int, worker_ids: list[str]) -> None:
         """What the driver does when membership changes: a new plan in the store."""
-        members = tuple(Member(w, "localhost", k, "127.0.0.1:1", k, k, len(worker_ids), 0, 1)
-                        for k, w in enumerate(worker_ids))
+        members = tuple(
+            Member(w, "localhost", k, "127.0.0.1:1", k, k, len(worker_ids), 0, 1)
+            for k, w in enumerate(worker_ids)
+        )
         self._store.put(self.keys.round, Plan(round_id, members).to_json())
 
     def worker(self, *args, **environ) -> _Proc:
-        p = _Proc(f"worker{len(self.workers)}", [sys.executable, WORKER, *map(str, args)],
-                  self.env(**environ), self.logs)
+        p = _Proc(
+            f"worker{len(self.workers)}",
+            [sys.executable, WORKER, *map(str, args)],
+            self.env(**environ),
+            self.logs,
+        )
         self.workers.append(p)
         return p
 
     def wait_workers(self, timeout: float, workers=None) -> None:
         deadline = time.monotonic() + timeout
-        for w in (self.workers if workers is None else workers):
+        for w in self.workers if workers is None else workers:
             try:
                 rc = w.reap(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 raise AssertionError(
-                    f"{w.name} still running after {timeout}s:\n{w.stderr()}") from None
+                    f"{w.name} still running after {timeout}s:\n{w.stderr()}"
+                ) from None
             assert rc == 0, f"{w.name} exited {rc}:\n{w.stderr()}"
 
     def shard_log(self, index: int) -> str:
-        return "".join(p.read_text(errors="replace")
-                       for p in sorted(self.logs.glob(f"shard{index}-*.err")))
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(self.logs.glob(f"shard{index}-*.err"))
+        )
 
     def close(self) -> None:
         for c in self._clients:

@@ -6,6 +6,7 @@ imports the problem definitions to compute expected numbers).
 
 Connects with ``elastic.ps.connect()`` from the environment a driver would give.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,6 +59,7 @@ def _progress(path: str | None, value: int) -> None:
 
 def run_lsq(args, client) -> dict:
     from elastic.ps.errors import PSRoundChangedError
+
     X, y = make_problem()
     Xr, yr = data_of(X, y, args.rank, args.size, args.data)
     if args.size > 1 and not os.environ.get("ELASTIC_WORKER_ID"):
@@ -74,8 +76,14 @@ def run_lsq(args, client) -> dict:
             _progress(args.progress, client.step)
         except PSRoundChangedError:
             changes += 1  # the round changed under a sync step: pull and redo it
-    return {"step": client.step, "pushes": pushes, "round_changes": changes,
-            "loss": loss(params, X, y), "w": params["w"].tolist(), "b": params["b"].tolist()}
+    return {
+        "step": client.step,
+        "pushes": pushes,
+        "round_changes": changes,
+        "loss": loss(params, X, y),
+        "w": params["w"].tolist(),
+        "b": params["b"].tolist(),
+    }
 
 
 def run_count(args, client) -> dict:
@@ -102,6 +110,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     import elastic  # a plain import must be enough for elastic.ps.connect()
+
     client = elastic.ps.connect()
     try:
         result = (run_lsq if args.task == "lsq" else run_count)(args, client)

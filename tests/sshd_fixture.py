@@ -23,6 +23,7 @@ Use from a test module::
 Raises ``SSHServerError`` (with the tail of sshd's log) when sshd or ssh-keygen is
 missing, the config is refused, or the server does not accept a login in time.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -59,14 +60,20 @@ def _keygen(path: Path) -> None:
     for old in (path, path.with_name(path.name + ".pub")):
         old.unlink(missing_ok=True)
     try:
-        done = subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "elastic-test",
-                               "-f", str(path)], timeout=30, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = subprocess.run(
+            [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "elastic-test", "-f", str(path)],
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         raise SSHServerError(f"ssh-keygen for {path} failed: {e}") from e
     if done.returncode != 0:
-        raise SSHServerError(f"ssh-keygen for {path} exited {done.returncode}: "
-                             f"{done.stderr.decode(errors='replace').strip()}")
+        raise SSHServerError(
+            f"ssh-keygen for {path} exited {done.returncode}: "
+            f"{done.stderr.decode(errors='replace').strip()}"
+        )
 
 
 class SSHServer:
@@ -87,10 +94,13 @@ class SSHServer:
 
     def settings(self, **overrides) -> SSHSettings:
         """Client settings that log in to this server (fields can be overridden)."""
-        values = dict(port=self.port, identity_file=str(self.client_key), user=self.user,
-                      connect_timeout=10.0,
-                      extra_options=("-F", "/dev/null",
-                                     "-o", f"UserKnownHostsFile={self.known_hosts}"))
+        values = dict(
+            port=self.port,
+            identity_file=str(self.client_key),
+            user=self.user,
+            connect_timeout=10.0,
+            extra_options=("-F", "/dev/null", "-o", f"UserKnownHostsFile={self.known_hosts}"),
+        )
         values.update(overrides)
         return SSHSettings(**values)
 
@@ -116,7 +126,7 @@ class SSHServer:
         ]
         self.config.write_text("\n".join(lines) + "\n")
 
-    def start(self) -> "SSHServer":
+    def start(self) -> SSHServer:
         if not os.access(SSHD, os.X_OK):
             raise SSHServerError(f"{SSHD} not found: install openssh-server (scripts/test does)")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -129,9 +139,13 @@ class SSHServer:
             PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             # -D: stay in the foreground (we own and reap it); -e: log to stderr (our file).
-            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         try:
             self._wait_ready()
         except BaseException:
@@ -142,25 +156,50 @@ class SSHServer:
     def _wait_ready(self) -> None:
         """Until a real login runs ``true`` (the port being open is not enough)."""
         deadline = time.monotonic() + self.ready_timeout
-        argv = [SSH, "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "LogLevel=ERROR",
-                "-o", "ConnectTimeout=5", "-i", str(self.client_key), "-p", str(self.port),
-                "-l", self.user, "127.0.0.1", "true"]
+        argv = [
+            SSH,
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=5",
+            "-i",
+            str(self.client_key),
+            "-p",
+            str(self.port),
+            "-l",
+            self.user,
+            "127.0.0.1",
+            "true",
+        ]
         last = ""
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SSHServerError(f"sshd exited with {self.proc.returncode}: {self.log_tail()}")
             try:
-                done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                      timeout=max(1.0, deadline - time.monotonic()))
+                done = subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                )
                 if done.returncode == 0:
                     return
                 last = done.stderr.decode(errors="replace").strip()
             except subprocess.TimeoutExpired:
                 last = "login timed out"
             time.sleep(0.05)  # polling a condition with a deadline
-        raise SSHServerError(f"sshd on port {self.port} not ready within {self.ready_timeout}s "
-                             f"(last ssh error: {last}): {self.log_tail()}")
+        raise SSHServerError(
+            f"sshd on port {self.port} not ready within {self.ready_timeout}s "
+            f"(last ssh error: {last}): {self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -183,7 +222,7 @@ class SSHServer:
                 proc.kill()
                 proc.wait(timeout=5)
 
-    def __enter__(self) -> "SSHServer":
+    def __enter__(self) -> SSHServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -4,6 +4,7 @@ The workload (``workloads/exact_sum.py``) makes every sample add exactly-represe
 numbers to the state, so "correct" is checkable to the bit: each sample of each epoch
 visited exactly once, the same state on every rank, the same result as a failure-free run.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,8 +19,17 @@ SAMPLES, EPOCHS, BATCH = 1200, 12, 4
 
 
 def workload(out_dir, epochs=EPOCHS):
-    return ["python", str(EXACT_SUM), str(out_dir), "--samples", str(SAMPLES),
-            "--epochs", str(epochs), "--batch", str(BATCH)]
+    return [
+        "python",
+        str(EXACT_SUM),
+        str(out_dir),
+        "--samples",
+        str(SAMPLES),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        str(BATCH),
+    ]
 
 
 def steps_per_epoch(size: int) -> int:
@@ -38,8 +48,11 @@ def kill_randomly(run: ElasticRun, kills: int, rng: random.Random, gap: int = 40
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sizes", [["-np", "4", "--min-np", "2"], ["-np", "4"]],
-                         ids=["survivors-go-on", "wait-for-replacement"])
+@pytest.mark.parametrize(
+    "sizes",
+    [["-np", "4", "--min-np", "2"], ["-np", "4"]],
+    ids=["survivors-go-on", "wait-for-replacement"],
+)
 def test_random_sigkills_finish_exact(tmp_path, store_args, sizes):
     out = tmp_path / "out"
     out.mkdir()
@@ -63,8 +76,20 @@ def test_chaos_flag_kills_and_the_job_still_finishes(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     # The job lasts several seconds; three kills at ~0.3 s intervals fit well inside it.
-    with ElasticRun(["-np", "3", "--min-np", "2", "--chaos-kill-interval", "0.3",
-                     "--chaos-max-kills", "3", *workload(out, epochs=60)], tmp_path) as run:
+    with ElasticRun(
+        [
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "--chaos-kill-interval",
+            "0.3",
+            "--chaos-max-kills",
+            "3",
+            *workload(out, epochs=60),
+        ],
+        tmp_path,
+    ) as run:
         assert run.wait(timeout=80) == 0, run.stderr_tail()
         kills = run.events("chaos_kill")
     assert len(kills) == 3
@@ -75,8 +100,9 @@ def test_chaos_flag_kills_and_the_job_still_finishes(tmp_path):
 def test_etcd_killed_and_restarted_mid_run(tmp_path, etcd_single):
     out = tmp_path / "out"
     out.mkdir()
-    with ElasticRun(["-np", "3", "--rendezvous", etcd_single.url, *workload(out, epochs=40)],
-                    tmp_path) as run:
+    with ElasticRun(
+        ["-np", "3", "--rendezvous", etcd_single.url, *workload(out, epochs=40)], tmp_path
+    ) as run:
         run.wait_progress(40)
         etcd_single.kill(0)
         # Training goes on without the store: collectives do not need it.
@@ -96,12 +122,30 @@ def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_arg
     out.mkdir()
     script, hosts = hosts_file_discovery(tmp_path, "localhost:1\n")
     hold = tmp_path / "hold"  # while it exists the workers wait between steps
-    changes = [("localhost:2\n", 2),                   # more slots on the same host
-               ("localhost:2\n127.0.0.1:2\n", 4),      # a second host
-               ("127.0.0.1:1\n", 1)]                   # the first host goes, one slot left
-    with ElasticRun(["--min-np", "1", "-np", "1", "--host-discovery-script", str(script),
-                     "--discovery-interval", "0.2", "--launcher", "local", *store_args,
-                     *workload(out, epochs=15), "--pause-while", str(hold)], tmp_path) as run:
+    changes = [
+        ("localhost:2\n", 2),  # more slots on the same host
+        ("localhost:2\n127.0.0.1:2\n", 4),  # a second host
+        ("127.0.0.1:1\n", 1),
+    ]  # the first host goes, one slot left
+    with ElasticRun(
+        [
+            "--min-np",
+            "1",
+            "-np",
+            "1",
+            "--host-discovery-script",
+            str(script),
+            "--discovery-interval",
+            "0.2",
+            "--launcher",
+            "local",
+            *store_args,
+            *workload(out, epochs=15),
+            "--pause-while",
+            str(hold),
+        ],
+        tmp_path,
+    ) as run:
         for layout, size in changes:
             run.wait_progress(run.progress + 30)
             hold.write_text("")  # however fast the job is, the change lands mid-epoch

@@ -2,6 +2,7 @@
 
 Many random SIGKILLs and SIGSTOPs while discovery grows and shrinks the world; the
 job must still finish with the exact result."""
+
 from __future__ import annotations
 
 import random
@@ -23,11 +24,27 @@ def test_long_chaos_with_changing_hosts(tmp_path, store_args, seed):
     out.mkdir()
     script, hosts = hosts_file_discovery(tmp_path, "localhost:3\n")
     layouts = ["localhost:3\n", "localhost:2\n127.0.0.1:2\n", "127.0.0.1:2\n", "localhost:4\n"]
-    with ElasticRun(["--min-np", "2", "-np", "3", "--max-np", "4", "--host-discovery-script",
-                     str(script), "--discovery-interval", "0.2", "--launcher", "local",
-                     *store_args, *workload(out, epochs=120)], tmp_path,
-                    env={"ELASTIC_PEER_TIMEOUT": "3"}) as run:
-        for i in range(30):
+    with ElasticRun(
+        [
+            "--min-np",
+            "2",
+            "-np",
+            "3",
+            "--max-np",
+            "4",
+            "--host-discovery-script",
+            str(script),
+            "--discovery-interval",
+            "0.2",
+            "--launcher",
+            "local",
+            *store_args,
+            *workload(out, epochs=120),
+        ],
+        tmp_path,
+        env={"ELASTIC_PEER_TIMEOUT": "3"},
+    ) as run:
+        for _i in range(30):
             run.wait_progress(run.progress + rng.randint(20, 60), timeout=120)
             action = rng.random()
             if action < 0.15:

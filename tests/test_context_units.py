@@ -1,5 +1,6 @@
 """Pure-logic tests of the worker's context seams: a State over an injected world, and
 the worker settings read from an elastic-run environment."""
+
 from __future__ import annotations
 
 import copy
@@ -20,8 +21,14 @@ class ScriptedWorld:
     """A world of ``size`` workers seen from one of them: collectives answer with what
     the test scripted for the other workers (no I/O)."""
 
-    def __init__(self, size: int, counts: list[int] | None = None, root_values=None,
-                 root_arrays: dict | None = None, pending: int | None = None):
+    def __init__(
+        self,
+        size: int,
+        counts: list[int] | None = None,
+        root_values=None,
+        root_arrays: dict | None = None,
+        pending: int | None = None,
+    ):
         self._size = size
         self.counts = counts or [0] * size
         self.root_values = root_values
@@ -58,9 +65,12 @@ def test_sync_adopts_the_state_and_commit_count_of_the_worker_with_most_commits(
 
 
 def test_numpy_state_sync_receives_arrays_of_the_root_shape():
-    world = ScriptedWorld(2, counts=[0, 1],
-                          root_values=({"w": ((3,), np.dtype("float64").str)}, {"step": 4}),
-                          root_arrays={(3,): np.arange(3.0)})
+    world = ScriptedWorld(
+        2,
+        counts=[0, 1],
+        root_values=({"w": ((3,), np.dtype("float64").str)}, {"step": 4}),
+        root_arrays={(3,): np.arange(3.0)},
+    )
     state = NumpyState(world, step=0)  # a new worker: no "w" yet
     state.sync()
     assert list(state.w) == [0.0, 1.0, 2.0] and state.step == 4
@@ -94,12 +104,22 @@ def test_the_context_is_the_default_world_and_a_static_world_never_has_a_pending
     assert context.current_runtime() is None and context.pending_round() is None
     state.commit()
     state.sync()
-    assert (elastic.rank(), elastic.size(), elastic.local_size(), elastic.cross_size()) == (0, 1, 1, 1)
+    assert (elastic.rank(), elastic.size(), elastic.local_size(), elastic.cross_size()) == (
+        0,
+        1,
+        1,
+        1,
+    )
 
 
-ELASTIC_RUN_ENV = {env.ENV_RENDEZVOUS: "embedded://127.0.0.1:1", env.ENV_JOB_ID: "job",
-                   env.ENV_WORKER_ID: "w0", env.ENV_SECRET: "s", env.ENV_SLOT: "2",
-                   env.ENV_PEER_TIMEOUT: "3"}
+ELASTIC_RUN_ENV = {
+    env.ENV_RENDEZVOUS: "embedded://127.0.0.1:1",
+    env.ENV_JOB_ID: "job",
+    env.ENV_WORKER_ID: "w0",
+    env.ENV_SECRET: "s",
+    env.ENV_SLOT: "2",
+    env.ENV_PEER_TIMEOUT: "3",
+}
 
 
 def test_worker_settings_from_an_elastic_run_environment():
@@ -109,9 +129,17 @@ def test_worker_settings_from_an_elastic_run_environment():
     assert settings.bind_host == "127.0.0.1"
 
 
-@pytest.mark.parametrize("name,value", [(env.ENV_SECRET, None), (env.ENV_WORKER_ID, ""),
-                                        (env.ENV_SLOT, "one"), (env.ENV_ROUND_TIMEOUT, "0"),
-                                        (env.ENV_LEASE_TTL, "0"), (env.ENV_CONNECT_TIMEOUT, "x")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        (env.ENV_SECRET, None),
+        (env.ENV_WORKER_ID, ""),
+        (env.ENV_SLOT, "one"),
+        (env.ENV_ROUND_TIMEOUT, "0"),
+        (env.ENV_LEASE_TTL, "0"),
+        (env.ENV_CONNECT_TIMEOUT, "x"),
+    ],
+)
 def test_worker_settings_name_the_missing_or_malformed_variable(name, value):
     environ = {k: v for k, v in ELASTIC_RUN_ENV.items() if k != name}
     if value is not None:

@@ -1,4 +1,5 @@
 """Host discovery: parsing a script's output, running real scripts, and is_local_host."""
+
 from __future__ import annotations
 
 import os
@@ -24,21 +25,27 @@ SOURCE = "discovery script ./d.sh"
 
 # ----------------------------------------------------------------------------- parsing
 
-@pytest.mark.parametrize("text, hosts", [
-    ("", ()),
-    ("\n\n   \n", ()),
-    ("# only a comment\n", ()),
-    ("a\n", (HostSlots("a", 1),)),
-    ("a:4\nb\n", (HostSlots("a", 4), HostSlots("b", 1))),
-    ("  a:2  \n\tb:3\t\n", (HostSlots("a", 2), HostSlots("b", 3))),
-    ("# header\na:2 # rack 1\n\nb # no slots\n#c:9\n", (HostSlots("a", 2), HostSlots("b", 1))),
-    ("a:2#tight comment\n", (HostSlots("a", 2),)),
-    ("a\r\nb:2\r\n", (HostSlots("a", 1), HostSlots("b", 2))),
-    ("b:1\na:1\n", (HostSlots("b", 1), HostSlots("a", 1))),      # discovery order is kept
-    ("10.0.0.1:8\n[fd00::2]:2\n::1\n",
-     (HostSlots("10.0.0.1", 8), HostSlots("fd00::2", 2), HostSlots("::1", 1))),
-    ("node-1.example.com:16", (HostSlots("node-1.example.com", 16),)),     # no final newline
-])
+
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("", ()),
+        ("\n\n   \n", ()),
+        ("# only a comment\n", ()),
+        ("a\n", (HostSlots("a", 1),)),
+        ("a:4\nb\n", (HostSlots("a", 4), HostSlots("b", 1))),
+        ("  a:2  \n\tb:3\t\n", (HostSlots("a", 2), HostSlots("b", 3))),
+        ("# header\na:2 # rack 1\n\nb # no slots\n#c:9\n", (HostSlots("a", 2), HostSlots("b", 1))),
+        ("a:2#tight comment\n", (HostSlots("a", 2),)),
+        ("a\r\nb:2\r\n", (HostSlots("a", 1), HostSlots("b", 2))),
+        ("b:1\na:1\n", (HostSlots("b", 1), HostSlots("a", 1))),  # discovery order is kept
+        (
+            "10.0.0.1:8\n[fd00::2]:2\n::1\n",
+            (HostSlots("10.0.0.1", 8), HostSlots("fd00::2", 2), HostSlots("::1", 1)),
+        ),
+        ("node-1.example.com:16", (HostSlots("node-1.example.com", 16),)),  # no final newline
+    ],
+)
 def test_parse_discovery_output(text, hosts):
     assert parse_discovery_output(text, 1, SOURCE) == hosts
 
@@ -47,17 +54,20 @@ def test_default_slots_apply_to_hosts_without_slots():
     assert parse_discovery_output("a\nb:2\n", 3, SOURCE) == (HostSlots("a", 3), HostSlots("b", 2))
 
 
-@pytest.mark.parametrize("text, line_number, line, problem", [
-    ("a:x\n", 1, "a:x", "bad slots"),
-    ("a\n\n# c\nb:0\n", 4, "b:0", "bad slots"),
-    ("a:-1\n", 1, "a:-1", "bad slots"),
-    ("a b\n", 1, "a b", "bad host name"),
-    (":3\n", 1, ":3", "empty host"),
-    ("a:2:3\n", 1, "a:2:3", "more than one ':'"),
-    ("a:2\nb\na:4 # again\n", 3, "a:4 # again", "already listed on line 1"),
-    ("a\na\n", 2, "a", "already listed on line 1"),
-    ("[::1]:2\n::1\n", 2, "::1", "already listed on line 1"),
-])
+@pytest.mark.parametrize(
+    "text, line_number, line, problem",
+    [
+        ("a:x\n", 1, "a:x", "bad slots"),
+        ("a\n\n# c\nb:0\n", 4, "b:0", "bad slots"),
+        ("a:-1\n", 1, "a:-1", "bad slots"),
+        ("a b\n", 1, "a b", "bad host name"),
+        (":3\n", 1, ":3", "empty host"),
+        ("a:2:3\n", 1, "a:2:3", "more than one ':'"),
+        ("a:2\nb\na:4 # again\n", 3, "a:4 # again", "already listed on line 1"),
+        ("a\na\n", 2, "a", "already listed on line 1"),
+        ("[::1]:2\n::1\n", 2, "::1", "already listed on line 1"),
+    ],
+)
 def test_bad_output_names_source_line_and_text(text, line_number, line, problem):
     with pytest.raises(DiscoveryError) as caught:
         parse_discovery_output(text, 1, SOURCE)
@@ -69,12 +79,13 @@ def test_bad_output_names_source_line_and_text(text, line_number, line, problem)
 
 # ----------------------------------------------------------------------------- fixed
 
+
 def test_fixed_discovery_returns_its_hosts():
     hosts = [HostSlots("a", 2), HostSlots("b", 1)]
     discovery = FixedDiscovery(hosts)
     assert isinstance(discovery, HostDiscovery)
     assert discovery.find_hosts() == tuple(hosts)
-    hosts.append(HostSlots("c", 1))          # the caller's list is copied
+    hosts.append(HostSlots("c", 1))  # the caller's list is copied
     assert discovery.find_hosts() == (HostSlots("a", 2), HostSlots("b", 1))
 
 
@@ -84,6 +95,7 @@ def test_host_discovery_is_abstract():
 
 
 # ----------------------------------------------------------------------------- scripts
+
 
 def write_script(tmp_path, body: str, name: str = "discover.sh", mode: int = 0o755) -> str:
     path = tmp_path / name
@@ -101,12 +113,15 @@ def process_exists(pid: int) -> bool:
 
 
 def test_script_hosts(tmp_path):
-    path = write_script(tmp_path, """\
+    path = write_script(
+        tmp_path,
+        """\
         echo "# hosts of the job"
         echo a:2
         echo
         echo b   # default slots
-        """)
+        """,
+    )
     discovery = ScriptDiscovery(path, default_slots=4, timeout=10)
     assert isinstance(discovery, HostDiscovery)
     assert discovery.find_hosts() == (HostSlots("a", 2), HostSlots("b", 4))
@@ -130,18 +145,21 @@ def test_script_with_no_hosts_is_not_an_error(tmp_path):
 
 
 def test_script_exiting_non_zero_names_script_status_and_stderr_tail(tmp_path):
-    path = write_script(tmp_path, """\
+    path = write_script(
+        tmp_path,
+        """\
         echo a:1
         for i in 1 2 3 4 5 6 7; do echo "noise $i" >&2; done
         echo "inventory API said 503" >&2
         exit 3
-        """)
+        """,
+    )
     with pytest.raises(DiscoveryError) as caught:
         ScriptDiscovery(path, 1, timeout=10).find_hosts()
     message = str(caught.value)
     assert path in message and "exited with status 3" in message
     assert message.endswith("inventory API said 503")
-    assert "noise 7" in message and "noise 1" not in message   # only the tail
+    assert "noise 7" in message and "noise 1" not in message  # only the tail
     assert "\n" not in message
 
 
@@ -158,10 +176,13 @@ def test_script_killed_by_a_signal(tmp_path):
 
 
 def test_long_stderr_tail_is_cut(tmp_path):
-    path = write_script(tmp_path, """\
+    path = write_script(
+        tmp_path,
+        """\
         python3 -c 'import sys; sys.stderr.write("x" * 5000 + "END")'
         exit 2
-        """)
+        """,
+    )
     with pytest.raises(DiscoveryError) as caught:
         ScriptDiscovery(path, 1, timeout=10).find_hosts()
     message = str(caught.value)
@@ -179,12 +200,15 @@ def test_script_printing_a_bad_line(tmp_path):
 def test_hanging_script_times_out_and_is_killed_with_its_children(tmp_path):
     pid_file = tmp_path / "child.pid"
     # The script starts a child that would outlive it, then hangs itself.
-    path = write_script(tmp_path, f"""\
+    path = write_script(
+        tmp_path,
+        f"""\
         sleep 300 &
         echo $! > "{pid_file}"
         echo a:1
         sleep 300
-        """)
+        """,
+    )
     discovery = ScriptDiscovery(path, 1, timeout=0.5)
     started = time.monotonic()
     with pytest.raises(DiscoveryError) as caught:
@@ -244,6 +268,7 @@ def test_script_gets_no_stdin(tmp_path):
 
 # ----------------------------------------------------------------------------- local hosts
 
+
 def _outbound_address() -> str:
     """This machine's address on its default route (UDP connect sends nothing), or the
     loopback address when there is no route."""
@@ -255,8 +280,19 @@ def _outbound_address() -> str:
             return "127.0.0.1"
 
 
-@pytest.mark.parametrize("host", ["localhost", "LOCALHOST", "localhost.localdomain", "127.0.0.1",
-                                  "127.1.2.3", "::1", "[::1]", " localhost "])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",
+        "LOCALHOST",
+        "localhost.localdomain",
+        "127.0.0.1",
+        "127.1.2.3",
+        "::1",
+        "[::1]",
+        " localhost ",
+    ],
+)
 def test_loopback_names_are_local(host):
     assert is_local_host(host)
 
@@ -268,8 +304,9 @@ def test_own_names_and_addresses_are_local():
     assert is_local_host(_outbound_address())
 
 
-@pytest.mark.parametrize("host", ["", "198.51.100.7", "203.0.113.9", "2001:db8::1", "224.0.0.1",
-                                  "no-such-host.invalid"])
+@pytest.mark.parametrize(
+    "host", ["", "198.51.100.7", "203.0.113.9", "2001:db8::1", "224.0.0.1", "no-such-host.invalid"]
+)
 def test_other_hosts_are_not_local(host):
     assert not is_local_host(host)
 

@@ -1,4 +1,5 @@
 """elastic-run's command line: every flag parses, defaults resolve, bad use is one line."""
+
 from __future__ import annotations
 
 import os
@@ -38,6 +39,7 @@ def script(tmp_path):
 
 # ----------------------------------------------------------------------------- defaults
 
+
 def test_np_alone_is_a_static_job_on_localhost():
     config = parse("-np", "2", *CMD)
     assert config.command == tuple(CMD)
@@ -76,24 +78,80 @@ def test_config_is_frozen():
 
 
 def test_every_flag_sets_its_field(script):
-    config = parse("-np", "4", "--min-np", "2", "--max-np", "8",
-                   "--host-discovery-script", script, "--slots-per-host", "3",
-                   "--discovery-interval", "0.5", "--rendezvous", "etcd://h1:2379,h2:2380",
-                   "--job-id", "my.job_1", "--reset-limit", "5",
-                   "--blacklist-cooldown-range", "1", "20", "--elastic-timeout", "30",
-                   "--start-timeout", "15", "--launcher", "ssh", "--num-ps", "2",
-                   "--ps-mode", "sync", "--ps-checkpoint-dir", "/ckpt",
-                   "--ps-checkpoint-interval", "5", "--chaos-kill-interval", "2.5",
-                   "--chaos-max-kills", "3", "--log-dir", "/logs", "--events", "ev.jsonl",
-                   "-v", "-v", *CMD)
+    config = parse(
+        "-np",
+        "4",
+        "--min-np",
+        "2",
+        "--max-np",
+        "8",
+        "--host-discovery-script",
+        script,
+        "--slots-per-host",
+        "3",
+        "--discovery-interval",
+        "0.5",
+        "--rendezvous",
+        "etcd://h1:2379,h2:2380",
+        "--job-id",
+        "my.job_1",
+        "--reset-limit",
+        "5",
+        "--blacklist-cooldown-range",
+        "1",
+        "20",
+        "--elastic-timeout",
+        "30",
+        "--start-timeout",
+        "15",
+        "--launcher",
+        "ssh",
+        "--num-ps",
+        "2",
+        "--ps-mode",
+        "sync",
+        "--ps-checkpoint-dir",
+        "/ckpt",
+        "--ps-checkpoint-interval",
+        "5",
+        "--chaos-kill-interval",
+        "2.5",
+        "--chaos-max-kills",
+        "3",
+        "--log-dir",
+        "/logs",
+        "--events",
+        "ev.jsonl",
+        "-v",
+        "-v",
+        *CMD,
+    )
     assert config == JobConfig(
-        command=tuple(CMD), np=4, min_np=2, max_np=8, hosts=(), discovery_script=script,
-        slots_per_host=3, discovery_interval=0.5,
+        command=tuple(CMD),
+        np=4,
+        min_np=2,
+        max_np=8,
+        hosts=(),
+        discovery_script=script,
+        slots_per_host=3,
+        discovery_interval=0.5,
         rendezvous=StoreURL("etcd", (Endpoint("h1", 2379), Endpoint("h2", 2380))),
-        job_id="my.job_1", reset_limit=5, blacklist_cooldown_range=(1.0, 20.0),
-        elastic_timeout=30.0, start_timeout=15.0, launcher="ssh", num_ps=2, ps_mode="sync",
-        ps_checkpoint_dir="/ckpt", ps_checkpoint_interval=5.0, chaos_kill_interval=2.5,
-        chaos_max_kills=3, log_dir="/logs", events_file="ev.jsonl", verbosity=2)
+        job_id="my.job_1",
+        reset_limit=5,
+        blacklist_cooldown_range=(1.0, 20.0),
+        elastic_timeout=30.0,
+        start_timeout=15.0,
+        launcher="ssh",
+        num_ps=2,
+        ps_mode="sync",
+        ps_checkpoint_dir="/ckpt",
+        ps_checkpoint_interval=5.0,
+        chaos_kill_interval=2.5,
+        chaos_max_kills=3,
+        log_dir="/logs",
+        events_file="ev.jsonl",
+        verbosity=2,
+    )
     assert config.uses_discovery
 
 
@@ -107,31 +165,42 @@ def test_checkpoint_interval_without_dir_is_accepted():
     assert config.ps_checkpoint_interval == 9.0 and config.ps_checkpoint_dir is None
 
 
-@pytest.mark.parametrize("argv, expected", [
-    # (np, min_np, max_np, hosts)
-    (["-np", "3"], (3, 3, 3, (HostSlots("localhost", 3),))),
-    (["-np", "2", "--max-np", "4"], (2, 2, 4, (HostSlots("localhost", 2),))),
-    (["-np", "2", "--min-np", "1"], (2, 1, 2, (HostSlots("localhost", 2),))),
-    (["-H", "a:2,b:2"], (4, 4, None, (HostSlots("a", 2), HostSlots("b", 2)))),
-    (["-H", "a:2,b:2", "-np", "3"], (3, 3, None, (HostSlots("a", 2), HostSlots("b", 2)))),
-    (["-H", "a:2,b:2", "--min-np", "2"], (2, 2, None, (HostSlots("a", 2), HostSlots("b", 2)))),
-    (["-H", "a:2,b:2", "--min-np", "1", "-np", "3", "--max-np", "3"],
-     (3, 1, 3, (HostSlots("a", 2), HostSlots("b", 2)))),
-    (["-H", "a,b", "--slots-per-host", "4"], (8, 8, None, (HostSlots("a", 4), HostSlots("b", 4)))),
-    (["--hosts", "a:1"], (1, 1, None, (HostSlots("a", 1),))),
-    (["-H", "[::1]:2,10.0.0.1"], (3, 3, None, (HostSlots("::1", 2), HostSlots("10.0.0.1", 1)))),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # (np, min_np, max_np, hosts)
+        (["-np", "3"], (3, 3, 3, (HostSlots("localhost", 3),))),
+        (["-np", "2", "--max-np", "4"], (2, 2, 4, (HostSlots("localhost", 2),))),
+        (["-np", "2", "--min-np", "1"], (2, 1, 2, (HostSlots("localhost", 2),))),
+        (["-H", "a:2,b:2"], (4, 4, None, (HostSlots("a", 2), HostSlots("b", 2)))),
+        (["-H", "a:2,b:2", "-np", "3"], (3, 3, None, (HostSlots("a", 2), HostSlots("b", 2)))),
+        (["-H", "a:2,b:2", "--min-np", "2"], (2, 2, None, (HostSlots("a", 2), HostSlots("b", 2)))),
+        (
+            ["-H", "a:2,b:2", "--min-np", "1", "-np", "3", "--max-np", "3"],
+            (3, 1, 3, (HostSlots("a", 2), HostSlots("b", 2))),
+        ),
+        (
+            ["-H", "a,b", "--slots-per-host", "4"],
+            (8, 8, None, (HostSlots("a", 4), HostSlots("b", 4))),
+        ),
+        (["--hosts", "a:1"], (1, 1, None, (HostSlots("a", 1),))),
+        (["-H", "[::1]:2,10.0.0.1"], (3, 3, None, (HostSlots("::1", 2), HostSlots("10.0.0.1", 1)))),
+    ],
+)
 def test_worker_counts_resolve(argv, expected):
     config = parse(*argv, *CMD)
     assert (config.np, config.min_np, config.max_np, config.hosts) == expected
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["-np", "2"], (2, 2, None)),
-    (["--min-np", "2"], (2, 2, None)),
-    (["--min-np", "2", "--max-np", "6"], (2, 2, 6)),
-    (["-np", "4", "--min-np", "2", "--max-np", "6"], (4, 2, 6)),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["-np", "2"], (2, 2, None)),
+        (["--min-np", "2"], (2, 2, None)),
+        (["--min-np", "2", "--max-np", "6"], (2, 2, 6)),
+        (["-np", "4", "--min-np", "2", "--max-np", "6"], (4, 2, 6)),
+    ],
+)
 def test_worker_counts_with_discovery(script, argv, expected):
     config = parse("--host-discovery-script", script, *argv, *CMD)
     assert (config.np, config.min_np, config.max_np) == expected
@@ -146,91 +215,121 @@ def test_discovery_script_path_is_made_absolute(script, monkeypatch):
 
 # ----------------------------------------------------------------------------- the command
 
-@pytest.mark.parametrize("argv, command", [
-    (["-np", "2", "python", "t.py"], ("python", "t.py")),
-    # everything after COMMAND belongs to it, even our own flags
-    (["-np", "2", "python", "t.py", "-np", "5", "-v", "--", "x"],
-     ("python", "t.py", "-np", "5", "-v", "--", "x")),
-    (["-np", "2", "--", "python", "-u"], ("python", "-u")),
-    (["-np", "2", "--", "-weird-program"], ("-weird-program",)),
-    (["-np", "2", "--", "--", "x"], ("--", "x")),
-    (["-np=2", "./run"], ("./run",)),
-])
+
+@pytest.mark.parametrize(
+    "argv, command",
+    [
+        (["-np", "2", "python", "t.py"], ("python", "t.py")),
+        # everything after COMMAND belongs to it, even our own flags
+        (
+            ["-np", "2", "python", "t.py", "-np", "5", "-v", "--", "x"],
+            ("python", "t.py", "-np", "5", "-v", "--", "x"),
+        ),
+        (["-np", "2", "--", "python", "-u"], ("python", "-u")),
+        (["-np", "2", "--", "-weird-program"], ("-weird-program",)),
+        (["-np", "2", "--", "--", "x"], ("--", "x")),
+        (["-np=2", "./run"], ("./run",)),
+    ],
+)
 def test_command_is_the_remainder(argv, command):
     assert parse(*argv).command == command
 
 
 # ----------------------------------------------------------------------------- bad use
 
-@pytest.mark.parametrize("argv, flag, problem", [
-    (["-np", "2"], "COMMAND", "no COMMAND"),
-    (["-np", "2", "--"], "COMMAND", "no COMMAND"),
-    ([*CMD], "-np", "required"),
-    (["--min-np", "2", *CMD], "-np", "required"),
-    (["-np", "0", *CMD], "-np", ">= 1"),
-    (["-np", "two", *CMD], "-np", "whole number"),
-    (["-np", "1.5", *CMD], "-np", "whole number"),
-    (["-np", "-1", *CMD], "-np", ">= 1"),
-    (["-np", "2", "--min-np", "0", *CMD], "--min-np", ">= 1"),
-    (["-np", "2", "--max-np", "0", *CMD], "--max-np", ">= 1"),
-    (["-H", "a:4", "--min-np", "3", "--max-np", "2", *CMD], "--min-np", "above --max-np"),
-    (["-np", "3", "--max-np", "2", *CMD], "-np", "above --max-np"),
-    (["-H", "a:4", "-np", "3", "--max-np", "2", *CMD], "-np", "above --max-np"),
-    (["-np", "2", "--min-np", "3", *CMD], "-np", "below --min-np"),
-    (["-H", "a:2", "-np", "3", *CMD], "-H", "fewer than -np"),
-    (["-H", "a:1,b:1", "--min-np", "3", *CMD], "-H", "fewer than -np"),
-    (["-H", "a:x", *CMD], "-H", "bad slots"),
-    (["-H", "a:0", *CMD], "-H", "bad slots"),
-    (["-H", "a:", *CMD], "-H", "bad slots"),
-    (["-H", ":2", *CMD], "-H", "empty host"),
-    (["-H", "a,,b", *CMD], "-H", "empty host"),
-    (["-H", "", *CMD], "-H", "empty host"),
-    (["-H", "a b", *CMD], "-H", "bad host name"),
-    (["--hosts=-oProxyCommand=x", *CMD], "-H", "bad host name"),
-    (["-H", "a:1,a:2", *CMD], "-H", "listed twice"),
-    (["-H", "[::1", *CMD], "-H", "missing ']'"),
-    (["-np", "1", "--slots-per-host", "0", *CMD], "--slots-per-host", ">= 1"),
-    (["-np", "1", "--discovery-interval", "0", *CMD], "--discovery-interval", "> 0"),
-    (["-np", "1", "--discovery-interval", "nan", *CMD], "--discovery-interval", "> 0"),
-    (["-np", "1", "--discovery-interval", "inf", *CMD], "--discovery-interval", "> 0"),
-    (["-np", "1", "--elastic-timeout", "-1", *CMD], "--elastic-timeout", "> 0"),
-    (["-np", "1", "--elastic-timeout", "0", *CMD], "--elastic-timeout", "> 0"),
-    (["-np", "1", "--start-timeout", "0", *CMD], "--start-timeout", "> 0"),
-    (["-np", "1", "--start-timeout", "soon", *CMD], "--start-timeout", "> 0"),
-    (["-np", "1", "--ps-checkpoint-interval", "0", *CMD], "--ps-checkpoint-interval", "> 0"),
-    (["-np", "1", "--chaos-kill-interval", "0", *CMD], "--chaos-kill-interval", "> 0"),
-    (["-np", "1", "--chaos-max-kills", "-1", "--chaos-kill-interval", "1", *CMD],
-     "--chaos-max-kills", ">= 0"),
-    (["-np", "1", "--chaos-max-kills", "2", *CMD], "--chaos-max-kills", "needs --chaos-kill-interval"),
-    (["-np", "1", "--reset-limit", "-1", *CMD], "--reset-limit", ">= 0"),
-    (["-np", "1", "--num-ps", "-1", *CMD], "--num-ps", ">= 0"),
-    (["-np", "1", "--ps-mode", "bulk", *CMD], "--ps-mode", "invalid choice"),
-    (["-np", "1", "--launcher", "mpi", *CMD], "--launcher", "invalid choice"),
-    (["-np", "1", "--blacklist-cooldown-range", "300", "10", *CMD],
-     "--blacklist-cooldown-range", "MIN 300 is above MAX 10"),
-    (["-np", "1", "--blacklist-cooldown-range", "-1", "10", *CMD], "--blacklist-cooldown-range", ">= 0"),
-    (["-np", "1", "--blacklist-cooldown-range", "10", "--", *CMD],
-     "--blacklist-cooldown-range", "2 arguments"),
-    (["-np", "1", "--rendezvous", "redis://h:1", *CMD], "--rendezvous", "bad store URL"),
-    (["-np", "1", "--rendezvous", "etcd://", *CMD], "--rendezvous", "empty endpoint"),
-    (["-np", "1", "--rendezvous", "etcd://h", *CMD], "--rendezvous", "HOST:PORT"),
-    (["-np", "1", "--rendezvous", "etcd://h:0", *CMD], "--rendezvous", "bad port"),
-    (["-np", "1", "--rendezvous", "etcd://h:65536", *CMD], "--rendezvous", "bad port"),
-    (["-np", "1", "--rendezvous", "etcd://h:x", *CMD], "--rendezvous", "bad port"),
-    (["-np", "1", "--rendezvous", "etcd://h:1,", *CMD], "--rendezvous", "empty endpoint"),
-    (["-np", "1", "--rendezvous", "etcd://h:²", *CMD], "--rendezvous", "²"),
-    (["-np", "1", "--rendezvous", "", *CMD], "--rendezvous", "empty store URL"),
-    (["-np", "1", "--rendezvous", "embedded://127.0.0.1:5000", *CMD], "--rendezvous",
-     "use 'embedded'"),
-    (["-np", "1", "--job-id", "a/b", *CMD], "--job-id", "letters"),
-    (["-np", "1", "--job-id", "", *CMD], "--job-id", "letters"),
-    (["-np", "1", "--job-id=-x", *CMD], "--job-id", "letters"),
-    (["-np", "1", "--job-id", "x" * 129, *CMD], "--job-id", "letters"),
-    (["-np", "1", "--bogus", *CMD], "--bogus", "unrecognized"),
-    # abbreviations are refused: "--min" must not mean "--min-np"
-    (["-np", "1", "--min", "1", *CMD], "--min", "unrecognized"),
-    (["-np", *CMD], "-np", "whole number"),
-])
+
+@pytest.mark.parametrize(
+    "argv, flag, problem",
+    [
+        (["-np", "2"], "COMMAND", "no COMMAND"),
+        (["-np", "2", "--"], "COMMAND", "no COMMAND"),
+        ([*CMD], "-np", "required"),
+        (["--min-np", "2", *CMD], "-np", "required"),
+        (["-np", "0", *CMD], "-np", ">= 1"),
+        (["-np", "two", *CMD], "-np", "whole number"),
+        (["-np", "1.5", *CMD], "-np", "whole number"),
+        (["-np", "-1", *CMD], "-np", ">= 1"),
+        (["-np", "2", "--min-np", "0", *CMD], "--min-np", ">= 1"),
+        (["-np", "2", "--max-np", "0", *CMD], "--max-np", ">= 1"),
+        (["-H", "a:4", "--min-np", "3", "--max-np", "2", *CMD], "--min-np", "above --max-np"),
+        (["-np", "3", "--max-np", "2", *CMD], "-np", "above --max-np"),
+        (["-H", "a:4", "-np", "3", "--max-np", "2", *CMD], "-np", "above --max-np"),
+        (["-np", "2", "--min-np", "3", *CMD], "-np", "below --min-np"),
+        (["-H", "a:2", "-np", "3", *CMD], "-H", "fewer than -np"),
+        (["-H", "a:1,b:1", "--min-np", "3", *CMD], "-H", "fewer than -np"),
+        (["-H", "a:x", *CMD], "-H", "bad slots"),
+        (["-H", "a:0", *CMD], "-H", "bad slots"),
+        (["-H", "a:", *CMD], "-H", "bad slots"),
+        (["-H", ":2", *CMD], "-H", "empty host"),
+        (["-H", "a,,b", *CMD], "-H", "empty host"),
+        (["-H", "", *CMD], "-H", "empty host"),
+        (["-H", "a b", *CMD], "-H", "bad host name"),
+        (["--hosts=-oProxyCommand=x", *CMD], "-H", "bad host name"),
+        (["-H", "a:1,a:2", *CMD], "-H", "listed twice"),
+        (["-H", "[::1", *CMD], "-H", "missing ']'"),
+        (["-np", "1", "--slots-per-host", "0", *CMD], "--slots-per-host", ">= 1"),
+        (["-np", "1", "--discovery-interval", "0", *CMD], "--discovery-interval", "> 0"),
+        (["-np", "1", "--discovery-interval", "nan", *CMD], "--discovery-interval", "> 0"),
+        (["-np", "1", "--discovery-interval", "inf", *CMD], "--discovery-interval", "> 0"),
+        (["-np", "1", "--elastic-timeout", "-1", *CMD], "--elastic-timeout", "> 0"),
+        (["-np", "1", "--elastic-timeout", "0", *CMD], "--elastic-timeout", "> 0"),
+        (["-np", "1", "--start-timeout", "0", *CMD], "--start-timeout", "> 0"),
+        (["-np", "1", "--start-timeout", "soon", *CMD], "--start-timeout", "> 0"),
+        (["-np", "1", "--ps-checkpoint-interval", "0", *CMD], "--ps-checkpoint-interval", "> 0"),
+        (["-np", "1", "--chaos-kill-interval", "0", *CMD], "--chaos-kill-interval", "> 0"),
+        (
+            ["-np", "1", "--chaos-max-kills", "-1", "--chaos-kill-interval", "1", *CMD],
+            "--chaos-max-kills",
+            ">= 0",
+        ),
+        (
+            ["-np", "1", "--chaos-max-kills", "2", *CMD],
+            "--chaos-max-kills",
+            "needs --chaos-kill-interval",
+        ),
+        (["-np", "1", "--reset-limit", "-1", *CMD], "--reset-limit", ">= 0"),
+        (["-np", "1", "--num-ps", "-1", *CMD], "--num-ps", ">= 0"),
+        (["-np", "1", "--ps-mode", "bulk", *CMD], "--ps-mode", "invalid choice"),
+        (["-np", "1", "--launcher", "mpi", *CMD], "--launcher", "invalid choice"),
+        (
+            ["-np", "1", "--blacklist-cooldown-range", "300", "10", *CMD],
+            "--blacklist-cooldown-range",
+            "MIN 300 is above MAX 10",
+        ),
+        (
+            ["-np", "1", "--blacklist-cooldown-range", "-1", "10", *CMD],
+            "--blacklist-cooldown-range",
+            ">= 0",
+        ),
+        (
+            ["-np", "1", "--blacklist-cooldown-range", "10", "--", *CMD],
+            "--blacklist-cooldown-range",
+            "2 arguments",
+        ),
+        (["-np", "1", "--rendezvous", "redis://h:1", *CMD], "--rendezvous", "bad store URL"),
+        (["-np", "1", "--rendezvous", "etcd://", *CMD], "--rendezvous", "empty endpoint"),
+        (["-np", "1", "--rendezvous", "etcd://h", *CMD], "--rendezvous", "HOST:PORT"),
+        (["-np", "1", "--rendezvous", "etcd://h:0", *CMD], "--rendezvous", "bad port"),
+        (["-np", "1", "--rendezvous", "etcd://h:65536", *CMD], "--rendezvous", "bad port"),
+        (["-np", "1", "--rendezvous", "etcd://h:x", *CMD], "--rendezvous", "bad port"),
+        (["-np", "1", "--rendezvous", "etcd://h:1,", *CMD], "--rendezvous", "empty endpoint"),
+        (["-np", "1", "--rendezvous", "etcd://h:²", *CMD], "--rendezvous", "²"),
+        (["-np", "1", "--rendezvous", "", *CMD], "--rendezvous", "empty store URL"),
+        (
+            ["-np", "1", "--rendezvous", "embedded://127.0.0.1:5000", *CMD],
+            "--rendezvous",
+            "use 'embedded'",
+        ),
+        (["-np", "1", "--job-id", "a/b", *CMD], "--job-id", "letters"),
+        (["-np", "1", "--job-id", "", *CMD], "--job-id", "letters"),
+        (["-np", "1", "--job-id=-x", *CMD], "--job-id", "letters"),
+        (["-np", "1", "--job-id", "x" * 129, *CMD], "--job-id", "letters"),
+        (["-np", "1", "--bogus", *CMD], "--bogus", "unrecognized"),
+        # abbreviations are refused: "--min" must not mean "--min-np"
+        (["-np", "1", "--min", "1", *CMD], "--min", "unrecognized"),
+        (["-np", *CMD], "-np", "whole number"),
+    ],
+)
 def test_bad_use_is_a_one_line_usage_error(argv, flag, problem):
     with pytest.raises(UsageError) as caught:
         parse(*argv)
@@ -275,27 +374,54 @@ def test_usage_error_is_an_elastic_error():
 
 # ----------------------------------------------------------------------------- rendezvous URL
 
-@pytest.mark.parametrize("text, url", [
-    ("embedded", StoreURL("embedded", ())),
-    ("etcd://10.0.0.5:2379", StoreURL("etcd", (Endpoint("10.0.0.5", 2379),))),
-    ("etcd://a:1, b:2", StoreURL("etcd", (Endpoint("a", 1), Endpoint("b", 2)))),
-    ("etcd://[::1]:2379,[fd00::2]:2380", StoreURL("etcd", (Endpoint("::1", 2379), Endpoint("fd00::2", 2380)))),
-])
+
+@pytest.mark.parametrize(
+    "text, url",
+    [
+        ("embedded", StoreURL("embedded", ())),
+        ("etcd://10.0.0.5:2379", StoreURL("etcd", (Endpoint("10.0.0.5", 2379),))),
+        ("etcd://a:1, b:2", StoreURL("etcd", (Endpoint("a", 1), Endpoint("b", 2)))),
+        (
+            "etcd://[::1]:2379,[fd00::2]:2380",
+            StoreURL("etcd", (Endpoint("::1", 2379), Endpoint("fd00::2", 2380))),
+        ),
+    ],
+)
 def test_rendezvous_urls(text, url):
     assert parse("-np", "1", "--rendezvous", text, *CMD).rendezvous == url
 
 
 # ----------------------------------------------------------------------------- help
 
+
 def test_help_explains_every_flag(capsys):
     parser = build_parser()
     flags = [opt for action in parser._actions for opt in action.option_strings]
-    for flag in ["-np", "--min-np", "--max-np", "-H", "--host-discovery-script",
-                 "--slots-per-host", "--discovery-interval", "--rendezvous", "--job-id",
-                 "--reset-limit", "--blacklist-cooldown-range", "--elastic-timeout",
-                 "--start-timeout", "--launcher", "--num-ps", "--ps-mode", "--ps-checkpoint-dir",
-                 "--ps-checkpoint-interval", "--chaos-kill-interval", "--chaos-max-kills",
-                 "--log-dir", "--events", "-v"]:
+    for flag in [
+        "-np",
+        "--min-np",
+        "--max-np",
+        "-H",
+        "--host-discovery-script",
+        "--slots-per-host",
+        "--discovery-interval",
+        "--rendezvous",
+        "--job-id",
+        "--reset-limit",
+        "--blacklist-cooldown-range",
+        "--elastic-timeout",
+        "--start-timeout",
+        "--launcher",
+        "--num-ps",
+        "--ps-mode",
+        "--ps-checkpoint-dir",
+        "--ps-checkpoint-interval",
+        "--chaos-kill-interval",
+        "--chaos-max-kills",
+        "--log-dir",
+        "--events",
+        "-v",
+    ]:
         assert flag in flags, flag
     for action in parser._actions:
         assert action.help, action.option_strings or action.dest

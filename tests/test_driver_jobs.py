@@ -1,5 +1,6 @@
 """The driver with real worker processes: replacement, blacklisting, unresponsive workers,
 signals, exit status, and every kind of bad input. Both stores where the store matters."""
+
 from __future__ import annotations
 
 import os
@@ -9,33 +10,63 @@ import sys
 
 import pytest
 
-from tests.jobs import (EXACT_SUM, ROOT, ElasticRun, check_exact_sum, hosts_file_discovery,
-                        pid_alive, wait_until)
-from tests.sshd_fixture import sshd_server  # noqa: F401  (fixture)
+from tests.jobs import (
+    EXACT_SUM,
+    ROOT,
+    ElasticRun,
+    check_exact_sum,
+    hosts_file_discovery,
+    pid_alive,
+    wait_until,
+)
 
 SAMPLES = 800
 
 
 def workload(out_dir, epochs=10, *extra):
-    return ["python", str(EXACT_SUM), str(out_dir), "--samples", str(SAMPLES),
-            "--epochs", str(epochs), "--batch", "4", *extra]
+    return [
+        "python",
+        str(EXACT_SUM),
+        str(out_dir),
+        "--samples",
+        str(SAMPLES),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        "4",
+        *extra,
+    ]
 
 
 def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "driver.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "driver.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["-np", "2", "--min-np", "3", "--max-np", "4", "python", "x.py"], "--min-np"),
-    (["-np", "2"], "COMMAND"),
-    (["-np", "2", "--host-discovery-script", "/nonexistent/discover.sh", "true"], "discover.sh"),
-    (["-np", "2", "--blacklist-cooldown-range", "10", "5", "true"], "--blacklist-cooldown-range"),
-    (["-np", "2", "-H", "host:x", "true"], "host:x"),
-    (["-np", "2", "--rendezvous", "etcd://nohost", "true"], "etcd://nohost"),
-    (["-np", "0", "true"], "-np"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["-np", "2", "--min-np", "3", "--max-np", "4", "python", "x.py"], "--min-np"),
+        (["-np", "2"], "COMMAND"),
+        (
+            ["-np", "2", "--host-discovery-script", "/nonexistent/discover.sh", "true"],
+            "discover.sh",
+        ),
+        (
+            ["-np", "2", "--blacklist-cooldown-range", "10", "5", "true"],
+            "--blacklist-cooldown-range",
+        ),
+        (["-np", "2", "-H", "host:x", "true"], "host:x"),
+        (["-np", "2", "--rendezvous", "etcd://nohost", "true"], "etcd://nohost"),
+        (["-np", "0", "true"], "-np"),
+    ],
+)
 def test_bad_usage_is_one_line_and_exit_2(args, fragment):
     result = run_cli(*args)
     assert result.returncode == 2
@@ -61,6 +92,7 @@ def test_bad_discovery_line_at_start_names_the_line(tmp_path):
 
 def test_unreachable_etcd_fails_fast_with_one_line():
     from tests.etcd_cluster import free_ports
+
     result = run_cli("-np", "1", "--rendezvous", f"etcd://127.0.0.1:{free_ports(1)[0]}", "true")
     assert result.returncode == 1 and "cannot reach" in result.stderr, result.stderr
 
@@ -89,10 +121,30 @@ def test_failing_host_is_blacklisted_and_comes_back(tmp_path, store_args):
     flag.write_text("")
     hold = tmp_path / "hold"
     hold.write_text("")  # training waits until the host is back, however fast it would be
-    args = ["-H", "localhost:1,127.0.0.1:1", "-np", "1", "--min-np", "1", "--launcher", "local",
-            "--blacklist-cooldown-range", "1", "2", *store_args,
-            *workload(out, 30, "--fail-host", "127.0.0.1", "--fail-flag", str(flag),
-                      "--pause-while", str(hold))]
+    args = [
+        "-H",
+        "localhost:1,127.0.0.1:1",
+        "-np",
+        "1",
+        "--min-np",
+        "1",
+        "--launcher",
+        "local",
+        "--blacklist-cooldown-range",
+        "1",
+        "2",
+        *store_args,
+        *workload(
+            out,
+            30,
+            "--fail-host",
+            "127.0.0.1",
+            "--fail-flag",
+            str(flag),
+            "--pause-while",
+            str(hold),
+        ),
+    ]
     with ElasticRun(args, tmp_path) as run:
         blacklisted = run.wait_event("host_blacklisted", lambda e: e["host"] == "127.0.0.1")
         flag.unlink()  # the host is repaired
@@ -111,8 +163,11 @@ def test_failing_host_is_blacklisted_and_comes_back(tmp_path, store_args):
 def test_stopped_worker_is_declared_lost_and_replaced(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    with ElasticRun(["-np", "3", "--min-np", "2", *workload(out, 25)], tmp_path,
-                    env={"ELASTIC_PEER_TIMEOUT": "2"}) as run:
+    with ElasticRun(
+        ["-np", "3", "--min-np", "2", *workload(out, 25)],
+        tmp_path,
+        env={"ELASTIC_PEER_TIMEOUT": "2"},
+    ) as run:
         run.wait_progress(30)
         victim = run.kill_member(2, signal.SIGSTOP)
         report = run.wait_event("failure_reported", lambda e: e.get("suspect") == victim)
@@ -141,8 +196,10 @@ def test_signal_to_elastic_run_stops_everything(tmp_path, sig):
 def test_a_worker_finishing_early_is_not_job_success(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    with ElasticRun(["-np", "3", "--min-np", "2",
-                     *workload(out, 20, "--exit-slot", "2", "--exit-at", "40")], tmp_path) as run:
+    with ElasticRun(
+        ["-np", "3", "--min-np", "2", *workload(out, 20, "--exit-slot", "2", "--exit-at", "40")],
+        tmp_path,
+    ) as run:
         assert run.wait(timeout=80) == 0, run.stderr_tail()
         early = [e for e in run.events("worker_exited") if e["slot"] == 2]
         assert early, "the worker on slot 2 should have exited early"
@@ -156,8 +213,9 @@ def test_a_worker_finishing_early_is_not_job_success(tmp_path):
 def test_reset_limit_ends_the_job_with_a_reason(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    with ElasticRun(["-np", "2", "--min-np", "1", "--reset-limit", "1", *workload(out, 200)],
-                    tmp_path) as run:
+    with ElasticRun(
+        ["-np", "2", "--min-np", "1", "--reset-limit", "1", *workload(out, 200)], tmp_path
+    ) as run:
         run.wait_progress(20)
         run.kill_member(1)
         run.wait_event("round_formed", lambda e: e["round"] == 2)
@@ -172,9 +230,22 @@ def test_elastic_timeout_when_too_few_slots_remain(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     script, hosts = hosts_file_discovery(tmp_path, "localhost:2\n")
-    with ElasticRun(["-np", "2", "--min-np", "2", "--host-discovery-script", str(script),
-                     "--discovery-interval", "0.2", "--elastic-timeout", "2",
-                     *workload(out, 200)], tmp_path) as run:
+    with ElasticRun(
+        [
+            "-np",
+            "2",
+            "--min-np",
+            "2",
+            "--host-discovery-script",
+            str(script),
+            "--discovery-interval",
+            "0.2",
+            "--elastic-timeout",
+            "2",
+            *workload(out, 200),
+        ],
+        tmp_path,
+    ) as run:
         run.wait_progress(20)
         hosts.write_text("localhost:1\n")
         assert run.wait(timeout=40) == 1
@@ -187,11 +258,22 @@ def test_ssh_launcher_runs_a_job_through_a_real_sshd(tmp_path, sshd_server):
     out = tmp_path / "out"
     out.mkdir()
     settings = sshd_server.settings()
-    options = ["-p", str(settings.port), "-i", settings.identity_file, "-l", settings.user,
-               *settings.extra_options]
+    options = [
+        "-p",
+        str(settings.port),
+        "-i",
+        settings.identity_file,
+        "-l",
+        settings.user,
+        *settings.extra_options,
+    ]
     import shlex
-    with ElasticRun(["-H", "127.0.0.1:2", "--launcher", "ssh", *workload(out, 10)], tmp_path,
-                    env={"ELASTIC_SSH_OPTIONS": shlex.join(options)}) as run:
+
+    with ElasticRun(
+        ["-H", "127.0.0.1:2", "--launcher", "ssh", *workload(out, 10)],
+        tmp_path,
+        env={"ELASTIC_SSH_OPTIONS": shlex.join(options)},
+    ) as run:
         run.wait_progress(20)
         run.kill_member(1)  # kills the local ssh client; the remote worker goes with it
         assert run.wait(timeout=80) == 0, run.stderr_tail()
@@ -205,8 +287,9 @@ def test_single_worker_crash_is_replaced(tmp_path):
     out.mkdir()
     flag = tmp_path / "crash"
     flag.write_text("")
-    with ElasticRun(["-np", "1", *workload(out, 5, "--crash-flag", str(flag), "--crash-at", "50")],
-                    tmp_path) as run:
+    with ElasticRun(
+        ["-np", "1", *workload(out, 5, "--crash-flag", str(flag), "--crash-at", "50")], tmp_path
+    ) as run:
         assert run.wait(timeout=50) == 0, run.stderr_tail()
         assert [e["code"] for e in run.events("worker_failed")] == [5]
     check_exact_sum(out, SAMPLES, 5, final_size=1)
@@ -237,8 +320,9 @@ def test_workers_and_shards_do_not_outlive_a_killed_driver(tmp_path):
         pids = list(run.worker_pids().values()) + [e["pid"] for e in run.events("ps_started")]
         run.proc.send_signal(signal.SIGKILL)  # no chance to stop anything itself
         run.wait(timeout=10)
-        wait_until(lambda: not any(pid_alive(p) for p in pids), 15,
-                   "orphaned workers and shards to stop")
+        wait_until(
+            lambda: not any(pid_alive(p) for p in pids), 15, "orphaned workers and shards to stop"
+        )
 
 
 @pytest.mark.timeout(60)
@@ -252,11 +336,33 @@ def test_only_a_blacklisted_host_left_waits_for_its_cooldown(tmp_path):
     hold = tmp_path / "hold"
     hold.write_text("")
     script, hosts = hosts_file_discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
-    args = ["-np", "1", "--min-np", "1", "--host-discovery-script", str(script),
-            "--discovery-interval", "0.2", "--launcher", "local",
-            "--blacklist-cooldown-range", "2", "2", "--elastic-timeout", "30",
-            *workload(out, 10, "--fail-host", "127.0.0.1", "--fail-flag", str(flag),
-                      "--pause-while", str(hold))]
+    args = [
+        "-np",
+        "1",
+        "--min-np",
+        "1",
+        "--host-discovery-script",
+        str(script),
+        "--discovery-interval",
+        "0.2",
+        "--launcher",
+        "local",
+        "--blacklist-cooldown-range",
+        "2",
+        "2",
+        "--elastic-timeout",
+        "30",
+        *workload(
+            out,
+            10,
+            "--fail-host",
+            "127.0.0.1",
+            "--fail-flag",
+            str(flag),
+            "--pause-while",
+            str(hold),
+        ),
+    ]
     with ElasticRun(args, tmp_path) as run:
         run.wait_event("host_blacklisted", lambda e: e["host"] == "127.0.0.1")
         flag.unlink()

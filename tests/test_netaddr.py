@@ -1,5 +1,6 @@
 """Which address this machine advertises: the route toward the peers, an interface, or
 an explicit one; never loopback toward remote hosts. Checked on real test hosts too."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ def test_bad_inputs_name_what_is_wrong():
         netaddr.interface_address("nope0")
     with pytest.raises(AddressError, match="does not resolve"):
         netaddr.resolve("no-such-host.invalid")
-    with pytest.raises(AddressError, match="loopback.*10.1.2.3"):
+    with pytest.raises(AddressError, match=r"loopback.*10\.1\.2\.3"):
         netaddr.advertised_address(["10.1.2.3"], explicit="127.0.0.1")
-    with pytest.raises(AddressError, match="loopback.*10.1.2.3"):
+    with pytest.raises(AddressError, match=r"loopback.*10\.1\.2\.3"):
         netaddr.advertised_address(["10.1.2.3"], interface="lo")
     assert netaddr.interface_address("lo") == "127.0.0.1"
 
@@ -34,8 +35,10 @@ def test_the_route_toward_test_hosts(three_hosts):
     addresses = [h.address for h in three_hosts]
     assert netaddr.advertised_address(addresses) == three_hosts.gateway
     host = three_hosts[1]
-    code = ("import json,sys; from rendezvous import netaddr; "
-            f"print(json.dumps([netaddr.address_toward({three_hosts.gateway!r}), "
-            f"netaddr.advertised_address([{three_hosts[2].address!r}])]))")
+    code = (
+        "import json,sys; from rendezvous import netaddr; "
+        f"print(json.dumps([netaddr.address_toward({three_hosts.gateway!r}), "
+        f"netaddr.advertised_address([{three_hosts[2].address!r}])]))"
+    )
     out = host.run([sys.executable, "-c", code])
     assert json.loads(out.stdout) == [host.address, host.address], out.stderr

@@ -1,5 +1,6 @@
 """The test hosts are separate enough to fool the code: own address, host name, process
 ids and /dev/shm, their own sshd; a cut link drops packets silently; teardown is complete."""
+
 from __future__ import annotations
 
 import os
@@ -21,24 +22,31 @@ def test_hosts_are_separate_machines(three_hosts):
     # Their own process ids: PID 1 is the host's init, and ps sees only the host.
     assert "tests.netns_init" in a.run(["cat", "/proc/1/cmdline"]).stdout
     # A private /dev/shm: a segment made on one host is seen on no other, nor here.
-    assert a.run(["sh", "-c", "echo x > /dev/shm/elastic-probe && ls /dev/shm"]).stdout.split() \
-        == ["elastic-probe"]
+    assert a.run(["sh", "-c", "echo x > /dev/shm/elastic-probe && ls /dev/shm"]).stdout.split() == [
+        "elastic-probe"
+    ]
     assert "elastic-probe" not in b.run(["ls", "/dev/shm"]).stdout
     assert not os.path.exists("/dev/shm/elastic-probe")
     # Their own address on the bridge, reached over ssh from here and from each other.
-    out = subprocess.run(three_hosts.ssh_argv(b, f"hostname; ssh {three_hosts.ssh_options} "
-                                              f"{c.address} hostname"),
-                         capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        three_hosts.ssh_argv(b, f"hostname; ssh {three_hosts.ssh_options} {c.address} hostname"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.stdout.split() == [b.name, c.name], out.stderr
 
 
 def _listen_on(host, port: int) -> subprocess.Popen:
     """A TCP server on ``host`` that accepts one connection and reads until EOF."""
-    code = ("import socket,sys\n"
-            f"s=socket.create_server(('{host.address}',{port}))\n"
-            "print('listening',flush=True)\n"
-            "c,_=s.accept()\n"
-            "while c.recv(1024): pass\n")
+    code = (
+        "import socket,sys\n"
+        f"s=socket.create_server(('{host.address}',{port}))\n"
+        "print('listening',flush=True)\n"
+        "c,_=s.accept()\n"
+        "while c.recv(1024): pass\n"
+    )
     proc = host.popen(["python3", "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "listening"
     return proc
@@ -77,9 +85,19 @@ def test_teardown_leaves_nothing(tmp_path):
     pids = h.pids() + [h.init_pid]
     netns = [x.netns for x in hosts]
     hosts.close()
-    wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and
-                               open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in pids),
-               10, "every process of the host to be gone")
+
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split()[2] != "Z"
+        except OSError:
+            return False
+
+    wait_until(
+        lambda: not any(running(p) for p in pids),
+        10,
+        "every process of the host to be gone",
+    )
     assert sleeper.wait(timeout=10) is not None
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in netns)
@@ -87,14 +105,21 @@ def test_teardown_leaves_nothing(tmp_path):
 
 def test_an_abandoned_network_is_reaped(tmp_path):
     """A session killed without teardown: the next one removes what it left."""
-    code = (f"import sys,os; sys.path.insert(0, {str(os.getcwd())!r})\n"
-            "from pathlib import Path\n"
-            "from tests.netns_hosts import NetnsHosts\n"
-            f"h = NetnsHosts(1, Path({str(tmp_path / 'x')!r})).start()\n"
-            "print(h[0].netns, h[0].init_pid, flush=True)\n"
-            "os.kill(os.getpid(), 9)\n")
-    out = subprocess.run(["python3", "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    code = (
+        f"import sys,os; sys.path.insert(0, {str(os.getcwd())!r})\n"
+        "from pathlib import Path\n"
+        "from tests.netns_hosts import NetnsHosts\n"
+        f"h = NetnsHosts(1, Path({str(tmp_path / 'x')!r})).start()\n"
+        "print(h[0].netns, h[0].init_pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    out = subprocess.run(
+        ["python3", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     netns, init_pid = out.stdout.split()
     assert netns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     with NetnsHosts(1, tmp_path / "y") as fresh:

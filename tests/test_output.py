@@ -1,7 +1,9 @@
 """Output forwarding through real pipes: prefixes per line, partial lines, binary junk,
 long lines, whole-line writes under concurrency, and failures that must not stop a pump."""
+
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -30,10 +32,8 @@ class Pipes:
 
     def close(self) -> None:
         for fd in (self.w_out, self.w_err):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 @pytest.fixture
@@ -88,8 +88,9 @@ def test_partial_last_line_and_binary_junk(pipes):
 def test_long_lines_are_split(pipes):
     out = io.BytesIO()
     fw = start(pipes, lambda: "[0]", out, io.BytesIO())
-    done = threading.Thread(target=lambda: (pipes.write(b"x" * (MAX_LINE + 10) + b"\n"),
-                                            pipes.close()), daemon=True)
+    done = threading.Thread(
+        target=lambda: (pipes.write(b"x" * (MAX_LINE + 10) + b"\n"), pipes.close()), daemon=True
+    )
     done.start()
     done.join(10)
     assert fw.join(5)
@@ -123,16 +124,19 @@ def test_lines_of_different_workers_never_interleave():
     out = SlowTextStream()
     workers = [Pipes() for _ in range(4)]
     try:
-        forwarders = [start(p, (lambda i=i: f"[{i}]"), out, io.BytesIO())
-                      for i, p in enumerate(workers)]
+        forwarders = [
+            start(p, (lambda i=i: f"[{i}]"), out, io.BytesIO()) for i, p in enumerate(workers)
+        ]
 
         def produce(i, p):
             for n in range(50):
                 p.write(f"worker {i} line {n} {'z' * 40}\n".encode())
             p.close()
 
-        threads = [threading.Thread(target=produce, args=(i, p), daemon=True)
-                   for i, p in enumerate(workers)]
+        threads = [
+            threading.Thread(target=produce, args=(i, p), daemon=True)
+            for i, p in enumerate(workers)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -164,6 +168,7 @@ def test_failing_prefix_and_broken_destination_keep_draining(pipes):
 
     err = io.BytesIO()
     fw = start(pipes, bad_prefix, Broken(), err, name="w7")
+
     def produce():
         # 1 MiB is far more than a pipe holds: the writer only finishes if the pump drains.
         for _ in range(1024):

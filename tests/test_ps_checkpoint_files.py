@@ -1,5 +1,6 @@
 """Checkpoint files on a real disk: atomic writes, checksums, manifests, fallback to the
 previous complete checkpoint, pruning, and re-cutting for another shard count."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,11 @@ THRESHOLD = 64
 
 def _variables(seed: int):
     rng = np.random.default_rng(seed)
-    return {"w": rng.normal(size=(10, 4)).astype(np.float32), "b": rng.normal(size=3),
-            "scale": np.array(2.5)}
+    return {
+        "w": rng.normal(size=(10, 4)).astype(np.float32),
+        "b": rng.normal(size=3),
+        "scale": np.array(2.5),
+    }
 
 
 def _snapshots(full: dict, num_shards: int, step: int, optimizer="adam"):
@@ -35,15 +39,21 @@ def _snapshots(full: dict, num_shards: int, step: int, optimizer="adam"):
                 slots[k] = value * (2 if k == "m" else 3)
         for sl in place(name, value.shape, value.dtype, num_shards, THRESHOLD):
             snaps[sl.shard].variables[name] = ck.SavedVariable(
-                sl, sl.take(value), {k: (a if k == "t" else sl.take(a)) for k, a in slots.items()},
-                opt.config())
+                sl,
+                sl.take(value),
+                {k: (a if k == "t" else sl.take(a)) for k, a in slots.items()},
+                opt.config(),
+            )
     return snaps
 
 
 def _write(root, checkpoint_id, snaps, step):
-    records = [ck.write_shard(str(root), checkpoint_id, i, len(snaps), s) for i, s in enumerate(snaps)]
-    ck.write_manifest(str(root), ck.Manifest(checkpoint_id, step, len(snaps), THRESHOLD,
-                                             tuple(records), 1.0))
+    records = [
+        ck.write_shard(str(root), checkpoint_id, i, len(snaps), s) for i, s in enumerate(snaps)
+    ]
+    ck.write_manifest(
+        str(root), ck.Manifest(checkpoint_id, step, len(snaps), THRESHOLD, tuple(records), 1.0)
+    )
     return records
 
 

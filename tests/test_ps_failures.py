@@ -1,6 +1,7 @@
 """Parameter-server failures with real processes and real SIGKILL: a shard killed mid-run
 (async and sync), a corrupted checkpoint file, a restore into another shard count, a
 restart of the whole job from its checkpoint dir, size limits, secrets, deadlines."""
+
 from __future__ import annotations
 
 import json
@@ -41,12 +42,26 @@ def _gd(steps: int, lr: float) -> dict:
 def test_shard_killed_mid_run_in_sync_mode_rolls_every_shard_back(embedded_server, tmp_path):
     steps, lr = 300, 0.05
     ckpt = str(tmp_path / "ckpt")
-    with PSJob(embedded_server, tmp_path, 2, "sync", checkpoint_dir=ckpt,
-               checkpoint_interval=0.2).start() as job:
+    with PSJob(
+        embedded_server, tmp_path, 2, "sync", checkpoint_dir=ckpt, checkpoint_interval=0.2
+    ).start() as job:
         outs = [tmp_path / f"out{r}.json" for r in range(2)]
         for r in range(2):
-            job.worker("lsq", "--steps", steps, "--rank", r, "--size", 2, "--data", "full",
-                       "--lr", lr, "--out", outs[r])
+            job.worker(
+                "lsq",
+                "--steps",
+                steps,
+                "--rank",
+                r,
+                "--size",
+                2,
+                "--data",
+                "full",
+                "--lr",
+                lr,
+                "--out",
+                outs[r],
+            )
         job.wait_checkpoint(min_step=20)
         assert job.shard_status(1)["step"] < steps - 50  # mid-run
         job.kill_shard(1)
@@ -69,12 +84,26 @@ def test_shard_killed_mid_run_in_sync_mode_rolls_every_shard_back(embedded_serve
 def test_shard_killed_mid_run_in_async_mode_is_a_pause(embedded_server, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     X, y = pw.make_problem()
-    with PSJob(embedded_server, tmp_path, 2, "async", checkpoint_dir=ckpt,
-               checkpoint_interval=0.2).start() as job:
+    with PSJob(
+        embedded_server, tmp_path, 2, "async", checkpoint_dir=ckpt, checkpoint_interval=0.2
+    ).start() as job:
         outs = [tmp_path / f"out{r}.json" for r in range(2)]
         for r in range(2):
-            job.worker("lsq", "--steps", 400, "--rank", r, "--size", 2, "--lr", 0.05,
-                       "--optimizer", "momentum", "--out", outs[r])
+            job.worker(
+                "lsq",
+                "--steps",
+                400,
+                "--rank",
+                r,
+                "--size",
+                2,
+                "--lr",
+                0.05,
+                "--optimizer",
+                "momentum",
+                "--out",
+                outs[r],
+            )
         job.wait_checkpoint(min_step=30)
         assert job.shard_status(0)["step"] < 350  # mid-run
         job.kill_shard(0)  # shard 0 is also the checkpoint coordinator
@@ -88,8 +117,15 @@ def test_shard_killed_mid_run_in_async_mode_is_a_pause(embedded_server, tmp_path
 
 
 def _count_job(embedded_server, tmp_path, num_shards, mode="async", **kw):
-    return PSJob(embedded_server, tmp_path, num_shards, mode,
-                 checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_interval=0.1, **kw)
+    return PSJob(
+        embedded_server,
+        tmp_path,
+        num_shards,
+        mode,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_interval=0.1,
+        **kw,
+    )
 
 
 def _push_until_checkpoint(job, client, target: int, ones) -> dict:
@@ -107,8 +143,10 @@ def test_corrupted_checkpoint_file_falls_back_to_the_previous_one(embedded_serve
         second = _push_until_checkpoint(job, c, first["step"] + 5, ones)
         for i in range(2):
             job.kill_shard(i)
-        bad = os.path.join(ck.checkpoint_dir(str(tmp_path / "ckpt"), second["checkpoint_id"]),
-                           ck.shard_filename(1, 2))
+        bad = os.path.join(
+            ck.checkpoint_dir(str(tmp_path / "ckpt"), second["checkpoint_id"]),
+            ck.shard_filename(1, 2),
+        )
         with open(bad, "r+b") as f:
             f.seek(100)
             f.write(b"\x00garbage\x00")
@@ -133,21 +171,28 @@ def _momentum_sequence(n: int, mu: float = 0.5) -> float:
 def test_restore_into_a_different_number_of_shards(embedded_server, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     ones = {"w": np.ones((30, 4)), "b": np.ones(3)}
-    with PSJob(embedded_server, tmp_path, 2, "async", checkpoint_dir=ckpt,
-               checkpoint_interval=0.1).start() as job:
+    with PSJob(
+        embedded_server, tmp_path, 2, "async", checkpoint_dir=ckpt, checkpoint_interval=0.1
+    ).start() as job:
         c = job.client()
-        c.init({"w": np.zeros((30, 4)), "b": np.zeros(3)}, optimizer="momentum", lr=1.0,
-               momentum=0.5)
+        c.init(
+            {"w": np.zeros((30, 4)), "b": np.zeros(3)}, optimizer="momentum", lr=1.0, momentum=0.5
+        )
         _push_until_checkpoint(job, c, 4, ones)
-    with PSJob(embedded_server, tmp_path, 3, "async", checkpoint_dir=ckpt,
-               checkpoint_interval=0.1).start() as job3:
+    with PSJob(
+        embedded_server, tmp_path, 3, "async", checkpoint_dir=ckpt, checkpoint_interval=0.1
+    ).start() as job3:
         c3 = job3.client()
         values = c3.pull()
         assert c3.step == 4
         np.testing.assert_allclose(values["w"], np.full((30, 4), _momentum_sequence(4)))
         np.testing.assert_allclose(values["b"], np.full(3, _momentum_sequence(4)))
-        holders = {i for i in range(3) for v in job3.shard_status(i)["variables"]
-                   if v["slice"]["name"] == "w"}
+        holders = {
+            i
+            for i in range(3)
+            for v in job3.shard_status(i)["variables"]
+            if v["slice"]["name"] == "w"
+        }
         assert holders == {0, 1, 2}
         c3.push(ones)  # the momentum slots were re-cut too: the sequence continues
         np.testing.assert_allclose(c3.pull()["w"], np.full((30, 4), _momentum_sequence(5)))
@@ -155,6 +200,7 @@ def test_restore_into_a_different_number_of_shards(embedded_server, tmp_path):
 
 def _adam_reference(steps: int) -> np.ndarray:
     from elastic.ps.optimizers import Adam
+
     opt, p = Adam(0.1), np.zeros((20, 3))
     slots = opt.slots(p)
     for k in range(steps):
@@ -164,8 +210,9 @@ def _adam_reference(steps: int) -> np.ndarray:
 
 def test_whole_job_restart_resumes_from_the_checkpoint_dir(embedded_server, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    with PSJob(embedded_server, tmp_path, 2, "sync", checkpoint_dir=ckpt,
-               checkpoint_interval=0.1).start() as job:
+    with PSJob(
+        embedded_server, tmp_path, 2, "sync", checkpoint_dir=ckpt, checkpoint_interval=0.1
+    ).start() as job:
         c = job.client()
         c.init({"w": np.zeros((20, 3))}, optimizer="adam", lr=0.1)
         for k in range(6):
@@ -201,8 +248,14 @@ def test_wrong_secret_is_refused_and_a_shard_needs_the_secret(embedded_server, t
             bad.close()
         environ = job.env()
         del environ["ELASTIC_JOB_SECRET"]
-        run = subprocess.run(job.shard_argv(0), env=environ, cwd=str(ROOT), timeout=60,
-                             capture_output=True, text=True)
+        run = subprocess.run(
+            job.shard_argv(0),
+            env=environ,
+            cwd=str(ROOT),
+            timeout=60,
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 2 and "ELASTIC_JOB_SECRET" in run.stderr
 
 
@@ -217,6 +270,7 @@ def test_client_gives_up_after_its_deadline_with_a_typed_error(embedded_server, 
 
 def test_connect_finds_the_shards_or_says_the_job_has_none(embedded_server, tmp_path):
     from elastic.ps.client import connect
+
     with PSJob(embedded_server, tmp_path, 2).start() as job:
         client = connect(environ=job.env())
         try:
@@ -233,17 +287,34 @@ def test_connect_finds_the_shards_or_says_the_job_has_none(embedded_server, tmp_
 def test_multi_shard_checkpoints_need_the_store(tmp_path):
     environ = {**os.environ, "ELASTIC_JOB_SECRET": "s", "PYTHONPATH": str(ROOT)}
     environ.pop("ELASTIC_RENDEZVOUS", None)
-    run = subprocess.run([sys.executable, "-m", "elastic.ps.server", "--index", "0",
-                          "--num-shards", "2", "--checkpoint-dir", str(tmp_path)],
-                         env=environ, cwd=str(ROOT), timeout=60, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elastic.ps.server",
+            "--index",
+            "0",
+            "--num-shards",
+            "2",
+            "--checkpoint-dir",
+            str(tmp_path),
+        ],
+        env=environ,
+        cwd=str(ROOT),
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and "ELASTIC_RENDEZVOUS" in run.stderr
 
 
-def test_chunked_transfers_over_the_bulk_port_which_refuses_a_wrong_secret(embedded_server,
-                                                                            tmp_path):
+def test_chunked_transfers_over_the_bulk_port_which_refuses_a_wrong_secret(
+    embedded_server, tmp_path
+):
     from elastic.ps.client.bulk import BulkClient
     from elastic.ps.client.link import ShardLink
     from elastic.ps.protocol import Hello, Part
+
     values = np.random.default_rng(1).normal(size=(300, 70))
     with PSJob(embedded_server, tmp_path, 2).start() as job:
         # chunked uploads and downloads through the bulk port, in many small parts
@@ -272,6 +343,7 @@ def test_a_shard_announces_itself_only_in_the_store(embedded_server, tmp_path):
     each complete checkpoint as a CheckpointRecord; nothing on stdout."""
     from rendezvous import open_store
     from rendezvous.plan import ShardInfo
+
     ckpt = str(tmp_path / "ckpt")
     job = PSJob(embedded_server, tmp_path, 1, checkpoint_dir=ckpt, checkpoint_interval=0.1)
     store = open_store(job.store_url, job.secret)
@@ -293,7 +365,9 @@ def test_a_shard_announces_itself_only_in_the_store(embedded_server, tmp_path):
         watch.cancel()
         store.close()
     assert [(i.ready, i.pid, i.address) for i in infos] == [
-        (False, pid, job.addresses[0]), (True, pid, job.addresses[0])]
+        (False, pid, job.addresses[0]),
+        (True, pid, job.addresses[0]),
+    ]
     assert infos[0].bulk_address.startswith("127.0.0.1:")
     assert record["dir"] == ckpt and record["step"] >= 1
     assert ck.is_complete(ckpt, record["checkpoint_id"])
@@ -301,7 +375,7 @@ def test_a_shard_announces_itself_only_in_the_store(embedded_server, tmp_path):
 
 
 def _outcome(port: int, proc: subprocess.Popen) -> str | None:
-    """"exited", "serving" once something accepts on ``port``, else None."""
+    """ "exited", "serving" once something accepts on ``port``, else None."""
     if proc.poll() is not None:
         return "exited"
     with socket.socket() as s:
@@ -320,9 +394,23 @@ def _shard_alone(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
             port = s.getsockname()[1]
         with open(tmp_path / "stdout", "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "elastic.ps.server", "--index", "0", "--num-shards", "1",
-                 "--bind", f"127.0.0.1:{port}", *args],
-                env=environ, cwd=str(ROOT), stdout=out, stderr=subprocess.DEVNULL)
+                [
+                    sys.executable,
+                    "-m",
+                    "elastic.ps.server",
+                    "--index",
+                    "0",
+                    "--num-shards",
+                    "1",
+                    "--bind",
+                    f"127.0.0.1:{port}",
+                    *args,
+                ],
+                env=environ,
+                cwd=str(ROOT),
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+            )
         if wait_until(lambda p=proc, n=port: _outcome(n, p), 60, "the shard") == "serving":
             return proc, port
         proc.wait(timeout=10)
@@ -337,8 +425,11 @@ def test_a_shard_without_a_store_serves_and_checkpoints_alone(tmp_path):
     try:
         client.init({"w": np.zeros(3)})
         assert client.push({"w": np.ones(3)}) == 1
-        wait_until(lambda: (loaded := ck.load_newest(ckpt)) is not None and loaded.step >= 1,
-                   30, "a checkpoint at step 1 on disk")
+        wait_until(
+            lambda: (loaded := ck.load_newest(ckpt)) is not None and loaded.step >= 1,
+            30,
+            "a checkpoint at step 1 on disk",
+        )
     finally:
         client.close()
         proc.terminate()

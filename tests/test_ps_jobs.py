@@ -1,5 +1,6 @@
 """Parameter-server shards under ``elastic-run --num-ps``: supervised, restarted from
 checkpoints after SIGKILL, and resumed by a new job from the checkpoint dir."""
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,27 @@ def test_killed_shard_is_restarted_from_its_checkpoint(tmp_path, mode):
     out.mkdir()
     ckpt = tmp_path / "ckpt"
     hold = tmp_path / "hold"  # while it exists the workers wait between steps
-    args = ["-np", "2", "--min-np", "1", "--num-ps", "2", "--ps-mode", mode,
-            "--ps-checkpoint-dir", str(ckpt), "--ps-checkpoint-interval", "0.3",
-            "python", str(PS_LINEAR), str(out), "--steps", "400", "--pause-while", str(hold)]
+    args = [
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--num-ps",
+        "2",
+        "--ps-mode",
+        mode,
+        "--ps-checkpoint-dir",
+        str(ckpt),
+        "--ps-checkpoint-interval",
+        "0.3",
+        "python",
+        str(PS_LINEAR),
+        str(out),
+        "--steps",
+        "400",
+        "--pause-while",
+        str(hold),
+    ]
     with ElasticRun(args, tmp_path) as run:
         run.wait_event("checkpoint_written", timeout=60)
         hold.write_text("")  # however fast training is, the kills land before its end
@@ -61,8 +80,18 @@ def test_new_job_resumes_from_the_checkpoint_dir(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     second.mkdir()
-    common = ["-np", "2", "--num-ps", "2", "--ps-checkpoint-dir", str(ckpt),
-              "--ps-checkpoint-interval", "0.2", "python", str(PS_LINEAR)]
+    common = [
+        "-np",
+        "2",
+        "--num-ps",
+        "2",
+        "--ps-checkpoint-dir",
+        str(ckpt),
+        "--ps-checkpoint-interval",
+        "0.2",
+        "python",
+        str(PS_LINEAR),
+    ]
     with ElasticRun([*common, str(first), "--steps", "200"], tmp_path / "run1") as run:
         assert run.wait(timeout=100) == 0, run.stderr_tail()
         checkpoints = run.events("checkpoint_written")

@@ -1,5 +1,6 @@
 """The shard state machine in one process (threads stand in for concurrent requests):
 async de-duplication, sync rounds/steps/generations, and the checkpoint gate."""
+
 from __future__ import annotations
 
 import threading
@@ -65,7 +66,9 @@ def _sync_push(st, rnd, size, rank, step, grad, gen=G0, wait=5.0):
 def test_sync_step_applies_rank_ordered_average_once_all_ranks_pushed():
     st = _state("sync")
     with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(_sync_push, st, 1, 3, r, 1, g) for r, g in ((2, 6.0), (0, 1.0), (1, 2.0))]
+        futures = [
+            pool.submit(_sync_push, st, 1, 3, r, 1, g) for r, g in ((2, 6.0), (0, 1.0), (1, 2.0))
+        ]
         replies = [f.result(timeout=10) for f in futures]
     assert {r.status for r in replies} == {APPLIED} and st.step == 1
     np.testing.assert_allclose(_w(st), -3.0 * np.ones(4))

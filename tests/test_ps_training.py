@@ -1,5 +1,6 @@
 """Parameter servers with real shard and worker processes on loopback: sync equals
 allreduce-averaged SGD, async converges, a worker's death loses no applied update."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ def test_sync_mode_equals_allreduce_averaged_sgd(embedded_server, tmp_path):
     with PSJob(embedded_server, tmp_path, num_shards=2, mode="sync").start() as job:
         outs = [tmp_path / f"out{r}.json" for r in range(size)]
         for r in range(size):
-            job.worker("lsq", "--steps", steps, "--rank", r, "--size", size, "--lr", lr,
-                       "--out", outs[r])
+            job.worker(
+                "lsq", "--steps", steps, "--rank", r, "--size", size, "--lr", lr, "--out", outs[r]
+            )
         job.wait_workers(timeout=90)
         statuses = [job.shard_status(i) for i in range(2)]
     # what allreduce(average) + SGD computes, in the same (rank) order
@@ -50,8 +52,21 @@ def test_async_mode_converges(embedded_server, tmp_path):
     with PSJob(embedded_server, tmp_path, num_shards=2, mode="async").start() as job:
         outs = [tmp_path / f"out{r}.json" for r in range(2)]
         for r in range(2):
-            job.worker("lsq", "--steps", 300, "--rank", r, "--size", 2, "--lr", 0.05,
-                       "--optimizer", "momentum", "--out", outs[r])
+            job.worker(
+                "lsq",
+                "--steps",
+                300,
+                "--rank",
+                r,
+                "--size",
+                2,
+                "--lr",
+                0.05,
+                "--optimizer",
+                "momentum",
+                "--out",
+                outs[r],
+            )
         job.wait_workers(timeout=90)
         final = job.client().pull()
     assert pw.loss(final, X, y) < 1e-3 * start
@@ -82,7 +97,7 @@ def test_worker_killed_mid_run_loses_no_applied_update(embedded_server, tmp_path
     for s in statuses:
         rows = [v["slice"] for v in s["variables"] if v["slice"]["name"] == "w"]
         for sl in rows:
-            assert np.all(w[sl["start"]:sl["stop"]] == -s["step"])
+            assert np.all(w[sl["start"] : sl["stop"]] == -s["step"])
         if any(v["slice"]["name"] == "c" for v in s["variables"]):
             assert np.all(c == -s["step"])
         # the victim may have died between an acknowledgement and its progress line, and
@@ -95,9 +110,25 @@ def test_worker_killed_in_sync_mode_round_change_redoes_the_step(embedded_server
     with PSJob(embedded_server, tmp_path, num_shards=2, mode="sync").start() as job:
         job.publish_round(1, ids)
         outs = [tmp_path / f"out{r}.json" for r in range(3)]
-        procs = [job.worker("lsq", "--steps", 60, "--lr", 0.05, "--rank", r, "--size", 3,
-                            "--progress", tmp_path / f"p{r}", "--out", outs[r], ELASTIC_WORKER_ID=w)
-                 for r, w in enumerate(ids)]
+        procs = [
+            job.worker(
+                "lsq",
+                "--steps",
+                60,
+                "--lr",
+                0.05,
+                "--rank",
+                r,
+                "--size",
+                3,
+                "--progress",
+                tmp_path / f"p{r}",
+                "--out",
+                outs[r],
+                ELASTIC_WORKER_ID=w,
+            )
+            for r, w in enumerate(ids)
+        ]
         wait_for(lambda: _last(tmp_path / "p2") >= 10, 60, "ten sync steps")
         procs[2].kill()
         job.publish_round(2, ids[:2])  # the driver's new round without the dead worker

@@ -1,5 +1,6 @@
 """Unit tests of the pure parameter-server parts: partitioner, optimizers, wire format,
 chunk staging, settings, protocol headers."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -147,7 +148,7 @@ def test_adam_matches_reference_and_counts_steps():
     for t, g in enumerate(grads, 1):
         m = 0.8 * m + 0.2 * g
         v = 0.9 * v + 0.1 * g * g
-        ref = ref - 0.01 * (m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.9 ** t)) + 1e-6)
+        ref = ref - 0.01 * (m / (1 - 0.8**t)) / (np.sqrt(v / (1 - 0.9**t)) + 1e-6)
     np.testing.assert_allclose(p, ref, rtol=1e-5, atol=1e-9)
     assert int(slots["t"]) == 5 and slots["t"].shape == ()
 
@@ -158,9 +159,16 @@ def test_optimizer_config_rebuilds_the_same_optimizer():
         assert type(again) is type(opt) and again.config() == opt.config()
 
 
-@pytest.mark.parametrize("kwargs", [{"optimizer": "rmsprop"}, {"lr": 0}, {"lr": float("nan")},
-                                    {"optimizer": "sgd", "momentum": 0.9},
-                                    {"optimizer": "adam", "beta3": 1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"optimizer": "rmsprop"},
+        {"lr": 0},
+        {"lr": float("nan")},
+        {"optimizer": "sgd", "momentum": 0.9},
+        {"optimizer": "adam", "beta3": 1},
+    ],
+)
 def test_bad_optimizer_settings_are_typed_errors(kwargs):
     with pytest.raises(PSConfigError):
         make_optimizer(**{"optimizer": "sgd", "lr": 0.1, **kwargs})
@@ -168,9 +176,15 @@ def test_bad_optimizer_settings_are_typed_errors(kwargs):
 
 # ------------------------------------------------------------------ wire
 def test_wire_round_trip_of_many_dtypes_and_shapes():
-    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array(5, dtype=np.int64),
-              np.zeros((0, 7)), np.array([True, False]), np.arange(6, dtype=">i4"),
-              np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.array([1 + 2j])]
+    arrays = [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array(5, dtype=np.int64),
+        np.zeros((0, 7)),
+        np.array([True, False]),
+        np.arange(6, dtype=">i4"),
+        np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        np.array([1 + 2j]),
+    ]
     message = wire.encode({"step": 3}, [({"name": str(i)}, a) for i, a in enumerate(arrays)])
     header, tensors = wire.decode(message)
     assert header["step"] == 3
@@ -215,7 +229,7 @@ def test_staging_reassembles_parts_in_any_order_and_detects_gaps():
     st = Staging(ttl=10, clock=lambda: clock[0])
     data = bytes(range(256)) * 5
     for off in (1000, 0, 500):
-        _put(st, "u", off, len(data), memoryview(data)[off:off + 500])
+        _put(st, "u", off, len(data), memoryview(data)[off : off + 500])
     _put(st, "u", 0, len(data), memoryview(data)[:500])  # a retry
     assert bytes(st.take_upload("u")) == data
     with pytest.raises(PSTransferError):
@@ -232,6 +246,7 @@ def test_staging_downloads_expire():
     st = Staging(ttl=10, clock=lambda: clock[0])
     reply = st.reply({"a": 1}, b"x" * 100, inline_max=10)
     from rendezvous.rpc import unframe
+
     header, _ = unframe(reply)
     assert header["total"] == 100
     part = st.download_pieces(Part(header["download"], 90, 10))
@@ -260,6 +275,7 @@ def test_settings_are_frozen_and_validated():
 # ------------------------------------------------------------------ buffer reuse
 def test_buffer_pool_reuses_a_buffer_only_after_every_view_is_gone():
     from elastic.ps.memory import BufferPool
+
     pool = BufferPool()
     a = pool.get(64)
     first = id(a.obj)
@@ -301,11 +317,12 @@ def test_optimizer_output_buffer_is_used_and_param_untouched():
 
 def test_cut_slices_a_concatenation_of_pieces():
     from elastic.ps.wire import as_pieces, cut
+
     pieces = as_pieces([b"abc", b"", b"defg", bytearray(b"hi")])
     joined = b"abcdefghi"
     for off in range(len(joined)):
         for length in range(len(joined) - off + 1):
-            assert b"".join(cut(pieces, off, length)) == joined[off:off + length]
+            assert b"".join(cut(pieces, off, length)) == joined[off : off + length]
 
 
 # ------------------------------------------------------------------ protocol headers
@@ -314,8 +331,16 @@ def test_headers_round_trip_through_json_and_name_a_missing_field():
 
     from elastic.ps.errors import PSProtocolError
     from elastic.ps.protocol import Description, Envelope, StepArgs, StepReply, VariableInfo
-    described = Description(1, 2, "sync", 7, "c3", (VariableInfo(
-        Slice("w", 1, 0, 4, (4, 2), "<f8"), {"optimizer": "sgd", "lr": 0.1}),), 64)
+
+    described = Description(
+        1,
+        2,
+        "sync",
+        7,
+        "c3",
+        (VariableInfo(Slice("w", 1, 0, 4, (4, 2), "<f8"), {"optimizer": "sgd", "lr": 0.1}),),
+        64,
+    )
     assert Description.from_dict(json.loads(json.dumps(described.to_dict()))) == described
     step = StepArgs(round=3, size=2, rank=1, step=9, generation="c3", wait=0.5)
     header = {**Envelope(1, inline_max=10).to_dict(), **step.to_dict()}

@@ -1,5 +1,6 @@
 """Pure units of the shared floor: the backoff schedule, the typed environment readers,
 and the one host:port parser."""
+
 from __future__ import annotations
 
 import threading
@@ -32,14 +33,14 @@ def test_backoff_doubles_up_to_the_cap_and_stops_before_the_deadline():
         if not backoff.pause():
             break
         pauses.append(round(clock.now - before, 6))
-    assert pauses == [0.1, 0.2, 0.4]          # the next (0.4) would pass 1.0
+    assert pauses == [0.1, 0.2, 0.4]  # the next (0.4) would pass 1.0
     assert clock.now == pytest.approx(0.7)
 
 
 def test_backoff_clip_tries_once_more_at_the_deadline():
     clock = FakeClock()
     backoff = Backoff.within(0.5, initial=0.2, cap=1.0, clock=clock, sleep=clock.sleep)
-    assert backoff.pause(clip=True) and backoff.pause(clip=True)   # 0.2, then 0.3 (clipped)
+    assert backoff.pause(clip=True) and backoff.pause(clip=True)  # 0.2, then 0.3 (clipped)
     assert clock.now == pytest.approx(0.5)
     assert not backoff.pause(clip=True)
 
@@ -70,9 +71,14 @@ def test_env_readers_name_the_variable():
     assert env.text("MISSING", "d", environ) == "d"
 
 
-@pytest.mark.parametrize("text, host, port", [
-    ("10.0.0.1:2379", "10.0.0.1", 2379), ("[::1]:80", "::1", 80), ("node-1.example:9", "node-1.example", 9),
-])
+@pytest.mark.parametrize(
+    "text, host, port",
+    [
+        ("10.0.0.1:2379", "10.0.0.1", 2379),
+        ("[::1]:80", "::1", 80),
+        ("node-1.example:9", "node-1.example", 9),
+    ],
+)
 def test_endpoint_parse(text, host, port):
     endpoint = Endpoint.parse(text)
     assert (endpoint.host, endpoint.port) == (host, port)

@@ -3,6 +3,7 @@ ps shards share ``rendezvous.rpc``): refused is harmless. Calls that never send 
 no thread, an oversized or unauthenticated body is refused before it is buffered, a sniffed
 request cannot be replayed, a malformed request gets one line back, and thousands of
 watchers are served. Each test runs a real server process and measures it from outside."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,13 @@ class StoreProcess:
     def __init__(self):
         self.secret = auth.make_secret()
         env = {**os.environ, "PYTHONPATH": str(ROOT), auth.ENV_SECRET: self.secret}
-        self.proc = subprocess.Popen([sys.executable, "-m", "rendezvous.server"], env=env,
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rendezvous.server"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         line = self.proc.stdout.readline().split()
         assert line and line[0] == "ELASTIC_STORE_READY", line
         self.url = line[1]
@@ -86,8 +92,10 @@ def _never_sending_calls(address: str, count: int, connections: int, metadata=()
         return
         yield  # a generator that yields nothing until released
 
-    channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(connections)]
+    channels = [
+        grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(connections)
+    ]
     calls = []
     for i in range(count):
         method = channels[i % connections].stream_unary(f"/{SERVICE}/Range")
@@ -99,8 +107,11 @@ def _never_sending_calls(address: str, count: int, connections: int, metadata=()
 def test_calls_that_never_send_a_body_hold_no_thread(store_process, credentials):
     """600 calls that send headers and no body (70 KB over 3 connections did it before):
     the store keeps serving everyone else, with no thread per held call."""
-    metadata = () if credentials == "none" else \
-        auth.call_metadata(auth.make_secret(), f"/{SERVICE}/Range", b"")
+    metadata = (
+        ()
+        if credentials == "none"
+        else auth.call_metadata(auth.make_secret(), f"/{SERVICE}/Range", b"")
+    )
     store = _store(store_process)
     before = store_process.threads
     channels, calls, release = _never_sending_calls(store_process.address, 600, 3, metadata)
@@ -138,14 +149,17 @@ def test_slow_authenticated_bodies_hold_no_thread(store_process):
     try:
         for _ in range(300):
             metadata = auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", b"")
-            calls.append(channel.stream_unary(f"/{SERVICE}/Range").future(
-                never(), metadata=metadata, timeout=60))
+            calls.append(
+                channel.stream_unary(f"/{SERVICE}/Range").future(
+                    never(), metadata=metadata, timeout=60
+                )
+            )
         t0 = time.monotonic()
         for i in range(20):
             store.put(f"/slow/{i}", b"x")
         assert time.monotonic() - t0 < 5
         assert store_process.threads <= before + 4
-        assert not any(c.done() for c in calls)   # still held, and harmless
+        assert not any(c.done() for c in calls)  # still held, and harmless
     finally:
         stop.set()
         channel.close()
@@ -157,17 +171,23 @@ def test_oversized_and_unauthenticated_bodies_are_not_buffered(store_process):
     store's memory within 64 MiB of where it was."""
     rss = store_process.rss_mib
     big = b"\0" * (256 << 20)
-    channel = grpc.insecure_channel(store_process.address,
-                                    options=[("grpc.max_send_message_length", -1)])
+    channel = grpc.insecure_channel(
+        store_process.address, options=[("grpc.max_send_message_length", -1)]
+    )
     try:
         method = channel.unary_unary(f"/{SERVICE}/Range")
-        for secret, code in ((auth.make_secret(), grpc.StatusCode.UNAUTHENTICATED),) * 3 + \
-                ((store_process.secret, grpc.StatusCode.RESOURCE_EXHAUSTED),):
+        for secret, code in ((auth.make_secret(), grpc.StatusCode.UNAUTHENTICATED),) * 3 + (
+            (store_process.secret, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        ):
             with pytest.raises(grpc.RpcError) as info:
-                method(big, timeout=30, metadata=auth.call_metadata(
-                    secret, f"/{SERVICE}/Range", big))
-            assert info.value.code() in (code, grpc.StatusCode.UNAVAILABLE,
-                                         grpc.StatusCode.CANCELLED), info.value
+                method(
+                    big, timeout=30, metadata=auth.call_metadata(secret, f"/{SERVICE}/Range", big)
+                )
+            assert info.value.code() in (
+                code,
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.CANCELLED,
+            ), info.value
     finally:
         channel.close()
     assert store_process.rss_mib - rss < 64
@@ -183,7 +203,7 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
         body = _encode(key="/k", prefix=False)
         metadata = auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", body)
         method = channel.unary_unary(f"/{SERVICE}/Range")
-        method(body, metadata=metadata, timeout=5)            # the original call
+        method(body, metadata=metadata, timeout=5)  # the original call
         for replay_body, what in ((body, "replayed"), (_encode(key="/", prefix=True), "replayed")):
             with pytest.raises(grpc.RpcError) as info:
                 method(replay_body, metadata=metadata, timeout=5)
@@ -197,12 +217,19 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # The proof of one method does not open another.
         with pytest.raises(grpc.RpcError) as info:
-            channel.unary_unary(f"/{SERVICE}/Txn")(body, metadata=auth.call_metadata(
-                store_process.secret, f"/{SERVICE}/Range", body), timeout=5)
+            channel.unary_unary(f"/{SERVICE}/Txn")(
+                body,
+                metadata=auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", body),
+                timeout=5,
+            )
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # A proof made long ago (or with a clock far off) is refused.
-        old = auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", body,
-                                 now=time.time() - 10 * auth.PROOF_WINDOW)
+        old = auth.call_metadata(
+            store_process.secret,
+            f"/{SERVICE}/Range",
+            body,
+            now=time.time() - 10 * auth.PROOF_WINDOW,
+        )
         with pytest.raises(grpc.RpcError) as info:
             method(body, metadata=old, timeout=5)
         assert "window" in info.value.details()
@@ -216,8 +243,12 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
 def test_malformed_requests_get_one_line_and_the_store_goes_on(store_process):
     client = RpcClient(store_process.address, SERVICE, store_process.secret)
     try:
-        for payload in (b"garbage", b"\xff\xff\xff\xff{}", _encode(cmp="x", ok=[], fail=[]),
-                        _encode(nothing=1)):
+        for payload in (
+            b"garbage",
+            b"\xff\xff\xff\xff{}",
+            _encode(cmp="x", ok=[], fail=[]),
+            _encode(nothing=1),
+        ):
             with pytest.raises(MalformedRequest) as info:
                 client.call("Txn", payload)
             assert "\n" not in str(info.value)
@@ -243,20 +274,27 @@ def test_thousands_of_watchers(store_process):
 
     async def watch_all():
         nonlocal received
-        channels = [grpc.aio.insecure_channel(store_process.address,
-                                              options=[("grpc.use_local_subchannel_pool", 1)])
-                    for _ in range(connections)]
+        channels = [
+            grpc.aio.insecure_channel(
+                store_process.address, options=[("grpc.use_local_subchannel_pool", 1)]
+            )
+            for _ in range(connections)
+        ]
         store = await asyncio.to_thread(_store, store_process)
         start = (await asyncio.to_thread(store.revision)) + 1
         body = _encode(prefix="/many/", start=start)
-        calls = [channels[i % connections].unary_stream(f"/{SERVICE}/Watch")(
-            body, metadata=auth.call_metadata(store_process.secret, f"/{SERVICE}/Watch", body))
-            for i in range(watchers)]
+        calls = [
+            channels[i % connections].unary_stream(f"/{SERVICE}/Watch")(
+                body, metadata=auth.call_metadata(store_process.secret, f"/{SERVICE}/Watch", body)
+            )
+            for i in range(watchers)
+        ]
 
         async def first_event(call):
             nonlocal received
             async for message in call:
                 from rendezvous.embedded import _decode
+
                 if _decode(message)["events"]:
                     received += 1
                     return

@@ -1,13 +1,15 @@
 """Pure-logic tests: the sampler's partition of an epoch, and the choice of the sync root."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from driver.chaos import next_kill_delay, pick_victim
 from elastic.sampler import epoch_order, rank_share
-from elastic.state import ObjectState, NumpyState, sync_root
+from elastic.state import NumpyState, ObjectState, sync_root
 
 
 def test_epoch_order_is_a_seeded_permutation():
@@ -20,17 +22,34 @@ def test_epoch_order_is_a_seeded_permutation():
 
 
 def test_rank_share_full_and_last_step():
-    assert [rank_share(0, 100, 8, r, 4)[:2] for r in range(4)] == [(0, 8), (8, 16), (16, 24), (24, 32)]
+    assert [rank_share(0, 100, 8, r, 4)[:2] for r in range(4)] == [
+        (0, 8),
+        (8, 16),
+        (16, 24),
+        (24, 32),
+    ]
     # 10 left for 4 ranks of batch 8: 3,3,2,2 — every rank takes the step.
-    assert [rank_share(90, 100, 8, r, 4)[:2] for r in range(4)] == [(90, 93), (93, 96), (96, 98), (98, 100)]
+    assert [rank_share(90, 100, 8, r, 4)[:2] for r in range(4)] == [
+        (90, 93),
+        (93, 96),
+        (96, 98),
+        (98, 100),
+    ]
     # 2 left for 4 ranks: two ranks get none but still take the step.
     assert [rank_share(98, 100, 8, r, 4) for r in range(4)] == [
-        (98, 99, 100), (99, 100, 100), (100, 100, 100), (100, 100, 100)]
+        (98, 99, 100),
+        (99, 100, 100),
+        (100, 100, 100),
+        (100, 100, 100),
+    ]
 
 
 @settings(max_examples=300, deadline=None)
-@given(n=st.integers(0, 300), batch=st.integers(1, 17),
-       sizes=st.lists(st.integers(1, 6), min_size=1, max_size=60))
+@given(
+    n=st.integers(0, 300),
+    batch=st.integers(1, 17),
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=60),
+)
 def test_any_sequence_of_world_sizes_covers_the_epoch_exactly_once(n, batch, sizes):
     """Each step may run at a different world size (a re-form between commits)."""
     seen: list[int] = []
@@ -46,7 +65,9 @@ def test_any_sequence_of_world_sizes_covers_the_epoch_exactly_once(n, batch, siz
     assert sorted(seen) == list(range(n))
 
 
-@pytest.mark.parametrize("counts,root", [([3], 0), ([3, 3, 3], 0), ([2, 3, 3], 1), ([0, 0, 5, 1], 2)])
+@pytest.mark.parametrize(
+    "counts,root", [([3], 0), ([3, 3, 3], 0), ([2, 3, 3], 1), ([0, 0, 5, 1], 2)]
+)
 def test_sync_root_is_the_oldest_worker_with_the_newest_commit(counts, root):
     assert sync_root(counts) == root
 
@@ -72,6 +93,7 @@ def test_numpy_state_in_place_updates_are_rolled_back():
 
 def test_chaos_schedule_and_victims_are_seeded():
     import random
+
     a, b = random.Random(3), random.Random(3)
     delays = [next_kill_delay(a, 2.0) for _ in range(50)]
     assert delays == [next_kill_delay(b, 2.0) for _ in range(50)]
@@ -87,6 +109,7 @@ def test_sampler_resumes_exactly_after_rollback_with_infrequent_commits(commit_e
     import elastic
     from elastic import state as state_module
     from elastic.sampler import ElasticSampler
+
     elastic.init()  # a world of one
     state = ObjectState(epoch=0, batch=0, kept=[])
     with state_module.active(state):
@@ -112,11 +135,12 @@ def test_sampler_built_outside_run_binds_when_iterated_inside():
     import elastic
     from elastic import state as state_module
     from elastic.sampler import PROGRESS_ATTR, ElasticSampler
+
     elastic.init()
     sampler = ElasticSampler(40, shuffle=False)
     state = ObjectState(batch=0)
     with state_module.active(state):
-        for idx in sampler.batches(10):
+        for _idx in sampler.batches(10):
             state.batch += 1
             state.commit()
     assert getattr(state, PROGRESS_ATTR)["offsets"][4] == 40

@@ -1,4 +1,5 @@
 """One conformance suite for every store backend (embedded gRPC server, real etcd)."""
+
 from __future__ import annotations
 
 import threading
@@ -8,8 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from rendezvous import Compare, Delete, Put, StoreSettings, open_store
-from rendezvous.errors import (LeaseNotFoundError, RendezvousAuthError, RendezvousConfigError,
-                               RendezvousConnectionError, RendezvousError, ValueTooLargeError)
+from rendezvous.errors import (
+    LeaseNotFoundError,
+    RendezvousAuthError,
+    RendezvousConfigError,
+    RendezvousConnectionError,
+    RendezvousError,
+    ValueTooLargeError,
+)
 from rendezvous.store import DELETE, PUT
 from tests.etcd_cluster import free_ports
 
@@ -61,13 +68,17 @@ def test_delete_and_delete_prefix(store_backend):
 def test_txn_branches_and_atomicity(store_backend):
     s = store_backend.open()
     rev = s.put("/x/k", b"v1")
-    ok = s.txn([Compare("/x/k", "value", "==", b"v1"), Compare("/x/k", "mod", "==", rev)],
-               [Put("/x/k", b"v2"), Put("/x/other", b"o"), Delete("/x/gone")],
-               [Put("/x/failed", b"f")])
+    ok = s.txn(
+        [Compare("/x/k", "value", "==", b"v1"), Compare("/x/k", "mod", "==", rev)],
+        [Put("/x/k", b"v2"), Put("/x/other", b"o"), Delete("/x/gone")],
+        [Put("/x/failed", b"f")],
+    )
     assert ok.succeeded
     a, b = s.get("/x/k"), s.get("/x/other")
     assert a.mod_revision == b.mod_revision == ok.revision  # one revision for the whole txn
-    bad = s.txn([Compare("/x/k", "version", ">", 5)], [Put("/x/k", b"no")], [Put("/x/failed", b"f")])
+    bad = s.txn(
+        [Compare("/x/k", "version", ">", 5)], [Put("/x/k", b"no")], [Put("/x/failed", b"f")]
+    )
     assert not bad.succeeded
     assert s.get("/x/k").value == b"v2" and s.get("/x/failed").value == b"f"
     assert s.txn([Compare("/x/absent", "create", "==", 0)], [Put("/x/absent", b"n")]).succeeded
@@ -98,7 +109,7 @@ def test_concurrent_cas_has_one_winner_per_round(store_backend):
 
     with ThreadPoolExecutor(8) as pool:
         for round_no in range(10):
-            wins = list(pool.map(lambda c: contend(c, round_no), clients, timeout=30))
+            wins = list(pool.map(lambda c, r=round_no: contend(c, r), clients, timeout=30))
             assert sum(wins) == 1, f"round {round_no}: {sum(wins)} winners"
             assert s_value(clients[0]).startswith(f"{round_no}:".encode())
 
@@ -182,8 +193,16 @@ def test_watch_resumed_from_revision_on_a_new_client_loses_and_repeats_nothing(s
 
 
 def test_bad_url_is_a_config_error(store_backend):
-    for url in ["", "zk://h:1", "etcd://", "etcd://host", "etcd://h:99999", "etcd://h:1,,h:2",
-                "embedded://a:1,b:2", "etcd://:12"]:
+    for url in [
+        "",
+        "zk://h:1",
+        "etcd://",
+        "etcd://host",
+        "etcd://h:99999",
+        "etcd://h:1,,h:2",
+        "embedded://a:1,b:2",
+        "etcd://:12",
+    ]:
         with pytest.raises(RendezvousConfigError):
             open_store(url, store_backend.secret)
 
@@ -208,7 +227,9 @@ def test_oversized_value_is_refused_before_sending(store_backend):
     with pytest.raises(ValueTooLargeError):
         s.txn([], [Put("/big", big)])
     assert s.get("/big") is None
-    s.put("/almost", b"x" * (s.settings.max_value_bytes // 2))  # a large but legal value goes through
+    s.put(
+        "/almost", b"x" * (s.settings.max_value_bytes // 2)
+    )  # a large but legal value goes through
 
 
 def test_closed_client_raises_typed_error(store_backend):
@@ -233,6 +254,7 @@ def test_wait_for_blocks_until_condition_or_deadline(store_backend):
 
 
 # ---- backend-specific parts of the contract ----
+
 
 def test_embedded_refuses_a_wrong_or_missing_secret(embedded_server):
     url = f"embedded://{embedded_server.address}"
@@ -296,6 +318,7 @@ def test_idle_embedded_watch_advances_past_history_it_does_not_need():
     from rendezvous.auth import make_secret
     from rendezvous.embedded import EmbeddedServer
     from tests.jobs import wait_until
+
     secret = make_secret()
     server = EmbeddedServer(secret, history_limit=8)
     server.start()

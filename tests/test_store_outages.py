@@ -1,4 +1,5 @@
 """etcd outages with real processes: SIGKILL and restart on the same data dir, member failover."""
+
 from __future__ import annotations
 
 import threading
@@ -31,7 +32,9 @@ def test_client_survives_etcd_kill_and_restart(etcd_single):
 
         # A call made during the outage completes once the server is back.
         result = {}
-        putter = threading.Thread(target=lambda: result.setdefault("rev", store.put("/o/gap", b"2")))
+        putter = threading.Thread(
+            target=lambda: result.setdefault("rev", store.put("/o/gap", b"2"))
+        )
         putter.start()
         etcd_single.restart(0)
         putter.join(timeout=FAST.retry_deadline + 5)
@@ -50,6 +53,7 @@ def test_client_survives_etcd_kill_and_restart(etcd_single):
 
 def test_client_moves_to_another_member_when_its_member_dies(tmp_path):
     from tests.etcd_cluster import EtcdCluster
+
     with EtcdCluster(3, tmp_path / "cluster") as cluster:
         store = open_store(cluster.url, settings=FAST)
         watcher = open_store(cluster.url, settings=FAST)

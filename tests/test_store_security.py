@@ -1,5 +1,6 @@
 """etcd with user/password auth and with mutual TLS: credentials from ELASTIC_ETCD_* pass
 through to the client; missing or wrong ones give a typed error, never a hang."""
+
 from __future__ import annotations
 
 import datetime
@@ -20,6 +21,7 @@ def enable_auth(url: str, password: str) -> None:
     """Create etcd's root user and turn authentication on (through etcd's own API)."""
     import grpc
     from etcd3 import etcdrpc
+
     channel = grpc.insecure_channel(url.split("://", 1)[1])
     try:
         auth = etcdrpc.AuthStub(channel)
@@ -67,11 +69,16 @@ def _write_pki(tmp_path):
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     def issue(subject, key, issuer, issuer_key, ca=False, usage=None, san=None):
-        builder = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(name(issuer))
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(subject))
+            .issuer_name(name(issuer))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if usage:
             builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         if san:
@@ -80,23 +87,40 @@ def _write_pki(tmp_path):
 
     def save(stem, cert, key):
         (tmp_path / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        (tmp_path / f"{stem}-key.pem").write_bytes(key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption()))
+        (tmp_path / f"{stem}-key.pem").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.TraditionalOpenSSL,
+                serialization.NoEncryption(),
+            )
+        )
         return str(tmp_path / f"{stem}.pem"), str(tmp_path / f"{stem}-key.pem")
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = issue("test-ca", ca_key, "test-ca", ca_key, ca=True)
-    server_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    server = issue("127.0.0.1", server_key, "test-ca", ca_key,
-                   usage=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
-                   san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    server_key, client_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    server = issue(
+        "127.0.0.1",
+        server_key,
+        "test-ca",
+        ca_key,
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+        san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
     client = issue("client", client_key, "test-ca", ca_key, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
     ca_path, _ = save("ca", ca, ca_key)
     server_cert, server_key_path = save("server", server, server_key)
     client_cert, client_key_path = save("client", client, client_key)
-    return {"ca": ca_path, "cert": server_cert, "key": server_key_path,
-            "client_cert": client_cert, "client_key": client_key_path}
+    return {
+        "ca": ca_path,
+        "cert": server_cert,
+        "key": server_key_path,
+        "client_cert": client_cert,
+        "client_key": client_key_path,
+    }
 
 
 def test_mutual_tls_pass_through(tmp_path, monkeypatch):
@@ -122,6 +146,7 @@ def test_mutual_tls_pass_through(tmp_path, monkeypatch):
 
 def test_bad_credential_settings_are_named(monkeypatch, tmp_path):
     from rendezvous.errors import RendezvousConfigError
+
     monkeypatch.setenv("ELASTIC_ETCD_CERT", str(tmp_path / "c.pem"))
     with pytest.raises(RendezvousConfigError, match="ELASTIC_ETCD_KEY"):
         open_store("etcd://127.0.0.1:1", settings=SHORT)

@@ -1,4 +1,5 @@
 """Pure-logic unit tests of the store: URL parsing and the in-memory etcd model."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,25 +11,40 @@ from rendezvous.store import Compare, Delete, Put
 from rendezvous.url import Endpoint, parse_store_url
 
 
-@pytest.mark.parametrize("url,scheme,endpoints", [
-    ("embedded", "embedded", ()),
-    ("embedded://127.0.0.1:5", "embedded", (Endpoint("127.0.0.1", 5),)),
-    ("etcd://h:2379", "etcd", (Endpoint("h", 2379),)),
-    ("etcd://a:1,b:2, c:3", "etcd", (Endpoint("a", 1), Endpoint("b", 2), Endpoint("c", 3))),
-    ("etcd://[::1]:2379", "etcd", (Endpoint("::1", 2379),)),
-    ("  etcd://h:1/ ", "etcd", (Endpoint("h", 1),)),
-])
+@pytest.mark.parametrize(
+    "url,scheme,endpoints",
+    [
+        ("embedded", "embedded", ()),
+        ("embedded://127.0.0.1:5", "embedded", (Endpoint("127.0.0.1", 5),)),
+        ("etcd://h:2379", "etcd", (Endpoint("h", 2379),)),
+        ("etcd://a:1,b:2, c:3", "etcd", (Endpoint("a", 1), Endpoint("b", 2), Endpoint("c", 3))),
+        ("etcd://[::1]:2379", "etcd", (Endpoint("::1", 2379),)),
+        ("  etcd://h:1/ ", "etcd", (Endpoint("h", 1),)),
+    ],
+)
 def test_parse_good_urls(url, scheme, endpoints):
     parsed = parse_store_url(url)
     assert (parsed.scheme, parsed.endpoints) == (scheme, endpoints)
 
 
-@pytest.mark.parametrize("url,fragment", [
-    ("", "empty"), ("etcd", "expected"), ("http://h:1", "expected"), ("etcd://", "empty"),
-    ("etcd://h", "HOST:PORT"), ("etcd://h:0", "port"), ("etcd://h:x", "port"),
-    ("etcd://h:70000", "port"), ("etcd://a:1,", "empty"), ("etcd://[::1]2379", "IPV6"),
-    ("etcd://::1:2379", "host"), ("embedded://a:1,b:2", "one endpoint"), ("etcd://:5", "host"),
-])
+@pytest.mark.parametrize(
+    "url,fragment",
+    [
+        ("", "empty"),
+        ("etcd", "expected"),
+        ("http://h:1", "expected"),
+        ("etcd://", "empty"),
+        ("etcd://h", "HOST:PORT"),
+        ("etcd://h:0", "port"),
+        ("etcd://h:x", "port"),
+        ("etcd://h:70000", "port"),
+        ("etcd://a:1,", "empty"),
+        ("etcd://[::1]2379", "IPV6"),
+        ("etcd://::1:2379", "host"),
+        ("embedded://a:1,b:2", "one endpoint"),
+        ("etcd://:5", "host"),
+    ],
+)
 def test_parse_bad_urls_name_the_problem(url, fragment):
     with pytest.raises(RendezvousConfigError, match=fragment):
         parse_store_url(url)
@@ -41,7 +57,7 @@ def test_url_round_trips():
 
 def test_prefix_end():
     assert prefix_end("/a/") == "/a0"
-    assert "/a/zzz" < prefix_end("/a/") and "/a0" >= prefix_end("/a/")
+    assert prefix_end("/a/") > "/a/zzz" and prefix_end("/a/") <= "/a0"
 
 
 class FakeClock:
@@ -67,13 +83,20 @@ def test_memory_revisions_versions_and_noop_delete():
     assert kv.range("/", True)[0] == [] and kv.revision == 4
 
 
-@pytest.mark.parametrize("compare,holds", [
-    (Compare("/k", "value", "==", b"v"), True), (Compare("/k", "value", "!=", b"v"), False),
-    (Compare("/k", "version", "==", 1), True), (Compare("/k", "mod", ">", 1), True),
-    (Compare("/k", "create", "<", 2), False), (Compare("/none", "mod", "==", 0), True),
-    (Compare("/none", "value", "==", b""), False), (Compare("/none", "value", "!=", b""), True),
-    (Compare("/none", "version", ">", 0), False),
-])
+@pytest.mark.parametrize(
+    "compare,holds",
+    [
+        (Compare("/k", "value", "==", b"v"), True),
+        (Compare("/k", "value", "!=", b"v"), False),
+        (Compare("/k", "version", "==", 1), True),
+        (Compare("/k", "mod", ">", 1), True),
+        (Compare("/k", "create", "<", 2), False),
+        (Compare("/none", "mod", "==", 0), True),
+        (Compare("/none", "value", "==", b""), False),
+        (Compare("/none", "value", "!=", b""), True),
+        (Compare("/none", "version", ">", 0), False),
+    ],
+)
 def test_memory_compares(compare, holds):
     kv = MemoryKV()
     kv.txn([], [Put("/k", b"v")], [])

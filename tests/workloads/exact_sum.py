@@ -11,6 +11,7 @@ Each worker writes its final state to OUT_DIR/<worker id>.json; rank 0 prints
 
     exact_sum.py OUT_DIR [--samples N] [--epochs E] [--batch B] [--work K]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,35 +33,51 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=1200)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--work", type=int, default=30,
-                        help="size of a matrix product per step: simulated compute")
-    parser.add_argument("--fail-host", help="with --fail-flag: a worker on this host exits 3 "
-                        "at start while the flag file exists (a broken host)")
+    parser.add_argument(
+        "--work", type=int, default=30, help="size of a matrix product per step: simulated compute"
+    )
+    parser.add_argument(
+        "--fail-host",
+        help="with --fail-flag: a worker on this host exits 3 "
+        "at start while the flag file exists (a broken host)",
+    )
     parser.add_argument("--fail-flag")
-    parser.add_argument("--pause-while", help="before each step, wait while this file exists "
-                        "(a test holds training back without changing its result)")
-    parser.add_argument("--crash-flag", help="with --crash-at: exit 5 at that commit once, "
-                        "removing the flag (an ordinary crash, not a broken script)")
+    parser.add_argument(
+        "--pause-while",
+        help="before each step, wait while this file exists "
+        "(a test holds training back without changing its result)",
+    )
+    parser.add_argument(
+        "--crash-flag",
+        help="with --crash-at: exit 5 at that commit once, "
+        "removing the flag (an ordinary crash, not a broken script)",
+    )
     parser.add_argument("--crash-at", type=int, default=0)
     parser.add_argument("--exit-slot", type=int, help="the worker on this slot exits 0 early")
     parser.add_argument("--exit-at", type=int, default=0, help="... after this many commits")
     args = parser.parse_args()
-    if (args.fail_host and os.environ.get("ELASTIC_HOST") == args.fail_host
-            and os.path.exists(args.fail_flag)):
+    if (
+        args.fail_host
+        and os.environ.get("ELASTIC_HOST") == args.fail_host
+        and os.path.exists(args.fail_flag)
+    ):
         print(f"simulated broken host {args.fail_host}", flush=True)
         return 3
-    exit_early = args.exit_slot is not None and os.environ.get("ELASTIC_SLOT") == str(args.exit_slot)
+    exit_early = args.exit_slot is not None and os.environ.get("ELASTIC_SLOT") == str(
+        args.exit_slot
+    )
     values = np.arange(args.samples, dtype=np.float64)
     work = np.full((args.work, args.work), 1.0 / args.work)
 
     elastic.init()
-    state = elastic.NumpyState(visits=np.zeros(args.samples), total=np.zeros(1), epoch=0,
-                               batch=0, commits=0, sizes=[])
+    state = elastic.NumpyState(
+        visits=np.zeros(args.samples), total=np.zeros(1), epoch=0, batch=0, commits=0, sizes=[]
+    )
 
     @elastic.run
     def train(state):
         sampler = elastic.ElasticSampler(args.samples, shuffle=True, seed=7)
-        for state.epoch in range(state.epoch, args.epochs):
+        for state.epoch in range(state.epoch, args.epochs):  # noqa: B020  (the README loop)
             sampler.set_epoch(state.epoch)
             for idx in sampler.batches(batch_size=args.batch, start=state.batch):
                 while args.pause_while and os.path.exists(args.pause_while):
@@ -93,11 +110,18 @@ def main() -> int:
             state.batch = 0
 
     train(state)
-    result = {"rank": elastic.rank(), "size": elastic.size(), "commits": state.commits,
-              "epoch": state.epoch, "total": float(state.total[0]),
-              "visits_min": float(state.visits.min()), "visits_max": float(state.visits.max()),
-              "visits_sum": float(state.visits.sum()), "sizes": state.sizes,
-              "digest": float((state.visits * np.arange(1, args.samples + 1)).sum())}
+    result = {
+        "rank": elastic.rank(),
+        "size": elastic.size(),
+        "commits": state.commits,
+        "epoch": state.epoch,
+        "total": float(state.total[0]),
+        "visits_min": float(state.visits.min()),
+        "visits_max": float(state.visits.max()),
+        "visits_sum": float(state.visits.sum()),
+        "sizes": state.sizes,
+        "digest": float((state.visits * np.arange(1, args.samples + 1)).sum()),
+    }
     worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
     with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
         json.dump(result, f)

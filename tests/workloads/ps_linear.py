@@ -6,6 +6,7 @@ set, the step and the weights' checksum go to OUT_DIR/<worker id>.json.
 
     ps_linear.py OUT_DIR [--steps N] [--features F] [--optimizer sgd|momentum|adam]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,9 @@ def main() -> int:
 
     elastic.init()
     client = elastic.ps.connect()
-    client.init({"w": np.zeros(args.features), "b": np.zeros(1)}, optimizer=args.optimizer,
-                lr=args.lr)
+    client.init(
+        {"w": np.zeros(args.features), "b": np.zeros(1)}, optimizer=args.optimizer, lr=args.lr
+    )
     state = elastic.ObjectState(epoch=0, batch=0)
     first_step = client.step
 
@@ -53,8 +55,10 @@ def main() -> int:
                     time.sleep(0.01)  # simulated slow compute, held by the test
                 params = client.pull()
                 err = x[idx] @ params["w"] + params["b"][0] - y[idx]
-                grads = {"w": x[idx].T @ err / max(len(idx), 1),
-                         "b": np.array([err.mean() if len(idx) else 0.0])}
+                grads = {
+                    "w": x[idx].T @ err / max(len(idx), 1),
+                    "b": np.array([err.mean() if len(idx) else 0.0]),
+                }
                 step = client.push(grads)
                 state.batch += 1
                 state.commit()
@@ -70,8 +74,16 @@ def main() -> int:
     loss = float(np.mean((x @ params["w"] + params["b"][0] - y) ** 2))
     worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
     with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
-        json.dump({"rank": elastic.rank(), "step": client.step, "first_step": first_step,
-                   "loss": loss, "initial_loss": float(np.mean(y ** 2))}, f)
+        json.dump(
+            {
+                "rank": elastic.rank(),
+                "step": client.step,
+                "first_step": first_step,
+                "loss": loss,
+                "initial_loss": float(np.mean(y**2)),
+            },
+            f,
+        )
     client.close()
     elastic.shutdown()
     return 0
