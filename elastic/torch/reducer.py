@@ -1,0 +1,258 @@
+"""``GradientReducer``: averages (or sums) gradients over the world in fused buckets,
+started from backward hooks while backward still runs.
+
+Each parameter has a post-accumulate-grad hook. When every parameter of a bucket has
+had its gradient accumulated ``backward_passes_per_step`` times, the bucket is ready;
+ready buckets are launched strictly in bucket order (bucket ``k`` never before bucket
+``k-1``), so every rank submits the same collectives in the same order whatever order
+its hooks fire in. A launched bucket goes to the communication thread, which packs
+the gradients into the bucket's flat buffer and allreduces it, overlapping the rest of
+backward. ``synchronize()`` launches the buckets still waiting (their parameters got
+no gradient this step: they contribute zeros, on every rank alike), waits for all of
+them, and points each ``param.grad`` at its slice of the result (no copy out for CPU
+tensors without compression).
+
+A failed collective (a lost worker) is raised by ``synchronize()``, after every
+launched bucket has finished or failed, and the step's bookkeeping is reset.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import torch
+
+from elastic.torch import _backend
+from elastic.torch._staging import default_staging
+from elastic.torch.buckets import Bucket, ParamSpec, plan_buckets
+
+OPS = ("average", "sum")
+COMPRESSIONS = (None, "none", "fp16")
+
+
+@dataclass
+class StepTimeline:
+    """When things happened in one step (``clock`` seconds): for the overlap test and
+    the benchmark's share of communication hidden behind backward."""
+
+    first_hook: float | None = None
+    last_hook: float | None = None
+    launched: dict[int, float] = field(default_factory=dict)   # bucket -> handed over
+    started: dict[int, float] = field(default_factory=dict)    # bucket -> collective began
+    finished: dict[int, float] = field(default_factory=dict)   # bucket -> collective ended
+    wait_started: float | None = None                          # synchronize() called
+    wait_finished: float | None = None
+
+    def hidden_fraction(self) -> float | None:
+        """Share of the collectives' time that passed before ``synchronize()`` was
+        called (hidden behind backward and the rest of the step); None without any."""
+        if self.wait_started is None or not self.finished:
+            return None
+        total = hidden = 0.0
+        for bucket, end in self.finished.items():
+            begin = self.started[bucket]
+            total += end - begin
+            hidden += max(0.0, min(end, self.wait_started) - begin)
+        return hidden / total if total > 0 else None
+
+
+class GradientReducer:
+    """Reduces the gradients of ``params`` (registration order) every step; see the
+    module docstring.
+
+    Raises ValueError for an unknown ``op`` or ``compression`` or a
+    ``backward_passes_per_step`` below 1."""
+
+    def __init__(self, params: list[torch.nn.Parameter], op: str = "average",
+                 backward_passes_per_step: int = 1, compression: str | None = None,
+                 bucket_bytes: int | None = None, first_bucket_bytes: int | None = None,
+                 comm=None, clock: Callable[[], float] = time.perf_counter):
+        if op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, not {op!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be None or 'fp16', not {compression!r}")
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, "
+                             f"not {backward_passes_per_step}")
+        self.params = params
+        self.op = op
+        self.passes = backward_passes_per_step
+        self.fp16 = compression == "fp16"
+        self._comm = comm or _backend.comm_thread()
+        self._clock = clock
+        specs = [ParamSpec(p.numel(), p.element_size(), f"{p.dtype}@{p.device}")
+                 for p in params]
+        kwargs = {}
+        if bucket_bytes is not None:
+            kwargs["bucket_bytes"] = bucket_bytes
+        if first_bucket_bytes is not None:
+            kwargs["first_bucket_bytes"] = first_bucket_bytes
+        self.buckets: list[Bucket] = plan_buckets(specs, **kwargs)
+        self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.params}
+        self._flat: dict[int, torch.Tensor] = {}   # bucket -> packing buffer (made once)
+        self._lock = threading.Lock()
+        self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
+                       for i, p in enumerate(params)]
+        self._clear()
+
+    # ---- per-step bookkeeping ----
+    def _clear(self) -> None:
+        n = len(self.buckets)
+        self._counts = [0] * len(self.params)
+        self._waiting = [len(b.params) for b in self.buckets]
+        self._next = 0                      # the next bucket to launch
+        self._futures: list[Future | None] = [None] * n
+        self._synced = False
+        self.timeline = StepTimeline()
+
+    @property
+    def in_step(self) -> bool:
+        """True between the first gradient of a step and the step's end."""
+        return self._next > 0 or any(self._counts)
+
+    @property
+    def synchronized(self) -> bool:
+        return self._synced
+
+    def _on_grad(self, index: int, param: torch.Tensor) -> None:
+        now = self._clock()
+        with self._lock:
+            if self._synced:
+                raise RuntimeError("a gradient was computed after synchronize() and before "
+                                   "step(); call step() (or reset_step()) first")
+            count = self._counts[index] + 1
+            if count > self.passes:
+                raise RuntimeError(
+                    f"gradients computed {count} times before step(), more than "
+                    f"backward_passes_per_step={self.passes}; call step() after every "
+                    f"{self.passes} backward pass(es), or raise backward_passes_per_step")
+            self._counts[index] = count
+            timeline = self.timeline
+            if timeline.first_hook is None:
+                timeline.first_hook = now
+            timeline.last_hook = now
+            if count == self.passes:
+                bucket = self._bucket_of[index]
+                self._waiting[bucket] -= 1
+                while self._next < len(self.buckets) and self._waiting[self._next] == 0:
+                    self._launch(self._next)
+
+    def _launch(self, bucket: int) -> None:
+        """Hand ``bucket`` to the communication thread (caller holds the lock)."""
+        self.timeline.launched[bucket] = self._clock()
+        self._futures[bucket] = self._comm.submit(partial(self._reduce, bucket,
+                                                          self.timeline))
+        self._next = bucket + 1
+
+    # ---- on the communication thread ----
+    def _buffer(self, bucket: int) -> torch.Tensor:
+        flat = self._flat.get(bucket)
+        if flat is None:
+            spec = self.buckets[bucket]
+            dtype = torch.float16 if self.fp16 else self.params[spec.params[0]].dtype
+            host = default_staging()
+            if host.needs_staging(self.params[spec.params[0]]):
+                flat = host.buffer((spec.numel,), dtype, slot=bucket)
+            else:
+                flat = torch.empty(spec.numel, dtype=dtype)
+            self._flat[bucket] = flat
+        return flat
+
+    def _input(self, bucket: int) -> np.ndarray:
+        """The bucket's gradients as one flat host array: the gradient itself when the
+        bucket is one contiguous CPU gradient of the wire dtype, else packed."""
+        spec = self.buckets[bucket]
+        if len(spec.params) == 1 and not self.fp16:
+            grad = self.params[spec.params[0]].grad
+            if grad is not None and grad.device.type == "cpu" and grad.is_contiguous():
+                return grad.detach().reshape(-1).numpy()
+        flat = self._buffer(bucket)
+        with torch.no_grad():
+            for index, offset in zip(spec.params, spec.offsets):
+                param = self.params[index]
+                part = flat[offset:offset + param.numel()]
+                if param.grad is None:
+                    part.zero_()
+                else:
+                    part.copy_(param.grad.detach().reshape(-1))
+        return flat.numpy()
+
+    def _reduce(self, bucket: int, timeline: StepTimeline) -> np.ndarray | None:
+        if _backend.world_size() == 1:
+            return None           # a world of one: the gradients are the result
+        timeline.started[bucket] = self._clock()
+        result = _backend.allreduce_array(self._input(bucket), self.op)
+        timeline.finished[bucket] = self._clock()
+        return result
+
+    # ---- on the training thread ----
+    def synchronize(self) -> None:
+        """Finish this step's reduction (once per step; later calls return at once).
+
+        Raises WorkerLostError (or another collective error) when a bucket failed."""
+        with self._lock:
+            if self._synced:
+                return
+            self.timeline.wait_started = self._clock()
+            while self._next < len(self.buckets):
+                self._launch(self._next)
+            futures = list(self._futures)
+        results, error = self._wait(futures)
+        if error is not None:
+            with self._lock:
+                self._clear()
+            raise error
+        for bucket, result in enumerate(results):
+            if result is not None:
+                self._unpack(bucket, torch.from_numpy(result))
+        with self._lock:
+            self.timeline.wait_finished = self._clock()
+            self._synced = True
+
+    @staticmethod
+    def _wait(futures: list[Future | None]) -> tuple[list, BaseException | None]:
+        results, error = [], None
+        for future in futures:
+            try:
+                results.append(future.result() if future is not None else None)
+            except BaseException as exc:  # the first failure is re-raised by the caller
+                results.append(None)
+                error = error or exc
+        return results, error
+
+    def _unpack(self, bucket: int, result: torch.Tensor) -> None:
+        spec = self.buckets[bucket]
+        with torch.no_grad():
+            for index, offset in zip(spec.params, spec.offsets):
+                param = self.params[index]
+                view = result[offset:offset + param.numel()].view(param.shape)
+                if view.dtype == param.dtype and param.device.type == "cpu":
+                    param.grad = view   # shares the transport's result: no copy
+                elif param.grad is None:
+                    param.grad = view.to(device=param.device, dtype=param.dtype)
+                else:
+                    param.grad.copy_(view)
+
+    def end_step(self) -> None:
+        """Start counting the next step (after ``optimizer.step()``): waits for any
+        launched bucket so that none still reads gradients."""
+        with self._lock:
+            futures = list(self._futures)
+        self._wait(futures)
+        with self._lock:
+            self._clear()
+
+    def reset_step(self) -> None:
+        """Forget the step in flight (a failure cut it short): waits for launched
+        buckets to finish or fail, drops their results, and starts counting anew."""
+        self.end_step()
+
+    def remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
