@@ -23,14 +23,34 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       ) from exc
 
 from elastic.errors import ElasticError, HostsUpdatedInterrupt, WorkerLostError
-from elastic.torch.collectives import (allgather, allgather_object, allreduce, allreduce_,
-                                       broadcast, broadcast_, broadcast_object)
+from elastic.torch.collectives import (
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    broadcast,
+    broadcast_,
+    broadcast_object,
+)
 from elastic.torch.optimizer import DistributedOptimizer
 from elastic.torch.params import broadcast_optimizer_state, broadcast_parameters
 from elastic.torch.sampler import ElasticSampler
 from elastic.torch.state import TorchState
 
-__all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather",
-           "broadcast_object", "allgather_object", "DistributedOptimizer",
-           "broadcast_parameters", "broadcast_optimizer_state", "TorchState",
-           "ElasticSampler", "ElasticError", "HostsUpdatedInterrupt", "WorkerLostError"]
+__all__ = [
+    "DistributedOptimizer",
+    "ElasticError",
+    "ElasticSampler",
+    "HostsUpdatedInterrupt",
+    "TorchState",
+    "WorkerLostError",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+]

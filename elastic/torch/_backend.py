@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class CommThread:
                 continue
             try:
                 future.set_result(fn())
-            except BaseException as exc:  # handed to whoever waits on the future
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on it
                 future.set_exception(exc)
 
 

@@ -16,7 +16,12 @@ from __future__ import annotations
 import torch
 
 from elastic.torch import _backend
-from elastic.torch._staging import default_staging, from_transfer, reduce_dtype, transfer_view
+from elastic.torch._staging import (
+    default_staging,
+    from_transfer,
+    reduce_dtype,
+    transfer_view,
+)
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
@@ -64,6 +69,8 @@ def broadcast(tensor: torch.Tensor | None, root: int = 0) -> torch.Tensor:
     on this rank's ``tensor``'s device (CPU when ``tensor`` is None off the root)."""
     mine = None
     if _backend.world_rank() == root:
+        if tensor is None:
+            raise ValueError(f"broadcast: the root (rank {root}) must pass a tensor")
         mine = transfer_view(_host(tensor))
     result = _received(_backend.broadcast_array(mine, root), tensor)
     return result if tensor is None else default_staging().to_device(result, tensor)

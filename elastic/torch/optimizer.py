@@ -10,7 +10,7 @@ it also does when an LR scheduler has wrapped ``optimizer.step``.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -116,12 +116,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     or "fp16" (gradients travel as float16); ``bucket_bytes``: fused bucket size
     (default 25 MiB).
 
-    Raises TypeError when ``optimizer`` is not a torch optimizer, ValueError for bad
+    Raises TypeError when ``optimizer`` is not a torch optimizer or is already
+    distributed, ValueError for bad options.
     options or an optimizer that is already distributed."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, _Distributed):
-        raise ValueError("this optimizer is already a DistributedOptimizer")
+        raise TypeError("this optimizer is already a DistributedOptimizer")
     reducer = GradientReducer(_ordered_params(optimizer, named_parameters), op=op,
                               backward_passes_per_step=backward_passes_per_step,
                               compression=compression, bucket_bytes=bucket_bytes)

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
 
 import numpy as np
 import torch
@@ -220,7 +220,7 @@ class GradientReducer:
         for future in futures:
             try:
                 results.append(future.result() if future is not None else None)
-            except BaseException as exc:  # the first failure is re-raised by the caller
+            except BaseException as exc:  # noqa: BLE001 - the caller re-raises the first
                 results.append(None)
                 error = error or exc
         return results, error

@@ -20,7 +20,7 @@ without a sample then repeat one (the only repeat; counted once).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch.utils.data

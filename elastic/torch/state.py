@@ -23,9 +23,15 @@ import torch
 
 from elastic import State
 from elastic.torch import _backend
-from elastic.torch.params import broadcast_parameters, broadcast_optimizer_state, broadcast_state_dict
+from elastic.torch.params import (
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    broadcast_state_dict,
+)
+
 
 def _has_state_dict(value: Any) -> bool:
+    # Any: the objects are duck-typed (modules, optimizers, schedulers, samplers).
     return callable(getattr(value, "state_dict", None)) and callable(
         getattr(value, "load_state_dict", None))
 
@@ -40,8 +46,8 @@ def _copy_into(saved: Any, value: Any) -> Any:
             return saved.copy_(value)
         return value.clone()
     if isinstance(value, dict):
-        old = saved if isinstance(saved, dict) else {}
-        return {k: _copy_into(old.get(k), v) for k, v in value.items()}
+        before = saved if isinstance(saved, dict) else {}
+        return {k: _copy_into(before.get(k), v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         old = saved if isinstance(saved, (list, tuple)) and len(saved) == len(value) else None
         return type(value)(_copy_into(old[i] if old is not None else None, v)
@@ -58,7 +64,7 @@ class TorchState(State):
     """``TorchState(model=model, optimizer=optimizer, scheduler=..., sampler=...,
     epoch=0, ...)``; read and assign attributes as ``state.epoch``."""
 
-    def __init__(self, **attrs):
+    def __init__(self, **attrs: Any) -> None:
         super().__init__()
         # What the State machinery keeps on the instance is not training state.
         self._own = frozenset(self.__dict__) | {"_own", "_saved"}
@@ -89,7 +95,7 @@ class TorchState(State):
             if name not in self._saved:
                 delattr(self, name)
         for name, (kind, saved) in self._saved.items():
-            current = self.__dict__.get(name)
+            current: Any = self.__dict__.get(name)
             if kind == "tensor" and isinstance(current, torch.Tensor) \
                     and current.shape == saved.shape and current.dtype == saved.dtype:
                 with torch.no_grad():
@@ -125,7 +131,7 @@ class TorchState(State):
             broadcast_state_dict(rest, root)
             return
         for name, (kind, value) in broadcast_state_dict(None, root).items():
-            current = self.__dict__.get(name)
+            current: Any = self.__dict__.get(name)
             if kind == "state_dict" and _has_state_dict(current):
                 current.load_state_dict(value)
             elif (isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor)
