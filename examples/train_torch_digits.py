@@ -30,7 +30,7 @@ import elastic
 import elastic.torch as et
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_digits import load_digits  # noqa: E402  (the shipped data set and its split)
+from train_digits import load_digits  # the shipped data set and its split
 
 TARGET_ACCURACY = 0.97
 
@@ -99,8 +99,9 @@ def main() -> int:
 
     @elastic.run
     def train(state):
-        for state.epoch in range(state.epoch, args.epochs):
-            sampler.set_epoch(state.epoch)
+        for epoch in range(state.epoch, args.epochs):
+            state.epoch = epoch
+            sampler.set_epoch(epoch)
             for i, (x, y, idx) in enumerate(loader):
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()

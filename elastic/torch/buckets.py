@@ -45,7 +45,7 @@ def plan_buckets(specs: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTE
         members, size = open_.get(spec.kind, ([], 0))
         members.append(index)
         size += spec.numel * spec.element_size
-        limit = first_bucket_bytes if not done else bucket_bytes
+        limit = min(first_bucket_bytes, bucket_bytes) if not done else bucket_bytes
         if size >= limit:
             done.append(members)
             open_.pop(spec.kind, None)

@@ -65,6 +65,11 @@ class _Distributed:
         return self._elastic_reducer.timeline
 
     @property
+    def last_timeline(self) -> StepTimeline | None:
+        """The timeline of the last step that finished synchronizing."""
+        return self._elastic_reducer.last_timeline
+
+    @property
     def buckets(self):
         """The bucket plan (parameter indices in ``named_parameters`` order)."""
         return self._elastic_reducer.buckets

@@ -12,6 +12,14 @@ no gradient this step: they contribute zeros, on every rank alike), waits for al
 them, and points each ``param.grad`` at its slice of the result (no copy out for CPU
 tensors without compression).
 
+Parameters without a gradient. A bucket waits only for the parameters that had a
+gradient in this rank's previous step (all of them in the first step), so a layer the
+model does not use does not hold back every bucket after it. Whichever parameters a
+bucket did not wait for contribute zeros. If one of them gets a gradient after all
+("late": its bucket was already on its way), ``synchronize()`` reduces those gradients
+once more and adds them. Whether that is needed is agreed by one small allreduce of a
+per-parameter "late" mask every step, so every rank runs the same collectives.
+
 A failed collective (a lost worker) is raised by ``synchronize()``, after every
 launched bucket has finished or failed, and the step's bookkeeping is reset.
 """
@@ -95,6 +103,9 @@ class GradientReducer:
         self.buckets: list[Bucket] = plan_buckets(specs, **kwargs)
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.params}
         self._flat: dict[int, torch.Tensor] = {}   # bucket -> packing buffer (made once)
+        self._expected = [True] * len(params)      # had a gradient in the previous step
+        self.timeline = StepTimeline()
+        self.last_timeline: StepTimeline | None = None   # of the last synchronized step
         self._lock = threading.Lock()
         self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
                        for i, p in enumerate(params)]
@@ -104,10 +115,13 @@ class GradientReducer:
     def _clear(self) -> None:
         n = len(self.buckets)
         self._counts = [0] * len(self.params)
-        self._waiting = [len(b.params) for b in self.buckets]
+        self._waiting = [sum(self._expected[i] for i in b.params) for b in self.buckets]
+        self._packed: list[tuple[bool, ...] | None] = [None] * n   # which grads each took
         self._next = 0                      # the next bucket to launch
         self._futures: list[Future | None] = [None] * n
         self._synced = False
+        if self.timeline.wait_finished is not None:
+            self.last_timeline = self.timeline
         self.timeline = StepTimeline()
 
     @property
@@ -136,16 +150,18 @@ class GradientReducer:
             if timeline.first_hook is None:
                 timeline.first_hook = now
             timeline.last_hook = now
-            if count == self.passes:
-                bucket = self._bucket_of[index]
-                self._waiting[bucket] -= 1
+            if count == self.passes and self._expected[index]:
+                self._waiting[self._bucket_of[index]] -= 1
                 while self._next < len(self.buckets) and self._waiting[self._next] == 0:
                     self._launch(self._next)
 
     def _launch(self, bucket: int) -> None:
-        """Hand ``bucket`` to the communication thread (caller holds the lock)."""
+        """Hand ``bucket`` to the communication thread (caller holds the lock). The
+        gradients it takes are fixed now: those already computed this step."""
         self.timeline.launched[bucket] = self._clock()
-        self._futures[bucket] = self._comm.submit(partial(self._reduce, bucket,
+        packed = tuple(self._counts[i] > 0 for i in self.buckets[bucket].params)
+        self._packed[bucket] = packed
+        self._futures[bucket] = self._comm.submit(partial(self._reduce, bucket, packed,
                                                           self.timeline))
         self._next = bucket + 1
 
@@ -163,30 +179,32 @@ class GradientReducer:
             self._flat[bucket] = flat
         return flat
 
-    def _input(self, bucket: int) -> np.ndarray:
-        """The bucket's gradients as one flat host array: the gradient itself when the
-        bucket is one contiguous CPU gradient of the wire dtype, else packed."""
+    def _input(self, bucket: int, packed: tuple[bool, ...]) -> np.ndarray:
+        """The bucket's gradients as one flat host array (zeros for those not
+        ``packed``): the gradient itself when the bucket is one contiguous CPU gradient
+        of the wire dtype, else copied into the bucket's buffer."""
         spec = self.buckets[bucket]
-        if len(spec.params) == 1 and not self.fp16:
+        if len(spec.params) == 1 and packed[0] and not self.fp16:
             grad = self.params[spec.params[0]].grad
             if grad is not None and grad.device.type == "cpu" and grad.is_contiguous():
                 return grad.detach().reshape(-1).numpy()
         flat = self._buffer(bucket)
         with torch.no_grad():
-            for index, offset in zip(spec.params, spec.offsets):
+            for index, offset, take in zip(spec.params, spec.offsets, packed):
                 param = self.params[index]
                 part = flat[offset:offset + param.numel()]
-                if param.grad is None:
+                if not take or param.grad is None:
                     part.zero_()
                 else:
                     part.copy_(param.grad.detach().reshape(-1))
         return flat.numpy()
 
-    def _reduce(self, bucket: int, timeline: StepTimeline) -> np.ndarray | None:
+    def _reduce(self, bucket: int, packed: tuple[bool, ...], timeline: StepTimeline
+                ) -> np.ndarray | None:
         if _backend.world_size() == 1:
             return None           # a world of one: the gradients are the result
         timeline.started[bucket] = self._clock()
-        result = _backend.allreduce_array(self._input(bucket), self.op)
+        result = _backend.allreduce_array(self._input(bucket, packed), self.op)
         timeline.finished[bucket] = self._clock()
         return result
 
@@ -201,18 +219,45 @@ class GradientReducer:
             self.timeline.wait_started = self._clock()
             while self._next < len(self.buckets):
                 self._launch(self._next)
-            futures = list(self._futures)
+            late = [index for b, bucket in enumerate(self.buckets)
+                    for index, took in zip(bucket.params, self._packed[b] or ())
+                    if not took and self._counts[index] > 0]
+            futures = list(self._futures) + [self._comm.submit(partial(self._late, late))]
         results, error = self._wait(futures)
         if error is not None:
             with self._lock:
                 self._clear()
             raise error
-        for bucket, result in enumerate(results):
+        for bucket, result in enumerate(results[:-1]):
             if result is not None:
                 self._unpack(bucket, torch.from_numpy(result))
+        for index, total in results[-1] or ():
+            param = self.params[index]
+            param.grad.add_(total.view(param.shape).to(param.grad.device, param.grad.dtype))
         with self._lock:
+            self._expected = [count > 0 for count in self._counts]
             self.timeline.wait_finished = self._clock()
             self._synced = True
+
+    def _late(self, late: list[int]) -> list[tuple[int, torch.Tensor]] | None:
+        """On the communication thread, after every bucket: agree on the gradients that
+        came after their bucket left (on any rank), and reduce them (zeros from ranks
+        where they were on time). Returns (parameter index, reduced gradient) pairs."""
+        if _backend.world_size() == 1:
+            return None
+        mask = np.zeros(len(self.params), dtype=np.float32)
+        mask[late] = 1.0
+        anywhere = np.flatnonzero(_backend.allreduce_array(mask, "max"))
+        mine = set(late)
+        reduced = []
+        for index in anywhere.tolist():
+            param = self.params[index]
+            grad = param.grad if index in mine and param.grad is not None else None
+            local = (grad.detach().reshape(-1).cpu() if grad is not None
+                     else torch.zeros(param.numel(), dtype=param.dtype))
+            reduced.append((index, torch.from_numpy(
+                _backend.allreduce_array(local.contiguous().numpy(), self.op))))
+        return reduced
 
     @staticmethod
     def _wait(futures: list[Future | None]) -> tuple[list, BaseException | None]:

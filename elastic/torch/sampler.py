@@ -14,9 +14,12 @@ Committed with the ``TorchState`` it is passed to, the progress is restored and 
 with it; iterating after a re-form yields this worker's share of what is left.
 
 The last step of an epoch splits what is left evenly: every rank gets at least one
-sample and takes the same number of steps. The one case that cannot be met exactly is
-fewer samples left than workers (the world grew during an epoch's last step): ranks
-without a sample then repeat one (the only repeat; counted once).
+sample and takes the same number of steps. One case cannot be met with a DataLoader's
+fixed batch size: a last step with fewer samples than workers (``0 < left % (W * B) <
+W``). Ranks without a sample then take one of that step's samples again, so every rank
+still takes the step with a non-empty batch; it is the only repeat. It never happens
+when the dataset size modulo the batch size is 0 or at least the largest world size
+(every full step consumes a multiple of ``B``), e.g. 1437 digits in batches of 32.
 """
 from __future__ import annotations
 
