@@ -31,10 +31,12 @@ def test_import_elastic_does_not_import_torch():
 def test_buckets_reverse_order_small_first_bucket_and_one_kind_each():
     specs = [ParamSpec(100, 4, "f32"), ParamSpec(100, 4, "f32"), ParamSpec(10, 2, "f16"),
              ParamSpec(300, 4, "f32"), ParamSpec(50, 4, "f32")]
-    buckets = plan_buckets(specs, bucket_bytes=1000, first_bucket_bytes=200)
+    buckets = plan_buckets(specs, bucket_bytes=1000, first_bucket_bytes=200, alone_bytes=1000)
     # the last parameter fills the small first bucket; leftovers close in opening order
     assert [b.params for b in buckets] == [(4,), (3,), (2,), (1, 0)]
-    assert buckets[3].offsets == (0, 100) and buckets[3].numel == 200
+    assert buckets[3].fused == (1, 0) and buckets[3].offsets == (0, 100)
+    assert buckets[3].numel == 200 and buckets[3].alone == ()
+    assert buckets[1].alone == (3,) and buckets[1].fused == ()      # large: no packing
     assert {b.kind for b in buckets if 2 not in b.params} == {"f32"}
     with pytest.raises(ValueError):
         plan_buckets(specs, bucket_bytes=0)

@@ -102,7 +102,7 @@ class GradientReducer:
             kwargs["first_bucket_bytes"] = first_bucket_bytes
         self.buckets: list[Bucket] = plan_buckets(specs, **kwargs)
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.params}
-        self._flat: dict[int, torch.Tensor] = {}   # bucket -> packing buffer (made once)
+        self._flat: dict[tuple, torch.Tensor] = {}   # packing buffers (made once)
         self._expected = [True] * len(params)      # had a gradient in the previous step
         self.timeline = StepTimeline()
         self.last_timeline: StepTimeline | None = None   # of the last synchronized step
@@ -166,47 +166,65 @@ class GradientReducer:
         self._next = bucket + 1
 
     # ---- on the communication thread ----
-    def _buffer(self, bucket: int) -> torch.Tensor:
-        flat = self._flat.get(bucket)
+    def _buffer(self, key: tuple, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """A reusable flat host buffer of the wire dtype (made once per ``key``)."""
+        flat = self._flat.get(key)
         if flat is None:
-            spec = self.buckets[bucket]
-            dtype = torch.float16 if self.fp16 else self.params[spec.params[0]].dtype
+            dtype = torch.float16 if self.fp16 else like.dtype
             host = default_staging()
-            if host.needs_staging(self.params[spec.params[0]]):
-                flat = host.buffer((spec.numel,), dtype, slot=bucket)
+            if host.needs_staging(like):
+                flat = host.buffer((numel,), dtype, slot=hash(key))
             else:
-                flat = torch.empty(spec.numel, dtype=dtype)
-            self._flat[bucket] = flat
+                flat = torch.empty(numel, dtype=dtype)
+            self._flat[key] = flat
         return flat
 
-    def _input(self, bucket: int, packed: tuple[bool, ...]) -> np.ndarray:
-        """The bucket's gradients as one flat host array (zeros for those not
-        ``packed``): the gradient itself when the bucket is one contiguous CPU gradient
-        of the wire dtype, else copied into the bucket's buffer."""
-        spec = self.buckets[bucket]
-        if len(spec.params) == 1 and packed[0] and not self.fp16:
-            grad = self.params[spec.params[0]].grad
-            if grad is not None and grad.device.type == "cpu" and grad.is_contiguous():
-                return grad.detach().reshape(-1).numpy()
-        flat = self._buffer(bucket)
+    def _alone_input(self, index: int, take: bool) -> np.ndarray:
+        """One large gradient as a flat host array: the gradient itself when it is a
+        contiguous CPU tensor of the wire dtype (no copy), else a staged copy."""
+        param = self.params[index]
+        grad = param.grad if take else None
+        if (grad is not None and not self.fp16 and grad.device.type == "cpu"
+                and grad.is_contiguous()):
+            return grad.detach().reshape(-1).numpy()
+        flat = self._buffer(("alone", index), param.numel(), param)
         with torch.no_grad():
-            for index, offset, take in zip(spec.params, spec.offsets, packed):
+            if grad is None:
+                flat.zero_()
+            else:
+                flat.copy_(grad.detach().reshape(-1))
+        return flat.numpy()
+
+    def _fused_input(self, bucket: int, took: dict[int, bool]) -> np.ndarray:
+        """The bucket's small gradients packed into its flat buffer (zeros for those
+        not taken)."""
+        spec = self.buckets[bucket]
+        flat = self._buffer(("fused", bucket), spec.numel, self.params[spec.fused[0]])
+        with torch.no_grad():
+            for index, offset in zip(spec.fused, spec.offsets):
                 param = self.params[index]
                 part = flat[offset:offset + param.numel()]
-                if not take or param.grad is None:
+                if not took[index] or param.grad is None:
                     part.zero_()
                 else:
                     part.copy_(param.grad.detach().reshape(-1))
         return flat.numpy()
 
     def _reduce(self, bucket: int, packed: tuple[bool, ...], timeline: StepTimeline
-                ) -> np.ndarray | None:
+                ) -> list[np.ndarray] | None:
+        """The bucket's messages reduced: one array per large gradient, then one for
+        the fused small ones (the order of ``_unpack``)."""
         if _backend.world_size() == 1:
             return None           # a world of one: the gradients are the result
+        spec = self.buckets[bucket]
+        took = dict(zip(spec.params, packed))
         timeline.started[bucket] = self._clock()
-        result = _backend.allreduce_array(self._input(bucket, packed), self.op)
+        results = [_backend.allreduce_array(self._alone_input(i, took[i]), self.op)
+                   for i in spec.alone]
+        if spec.fused:
+            results.append(_backend.allreduce_array(self._fused_input(bucket, took), self.op))
         timeline.finished[bucket] = self._clock()
-        return result
+        return results
 
     # ---- on the training thread ----
     def synchronize(self) -> None:
@@ -228,9 +246,9 @@ class GradientReducer:
             with self._lock:
                 self._clear()
             raise error
-        for bucket, result in enumerate(results[:-1]):
-            if result is not None:
-                self._unpack(bucket, torch.from_numpy(result))
+        for bucket, arrays in enumerate(results[:-1]):
+            if arrays is not None:
+                self._unpack(bucket, [torch.from_numpy(a) for a in arrays])
         for index, total in results[-1] or ():
             param = self.params[index]
             param.grad.add_(total.view(param.shape).to(param.grad.device, param.grad.dtype))
@@ -270,10 +288,12 @@ class GradientReducer:
                 error = error or exc
         return results, error
 
-    def _unpack(self, bucket: int, result: torch.Tensor) -> None:
+    def _unpack(self, bucket: int, results: list[torch.Tensor]) -> None:
         spec = self.buckets[bucket]
+        places = [(index, results[k], 0) for k, index in enumerate(spec.alone)]
+        places += [(index, results[-1], offset) for index, offset in zip(spec.fused, spec.offsets)]
         with torch.no_grad():
-            for index, offset in zip(spec.params, spec.offsets):
+            for index, result, offset in places:
                 param = self.params[index]
                 view = result[offset:offset + param.numel()].view(param.shape)
                 if view.dtype == param.dtype and param.device.type == "cpu":
