@@ -79,7 +79,6 @@ def main() -> int:
     tx, vx = tx.float(), vx.float()
     train_set = TensorDataset(tx, ty, torch.arange(len(tx)))
 
-    elastic.init()
     model = DigitsCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     optimizer = et.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -122,6 +121,8 @@ def main() -> int:
                 print(f"epoch {state.epoch + 1}/{args.epochs}: world size {elastic.size()}, "
                       f"test accuracy {accuracy(model, vx, vy):.3f}", flush=True)
 
+    # @elastic.run joins the job here (elastic.init()), once everything is built: a
+    # replacement worker does not hold the survivors up while it builds its model.
     train(state)
     final = accuracy(model, vx, vy)
     if elastic.rank() == 0:
