@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.allreduce_bench import Line, free_port  # noqa: E402
+from benchmarks.allreduce_bench import Line, free_port
 
 WORKER = ROOT / "benchmarks" / "workloads" / "torch_train.py"
 BATCH = {"mlp": 8, "cnn": 16}

@@ -23,16 +23,18 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.allreduce_bench import Line  # noqa: E402  (the benchmarks' control channel)
+from benchmarks.allreduce_bench import Line
 
 
 def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
     """The model and the shape of one input sample."""
     torch.manual_seed(0)
-    if name == "mlp":   # about 25M parameters: communication-heavy
-        return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096),
-                             nn.ReLU(), nn.Linear(4096, 1024), nn.ReLU(),
-                             nn.Linear(1024, 10)), (1024,)
+    if name == "mlp":   # about 25M parameters in 8 layers: communication-heavy
+        layers: list[nn.Module] = [nn.Linear(1024, 2048), nn.ReLU()]
+        for _ in range(5):
+            layers += [nn.Linear(2048, 2048), nn.ReLU()]
+        layers += [nn.Linear(2048, 1024), nn.ReLU(), nn.Linear(1024, 10)]
+        return nn.Sequential(*layers), (1024,)
     if name == "cnn":   # about 1.2M parameters, more compute per byte of gradient
         return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
