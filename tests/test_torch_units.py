@@ -137,3 +137,51 @@ def test_torch_state_restores_into_the_same_objects():
     opt.step()
     state.restore()
     assert torch.equal(model.weight, weight)
+
+
+class _TwinWorld:
+    """A stand-in world of two ranks that hold the same gradients: "sum" doubles them
+    (logic only: which gradients are sent, late ones corrected, nothing lost)."""
+
+    def __init__(self, monkeypatch):
+        from elastic.torch import _backend
+        self.calls: list[int] = []
+        monkeypatch.setattr(_backend, "world_size", lambda: 2)
+        monkeypatch.setattr(_backend, "allreduce_array", self.allreduce)
+
+    def allreduce(self, arr, op):
+        self.calls.append(arr.size)
+        return arr * 2 if op == "sum" else arr.copy()   # "max" of equal masks: the mask
+
+
+def test_reducer_sends_late_and_partial_gradients_once(monkeypatch):
+    from elastic.torch import DistributedOptimizer
+    twin = _TwinWorld(monkeypatch)
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opt = DistributedOptimizer(torch.optim.SGD([a, b], lr=0.0), op="sum",
+                               backward_passes_per_step=2, bucket_bytes=8)
+    assert len(opt.buckets) == 2
+    # step 1: b gets no gradient (zeros on every rank); a accumulates two passes
+    for _ in range(2):
+        (a * 2).sum().backward()
+    opt.step()
+    assert a.grad.tolist() == [8.0] * 3 and b.grad.tolist() == [0.0] * 2
+    assert twin.calls == [2, 3, 2]     # bucket of b, bucket of a, the "late" mask
+    opt.zero_grad()
+    # step 2: b was not expected (no gradient last step) and gets one in pass 2 only,
+    # after its bucket may have left: it is corrected, not lost and not doubled
+    (a * 2).sum().backward()
+    (a * 2).sum().backward(retain_graph=True)
+    (b * 3).sum().backward()
+    opt.step()
+    assert a.grad.tolist() == [8.0] * 3 and b.grad.tolist() == [6.0] * 2
+    with pytest.raises(RuntimeError, match="backward_passes_per_step"):
+        for _ in range(3):
+            (a * 2).sum().backward()
+    opt.reset_step()
+    # a step cut short leaves nothing behind: the next one counts from zero
+    opt.zero_grad()
+    for _ in range(2):
+        (a * 1).sum().backward()
+    opt.step()
+    assert a.grad.tolist() == [4.0] * 3

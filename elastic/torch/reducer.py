@@ -155,11 +155,13 @@ class GradientReducer:
                 while self._next < len(self.buckets) and self._waiting[self._next] == 0:
                     self._launch(self._next)
 
-    def _launch(self, bucket: int) -> None:
+    def _launch(self, bucket: int, final: bool = False) -> None:
         """Hand ``bucket`` to the communication thread (caller holds the lock). The
-        gradients it takes are fixed now: those already computed this step."""
+        gradients it takes are fixed now: those complete for this step (while backward
+        may still run), or every one computed at all (``final``: backward is over)."""
         self.timeline.launched[bucket] = self._clock()
-        packed = tuple(self._counts[i] > 0 for i in self.buckets[bucket].params)
+        done = 1 if final else self.passes
+        packed = tuple(self._counts[i] >= done for i in self.buckets[bucket].params)
         self._packed[bucket] = packed
         self._futures[bucket] = self._comm.submit(partial(self._reduce, bucket, packed,
                                                           self.timeline))
@@ -236,7 +238,7 @@ class GradientReducer:
                 return
             self.timeline.wait_started = self._clock()
             while self._next < len(self.buckets):
-                self._launch(self._next)
+                self._launch(self._next, final=True)
             late = [index for b, bucket in enumerate(self.buckets)
                     for index, took in zip(bucket.params, self._packed[b] or ())
                     if not took and self._counts[index] > 0]
