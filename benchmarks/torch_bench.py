@@ -14,7 +14,7 @@ One JSON line per configuration:
      "hidden_share_ours", "load_avg"}
 
     python benchmarks/torch_bench.py [--models mlp cnn] [--worlds 2 4] [--blocks 5]
-        [--steps 10]
+        [--steps 10] [--batches B ...]
 
 Needs torch (``pip install torch==2.13.0``).
 """
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.allreduce_bench import Line, free_port
 
 WORKER = ROOT / "benchmarks" / "workloads" / "torch_train.py"
-BATCH = {"mlp": 8, "cnn": 16}
+BATCH = {"mlp": (1, 2), "cnn": (8,)}   # per worker: small ones make communication matter
 
 
 class Group:
@@ -136,13 +136,14 @@ def main() -> None:
     parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, help="per worker (default: per model, "
-                        f"{BATCH})")
+    parser.add_argument("--batches", nargs="+", type=int,
+                        help=f"per worker (default: per model, {BATCH})")
     args = parser.parse_args()
     for model in args.models:
-        for world in args.worlds:
-            print(json.dumps(measure(model, world, args.blocks, args.steps,
-                                     args.batch or BATCH[model])), flush=True)
+        for batch in args.batches or BATCH[model]:
+            for world in args.worlds:
+                print(json.dumps(measure(model, world, args.blocks, args.steps, batch)),
+                      flush=True)
 
 
 if __name__ == "__main__":
