@@ -17,8 +17,10 @@ gradient in this rank's previous step (all of them in the first step), so a laye
 model does not use does not hold back every bucket after it. Whichever parameters a
 bucket did not wait for contribute zeros. If one of them gets a gradient after all
 ("late": its bucket was already on its way), ``synchronize()`` reduces those gradients
-once more and adds them. Whether that is needed is agreed by one small allreduce of a
-per-parameter "late" mask every step, so every rank runs the same collectives.
+once more and adds them. Whether that is needed is agreed through a per-parameter
+"late" mask that rides in the last bucket's fused message (the last bucket is always
+launched by ``synchronize()``), so every rank runs the same collectives and a step
+costs no extra collective when nothing is late.
 
 A failed collective (a lost worker) is raised by ``synchronize()``, after every
 launched bucket has finished or failed, and the step's bookkeeping is reset.
@@ -152,19 +154,22 @@ class GradientReducer:
             timeline.last_hook = now
             if count == self.passes and self._expected[index]:
                 self._waiting[self._bucket_of[index]] -= 1
-                while self._next < len(self.buckets) and self._waiting[self._next] == 0:
+                # The last bucket is left to synchronize(): it carries the "late" mask.
+                while self._next < len(self.buckets) - 1 and self._waiting[self._next] == 0:
                     self._launch(self._next)
 
-    def _launch(self, bucket: int, final: bool = False) -> None:
+    def _launch(self, bucket: int, final: bool = False, late: list[int] | None = None
+                ) -> None:
         """Hand ``bucket`` to the communication thread (caller holds the lock). The
         gradients it takes are fixed now: those complete for this step (while backward
-        may still run), or every one computed at all (``final``: backward is over)."""
+        may still run), or every one computed at all (``final``: backward is over).
+        ``late`` (the last bucket only): this rank's late gradients."""
         self.timeline.launched[bucket] = self._clock()
         done = 1 if final else self.passes
         packed = tuple(self._counts[i] >= done for i in self.buckets[bucket].params)
         self._packed[bucket] = packed
         self._futures[bucket] = self._comm.submit(partial(self._reduce, bucket, packed,
-                                                          self.timeline))
+                                                          self.timeline, late))
         self._next = bucket + 1
 
     # ---- on the communication thread ----
@@ -197,12 +202,19 @@ class GradientReducer:
                 flat.copy_(grad.detach().reshape(-1))
         return flat.numpy()
 
-    def _fused_input(self, bucket: int, took: dict[int, bool]) -> np.ndarray:
+    def _fused_input(self, bucket: int, took: dict[int, bool], late: list[int] | None
+                     ) -> np.ndarray:
         """The bucket's small gradients packed into its flat buffer (zeros for those
-        not taken)."""
+        not taken), followed by the "late" mask when ``late`` is given."""
         spec = self.buckets[bucket]
-        flat = self._buffer(("fused", bucket), spec.numel, self.params[spec.fused[0]])
+        tail = len(self.params) if late is not None else 0
+        like = self.params[(spec.fused or spec.params)[0]]
+        flat = self._buffer(("fused", bucket), spec.numel + tail, like)
         with torch.no_grad():
+            if late is not None:
+                mask = flat[spec.numel:]
+                mask.zero_()
+                mask[late] = 1.0
             for index, offset in zip(spec.fused, spec.offsets):
                 param = self.params[index]
                 part = flat[offset:offset + param.numel()]
@@ -212,10 +224,11 @@ class GradientReducer:
                     part.copy_(param.grad.detach().reshape(-1))
         return flat.numpy()
 
-    def _reduce(self, bucket: int, packed: tuple[bool, ...], timeline: StepTimeline
-                ) -> list[np.ndarray] | None:
+    def _reduce(self, bucket: int, packed: tuple[bool, ...], timeline: StepTimeline,
+                late: list[int] | None = None) -> tuple[list[np.ndarray], list] | None:
         """The bucket's messages reduced: one array per large gradient, then one for
-        the fused small ones (the order of ``_unpack``)."""
+        the fused small ones (the order of ``_unpack``); with ``late`` (the last
+        bucket), also the reduced late gradients, as (parameter index, tensor) pairs."""
         if _backend.world_size() == 1:
             return None           # a world of one: the gradients are the result
         spec = self.buckets[bucket]
@@ -223,10 +236,15 @@ class GradientReducer:
         timeline.started[bucket] = self._clock()
         results = [_backend.allreduce_array(self._alone_input(i, took[i]), self.op)
                    for i in spec.alone]
-        if spec.fused:
-            results.append(_backend.allreduce_array(self._fused_input(bucket, took), self.op))
+        if spec.fused or late is not None:
+            results.append(_backend.allreduce_array(self._fused_input(bucket, took, late),
+                                                    self.op))
+        corrections = []
+        if late is not None:
+            mask = results[-1][spec.numel:]
+            corrections = self._late(late, np.flatnonzero(mask).tolist())
         timeline.finished[bucket] = self._clock()
-        return results
+        return results, corrections
 
     # ---- on the training thread ----
     def synchronize(self) -> None:
@@ -237,21 +255,23 @@ class GradientReducer:
             if self._synced:
                 return
             self.timeline.wait_started = self._clock()
-            while self._next < len(self.buckets):
+            last = len(self.buckets) - 1
+            while self._next < last:
                 self._launch(self._next, final=True)
-            late = [index for b, bucket in enumerate(self.buckets)
+            late = [index for b, bucket in enumerate(self.buckets[:last])
                     for index, took in zip(bucket.params, self._packed[b] or ())
                     if not took and self._counts[index] > 0]
-            futures = list(self._futures) + [self._comm.submit(partial(self._late, late))]
+            self._launch(last, final=True, late=late)
+            futures = list(self._futures)
         results, error = self._wait(futures)
         if error is not None:
             with self._lock:
                 self._clear()
             raise error
-        for bucket, arrays in enumerate(results[:-1]):
-            if arrays is not None:
-                self._unpack(bucket, [torch.from_numpy(a) for a in arrays])
-        for index, total in results[-1] or ():
+        for bucket, result in enumerate(results):
+            if result is not None:
+                self._unpack(bucket, [torch.from_numpy(a) for a in result[0]])
+        for index, total in (results[-1] or ((), ()))[1]:
             param = self.params[index]
             param.grad.add_(total.view(param.shape).to(param.grad.device, param.grad.dtype))
         with self._lock:
@@ -259,18 +279,13 @@ class GradientReducer:
             self.timeline.wait_finished = self._clock()
             self._synced = True
 
-    def _late(self, late: list[int]) -> list[tuple[int, torch.Tensor]] | None:
-        """On the communication thread, after every bucket: agree on the gradients that
-        came after their bucket left (on any rank), and reduce them (zeros from ranks
+    def _late(self, late: list[int], anywhere: list[int]) -> list[tuple[int, torch.Tensor]]:
+        """On the communication thread: reduce the gradients that came after their
+        bucket left on some rank (``anywhere``, agreed by the mask; zeros from ranks
         where they were on time). Returns (parameter index, reduced gradient) pairs."""
-        if _backend.world_size() == 1:
-            return None
-        mask = np.zeros(len(self.params), dtype=np.float32)
-        mask[late] = 1.0
-        anywhere = np.flatnonzero(_backend.allreduce_array(mask, "max"))
         mine = set(late)
         reduced = []
-        for index in anywhere.tolist():
+        for index in anywhere:
             param = self.params[index]
             grad = param.grad if index in mine and param.grad is not None else None
             local = (grad.detach().reshape(-1).cpu() if grad is not None
