@@ -80,8 +80,9 @@ def main() -> int:
     train_set = TensorDataset(tx, ty, torch.arange(len(tx)))
 
     model = DigitsCNN()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    optimizer = et.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    optimizer = et.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        named_parameters=model.named_parameters())
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     sampler = et.ElasticSampler(train_set, shuffle=True, seed=0, batch_size=args.batch_size)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
