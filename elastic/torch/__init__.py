@@ -1,0 +1,56 @@
+"""PyTorch support: ``import elastic.torch as et`` (needs the ``torch`` extra).
+
+* ``et.allreduce(t, op="average")``, ``et.broadcast(t, root=0)``, ``et.allgather(t)``
+  and in place ``et.allreduce_``, ``et.broadcast_``: tensors through the job's
+  collectives, sharing memory with the transport for CPU tensors;
+* ``et.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())``:
+  gradients averaged in fused buckets started from backward hooks;
+* ``et.broadcast_parameters(model.state_dict(), root_rank=0)``,
+  ``et.broadcast_optimizer_state(optimizer, root_rank=0)``;
+* ``et.TorchState(model=..., optimizer=..., sampler=..., **attrs)``: a ``State`` that
+  commits in memory and restores and syncs in place;
+* ``et.ElasticSampler(dataset, shuffle=True, seed=0)``: a DataLoader sampler whose
+  progress rides with the state, each sample once per epoch across re-forms.
+
+``import elastic`` never imports torch; this module does.
+"""
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("elastic.torch needs PyTorch: pip install 'elastic-training[torch]'"
+                      ) from exc
+
+from elastic.errors import ElasticError, HostsUpdatedInterrupt, WorkerLostError
+from elastic.torch.collectives import (
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    broadcast,
+    broadcast_,
+    broadcast_object,
+)
+from elastic.torch.optimizer import DistributedOptimizer
+from elastic.torch.params import broadcast_optimizer_state, broadcast_parameters
+from elastic.torch.sampler import ElasticSampler
+from elastic.torch.state import TorchState
+
+__all__ = [
+    "DistributedOptimizer",
+    "ElasticError",
+    "ElasticSampler",
+    "HostsUpdatedInterrupt",
+    "TorchState",
+    "WorkerLostError",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+]
