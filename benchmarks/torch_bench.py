@@ -18,9 +18,11 @@ One JSON line per configuration:
 
 Needs torch (``pip install torch==2.13.0``).
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -32,11 +34,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other by file name
 
-from benchmarks.allreduce_bench import Line, free_port
+
+from allreduce_bench import Line, free_port  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "workloads" / "torch_train.py"
-BATCH = {"mlp": (1, 2), "cnn": (8,)}   # per worker: small ones make communication matter
+BATCH = {"mlp": (1, 2), "cnn": (8,)}  # per worker: small ones make communication matter
 
 
 class Group:
@@ -49,20 +53,48 @@ class Group:
         srv.listen(world)
         srv.settimeout(300)
         control = f"127.0.0.1:{srv.getsockname()[1]}"
-        worker = [sys.executable, str(WORKER), "--impl", impl, "--control", control,
-                  "--model", model, "--batch", str(batch)]
+        worker = [
+            sys.executable,
+            str(WORKER),
+            "--impl",
+            impl,
+            "--control",
+            control,
+            "--model",
+            model,
+            "--batch",
+            str(batch),
+        ]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         try:
             if impl == "ours":
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "driver.cli", "-np", str(world), *worker],
-                    cwd=ROOT, env=env, start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "driver.cli", "-np", str(world), *worker],
+                        cwd=ROOT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
             else:
                 port = free_port()
                 for rank in range(world):
-                    self.procs.append(subprocess.Popen(
-                        [*worker, "--rank", str(rank), "--world", str(world),
-                         "--port", str(port)], cwd=ROOT, env=env, start_new_session=True))
+                    self.procs.append(
+                        subprocess.Popen(
+                            [
+                                *worker,
+                                "--rank",
+                                str(rank),
+                                "--world",
+                                str(world),
+                                "--port",
+                                str(port),
+                            ],
+                            cwd=ROOT,
+                            env=env,
+                            start_new_session=True,
+                        )
+                    )
             lines: list[Line | None] = [None] * world
             for _ in range(world):
                 conn, _ = srv.accept()
@@ -85,10 +117,8 @@ class Group:
 
     def close(self) -> None:
         for ln in getattr(self, "lines", []):
-            try:
+            with contextlib.suppress(OSError):
                 ln.send({"cmd": "exit"})
-            except OSError:
-                pass
         deadline = time.monotonic() + 30
         for p in self.procs:
             try:
@@ -99,7 +129,8 @@ class Group:
 
 
 def parameters_m(model: str) -> float:
-    from benchmarks.workloads.torch_train import build_model
+    from workloads.torch_train import build_model  # torch loads only when asked for
+
     return round(sum(p.numel() for p in build_model(model)[0].parameters()) / 1e6, 2)
 
 
@@ -112,7 +143,7 @@ def measure(model: str, world: int, blocks: int, steps: int, batch: int) -> dict
             order = ("ours", "ddp") if block % 2 == 0 else ("ddp", "ours")
             for impl in order:
                 seconds, shares = groups[impl].run(steps)
-                if block > 0:   # block 0 warms up
+                if block > 0:  # block 0 warms up
                     times[impl].append(seconds)
                     if impl == "ours":
                         hidden.extend(shares)
@@ -120,14 +151,19 @@ def measure(model: str, world: int, blocks: int, steps: int, batch: int) -> dict
         for group in groups.values():
             group.close()
     rates = {impl: steps / statistics.median(ts) for impl, ts in times.items()}
-    return {"bench": "torch_train", "model": model, "params_m": parameters_m(model),
-            "batch_per_worker": batch, "world_size": world, "blocks": blocks,
-            "steps_per_block": steps,
-            "steps_per_s": {"ours": round(rates["ours"], 2),
-                            "ddp_gloo": round(rates["ddp"], 2)},
-            "ratio_ours_ddp": round(rates["ours"] / rates["ddp"], 2),
-            "hidden_share_ours": round(statistics.median(hidden), 2) if hidden else None,
-            "load_avg": round(os.getloadavg()[0], 2)}
+    return {
+        "bench": "torch_train",
+        "model": model,
+        "params_m": parameters_m(model),
+        "batch_per_worker": batch,
+        "world_size": world,
+        "blocks": blocks,
+        "steps_per_block": steps,
+        "steps_per_s": {"ours": round(rates["ours"], 2), "ddp_gloo": round(rates["ddp"], 2)},
+        "ratio_ours_ddp": round(rates["ours"] / rates["ddp"], 2),
+        "hidden_share_ours": round(statistics.median(hidden), 2) if hidden else None,
+        "load_avg": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:
@@ -136,14 +172,14 @@ def main() -> None:
     parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batches", nargs="+", type=int,
-                        help=f"per worker (default: per model, {BATCH})")
+    parser.add_argument(
+        "--batches", nargs="+", type=int, help=f"per worker (default: per model, {BATCH})"
+    )
     args = parser.parse_args()
     for model in args.models:
         for batch in args.batches or BATCH[model]:
             for world in args.worlds:
-                print(json.dumps(measure(model, world, args.blocks, args.steps, batch)),
-                      flush=True)
+                print(json.dumps(measure(model, world, args.blocks, args.steps, batch)), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ to the newest commit in place; ``ElasticSampler`` makes each epoch use every tra
 image exactly once however the world changes. Reaches about 98% test accuracy (at
 least 97% is checked at the end: exit status 1 below that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,10 +68,12 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--loader-workers", type=int, default=0,
-                        help="DataLoader worker processes")
-    parser.add_argument("--record", help="directory: each worker writes what it saw "
-                        "there (samples visited per epoch, a parameter fingerprint)")
+    parser.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument(
+        "--record",
+        help="directory: each worker writes what it saw "
+        "there (samples visited per epoch, a parameter fingerprint)",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -82,19 +85,32 @@ def main() -> int:
     model = DigitsCNN()
     optimizer = et.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-        named_parameters=model.named_parameters())
+        named_parameters=model.named_parameters(),
+    )
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     sampler = et.ElasticSampler(train_set, shuffle=True, seed=0, batch_size=args.batch_size)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.loader_workers)
-    state = et.TorchState(model=model, optimizer=optimizer, scheduler=scheduler,
-                          sampler=sampler, epoch=0, steps=0, visits=torch.zeros(len(tx)),
-                          epoch_visits=[])
+    loader = DataLoader(
+        train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.loader_workers
+    )
+    state = et.TorchState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        sampler=sampler,
+        epoch=0,
+        steps=0,
+        visits=torch.zeros(len(tx)),
+        epoch_visits=[],
+    )
 
     def report_world():
         if elastic.rank() == 0:
-            print(f"world re-formed: {elastic.size()} workers, resuming at epoch "
-                  f"{state.epoch} after {state.steps} steps", flush=True)
+            print(
+                f"world re-formed: {elastic.size()} workers, resuming at epoch "
+                f"{state.epoch} after {state.steps} steps",
+                flush=True,
+            )
+
     state.register_reset_callbacks([report_world])
 
     @elastic.run
@@ -106,7 +122,7 @@ def main() -> int:
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
-                if args.record:   # which samples this step used, world-wide
+                if args.record:  # which samples this step used, world-wide
                     seen = torch.zeros(len(tx))
                     seen[idx] = 1.0
                     state.visits += et.allreduce(seen, op="sum")
@@ -115,26 +131,38 @@ def main() -> int:
                 state.commit()
             scheduler.step()
             if args.record:
-                state.epoch_visits.append((float(state.visits.min()),
-                                           float(state.visits.max())))
+                state.epoch_visits.append((float(state.visits.min()), float(state.visits.max())))
                 state.visits.zero_()
             if elastic.rank() == 0:
-                print(f"epoch {state.epoch + 1}/{args.epochs}: world size {elastic.size()}, "
-                      f"test accuracy {accuracy(model, vx, vy):.3f}", flush=True)
+                print(
+                    f"epoch {state.epoch + 1}/{args.epochs}: world size {elastic.size()}, "
+                    f"test accuracy {accuracy(model, vx, vy):.3f}",
+                    flush=True,
+                )
 
     # @elastic.run joins the job here (elastic.init()), once everything is built: a
     # replacement worker does not hold the survivors up while it builds its model.
     train(state)
     final = accuracy(model, vx, vy)
     if elastic.rank() == 0:
-        print(f"done: {state.steps} steps, test accuracy {final:.3f} "
-              f"(target {TARGET_ACCURACY:.2f})", flush=True)
+        print(
+            f"done: {state.steps} steps, test accuracy {final:.3f} (target {TARGET_ACCURACY:.2f})",
+            flush=True,
+        )
     if args.record:
         worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
-        Path(args.record, f"{worker}.json").write_text(json.dumps({
-            "rank": elastic.rank(), "size": elastic.size(), "steps": state.steps,
-            "epoch_visits": state.epoch_visits, "digest": digest(model),
-            "accuracy": final}))
+        Path(args.record, f"{worker}.json").write_text(
+            json.dumps(
+                {
+                    "rank": elastic.rank(),
+                    "size": elastic.size(),
+                    "steps": state.steps,
+                    "epoch_visits": state.epoch_visits,
+                    "digest": digest(model),
+                    "accuracy": final,
+                }
+            )
+        )
     elastic.shutdown()
     return 0 if final >= TARGET_ACCURACY else 1
 

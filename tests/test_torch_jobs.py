@@ -3,6 +3,7 @@
 Importing torch costs seconds, so one job (``workloads/torch_checks.py collectives``) runs
 every in-job check and the tests below read its per-worker results.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,14 @@ def results(out_dir: Path) -> list[dict]:
 def run_command(argv: list[str], timeout: float) -> str:
     """Run ``argv`` in its own process group (all of it killed on a timeout); its output.
     Raises AssertionError with the output when it fails."""
-    proc = subprocess.Popen(argv, cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=str(ROOT),
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
@@ -74,8 +80,8 @@ def test_broadcast_parameters_and_optimizer_state(checks):
     for r in checks:
         b = r["broadcasts"]
         assert b["params_same"] and b["same_object"]
-        assert b["lr"] == pytest.approx(0.02)       # rank 1's hyper-parameters
-        assert b["adam_steps"] == 1.0               # rank 1's Adam state, on rank 0 too
+        assert b["lr"] == pytest.approx(0.02)  # rank 1's hyper-parameters
+        assert b["adam_steps"] == 1.0  # rank 1's Adam state, on rank 0 too
 
 
 @pytest.mark.timeout(150)
@@ -101,14 +107,15 @@ def test_communication_starts_before_backward_ends(checks):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("case, tolerance", [("sgd", 1e-12), ("accumulate", 1e-12),
-                                             ("adam", 1e-12), ("fp16", 1e-3)])
+@pytest.mark.parametrize(
+    "case, tolerance", [("sgd", 1e-12), ("accumulate", 1e-12), ("adam", 1e-12), ("fp16", 1e-3)]
+)
 def test_training_equals_one_process_on_the_global_batch(checks, case, tolerance):
     for r in checks:
         e = r[case]
         assert e["max_diff"] <= tolerance, e
         assert e["identical_every_step"] and e["buckets"] > 1
-        assert e["unused_grad_zero"]      # no gradient anywhere: zeros on every rank
+        assert e["unused_grad_zero"]  # no gradient anywhere: zeros on every rank
 
 
 @pytest.mark.timeout(120)
@@ -118,18 +125,34 @@ def test_worker_lost_mid_bucket_raises_from_step_and_recovers(tmp_path):
     flag = tmp_path / "kill-once"
     flag.write_text("")
     steps = 40
-    with ElasticRun(["-np", "2", "--min-np", "1", "python", str(CHECKS), str(out), "train",
-                     "--steps", str(steps), "--kill-flag", str(flag), "--kill-at", "5"],
-                    tmp_path) as run:
+    with ElasticRun(
+        [
+            "-np",
+            "2",
+            "--min-np",
+            "1",
+            "python",
+            str(CHECKS),
+            str(out),
+            "train",
+            "--steps",
+            str(steps),
+            "--kill-flag",
+            str(flag),
+            "--kill-at",
+            "5",
+        ],
+        tmp_path,
+    ) as run:
         assert run.wait(timeout=100) == 0, run.stderr_tail()
         assert len(run.events("worker_failed")) == 1
-    assert not flag.exists()                        # rank 1 died in step 5's backward
+    assert not flag.exists()  # rank 1 died in step 5's backward
     final = results(out)
-    assert final[0]["lost_files"] == ["5"]          # rank 0's step() raised WorkerLostError
+    assert final[0]["lost_files"] == ["5"]  # rank 0's step() raised WorkerLostError
     assert len({r["digest"] for r in final}) == 1
     for r in final:
         assert r["steps"] == steps and r["sizes"][0] == 2
-        assert r["max_diff"] < 1e-9                 # the same as one process, no step lost
+        assert r["max_diff"] < 1e-9  # the same as one process, no step lost
 
 
 def epochs_printed(run: ElasticRun) -> int:
@@ -145,21 +168,36 @@ def test_torch_example_survives_random_sigkills(tmp_path):
     record.mkdir()
     rng = random.Random(13)
     epochs = 30
-    with ElasticRun(["-np", "2", "--min-np", "1", "python", str(EXAMPLE), "--epochs",
-                     str(epochs), "--record", str(record), "--loader-workers", "2"],
-                    tmp_path) as run:
+    with ElasticRun(
+        [
+            "-np",
+            "2",
+            "--min-np",
+            "1",
+            "python",
+            str(EXAMPLE),
+            "--epochs",
+            str(epochs),
+            "--record",
+            str(record),
+            "--loader-workers",
+            "2",
+        ],
+        tmp_path,
+    ) as run:
         rounds_at_kill = 0
         for _ in range(2):
-            run.wait_event("round_formed", lambda e: e["size"] == 2, timeout=90,
-                           after=rounds_at_kill)
+            run.wait_event(
+                "round_formed", lambda e: e["size"] == 2, timeout=90, after=rounds_at_kill
+            )
             seen = epochs_printed(run)
             wait_until(lambda seen=seen: epochs_printed(run) > seen, 90, "an epoch at 2 workers")
             run.kill_member(rng.randrange(2))
             rounds_at_kill = len(run.events("round_formed"))
-        assert run.wait(timeout=150) == 0, run.stderr_tail()   # accuracy >= 97% too
+        assert run.wait(timeout=150) == 0, run.stderr_tail()  # accuracy >= 97% too
         assert len(run.events("worker_failed")) == 2
     final = results(record)
-    assert len({r["digest"] for r in final}) == 1, final       # identical parameters
+    assert len({r["digest"] for r in final}) == 1, final  # identical parameters
     for r in final:
         assert len(r["epoch_visits"]) == epochs
         assert all(v == [1.0, 1.0] for v in r["epoch_visits"]), r  # every sample once
@@ -169,8 +207,9 @@ def test_torch_example_survives_random_sigkills(tmp_path):
 def test_torch_example_under_mpiexec(tmp_path):
     mpiexec = shutil.which("mpiexec")
     assert mpiexec, "mpiexec is not on PATH (pip install -e .[mpi])"
-    run_command([mpiexec, "-n", "2", sys.executable, str(EXAMPLE), "--record", str(tmp_path)],
-                timeout=110)
+    run_command(
+        [mpiexec, "-n", "2", sys.executable, str(EXAMPLE), "--record", str(tmp_path)], timeout=110
+    )
     final = results(tmp_path)
     assert [r["size"] for r in final] == [2, 2]
     assert len({r["digest"] for r in final}) == 1
@@ -179,7 +218,8 @@ def test_torch_example_under_mpiexec(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_torch_example_alone(tmp_path):
-    text = run_command([sys.executable, str(EXAMPLE), "--epochs", "6", "--record",
-                        str(tmp_path)], timeout=110)
+    text = run_command(
+        [sys.executable, str(EXAMPLE), "--epochs", "6", "--record", str(tmp_path)], timeout=110
+    )
     assert "world size 1" in text
     assert results(tmp_path)[0]["size"] == 1

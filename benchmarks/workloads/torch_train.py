@@ -9,6 +9,7 @@ step's communication hidden behind backward (ours only)]}``; ``{"cmd": "exit"}``
     torch_train.py --impl ours --control HOST:PORT --model mlp --batch 8
     torch_train.py --impl ddp --control HOST:PORT --rank R --world N --port P ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,25 +23,36 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other by file name
 
-from benchmarks.allreduce_bench import Line
+from allreduce_bench import Line  # noqa: E402
 
 
 def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
     """The model and the shape of one input sample."""
     torch.manual_seed(0)
-    if name == "mlp":   # about 25M parameters in 8 layers: communication-heavy
+    if name == "mlp":  # about 25M parameters in 8 layers: communication-heavy
         layers: list[nn.Module] = [nn.Linear(1024, 2048), nn.ReLU()]
         for _ in range(5):
             layers += [nn.Linear(2048, 2048), nn.ReLU()]
         layers += [nn.Linear(2048, 1024), nn.ReLU(), nn.Linear(1024, 10)]
         return nn.Sequential(*layers), (1024,)
-    if name == "cnn":   # about 1.2M parameters, more compute per byte of gradient
-        return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(128, 256, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Flatten(), nn.Linear(256 * 4 * 4, 256), nn.ReLU(),
-                             nn.Linear(256, 10)), (3, 32, 32)
+    if name == "cnn":  # about 1.2M parameters, more compute per byte of gradient
+        return nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(128, 256, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(256 * 4 * 4, 256),
+            nn.ReLU(),
+            nn.Linear(256, 10),
+        ), (3, 32, 32)
     raise ValueError(f"unknown model {name!r}")
 
 
@@ -61,19 +73,27 @@ def main() -> int:
     if args.impl == "ours":
         import elastic
         import elastic.torch as et
+
         elastic.init()
         rank = elastic.rank()
-        optimizer = et.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
-                                            named_parameters=model.named_parameters())
+        optimizer = et.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=model.named_parameters()
+        )
         et.broadcast_parameters(model.state_dict(), root_rank=0)
         net, barrier = model, elastic.barrier
 
         def timeline():
-            return optimizer.last_timeline
+            # The same optimizer object, its class extended by DistributedOptimizer.
+            return getattr(optimizer, "last_timeline")  # noqa: B009
     else:
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
-                                rank=args.rank, world_size=args.world)
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{args.port}",
+            rank=args.rank,
+            world_size=args.world,
+        )
         rank = args.rank
         net = nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)

@@ -14,13 +14,13 @@
 
 ``import elastic`` never imports torch; this module does.
 """
+
 from __future__ import annotations
 
 try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("elastic.torch needs PyTorch: pip install 'elastic-training[torch]'"
-                      ) from exc
+    raise ImportError("elastic.torch needs PyTorch: pip install 'elastic-training[torch]'") from exc
 
 from elastic.errors import ElasticError, HostsUpdatedInterrupt, WorkerLostError
 from elastic.torch.collectives import (

@@ -18,6 +18,7 @@ Two things the core does not offer yet, shimmed here:
   work is queued here. A non-blocking ``allreduce_async() -> handle`` in the
   communicator would replace this thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,8 +65,10 @@ def broadcast_into(arr: np.ndarray, root: int) -> np.ndarray:
     Raises ValueError when root's array has another shape or dtype than ``arr``."""
     result = elastic.broadcast(arr, root=root)
     if result.shape != arr.shape or result.dtype != arr.dtype:
-        raise ValueError(f"broadcast from rank {root}: it sent {result.dtype}{result.shape}, "
-                         f"this rank expects {arr.dtype}{arr.shape}")
+        raise ValueError(
+            f"broadcast from rank {root}: it sent {result.dtype}{result.shape}, "
+            f"this rank expects {arr.dtype}{arr.shape}"
+        )
     if elastic.rank() != root:
         np.copyto(arr, result)
     return arr
@@ -100,8 +103,7 @@ class CommThread:
         future: Future = Future()
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name=self._name,
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
         self._queue.put((fn, future))
         return future

@@ -8,6 +8,7 @@ kept per (shape, dtype) and reused, because pinning memory is slow.
 Dtypes numpy lacks (bfloat16) travel as their bit pattern (int16) when only moved, and
 as float32 when reduced.
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,9 @@ def transfer_view(t: torch.Tensor) -> np.ndarray:
 
     Raises ValueError for a tensor that is not contiguous or not on the CPU."""
     if t.device.type != "cpu" or not t.is_contiguous():
-        raise ValueError(f"need a contiguous CPU tensor, got {t.device} "
-                         f"contiguous={t.is_contiguous()}")
+        raise ValueError(
+            f"need a contiguous CPU tensor, got {t.device} contiguous={t.is_contiguous()}"
+        )
     t = t.detach()
     bits = _BITS_FOR.get(t.dtype)
     return (t.view(bits) if bits is not None else t).numpy()
@@ -77,7 +79,7 @@ class HostStaging:
             return t.detach().contiguous()
         buf = self.buffer(t.shape, t.dtype, slot)
         buf.copy_(t.detach(), non_blocking=True)
-        self._synchronize(t.device)   # the transport reads buf from another engine
+        self._synchronize(t.device)  # the transport reads buf from another engine
         return buf
 
     def to_device(self, host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -89,8 +91,10 @@ class HostStaging:
 
     def copy_to(self, host: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Copy ``host`` into ``out`` (any device); returns ``out``."""
-        out.copy_(host.view_as(out) if host.shape != out.shape else host,
-                  non_blocking=self.needs_staging(out))
+        out.copy_(
+            host.view_as(out) if host.shape != out.shape else host,
+            non_blocking=self.needs_staging(out),
+        )
         if self.needs_staging(out):
             # The staging buffer may be reused by the next call: wait for the copy.
             self._synchronize(out.device)

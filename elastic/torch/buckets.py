@@ -13,6 +13,7 @@ copy would cost about as much as the transfer on one host). Only the small ones 
 packed together. The plan depends only on the parameters' sizes, dtypes and devices in
 registration order, so it is the same on every rank, and so are the messages.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,22 +27,25 @@ DEFAULT_ALONE_BYTES = 1 << 20
 class ParamSpec:
     numel: int
     element_size: int
-    kind: str          # dtype and device, e.g. "torch.float32@cpu": one kind per bucket
+    kind: str  # dtype and device, e.g. "torch.float32@cpu": one kind per bucket
 
 
 @dataclass(frozen=True)
 class Bucket:
-    params: tuple[int, ...]    # indices in registration order, in reduction order
-    alone: tuple[int, ...]     # members sent as messages of their own (large ones)
-    fused: tuple[int, ...]     # members packed into one flat buffer, one message
-    offsets: tuple[int, ...]   # where each fused member starts in the flat buffer
-    numel: int                 # elements of the flat buffer
+    params: tuple[int, ...]  # indices in registration order, in reduction order
+    alone: tuple[int, ...]  # members sent as messages of their own (large ones)
+    fused: tuple[int, ...]  # members packed into one flat buffer, one message
+    offsets: tuple[int, ...]  # where each fused member starts in the flat buffer
+    numel: int  # elements of the flat buffer
     kind: str
 
 
-def plan_buckets(specs: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
-                 alone_bytes: int = DEFAULT_ALONE_BYTES) -> list[Bucket]:
+def plan_buckets(
+    specs: list[ParamSpec],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+    alone_bytes: int = DEFAULT_ALONE_BYTES,
+) -> list[Bucket]:
     """Buckets over ``specs`` (registration order), in the order they are reduced.
 
     Raises ValueError when a size limit is below 1."""
@@ -69,6 +73,14 @@ def plan_buckets(specs: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTE
         for index in fused:
             offsets.append(total)
             total += specs[index].numel
-        buckets.append(Bucket(tuple(members), tuple(alone), tuple(fused), tuple(offsets),
-                              total, specs[members[0]].kind))
+        buckets.append(
+            Bucket(
+                tuple(members),
+                tuple(alone),
+                tuple(fused),
+                tuple(offsets),
+                total,
+                specs[members[0]].kind,
+            )
+        )
     return buckets

@@ -11,6 +11,7 @@ Raises (every function): ``WorkerLostError`` when a peer is lost or the round is
 re-forming, ``CollectiveMismatchError`` when ranks disagree on the call, ``ValueError``
 for an unknown op or root, ``TypeError`` for a dtype the transport cannot carry.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,11 @@ def allreduce(tensor: torch.Tensor, op: str = "average") -> torch.Tensor:
 def allreduce_(tensor: torch.Tensor, op: str = "average") -> torch.Tensor:
     """``tensor`` reduced over all workers, in place; returns ``tensor``."""
     staging = default_staging()
-    if (not staging.needs_staging(tensor) and tensor.is_contiguous()
-            and reduce_dtype(tensor.dtype) == tensor.dtype):
+    if (
+        not staging.needs_staging(tensor)
+        and tensor.is_contiguous()
+        and reduce_dtype(tensor.dtype) == tensor.dtype
+    ):
         _backend.allreduce_into(tensor.detach().numpy(), op)
         return tensor
     with torch.no_grad():
@@ -85,9 +89,11 @@ def broadcast_(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
         return tensor
     result = broadcast(tensor, root)
     if result.shape != tensor.shape or result.dtype != tensor.dtype:
-        raise ValueError(f"broadcast from rank {root}: it sent {result.dtype}"
-                         f"{tuple(result.shape)}, this rank has {tensor.dtype}"
-                         f"{tuple(tensor.shape)}")
+        raise ValueError(
+            f"broadcast from rank {root}: it sent {result.dtype}"
+            f"{tuple(result.shape)}, this rank has {tensor.dtype}"
+            f"{tuple(tensor.shape)}"
+        )
     with torch.no_grad():
         return tensor.copy_(result)
 

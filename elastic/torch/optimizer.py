@@ -7,6 +7,7 @@ learning-rate schedulers and ``TorchState`` keep one optimizer object, so nothin
 train a stale replica. ``step()`` synchronizes through an optimizer step pre-hook, so
 it also does when an LR scheduler has wrapped ``optimizer.step``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,10 +50,12 @@ class _Distributed:
         gradients of this step are being reduced (``reset_step()`` drops them)."""
         reducer = self._elastic_reducer
         if reducer.in_step and not reducer.synchronized:
-            raise RuntimeError("zero_grad() after backward() and before step() or "
-                               "synchronize(): the step's gradients are being reduced; "
-                               "call step(), or reset_step() to drop them")
-        super().zero_grad(set_to_none=set_to_none)   # type: ignore[misc]
+            raise RuntimeError(
+                "zero_grad() after backward() and before step() or "
+                "synchronize(): the step's gradients are being reduced; "
+                "call step(), or reset_step() to drop them"
+            )
+        super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
 
     def reset_step(self) -> None:
         """Drop the step in flight (after a failure cut it short, or to skip a step on
@@ -81,15 +84,17 @@ def _distributed_class(cls: type) -> type:
     return _classes[cls]
 
 
-def _ordered_params(optimizer: torch.optim.Optimizer,
-                    named_parameters: Iterable | None) -> list[torch.nn.Parameter]:
+def _ordered_params(
+    optimizer: torch.optim.Optimizer, named_parameters: Iterable | None
+) -> list[torch.nn.Parameter]:
     """The optimizer's trainable parameters in the model's registration order (from
     ``named_parameters`` when given, else the param groups' order).
 
     Raises ValueError for duplicate names or an optimizer parameter missing from
     ``named_parameters``."""
-    in_optimizer = [p for group in optimizer.param_groups for p in group["params"]
-                    if p.requires_grad]
+    in_optimizer = [
+        p for group in optimizer.param_groups for p in group["params"] if p.requires_grad
+    ]
     if named_parameters is None:
         return list(dict.fromkeys(in_optimizer))
     named = list(named_parameters)
@@ -104,15 +109,20 @@ def _ordered_params(optimizer: torch.optim.Optimizer,
             seen.add(id(p))
     missing = wanted - seen
     if missing:
-        raise ValueError(f"{len(missing)} parameter(s) of the optimizer are not in "
-                         f"named_parameters")
+        raise ValueError(
+            f"{len(missing)} parameter(s) of the optimizer are not in named_parameters"
+        )
     return ordered
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
-                         op: str = "average", backward_passes_per_step: int = 1,
-                         compression: str | None = None, bucket_bytes: int | None = None
-                         ) -> torch.optim.Optimizer:
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters=None,
+    op: str = "average",
+    backward_passes_per_step: int = 1,
+    compression: str | None = None,
+    bucket_bytes: int | None = None,
+) -> torch.optim.Optimizer:
     """Make ``optimizer`` distributed and return it (the same object).
 
     ``named_parameters``: ``model.named_parameters()``, fixing the bucket order (reverse
@@ -128,12 +138,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, _Distributed):
         raise TypeError("this optimizer is already a DistributedOptimizer")
-    reducer = GradientReducer(_ordered_params(optimizer, named_parameters), op=op,
-                              backward_passes_per_step=backward_passes_per_step,
-                              compression=compression, bucket_bytes=bucket_bytes)
+    reducer = GradientReducer(
+        _ordered_params(optimizer, named_parameters),
+        op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        compression=compression,
+        bucket_bytes=bucket_bytes,
+    )
     optimizer.__class__ = _distributed_class(type(optimizer))
-    optimizer._elastic_reducer = reducer            # type: ignore[attr-defined]
-    optimizer._elastic_skip = False                 # type: ignore[attr-defined]
+    optimizer._elastic_reducer = reducer  # type: ignore[attr-defined]
+    optimizer._elastic_skip = False  # type: ignore[attr-defined]
 
     def before_step(opt, args, kwargs):
         if not opt._elastic_skip:

@@ -5,6 +5,7 @@
 Tensors travel fused: one broadcast per dtype and ``FUSE_BYTES`` of data, not one per
 tensor.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -50,33 +51,30 @@ def broadcast_tensors(tensors: list[torch.Tensor], root: int) -> None:
             continue
         total = sum(t.numel() for t in chunk)
         if received.numel() != total:
-            raise ValueError(f"broadcast from rank {root}: {received.numel()} {dtype} "
-                             f"values for tensors holding {total} here")
+            raise ValueError(
+                f"broadcast from rank {root}: {received.numel()} {dtype} "
+                f"values for tensors holding {total} here"
+            )
         offset = 0
         with torch.no_grad():
             for t in chunk:
                 n = t.numel()
-                t.copy_(received[offset:offset + n].view(t.shape))
+                t.copy_(received[offset : offset + n].view(t.shape))
                 offset += n
 
 
 def _named(params) -> list[tuple[str, torch.Tensor]]:
-    if isinstance(params, Mapping):
-        items = list(params.items())
-    else:
-        items = list(params)
+    items = list(params.items()) if isinstance(params, Mapping) else list(params)
     named = []
     for i, item in enumerate(items):
         name, t = item if isinstance(item, tuple) else (str(i), item)
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, "
-                            f"not a tensor")
+            raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
         named.append((name, t))
     return named
 
 
-def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable, root_rank: int = 0
-                         ) -> None:
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable, root_rank: int = 0) -> None:
     """Write ``root_rank``'s values into every rank's ``params`` in place:
     ``model.state_dict()`` (parameters and buffers), ``model.named_parameters()``, or a
     list of tensors.
@@ -89,10 +87,14 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable, root_ran
     layouts = _backend.allgather_object(layout)
     for rank, theirs in enumerate(layouts):
         if theirs != layouts[root_rank]:
-            diff = next((f"{a} vs {b}" for a, b in zip(layouts[root_rank], theirs) if a != b),
-                        f"{len(layouts[root_rank])} vs {len(theirs)} tensors")
-            raise ValueError(f"broadcast_parameters: rank {rank} holds other tensors than "
-                             f"rank {root_rank} ({diff})")
+            diff = next(
+                (f"{a} vs {b}" for a, b in zip(layouts[root_rank], theirs) if a != b),
+                f"{len(layouts[root_rank])} vs {len(theirs)} tensors",
+            )
+            raise ValueError(
+                f"broadcast_parameters: rank {rank} holds other tensors than "
+                f"rank {root_rank} ({diff})"
+            )
     broadcast_tensors([t for _, t in named], root_rank)
 
 

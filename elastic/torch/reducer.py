@@ -25,6 +25,7 @@ costs no extra collective when nothing is late.
 A failed collective (a lost worker) is raised by ``synchronize()``, after every
 launched bucket has finished or failed, and the step's bookkeeping is reset.
 """
+
 from __future__ import annotations
 
 import threading
@@ -52,10 +53,10 @@ class StepTimeline:
 
     first_hook: float | None = None
     last_hook: float | None = None
-    launched: dict[int, float] = field(default_factory=dict)   # bucket -> handed over
-    started: dict[int, float] = field(default_factory=dict)    # bucket -> collective began
-    finished: dict[int, float] = field(default_factory=dict)   # bucket -> collective ended
-    wait_started: float | None = None                          # synchronize() called
+    launched: dict[int, float] = field(default_factory=dict)  # bucket -> handed over
+    started: dict[int, float] = field(default_factory=dict)  # bucket -> collective began
+    finished: dict[int, float] = field(default_factory=dict)  # bucket -> collective ended
+    wait_started: float | None = None  # synchronize() called
     wait_finished: float | None = None
 
     def hidden_fraction(self) -> float | None:
@@ -78,25 +79,32 @@ class GradientReducer:
     Raises ValueError for an unknown ``op`` or ``compression`` or a
     ``backward_passes_per_step`` below 1."""
 
-    def __init__(self, params: list[torch.nn.Parameter], op: str = "average",
-                 backward_passes_per_step: int = 1, compression: str | None = None,
-                 bucket_bytes: int | None = None, first_bucket_bytes: int | None = None,
-                 comm=None, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        op: str = "average",
+        backward_passes_per_step: int = 1,
+        compression: str | None = None,
+        bucket_bytes: int | None = None,
+        first_bucket_bytes: int | None = None,
+        comm=None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be None or 'fp16', not {compression!r}")
         if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, "
-                             f"not {backward_passes_per_step}")
+            raise ValueError(
+                f"backward_passes_per_step must be >= 1, not {backward_passes_per_step}"
+            )
         self.params = params
         self.op = op
         self.passes = backward_passes_per_step
         self.fp16 = compression == "fp16"
         self._comm = comm or _backend.comm_thread()
         self._clock = clock
-        specs = [ParamSpec(p.numel(), p.element_size(), f"{p.dtype}@{p.device}")
-                 for p in params]
+        specs = [ParamSpec(p.numel(), p.element_size(), f"{p.dtype}@{p.device}") for p in params]
         kwargs = {}
         if bucket_bytes is not None:
             kwargs["bucket_bytes"] = bucket_bytes
@@ -104,13 +112,15 @@ class GradientReducer:
             kwargs["first_bucket_bytes"] = first_bucket_bytes
         self.buckets: list[Bucket] = plan_buckets(specs, **kwargs)
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.params}
-        self._flat: dict[tuple, torch.Tensor] = {}   # packing buffers (made once)
-        self._expected = [True] * len(params)      # had a gradient in the previous step
+        self._flat: dict[tuple, torch.Tensor] = {}  # packing buffers (made once)
+        self._expected = [True] * len(params)  # had a gradient in the previous step
         self.timeline = StepTimeline()
-        self.last_timeline: StepTimeline | None = None   # of the last synchronized step
+        self.last_timeline: StepTimeline | None = None  # of the last synchronized step
         self._lock = threading.Lock()
-        self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
-                       for i, p in enumerate(params)]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
+            for i, p in enumerate(params)
+        ]
         self._clear()
 
     # ---- per-step bookkeeping ----
@@ -118,8 +128,8 @@ class GradientReducer:
         n = len(self.buckets)
         self._counts = [0] * len(self.params)
         self._waiting = [sum(self._expected[i] for i in b.params) for b in self.buckets]
-        self._packed: list[tuple[bool, ...] | None] = [None] * n   # which grads each took
-        self._next = 0                      # the next bucket to launch
+        self._packed: list[tuple[bool, ...] | None] = [None] * n  # which grads each took
+        self._next = 0  # the next bucket to launch
         self._futures: list[Future | None] = [None] * n
         self._synced = False
         if self.timeline.wait_finished is not None:
@@ -139,14 +149,17 @@ class GradientReducer:
         now = self._clock()
         with self._lock:
             if self._synced:
-                raise RuntimeError("a gradient was computed after synchronize() and before "
-                                   "step(); call step() (or reset_step()) first")
+                raise RuntimeError(
+                    "a gradient was computed after synchronize() and before "
+                    "step(); call step() (or reset_step()) first"
+                )
             count = self._counts[index] + 1
             if count > self.passes:
                 raise RuntimeError(
                     f"gradients computed {count} times before step(), more than "
                     f"backward_passes_per_step={self.passes}; call step() after every "
-                    f"{self.passes} backward pass(es), or raise backward_passes_per_step")
+                    f"{self.passes} backward pass(es), or raise backward_passes_per_step"
+                )
             self._counts[index] = count
             timeline = self.timeline
             if timeline.first_hook is None:
@@ -158,8 +171,7 @@ class GradientReducer:
                 while self._next < len(self.buckets) - 1 and self._waiting[self._next] == 0:
                     self._launch(self._next)
 
-    def _launch(self, bucket: int, final: bool = False, late: list[int] | None = None
-                ) -> None:
+    def _launch(self, bucket: int, final: bool = False, late: list[int] | None = None) -> None:
         """Hand ``bucket`` to the communication thread (caller holds the lock). The
         gradients it takes are fixed now: those complete for this step (while backward
         may still run), or every one computed at all (``final``: backward is over).
@@ -168,8 +180,9 @@ class GradientReducer:
         done = 1 if final else self.passes
         packed = tuple(self._counts[i] >= done for i in self.buckets[bucket].params)
         self._packed[bucket] = packed
-        self._futures[bucket] = self._comm.submit(partial(self._reduce, bucket, packed,
-                                                          self.timeline, late))
+        self._futures[bucket] = self._comm.submit(
+            partial(self._reduce, bucket, packed, self.timeline, late)
+        )
         self._next = bucket + 1
 
     # ---- on the communication thread ----
@@ -191,8 +204,12 @@ class GradientReducer:
         contiguous CPU tensor of the wire dtype (no copy), else a staged copy."""
         param = self.params[index]
         grad = param.grad if take else None
-        if (grad is not None and not self.fp16 and grad.device.type == "cpu"
-                and grad.is_contiguous()):
+        if (
+            grad is not None
+            and not self.fp16
+            and grad.device.type == "cpu"
+            and grad.is_contiguous()
+        ):
             return grad.detach().reshape(-1).numpy()
         flat = self._buffer(("alone", index), param.numel(), param)
         with torch.no_grad():
@@ -202,8 +219,9 @@ class GradientReducer:
                 flat.copy_(grad.detach().reshape(-1))
         return flat.numpy()
 
-    def _fused_input(self, bucket: int, took: dict[int, bool], late: list[int] | None
-                     ) -> np.ndarray:
+    def _fused_input(
+        self, bucket: int, took: dict[int, bool], late: list[int] | None
+    ) -> np.ndarray:
         """The bucket's small gradients packed into its flat buffer (zeros for those
         not taken), followed by the "late" mask when ``late`` is given."""
         spec = self.buckets[bucket]
@@ -212,36 +230,41 @@ class GradientReducer:
         flat = self._buffer(("fused", bucket), spec.numel + tail, like)
         with torch.no_grad():
             if late is not None:
-                mask = flat[spec.numel:]
+                mask = flat[spec.numel :]
                 mask.zero_()
                 mask[late] = 1.0
             for index, offset in zip(spec.fused, spec.offsets):
                 param = self.params[index]
-                part = flat[offset:offset + param.numel()]
+                part = flat[offset : offset + param.numel()]
                 if not took[index] or param.grad is None:
                     part.zero_()
                 else:
                     part.copy_(param.grad.detach().reshape(-1))
         return flat.numpy()
 
-    def _reduce(self, bucket: int, packed: tuple[bool, ...], timeline: StepTimeline,
-                late: list[int] | None = None) -> tuple[list[np.ndarray], list] | None:
+    def _reduce(
+        self,
+        bucket: int,
+        packed: tuple[bool, ...],
+        timeline: StepTimeline,
+        late: list[int] | None = None,
+    ) -> tuple[list[np.ndarray], list] | None:
         """The bucket's messages reduced: one array per large gradient, then one for
         the fused small ones (the order of ``_unpack``); with ``late`` (the last
         bucket), also the reduced late gradients, as (parameter index, tensor) pairs."""
         if _backend.world_size() == 1:
-            return None           # a world of one: the gradients are the result
+            return None  # a world of one: the gradients are the result
         spec = self.buckets[bucket]
         took = dict(zip(spec.params, packed))
         timeline.started[bucket] = self._clock()
-        results = [_backend.allreduce_array(self._alone_input(i, took[i]), self.op)
-                   for i in spec.alone]
+        results = [
+            _backend.allreduce_array(self._alone_input(i, took[i]), self.op) for i in spec.alone
+        ]
         if spec.fused or late is not None:
-            results.append(_backend.allreduce_array(self._fused_input(bucket, took, late),
-                                                    self.op))
+            results.append(_backend.allreduce_array(self._fused_input(bucket, took, late), self.op))
         corrections = []
         if late is not None:
-            mask = results[-1][spec.numel:]
+            mask = results[-1][spec.numel :]
             corrections = self._late(late, np.flatnonzero(mask).tolist())
         timeline.finished[bucket] = self._clock()
         return results, corrections
@@ -258,9 +281,12 @@ class GradientReducer:
             last = len(self.buckets) - 1
             while self._next < last:
                 self._launch(self._next, final=True)
-            late = [index for b, bucket in enumerate(self.buckets[:last])
-                    for index, took in zip(bucket.params, self._packed[b] or ())
-                    if not took and self._counts[index] > 0]
+            late = [
+                index
+                for b, bucket in enumerate(self.buckets[:last])
+                for index, took in zip(bucket.params, self._packed[b] or ())
+                if not took and self._counts[index] > 0
+            ]
             self._launch(last, final=True, late=late)
             futures = list(self._futures)
         results, error = self._wait(futures)
@@ -288,10 +314,17 @@ class GradientReducer:
         for index in anywhere:
             param = self.params[index]
             grad = param.grad if index in mine and param.grad is not None else None
-            local = (grad.detach().reshape(-1).cpu() if grad is not None
-                     else torch.zeros(param.numel(), dtype=param.dtype))
-            reduced.append((index, torch.from_numpy(
-                _backend.allreduce_array(local.contiguous().numpy(), self.op))))
+            local = (
+                grad.detach().reshape(-1).cpu()
+                if grad is not None
+                else torch.zeros(param.numel(), dtype=param.dtype)
+            )
+            reduced.append(
+                (
+                    index,
+                    torch.from_numpy(_backend.allreduce_array(local.contiguous().numpy(), self.op)),
+                )
+            )
         return reduced
 
     @staticmethod
@@ -312,9 +345,9 @@ class GradientReducer:
         with torch.no_grad():
             for index, result, offset in places:
                 param = self.params[index]
-                view = result[offset:offset + param.numel()].view(param.shape)
+                view = result[offset : offset + param.numel()].view(param.shape)
                 if view.dtype == param.dtype and param.device.type == "cpu":
-                    param.grad = view   # shares the transport's result: no copy
+                    param.grad = view  # shares the transport's result: no copy
                 elif param.grad is None:
                     param.grad = view.to(device=param.device, dtype=param.dtype)
                 else:

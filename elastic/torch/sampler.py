@@ -21,6 +21,7 @@ still takes the step with a non-empty batch; it is the only repeat. It never hap
 when the dataset size modulo the batch size is 0 or at least the largest world size
 (every full step consumes a multiple of ``B``), e.g. 1437 digits in batches of 32.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -32,8 +33,7 @@ from elastic.sampler import epoch_order
 from elastic.torch import _backend
 
 
-def rank_positions(remaining: int, rank: int, size: int, batch_size: int | None
-                   ) -> np.ndarray:
+def rank_positions(remaining: int, rank: int, size: int, batch_size: int | None) -> np.ndarray:
     """The positions (0-based, within what is left of the epoch) that ``rank`` takes,
     in order (pure).
 
@@ -68,8 +68,7 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     Raises ValueError for a negative length or a bad batch size."""
 
-    def __init__(self, dataset, shuffle: bool = True, seed: int = 0,
-                 batch_size: int | None = None):
+    def __init__(self, dataset, shuffle: bool = True, seed: int = 0, batch_size: int | None = None):
         self.num_samples = len(dataset)
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
@@ -77,9 +76,9 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.seed = seed
         self.epoch = 0
         self.batch_size = batch_size
-        self.processed = 0           # positions of this epoch's order consumed
-        self._start = 0              # progress when the current iteration began
-        self._size = 1               # world size of the current iteration
+        self.processed = 0  # positions of this epoch's order consumed
+        self._start = 0  # progress when the current iteration began
+        self._size = 1  # world size of the current iteration
 
     # ---- progress ----
     def set_epoch(self, epoch: int) -> None:
@@ -96,24 +95,33 @@ class ElasticSampler(torch.utils.data.Sampler):
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
         if self.batch_size is None:
             self.batch_size = int(batch_size)
-        self.processed = max(self.processed, progress_after(
-            self._start, batch_idx + 1, batch_size, self._size, self.num_samples))
+        self.processed = max(
+            self.processed,
+            progress_after(self._start, batch_idx + 1, batch_size, self._size, self.num_samples),
+        )
 
     @property
     def remaining(self) -> int:
         return self.num_samples - self.processed
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "processed": self.processed,
-                "batch_size": self.batch_size, "num_samples": self.num_samples,
-                "seed": self.seed, "shuffle": self.shuffle}
+        return {
+            "epoch": self.epoch,
+            "processed": self.processed,
+            "batch_size": self.batch_size,
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Raises ValueError when ``state`` belongs to a sampler of another dataset."""
         for key in ("num_samples", "seed", "shuffle"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"sampler state for {key}={state[key]!r}, this sampler "
-                                 f"has {getattr(self, key)!r}")
+                raise ValueError(
+                    f"sampler state for {key}={state[key]!r}, this sampler "
+                    f"has {getattr(self, key)!r}"
+                )
         self.epoch = state["epoch"]
         self.processed = state["processed"]
         if state["batch_size"] is not None:
@@ -123,7 +131,7 @@ class ElasticSampler(torch.utils.data.Sampler):
     def _mine(self) -> np.ndarray:
         rank, size = _backend.world_rank(), _backend.world_size()
         order = epoch_order(self.num_samples, self.epoch, self.shuffle, self.seed)
-        rest = order[self.processed:]
+        rest = order[self.processed :]
         return rest[rank_positions(len(rest), rank, size, self.batch_size)]
 
     def __iter__(self) -> Iterator[int]:

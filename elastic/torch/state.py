@@ -14,6 +14,7 @@ Attributes are handled by what they are:
 ``State`` protocol (the worker holding the most commits broadcasts); modules travel as
 fused tensor broadcasts, optimizer state likewise, the rest as one pickled object.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,7 +34,8 @@ from elastic.torch.params import (
 def _has_state_dict(value: Any) -> bool:
     # Any: the objects are duck-typed (modules, optimizers, schedulers, samplers).
     return callable(getattr(value, "state_dict", None)) and callable(
-        getattr(value, "load_state_dict", None))
+        getattr(value, "load_state_dict", None)
+    )
 
 
 def _copy_into(saved: Any, value: Any) -> Any:
@@ -41,8 +43,12 @@ def _copy_into(saved: Any, value: Any) -> Any:
     tensors of ``saved`` (the previous copy) where shapes and dtypes still match."""
     if isinstance(value, torch.Tensor):
         value = value.detach()
-        if (isinstance(saved, torch.Tensor) and saved.shape == value.shape
-                and saved.dtype == value.dtype and saved.device == value.device):
+        if (
+            isinstance(saved, torch.Tensor)
+            and saved.shape == value.shape
+            and saved.dtype == value.dtype
+            and saved.device == value.device
+        ):
             return saved.copy_(value)
         return value.clone()
     if isinstance(value, dict):
@@ -50,8 +56,9 @@ def _copy_into(saved: Any, value: Any) -> Any:
         return {k: _copy_into(before.get(k), v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         old = saved if isinstance(saved, (list, tuple)) and len(saved) == len(value) else None
-        return type(value)(_copy_into(old[i] if old is not None else None, v)
-                           for i, v in enumerate(value))
+        return type(value)(
+            _copy_into(old[i] if old is not None else None, v) for i, v in enumerate(value)
+        )
     return copy.deepcopy(value)
 
 
@@ -88,9 +95,10 @@ class TorchState(State):
             if isinstance(value, torch.Tensor):
                 self._saved[name] = ("tensor", _copy_into(saved.get(name, (None, None))[1], value))
             elif _has_state_dict(value):
-                self._saved[name] = ("state_dict",
-                                     _copy_into(saved.get(name, (None, None))[1],
-                                                value.state_dict()))
+                self._saved[name] = (
+                    "state_dict",
+                    _copy_into(saved.get(name, (None, None))[1], value.state_dict()),
+                )
             else:
                 self._saved[name] = ("value", copy.deepcopy(value))
 
@@ -101,16 +109,20 @@ class TorchState(State):
                 delattr(self, name)
         for name, (kind, saved) in self._saved.items():
             current: Any = self.__dict__.get(name)
-            if kind == "tensor" and isinstance(current, torch.Tensor) \
-                    and current.shape == saved.shape and current.dtype == saved.dtype:
+            if (
+                kind == "tensor"
+                and isinstance(current, torch.Tensor)
+                and current.shape == saved.shape
+                and current.dtype == saved.dtype
+            ):
                 with torch.no_grad():
                     current.copy_(saved)
             elif kind == "tensor":
                 self.__dict__[name] = saved.clone()
             elif kind == "state_dict" and isinstance(current, torch.nn.Module):
-                current.load_state_dict(saved)   # copies into the module's own tensors
+                current.load_state_dict(saved)  # copies into the module's own tensors
             elif kind == "state_dict" and _has_state_dict(current):
-                current.load_state_dict(_clone(saved))   # optimizers keep what they load
+                current.load_state_dict(_clone(saved))  # optimizers keep what they load
             else:
                 self.__dict__[name] = copy.deepcopy(saved)
         self._restore_commits()
@@ -131,7 +143,7 @@ class TorchState(State):
             elif _has_state_dict(value):
                 rest[name] = ("state_dict", value.state_dict())
             else:
-                rest[name] = ("value", value)   # tensors among them travel fused
+                rest[name] = ("value", value)  # tensors among them travel fused
         if _backend.world_rank() == root:
             broadcast_state_dict(rest, root)
             return
@@ -139,8 +151,12 @@ class TorchState(State):
             current: Any = self.__dict__.get(name)
             if kind == "state_dict" and _has_state_dict(current):
                 current.load_state_dict(value)
-            elif (isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor)
-                  and current.shape == value.shape and current.dtype == value.dtype):
+            elif (
+                isinstance(value, torch.Tensor)
+                and isinstance(current, torch.Tensor)
+                and current.shape == value.shape
+                and current.dtype == value.dtype
+            ):
                 with torch.no_grad():
                     current.copy_(value)
             else:

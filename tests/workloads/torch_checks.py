@@ -14,6 +14,7 @@ rows (seeded by ``s``); each rank takes a contiguous part and its loss is the su
 its rows divided by ``GLOBAL``, reduced with op="sum", so the gradient is the global
 batch's whatever the world size, and a single process can compute the truth.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,10 @@ DIM = 16
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(DIM, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
-                                  nn.Linear(32, 4))
-        self.unused = nn.Linear(3, 3)   # never in forward: gets no gradient
+        self.body = nn.Sequential(
+            nn.Linear(DIM, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4)
+        )
+        self.unused = nn.Linear(3, 3)  # never in forward: gets no gradient
 
     def forward(self, x):
         return self.body(x)
@@ -53,8 +55,10 @@ def make_model() -> Net:
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + step)
-    return (torch.randn(GLOBAL, DIM, generator=g, dtype=torch.float64),
-            torch.randn(GLOBAL, 4, generator=g, dtype=torch.float64))
+    return (
+        torch.randn(GLOBAL, DIM, generator=g, dtype=torch.float64),
+        torch.randn(GLOBAL, 4, generator=g, dtype=torch.float64),
+    )
 
 
 def my_rows(rank: int, size: int) -> slice:
@@ -75,8 +79,9 @@ def digest(model: nn.Module) -> str:
 
 
 def max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max(float((p - q).abs().max()) for p, q in
-               zip(a.state_dict().values(), b.state_dict().values()))
+    return max(
+        float((p - q).abs().max()) for p, q in zip(a.state_dict().values(), b.state_dict().values())
+    )
 
 
 def same_everywhere(model: nn.Module) -> bool:
@@ -97,30 +102,36 @@ def check_collectives(rank: int, size: int) -> dict:
     et.broadcast_(target, root=1)
     out["broadcast_bf16_in_place"] = target.float().tolist()
     out["allgather"] = et.allgather(torch.full((rank + 1, 2), rank)).tolist()
-    out["bf16_allreduce"] = et.allreduce(torch.ones(2, dtype=torch.bfloat16) * (rank + 1),
-                                         op="sum").float().tolist()
+    out["bf16_allreduce"] = (
+        et.allreduce(torch.ones(2, dtype=torch.bfloat16) * (rank + 1), op="sum").float().tolist()
+    )
     return out
 
 
 def check_broadcasts(rank: int) -> dict:
-    torch.manual_seed(rank)        # every rank starts different
+    torch.manual_seed(rank)  # every rank starts different
     model = nn.Linear(5, 3)
     opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
     if rank == 1:
         model(torch.randn(2, 5)).sum().backward()
-        opt.step()                 # only rank 1 has Adam state
+        opt.step()  # only rank 1 has Adam state
     weight = model.weight
     et.broadcast_parameters(model.state_dict(), root_rank=1)
     et.broadcast_optimizer_state(opt, root_rank=1)
-    return {"params_same": same_everywhere(model), "same_object": model.weight is weight,
-            "lr": opt.param_groups[0]["lr"],
-            "adam_steps": float(opt.state[model.weight]["step"]) if opt.state else None}
+    return {
+        "params_same": same_everywhere(model),
+        "same_object": model.weight is weight,
+        "lr": opt.param_groups[0]["lr"],
+        "adam_steps": float(opt.state[model.weight]["step"]) if opt.state else None,
+    }
 
 
 def check_state(rank: int) -> dict:
     model = make_model()
-    opt = et.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  named_parameters=model.named_parameters())
+    opt = et.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+    )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     extra = torch.zeros(3)
     state = et.TorchState(model=model, optimizer=opt, scheduler=sched, extra=extra, n=0)
@@ -131,7 +142,7 @@ def check_state(rank: int) -> dict:
     state.n, _ = 1, extra.add_(1)
     state.commit()
     committed = digest(model)
-    for _ in range(2):             # train on past the commit, then roll back
+    for _ in range(2):  # train on past the commit, then roll back
         opt.zero_grad()
         loss_of(model, x, y).backward()
         opt.step()
@@ -139,10 +150,14 @@ def check_state(rank: int) -> dict:
     state.n = 5
     extra.add_(10)
     state.restore()
-    result = {"restored": digest(model) == committed, "lr": opt.param_groups[0]["lr"],
-              "n": state.n, "extra": extra.tolist(), "same_objects":
-              state.model is model and state.optimizer is opt and state.extra is extra,
-              "momentum_kept": bool(opt.state[model.body[0].weight])}
+    result = {
+        "restored": digest(model) == committed,
+        "lr": opt.param_groups[0]["lr"],
+        "n": state.n,
+        "extra": extra.tolist(),
+        "same_objects": state.model is model and state.optimizer is opt and state.extra is extra,
+        "momentum_kept": bool(opt.state[model.body[0].weight]),
+    }
     # sync adopts the worker with more commits: rank 1 commits once more
     if rank == 1:
         with torch.no_grad():
@@ -150,8 +165,9 @@ def check_state(rank: int) -> dict:
         state.n = 7
         state.commit()
     state.sync()
-    result.update(synced_same=same_everywhere(model), synced_n=state.n,
-                  synced_lr=opt.param_groups[0]["lr"])
+    result.update(
+        synced_same=same_everywhere(model), synced_n=state.n, synced_lr=opt.param_groups[0]["lr"]
+    )
     return result
 
 
@@ -163,9 +179,15 @@ def check_equality(rank: int, size: int, passes: int, compression, adam: bool) -
         if adam:
             return torch.optim.Adam(m.parameters(), lr=0.01)
         return torch.optim.SGD(m.parameters(), lr=0.1)
-    opt = et.DistributedOptimizer(optimizer(model), named_parameters=model.named_parameters(),
-                                  op="sum", backward_passes_per_step=passes,
-                                  compression=compression, bucket_bytes=2048)
+
+    opt = et.DistributedOptimizer(
+        optimizer(model),
+        named_parameters=model.named_parameters(),
+        op="sum",
+        backward_passes_per_step=passes,
+        compression=compression,
+        bucket_bytes=2048,
+    )
     ref = optimizer(truth)
     worst, identical = 0.0, True
     for step in range(4):
@@ -180,9 +202,14 @@ def check_equality(rank: int, size: int, passes: int, compression, adam: bool) -
         ref.step()
         worst = max(worst, max_diff(model, truth))
         identical = identical and same_everywhere(model)
-    return {"max_diff": worst, "identical_every_step": identical,
-            "buckets": len(opt.buckets), "unused_grad_zero":
-            bool(model.unused.weight.grad is not None and not model.unused.weight.grad.any())}
+    return {
+        "max_diff": worst,
+        "identical_every_step": identical,
+        "buckets": len(opt.buckets),
+        "unused_grad_zero": bool(
+            model.unused.weight.grad is not None and not model.unused.weight.grad.any()
+        ),
+    }
 
 
 class _WaitForCommunication(torch.autograd.Function):
@@ -205,53 +232,70 @@ class _WaitForCommunication(torch.autograd.Function):
         return grad, None
 
 
-OVERLAPPED: list[bool] = []   # one entry per backward of _WaitForCommunication
+OVERLAPPED: list[bool] = []  # one entry per backward of _WaitForCommunication
 
 
 def check_overlap() -> dict:
     model = make_model()
-    opt = et.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  named_parameters=model.named_parameters(),
-                                  bucket_bytes=2048)
+    opt = et.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        bucket_bytes=2048,
+    )
     x, y = batch(0)
-    loss_of(model, x, y).backward()   # a first step shows which parameters get no gradient
+    loss_of(model, x, y).backward()  # a first step shows which parameters get no gradient
     opt.step()
     opt.zero_grad()
-    x.requires_grad_(True)   # so that the first op's backward runs
+    x.requires_grad_(True)  # so that the first op's backward runs
     loss_of(model, _WaitForCommunication.apply(x, lambda: opt.timeline), y).backward()
     timeline = opt.timeline
     before = min(timeline.launched.values()) < timeline.last_hook
     opt.step()
-    return {"waited_and_overlapped": OVERLAPPED == [True],
-            "first_launch_before_last_hook": before, "buckets": len(opt.buckets),
-            "hidden_fraction": opt.last_timeline.hidden_fraction()}
+    return {
+        "waited_and_overlapped": OVERLAPPED == [True],
+        "first_launch_before_last_hook": before,
+        "buckets": len(opt.buckets),
+        "hidden_fraction": opt.last_timeline.hidden_fraction(),
+    }
 
 
 def run_collectives(out_dir: Path) -> dict:
     rank, size = elastic.rank(), elastic.size()
-    return {"collectives": check_collectives(rank, size), "broadcasts": check_broadcasts(rank),
-            "state": check_state(rank), "overlap": check_overlap(),
-            "sgd": check_equality(rank, size, 1, None, False),
-            "accumulate": check_equality(rank, size, 2, None, False),
-            "adam": check_equality(rank, size, 1, None, True),
-            "fp16": check_equality(rank, size, 1, "fp16", False)}
+    return {
+        "collectives": check_collectives(rank, size),
+        "broadcasts": check_broadcasts(rank),
+        "state": check_state(rank),
+        "overlap": check_overlap(),
+        "sgd": check_equality(rank, size, 1, None, False),
+        "accumulate": check_equality(rank, size, 2, None, False),
+        "adam": check_equality(rank, size, 1, None, True),
+        "fp16": check_equality(rank, size, 1, "fp16", False),
+    }
 
 
 def run_train(args) -> dict:
     model, truth = make_model(), make_model()
-    opt = et.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  named_parameters=model.named_parameters(), op="sum",
-                                  bucket_bytes=2048)
+    opt = et.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+        op="sum",
+        bucket_bytes=2048,
+    )
     ref = torch.optim.SGD(truth.parameters(), lr=0.1, momentum=0.9)
     state = et.TorchState(model=model, optimizer=opt, step=0, sizes=[])
     kill_armed = args.kill_flag and os.path.exists(args.kill_flag)
 
     def die_mid_bucket(_param):
         # rank 1, step K: the first bucket has been launched; die in the middle of backward
-        if (kill_armed and elastic.rank() == 1 and state.step == args.kill_at
-                and opt.timeline.launched):
+        if (
+            kill_armed
+            and elastic.rank() == 1
+            and state.step == args.kill_at
+            and opt.timeline.launched
+        ):
             os.unlink(args.kill_flag)
             os.kill(os.getpid(), signal.SIGKILL)
+
     model.body[0].weight.register_post_accumulate_grad_hook(die_mid_bucket)
 
     @elastic.run
@@ -263,7 +307,7 @@ def run_train(args) -> dict:
             loss_of(model, x[rows], y[rows]).backward()
             try:
                 opt.step()
-            except et.WorkerLostError:   # the state rolls back: note it in a file
+            except et.WorkerLostError:  # the state rolls back: note it in a file
                 with open(Path(args.out_dir) / f"lost-{os.getpid()}", "w") as f:
                     f.write(str(state.step))
                 raise
@@ -278,9 +322,13 @@ def run_train(args) -> dict:
         ref.zero_grad()
         loss_of(truth, x, y).backward()
         ref.step()
-    return {"max_diff": max_diff(model, truth), "steps": state.step, "sizes": state.sizes,
-            "digest": digest(model),
-            "lost_files": sorted(p.read_text() for p in Path(args.out_dir).glob("lost-*"))}
+    return {
+        "max_diff": max_diff(model, truth),
+        "steps": state.step,
+        "sizes": state.sizes,
+        "digest": digest(model),
+        "lost_files": sorted(p.read_text() for p in Path(args.out_dir).glob("lost-*")),
+    }
 
 
 def main() -> int:
