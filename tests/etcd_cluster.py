@@ -2,12 +2,15 @@
 
 ``EtcdCluster(n, workdir)`` starts ``n`` members (temp data dirs, never port 2379),
 can SIGKILL and restart any member on its own data dir, and reaps everything on
-``stop()``. Raises RuntimeError (with the tail of the member's log) when a member
+``stop()``. With ``hosts`` (``tests.netns_hosts`` hosts, one per member), member ``i``
+runs on host ``i`` at its own address, ports 2379/2380, as on separate machines. Raises RuntimeError (with the tail of the member's log) when a member
 does not become healthy within the deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -31,42 +34,56 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _port_open(port: int) -> bool:
+def _port_open(address: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((address, port)) == 0
 
 
 class EtcdCluster:
     def __init__(
-        self, size: int, workdir: Path, ready_timeout: float = 30.0, tls: dict | None = None
+        self,
+        size: int,
+        workdir: Path,
+        ready_timeout: float = 30.0,
+        tls: dict | None = None,
+        hosts: list | None = None,
     ):
         """``tls``: {"cert", "key", "ca"} file paths: clients must then speak TLS and show a
-        certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env)."""
+        certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env).
+        ``hosts``: one test host per member (``tests.netns_hosts.NetnsHost``)."""
         self.tls = tls
         self.size = size
         self.workdir = Path(workdir)
         self.ready_timeout = ready_timeout
-        ports = free_ports(2 * size)
-        self.client_ports = ports[:size]
-        self.peer_ports = ports[size:]
+        self.hosts = hosts
+        if hosts is not None:
+            if len(hosts) != size:
+                raise ValueError(f"{size} members need {size} hosts, got {len(hosts)}")
+            self.addresses = [h.address for h in hosts]
+            self.client_ports, self.peer_ports = [2379] * size, [2380] * size
+        else:
+            ports = free_ports(2 * size)
+            self.addresses = ["127.0.0.1"] * size
+            self.client_ports = ports[:size]
+            self.peer_ports = ports[size:]
         self.names = [f"m{i}" for i in range(size)]
         self.procs: list[subprocess.Popen | None] = [None] * size
         self.initial_cluster = ",".join(
-            f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports)
+            f"{n}=http://{a}:{p}" for n, a, p in zip(self.names, self.addresses, self.peer_ports)
         )
 
     @property
     def url(self) -> str:
-        return "etcd://" + ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+        return "etcd://" + ",".join(f"{a}:{p}" for a, p in zip(self.addresses, self.client_ports))
 
     def member_url(self, i: int) -> str:
-        return f"etcd://127.0.0.1:{self.client_ports[i]}"
+        return f"etcd://{self.addresses[i]}:{self.client_ports[i]}"
 
     def _command(self, i: int) -> list[str]:
         scheme = "https" if self.tls else "http"
-        client = f"{scheme}://127.0.0.1:{self.client_ports[i]}"
-        peer = f"http://127.0.0.1:{self.peer_ports[i]}"
+        client = f"{scheme}://{self.addresses[i]}:{self.client_ports[i]}"
+        peer = f"http://{self.addresses[i]}:{self.peer_ports[i]}"
         return [
             ETCD,
             "--name",
@@ -114,9 +131,14 @@ class EtcdCluster:
     def start_member(self, i: int) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.workdir / f"{self.names[i]}.log", "ab") as log:
-            self.procs[i] = subprocess.Popen(
-                self._command(i), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            if self.hosts is not None:
+                self.procs[i] = self.hosts[i].popen(
+                    self._command(i), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            else:
+                self.procs[i] = subprocess.Popen(
+                    self._command(i), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
 
     def start(self) -> EtcdCluster:
         for i in range(self.size):
@@ -140,7 +162,7 @@ class EtcdCluster:
             proc = self.procs[i]
             if proc is not None and proc.poll() is not None:
                 break
-            if _port_open(self.client_ports[i]):
+            if _port_open(self.addresses[i], self.client_ports[i]):
                 try:
                     open_store(self.member_url(i), settings=settings).close()
                     return
@@ -160,12 +182,35 @@ class EtcdCluster:
             return "(no log)"
 
     def kill(self, i: int) -> None:
-        """SIGKILL member ``i`` and reap it."""
+        """SIGKILL member ``i`` and reap it (on a test host: the etcd under ``nsenter``)."""
         proc = self.procs[i]
         if proc is not None and proc.poll() is None:
+            if self.hosts is not None:
+                # The Popen is nsenter; etcd is its child in the host's namespaces.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
         self.procs[i] = None
+
+    def leader(self) -> int | None:
+        """The index of the member that leads now (asked of the reachable members)."""
+        import grpc
+        from etcd3 import etcdrpc
+
+        for i in range(self.size):
+            if self.procs[i] is None or not _port_open(self.addresses[i], self.client_ports[i]):
+                continue
+            channel = grpc.insecure_channel(f"{self.addresses[i]}:{self.client_ports[i]}")
+            try:
+                status = etcdrpc.MaintenanceStub(channel).Status(etcdrpc.StatusRequest(), timeout=2)
+            except grpc.RpcError:
+                continue
+            finally:
+                channel.close()
+            if status.leader == status.header.member_id:
+                return i
+        return None
 
     def restart(self, i: int, wait: bool = True) -> None:
         """Start member ``i`` again on its data dir."""
