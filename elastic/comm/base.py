@@ -17,13 +17,16 @@ Errors a collective can raise (all typed):
 from __future__ import annotations
 
 import abc
+import pickle
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
 from elastic.errors import CommunicatorClosedError, WorkerLostError
 from rendezvous.errors import ElasticError
+
+from . import layout
 
 TRANSPORTS = ("auto", "tcp", "shm")
 
@@ -34,7 +37,7 @@ class PeerLostError(WorkerLostError):
     ``rank`` is the lost member's rank when known; ``direct`` is True when this process
     saw the failure itself (a neighbour) rather than hearing of it from a peer."""
 
-    def __init__(self, message: str = "peer lost", rank: Optional[int] = None,
+    def __init__(self, message: str = "peer lost", rank: int | None = None,
                  direct: bool = False):
         super().__init__(message)
         self.rank = rank
@@ -78,13 +81,13 @@ class CommSettings:
 
     connect_timeout: float = 30.0
     peer_timeout: float = 30.0
-    heartbeat_interval: Optional[float] = None
+    heartbeat_interval: float | None = None
     transport: str = "auto"
     chunk_bytes: int = 1 << 19
     shm_piece_bytes: int = 4 << 20
-    shm_spin_us: Optional[float] = None
+    shm_spin_us: float | None = None
     close_grace: float = 0.2
-    socket_buffer_bytes: Optional[int] = None
+    socket_buffer_bytes: int | None = None
 
     def __post_init__(self):
         for name in ("connect_timeout", "peer_timeout", "close_grace"):
@@ -145,15 +148,23 @@ class Communicator(abc.ABC):
     new arrays and never modify their input. One collective at a time per
     communicator (a second concurrent call raises RuntimeError); ``close`` may be
     called from any thread at any time.
+
+    An implementation sets ``_rank`` and ``_size`` and implements the abstract methods;
+    ``allgather`` and the object collectives are built on ``_allgather_rows``.
     """
 
-    @property
-    @abc.abstractmethod
-    def rank(self) -> int: ...
+    _rank: int
+    _size: int
 
     @property
-    @abc.abstractmethod
-    def size(self) -> int: ...
+    def rank(self) -> int:
+        """This member's rank, from 0 to ``size - 1``."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """How many members the communicator has."""
+        return self._size
 
     @property
     def transport(self) -> str:
@@ -177,22 +188,37 @@ class Communicator(abc.ABC):
         Raises ValueError (root out of range), TypeError (object dtype),
         CollectiveMismatchError, PeerLostError, CommunicatorClosedError."""
 
-    @abc.abstractmethod
     def allgather(self, x) -> np.ndarray:
         """Every rank's ``x`` concatenated on axis 0 in rank order. First dimensions may
         differ; dtype and the other dimensions must agree (0-d arrays count as (1,)).
 
         Raises TypeError (object dtype), CollectiveMismatchError (dtype or trailing
         shape differ), PeerLostError, CommunicatorClosedError."""
+        arr = layout.as_contiguous(x)
+        layout.check_transfer_dtype(arr.dtype)
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        return self._allgather_rows(arr)[0]
 
     @abc.abstractmethod
+    def _allgather_rows(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """The allgather of ``arr`` (contiguous, at least 1-d, a transferable dtype) and
+        how many rows each rank gave. Raises like ``allgather``."""
+
     def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
         """``root``'s picklable ``obj`` on every rank. Peers are authenticated members of
         the job, so their pickles are trusted. Raises like ``broadcast``."""
+        payload = pickle_to_array(obj) if self.rank == root else None
+        return array_to_object(self.broadcast(payload, root))
 
-    @abc.abstractmethod
     def allgather_object(self, obj: Any) -> list:
         """Every rank's picklable ``obj``, as a list in rank order. Raises like ``allgather``."""
+        out, rows = self._allgather_rows(pickle_to_array(obj))
+        parts, start = [], 0
+        for count in rows:
+            parts.append(array_to_object(out[start:start + count]))
+            start += count
+        return parts
 
     @abc.abstractmethod
     def barrier(self) -> None:
@@ -218,12 +244,10 @@ class Communicator(abc.ABC):
 
 
 def pickle_to_array(obj: Any) -> np.ndarray:
-    import pickle
     return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 
 
 def array_to_object(arr: np.ndarray) -> Any:
-    import pickle
     return pickle.loads(arr.tobytes())
 
 

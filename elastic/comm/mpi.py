@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from elastic.errors import CommunicatorClosedError
 
 from . import layout
 from .outbuf import OutputCache
-from .base import CollectiveMismatchError, Communicator, array_to_object, pickle_to_array
+from .base import CollectiveMismatchError, Communicator
 
 # Variables set by the common launchers for each process they start (MPICH/Hydra and
 # Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*; PMIx-based launchers: PMIX_RANK).
@@ -39,25 +39,17 @@ class MpiCommunicator(Communicator):
     round to interrupt it for. Raises ImportError when mpi4py is missing.
     """
 
-    def __init__(self, comm: Optional[Any] = None):
+    def __init__(self, comm: Any | None = None):
         from mpi4py import MPI   # lazy: the mpi extra is optional
         self._MPI = MPI
         self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
-        self._closed: Optional[str] = None
+        self._closed: str | None = None
         self._busy = 0
         self._outputs = OutputCache()
         self._lock = threading.Lock()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
 
     @property
     def transport(self) -> str:
@@ -125,15 +117,11 @@ class MpiCommunicator(Communicator):
             comm.Bcast(out.reshape(-1).view(np.uint8), root=root)
         return out
 
-    def _allgather(self, x):
-        arr = layout.as_contiguous(x)
-        layout.check_transfer_dtype(arr.dtype)
-        if arr.ndim == 0:
-            arr = arr.reshape(1)
+    def _allgather_rows(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
         with self._op() as comm:
             return self._allgather_on(comm, arr)
 
-    def _allgather_on(self, comm, arr: np.ndarray):
+    def _allgather_on(self, comm, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
         metas = comm.allgather((arr.dtype.str, arr.shape))
         dstr0, shape0 = metas[0]
         for j, (dstr, shape) in enumerate(metas):
@@ -151,24 +139,6 @@ class MpiCommunicator(Communicator):
                               [out.reshape(-1).view(np.uint8), counts, displs,
                                self._MPI.BYTE])
         return out, rows
-
-    def allgather(self, x) -> np.ndarray:
-        """See ``Communicator.allgather``."""
-        return self._allgather(x)[0]
-
-    def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
-        """See ``Communicator.broadcast_object``."""
-        payload = pickle_to_array(obj) if self._rank == root else None
-        return array_to_object(self.broadcast(payload, root))
-
-    def allgather_object(self, obj: Any) -> list:
-        """See ``Communicator.allgather_object``."""
-        out, sizes = self._allgather(pickle_to_array(obj))
-        parts, start = [], 0
-        for sz in sizes:
-            parts.append(array_to_object(out[start:start + sz]))
-            start += sz
-        return parts
 
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""

@@ -31,8 +31,11 @@ Waiting: spin briefly (cheap when every rank has its own CPU), then sleep in
 ``futex(FUTEX_WAIT)`` with a short timeout. Measured on this 2-core VM, a futex wake
 costs about 22-28 us per barrier for 2-4 ranks against 18-72 us for a byte over a TCP
 mesh, and it needs one syscall whatever the world size. A failure is never waited out
-here: the communicator's monitor wakes every futex when it breaks the communicator, and
-every wait re-checks it.
+here: the communicator aborts the group (every futex woken, this rank's segment marked
+closed) when it breaks, and every wait re-checks it.
+
+``ShmGroup`` is the ``Transport`` over these segments; the communicator decides whether
+all members can use it (``selection.py``).
 """
 from __future__ import annotations
 
@@ -44,11 +47,10 @@ import secrets
 import struct
 import sys
 import time
-from typing import Callable, Optional
-
 import numpy as np
 
 from . import layout, wire
+from .transport import Check, Mismatch, PeerGone, Transport, gather_layout
 
 HEADER_BYTES = 4096
 _COUNTER_OFF = 0
@@ -124,15 +126,6 @@ def default_spin_us(local_ranks: int) -> float:
     return 50.0 if local_ranks <= cpus else 0.0
 
 
-class SharedPeerClosed(Exception):
-    """Internal: a rank this one waits for marked its segment closed."""
-
-    def __init__(self, rank: int, code: int):
-        super().__init__(rank, code)
-        self.rank = rank
-        self.code = code
-
-
 class ShmSegment:
     """This rank's own segment (created before the group exists)."""
 
@@ -185,20 +178,29 @@ def _map_peer(info: bytes, piece_bytes: int) -> mmap.mmap:
     return mm
 
 
-class ShmGroup:
+class ShmGroup(Transport):
     """All ranks' segments mapped in this process, and the collectives over them.
 
-    ``check()`` raises when the owning communicator broke; ``spin_us`` is how long a
-    wait spins before sleeping."""
+    ``infos`` are every rank's ``ShmSegment.info()``; ``check()`` raises ``Interrupted``
+    when the owning communicator broke; ``spin_us`` is how long a wait spins before
+    sleeping. A rank that marked its segment closed raises ``PeerGone`` in the ranks
+    waiting for it (``orderly`` when it closed on purpose).
+
+    Raises:
+        OSError: a peer's segment cannot be mapped, or is not the one it announced.
+    """
+
+    name = "shm"
 
     def __init__(self, rank: int, size: int, own: ShmSegment, infos: list[bytes],
-                 spin_us: float):
+                 spin_us: float, check: Check):
         self.rank = rank
         self.size = size
         self.piece_bytes = own.piece_bytes
         self.spin_s = spin_us / 1e6
+        self._check = check
         self._own = own
-        self._mms: list[Optional[mmap.mmap]] = [None] * size
+        self._mms: list[mmap.mmap | None] = [None] * size
         try:
             for j in range(size):
                 self._mms[j] = own.mm if j == rank else _map_peer(infos[j], own.piece_bytes)
@@ -238,29 +240,26 @@ class ShmGroup:
 
     # --- signalling ---------------------------------------------------------------
 
-    def mark_closed(self, code: int) -> None:
-        """Tell ranks waiting on this one that it will not arrive (and wake them)."""
+    def abort(self, orderly: bool) -> None:
+        """Tell ranks waiting on this one that it will not arrive, and wake this
+        process's own sleepers (the communicator broke)."""
         if self._closed is not None:
-            self._closed[self.rank][0] = code
-            futex_wake(self._addrs[self.rank])
-
-    def wake_all(self) -> None:
-        """Wake this process's own sleepers (the communicator broke)."""
+            self._closed[self.rank][0] = CLOSED_ORDERLY if orderly else CLOSED_ABORT
         if self._addrs is not None:
             for a in self._addrs:
                 futex_wake(a)
 
-    def barrier(self, k: int, check: Callable[[], None]) -> None:
+    def _arrive(self, k: int) -> None:
         """Arrive at barrier ``k`` and wait until every rank has.
 
-        Raises whatever ``check`` raises, or SharedPeerClosed."""
+        Raises ``Interrupted`` (from ``check``) or ``PeerGone``."""
         self._counters[self.rank][0] = k
         futex_wake(self._addrs[self.rank])
         for j in range(self.size):
             if j != self.rank:
-                self._wait(j, k, check)
+                self._wait(j, k)
 
-    def _wait(self, j: int, k: int, check: Callable[[], None]) -> None:
+    def _wait(self, j: int, k: int) -> None:
         c = self._counters[j]
         if c[0] >= k:
             return
@@ -274,9 +273,10 @@ class ShmGroup:
             v = int(c[0])
             if v >= k:
                 return
-            check()
+            self._check()
             if closed[0]:
-                raise SharedPeerClosed(j, int(closed[0]))
+                raise PeerGone(j, "stopped taking part in the collective",
+                               orderly=int(closed[0]) == CLOSED_ORDERLY)
             futex_wait(addr, v, 0.05)
 
     # --- descriptors ----------------------------------------------------------------
@@ -301,20 +301,18 @@ class ShmGroup:
         body = b[off + wire.META_LEN_SIZE:off + wire.META_LEN_SIZE + n].tobytes()
         return wire.decode_array_meta_body(body)
 
-    def _check_headers(self, slot: int, mine: wire.OpHeader) -> Optional[str]:
+    def _check_headers(self, slot: int, mine: wire.OpHeader) -> None:
+        """Raises ``Mismatch`` when a rank's header in ``slot`` differs from ``mine``."""
         for j in range(self.size):
             if j != self.rank:
                 why = wire.header_mismatch(mine, self.read_header(j, slot))
                 if why:
-                    return f"rank {j}: {why}"
-        return None
+                    raise Mismatch(f"rank {j}: {why}")
 
     # --- collectives (the caller validated arguments and owns the op lock) ----------
 
-    def allreduce(self, x: np.ndarray, out: np.ndarray, op: str, hdr: wire.OpHeader,
-                  check: Callable[[], None]) -> Optional[str]:
-        """Reduce flat ``x`` into flat ``out``. Returns a mismatch description (the
-        op did not run) or None."""
+    def allreduce(self, x: np.ndarray, out: np.ndarray, op: str, hdr: wire.OpHeader) -> None:
+        """See ``Transport.allreduce``."""
         n, r = self.size, self.rank
         fn = layout.reducer(op)
         dtype = x.dtype
@@ -334,11 +332,9 @@ class ShmGroup:
             mine[b:plen] = x[start + b:start + plen]
             if first:
                 self.write_desc(s_in, hdr)
-            self.barrier(self.k, check)
+            self._arrive(self.k)
             if first:
-                why = self._check_headers(s_in, hdr)
-                if why:
-                    return why
+                self._check_headers(s_in, hdr)
                 first = False
             if b > a:
                 dst = self._slots[r][1 - s_in].view(dtype)[a:b]
@@ -349,22 +345,32 @@ class ShmGroup:
                 if op == "average":
                     layout.finish_average(dst, n)
             self.k += 1
-            self.barrier(self.k, check)
+            self._arrive(self.k)
             s_out = self.k % 2
             for j, (aj, bj) in enumerate(segs):
                 if bj > aj:
                     out[start + aj:start + bj] = self._slots[j][s_out].view(dtype)[aj:bj]
             start += plen
-        return None
 
-    def broadcast(self, data: Optional[np.ndarray], hdr: wire.OpHeader, meta: bytes,
-                  root: int, check: Callable[[], None]):
-        """Root passes its flat uint8 ``data`` and meta; returns (dtype, shape, bytes
-        array) on non-roots, None on the root, or a mismatch description string."""
+    def broadcast(self, x: np.ndarray | None, root: int, hdr: wire.OpHeader) -> np.ndarray:
+        """See ``Transport.broadcast``."""
+        if self.rank == root:
+            assert x is not None
+            self._broadcast_bytes(x.reshape(-1).view(np.uint8), hdr,
+                                  wire.encode_array_meta(x.dtype, x.shape), root)
+            return x.copy()
+        out = self._broadcast_bytes(np.empty(0, dtype=np.uint8), hdr, b"", root)
+        assert out is not None
+        return out
+
+    def _broadcast_bytes(self, data: np.ndarray, hdr: wire.OpHeader, meta: bytes,
+                         root: int) -> np.ndarray | None:
+        """The root passes its flat uint8 ``data`` and meta (and gets None); the others
+        pass nothing and get the root's array."""
         r = self.rank
         pb = self.piece_bytes
         out = None
-        total = data.size if r == root else 0
+        total = data.size
         start = 0
         first = True
         while first or start < total:
@@ -377,27 +383,30 @@ class ShmGroup:
                 # Everyone writes a header (only the root's carries meta) so every
                 # rank can check that all run this broadcast.
                 self.write_desc(s, hdr, meta if r == root else b"")
-            self.barrier(self.k, check)
+            self._arrive(self.k)
             if first:
-                why = self._check_headers(s, hdr)
-                if why:
-                    return why
+                self._check_headers(s, hdr)
                 if r != root:
                     dtype, shape = self.read_meta(root, s)
                     out = np.empty(shape, dtype=dtype)
                     total = out.nbytes
                 first = False
             plen = min(pb, total - start)
-            if r != root and plen > 0:
+            if out is not None and plen > 0:
                 out.reshape(-1).view(np.uint8)[start:start + plen] = self._slots[root][s][:plen]
             start += plen
         return out
 
-    def allgather(self, data: np.ndarray, hdr: wire.OpHeader, meta: bytes,
-                  check: Callable[[], None]):
-        """Every rank's flat uint8 ``data``; returns (metas, blocks written into a new
-        byte buffer) as ``(list of (dtype, shape), np.uint8 buffer, offsets)`` or a
-        mismatch description string."""
+    def allgather(self, x: np.ndarray, hdr: wire.OpHeader) -> tuple[np.ndarray, list[int]]:
+        """See ``Transport.allgather``."""
+        meta = wire.encode_array_meta(x.dtype, x.shape)
+        metas, buf = self._allgather_bytes(x.reshape(-1).view(np.uint8), hdr, meta)
+        dtype, shape, _ = gather_layout(metas)
+        return buf.view(dtype).reshape(shape), [m[1][0] for m in metas]
+
+    def _allgather_bytes(self, data: np.ndarray, hdr: wire.OpHeader, meta: bytes):
+        """Every rank's flat uint8 ``data`` and meta: ``(list of (dtype, shape), np.uint8
+        buffer with the blocks in rank order)``."""
         n, r = self.size, self.rank
         pb = self.piece_bytes
         p = 0
@@ -412,11 +421,9 @@ class ShmGroup:
                 self._slots[r][s][:mine_len] = data[lo:lo + mine_len]
             if p == 0:
                 self.write_desc(s, hdr, meta)
-            self.barrier(self.k, check)
+            self._arrive(self.k)
             if p == 0:
-                why = self._check_headers(s, hdr)
-                if why:
-                    return why
+                self._check_headers(s, hdr)
                 metas = [self.read_meta(j, s) for j in range(n)]
                 sizes = [int(np.prod(sh, dtype=np.int64)) * dt.itemsize for dt, sh in metas]
                 offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -428,11 +435,12 @@ class ShmGroup:
                     o = int(offsets[j]) + lo
                     buf[o:o + ln] = self._slots[j][s][:ln]
             p += 1
-        return metas, buf, offsets
+        return metas, buf
 
-    def barrier_op(self, hdr: wire.OpHeader, check: Callable[[], None]) -> Optional[str]:
+    def barrier(self, hdr: wire.OpHeader) -> None:
+        """See ``Transport.barrier``."""
         self.k += 1
         s = self.k % 2
         self.write_desc(s, hdr)
-        self.barrier(self.k, check)
-        return self._check_headers(s, hdr)
+        self._arrive(self.k)
+        self._check_headers(s, hdr)

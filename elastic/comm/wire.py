@@ -1,6 +1,7 @@
 """Byte formats of the ring data plane (pure encode/decode; no sockets here).
 
-Handshake (one TCP connection per (direction, channel)):
+Handshake (one TCP connection per (direction, channel)), the shared challenge/response
+of ``elastic.netio`` with the ring's labels (``HANDSHAKE``) and this opening:
 
     client -> server  HELLO   magic "ELRG", version, channel, round_id, src_rank,
                               dst_rank, world, client nonce            (HELLO_SIZE bytes)
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rendezvous.auth import NONCE_BYTES, RESPONSE_BYTES, challenge_response, check_challenge_response
+from elastic.netio import NONCE_BYTES, HandshakeLabels
 
 MAGIC = b"ELRG"
 VERSION = 1
@@ -37,15 +38,12 @@ CHANNELS = (CHANNEL_DATA, CHANNEL_CTRL)
 
 _HELLO = struct.Struct("!4sBBQiiI")
 HELLO_SIZE = _HELLO.size + NONCE_BYTES
-CHALLENGE_SIZE = NONCE_BYTES + RESPONSE_BYTES
-PROOF_SIZE = RESPONSE_BYTES
 
 VERDICT_OK = 0
 VERDICT_STALE = 1      # the server already runs a newer round than the client's
 VERDICT_CLOSED = 2     # the server's listener is shutting down
 
-_SERVER_LABEL = b"elastic-ring-server\x00"
-_CLIENT_LABEL = b"elastic-ring-client\x00"
+HANDSHAKE = HandshakeLabels(server=b"elastic-ring-server\x00", client=b"elastic-ring-client\x00")
 
 
 class WireError(ValueError):
@@ -85,23 +83,6 @@ def decode_hello(data: bytes) -> Hello:
     if world < 1 or not (0 <= src < world) or not (0 <= dst < world):
         raise WireError("ranks out of range")
     return Hello(channel, round_id, src, dst, world, bytes(data[_HELLO.size:]))
-
-
-def server_proof(secret: str, hello_bytes: bytes) -> bytes:
-    return challenge_response(secret, hello_bytes[-NONCE_BYTES:], _SERVER_LABEL + hello_bytes)
-
-
-def check_server_proof(secret: str, hello_bytes: bytes, proof: bytes) -> bool:
-    return check_challenge_response(secret, hello_bytes[-NONCE_BYTES:], proof,
-                                    _SERVER_LABEL + hello_bytes)
-
-
-def client_proof(secret: str, hello_bytes: bytes, server_nonce: bytes) -> bytes:
-    return challenge_response(secret, server_nonce, _CLIENT_LABEL + hello_bytes)
-
-
-def check_client_proof(secret: str, hello_bytes: bytes, server_nonce: bytes, proof: bytes) -> bool:
-    return check_challenge_response(secret, server_nonce, proof, _CLIENT_LABEL + hello_bytes)
 
 
 # --- control channel ---------------------------------------------------------------
