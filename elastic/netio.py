@@ -50,8 +50,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from rendezvous.auth import (NONCE_BYTES, RESPONSE_BYTES, challenge_response,
-                             check_challenge_response, make_nonce)
+from rendezvous.auth import (
+    NONCE_BYTES,
+    RESPONSE_BYTES,
+    challenge_response,
+    check_challenge_response,
+    make_nonce,
+)
 from rendezvous.errors import RendezvousAuthError
 
 T = TypeVar("T")

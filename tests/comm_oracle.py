@@ -2,7 +2,7 @@
 tests compare the ring, shared-memory and MPI results against."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,9 +9,15 @@ import time
 import numpy as np
 import pytest
 
-from elastic.comm import (CommSettings, CommunicatorClosedError, Membership, PeerLostError,
-                          RingCommunicator, RingListener)
-from elastic.comm import wire
+from elastic.comm import (
+    CommSettings,
+    CommunicatorClosedError,
+    Membership,
+    PeerLostError,
+    RingCommunicator,
+    RingListener,
+    wire,
+)
 from elastic.comm.listener import dial
 from elastic.netio import CHALLENGE_SIZE, PROOF_SIZE, recv_exact
 from rendezvous.auth import make_nonce, make_secret

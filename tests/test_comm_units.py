@@ -1,11 +1,12 @@
 """Pure logic of the data plane: layouts, wire formats, settings, MPI detection."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from elastic.comm import CommSettings, Membership, detect_mpi
-from elastic.comm import layout, wire
+from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
 from rendezvous.auth import make_nonce
 from rendezvous.url import Endpoint
 from tests.comm_oracle import reduce_reference
@@ -137,7 +138,7 @@ def test_settings_validation_and_heartbeat_default():
                 {"heartbeat_interval": 5.0, "peer_timeout": 2.0}, {"shm_spin_us": -1}):
         with pytest.raises(ValueError):
             CommSettings(**bad)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         s.peer_timeout = 3   # frozen
 
 

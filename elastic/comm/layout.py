@@ -6,7 +6,8 @@ Nothing here does I/O, so every function is unit-tested directly.
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 import numpy as np
 

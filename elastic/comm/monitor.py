@@ -31,6 +31,7 @@ those notices is the communicator's job (it owns the sockets); this thread only 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -143,10 +144,8 @@ class FailureMonitor:
 
     def _wake_locked(self) -> None:
         if self._wake_w >= 0:
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
-            except OSError:
-                pass
 
     # --- the thread ------------------------------------------------------------------
 

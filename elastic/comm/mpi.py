@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from elastic.errors import CommunicatorClosedError
 
 from . import layout
-from .outbuf import OutputCache
 from .base import CollectiveMismatchError, Communicator
+from .outbuf import OutputCache
 
 # Variables set by the common launchers for each process they start (MPICH/Hydra and
 # Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*; PMIx-based launchers: PMIX_RANK).
@@ -40,7 +41,7 @@ class MpiCommunicator(Communicator):
     """
 
     def __init__(self, comm: Any | None = None):
-        from mpi4py import MPI   # lazy: the mpi extra is optional
+        from mpi4py import MPI  # lazy: the mpi extra is optional
         self._MPI = MPI
         self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self._rank = self._comm.Get_rank()
@@ -80,10 +81,9 @@ class MpiCommunicator(Communicator):
         with self._lock:
             comm, self._comm = self._comm, None
         if comm is not None:
-            try:
+            # Best effort: freeing during MPI finalisation may fail with any MPI error.
+            with contextlib.suppress(Exception):
                 comm.Free()
-            except Exception:   # freeing during MPI finalisation is best-effort
-                pass
 
     def allreduce(self, x, op: str = "sum") -> np.ndarray:
         """See ``Communicator.allreduce``."""
@@ -109,10 +109,7 @@ class MpiCommunicator(Communicator):
             meta = (arr.dtype.str, arr.shape)
         with self._op() as comm:
             dstr, shape = comm.bcast(meta, root=root)
-            if self._rank == root:
-                out = arr.copy()
-            else:
-                out = np.empty(shape, dtype=np.dtype(dstr))
+            out = arr.copy() if arr is not None else np.empty(shape, dtype=np.dtype(dstr))
             # Bytes, so any fixed-size dtype travels without an MPI datatype of its own.
             comm.Bcast(out.reshape(-1).view(np.uint8), root=root)
         return out

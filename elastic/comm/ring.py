@@ -26,11 +26,13 @@ ever waits out a dead peer):
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
-from typing import Any, Callable
+from functools import partial
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -38,17 +40,25 @@ from elastic.errors import CommunicatorClosedError
 from rendezvous.errors import RendezvousAuthError
 
 from . import layout, wire
-from .base import (CollectiveMismatchError, CommSettings, Communicator, FailureCallback,
-                   Membership, PeerLostError, ShmUnavailableError)
+from .base import (
+    CollectiveMismatchError,
+    CommSettings,
+    Communicator,
+    FailureCallback,
+    Membership,
+    PeerLostError,
+    ShmUnavailableError,
+)
 from .listener import RingListener, dial
 from .monitor import AbortNotice, FailureMonitor
 from .outbuf import OutputCache
 from .selection import open_transport
 from .tcp_ring import TcpRing
-from .transport import (Interrupted, LocalTransport, Mismatch, PeerGone, Transport,
-                        TransportContext)
+from .transport import Interrupted, LocalTransport, Mismatch, PeerGone, Transport, TransportContext
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _TYPED_SETUP_ERRORS = (PeerLostError, CommunicatorClosedError, RendezvousAuthError,
                        ShmUnavailableError, CollectiveMismatchError)
@@ -108,11 +118,11 @@ class RingCommunicator(Communicator):
                 self._setup()
         except BaseException as e:
             err = self._setup_error(e)
-            if isinstance(err, _TYPED_SETUP_ERRORS):
-                cls, msg = type(err), str(err)
-            else:
-                cls, msg = CommunicatorClosedError, f"setup failed: {err!r}"
-            self._break(cls, msg, kw=_error_kw(err),
+            typed = isinstance(err, _TYPED_SETUP_ERRORS)
+            self._break(type(err) if typed else CommunicatorClosedError,
+                        str(err) if typed else f"setup failed: {err!r}",
+                        kw={"rank": err.rank, "direct": err.direct}
+                        if isinstance(err, PeerLostError) else None,
                         relay=wire.encode_closing(self._rank, f"setup failed: {err}"))
             self._exit_op()
             self._join_monitor()
@@ -193,23 +203,19 @@ class RingCommunicator(Communicator):
                                                        "connect")
         for sock in self._socks:
             sock.setblocking(False)
-        if s.socket_buffer_bytes:
-            for sock in (data_left, data_right):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_buffer_bytes)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, s.socket_buffer_bytes)
         monitor = FailureMonitor(
             f"ring-monitor-r{self.round_id}-{self._rank}",
             [(ctrl_left, self._left), (ctrl_right, self._right)],
             [(data_left, self._left), (data_right, self._right)], s,
-            lost=self._on_neighbour_lost, closing=self._on_peer_closing,
-            aborted=self._on_abort)
+            lost=lambda rank, why: self._lost(rank, why, direct=rank is not None),
+            closing=self._on_peer_closing, aborted=self._on_abort)
         with self._lock:
             self._monitor = monitor
             if self._error is not None:   # broke meanwhile: the thread exits at once
                 monitor.stop()
         monitor.start()
         ring = TcpRing(self._rank, self._size, data_left, data_right, s.chunk_bytes,
-                       self._check)
+                       self._check, buffer_bytes=s.socket_buffer_bytes)
         transport = open_transport(TransportContext(
             rank=self._rank, size=self._size, settings=s, ring=ring,
             exchange=lambda blob: ring.exchange(blob, self._setup_header(), deadline),
@@ -225,12 +231,11 @@ class RingCommunicator(Communicator):
 
     def _setup_error(self, e: BaseException) -> BaseException:
         """The typed error a failed construction raises."""
-        if isinstance(e, (PeerLostError, CommunicatorClosedError, RendezvousAuthError,
-                          ShmUnavailableError)):
+        if isinstance(e, _TYPED_SETUP_ERRORS):
             return e
-        if isinstance(e, (Interrupted, PeerGone)) or self._error is not None:
-            if self._error is not None or not isinstance(e, PeerGone):
-                return self._new_error()
+        if self._error is not None:
+            return self._new_error()
+        if isinstance(e, PeerGone):
             return PeerLostError(f"rank {e.rank} failed during setup: {e.detail}",
                                  rank=e.rank, direct=True)
         if isinstance(e, TimeoutError):
@@ -259,15 +264,11 @@ class RingCommunicator(Communicator):
             self._broken_evt.set()
             if relay:
                 for sock in self._ctrl_socks:
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.send(relay, socket.MSG_DONTWAIT)
-                    except OSError:
-                        pass
             for sock in self._socks:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
             self._transport.abort(orderly)
             if self._monitor is not None:
                 self._monitor.stop()
@@ -317,7 +318,6 @@ class RingCommunicator(Communicator):
     def _join_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor.join(5.0)
-
     def close(self, reason: str = "") -> None:
         """See ``Communicator.close``. Also stops the monitor thread."""
         msg = "communicator closed" + (f": {reason}" if reason else "")
@@ -351,9 +351,6 @@ class RingCommunicator(Communicator):
 
     # --- what the failure monitor reports ----------------------------------------------
 
-    def _on_neighbour_lost(self, rank: int | None, why: str) -> None:
-        self._lost(rank, why, direct=rank is not None)
-
     def _on_peer_closing(self, origin: int, reason: str, settled: bool) -> bool:
         with self._lock:
             if not settled and self._in_op:
@@ -384,7 +381,10 @@ class RingCommunicator(Communicator):
         if self._error is not None:
             raise Interrupted()
 
-    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _run(self, call: Callable[[wire.OpHeader], T], kind: int, **fields: int) -> T:
+        """``call(header)`` as this communicator's next collective (``kind`` and
+        ``fields`` make the header every rank checks), with failures turned into the
+        public errors."""
         with self._lock:
             if self._error is not None:
                 raise self._new_error()
@@ -394,10 +394,12 @@ class RingCommunicator(Communicator):
             self._in_op = True
         try:
             self._seq += 1
-            return fn(*args)
+            return call(wire.OpHeader(kind, self._seq, **fields))
         except PeerGone as e:
             self._peer_failed(e.rank, e.detail, orderly=e.orderly)
-            raise self._error_now(f"rank {e.rank} left the collective: {e.detail}") from None
+            if self._error is None:   # pragma: no cover - _peer_failed always breaks
+                self._lost(None, f"rank {e.rank} left the collective: {e.detail}", direct=False)
+            raise self._new_error() from None
         except Interrupted:
             raise self._new_error() from None
         except Mismatch as e:
@@ -415,11 +417,6 @@ class RingCommunicator(Communicator):
         finally:
             self._exit_op()
 
-    def _error_now(self, fallback: str) -> BaseException:
-        if self._error is None:   # pragma: no cover - _peer_failed always breaks
-            self._lost(None, fallback, direct=False)
-        return self._new_error()
-
     # --- public collectives ----------------------------------------------------------
 
     def allreduce(self, x, op: str = "sum") -> np.ndarray:
@@ -427,13 +424,12 @@ class RingCommunicator(Communicator):
         layout.check_reduce_op(op)
         arr = layout.as_contiguous(x)
         layout.check_reduce_dtype(arr.dtype)
-        return self._run(self._allreduce, arr, op)
+        return self._run(partial(self._allreduce, arr, op), wire.KIND_ALLREDUCE,
+                         op=wire.OP_CODES[op], dtype_code=arr.dtype.num, nelem=arr.size,
+                         shape_crc=layout.shape_crc(arr.shape))
 
-    def _allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+    def _allreduce(self, arr: np.ndarray, op: str, hdr: wire.OpHeader) -> np.ndarray:
         out = self._outputs.empty(arr.shape, arr.dtype)
-        hdr = wire.OpHeader(wire.KIND_ALLREDUCE, self._seq, op=wire.OP_CODES[op],
-                            dtype_code=arr.dtype.num, nelem=arr.size,
-                            shape_crc=layout.shape_crc(arr.shape))
         self._transport.allreduce(arr.reshape(-1), out.reshape(-1), op, hdr)
         return out
 
@@ -445,27 +441,12 @@ class RingCommunicator(Communicator):
         if self._rank == root:
             arr = layout.as_contiguous(x)
             layout.check_transfer_dtype(arr.dtype)
-        return self._run(self._broadcast, arr, root)
-
-    def _broadcast(self, arr: np.ndarray | None, root: int) -> np.ndarray:
-        hdr = wire.OpHeader(wire.KIND_BROADCAST, self._seq, root=root)
-        return self._transport.broadcast(arr, root, hdr)
+        return self._run(partial(self._transport.broadcast, arr, root), wire.KIND_BROADCAST,
+                         root=root)
 
     def _allgather_rows(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
-        return self._run(self._allgather, arr)
-
-    def _allgather(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
-        return self._transport.allgather(arr, wire.OpHeader(wire.KIND_ALLGATHER, self._seq))
+        return self._run(partial(self._transport.allgather, arr), wire.KIND_ALLGATHER)
 
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""
-        self._run(self._barrier)
-
-    def _barrier(self) -> None:
-        self._transport.barrier(wire.OpHeader(wire.KIND_BARRIER, self._seq))
-
-
-def _error_kw(err: BaseException) -> dict:
-    if isinstance(err, PeerLostError):
-        return {"rank": err.rank, "direct": err.direct}
-    return {}
+        self._run(self._transport.barrier, wire.KIND_BARRIER)

@@ -39,6 +39,7 @@ all members can use it (``selection.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -47,6 +48,8 @@ import secrets
 import struct
 import sys
 import time
+from typing import Any
+
 import numpy as np
 
 from . import layout, wire
@@ -86,6 +89,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
+_futex: Any
 try:
     _libc = ctypes.CDLL(None, use_errno=True)   # CDLL releases the GIL around calls
     _futex = _libc.syscall
@@ -200,17 +204,17 @@ class ShmGroup(Transport):
         self.spin_s = spin_us / 1e6
         self._check = check
         self._own = own
-        self._mms: list[mmap.mmap | None] = [None] * size
+        self._mms: list[mmap.mmap] = []   # every rank's segment, in rank order
         try:
             for j in range(size):
-                self._mms[j] = own.mm if j == rank else _map_peer(infos[j], own.piece_bytes)
+                self._mms.append(own.mm if j == rank else _map_peer(infos[j], own.piece_bytes))
         except BaseException:
             self._unmap()
             raise
         self._views()
         self.k = 0   # barriers completed; identical on every rank
 
-    def _views(self):
+    def _views(self) -> None:
         self._bytes = [np.frombuffer(mm, dtype=np.uint8) for mm in self._mms]
         self._counters = [b[_COUNTER_OFF:_COUNTER_OFF + 8].view(np.int64) for b in self._bytes]
         self._closed = [b[_CLOSED_OFF:_CLOSED_OFF + 4].view(np.int32) for b in self._bytes]
@@ -219,23 +223,20 @@ class ShmGroup(Transport):
         self._slots = [[b[HEADER_BYTES + s * pb:HEADER_BYTES + (s + 1) * pb] for s in (0, 1)]
                        for b in self._bytes]
 
-    def _unmap(self):
-        self._bytes = self._counters = self._closed = self._slots = None
+    def _unmap(self) -> None:
+        self._bytes, self._counters, self._closed, self._slots, self._addrs = [], [], [], [], []
         for j, mm in enumerate(self._mms):
-            if mm is not None and j != self.rank:
-                try:
+            if j != self.rank:
+                # A view that escaped keeps the mapping alive: leave it to the GC.
+                with contextlib.suppress(BufferError):
                     mm.close()
-                except BufferError:   # pragma: no cover - a view escaped; leave it to GC
-                    pass
-        self._mms = [None] * self.size
-        try:
+        self._mms = []
+        with contextlib.suppress(BufferError):
             self._own.mm.close()
-        except BufferError:   # pragma: no cover
-            pass
 
     def close(self) -> None:
         """Unmap everything. The caller guarantees no collective is running."""
-        if self._mms[self.rank] is not None:
+        if self._mms:
             self._unmap()
 
     # --- signalling ---------------------------------------------------------------
@@ -243,11 +244,10 @@ class ShmGroup(Transport):
     def abort(self, orderly: bool) -> None:
         """Tell ranks waiting on this one that it will not arrive, and wake this
         process's own sleepers (the communicator broke)."""
-        if self._closed is not None:
+        if self._closed:   # still mapped
             self._closed[self.rank][0] = CLOSED_ORDERLY if orderly else CLOSED_ABORT
-        if self._addrs is not None:
-            for a in self._addrs:
-                futex_wake(a)
+        for a in self._addrs:
+            futex_wake(a)
 
     def _arrive(self, k: int) -> None:
         """Arrive at barrier ``k`` and wait until every rank has.
@@ -411,7 +411,11 @@ class ShmGroup(Transport):
         pb = self.piece_bytes
         p = 0
         npieces = 1
-        metas = buf = offsets = sizes = None
+        # Set from the descriptors once the first piece is in.
+        metas: list[tuple[np.dtype, tuple[int, ...]]] = []
+        sizes: list[int] = []
+        offsets = np.zeros(1, dtype=np.int64)
+        buf = np.empty(0, dtype=np.uint8)
         while p < npieces:
             self.k += 1
             s = self.k % 2

@@ -22,6 +22,7 @@ is longer than a second without asking ``check`` whether the communicator broke.
 """
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import time
@@ -108,12 +109,14 @@ def pump(send_sock: socket.socket, recv_sock: socket.socket, sendq: deque, recvq
 class TcpRing(Transport):
     """The ring transport of rank ``rank`` of ``size`` over ``left`` (receive, from rank
     r-1) and ``right`` (send, to rank r+1), both non-blocking; ``chunk_bytes`` is the
-    pipelining unit. The sockets stay the caller's: ``close`` leaves them open."""
+    pipelining unit; ``buffer_bytes`` sets both sockets' SO_SNDBUF/SO_RCVBUF (None leaves
+    them to the kernel's autotuning). The sockets stay the caller's: ``close`` leaves
+    them open."""
 
     name = "tcp"
 
     def __init__(self, rank: int, size: int, left: socket.socket, right: socket.socket,
-                 chunk_bytes: int, check: Check):
+                 chunk_bytes: int, check: Check, *, buffer_bytes: int | None = None):
         self.rank = rank
         self.size = size
         self.left_rank = (rank - 1) % size
@@ -123,6 +126,10 @@ class TcpRing(Transport):
         self._chunk_bytes = chunk_bytes
         self._check = check
         self._poller = select.poll()
+        if buffer_bytes:
+            for sock in (left, right):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
     def _pump(self, sendq: deque, recvq: deque, deadline: float | None = None) -> None:
         pump(self._right, self._left, sendq, recvq, self._check, self.right_rank,
@@ -190,13 +197,13 @@ class TcpRing(Transport):
         tmpb = tmp.view(np.uint8)
 
         def view(a: int, b: int) -> memoryview:
-            return memoryview(outb[a * item:b * item])
+            return outb[a * item:b * item].data
 
         sendq: deque = deque([memoryview(hdr.encode())])
         recvq: deque = deque()
         self._expect_header(hdr, recvq)
         for a, b in layout.chunk_ranges(*segs[r], sub):
-            sendq.append(memoryview(xb[a * item:b * item]))
+            sendq.append(xb[a * item:b * item].data)
 
         def reduced(a: int, b: int, last: bool) -> None:
             part = out[a:b]
@@ -209,7 +216,7 @@ class TcpRing(Transport):
         # Reduce-scatter: at step s receive segment r-s-1 and fold it in.
         for s in range(n - 1):
             for a, b in layout.chunk_ranges(*segs[(r - s - 1) % n], sub):
-                recvq.append([memoryview(tmpb[:(b - a) * item]),
+                recvq.append([tmpb[:(b - a) * item].data,
                               partial(reduced, a, b, s == n - 2)])
         # Allgather: at step s receive the finished segment r-s in place and pass it on.
         for s in range(n - 1):
@@ -234,7 +241,7 @@ class TcpRing(Transport):
             sendq.append(memoryview(wire.encode_array_meta(out.dtype, out.shape)))
             ob = out.reshape(-1).view(np.uint8)
             for a, b in layout.chunk_ranges(0, ob.size, chunk):
-                sendq.append(memoryview(ob[a:b]))
+                sendq.append(ob[a:b].data)
             self._pump(sendq, recvq)
             return out
         state: dict[str, Any] = {}
@@ -255,7 +262,7 @@ class TcpRing(Transport):
                 sendq.append(memoryview(bytes(lenbuf) + bytes(body)))
             ob = out.reshape(-1).view(np.uint8)
             for a, b in layout.chunk_ranges(0, ob.size, chunk):
-                v = memoryview(ob[a:b])
+                v = ob[a:b].data
                 recvq.append([v, partial(sendq.append, v) if forward else None])
 
         recvq.append([memoryview(lenbuf), got_len])
@@ -277,14 +284,14 @@ class TcpRing(Transport):
         ob = out.reshape(-1).view(np.uint8)
         ob[offsets[r]:offsets[r + 1]] = x.reshape(-1).view(np.uint8)
         chunk = self._chunk_bytes
-        sendq: deque = deque(memoryview(ob[a:b]) for a, b in
+        sendq: deque = deque(ob[a:b].data for a, b in
                              layout.chunk_ranges(offsets[r], offsets[r + 1], chunk))
         recvq: deque = deque()
         for s in range(n - 1):
             src = (r - s - 1) % n
             forward = s < n - 2
             for a, b in layout.chunk_ranges(offsets[src], offsets[src + 1], chunk):
-                v = memoryview(ob[a:b])
+                v = ob[a:b].data
                 recvq.append([v, partial(sendq.append, v) if forward else None])
         self._pump(sendq, recvq)
         return out, [m[1][0] for m in metas]
@@ -295,10 +302,8 @@ class TcpRing(Transport):
     def abort(self, orderly: bool) -> None:
         """Shut both connections down: a pump blocked on them wakes at once."""
         for sock in (self._left, self._right):
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         """Nothing to release: the sockets belong to whoever made them."""

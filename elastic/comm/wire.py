@@ -183,7 +183,7 @@ class OpHeader:
                          self.seq, self.nelem, self.shape_crc)
 
     @classmethod
-    def decode(cls, data: bytes) -> "OpHeader":
+    def decode(cls, data: bytes) -> OpHeader:
         """Raises WireError when the bytes are not an op header (a desynchronised stream)."""
         if len(data) != OP_HEADER_SIZE:
             raise WireError("bad op header length")
