@@ -41,6 +41,7 @@ Example, both halves (``ps`` bulk style; the ring builds its opening in ``comm.w
 With ``deadline=None`` every read waits as long as the socket's own timeout allows
 (``sock.settimeout``), which suits a channel that sets one timeout per request.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,8 +62,8 @@ from rendezvous.errors import RendezvousAuthError
 
 T = TypeVar("T")
 
-CHALLENGE_SIZE = NONCE_BYTES + RESPONSE_BYTES   # what the server sends: nonce_s + proof
-PROOF_SIZE = RESPONSE_BYTES                     # what the client answers
+CHALLENGE_SIZE = NONCE_BYTES + RESPONSE_BYTES  # what the server sends: nonce_s + proof
+PROOF_SIZE = RESPONSE_BYTES  # what the client answers
 
 
 # What poll() reports on a dead connection however it was asked (hang-up, error, bad fd).
@@ -121,20 +122,28 @@ class HandshakeLabels:
         return challenge_response(secret, opening[-NONCE_BYTES:], self.server + opening)
 
     def check_server_proof(self, secret: str, opening: bytes, proof: bytes) -> bool:
-        return check_challenge_response(secret, opening[-NONCE_BYTES:], proof,
-                                        self.server + opening)
+        return check_challenge_response(
+            secret, opening[-NONCE_BYTES:], proof, self.server + opening
+        )
 
     def client_proof(self, secret: str, opening: bytes, server_nonce: bytes) -> bytes:
         return challenge_response(secret, server_nonce, self.client + opening)
 
-    def check_client_proof(self, secret: str, opening: bytes, server_nonce: bytes,
-                           proof: bytes) -> bool:
+    def check_client_proof(
+        self, secret: str, opening: bytes, server_nonce: bytes, proof: bytes
+    ) -> bool:
         return check_challenge_response(secret, server_nonce, proof, self.client + opening)
 
 
-def client_handshake(sock: socket.socket, secret: str, opening: bytes,
-                     labels: HandshakeLabels, *, deadline: float | None = None,
-                     peer: str = "the peer") -> None:
+def client_handshake(
+    sock: socket.socket,
+    secret: str,
+    opening: bytes,
+    labels: HandshakeLabels,
+    *,
+    deadline: float | None = None,
+    peer: str = "the peer",
+) -> None:
     """Send ``opening`` (ending with a fresh ``make_nonce()``), check the server's proof
     of ``secret`` and answer its challenge. The connection is then authenticated both
     ways (the server may still refuse it with a message of the channel's own).
@@ -157,9 +166,15 @@ def client_handshake(sock: socket.socket, secret: str, opening: bytes,
     sock.sendall(labels.client_proof(secret, opening, server_nonce))
 
 
-def server_handshake(sock: socket.socket, secret: str, labels: HandshakeLabels,
-                     opening_size: int, parse: Callable[[bytes], T], *,
-                     deadline: float | None = None) -> T:
+def server_handshake(
+    sock: socket.socket,
+    secret: str,
+    labels: HandshakeLabels,
+    opening_size: int,
+    parse: Callable[[bytes], T],
+    *,
+    deadline: float | None = None,
+) -> T:
     """Read the client's opening (``opening_size`` bytes), hand it to ``parse`` (which
     raises to refuse it before anything is answered), prove ``secret`` and check the
     client's proof. Returns what ``parse`` returned.
@@ -188,6 +203,18 @@ def wake_pipe() -> tuple[int, int]:
     return r, w
 
 
-__all__ = ["CHALLENGE_SIZE", "PROOF_SIZE", "NONCE_BYTES", "POLL_DEAD", "POLLRDHUP", "HandshakeLabels", "HandshakeRefused",
-           "client_handshake", "server_handshake", "recv_exact", "recv_exact_into", "make_nonce",
-           "wake_pipe"]
+__all__ = [
+    "CHALLENGE_SIZE",
+    "PROOF_SIZE",
+    "NONCE_BYTES",
+    "POLL_DEAD",
+    "POLLRDHUP",
+    "HandshakeLabels",
+    "HandshakeRefused",
+    "client_handshake",
+    "server_handshake",
+    "recv_exact",
+    "recv_exact_into",
+    "make_nonce",
+    "wake_pipe",
+]

@@ -1,5 +1,6 @@
 """What each collective must return, computed by numpy alone: the oracle the collective
 tests compare the ring, shared-memory and MPI results against."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -14,6 +14,7 @@ Errors a collective can raise (all typed):
 * ``ValueError`` / ``TypeError``: a bad argument found before any communication;
   the communicator stays usable (no rank consumed the call).
 """
+
 from __future__ import annotations
 
 import abc
@@ -37,8 +38,7 @@ class PeerLostError(WorkerLostError):
     ``rank`` is the lost member's rank when known; ``direct`` is True when this process
     saw the failure itself (a neighbour) rather than hearing of it from a peer."""
 
-    def __init__(self, message: str = "peer lost", rank: int | None = None,
-                 direct: bool = False):
+    def __init__(self, message: str = "peer lost", rank: int | None = None, direct: bool = False):
         super().__init__(message)
         self.rank = rank
         self.direct = direct
@@ -94,7 +94,8 @@ class CommSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.heartbeat_interval is not None and not (
-                0 < self.heartbeat_interval < self.peer_timeout):
+            0 < self.heartbeat_interval < self.peer_timeout
+        ):
             raise ValueError("heartbeat_interval must be > 0 and < peer_timeout")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}")
@@ -120,7 +121,7 @@ class Membership:
     round_id: int
     rank: int
     addresses: tuple[str, ...]
-    secret: str = field(repr=False)   # never printed in logs or tracebacks
+    secret: str = field(repr=False)  # never printed in logs or tracebacks
 
     def __post_init__(self):
         object.__setattr__(self, "addresses", tuple(self.addresses))
@@ -216,7 +217,7 @@ class Communicator(abc.ABC):
         out, rows = self._allgather_rows(pickle_to_array(obj))
         parts, start = [], 0
         for count in rows:
-            parts.append(array_to_object(out[start:start + count]))
+            parts.append(array_to_object(out[start : start + count]))
             start += count
         return parts
 
@@ -251,6 +252,15 @@ def array_to_object(arr: np.ndarray) -> Any:
     return pickle.loads(arr.tobytes())
 
 
-__all__ = ["CommSettings", "Membership", "Communicator", "PeerLostError",
-           "CollectiveMismatchError", "ShmUnavailableError", "CommunicatorClosedError",
-           "WorkerLostError", "FailureCallback", "TRANSPORTS"]
+__all__ = [
+    "CommSettings",
+    "Membership",
+    "Communicator",
+    "PeerLostError",
+    "CollectiveMismatchError",
+    "ShmUnavailableError",
+    "CommunicatorClosedError",
+    "WorkerLostError",
+    "FailureCallback",
+    "TRANSPORTS",
+]

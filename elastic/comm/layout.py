@@ -3,6 +3,7 @@ chunks, which reduction ops and dtypes are accepted, and how a reduction is appl
 
 Nothing here does I/O, so every function is unit-tested directly.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -44,8 +45,9 @@ def check_transfer_dtype(dtype: np.dtype) -> np.dtype:
     no structured fields). Raises TypeError otherwise."""
     dtype = np.dtype(dtype)
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-        raise TypeError(f"cannot send arrays of dtype {dtype} as raw bytes; "
-                        f"use the *_object variant")
+        raise TypeError(
+            f"cannot send arrays of dtype {dtype} as raw bytes; use the *_object variant"
+        )
     return dtype
 
 

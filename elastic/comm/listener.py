@@ -8,6 +8,7 @@ claims them. Connections of rounds older than the newest one begun here are refu
 (``VERDICT_STALE``); a connection that does not prove the job secret is dropped without
 a verdict.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,9 +65,17 @@ class RingListener:
         OSError: the port cannot be bound.
     """
 
-    def __init__(self, bind_host: str = "127.0.0.1", secret: str = "", port: int = 0, *,
-                 advertise_host: str | None = None, handshake_timeout: float = 10.0,
-                 max_handshakes: int = 64, max_parked: int = 4096):
+    def __init__(
+        self,
+        bind_host: str = "127.0.0.1",
+        secret: str = "",
+        port: int = 0,
+        *,
+        advertise_host: str | None = None,
+        handshake_timeout: float = 10.0,
+        max_handshakes: int = 64,
+        max_parked: int = 4096,
+    ):
         if not secret:
             raise ValueError("RingListener needs the job secret")
         self._secret = secret
@@ -92,13 +101,12 @@ class RingListener:
         self._min_round = -1
         self._closed = False
         self._handshakes = 0
-        self._refused = 0          # connections dropped for a bad proof or bad bytes
-        self._stale = 0            # connections refused for an old round
+        self._refused = 0  # connections dropped for a bad proof or bad bytes
+        self._stale = 0  # connections refused for an old round
         self._notes: dict[tuple[int, int, int], str] = {}
         self._members: weakref.WeakSet[RoundMember] = weakref.WeakSet()
         self._wake_r, self._wake_w = wake_pipe()
-        self._thread = threading.Thread(target=self._accept_loop, name="ring-listener",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._accept_loop, name="ring-listener", daemon=True)
         self._thread.start()
 
     # --- state and life -------------------------------------------------------------
@@ -208,8 +216,16 @@ class RingListener:
             return f"round {round_id} is superseded by round {self._min_round}"
         return None
 
-    def claim(self, round_id: int, src_rank: int, channel: int, dst_rank: int, world: int,
-              deadline: float, stop: StopCheck) -> socket.socket:
+    def claim(
+        self,
+        round_id: int,
+        src_rank: int,
+        channel: int,
+        dst_rank: int,
+        world: int,
+        deadline: float,
+        stop: StopCheck,
+    ) -> socket.socket:
         """Take the authenticated connection rank ``src_rank`` made to this worker (rank
         ``dst_rank`` of ``world``) for ``round_id`` on ``channel``, waiting for it until
         ``deadline`` (monotonic). The caller owns the socket (blocking, no timeout).
@@ -233,8 +249,10 @@ class RingListener:
                         return sock
                     # The peer works from another membership of the same round: keep
                     # waiting for a consistent one, but say so if we time out.
-                    self._notes[key] = (f"rank {src_rank} connected believing this is rank "
-                                        f"{hello.dst_rank} of {hello.world}")
+                    self._notes[key] = (
+                        f"rank {src_rank} connected believing this is rank "
+                        f"{hello.dst_rank} of {hello.world}"
+                    )
                     sock.close()
                     continue
                 remaining = deadline - time.monotonic()
@@ -265,20 +283,31 @@ class RingListener:
                 if busy:
                     conn.close()
                     continue
-                threading.Thread(target=self._handshake, args=(conn,),
-                                 name="ring-handshake", daemon=True).start()
+                threading.Thread(
+                    target=self._handshake, args=(conn,), name="ring-handshake", daemon=True
+                ).start()
 
     def _handshake(self, conn: socket.socket) -> None:
         parked = False
         try:
             deadline = time.monotonic() + self._handshake_timeout
             tune_socket(conn)
-            hello = server_handshake(conn, self._secret, wire.HANDSHAKE, wire.HELLO_SIZE,
-                                     wire.decode_hello, deadline=deadline)
+            hello = server_handshake(
+                conn,
+                self._secret,
+                wire.HANDSHAKE,
+                wire.HELLO_SIZE,
+                wire.decode_hello,
+                deadline=deadline,
+            )
             with self._cond:
-                verdict = (wire.VERDICT_CLOSED if self._closed else
-                           wire.VERDICT_STALE if hello.round_id < self._min_round else
-                           wire.VERDICT_OK)
+                verdict = (
+                    wire.VERDICT_CLOSED
+                    if self._closed
+                    else wire.VERDICT_STALE
+                    if hello.round_id < self._min_round
+                    else wire.VERDICT_OK
+                )
                 if verdict == wire.VERDICT_STALE:
                     self._stale += 1
             # The verdict goes out before the socket is parked: once parked, a
@@ -288,11 +317,14 @@ class RingListener:
                 return
             key = (hello.round_id, hello.src_rank, hello.channel)
             with self._cond:
-                if (self._closed or hello.round_id < self._min_round
-                        or len(self._parked) >= self._max_parked):
+                if (
+                    self._closed
+                    or hello.round_id < self._min_round
+                    or len(self._parked) >= self._max_parked
+                ):
                     return
                 old = self._parked.get(key)
-                if old is not None:   # a reconnect replaces the earlier attempt
+                if old is not None:  # a reconnect replaces the earlier attempt
                     old[0].close()
                 conn.settimeout(None)
                 self._parked[key] = (conn, hello)
@@ -310,8 +342,17 @@ class RingListener:
                 conn.close()
 
 
-def dial(address: str, secret: str, channel: int, round_id: int, src_rank: int,
-         dst_rank: int, world: int, deadline: float, stop: StopCheck) -> socket.socket:
+def dial(
+    address: str,
+    secret: str,
+    channel: int,
+    round_id: int,
+    src_rank: int,
+    dst_rank: int,
+    world: int,
+    deadline: float,
+    stop: StopCheck,
+) -> socket.socket:
     """Connect to rank ``dst_rank``'s listener at ``address`` and complete the handshake,
     retrying refused connections (pauses from 0.01 s doubling to 0.25 s) until
     ``deadline`` (monotonic). The caller owns the socket (blocking, no timeout).
@@ -342,10 +383,17 @@ def dial(address: str, secret: str, channel: int, round_id: int, src_rank: int,
         ok = False
         try:
             tune_socket(sock)
-            hello = wire.encode_hello(wire.Hello(channel, round_id, src_rank, dst_rank, world,
-                                                 make_nonce()))
-            client_handshake(sock, secret, hello, wire.HANDSHAKE, deadline=deadline,
-                             peer=f"the listener at {address} (rank {dst_rank})")
+            hello = wire.encode_hello(
+                wire.Hello(channel, round_id, src_rank, dst_rank, world, make_nonce())
+            )
+            client_handshake(
+                sock,
+                secret,
+                hello,
+                wire.HANDSHAKE,
+                deadline=deadline,
+                peer=f"the listener at {address} (rank {dst_rank})",
+            )
             verdict = recv_exact(sock, 1, deadline)[0]
             if verdict == wire.VERDICT_OK:
                 ok = True
@@ -353,7 +401,8 @@ def dial(address: str, secret: str, channel: int, round_id: int, src_rank: int,
                 return sock
             if verdict == wire.VERDICT_STALE:
                 raise CommunicatorClosedError(
-                    f"rank {dst_rank} already runs a round newer than {round_id}")
+                    f"rank {dst_rank} already runs a round newer than {round_id}"
+                )
             last = "the peer's listener is closing"
         except (OSError, TimeoutError) as e:
             last = str(e) or type(e).__name__

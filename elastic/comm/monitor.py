@@ -29,6 +29,7 @@ Whoever breaks the communicator tells both neighbours why on the control channel
 goes round the ring in both directions in well under a millisecond per hop. Sending
 those notices is the communicator's job (it owns the sockets); this thread only reads.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,7 +56,7 @@ class _ControlLink:
 
     sock: socket.socket
     rank: int
-    last_heard: float                 # monotonic time of the last bytes from it
+    last_heard: float  # monotonic time of the last bytes from it
     parser: wire.CtrlParser = field(default_factory=wire.CtrlParser)
 
 
@@ -97,9 +98,17 @@ class FailureMonitor:
     The communicator calls ``stop`` when it breaks, for any reason.
     """
 
-    def __init__(self, name: str, control: list[tuple[socket.socket, int]],
-                 data: list[tuple[socket.socket, int]], settings: CommSettings, *,
-                 lost: LostCallback, closing: ClosingCallback, aborted: AbortCallback):
+    def __init__(
+        self,
+        name: str,
+        control: list[tuple[socket.socket, int]],
+        data: list[tuple[socket.socket, int]],
+        settings: CommSettings,
+        *,
+        lost: LostCallback,
+        closing: ClosingCallback,
+        aborted: AbortCallback,
+    ):
         self._control_socks = control
         self._data_socks = data
         self._interval = settings.effective_heartbeat_interval
@@ -112,7 +121,7 @@ class FailureMonitor:
         # one of the short locked sections.
         self._lock = threading.RLock()
         self._stopped = False
-        self._closed_peers: dict[int, str] = {}   # neighbour -> why it closed on purpose
+        self._closed_peers: dict[int, str] = {}  # neighbour -> why it closed on purpose
         self._suspects: set[int] = set()
         self._wake_r, self._wake_w = wake_pipe()
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
@@ -152,7 +161,7 @@ class FailureMonitor:
     def _run(self) -> None:
         try:
             self._watch()
-        except Exception as e:   # a bug here must not leave collectives blocked forever
+        except Exception as e:  # a bug here must not leave collectives blocked forever
             log.exception("ring monitor failed")
             self._report_lost(None, f"failure monitor crashed: {e!r}")
         finally:
@@ -178,7 +187,7 @@ class FailureMonitor:
             data[sock.fileno()] = rank
             # No POLLIN: the collective owns the payload bytes; only hang-ups matter here.
             poller.register(sock.fileno(), POLLRDHUP)
-        hung_up: dict[int, float] = {}   # rank -> when its connection was first seen broken
+        hung_up: dict[int, float] = {}  # rank -> when its connection was first seen broken
         closed = self._closed_peers
         next_beat = now
         while not self._stopped:
@@ -194,8 +203,9 @@ class FailureMonitor:
                             hung_up.setdefault(link.rank, now)
                 next_beat = now + self._interval
             due = [next_beat] + [t + grace for t in hung_up.values()]
-            due += [link.last_heard + timeout for link in control.values()
-                    if link.rank not in closed]
+            due += [
+                link.last_heard + timeout for link in control.values() if link.rank not in closed
+            ]
             events = poller.poll(max(0.0, min(due) - now) * 1000.0 + 1.0)
             now = time.monotonic()
             for fd, ev in events:
@@ -205,7 +215,7 @@ class FailureMonitor:
                     link = control[fd]
                     eof = self._read_control(link, now)
                     if eof is None:
-                        return           # a notice ended the communicator
+                        return  # a notice ended the communicator
                     if eof or ev & POLL_DEAD:
                         poller.unregister(fd)
                         del control[fd]
@@ -233,8 +243,10 @@ class FailureMonitor:
                     return
             for link in control.values():
                 if link.rank not in closed and now - link.last_heard > timeout:
-                    self._report_lost(link.rank, f"no heartbeat for {now - link.last_heard:.1f} s "
-                                                 f"(stopped or unreachable)")
+                    self._report_lost(
+                        link.rank,
+                        f"no heartbeat for {now - link.last_heard:.1f} s (stopped or unreachable)",
+                    )
                     return
 
     def _drain_wake_pipe(self) -> None:
@@ -277,4 +289,4 @@ class FailureMonitor:
             what, lost, msg = wire.decode_abort(payload)
             self._report_abort(AbortNotice(rank, what, lost, msg, payload))
             return True
-        return False   # unknown message types are ignored (forward compatibility)
+        return False  # unknown message types are ignored (forward compatibility)

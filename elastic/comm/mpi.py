@@ -4,6 +4,7 @@
 mpi4py is imported only when an ``MpiCommunicator`` is built, so the package works
 without the ``mpi`` extra.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,14 @@ from .outbuf import OutputCache
 
 # Variables set by the common launchers for each process they start (MPICH/Hydra and
 # Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*; PMIx-based launchers: PMIX_RANK).
-_MPI_ENV_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                 "MPI_LOCALRANKID", "PMIX_RANK")
+_MPI_ENV_VARS = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "MPI_LOCALRANKID",
+    "PMIX_RANK",
+)
 
 
 def detect_mpi(environ: Mapping[str, str]) -> bool:
@@ -42,6 +49,7 @@ class MpiCommunicator(Communicator):
 
     def __init__(self, comm: Any | None = None):
         from mpi4py import MPI  # lazy: the mpi extra is optional
+
         self._MPI = MPI
         self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self._rank = self._comm.Get_rank()
@@ -125,16 +133,18 @@ class MpiCommunicator(Communicator):
             if dstr != dstr0 or tuple(shape[1:]) != tuple(shape0[1:]):
                 raise CollectiveMismatchError(
                     f"allgather: rank 0 has {dstr0}{tuple(shape0)}, rank {j} has "
-                    f"{dstr}{tuple(shape)}")
+                    f"{dstr}{tuple(shape)}"
+                )
         dtype = np.dtype(dstr0)
         rows = [shape[0] for _, shape in metas]
         row_bytes = int(np.prod(shape0[1:], dtype=np.int64)) * dtype.itemsize
         counts = [k * row_bytes for k in rows]
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
         out = np.empty((sum(rows),) + tuple(shape0[1:]), dtype=dtype)
-        comm.Allgatherv(arr.reshape(-1).view(np.uint8),
-                              [out.reshape(-1).view(np.uint8), counts, displs,
-                               self._MPI.BYTE])
+        comm.Allgatherv(
+            arr.reshape(-1).view(np.uint8),
+            [out.reshape(-1).view(np.uint8), counts, displs, self._MPI.BYTE],
+        )
         return out, rows
 
     def barrier(self) -> None:

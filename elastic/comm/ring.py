@@ -24,6 +24,7 @@ ever waits out a dead peer):
   running here finishes if it has everything it needs from that peer, otherwise it
   raises CommunicatorClosedError; ``on_peer_failure`` is only called for lost peers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_TYPED_SETUP_ERRORS = (PeerLostError, CommunicatorClosedError, RendezvousAuthError,
-                       ShmUnavailableError, CollectiveMismatchError)
+_TYPED_SETUP_ERRORS = (
+    PeerLostError,
+    CommunicatorClosedError,
+    RendezvousAuthError,
+    ShmUnavailableError,
+    CollectiveMismatchError,
+)
 
 
 class RingCommunicator(Communicator):
@@ -81,9 +87,14 @@ class RingCommunicator(Communicator):
         ShmUnavailableError: ``transport="shm"`` is impossible.
     """
 
-    def __init__(self, membership: Membership, listener: RingListener,
-                 settings: CommSettings | None = None, *,
-                 on_peer_failure: FailureCallback | None = None):
+    def __init__(
+        self,
+        membership: Membership,
+        listener: RingListener,
+        settings: CommSettings | None = None,
+        *,
+        on_peer_failure: FailureCallback | None = None,
+    ):
         if not isinstance(membership, Membership):
             raise TypeError("membership must be a Membership")
         self._membership = membership
@@ -100,7 +111,7 @@ class RingCommunicator(Communicator):
         self._lock = threading.RLock()
         self._broken_evt = threading.Event()
         self._error: tuple[type, str, dict] | None = None
-        self._in_op = True            # construction counts as an operation
+        self._in_op = True  # construction counts as an operation
         self._released = False
         # An orderly close (origin rank, reason) that arrived while a collective ran;
         # it takes effect when the collective ends.
@@ -108,7 +119,7 @@ class RingCommunicator(Communicator):
         self._socks: list[socket.socket] = []
         self._ctrl_socks: list[socket.socket] = []
         self._monitor: FailureMonitor | None = None
-        self._transport: Transport = LocalTransport()   # a world of one; else set up below
+        self._transport: Transport = LocalTransport()  # a world of one; else set up below
         self._seq = 0
         self._outputs = OutputCache()
 
@@ -119,11 +130,14 @@ class RingCommunicator(Communicator):
         except BaseException as e:
             err = self._setup_error(e)
             typed = isinstance(err, _TYPED_SETUP_ERRORS)
-            self._break(type(err) if typed else CommunicatorClosedError,
-                        str(err) if typed else f"setup failed: {err!r}",
-                        kw={"rank": err.rank, "direct": err.direct}
-                        if isinstance(err, PeerLostError) else None,
-                        relay=wire.encode_closing(self._rank, f"setup failed: {err}"))
+            self._break(
+                type(err) if typed else CommunicatorClosedError,
+                str(err) if typed else f"setup failed: {err!r}",
+                kw={"rank": err.rank, "direct": err.direct}
+                if isinstance(err, PeerLostError)
+                else None,
+                relay=wire.encode_closing(self._rank, f"setup failed: {err}"),
+            )
             self._exit_op()
             self._join_monitor()
             if err is e:
@@ -152,8 +166,10 @@ class RingCommunicator(Communicator):
 
     def __repr__(self):
         state = "ok" if self._error is None else "broken"
-        return (f"RingCommunicator(round={self.round_id}, rank={self._rank}, "
-                f"size={self._size}, transport={self.transport}, {state})")
+        return (
+            f"RingCommunicator(round={self.round_id}, rank={self._rank}, "
+            f"size={self._size}, transport={self.transport}, {state})"
+        )
 
     # --- setup -----------------------------------------------------------------------
 
@@ -164,12 +180,22 @@ class RingCommunicator(Communicator):
 
     def _dial(self, rank: int, channel: int, deadline: float) -> socket.socket:
         m = self._membership
-        return dial(m.addresses[rank], m.secret, channel, m.round_id, self._rank, rank,
-                    self._size, deadline, self._stop_reason)
+        return dial(
+            m.addresses[rank],
+            m.secret,
+            channel,
+            m.round_id,
+            self._rank,
+            rank,
+            self._size,
+            deadline,
+            self._stop_reason,
+        )
 
     def _claim(self, rank: int, channel: int, deadline: float) -> socket.socket:
-        return self._listener.claim(self.round_id, rank, channel, self._rank, self._size,
-                                    deadline, self._stop_reason)
+        return self._listener.claim(
+            self.round_id, rank, channel, self._rank, self._size, deadline, self._stop_reason
+        )
 
     def _add_sock(self, sock: socket.socket, ctrl: bool) -> socket.socket:
         with self._lock:
@@ -181,47 +207,73 @@ class RingCommunicator(Communicator):
             raise Interrupted()
         return sock
 
-    def _connect_neighbour(self, rank: int, connect: Callable[[int, int, float], socket.socket],
-                           deadline: float, failed: str) -> tuple[socket.socket, socket.socket]:
+    def _connect_neighbour(
+        self,
+        rank: int,
+        connect: Callable[[int, int, float], socket.socket],
+        deadline: float,
+        failed: str,
+    ) -> tuple[socket.socket, socket.socket]:
         """(data, control) connections to neighbour ``rank``.
 
         Raises PeerLostError naming it (``failed`` says what it did not do) at the deadline."""
         try:
-            return (self._add_sock(connect(rank, wire.CHANNEL_DATA, deadline), ctrl=False),
-                    self._add_sock(connect(rank, wire.CHANNEL_CTRL, deadline), ctrl=True))
+            return (
+                self._add_sock(connect(rank, wire.CHANNEL_DATA, deadline), ctrl=False),
+                self._add_sock(connect(rank, wire.CHANNEL_CTRL, deadline), ctrl=True),
+            )
         except TimeoutError as e:
-            raise PeerLostError(f"rank {rank} did not {failed} within "
-                                f"{self._settings.connect_timeout:g} s ({e})", rank=rank,
-                                direct=True) from None
+            raise PeerLostError(
+                f"rank {rank} did not {failed} within {self._settings.connect_timeout:g} s ({e})",
+                rank=rank,
+                direct=True,
+            ) from None
 
     def _setup(self) -> None:
         s = self._settings
         deadline = time.monotonic() + s.connect_timeout
-        data_right, ctrl_right = self._connect_neighbour(self._right, self._dial, deadline,
-                                                         "answer")
-        data_left, ctrl_left = self._connect_neighbour(self._left, self._claim, deadline,
-                                                       "connect")
+        data_right, ctrl_right = self._connect_neighbour(
+            self._right, self._dial, deadline, "answer"
+        )
+        data_left, ctrl_left = self._connect_neighbour(self._left, self._claim, deadline, "connect")
         for sock in self._socks:
             sock.setblocking(False)
         monitor = FailureMonitor(
             f"ring-monitor-r{self.round_id}-{self._rank}",
             [(ctrl_left, self._left), (ctrl_right, self._right)],
-            [(data_left, self._left), (data_right, self._right)], s,
+            [(data_left, self._left), (data_right, self._right)],
+            s,
             lost=lambda rank, why: self._lost(rank, why, direct=rank is not None),
-            closing=self._on_peer_closing, aborted=self._on_abort)
+            closing=self._on_peer_closing,
+            aborted=self._on_abort,
+        )
         with self._lock:
             self._monitor = monitor
-            if self._error is not None:   # broke meanwhile: the thread exits at once
+            if self._error is not None:  # broke meanwhile: the thread exits at once
                 monitor.stop()
         monitor.start()
-        ring = TcpRing(self._rank, self._size, data_left, data_right, s.chunk_bytes,
-                       self._check, buffer_bytes=s.socket_buffer_bytes)
-        transport = open_transport(TransportContext(
-            rank=self._rank, size=self._size, settings=s, ring=ring,
-            exchange=lambda blob: ring.exchange(blob, self._setup_header(), deadline),
-            dial=lambda rank, channel: self._dial(rank, channel, deadline),
-            claim=lambda rank, channel: self._claim(rank, channel, deadline),
-            deadline=deadline, check=self._check))
+        ring = TcpRing(
+            self._rank,
+            self._size,
+            data_left,
+            data_right,
+            s.chunk_bytes,
+            self._check,
+            buffer_bytes=s.socket_buffer_bytes,
+        )
+        transport = open_transport(
+            TransportContext(
+                rank=self._rank,
+                size=self._size,
+                settings=s,
+                ring=ring,
+                exchange=lambda blob: ring.exchange(blob, self._setup_header(), deadline),
+                dial=lambda rank, channel: self._dial(rank, channel, deadline),
+                claim=lambda rank, channel: self._claim(rank, channel, deadline),
+                deadline=deadline,
+                check=self._check,
+            )
+        )
         with self._lock:
             self._transport = transport
 
@@ -236,11 +288,13 @@ class RingCommunicator(Communicator):
         if self._error is not None:
             return self._new_error()
         if isinstance(e, PeerGone):
-            return PeerLostError(f"rank {e.rank} failed during setup: {e.detail}",
-                                 rank=e.rank, direct=True)
+            return PeerLostError(
+                f"rank {e.rank} failed during setup: {e.detail}", rank=e.rank, direct=True
+            )
         if isinstance(e, TimeoutError):
-            return PeerLostError(f"setup did not finish within "
-                                 f"{self._settings.connect_timeout:g} s: {e}")
+            return PeerLostError(
+                f"setup did not finish within {self._settings.connect_timeout:g} s: {e}"
+            )
         if isinstance(e, Mismatch):
             return CollectiveMismatchError(str(e))
         return e
@@ -252,9 +306,16 @@ class RingCommunicator(Communicator):
         cls, msg, kw = self._error
         return cls(msg, **kw)
 
-    def _break(self, cls: type, msg: str, *, kw: dict | None = None,
-               relay: bytes | None = None, callback: bool = False,
-               orderly: bool = False) -> bool:
+    def _break(
+        self,
+        cls: type,
+        msg: str,
+        *,
+        kw: dict | None = None,
+        relay: bytes | None = None,
+        callback: bool = False,
+        orderly: bool = False,
+    ) -> bool:
         """Make ``cls(msg, **kw)`` the error of every call from now on (first caller
         wins), tell the neighbours (``relay``), and wake everything blocked here."""
         with self._lock:
@@ -277,7 +338,7 @@ class RingCommunicator(Communicator):
         if callback and self._on_peer_failure is not None:
             try:
                 self._on_peer_failure(cls(msg, **(kw or {})))
-            except Exception:   # the hook must not break failure handling
+            except Exception:  # the hook must not break failure handling
                 log.exception("on_peer_failure hook failed")
         return True
 
@@ -312,17 +373,23 @@ class RingCommunicator(Communicator):
 
     def _break_closed(self, origin: int, reason: str) -> None:
         msg = f"rank {origin} closed the communicator" + (f": {reason}" if reason else "")
-        self._break(CommunicatorClosedError, msg, relay=wire.encode_closing(origin, reason),
-                    orderly=True)
+        self._break(
+            CommunicatorClosedError, msg, relay=wire.encode_closing(origin, reason), orderly=True
+        )
 
     def _join_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor.join(5.0)
+
     def close(self, reason: str = "") -> None:
         """See ``Communicator.close``. Also stops the monitor thread."""
         msg = "communicator closed" + (f": {reason}" if reason else "")
-        self._break(CommunicatorClosedError, msg, relay=wire.encode_closing(self._rank, reason),
-                    orderly=True)
+        self._break(
+            CommunicatorClosedError,
+            msg,
+            relay=wire.encode_closing(self._rank, reason),
+            orderly=True,
+        )
         self._join_monitor()
 
     def _peer_failed(self, rank: int, detail: str, orderly: bool | None = None) -> None:
@@ -344,10 +411,14 @@ class RingCommunicator(Communicator):
                 self._lost(rank, detail, direct=rank in (self._left, self._right))
 
     def _lost(self, rank: int | None, detail: str, direct: bool = True) -> None:
-        msg = (f"rank {rank} lost: {detail} (seen by rank {self._rank}, "
-               f"round {self.round_id})")
-        self._break(PeerLostError, msg, kw={"rank": rank, "direct": direct},
-                    relay=wire.encode_abort(wire.ABORT_LOST, rank, msg), callback=True)
+        msg = f"rank {rank} lost: {detail} (seen by rank {self._rank}, round {self.round_id})"
+        self._break(
+            PeerLostError,
+            msg,
+            kw={"rank": rank, "direct": direct},
+            relay=wire.encode_abort(wire.ABORT_LOST, rank, msg),
+            callback=True,
+        )
 
     # --- what the failure monitor reports ----------------------------------------------
 
@@ -368,12 +439,19 @@ class RingCommunicator(Communicator):
         if notice.kind == wire.ABORT_MISMATCH:
             self._break(CollectiveMismatchError, notice.message, relay=notice.relay())
         elif lost == self._rank:
-            self._break(PeerLostError, f"this worker was declared lost by rank "
-                                       f"{notice.neighbour}: {notice.message}",
-                        kw={"rank": lost, "direct": False})
+            self._break(
+                PeerLostError,
+                f"this worker was declared lost by rank {notice.neighbour}: {notice.message}",
+                kw={"rank": lost, "direct": False},
+            )
         else:
-            self._break(PeerLostError, notice.message, kw={"rank": lost, "direct": False},
-                        relay=notice.relay(), callback=True)
+            self._break(
+                PeerLostError,
+                notice.message,
+                kw={"rank": lost, "direct": False},
+                relay=notice.relay(),
+                callback=True,
+            )
 
     # --- running a collective ------------------------------------------------------
 
@@ -389,30 +467,36 @@ class RingCommunicator(Communicator):
             if self._error is not None:
                 raise self._new_error()
             if self._in_op:
-                raise RuntimeError("another collective is running on this communicator "
-                                   "(one collective at a time)")
+                raise RuntimeError(
+                    "another collective is running on this communicator (one collective at a time)"
+                )
             self._in_op = True
         try:
             self._seq += 1
             return call(wire.OpHeader(kind, self._seq, **fields))
         except PeerGone as e:
             self._peer_failed(e.rank, e.detail, orderly=e.orderly)
-            if self._error is None:   # pragma: no cover - _peer_failed always breaks
+            if self._error is None:  # pragma: no cover - _peer_failed always breaks
                 self._lost(None, f"rank {e.rank} left the collective: {e.detail}", direct=False)
             raise self._new_error() from None
         except Interrupted:
             raise self._new_error() from None
         except Mismatch as e:
             msg = f"collective mismatch (seen by rank {self._rank}): {e}"
-            self._break(CollectiveMismatchError, msg,
-                        relay=wire.encode_abort(wire.ABORT_MISMATCH, None, msg))
+            self._break(
+                CollectiveMismatchError,
+                msg,
+                relay=wire.encode_abort(wire.ABORT_MISMATCH, None, msg),
+            )
             raise self._new_error() from None
         except BaseException as e:
             # Anything else (a bug, MemoryError, KeyboardInterrupt) leaves the streams
             # in an unknown state: break so peers do not wait on us.
-            self._break(CommunicatorClosedError,
-                        f"collective aborted on rank {self._rank} by {type(e).__name__}",
-                        relay=wire.encode_closing(self._rank, f"aborted by {type(e).__name__}"))
+            self._break(
+                CommunicatorClosedError,
+                f"collective aborted on rank {self._rank} by {type(e).__name__}",
+                relay=wire.encode_closing(self._rank, f"aborted by {type(e).__name__}"),
+            )
             raise
         finally:
             self._exit_op()
@@ -424,9 +508,14 @@ class RingCommunicator(Communicator):
         layout.check_reduce_op(op)
         arr = layout.as_contiguous(x)
         layout.check_reduce_dtype(arr.dtype)
-        return self._run(partial(self._allreduce, arr, op), wire.KIND_ALLREDUCE,
-                         op=wire.OP_CODES[op], dtype_code=arr.dtype.num, nelem=arr.size,
-                         shape_crc=layout.shape_crc(arr.shape))
+        return self._run(
+            partial(self._allreduce, arr, op),
+            wire.KIND_ALLREDUCE,
+            op=wire.OP_CODES[op],
+            dtype_code=arr.dtype.num,
+            nelem=arr.size,
+            shape_crc=layout.shape_crc(arr.shape),
+        )
 
     def _allreduce(self, arr: np.ndarray, op: str, hdr: wire.OpHeader) -> np.ndarray:
         out = self._outputs.empty(arr.shape, arr.dtype)
@@ -441,8 +530,9 @@ class RingCommunicator(Communicator):
         if self._rank == root:
             arr = layout.as_contiguous(x)
             layout.check_transfer_dtype(arr.dtype)
-        return self._run(partial(self._transport.broadcast, arr, root), wire.KIND_BROADCAST,
-                         root=root)
+        return self._run(
+            partial(self._transport.broadcast, arr, root), wire.KIND_BROADCAST, root=root
+        )
 
     def _allgather_rows(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
         return self._run(partial(self._transport.allgather, arr), wire.KIND_ALLGATHER)

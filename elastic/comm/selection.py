@@ -13,6 +13,7 @@ all members said in ``exchange`` rounds, never from local facts alone: first eac
 member offers a segment (or nothing), then each says whether it could map all of them.
 A new transport is one more opener in ``OPENERS`` (and its name in ``base.TRANSPORTS``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,16 +62,17 @@ def _open_ring_or_shared_memory(ctx: TransportContext) -> Transport:
         if s.transport == "shm":
             raise ShmUnavailableError(
                 "transport='shm' but the members cannot share memory "
-                f"(same host: {shm.same_host(infos)}, supported: {shm.shm_supported()})")
+                f"(same host: {shm.same_host(infos)}, supported: {shm.shm_supported()})"
+            )
         return ctx.ring
     finally:
         if seg is not None:
-            seg.close_fd()       # every peer has mapped it (or will not)
+            seg.close_fd()  # every peer has mapped it (or will not)
         if not agreed:
             if group is not None:
-                group.close()    # unmaps every segment, this rank's too
+                group.close()  # unmaps every segment, this rank's too
             if seg is not None:
-                seg.mm.close()   # idempotent
+                seg.mm.close()  # idempotent
 
 
 # The three rules share one agreement (see above); a transport with its own agreement

@@ -37,6 +37,7 @@ closed) when it breaks, and every wait re-checks it.
 ``ShmGroup`` is the ``Transport`` over these segments; the communicator decides whether
 all members can use it (``selection.py``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,7 +66,7 @@ _DESC_BYTES = 1024
 CLOSED_ORDERLY = 1
 CLOSED_ABORT = 2
 
-_INFO = struct.Struct("!36sIIQ16s")   # boot id, pid, fd, size, token
+_INFO = struct.Struct("!36sIIQ16s")  # boot id, pid, fd, size, token
 
 
 def _boot_id() -> str:
@@ -79,11 +80,16 @@ def _boot_id() -> str:
 def shm_supported() -> bool:
     """True where this module's memory-ordering and futex assumptions hold
     (Linux on x86-64 with memfd_create)."""
-    return (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
-            and hasattr(os, "memfd_create") and _futex is not None)
+    return (
+        sys.platform.startswith("linux")
+        and platform.machine() in ("x86_64", "AMD64")
+        and hasattr(os, "memfd_create")
+        and _futex is not None
+    )
 
 
 # --- futex via the raw syscall (x86-64 number) ---------------------------------------
+
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
@@ -91,10 +97,10 @@ class _Timespec(ctypes.Structure):
 
 _futex: Any
 try:
-    _libc = ctypes.CDLL(None, use_errno=True)   # CDLL releases the GIL around calls
+    _libc = ctypes.CDLL(None, use_errno=True)  # CDLL releases the GIL around calls
     _futex = _libc.syscall
     _futex.restype = ctypes.c_long
-except (OSError, AttributeError):   # pragma: no cover - non-glibc platforms
+except (OSError, AttributeError):  # pragma: no cover - non-glibc platforms
     _futex = None
 
 _SYS_FUTEX = 202
@@ -112,8 +118,15 @@ def futex_wait(addr: int, expected: int, timeout: float) -> None:
     """Sleep while the 32-bit word at ``addr`` equals ``expected`` (at most ``timeout`` s)."""
     sec = int(timeout)
     ts = _Timespec(sec, int((timeout - sec) * 1e9))
-    _futex(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_int(_as_c_int(expected)),
-           ctypes.byref(ts), None, 0)
+    _futex(
+        _SYS_FUTEX,
+        ctypes.c_void_p(addr),
+        _FUTEX_WAIT,
+        ctypes.c_int(_as_c_int(expected)),
+        ctypes.byref(ts),
+        None,
+        0,
+    )
 
 
 def futex_wake(addr: int) -> None:
@@ -146,7 +159,7 @@ class ShmSegment:
             raise
         # Touch every page now so the first collective does not pay the page faults.
         np.frombuffer(self.mm, dtype=np.uint8)[:] = 0
-        self.mm[_TOKEN_OFF:_TOKEN_OFF + 16] = self.token
+        self.mm[_TOKEN_OFF : _TOKEN_OFF + 16] = self.token
 
     def info(self) -> bytes:
         return _INFO.pack(_boot_id().encode(), os.getpid(), self.fd, self.size, self.token)
@@ -176,7 +189,7 @@ def _map_peer(info: bytes, piece_bytes: int) -> mmap.mmap:
         mm = mmap.mmap(pfd, size)
     finally:
         os.close(pfd)
-    if mm[_TOKEN_OFF:_TOKEN_OFF + 16] != token:
+    if mm[_TOKEN_OFF : _TOKEN_OFF + 16] != token:
         mm.close()
         raise OSError("segment token differs")
     return mm
@@ -196,15 +209,22 @@ class ShmGroup(Transport):
 
     name = "shm"
 
-    def __init__(self, rank: int, size: int, own: ShmSegment, infos: list[bytes],
-                 spin_us: float, check: Check):
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        own: ShmSegment,
+        infos: list[bytes],
+        spin_us: float,
+        check: Check,
+    ):
         self.rank = rank
         self.size = size
         self.piece_bytes = own.piece_bytes
         self.spin_s = spin_us / 1e6
         self._check = check
         self._own = own
-        self._mms: list[mmap.mmap] = []   # every rank's segment, in rank order
+        self._mms: list[mmap.mmap] = []  # every rank's segment, in rank order
         try:
             for j in range(size):
                 self._mms.append(own.mm if j == rank else _map_peer(infos[j], own.piece_bytes))
@@ -212,16 +232,18 @@ class ShmGroup(Transport):
             self._unmap()
             raise
         self._views()
-        self.k = 0   # barriers completed; identical on every rank
+        self.k = 0  # barriers completed; identical on every rank
 
     def _views(self) -> None:
         self._bytes = [np.frombuffer(mm, dtype=np.uint8) for mm in self._mms]
-        self._counters = [b[_COUNTER_OFF:_COUNTER_OFF + 8].view(np.int64) for b in self._bytes]
-        self._closed = [b[_CLOSED_OFF:_CLOSED_OFF + 4].view(np.int32) for b in self._bytes]
+        self._counters = [b[_COUNTER_OFF : _COUNTER_OFF + 8].view(np.int64) for b in self._bytes]
+        self._closed = [b[_CLOSED_OFF : _CLOSED_OFF + 4].view(np.int32) for b in self._bytes]
         self._addrs = [c.ctypes.data for c in self._counters]
         pb = self.piece_bytes
-        self._slots = [[b[HEADER_BYTES + s * pb:HEADER_BYTES + (s + 1) * pb] for s in (0, 1)]
-                       for b in self._bytes]
+        self._slots = [
+            [b[HEADER_BYTES + s * pb : HEADER_BYTES + (s + 1) * pb] for s in (0, 1)]
+            for b in self._bytes
+        ]
 
     def _unmap(self) -> None:
         self._bytes, self._counters, self._closed, self._slots, self._addrs = [], [], [], [], []
@@ -244,7 +266,7 @@ class ShmGroup(Transport):
     def abort(self, orderly: bool) -> None:
         """Tell ranks waiting on this one that it will not arrive, and wake this
         process's own sleepers (the communicator broke)."""
-        if self._closed:   # still mapped
+        if self._closed:  # still mapped
             self._closed[self.rank][0] = CLOSED_ORDERLY if orderly else CLOSED_ABORT
         for a in self._addrs:
             futex_wake(a)
@@ -275,8 +297,11 @@ class ShmGroup(Transport):
                 return
             self._check()
             if closed[0]:
-                raise PeerGone(j, "stopped taking part in the collective",
-                               orderly=int(closed[0]) == CLOSED_ORDERLY)
+                raise PeerGone(
+                    j,
+                    "stopped taking part in the collective",
+                    orderly=int(closed[0]) == CLOSED_ORDERLY,
+                )
             futex_wait(addr, v, 0.05)
 
     # --- descriptors ----------------------------------------------------------------
@@ -286,19 +311,19 @@ class ShmGroup(Transport):
         if len(blob) > _DESC_BYTES:
             raise ValueError("array has too many dimensions for the shared-memory header")
         off = _DESC_OFF + slot * _DESC_BYTES
-        self._bytes[self.rank][off:off + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+        self._bytes[self.rank][off : off + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
 
     def read_header(self, j: int, slot: int) -> wire.OpHeader:
         off = _DESC_OFF + slot * _DESC_BYTES
-        return wire.OpHeader.decode(self._bytes[j][off:off + wire.OP_HEADER_SIZE].tobytes())
+        return wire.OpHeader.decode(self._bytes[j][off : off + wire.OP_HEADER_SIZE].tobytes())
 
     def read_meta(self, j: int, slot: int) -> tuple[np.dtype, tuple[int, ...]]:
         off = _DESC_OFF + slot * _DESC_BYTES + wire.OP_HEADER_SIZE
         b = self._bytes[j]
-        n = wire.decode_meta_len(b[off:off + wire.META_LEN_SIZE].tobytes())
+        n = wire.decode_meta_len(b[off : off + wire.META_LEN_SIZE].tobytes())
         if n > _DESC_BYTES:
             raise wire.WireError("bad meta length")
-        body = b[off + wire.META_LEN_SIZE:off + wire.META_LEN_SIZE + n].tobytes()
+        body = b[off + wire.META_LEN_SIZE : off + wire.META_LEN_SIZE + n].tobytes()
         return wire.decode_array_meta_body(body)
 
     def _check_headers(self, slot: int, mine: wire.OpHeader) -> None:
@@ -328,8 +353,8 @@ class ShmGroup(Transport):
             s_in = self.k % 2
             mine = self._slots[r][s_in].view(dtype)
             # Peers need every slice but mine; my own slice is read straight from x.
-            mine[:a] = x[start:start + a]
-            mine[b:plen] = x[start + b:start + plen]
+            mine[:a] = x[start : start + a]
+            mine[b:plen] = x[start + b : start + plen]
             if first:
                 self.write_desc(s_in, hdr)
             self._arrive(self.k)
@@ -339,7 +364,7 @@ class ShmGroup(Transport):
             if b > a:
                 dst = self._slots[r][1 - s_in].view(dtype)[a:b]
                 others = [self._slots[j][s_in].view(dtype)[a:b] for j in range(n) if j != r]
-                fn(x[start + a:start + b], others[0], out=dst)
+                fn(x[start + a : start + b], others[0], out=dst)
                 for o in others[1:]:
                     fn(dst, o, out=dst)
                 if op == "average":
@@ -349,22 +374,24 @@ class ShmGroup(Transport):
             s_out = self.k % 2
             for j, (aj, bj) in enumerate(segs):
                 if bj > aj:
-                    out[start + aj:start + bj] = self._slots[j][s_out].view(dtype)[aj:bj]
+                    out[start + aj : start + bj] = self._slots[j][s_out].view(dtype)[aj:bj]
             start += plen
 
     def broadcast(self, x: np.ndarray | None, root: int, hdr: wire.OpHeader) -> np.ndarray:
         """See ``Transport.broadcast``."""
         if self.rank == root:
             assert x is not None
-            self._broadcast_bytes(x.reshape(-1).view(np.uint8), hdr,
-                                  wire.encode_array_meta(x.dtype, x.shape), root)
+            self._broadcast_bytes(
+                x.reshape(-1).view(np.uint8), hdr, wire.encode_array_meta(x.dtype, x.shape), root
+            )
             return x.copy()
         out = self._broadcast_bytes(np.empty(0, dtype=np.uint8), hdr, b"", root)
         assert out is not None
         return out
 
-    def _broadcast_bytes(self, data: np.ndarray, hdr: wire.OpHeader, meta: bytes,
-                         root: int) -> np.ndarray | None:
+    def _broadcast_bytes(
+        self, data: np.ndarray, hdr: wire.OpHeader, meta: bytes, root: int
+    ) -> np.ndarray | None:
         """The root passes its flat uint8 ``data`` and meta (and gets None); the others
         pass nothing and get the root's array."""
         r = self.rank
@@ -378,7 +405,7 @@ class ShmGroup(Transport):
             s = self.k % 2
             if r == root:
                 plen = min(pb, total - start)
-                self._slots[r][s][:plen] = data[start:start + plen]
+                self._slots[r][s][:plen] = data[start : start + plen]
             if first:
                 # Everyone writes a header (only the root's carries meta) so every
                 # rank can check that all run this broadcast.
@@ -393,7 +420,7 @@ class ShmGroup(Transport):
                 first = False
             plen = min(pb, total - start)
             if out is not None and plen > 0:
-                out.reshape(-1).view(np.uint8)[start:start + plen] = self._slots[root][s][:plen]
+                out.reshape(-1).view(np.uint8)[start : start + plen] = self._slots[root][s][:plen]
             start += plen
         return out
 
@@ -422,7 +449,7 @@ class ShmGroup(Transport):
             lo = p * pb
             mine_len = max(0, min(pb, data.size - lo))
             if mine_len:
-                self._slots[r][s][:mine_len] = data[lo:lo + mine_len]
+                self._slots[r][s][:mine_len] = data[lo : lo + mine_len]
             if p == 0:
                 self.write_desc(s, hdr, meta)
             self._arrive(self.k)
@@ -437,7 +464,7 @@ class ShmGroup(Transport):
                 ln = max(0, min(pb, sizes[j] - lo))
                 if ln:
                     o = int(offsets[j]) + lo
-                    buf[o:o + ln] = self._slots[j][s][:ln]
+                    buf[o : o + ln] = self._slots[j][s][:ln]
             p += 1
         return metas, buf
 

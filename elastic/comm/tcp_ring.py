@@ -20,6 +20,7 @@ checking its left neighbour's, so ranks that run different calls find out
 naming the neighbour; the communicator decides whether it closed or was lost. No wait
 is longer than a second without asking ``check`` whether the communicator broke.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,12 +38,20 @@ from elastic.netio import POLL_DEAD
 from . import layout, wire
 from .transport import Check, Mismatch, PeerGone, Transport, gather_layout
 
-RecvItem = list   # [memoryview to fill, callback or None]: the view shrinks as bytes come
+RecvItem = list  # [memoryview to fill, callback or None]: the view shrinks as bytes come
 
 
-def pump(send_sock: socket.socket, recv_sock: socket.socket, sendq: deque, recvq: deque,
-         check: Check, right: int, left: int, poller: Any,
-         deadline: float | None = None) -> None:
+def pump(
+    send_sock: socket.socket,
+    recv_sock: socket.socket,
+    sendq: deque,
+    recvq: deque,
+    check: Check,
+    right: int,
+    left: int,
+    poller: Any,
+    deadline: float | None = None,
+) -> None:
     """Send ``sendq`` (memoryviews) on ``send_sock`` and fill ``recvq`` (``RecvItem``s,
     in order) from ``recv_sock``, both non-blocking, until both queues are empty.
     Callbacks run when their buffer is full and may append to either queue. ``poller``
@@ -115,8 +124,17 @@ class TcpRing(Transport):
 
     name = "tcp"
 
-    def __init__(self, rank: int, size: int, left: socket.socket, right: socket.socket,
-                 chunk_bytes: int, check: Check, *, buffer_bytes: int | None = None):
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        left: socket.socket,
+        right: socket.socket,
+        chunk_bytes: int,
+        check: Check,
+        *,
+        buffer_bytes: int | None = None,
+    ):
         self.rank = rank
         self.size = size
         self.left_rank = (rank - 1) % size
@@ -132,8 +150,17 @@ class TcpRing(Transport):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
     def _pump(self, sendq: deque, recvq: deque, deadline: float | None = None) -> None:
-        pump(self._right, self._left, sendq, recvq, self._check, self.right_rank,
-             self.left_rank, self._poller, deadline)
+        pump(
+            self._right,
+            self._left,
+            sendq,
+            recvq,
+            self._check,
+            self.right_rank,
+            self.left_rank,
+            self._poller,
+            deadline,
+        )
 
     def _expect_header(self, mine: wire.OpHeader, recvq: deque) -> None:
         """Queue the left neighbour's header, to be checked against ``mine``."""
@@ -149,8 +176,9 @@ class TcpRing(Transport):
         if why:
             raise Mismatch(f"with rank {self.left_rank}: {why}")
 
-    def exchange(self, mine: bytes, hdr: wire.OpHeader,
-                 deadline: float | None = None) -> list[bytes]:
+    def exchange(
+        self, mine: bytes, hdr: wire.OpHeader, deadline: float | None = None
+    ) -> list[bytes]:
         """Every member's small byte string in rank order (a ring allgather of n-1 hops;
         also a barrier)."""
         n, r = self.size, self.rank
@@ -197,17 +225,17 @@ class TcpRing(Transport):
         tmpb = tmp.view(np.uint8)
 
         def view(a: int, b: int) -> memoryview:
-            return outb[a * item:b * item].data
+            return outb[a * item : b * item].data
 
         sendq: deque = deque([memoryview(hdr.encode())])
         recvq: deque = deque()
         self._expect_header(hdr, recvq)
         for a, b in layout.chunk_ranges(*segs[r], sub):
-            sendq.append(xb[a * item:b * item].data)
+            sendq.append(xb[a * item : b * item].data)
 
         def reduced(a: int, b: int, last: bool) -> None:
             part = out[a:b]
-            fn(x[a:b], tmp[:b - a], out=part)
+            fn(x[a:b], tmp[: b - a], out=part)
             if last and op == "average":
                 layout.finish_average(part, n)
             # Step s+1 of the reduce-scatter (or step 0 of the allgather) sends this.
@@ -216,8 +244,7 @@ class TcpRing(Transport):
         # Reduce-scatter: at step s receive segment r-s-1 and fold it in.
         for s in range(n - 1):
             for a, b in layout.chunk_ranges(*segs[(r - s - 1) % n], sub):
-                recvq.append([tmpb[:(b - a) * item].data,
-                              partial(reduced, a, b, s == n - 2)])
+                recvq.append([tmpb[: (b - a) * item].data, partial(reduced, a, b, s == n - 2)])
         # Allgather: at step s receive the finished segment r-s in place and pass it on.
         for s in range(n - 1):
             forward = s < n - 2
@@ -271,7 +298,7 @@ class TcpRing(Transport):
 
     def allgather(self, x: np.ndarray, hdr: wire.OpHeader) -> tuple[np.ndarray, list[int]]:
         n, r = self.size, self.rank
-        meta = wire.encode_array_meta(x.dtype, x.shape)[wire.META_LEN_SIZE:]
+        meta = wire.encode_array_meta(x.dtype, x.shape)[wire.META_LEN_SIZE :]
         bodies = self.exchange(meta, hdr)
         metas = []
         for j, body in enumerate(bodies):
@@ -282,10 +309,11 @@ class TcpRing(Transport):
         dtype, shape, offsets = gather_layout(metas)
         out = np.empty(shape, dtype=dtype)
         ob = out.reshape(-1).view(np.uint8)
-        ob[offsets[r]:offsets[r + 1]] = x.reshape(-1).view(np.uint8)
+        ob[offsets[r] : offsets[r + 1]] = x.reshape(-1).view(np.uint8)
         chunk = self._chunk_bytes
-        sendq: deque = deque(ob[a:b].data for a, b in
-                             layout.chunk_ranges(offsets[r], offsets[r + 1], chunk))
+        sendq: deque = deque(
+            ob[a:b].data for a, b in layout.chunk_ranges(offsets[r], offsets[r + 1], chunk)
+        )
         recvq: deque = deque()
         for s in range(n - 1):
             src = (r - s - 1) % n

@@ -21,6 +21,7 @@ while it waited: from its ``check``), ``Mismatch`` (the ranks disagree on the ca
 closed on purpose or was lost), plus ``TimeoutError`` from a setup ``exchange`` that
 passed its deadline.
 """
+
 from __future__ import annotations
 
 import abc
@@ -114,7 +115,7 @@ class LocalTransport(Transport):
         np.copyto(out, x)
 
     def broadcast(self, x: np.ndarray | None, root: int, hdr: wire.OpHeader) -> np.ndarray:
-        assert x is not None   # the root is this member
+        assert x is not None  # the root is this member
         return x.copy()
 
     def allgather(self, x: np.ndarray, hdr: wire.OpHeader) -> tuple[np.ndarray, list[int]]:
@@ -156,8 +157,9 @@ class TransportContext:
     check: Check
 
 
-def gather_layout(metas: list[tuple[np.dtype, tuple[int, ...]]]
-                  ) -> tuple[np.dtype, tuple[int, ...], list[int]]:
+def gather_layout(
+    metas: list[tuple[np.dtype, tuple[int, ...]]],
+) -> tuple[np.dtype, tuple[int, ...], list[int]]:
     """(dtype, output shape, byte offsets of each rank's block) of an allgather whose
     members sent arrays of ``metas`` (dtype, shape).
 
@@ -169,8 +171,9 @@ def gather_layout(metas: list[tuple[np.dtype, tuple[int, ...]]]
         if dt != dtype:
             raise Mismatch(f"allgather dtypes differ: rank 0 has {dtype}, rank {j} has {dt}")
         if len(sh) == 0 or tuple(sh[1:]) != tuple(shape0[1:]):
-            raise Mismatch(f"allgather shapes differ beyond axis 0: rank 0 has {shape0}, "
-                           f"rank {j} has {sh}")
+            raise Mismatch(
+                f"allgather shapes differ beyond axis 0: rank 0 has {shape0}, rank {j} has {sh}"
+            )
     rows = [sh[0] for _, sh in metas]
     row_bytes = int(np.prod(shape0[1:], dtype=np.int64)) * dtype.itemsize
     offsets = [0]

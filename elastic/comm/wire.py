@@ -20,6 +20,7 @@ Every collective starts with a fixed-size ``OpHeader`` so ranks that disagree on
 they are doing (a different op, dtype, shape, root, or one call out of step) find out
 instead of exchanging garbage.
 """
+
 from __future__ import annotations
 
 import struct
@@ -40,8 +41,8 @@ _HELLO = struct.Struct("!4sBBQiiI")
 HELLO_SIZE = _HELLO.size + NONCE_BYTES
 
 VERDICT_OK = 0
-VERDICT_STALE = 1      # the server already runs a newer round than the client's
-VERDICT_CLOSED = 2     # the server's listener is shutting down
+VERDICT_STALE = 1  # the server already runs a newer round than the client's
+VERDICT_CLOSED = 2  # the server's listener is shutting down
 
 HANDSHAKE = HandshakeLabels(server=b"elastic-ring-server\x00", client=b"elastic-ring-client\x00")
 
@@ -65,15 +66,17 @@ class Hello:
 def encode_hello(h: Hello) -> bytes:
     if len(h.nonce) != NONCE_BYTES:
         raise WireError("bad nonce length")
-    return _HELLO.pack(MAGIC, VERSION, h.channel, h.round_id, h.src_rank, h.dst_rank,
-                       h.world) + h.nonce
+    return (
+        _HELLO.pack(MAGIC, VERSION, h.channel, h.round_id, h.src_rank, h.dst_rank, h.world)
+        + h.nonce
+    )
 
 
 def decode_hello(data: bytes) -> Hello:
     """Parse HELLO bytes. Raises WireError on a wrong size, magic, version or channel."""
     if len(data) != HELLO_SIZE:
         raise WireError("bad hello length")
-    magic, version, channel, round_id, src, dst, world = _HELLO.unpack(data[:_HELLO.size])
+    magic, version, channel, round_id, src, dst, world = _HELLO.unpack(data[: _HELLO.size])
     if magic != MAGIC:
         raise WireError("bad magic")
     if version != VERSION:
@@ -82,14 +85,14 @@ def decode_hello(data: bytes) -> Hello:
         raise WireError(f"unknown channel {channel}")
     if world < 1 or not (0 <= src < world) or not (0 <= dst < world):
         raise WireError("ranks out of range")
-    return Hello(channel, round_id, src, dst, world, bytes(data[_HELLO.size:]))
+    return Hello(channel, round_id, src, dst, world, bytes(data[_HELLO.size :]))
 
 
 # --- control channel ---------------------------------------------------------------
 
 CTRL_HEARTBEAT = 1
-CTRL_CLOSING = 2      # payload: origin rank (4) | utf-8 reason; a rank closed on purpose
-CTRL_ABORT = 3        # payload: kind (1) | lost rank (4, -1 unknown) | utf-8 message
+CTRL_CLOSING = 2  # payload: origin rank (4) | utf-8 reason; a rank closed on purpose
+CTRL_ABORT = 3  # payload: kind (1) | lost rank (4, -1 unknown) | utf-8 message
 _CTRL = struct.Struct("!BH")
 _ABORT = struct.Struct("!Bi")
 _CLOSING = struct.Struct("!i")
@@ -113,21 +116,24 @@ def decode_closing(payload: bytes) -> tuple[int, str]:
     """(origin rank, reason). Raises WireError on a short payload."""
     if len(payload) < _CLOSING.size:
         raise WireError("short closing message")
-    return _CLOSING.unpack(payload[:_CLOSING.size])[0], payload[_CLOSING.size:].decode(
-        errors="replace")
+    return _CLOSING.unpack(payload[: _CLOSING.size])[0], payload[_CLOSING.size :].decode(
+        errors="replace"
+    )
 
 
 def encode_abort(kind: int, lost_rank: int | None, reason: str) -> bytes:
-    return encode_ctrl(CTRL_ABORT, _ABORT.pack(kind, -1 if lost_rank is None else lost_rank)
-                       + reason.encode()[:MAX_REASON])
+    return encode_ctrl(
+        CTRL_ABORT,
+        _ABORT.pack(kind, -1 if lost_rank is None else lost_rank) + reason.encode()[:MAX_REASON],
+    )
 
 
 def decode_abort(payload: bytes) -> tuple[int, int | None, str]:
     """(kind, lost rank or None, reason). Raises WireError on a short payload."""
     if len(payload) < _ABORT.size:
         raise WireError("short abort message")
-    kind, rank = _ABORT.unpack(payload[:_ABORT.size])
-    return kind, (None if rank < 0 else rank), payload[_ABORT.size:].decode(errors="replace")
+    kind, rank = _ABORT.unpack(payload[: _ABORT.size])
+    return kind, (None if rank < 0 else rank), payload[_ABORT.size :].decode(errors="replace")
 
 
 class CtrlParser:
@@ -144,8 +150,8 @@ class CtrlParser:
             kind, length = _CTRL.unpack_from(self._buf)
             if len(self._buf) < _CTRL.size + length:
                 break
-            out.append((kind, bytes(self._buf[_CTRL.size:_CTRL.size + length])))
-            del self._buf[:_CTRL.size + length]
+            out.append((kind, bytes(self._buf[_CTRL.size : _CTRL.size + length])))
+            del self._buf[: _CTRL.size + length]
         return out
 
 
@@ -156,8 +162,13 @@ KIND_BROADCAST = 2
 KIND_ALLGATHER = 3
 KIND_BARRIER = 4
 KIND_SETUP = 5
-KIND_NAMES = {KIND_ALLREDUCE: "allreduce", KIND_BROADCAST: "broadcast",
-              KIND_ALLGATHER: "allgather", KIND_BARRIER: "barrier", KIND_SETUP: "setup"}
+KIND_NAMES = {
+    KIND_ALLREDUCE: "allreduce",
+    KIND_BROADCAST: "broadcast",
+    KIND_ALLGATHER: "allgather",
+    KIND_BARRIER: "barrier",
+    KIND_SETUP: "setup",
+}
 OP_CODES = {"sum": 1, "average": 2, "max": 3, "min": 4}
 
 _OPH = struct.Struct("!2sBBhhQQI4x")
@@ -179,8 +190,16 @@ class OpHeader:
     shape_crc: int = 0
 
     def encode(self) -> bytes:
-        return _OPH.pack(_OPH_MAGIC, self.kind, self.op, self.dtype_code, self.root,
-                         self.seq, self.nelem, self.shape_crc)
+        return _OPH.pack(
+            _OPH_MAGIC,
+            self.kind,
+            self.op,
+            self.dtype_code,
+            self.root,
+            self.seq,
+            self.nelem,
+            self.shape_crc,
+        )
 
     @classmethod
     def decode(cls, data: bytes) -> OpHeader:
