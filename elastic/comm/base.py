@@ -150,8 +150,9 @@ class Communicator(abc.ABC):
     communicator (a second concurrent call raises RuntimeError); ``close`` may be
     called from any thread at any time.
 
-    An implementation sets ``_rank`` and ``_size`` and implements the abstract methods;
-    ``allgather`` and the object collectives are built on ``_allgather_rows``.
+    An implementation sets ``_rank`` and ``_size`` and implements the abstract methods.
+    The public collectives check their arguments here, before any communication, and
+    hand validated arrays to ``_allreduce``, ``_broadcast`` and ``_allgather_rows``.
     """
 
     _rank: int
@@ -172,7 +173,6 @@ class Communicator(abc.ABC):
         """How bytes move: "local" (world of one), "tcp", "shm" or "mpi"."""
         return "local"
 
-    @abc.abstractmethod
     def allreduce(self, x, op: str = "sum") -> np.ndarray:
         """Elementwise reduction of every rank's ``x`` (same shape and dtype everywhere);
         ``op`` is "sum", "average", "max" or "min". Every rank gets a bit-identical
@@ -180,14 +180,33 @@ class Communicator(abc.ABC):
 
         Raises ValueError (unknown op), TypeError (non-numeric dtype),
         CollectiveMismatchError, PeerLostError, CommunicatorClosedError."""
+        layout.check_reduce_op(op)
+        arr = layout.as_contiguous(x)
+        layout.check_reduce_dtype(arr.dtype)
+        return self._allreduce(arr, op)
 
     @abc.abstractmethod
+    def _allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+        """The allreduce of ``arr`` (contiguous, a reducible dtype; ``op`` is known)."""
+
     def broadcast(self, x, root: int = 0) -> np.ndarray:
         """``root``'s ``x`` on every rank (its shape and dtype; other ranks' ``x`` is
         ignored and may be None).
 
         Raises ValueError (root out of range), TypeError (object dtype),
         CollectiveMismatchError, PeerLostError, CommunicatorClosedError."""
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} out of range for {self.size} ranks")
+        arr = None
+        if self.rank == root:
+            arr = layout.as_contiguous(x)
+            layout.check_transfer_dtype(arr.dtype)
+        return self._broadcast(arr, root)
+
+    @abc.abstractmethod
+    def _broadcast(self, arr: np.ndarray | None, root: int) -> np.ndarray:
+        """The broadcast from ``root`` (valid), whose contiguous ``arr`` of a transferable
+        dtype is given there (None elsewhere)."""
 
     def allgather(self, x) -> np.ndarray:
         """Every rank's ``x`` concatenated on axis 0 in rank order. First dimensions may

@@ -109,7 +109,11 @@ class FailureMonitor:
         closing: ClosingCallback,
         aborted: AbortCallback,
     ):
-        self._control_socks = control
+        now = time.monotonic()
+        self._control = {sock.fileno(): _ControlLink(sock, rank, now) for sock, rank in control}
+        # Held while control bytes are read and handled: by the thread, or by a collective
+        # that asks for the notices already received (read_now).
+        self._read_lock = threading.RLock()
         self._data_socks = data
         self._interval = settings.effective_heartbeat_interval
         self._timeout = settings.peer_timeout
@@ -143,6 +147,17 @@ class FailureMonitor:
     def closed_reason(self, rank: int) -> str | None:
         """Why neighbour ``rank`` closed on purpose, or None when it has not."""
         return self._closed_peers.get(rank)
+
+    def read_now(self) -> None:
+        """Handle the notices already received on the control connections, on the
+        calling thread. A collective that saw a peer act oddly (a stray header, a closed
+        flag) asks first: the peer's CLOSING or ABORT notice was sent before that, and
+        may be waiting here while the monitor thread waits for a CPU."""
+        with self._read_lock:
+            now = time.monotonic()
+            for link in list(self._control.values()):
+                if self._read_control(link, now) is None:
+                    return  # a notice ended the communicator
 
     def suspect(self, rank: int) -> None:
         """A collective found ``rank`` gone: report it lost after ``close_grace``, unless
@@ -178,10 +193,9 @@ class FailureMonitor:
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
         now = time.monotonic()
-        control: dict[int, _ControlLink] = {}
-        for sock, rank in self._control_socks:
-            control[sock.fileno()] = _ControlLink(sock, rank, now)
-            poller.register(sock.fileno(), select.POLLIN | POLLRDHUP)
+        control = self._control
+        for fd in control:
+            poller.register(fd, select.POLLIN | POLLRDHUP)
         data: dict[int, int] = {}
         for sock, rank in self._data_socks:
             data[sock.fileno()] = rank
@@ -213,12 +227,14 @@ class FailureMonitor:
                     self._drain_wake_pipe()
                 elif fd in control:
                     link = control[fd]
-                    eof = self._read_control(link, now)
-                    if eof is None:
-                        return  # a notice ended the communicator
+                    with self._read_lock:
+                        eof = self._read_control(link, now)
+                        if eof is None:
+                            return  # a notice ended the communicator
+                        if eof or ev & POLL_DEAD:
+                            del control[fd]
                     if eof or ev & POLL_DEAD:
                         poller.unregister(fd)
-                        del control[fd]
                         if link.rank not in closed and not self._stopped:
                             self._report_lost(link.rank, "connection closed")
                             return

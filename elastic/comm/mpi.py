@@ -93,11 +93,7 @@ class MpiCommunicator(Communicator):
             with contextlib.suppress(Exception):
                 comm.Free()
 
-    def allreduce(self, x, op: str = "sum") -> np.ndarray:
-        """See ``Communicator.allreduce``."""
-        layout.check_reduce_op(op)
-        arr = layout.as_contiguous(x)
-        layout.check_reduce_dtype(arr.dtype)
+    def _allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
         out = self._outputs.empty(arr.shape, arr.dtype)
         with self._op() as comm:
             comm.Allreduce(arr, out, op=self._ops[op])
@@ -105,16 +101,8 @@ class MpiCommunicator(Communicator):
             layout.finish_average(out.reshape(-1), self._size)
         return out
 
-    def broadcast(self, x, root: int = 0) -> np.ndarray:
-        """See ``Communicator.broadcast``."""
-        if not 0 <= root < self._size:
-            raise ValueError(f"root {root} out of range for {self._size} ranks")
-        meta = None
-        arr = None
-        if self._rank == root:
-            arr = layout.as_contiguous(x)
-            layout.check_transfer_dtype(arr.dtype)
-            meta = (arr.dtype.str, arr.shape)
+    def _broadcast(self, arr: np.ndarray | None, root: int) -> np.ndarray:
+        meta = None if arr is None else (arr.dtype.str, arr.shape)
         with self._op() as comm:
             dstr, shape = comm.bcast(meta, root=root)
             out = arr.copy() if arr is not None else np.empty(shape, dtype=np.dtype(dstr))

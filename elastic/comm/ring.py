@@ -1,14 +1,12 @@
 """``RingCommunicator``: one round's collectives among its members, over TCP (a ring) or
 same-host shared memory, and the rules by which a failure anywhere ends it everywhere.
 
-Connections. Rank r dials rank r+1 and accepts from rank r-1 (through its
-``RingListener``), twice: a *data* connection (collective payloads; r sends on the one
-it dialled, receives on the one it accepted) and a *control* connection (heartbeats and
-close/abort notices, read by the failure monitor, ``monitor.py``). Then every member
-agrees on a transport (``selection.py``): shared memory when every member is on this
-host (``shm.py``; the connections then only carry failure signals), else the TCP ring
-over the data connections (``tcp_ring.py``). Collectives call the transport through one
-interface (``transport.py``), whatever it is.
+Setup connects each member to both ring neighbours, with a data and a control
+connection each (``links.py``); the failure monitor watches them (``monitor.py``). Then
+every member agrees on a transport (``selection.py``): shared memory when every member
+is on this host (``shm.py``; the connections then only carry failure signals), else the
+TCP ring over the data connections (``tcp_ring.py``). Collectives call the transport
+through one interface (``transport.py``), whatever it is.
 
 This class keeps setup, the broken state and dispatch. The guarantees (no collective
 ever waits out a dead peer):
@@ -27,9 +25,7 @@ ever waits out a dead peer):
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
 import threading
 import time
 from functools import partial
@@ -37,7 +33,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from elastic.errors import CommunicatorClosedError
+from elastic.errors import CommunicatorClosedError, WorkerLostError
 from rendezvous.errors import RendezvousAuthError
 
 from . import layout, wire
@@ -50,7 +46,8 @@ from .base import (
     PeerLostError,
     ShmUnavailableError,
 )
-from .listener import RingListener, dial
+from .links import Connector, NeighbourLinks
+from .listener import RingListener
 from .monitor import AbortNotice, FailureMonitor
 from .outbuf import OutputCache
 from .selection import open_transport
@@ -61,13 +58,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_TYPED_SETUP_ERRORS = (
-    PeerLostError,
-    CommunicatorClosedError,
-    RendezvousAuthError,
-    ShmUnavailableError,
-    CollectiveMismatchError,
-)
+# What a failed construction raises as it is (PeerLostError, CommunicatorClosedError, ...).
+_TYPED_ERRORS = (WorkerLostError, RendezvousAuthError, ShmUnavailableError, CollectiveMismatchError)
 
 
 class RingCommunicator(Communicator):
@@ -102,8 +94,7 @@ class RingCommunicator(Communicator):
         self._settings = settings or CommSettings()
         self._rank = membership.rank
         self._size = membership.size
-        self._left = (self._rank - 1) % self._size
-        self._right = (self._rank + 1) % self._size
+        self._links = NeighbourLinks(self._rank, self._size)
         self._on_peer_failure = on_peer_failure
 
         # Re-entrant: close() may run in a signal handler that interrupted this thread
@@ -116,8 +107,7 @@ class RingCommunicator(Communicator):
         # An orderly close (origin rank, reason) that arrived while a collective ran;
         # it takes effect when the collective ends.
         self._pending_close: tuple[int, str] | None = None
-        self._socks: list[socket.socket] = []
-        self._ctrl_socks: list[socket.socket] = []
+        self._news = threading.Event()  # set once a close notice came or we broke
         self._monitor: FailureMonitor | None = None
         self._transport: Transport = LocalTransport()  # a world of one; else set up below
         self._seq = 0
@@ -129,14 +119,9 @@ class RingCommunicator(Communicator):
                 self._setup()
         except BaseException as e:
             err = self._setup_error(e)
-            typed = isinstance(err, _TYPED_SETUP_ERRORS)
+            cls, msg, kw = _break_args(err)
             self._break(
-                type(err) if typed else CommunicatorClosedError,
-                str(err) if typed else f"setup failed: {err!r}",
-                kw={"rank": err.rank, "direct": err.direct}
-                if isinstance(err, PeerLostError)
-                else None,
-                relay=wire.encode_closing(self._rank, f"setup failed: {err}"),
+                cls, msg, kw=kw, relay=wire.encode_closing(self._rank, f"setup failed: {err}")
             )
             self._exit_op()
             self._join_monitor()
@@ -166,10 +151,8 @@ class RingCommunicator(Communicator):
 
     def __repr__(self):
         state = "ok" if self._error is None else "broken"
-        return (
-            f"RingCommunicator(round={self.round_id}, rank={self._rank}, "
-            f"size={self._size}, transport={self.transport}, {state})"
-        )
+        where = f"round={self.round_id}, rank={self._rank}, size={self._size}"
+        return f"RingCommunicator({where}, transport={self.transport}, {state})"
 
     # --- setup -----------------------------------------------------------------------
 
@@ -178,70 +161,17 @@ class RingCommunicator(Communicator):
             return self._error[1]
         return self._listener.stop_reason(self.round_id)
 
-    def _dial(self, rank: int, channel: int, deadline: float) -> socket.socket:
-        m = self._membership
-        return dial(
-            m.addresses[rank],
-            m.secret,
-            channel,
-            m.round_id,
-            self._rank,
-            rank,
-            self._size,
-            deadline,
-            self._stop_reason,
-        )
-
-    def _claim(self, rank: int, channel: int, deadline: float) -> socket.socket:
-        return self._listener.claim(
-            self.round_id, rank, channel, self._rank, self._size, deadline, self._stop_reason
-        )
-
-    def _add_sock(self, sock: socket.socket, ctrl: bool) -> socket.socket:
-        with self._lock:
-            self._socks.append(sock)
-            if ctrl:
-                self._ctrl_socks.append(sock)
-            broken = self._error is not None
-        if broken:
-            raise Interrupted()
-        return sock
-
-    def _connect_neighbour(
-        self,
-        rank: int,
-        connect: Callable[[int, int, float], socket.socket],
-        deadline: float,
-        failed: str,
-    ) -> tuple[socket.socket, socket.socket]:
-        """(data, control) connections to neighbour ``rank``.
-
-        Raises PeerLostError naming it (``failed`` says what it did not do) at the deadline."""
-        try:
-            return (
-                self._add_sock(connect(rank, wire.CHANNEL_DATA, deadline), ctrl=False),
-                self._add_sock(connect(rank, wire.CHANNEL_CTRL, deadline), ctrl=True),
-            )
-        except TimeoutError as e:
-            raise PeerLostError(
-                f"rank {rank} did not {failed} within {self._settings.connect_timeout:g} s ({e})",
-                rank=rank,
-                direct=True,
-            ) from None
-
     def _setup(self) -> None:
-        s = self._settings
+        s, links = self._settings, self._links
         deadline = time.monotonic() + s.connect_timeout
-        data_right, ctrl_right = self._connect_neighbour(
-            self._right, self._dial, deadline, "answer"
+        connector = Connector(self._membership, self._listener, deadline, self._stop_reason)
+        data_left, data_right, ctrl_left, ctrl_right = links.connect(
+            connector.dial, connector.claim, s.connect_timeout, self._check
         )
-        data_left, ctrl_left = self._connect_neighbour(self._left, self._claim, deadline, "connect")
-        for sock in self._socks:
-            sock.setblocking(False)
         monitor = FailureMonitor(
             f"ring-monitor-r{self.round_id}-{self._rank}",
-            [(ctrl_left, self._left), (ctrl_right, self._right)],
-            [(data_left, self._left), (data_right, self._right)],
+            [(ctrl_left, links.left), (ctrl_right, links.right)],
+            [(data_left, links.left), (data_right, links.right)],
             s,
             lost=lambda rank, why: self._lost(rank, why, direct=rank is not None),
             closing=self._on_peer_closing,
@@ -252,15 +182,7 @@ class RingCommunicator(Communicator):
             if self._error is not None:  # broke meanwhile: the thread exits at once
                 monitor.stop()
         monitor.start()
-        ring = TcpRing(
-            self._rank,
-            self._size,
-            data_left,
-            data_right,
-            s.chunk_bytes,
-            self._check,
-            buffer_bytes=s.socket_buffer_bytes,
-        )
+        ring = TcpRing(self._rank, self._size, data_left, data_right, s, self._check)
         transport = open_transport(
             TransportContext(
                 rank=self._rank,
@@ -268,8 +190,8 @@ class RingCommunicator(Communicator):
                 settings=s,
                 ring=ring,
                 exchange=lambda blob: ring.exchange(blob, self._setup_header(), deadline),
-                dial=lambda rank, channel: self._dial(rank, channel, deadline),
-                claim=lambda rank, channel: self._claim(rank, channel, deadline),
+                dial=connector.dial,
+                claim=connector.claim,
                 deadline=deadline,
                 check=self._check,
             )
@@ -283,7 +205,7 @@ class RingCommunicator(Communicator):
 
     def _setup_error(self, e: BaseException) -> BaseException:
         """The typed error a failed construction raises."""
-        if isinstance(e, _TYPED_SETUP_ERRORS):
+        if isinstance(e, _TYPED_ERRORS):
             return e
         if self._error is not None:
             return self._new_error()
@@ -323,13 +245,10 @@ class RingCommunicator(Communicator):
                 return False
             self._error = (cls, msg, kw or {})
             self._broken_evt.set()
+            self._news.set()
             if relay:
-                for sock in self._ctrl_socks:
-                    with contextlib.suppress(OSError):
-                        sock.send(relay, socket.MSG_DONTWAIT)
-            for sock in self._socks:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                self._links.notify(relay)
+            self._links.shutdown()
             self._transport.abort(orderly)
             if self._monitor is not None:
                 self._monitor.stop()
@@ -346,16 +265,7 @@ class RingCommunicator(Communicator):
         if self._released:
             return
         self._released = True
-        for sock in self._socks:
-            if sock in self._ctrl_socks:
-                # Read what is left so close() sends FIN, not RST (an RST could
-                # destroy the close/abort notice before the neighbour reads it).
-                try:
-                    while sock.recv(65536, socket.MSG_DONTWAIT):
-                        pass
-                except OSError:
-                    pass
-            sock.close()
+        self._links.close()
         self._transport.close()
         self._outputs.clear()
         self._listener.unregister(self)
@@ -371,11 +281,11 @@ class RingCommunicator(Communicator):
         if pending is not None:
             self._break_closed(*pending)
 
-    def _break_closed(self, origin: int, reason: str) -> None:
-        msg = f"rank {origin} closed the communicator" + (f": {reason}" if reason else "")
-        self._break(
-            CommunicatorClosedError, msg, relay=wire.encode_closing(origin, reason), orderly=True
-        )
+    def _break_closed(self, origin: int, reason: str, msg: str | None = None) -> None:
+        if msg is None:
+            msg = f"rank {origin} closed the communicator" + (f": {reason}" if reason else "")
+        relay = wire.encode_closing(origin, reason)
+        self._break(CommunicatorClosedError, msg, relay=relay, orderly=True)
 
     def _join_monitor(self) -> None:
         if self._monitor is not None:
@@ -383,23 +293,24 @@ class RingCommunicator(Communicator):
 
     def close(self, reason: str = "") -> None:
         """See ``Communicator.close``. Also stops the monitor thread."""
-        msg = "communicator closed" + (f": {reason}" if reason else "")
-        self._break(
-            CommunicatorClosedError,
-            msg,
-            relay=wire.encode_closing(self._rank, reason),
-            orderly=True,
-        )
+        because = f": {reason}" if reason else ""
+        self._break_closed(self._rank, reason, f"communicator closed{because}")
         self._join_monitor()
 
     def _peer_failed(self, rank: int, detail: str, orderly: bool | None = None) -> None:
         """A collective found ``rank`` gone. Wait briefly for the monitor to learn why
         (orderly close vs crash) before reporting it as lost."""
         monitor = self._monitor
-        if self._error is not None or monitor is None:
+        assert monitor is not None  # transports that raise PeerGone run after setup
+        monitor.read_now()
+        if self._error is not None:
             return
         why = monitor.closed_reason(rank)
         if orderly or why is not None:
+            if self._pending_close is None:
+                # Shared memory shows it closed on purpose; its CLOSING notice, sent
+                # before, says who closed first and why (it may still be on its way).
+                self._news.wait(self._settings.close_grace)
             self._break_closed(*(self._pending_close or (rank, why or detail)))
             return
         monitor.suspect(rank)
@@ -408,17 +319,12 @@ class RingCommunicator(Communicator):
             if why is not None:
                 self._break_closed(*(self._pending_close or (rank, why)))
             else:
-                self._lost(rank, detail, direct=rank in (self._left, self._right))
+                self._lost(rank, detail, direct=rank in (self._links.left, self._links.right))
 
     def _lost(self, rank: int | None, detail: str, direct: bool = True) -> None:
         msg = f"rank {rank} lost: {detail} (seen by rank {self._rank}, round {self.round_id})"
-        self._break(
-            PeerLostError,
-            msg,
-            kw={"rank": rank, "direct": direct},
-            relay=wire.encode_abort(wire.ABORT_LOST, rank, msg),
-            callback=True,
-        )
+        kw, relay = {"rank": rank, "direct": direct}, wire.encode_abort(wire.ABORT_LOST, rank, msg)
+        self._break(PeerLostError, msg, kw=kw, relay=relay, callback=True)
 
     # --- what the failure monitor reports ----------------------------------------------
 
@@ -429,29 +335,22 @@ class RingCommunicator(Communicator):
                 # from that peer; it raises if it does not.
                 if self._pending_close is None:
                     self._pending_close = (origin, reason)
+                    self._news.set()
                 return False
             pending = self._pending_close
         self._break_closed(*(pending or (origin, reason)))
         return True
 
     def _on_abort(self, notice: AbortNotice) -> None:
-        lost = notice.lost_rank
         if notice.kind == wire.ABORT_MISMATCH:
             self._break(CollectiveMismatchError, notice.message, relay=notice.relay())
-        elif lost == self._rank:
-            self._break(
-                PeerLostError,
-                f"this worker was declared lost by rank {notice.neighbour}: {notice.message}",
-                kw={"rank": lost, "direct": False},
-            )
+            return
+        kw = {"rank": notice.lost_rank, "direct": False}
+        if notice.lost_rank == self._rank:  # the others went on without this worker
+            msg = f"this worker was declared lost by rank {notice.neighbour}: {notice.message}"
+            self._break(PeerLostError, msg, kw=kw)
         else:
-            self._break(
-                PeerLostError,
-                notice.message,
-                kw={"rank": lost, "direct": False},
-                relay=notice.relay(),
-                callback=True,
-            )
+            self._break(PeerLostError, notice.message, kw=kw, relay=notice.relay(), callback=True)
 
     # --- running a collective ------------------------------------------------------
 
@@ -482,12 +381,15 @@ class RingCommunicator(Communicator):
         except Interrupted:
             raise self._new_error() from None
         except Mismatch as e:
+            # A peer that closed on purpose may have begun a collective alone just before
+            # (its header comes first); its CLOSING notice, sent before, then decides.
+            if self._monitor is not None:
+                self._monitor.read_now()
+            if self._pending_close is not None:
+                self._break_closed(*self._pending_close)
             msg = f"collective mismatch (seen by rank {self._rank}): {e}"
-            self._break(
-                CollectiveMismatchError,
-                msg,
-                relay=wire.encode_abort(wire.ABORT_MISMATCH, None, msg),
-            )
+            relay = wire.encode_abort(wire.ABORT_MISMATCH, None, msg)
+            self._break(CollectiveMismatchError, msg, relay=relay)
             raise self._new_error() from None
         except BaseException as e:
             # Anything else (a bug, MemoryError, KeyboardInterrupt) leaves the streams
@@ -501,15 +403,11 @@ class RingCommunicator(Communicator):
         finally:
             self._exit_op()
 
-    # --- public collectives ----------------------------------------------------------
+    # --- the collectives (arguments already checked by Communicator) ---------------
 
-    def allreduce(self, x, op: str = "sum") -> np.ndarray:
-        """See ``Communicator.allreduce``."""
-        layout.check_reduce_op(op)
-        arr = layout.as_contiguous(x)
-        layout.check_reduce_dtype(arr.dtype)
+    def _allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
         return self._run(
-            partial(self._allreduce, arr, op),
+            partial(self._allreduce_into_new, arr, op),
             wire.KIND_ALLREDUCE,
             op=wire.OP_CODES[op],
             dtype_code=arr.dtype.num,
@@ -517,22 +415,14 @@ class RingCommunicator(Communicator):
             shape_crc=layout.shape_crc(arr.shape),
         )
 
-    def _allreduce(self, arr: np.ndarray, op: str, hdr: wire.OpHeader) -> np.ndarray:
+    def _allreduce_into_new(self, arr: np.ndarray, op: str, hdr: wire.OpHeader) -> np.ndarray:
         out = self._outputs.empty(arr.shape, arr.dtype)
         self._transport.allreduce(arr.reshape(-1), out.reshape(-1), op, hdr)
         return out
 
-    def broadcast(self, x, root: int = 0) -> np.ndarray:
-        """See ``Communicator.broadcast``."""
-        if not 0 <= root < self._size:
-            raise ValueError(f"root {root} out of range for {self._size} ranks")
-        arr = None
-        if self._rank == root:
-            arr = layout.as_contiguous(x)
-            layout.check_transfer_dtype(arr.dtype)
-        return self._run(
-            partial(self._transport.broadcast, arr, root), wire.KIND_BROADCAST, root=root
-        )
+    def _broadcast(self, arr: np.ndarray | None, root: int) -> np.ndarray:
+        call = partial(self._transport.broadcast, arr, root)
+        return self._run(call, wire.KIND_BROADCAST, root=root)
 
     def _allgather_rows(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
         return self._run(partial(self._transport.allgather, arr), wire.KIND_ALLGATHER)
@@ -540,3 +430,13 @@ class RingCommunicator(Communicator):
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""
         self._run(self._transport.barrier, wire.KIND_BARRIER)
+
+
+def _break_args(err: BaseException) -> tuple[type, str, dict]:
+    """The error a failed construction breaks the communicator with: a typed one as it
+    is, anything else as CommunicatorClosedError."""
+    if isinstance(err, PeerLostError):
+        return type(err), str(err), {"rank": err.rank, "direct": err.direct}
+    if isinstance(err, _TYPED_ERRORS):
+        return type(err), str(err), {}
+    return CommunicatorClosedError, f"setup failed: {err!r}", {}

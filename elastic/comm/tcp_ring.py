@@ -36,6 +36,7 @@ import numpy as np
 from elastic.netio import POLL_DEAD
 
 from . import layout, wire
+from .base import CommSettings
 from .transport import Check, Mismatch, PeerGone, Transport, gather_layout
 
 RecvItem = list  # [memoryview to fill, callback or None]: the view shrinks as bytes come
@@ -117,10 +118,10 @@ def pump(
 
 class TcpRing(Transport):
     """The ring transport of rank ``rank`` of ``size`` over ``left`` (receive, from rank
-    r-1) and ``right`` (send, to rank r+1), both non-blocking; ``chunk_bytes`` is the
-    pipelining unit; ``buffer_bytes`` sets both sockets' SO_SNDBUF/SO_RCVBUF (None leaves
-    them to the kernel's autotuning). The sockets stay the caller's: ``close`` leaves
-    them open."""
+    r-1) and ``right`` (send, to rank r+1), both non-blocking. ``settings.chunk_bytes``
+    is the pipelining unit; ``settings.socket_buffer_bytes`` sets both sockets'
+    SO_SNDBUF/SO_RCVBUF (None leaves them to the kernel's autotuning). The sockets stay
+    the caller's: ``close`` leaves them open."""
 
     name = "tcp"
 
@@ -130,10 +131,8 @@ class TcpRing(Transport):
         size: int,
         left: socket.socket,
         right: socket.socket,
-        chunk_bytes: int,
+        settings: CommSettings,
         check: Check,
-        *,
-        buffer_bytes: int | None = None,
     ):
         self.rank = rank
         self.size = size
@@ -141,13 +140,13 @@ class TcpRing(Transport):
         self.right_rank = (rank + 1) % size
         self._left = left
         self._right = right
-        self._chunk_bytes = chunk_bytes
+        self._chunk_bytes = settings.chunk_bytes
         self._check = check
         self._poller = select.poll()
-        if buffer_bytes:
+        if settings.socket_buffer_bytes:
             for sock in (left, right):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, settings.socket_buffer_bytes)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, settings.socket_buffer_bytes)
 
     def _pump(self, sendq: deque, recvq: deque, deadline: float | None = None) -> None:
         pump(
