@@ -1,4 +1,5 @@
-"""Pure logic of the data plane: layouts, wire formats, settings, MPI detection."""
+"""Pure logic of the data plane: layouts, wire formats, settings, MPI detection, the
+allgather layout and the world-of-one transport."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
+from elastic.comm.transport import LocalTransport, Mismatch, PeerGone, gather_layout
 from rendezvous.auth import make_nonce
 from rendezvous.url import Endpoint
 from tests.comm_oracle import reduce_reference
@@ -194,3 +196,31 @@ def test_output_cache_reuses_only_memory_nobody_can_reach():
     assert small.shape == (3,)
     held = [cache.empty((500,), np.float64) for _ in range(5)]   # more than max_entries
     assert len({h.ctypes.data for h in held}) == 5
+
+
+def test_gather_layout_and_its_mismatches():
+    f4, f8 = np.dtype("<f4"), np.dtype("<f8")
+    dtype, shape, offsets = gather_layout([(f4, (2, 3)), (f4, (0, 3)), (f4, (1, 3))])
+    assert (dtype, shape, offsets) == (f4, (3, 3), [0, 24, 24, 36])
+    with pytest.raises(Mismatch, match="dtypes differ"):
+        gather_layout([(f4, (2, 3)), (f8, (2, 3))])
+    with pytest.raises(Mismatch, match="beyond axis 0"):
+        gather_layout([(f4, (2, 3)), (f4, (2, 4))])
+    assert str(PeerGone(2, "connection closed")) == "rank 2: connection closed"
+
+
+def test_local_transport_copies():
+    t = LocalTransport()
+    hdr = wire.OpHeader(wire.KIND_ALLREDUCE, 1)
+    x = np.arange(4.0)
+    out = np.empty_like(x)
+    t.allreduce(x, out, "sum", hdr)
+    assert out.tolist() == x.tolist()
+    b = t.broadcast(x, 0, hdr)
+    assert b.tolist() == x.tolist() and not np.shares_memory(b, x)
+    g, rows = t.allgather(x.reshape(2, 2), hdr)
+    assert rows == [2] and g.tolist() == [[0.0, 1.0], [2.0, 3.0]] and not np.shares_memory(g, x)
+    t.barrier(hdr)
+    t.abort(orderly=True)
+    t.close()
+    assert t.name == "local"

@@ -162,17 +162,17 @@ class RingCommunicator(Communicator):
         return self._listener.stop_reason(self.round_id)
 
     def _setup(self) -> None:
-        s, links = self._settings, self._links
-        deadline = time.monotonic() + s.connect_timeout
+        settings, links = self._settings, self._links
+        deadline = time.monotonic() + settings.connect_timeout
         connector = Connector(self._membership, self._listener, deadline, self._stop_reason)
         data_left, data_right, ctrl_left, ctrl_right = links.connect(
-            connector.dial, connector.claim, s.connect_timeout, self._check
+            connector.dial, connector.claim, settings.connect_timeout, self._check
         )
         monitor = FailureMonitor(
             f"ring-monitor-r{self.round_id}-{self._rank}",
             [(ctrl_left, links.left), (ctrl_right, links.right)],
             [(data_left, links.left), (data_right, links.right)],
-            s,
+            settings,
             lost=lambda rank, why: self._lost(rank, why, direct=rank is not None),
             closing=self._on_peer_closing,
             aborted=self._on_abort,
@@ -182,12 +182,12 @@ class RingCommunicator(Communicator):
             if self._error is not None:  # broke meanwhile: the thread exits at once
                 monitor.stop()
         monitor.start()
-        ring = TcpRing(self._rank, self._size, data_left, data_right, s, self._check)
+        ring = TcpRing(self._rank, self._size, data_left, data_right, settings, self._check)
         transport = open_transport(
             TransportContext(
                 rank=self._rank,
                 size=self._size,
-                settings=s,
+                settings=settings,
                 ring=ring,
                 exchange=lambda blob: ring.exchange(blob, self._setup_header(), deadline),
                 dial=connector.dial,

@@ -37,19 +37,23 @@ def _open_ring_or_shared_memory(ctx: TransportContext) -> Transport:
         TimeoutError: a member did not answer before ``ctx.deadline``.
         Interrupted, Mismatch, PeerGone: from ``ctx.exchange``.
     """
-    s = ctx.settings
+    settings = ctx.settings
     seg = None
     group = None
     agreed = False
-    if s.transport != "tcp" and shm.shm_supported():
+    if settings.transport != "tcp" and shm.shm_supported():
         try:
-            seg = shm.ShmSegment(s.shm_piece_bytes)
+            seg = shm.ShmSegment(settings.shm_piece_bytes)
         except OSError as e:
             log.info("no shared-memory segment (%s); using TCP", e)
     try:
         infos = ctx.exchange(seg.info() if seg else b"")
         if shm.same_host(infos) and seg is not None:
-            spin = s.shm_spin_us if s.shm_spin_us is not None else shm.default_spin_us(ctx.size)
+            spin = (
+                settings.shm_spin_us
+                if settings.shm_spin_us is not None
+                else shm.default_spin_us(ctx.size)
+            )
             try:
                 group = shm.ShmGroup(ctx.rank, ctx.size, seg, infos, spin, ctx.check)
             except OSError as e:
@@ -59,7 +63,7 @@ def _open_ring_or_shared_memory(ctx: TransportContext) -> Transport:
         if agreed:
             assert group is not None
             return group
-        if s.transport == "shm":
+        if settings.transport == "shm":
             raise ShmUnavailableError(
                 "transport='shm' but the members cannot share memory "
                 f"(same host: {shm.same_host(infos)}, supported: {shm.shm_supported()})"
