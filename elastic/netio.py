@@ -14,7 +14,9 @@ secret itself (``rendezvous.auth.challenge_response``). Both proofs bind the who
 opening, so a recorded handshake cannot be replayed for another round, rank or request;
 the two labels (one pair per channel kind) stop either side being used as an oracle for
 the other direction, or one channel's answers for another channel. What follows the
-handshake (a verdict byte, requests) is the channel's business.
+handshake (a verdict byte, requests) is the channel's business. (A channel whose proofs
+so far covered only the nonce gets new proof bytes from this helper: convert its client
+and server together.)
 
 Example, both halves (``ps`` bulk style; the ring builds its opening in ``comm.wire``):
 

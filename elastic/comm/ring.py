@@ -68,8 +68,9 @@ class RingCommunicator(Communicator):
     Building one connects to the ring neighbours (and sets up shared memory when all
     members are on this host) before ``settings.connect_timeout``. It begins the
     membership's round on the listener, which closes this worker's communicators of
-    older rounds. ``on_peer_failure(error)`` is called once, from an internal thread,
-    when this communicator breaks because a member was lost (not on orderly closes).
+    older rounds. ``on_peer_failure(error)`` is called once when this communicator
+    breaks because a member was lost (not on orderly closes), from the monitor thread or
+    from the thread whose collective found the loss.
 
     Raises:
         ValueError: the membership's secret differs from the listener's.

@@ -2,7 +2,8 @@
 
 ``CommSettings.transport`` names the rule, and each rule is one opener here:
 
-* "tcp": the TCP ring the communicator has already connected;
+* "tcp": the TCP ring the communicator has already connected (such a member offers no
+  segment but still takes part in the agreement);
 * "auto": shared memory when every member can map every other member's segment (all
   on this host, under the same kernel boot, on a platform ``shm`` supports), else the
   TCP ring;

@@ -11,15 +11,17 @@ travel is its transport's job, chosen once at setup by every member together
 * ``LocalTransport`` (here): a world of one.
 
 A transport that combines them (shared memory inside a host, a TCP ring among one
-leader per host) is one more implementation, opened from a ``TransportContext``.
+leader per host) is one more implementation, opened from a ``TransportContext`` by an
+opener registered in ``selection.OPENERS``; it reports members by their rank in the
+round (translating the ranks of any inner ring or group it runs).
 
-The communicator validates arguments, builds the ``OpHeader`` that every rank checks
-against its peers', runs one collective at a time, and turns what a transport raises
-into the public errors: a transport raises only ``Interrupted`` (the communicator broke
-while it waited: from its ``check``), ``Mismatch`` (the ranks disagree on the call) or
-``PeerGone`` (a member stopped taking part; the communicator then works out whether it
-closed on purpose or was lost), plus ``TimeoutError`` from a setup ``exchange`` that
-passed its deadline.
+The communicator checks the arguments (``base.Communicator``), builds the ``OpHeader``
+that every rank checks against its peers', runs one collective at a time, and turns
+what a transport raises into the public errors. A transport raises only
+``Interrupted`` (the communicator broke while it waited: from its ``check``),
+``Mismatch`` (the ranks disagree on the call) or ``PeerGone`` (a member stopped taking
+part; the communicator then works out whether it closed on purpose or was lost), plus
+``TimeoutError`` from a setup ``exchange`` that passed its deadline.
 """
 
 from __future__ import annotations
