@@ -66,6 +66,14 @@ def check_magic(opening: bytes) -> bytes:
     return opening[: len(MAGIC)]
 
 
+def serve(sock: socket.socket, secret: str):
+    """The server side of one handshake on ``sock``, in a thread."""
+    deadline = time.monotonic() + 5
+    return in_thread(
+        server_handshake, sock, secret, LABELS, OPENING_SIZE, check_magic, deadline=deadline
+    )
+
+
 @pytest.mark.timeout(30)
 def test_recv_exact_gathers_pieces_and_stops_at_deadline_or_eof(pair):
     a, b = pair
@@ -92,10 +100,7 @@ def test_recv_exact_gathers_pieces_and_stops_at_deadline_or_eof(pair):
 @pytest.mark.timeout(30)
 def test_handshake_authenticates_both_sides_and_returns_the_parsed_opening(pair):
     a, b = pair
-    server = in_thread(
-        server_handshake, b, "s3cret", LABELS, OPENING_SIZE, check_magic,
-        deadline=time.monotonic() + 5,
-    )  # fmt: skip
+    server = serve(b, "s3cret")
     client_handshake(a, "s3cret", MAGIC + make_nonce(), LABELS, deadline=time.monotonic() + 5)
     assert server() == MAGIC
     a.sendall(b"after")  # the stream carries on after the handshake
@@ -105,15 +110,16 @@ def test_handshake_authenticates_both_sides_and_returns_the_parsed_opening(pair)
 @pytest.mark.timeout(30)
 def test_client_refuses_a_server_that_cannot_prove_the_secret(pair):
     a, b = pair
-    server = in_thread(
-        server_handshake, b, "other", LABELS, OPENING_SIZE, check_magic,
-        deadline=time.monotonic() + 5,
-    )  # fmt: skip
+    server = serve(b, "other")
     with pytest.raises(RendezvousAuthError, match="the test server does not know"):
         client_handshake(
-            a, "s3cret", MAGIC + make_nonce(), LABELS,
-            deadline=time.monotonic() + 5, peer="the test server",
-        )  # fmt: skip
+            a,
+            "s3cret",
+            MAGIC + make_nonce(),
+            LABELS,
+            deadline=time.monotonic() + 5,
+            peer="the test server",
+        )
     a.close()  # the client gives up without answering
     with pytest.raises(ConnectionError):
         server()
@@ -122,10 +128,7 @@ def test_client_refuses_a_server_that_cannot_prove_the_secret(pair):
 @pytest.mark.timeout(30)
 def test_server_refuses_a_wrong_proof_and_labels_separate_channels(pair):
     a, b = pair
-    server = in_thread(
-        server_handshake, b, "s3cret", LABELS, OPENING_SIZE, check_magic,
-        deadline=time.monotonic() + 5,
-    )  # fmt: skip
+    server = serve(b, "s3cret")
     opening = MAGIC + make_nonce()
     a.sendall(opening)
     challenge = recv_exact(a, CHALLENGE_SIZE, time.monotonic() + 5)
@@ -140,10 +143,7 @@ def test_server_refuses_a_wrong_proof_and_labels_separate_channels(pair):
 @pytest.mark.timeout(30)
 def test_server_answers_nothing_to_an_opening_it_refuses(pair):
     a, b = pair
-    server = in_thread(
-        server_handshake, b, "s3cret", LABELS, OPENING_SIZE, check_magic,
-        deadline=time.monotonic() + 5,
-    )  # fmt: skip
+    server = serve(b, "s3cret")
     a.sendall(b"GET / HTTP/1.0\r\n\r\n"[:OPENING_SIZE].ljust(OPENING_SIZE, b"x"))
     with pytest.raises(ValueError, match="not our channel"):
         server()
