@@ -9,12 +9,20 @@ import time
 import numpy as np
 import pytest
 
-from elastic.comm import (CommSettings, CommunicatorClosedError, Membership, PeerLostError,
-                          RingCommunicator, RingListener)
-from elastic.comm import wire
-from elastic.comm.listener import dial, parse_address, recv_exact
+from elastic.comm import (
+    CommSettings,
+    CommunicatorClosedError,
+    Membership,
+    PeerLostError,
+    RingCommunicator,
+    RingListener,
+    wire,
+)
+from elastic.comm.listener import dial
+from elastic.netio import CHALLENGE_SIZE, PROOF_SIZE, recv_exact
 from rendezvous.auth import make_nonce, make_secret
 from rendezvous.errors import RendezvousAuthError
+from rendezvous.url import Endpoint
 
 FAST = CommSettings(connect_timeout=10.0, transport="tcp")
 
@@ -88,7 +96,7 @@ def allreduce_all(comms, value_of=lambda r: float(r + 1)):
 
 
 def raw_hello(address, round_id=1, src=1, dst=0, world=2, channel=wire.CHANNEL_DATA):
-    sock = socket.create_connection(parse_address(address), timeout=5)
+    sock = socket.create_connection(Endpoint.parse(address).sockaddr, timeout=5)
     hello = wire.encode_hello(wire.Hello(channel, round_id, src, dst, world, make_nonce()))
     sock.sendall(hello)
     return sock, hello
@@ -110,11 +118,11 @@ def test_connection_that_does_not_prove_the_secret_is_dropped(listeners, secret)
     (lst,) = listeners(1)
     # 1. A client with a wrong proof of the secret.
     sock, hello = raw_hello(lst.address)
-    challenge = recv_exact(sock, wire.CHALLENGE_SIZE, time.monotonic() + 5)
-    sock.sendall(wire.client_proof("not-the-secret", hello, challenge[:16]))
+    challenge = recv_exact(sock, CHALLENGE_SIZE, time.monotonic() + 5)
+    sock.sendall(wire.HANDSHAKE.client_proof("not-the-secret", hello, challenge[:16]))
     assert_dropped(sock)
     # 2. A client that sends garbage instead of a hello.
-    sock = socket.create_connection(parse_address(lst.address), timeout=5)
+    sock = socket.create_connection(Endpoint.parse(lst.address).sockaddr, timeout=5)
     sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 100)
     assert_dropped(sock)
     assert lst.wait_for(lambda x: x.refused_count >= 2, timeout=5)
@@ -131,8 +139,8 @@ def test_listener_still_serves_members_after_refusing_intruders(listeners, secre
     lsts = listeners(2)
     for _ in range(3):
         sock, _hello = raw_hello(lsts[0].address)
-        recv_exact(sock, wire.CHALLENGE_SIZE, time.monotonic() + 5)
-        sock.sendall(b"\x00" * wire.PROOF_SIZE)
+        recv_exact(sock, CHALLENGE_SIZE, time.monotonic() + 5)
+        sock.sendall(b"\x00" * PROOF_SIZE)
         assert_dropped(sock)
     built = Built(lsts, 1, secret).join()
     assert not built.errors, built.errors

@@ -1,13 +1,17 @@
-"""Pure logic of the data plane: layouts, wire formats, settings, MPI detection."""
+"""Pure logic of the data plane: layouts, wire formats, settings, MPI detection, the
+allgather layout and the world-of-one transport."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
-from elastic.comm import CommSettings, Membership, detect_mpi
-from elastic.comm import layout, wire
-from elastic.comm.listener import format_address, parse_address
+from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
+from elastic.comm.transport import LocalTransport, Mismatch, PeerGone, gather_layout
 from rendezvous.auth import make_nonce
+from rendezvous.url import Endpoint
+from tests.comm_oracle import reduce_reference
 
 
 @pytest.mark.parametrize("n_elems,parts", [(0, 1), (0, 4), (3, 4), (10, 3), (1001, 4), (8, 8)])
@@ -56,10 +60,10 @@ def test_as_contiguous_keeps_0d_and_fixes_order_and_strides():
 
 
 def test_integer_average_floors_and_keeps_dtype():
-    got = layout.reduce_reference([np.array([1, -1, 7], np.int32), np.array([2, 0, 0], np.int32)],
-                                  "average")
+    got = reduce_reference([np.array([1, -1, 7], np.int32), np.array([2, 0, 0], np.int32)],
+                           "average")
     assert got.dtype == np.int32 and got.tolist() == [1, -1, 3]
-    f = layout.reduce_reference([np.float32([1]), np.float32([2])], "average")
+    f = reduce_reference([np.float32([1]), np.float32([2])], "average")
     assert f.dtype == np.float32 and f.tolist() == [1.5]
 
 
@@ -78,15 +82,16 @@ def test_proofs_bind_secret_direction_and_hello():
     hello = wire.encode_hello(wire.Hello(0, 1, 1, 0, 2, make_nonce()))
     other = wire.encode_hello(wire.Hello(0, 2, 1, 0, 2, make_nonce()))
     nonce = make_nonce()
-    sp = wire.server_proof("s", hello)
-    assert wire.check_server_proof("s", hello, sp)
-    assert not wire.check_server_proof("t", hello, sp)
-    assert not wire.check_server_proof("s", other, sp)
-    cp = wire.client_proof("s", hello, nonce)
-    assert wire.check_client_proof("s", hello, nonce, cp)
-    assert not wire.check_client_proof("s", hello, make_nonce(), cp)
+    proofs = wire.HANDSHAKE
+    sp = proofs.server_proof("s", hello)
+    assert proofs.check_server_proof("s", hello, sp)
+    assert not proofs.check_server_proof("t", hello, sp)
+    assert not proofs.check_server_proof("s", other, sp)
+    cp = proofs.client_proof("s", hello, nonce)
+    assert proofs.check_client_proof("s", hello, nonce, cp)
+    assert not proofs.check_client_proof("s", hello, make_nonce(), cp)
     # A server's answer is no use as a client's answer (and vice versa).
-    assert not wire.check_client_proof("s", hello, hello[-16:], sp)
+    assert not proofs.check_client_proof("s", hello, hello[-16:], sp)
 
 
 def test_ctrl_parser_handles_split_and_merged_messages():
@@ -135,7 +140,7 @@ def test_settings_validation_and_heartbeat_default():
                 {"heartbeat_interval": 5.0, "peer_timeout": 2.0}, {"shm_spin_us": -1}):
         with pytest.raises(ValueError):
             CommSettings(**bad)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         s.peer_timeout = 3   # frozen
 
 
@@ -150,11 +155,12 @@ def test_membership_validation():
 
 
 def test_addresses():
-    assert format_address("::1", 5) == "[::1]:5" and parse_address("[::1]:5") == ("::1", 5)
-    assert parse_address("host.example:80") == ("host.example", 80)
+    # Listener addresses are written and read by the one HOST:PORT helper.
+    assert str(Endpoint("::1", 5)) == "[::1]:5" and Endpoint.parse("[::1]:5").sockaddr == ("::1", 5)
+    assert Endpoint.parse("host.example:80").sockaddr == ("host.example", 80)
     for bad in ("nohost", ":80", "h:x"):
         with pytest.raises(ValueError):
-            parse_address(bad)
+            Endpoint.parse(bad)
 
 
 def test_detect_mpi():
@@ -190,3 +196,31 @@ def test_output_cache_reuses_only_memory_nobody_can_reach():
     assert small.shape == (3,)
     held = [cache.empty((500,), np.float64) for _ in range(5)]   # more than max_entries
     assert len({h.ctypes.data for h in held}) == 5
+
+
+def test_gather_layout_and_its_mismatches():
+    f4, f8 = np.dtype("<f4"), np.dtype("<f8")
+    dtype, shape, offsets = gather_layout([(f4, (2, 3)), (f4, (0, 3)), (f4, (1, 3))])
+    assert (dtype, shape, offsets) == (f4, (3, 3), [0, 24, 24, 36])
+    with pytest.raises(Mismatch, match="dtypes differ"):
+        gather_layout([(f4, (2, 3)), (f8, (2, 3))])
+    with pytest.raises(Mismatch, match="beyond axis 0"):
+        gather_layout([(f4, (2, 3)), (f4, (2, 4))])
+    assert str(PeerGone(2, "connection closed")) == "rank 2: connection closed"
+
+
+def test_local_transport_copies():
+    t = LocalTransport()
+    hdr = wire.OpHeader(wire.KIND_ALLREDUCE, 1)
+    x = np.arange(4.0)
+    out = np.empty_like(x)
+    t.allreduce(x, out, "sum", hdr)
+    assert out.tolist() == x.tolist()
+    b = t.broadcast(x, 0, hdr)
+    assert b.tolist() == x.tolist() and not np.shares_memory(b, x)
+    g, rows = t.allgather(x.reshape(2, 2), hdr)
+    assert rows == [2] and g.tolist() == [[0.0, 1.0], [2.0, 3.0]] and not np.shares_memory(g, x)
+    t.barrier(hdr)
+    t.abort(orderly=True)
+    t.close()
+    assert t.name == "local"

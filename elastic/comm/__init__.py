@@ -6,13 +6,32 @@ round builds ``RingCommunicator(Membership(...), listener, CommSettings(...))``.
 ``mpiexec`` (``detect_mpi(os.environ)``), ``MpiCommunicator()`` offers the same calls on
 a fixed world.
 """
-from .base import (CollectiveMismatchError, CommSettings, Communicator, Membership,
-                   PeerLostError, ShmUnavailableError)
+
+from elastic.errors import CommunicatorClosedError, WorkerLostError
+
+from .base import (
+    CollectiveMismatchError,
+    CommSettings,
+    Communicator,
+    Membership,
+    PeerLostError,
+    ShmUnavailableError,
+)
 from .listener import RingListener
 from .mpi import MpiCommunicator, detect_mpi
 from .ring import RingCommunicator
-from elastic.errors import CommunicatorClosedError, WorkerLostError
 
-__all__ = ["CommSettings", "Communicator", "Membership", "RingListener", "RingCommunicator",
-           "MpiCommunicator", "detect_mpi", "PeerLostError", "CollectiveMismatchError",
-           "ShmUnavailableError", "CommunicatorClosedError", "WorkerLostError"]
+__all__ = [
+    "CommSettings",
+    "Communicator",
+    "Membership",
+    "RingListener",
+    "RingCommunicator",
+    "MpiCommunicator",
+    "detect_mpi",
+    "PeerLostError",
+    "CollectiveMismatchError",
+    "ShmUnavailableError",
+    "CommunicatorClosedError",
+    "WorkerLostError",
+]

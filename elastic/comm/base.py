@@ -14,16 +14,20 @@ Errors a collective can raise (all typed):
 * ``ValueError`` / ``TypeError``: a bad argument found before any communication;
   the communicator stays usable (no rank consumed the call).
 """
+
 from __future__ import annotations
 
 import abc
+import pickle
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
 from elastic.errors import CommunicatorClosedError, WorkerLostError
 from rendezvous.errors import ElasticError
+
+from . import layout
 
 TRANSPORTS = ("auto", "tcp", "shm")
 
@@ -34,8 +38,7 @@ class PeerLostError(WorkerLostError):
     ``rank`` is the lost member's rank when known; ``direct`` is True when this process
     saw the failure itself (a neighbour) rather than hearing of it from a peer."""
 
-    def __init__(self, message: str = "peer lost", rank: Optional[int] = None,
-                 direct: bool = False):
+    def __init__(self, message: str = "peer lost", rank: int | None = None, direct: bool = False):
         super().__init__(message)
         self.rank = rank
         self.direct = direct
@@ -78,20 +81,21 @@ class CommSettings:
 
     connect_timeout: float = 30.0
     peer_timeout: float = 30.0
-    heartbeat_interval: Optional[float] = None
+    heartbeat_interval: float | None = None
     transport: str = "auto"
     chunk_bytes: int = 1 << 19
     shm_piece_bytes: int = 4 << 20
-    shm_spin_us: Optional[float] = None
+    shm_spin_us: float | None = None
     close_grace: float = 0.2
-    socket_buffer_bytes: Optional[int] = None
+    socket_buffer_bytes: int | None = None
 
     def __post_init__(self):
         for name in ("connect_timeout", "peer_timeout", "close_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.heartbeat_interval is not None and not (
-                0 < self.heartbeat_interval < self.peer_timeout):
+            0 < self.heartbeat_interval < self.peer_timeout
+        ):
             raise ValueError("heartbeat_interval must be > 0 and < peer_timeout")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}")
@@ -117,7 +121,7 @@ class Membership:
     round_id: int
     rank: int
     addresses: tuple[str, ...]
-    secret: str = field(repr=False)   # never printed in logs or tracebacks
+    secret: str = field(repr=False)  # never printed in logs or tracebacks
 
     def __post_init__(self):
         object.__setattr__(self, "addresses", tuple(self.addresses))
@@ -145,22 +149,30 @@ class Communicator(abc.ABC):
     new arrays and never modify their input. One collective at a time per
     communicator (a second concurrent call raises RuntimeError); ``close`` may be
     called from any thread at any time.
+
+    An implementation sets ``_rank`` and ``_size`` and implements the abstract methods.
+    The public collectives check their arguments here, before any communication, and
+    hand validated arrays to ``_allreduce``, ``_broadcast`` and ``_allgather_rows``.
     """
 
-    @property
-    @abc.abstractmethod
-    def rank(self) -> int: ...
+    _rank: int
+    _size: int
 
     @property
-    @abc.abstractmethod
-    def size(self) -> int: ...
+    def rank(self) -> int:
+        """This member's rank, from 0 to ``size - 1``."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """How many members the communicator has."""
+        return self._size
 
     @property
     def transport(self) -> str:
         """How bytes move: "local" (world of one), "tcp", "shm" or "mpi"."""
         return "local"
 
-    @abc.abstractmethod
     def allreduce(self, x, op: str = "sum") -> np.ndarray:
         """Elementwise reduction of every rank's ``x`` (same shape and dtype everywhere);
         ``op`` is "sum", "average", "max" or "min". Every rank gets a bit-identical
@@ -168,31 +180,65 @@ class Communicator(abc.ABC):
 
         Raises ValueError (unknown op), TypeError (non-numeric dtype),
         CollectiveMismatchError, PeerLostError, CommunicatorClosedError."""
+        layout.check_reduce_op(op)
+        arr = layout.as_contiguous(x)
+        layout.check_reduce_dtype(arr.dtype)
+        return self._allreduce(arr, op)
 
     @abc.abstractmethod
+    def _allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
+        """The allreduce of ``arr`` (contiguous, a reducible dtype; ``op`` is known)."""
+
     def broadcast(self, x, root: int = 0) -> np.ndarray:
         """``root``'s ``x`` on every rank (its shape and dtype; other ranks' ``x`` is
         ignored and may be None).
 
         Raises ValueError (root out of range), TypeError (object dtype),
         CollectiveMismatchError, PeerLostError, CommunicatorClosedError."""
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} out of range for {self.size} ranks")
+        arr = None
+        if self.rank == root:
+            arr = layout.as_contiguous(x)
+            layout.check_transfer_dtype(arr.dtype)
+        return self._broadcast(arr, root)
 
     @abc.abstractmethod
+    def _broadcast(self, arr: np.ndarray | None, root: int) -> np.ndarray:
+        """The broadcast from ``root`` (valid), whose contiguous ``arr`` of a transferable
+        dtype is given there (None elsewhere)."""
+
     def allgather(self, x) -> np.ndarray:
         """Every rank's ``x`` concatenated on axis 0 in rank order. First dimensions may
         differ; dtype and the other dimensions must agree (0-d arrays count as (1,)).
 
         Raises TypeError (object dtype), CollectiveMismatchError (dtype or trailing
         shape differ), PeerLostError, CommunicatorClosedError."""
+        arr = layout.as_contiguous(x)
+        layout.check_transfer_dtype(arr.dtype)
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        return self._allgather_rows(arr)[0]
 
     @abc.abstractmethod
+    def _allgather_rows(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """The allgather of ``arr`` (contiguous, at least 1-d, a transferable dtype) and
+        how many rows each rank gave. Raises like ``allgather``."""
+
     def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
         """``root``'s picklable ``obj`` on every rank. Peers are authenticated members of
         the job, so their pickles are trusted. Raises like ``broadcast``."""
+        payload = pickle_to_array(obj) if self.rank == root else None
+        return array_to_object(self.broadcast(payload, root))
 
-    @abc.abstractmethod
     def allgather_object(self, obj: Any) -> list:
         """Every rank's picklable ``obj``, as a list in rank order. Raises like ``allgather``."""
+        out, rows = self._allgather_rows(pickle_to_array(obj))
+        parts, start = [], 0
+        for count in rows:
+            parts.append(array_to_object(out[start : start + count]))
+            start += count
+        return parts
 
     @abc.abstractmethod
     def barrier(self) -> None:
@@ -218,15 +264,22 @@ class Communicator(abc.ABC):
 
 
 def pickle_to_array(obj: Any) -> np.ndarray:
-    import pickle
     return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 
 
 def array_to_object(arr: np.ndarray) -> Any:
-    import pickle
     return pickle.loads(arr.tobytes())
 
 
-__all__ = ["CommSettings", "Membership", "Communicator", "PeerLostError",
-           "CollectiveMismatchError", "ShmUnavailableError", "CommunicatorClosedError",
-           "WorkerLostError", "FailureCallback", "TRANSPORTS"]
+__all__ = [
+    "CommSettings",
+    "Membership",
+    "Communicator",
+    "PeerLostError",
+    "CollectiveMismatchError",
+    "ShmUnavailableError",
+    "CommunicatorClosedError",
+    "WorkerLostError",
+    "FailureCallback",
+    "TRANSPORTS",
+]

@@ -3,10 +3,12 @@ chunks, which reduction ops and dtypes are accepted, and how a reduction is appl
 
 Nothing here does I/O, so every function is unit-tested directly.
 """
+
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Callable
 
 import numpy as np
 
@@ -43,8 +45,9 @@ def check_transfer_dtype(dtype: np.dtype) -> np.dtype:
     no structured fields). Raises TypeError otherwise."""
     dtype = np.dtype(dtype)
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-        raise TypeError(f"cannot send arrays of dtype {dtype} as raw bytes; "
-                        f"use the *_object variant")
+        raise TypeError(
+            f"cannot send arrays of dtype {dtype} as raw bytes; use the *_object variant"
+        )
     return dtype
 
 
@@ -109,22 +112,3 @@ def finish_average(part: np.ndarray, world: int) -> None:
         np.divide(part, world, out=part)
     else:
         np.floor_divide(part, world, out=part)
-
-
-def reduce_reference(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
-    """What ``allreduce(op)`` must return for these per-rank inputs, computed by numpy
-    alone (used by the tests and as the world-of-one path)."""
-    check_reduce_op(op)
-    stacked = np.stack([np.asarray(a) for a in arrays])
-    if op in ("sum", "average"):
-        # Sum in the array's own dtype, like the ring does (integers wrap, floats
-        # round in float32 when the inputs are float32).
-        out = np.array(stacked[0], copy=True)
-        for a in stacked[1:]:
-            np.add(out, a, out=out)
-        if op == "average":
-            finish_average(out, len(arrays))
-        return out
-    if op == "max":
-        return stacked.max(axis=0)
-    return stacked.min(axis=0)

@@ -8,6 +8,7 @@ claims them. Connections of rounds older than the newest one begun here are refu
 (``VERDICT_STALE``); a connection that does not prove the job secret is dropped without
 a verdict.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,57 +18,28 @@ import socket
 import threading
 import time
 import weakref
-from typing import Callable, Optional
+from typing import Callable, Protocol
 
 from elastic.errors import CommunicatorClosedError
-from rendezvous.auth import NONCE_BYTES, make_nonce
-from rendezvous.errors import RendezvousAuthError
+from elastic.netio import client_handshake, make_nonce, recv_exact, server_handshake, wake_pipe
+from rendezvous.retry import Backoff
+from rendezvous.url import Endpoint
 
 from . import wire
 
 log = logging.getLogger(__name__)
 
-
-def format_address(host: str, port: int) -> str:
-    """``host:port``, with brackets around an IPv6 host."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+StopCheck = Callable[[], "str | None"]
+"""Asked while waiting: a reason to give up now (raised as CommunicatorClosedError), or None."""
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """Inverse of ``format_address``. Raises ValueError on a malformed address."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"bad address {address!r}; expected host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
+class RoundMember(Protocol):
+    """What the listener needs of a communicator it tracks."""
 
+    @property
+    def round_id(self) -> int: ...
 
-def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """Exactly ``n`` bytes from a blocking socket before ``deadline`` (monotonic).
-
-    Raises TimeoutError at the deadline and ConnectionError when the peer closes."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("handshake timed out")
-        sock.settimeout(remaining)
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("connection closed during handshake")
-        got += k
-    return bytes(buf)
-
-
-def _nonblocking_pipe() -> tuple[int, int]:
-    """A self-pipe to wake a poll() (os.pipe2 is Linux-only)."""
-    r, w = os.pipe()
-    for fd in (r, w):
-        os.set_blocking(fd, False)
-    return r, w
+    def close(self, reason: str = "") -> None: ...
 
 
 def tune_socket(sock: socket.socket) -> None:
@@ -82,12 +54,28 @@ class RingListener:
 
     ``bind_host``: interface to bind (default loopback). ``advertise_host``: host peers
     should dial when it differs (e.g. binding 0.0.0.0). ``secret``: the job secret every
-    peer must prove. Raises OSError when the port cannot be bound.
+    peer must prove.
+
+    A communicator of this worker uses it in three steps: ``register`` (begin its round
+    here; it is closed when a newer round begins), ``claim`` (take the connections its
+    left neighbour made, as they arrive), and ``unregister`` once it is released.
+
+    Raises:
+        ValueError: ``secret`` is empty.
+        OSError: the port cannot be bound.
     """
 
-    def __init__(self, bind_host: str = "127.0.0.1", secret: str = "", port: int = 0, *,
-                 advertise_host: Optional[str] = None, handshake_timeout: float = 10.0,
-                 max_handshakes: int = 64, max_parked: int = 4096):
+    def __init__(
+        self,
+        bind_host: str = "127.0.0.1",
+        secret: str = "",
+        port: int = 0,
+        *,
+        advertise_host: str | None = None,
+        handshake_timeout: float = 10.0,
+        max_handshakes: int = 64,
+        max_parked: int = 4096,
+    ):
         if not secret:
             raise ValueError("RingListener needs the job secret")
         self._secret = secret
@@ -106,23 +94,22 @@ class RingListener:
         host = advertise_host or bind_host
         if host in ("0.0.0.0", "::", ""):
             host = socket.gethostname()
-        self.address = format_address(host, bound_port)
+        self.address = str(Endpoint(host, bound_port))
 
         self._cond = threading.Condition()
         self._parked: dict[tuple[int, int, int], tuple[socket.socket, wire.Hello]] = {}
         self._min_round = -1
         self._closed = False
         self._handshakes = 0
-        self._refused = 0          # connections dropped for a bad proof or bad bytes
-        self._stale = 0            # connections refused for an old round
+        self._refused = 0  # connections dropped for a bad proof or bad bytes
+        self._stale = 0  # connections refused for an old round
         self._notes: dict[tuple[int, int, int], str] = {}
-        self._comms: "weakref.WeakSet" = weakref.WeakSet()
-        self._wake_r, self._wake_w = _nonblocking_pipe()
-        self._thread = threading.Thread(target=self._accept_loop, name="ring-listener",
-                                        daemon=True)
+        self._members: weakref.WeakSet[RoundMember] = weakref.WeakSet()
+        self._wake_r, self._wake_w = wake_pipe()
+        self._thread = threading.Thread(target=self._accept_loop, name="ring-listener", daemon=True)
         self._thread.start()
 
-    # --- public -------------------------------------------------------------------
+    # --- state and life -------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
@@ -138,7 +125,7 @@ class RingListener:
             self._min_round = round_id
             for key in [k for k in self._parked if k[0] < round_id]:
                 self._parked.pop(key)[0].close()
-            older = [c for c in self._comms if c.round_id < round_id]
+            older = [c for c in self._members if c.round_id < round_id]
             self._cond.notify_all()
         for c in older:
             c.close(f"superseded by round {round_id}")
@@ -159,7 +146,7 @@ class RingListener:
         """How many authenticated connections were refused for an old round."""
         return self._stale
 
-    def wait_for(self, predicate: Callable[["RingListener"], bool], timeout: float) -> bool:
+    def wait_for(self, predicate: Callable[[RingListener], bool], timeout: float) -> bool:
         """Wait until ``predicate(self)`` holds (re-checked when the listener's state
         changes) or ``timeout`` passes; returns whether it holds."""
         deadline = time.monotonic() + timeout
@@ -196,43 +183,63 @@ class RingListener:
     def __exit__(self, *exc):
         self.close()
 
-    # --- used by RingCommunicator ----------------------------------------------------
+    # --- for the communicators of this worker ------------------------------------------
 
-    def _accepts_secret(self, secret: str) -> bool:
-        return secret == self._secret
+    def register(self, member: RoundMember, secret: str) -> None:
+        """Begin ``member.round_id`` here (``advance``: communicators of older rounds are
+        closed) and track ``member``, so that a newer round closes it in turn.
 
-    def _register(self, comm) -> None:
-        """Begin the communicator's round (closing older ones) and track it."""
-        self.advance(comm.round_id)
+        Raises:
+            ValueError: ``secret`` is not this listener's job secret.
+            CommunicatorClosedError: the listener is closed, or a newer round has begun.
+        """
+        if secret != self._secret:
+            raise ValueError("the membership's secret differs from the listener's")
+        self.advance(member.round_id)
         with self._cond:
-            if self._closed:
-                raise CommunicatorClosedError("the ring listener is closed")
-            if comm.round_id < self._min_round:
-                raise CommunicatorClosedError(
-                    f"round {comm.round_id} is superseded by round {self._min_round}")
-            self._comms.add(comm)
+            why = self.stop_reason(member.round_id)
+            if why:
+                raise CommunicatorClosedError(why)
+            self._members.add(member)
 
-    def _unregister(self, comm) -> None:
+    def unregister(self, member: RoundMember) -> None:
+        """Stop tracking ``member`` (it has released its connections). Idempotent."""
         with self._cond:
-            self._comms.discard(comm)
+            self._members.discard(member)
 
-    def _stop_reason(self, round_id: int) -> Optional[str]:
+    def stop_reason(self, round_id: int) -> str | None:
+        """Why a communicator of ``round_id`` must stop (the listener is closed, or a newer
+        round has begun here), or None while it may go on."""
         if self._closed:
             return "the ring listener is closed"
         if round_id < self._min_round:
             return f"round {round_id} is superseded by round {self._min_round}"
         return None
 
-    def _claim(self, round_id: int, src_rank: int, channel: int, dst_rank: int, world: int,
-               deadline: float, stop: Callable[[], Optional[str]]) -> socket.socket:
-        """The parked connection from ``src_rank`` for this round and channel.
+    def claim(
+        self,
+        round_id: int,
+        src_rank: int,
+        channel: int,
+        dst_rank: int,
+        world: int,
+        deadline: float,
+        stop: StopCheck,
+    ) -> socket.socket:
+        """Take the authenticated connection rank ``src_rank`` made to this worker (rank
+        ``dst_rank`` of ``world``) for ``round_id`` on ``channel``, waiting for it until
+        ``deadline`` (monotonic). The caller owns the socket (blocking, no timeout).
 
-        Raises CommunicatorClosedError (listener closed, round superseded, or ``stop()``
-        returned a reason) and TimeoutError at ``deadline``."""
+        Raises:
+            CommunicatorClosedError: the listener closed, the round was superseded, or
+                ``stop()`` gave a reason.
+            TimeoutError: nothing came by the deadline (the message says when the peer
+                connected with another idea of the membership).
+        """
         key = (round_id, src_rank, channel)
         with self._cond:
             while True:
-                why = self._stop_reason(round_id) or stop()
+                why = self.stop_reason(round_id) or stop()
                 if why:
                     raise CommunicatorClosedError(why)
                 entry = self._parked.pop(key, None)
@@ -242,8 +249,10 @@ class RingListener:
                         return sock
                     # The peer works from another membership of the same round: keep
                     # waiting for a consistent one, but say so if we time out.
-                    self._notes[key] = (f"rank {src_rank} connected believing this is rank "
-                                        f"{hello.dst_rank} of {hello.world}")
+                    self._notes[key] = (
+                        f"rank {src_rank} connected believing this is rank "
+                        f"{hello.dst_rank} of {hello.world}"
+                    )
                     sock.close()
                     continue
                 remaining = deadline - time.monotonic()
@@ -274,25 +283,31 @@ class RingListener:
                 if busy:
                     conn.close()
                     continue
-                threading.Thread(target=self._handshake, args=(conn,),
-                                 name="ring-handshake", daemon=True).start()
+                threading.Thread(
+                    target=self._handshake, args=(conn,), name="ring-handshake", daemon=True
+                ).start()
 
     def _handshake(self, conn: socket.socket) -> None:
         parked = False
         try:
             deadline = time.monotonic() + self._handshake_timeout
             tune_socket(conn)
-            hello_bytes = recv_exact(conn, wire.HELLO_SIZE, deadline)
-            hello = wire.decode_hello(hello_bytes)
-            nonce = make_nonce()
-            conn.sendall(nonce + wire.server_proof(self._secret, hello_bytes))
-            proof = recv_exact(conn, wire.PROOF_SIZE, deadline)
-            if not wire.check_client_proof(self._secret, hello_bytes, nonce, proof):
-                raise PermissionError("bad proof of the job secret")
+            hello = server_handshake(
+                conn,
+                self._secret,
+                wire.HANDSHAKE,
+                wire.HELLO_SIZE,
+                wire.decode_hello,
+                deadline=deadline,
+            )
             with self._cond:
-                verdict = (wire.VERDICT_CLOSED if self._closed else
-                           wire.VERDICT_STALE if hello.round_id < self._min_round else
-                           wire.VERDICT_OK)
+                verdict = (
+                    wire.VERDICT_CLOSED
+                    if self._closed
+                    else wire.VERDICT_STALE
+                    if hello.round_id < self._min_round
+                    else wire.VERDICT_OK
+                )
                 if verdict == wire.VERDICT_STALE:
                     self._stale += 1
             # The verdict goes out before the socket is parked: once parked, a
@@ -302,11 +317,14 @@ class RingListener:
                 return
             key = (hello.round_id, hello.src_rank, hello.channel)
             with self._cond:
-                if (self._closed or hello.round_id < self._min_round
-                        or len(self._parked) >= self._max_parked):
+                if (
+                    self._closed
+                    or hello.round_id < self._min_round
+                    or len(self._parked) >= self._max_parked
+                ):
                     return
                 old = self._parked.get(key)
-                if old is not None:   # a reconnect replaces the earlier attempt
+                if old is not None:  # a reconnect replaces the earlier attempt
                     old[0].close()
                 conn.settimeout(None)
                 self._parked[key] = (conn, hello)
@@ -324,45 +342,58 @@ class RingListener:
                 conn.close()
 
 
-def dial(address: str, secret: str, channel: int, round_id: int, src_rank: int,
-         dst_rank: int, world: int, deadline: float,
-         stop: Callable[[], Optional[str]]) -> socket.socket:
-    """Connect to rank ``dst_rank``'s listener and complete the handshake, retrying
-    refused connections until ``deadline`` (monotonic).
+def dial(
+    address: str,
+    secret: str,
+    channel: int,
+    round_id: int,
+    src_rank: int,
+    dst_rank: int,
+    world: int,
+    deadline: float,
+    stop: StopCheck,
+) -> socket.socket:
+    """Connect to rank ``dst_rank``'s listener at ``address`` and complete the handshake,
+    retrying refused connections (pauses from 0.01 s doubling to 0.25 s) until
+    ``deadline`` (monotonic). The caller owns the socket (blocking, no timeout).
 
-    Raises CommunicatorClosedError when ``stop()`` gives a reason or the peer already
-    runs a newer round, RendezvousAuthError when the listener cannot prove the job
-    secret, and TimeoutError at the deadline (naming the last error)."""
-    host, port = parse_address(address)
-    backoff = 0.01
+    Raises:
+        RendezvousConfigError: ``address`` is not ``HOST:PORT``.
+        CommunicatorClosedError: ``stop()`` gave a reason, or the peer already runs a
+            newer round.
+        RendezvousAuthError: the listener cannot prove the job secret.
+        TimeoutError: at the deadline (the message names the last error).
+    """
+    target = Endpoint.parse(address, f"rank {dst_rank}'s ring address").sockaddr
+    backoff = Backoff(deadline, initial=0.01, cap=0.25)
     last = "no attempt"
     while True:
         why = stop()
         if why:
             raise CommunicatorClosedError(why)
-        remaining = deadline - time.monotonic()
+        remaining = backoff.remaining()
         if remaining <= 0:
             raise TimeoutError(f"could not connect to rank {dst_rank} at {address}: {last}")
         try:
-            sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
+            sock = socket.create_connection(target, timeout=min(remaining, 5.0))
         except OSError as e:
             last = str(e) or type(e).__name__
-            time.sleep(min(backoff, max(0.0, remaining)))
-            backoff = min(backoff * 2, 0.25)
+            backoff.pause(clip=True)
             continue
         ok = False
         try:
             tune_socket(sock)
-            hello_bytes = wire.encode_hello(wire.Hello(channel, round_id, src_rank, dst_rank,
-                                                       world, make_nonce()))
-            sock.settimeout(remaining)
-            sock.sendall(hello_bytes)
-            challenge = recv_exact(sock, wire.CHALLENGE_SIZE, deadline)
-            server_nonce, proof = challenge[:NONCE_BYTES], challenge[NONCE_BYTES:]
-            if not wire.check_server_proof(secret, hello_bytes, proof):
-                raise RendezvousAuthError(
-                    f"the listener at {address} (rank {dst_rank}) does not know the job secret")
-            sock.sendall(wire.client_proof(secret, hello_bytes, server_nonce))
+            hello = wire.encode_hello(
+                wire.Hello(channel, round_id, src_rank, dst_rank, world, make_nonce())
+            )
+            client_handshake(
+                sock,
+                secret,
+                hello,
+                wire.HANDSHAKE,
+                deadline=deadline,
+                peer=f"the listener at {address} (rank {dst_rank})",
+            )
             verdict = recv_exact(sock, 1, deadline)[0]
             if verdict == wire.VERDICT_OK:
                 ok = True
@@ -370,12 +401,12 @@ def dial(address: str, secret: str, channel: int, round_id: int, src_rank: int,
                 return sock
             if verdict == wire.VERDICT_STALE:
                 raise CommunicatorClosedError(
-                    f"rank {dst_rank} already runs a round newer than {round_id}")
+                    f"rank {dst_rank} already runs a round newer than {round_id}"
+                )
             last = "the peer's listener is closing"
         except (OSError, TimeoutError) as e:
             last = str(e) or type(e).__name__
         finally:
             if not ok:
                 sock.close()
-        time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-        backoff = min(backoff * 2, 0.25)
+        backoff.pause(clip=True)

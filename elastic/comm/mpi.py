@@ -4,24 +4,32 @@
 mpi4py is imported only when an ``MpiCommunicator`` is built, so the package works
 without the ``mpi`` extra.
 """
+
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from elastic.errors import CommunicatorClosedError
 
 from . import layout
+from .base import CollectiveMismatchError, Communicator
 from .outbuf import OutputCache
-from .base import CollectiveMismatchError, Communicator, array_to_object, pickle_to_array
 
 # Variables set by the common launchers for each process they start (MPICH/Hydra and
 # Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*; PMIx-based launchers: PMIX_RANK).
-_MPI_ENV_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                 "MPI_LOCALRANKID", "PMIX_RANK")
+_MPI_ENV_VARS = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "MPI_LOCALRANKID",
+    "PMIX_RANK",
+)
 
 
 def detect_mpi(environ: Mapping[str, str]) -> bool:
@@ -39,25 +47,18 @@ class MpiCommunicator(Communicator):
     round to interrupt it for. Raises ImportError when mpi4py is missing.
     """
 
-    def __init__(self, comm: Optional[Any] = None):
-        from mpi4py import MPI   # lazy: the mpi extra is optional
+    def __init__(self, comm: Any | None = None):
+        from mpi4py import MPI  # lazy: the mpi extra is optional
+
         self._MPI = MPI
         self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self._rank = self._comm.Get_rank()
         self._size = self._comm.Get_size()
-        self._closed: Optional[str] = None
+        self._closed: str | None = None
         self._busy = 0
         self._outputs = OutputCache()
         self._lock = threading.Lock()
         self._ops = {"sum": MPI.SUM, "average": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
 
     @property
     def transport(self) -> str:
@@ -88,16 +89,11 @@ class MpiCommunicator(Communicator):
         with self._lock:
             comm, self._comm = self._comm, None
         if comm is not None:
-            try:
+            # Best effort: freeing during MPI finalisation may fail with any MPI error.
+            with contextlib.suppress(Exception):
                 comm.Free()
-            except Exception:   # freeing during MPI finalisation is best-effort
-                pass
 
-    def allreduce(self, x, op: str = "sum") -> np.ndarray:
-        """See ``Communicator.allreduce``."""
-        layout.check_reduce_op(op)
-        arr = layout.as_contiguous(x)
-        layout.check_reduce_dtype(arr.dtype)
+    def _allreduce(self, arr: np.ndarray, op: str) -> np.ndarray:
         out = self._outputs.empty(arr.shape, arr.dtype)
         with self._op() as comm:
             comm.Allreduce(arr, out, op=self._ops[op])
@@ -105,70 +101,39 @@ class MpiCommunicator(Communicator):
             layout.finish_average(out.reshape(-1), self._size)
         return out
 
-    def broadcast(self, x, root: int = 0) -> np.ndarray:
-        """See ``Communicator.broadcast``."""
-        if not 0 <= root < self._size:
-            raise ValueError(f"root {root} out of range for {self._size} ranks")
-        meta = None
-        arr = None
-        if self._rank == root:
-            arr = layout.as_contiguous(x)
-            layout.check_transfer_dtype(arr.dtype)
-            meta = (arr.dtype.str, arr.shape)
+    def _broadcast(self, arr: np.ndarray | None, root: int) -> np.ndarray:
+        meta = None if arr is None else (arr.dtype.str, arr.shape)
         with self._op() as comm:
             dstr, shape = comm.bcast(meta, root=root)
-            if self._rank == root:
-                out = arr.copy()
-            else:
-                out = np.empty(shape, dtype=np.dtype(dstr))
+            out = arr.copy() if arr is not None else np.empty(shape, dtype=np.dtype(dstr))
             # Bytes, so any fixed-size dtype travels without an MPI datatype of its own.
             comm.Bcast(out.reshape(-1).view(np.uint8), root=root)
         return out
 
-    def _allgather(self, x):
-        arr = layout.as_contiguous(x)
-        layout.check_transfer_dtype(arr.dtype)
-        if arr.ndim == 0:
-            arr = arr.reshape(1)
+    def _allgather_rows(self, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
         with self._op() as comm:
             return self._allgather_on(comm, arr)
 
-    def _allgather_on(self, comm, arr: np.ndarray):
+    def _allgather_on(self, comm, arr: np.ndarray) -> tuple[np.ndarray, list[int]]:
         metas = comm.allgather((arr.dtype.str, arr.shape))
         dstr0, shape0 = metas[0]
         for j, (dstr, shape) in enumerate(metas):
             if dstr != dstr0 or tuple(shape[1:]) != tuple(shape0[1:]):
                 raise CollectiveMismatchError(
                     f"allgather: rank 0 has {dstr0}{tuple(shape0)}, rank {j} has "
-                    f"{dstr}{tuple(shape)}")
+                    f"{dstr}{tuple(shape)}"
+                )
         dtype = np.dtype(dstr0)
         rows = [shape[0] for _, shape in metas]
         row_bytes = int(np.prod(shape0[1:], dtype=np.int64)) * dtype.itemsize
         counts = [k * row_bytes for k in rows]
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
         out = np.empty((sum(rows),) + tuple(shape0[1:]), dtype=dtype)
-        comm.Allgatherv(arr.reshape(-1).view(np.uint8),
-                              [out.reshape(-1).view(np.uint8), counts, displs,
-                               self._MPI.BYTE])
+        comm.Allgatherv(
+            arr.reshape(-1).view(np.uint8),
+            [out.reshape(-1).view(np.uint8), counts, displs, self._MPI.BYTE],
+        )
         return out, rows
-
-    def allgather(self, x) -> np.ndarray:
-        """See ``Communicator.allgather``."""
-        return self._allgather(x)[0]
-
-    def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
-        """See ``Communicator.broadcast_object``."""
-        payload = pickle_to_array(obj) if self._rank == root else None
-        return array_to_object(self.broadcast(payload, root))
-
-    def allgather_object(self, obj: Any) -> list:
-        """See ``Communicator.allgather_object``."""
-        out, sizes = self._allgather(pickle_to_array(obj))
-        parts, start = [], 0
-        for sz in sizes:
-            parts.append(array_to_object(out[start:start + sz]))
-            start += sz
-        return parts
 
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""

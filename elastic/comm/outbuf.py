@@ -12,6 +12,7 @@ the owner's reference count is back to the cache's own reference, no object can 
 that memory and it is reused; otherwise a new owner is allocated. Only on CPython, where
 reference counts are exact.
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,7 +48,7 @@ class OutputCache:
         owners = self._owners
         for i in range(len(owners)):
             if owners[i].nbytes == nbytes and sys.getrefcount(owners[i]) == _FREE:
-                owners.append(owners.pop(i))   # most recently used last
+                owners.append(owners.pop(i))  # most recently used last
                 return owners[-1].view(dtype).reshape(shape)
         if len(owners) >= self._max:
             # Drop a free one if there is one (its memory goes back to the allocator);

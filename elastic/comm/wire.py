@@ -1,6 +1,7 @@
 """Byte formats of the ring data plane (pure encode/decode; no sockets here).
 
-Handshake (one TCP connection per (direction, channel)):
+Handshake (one TCP connection per (direction, channel)), the shared challenge/response
+of ``elastic.netio`` with the ring's labels (``HANDSHAKE``) and this opening:
 
     client -> server  HELLO   magic "ELRG", version, channel, round_id, src_rank,
                               dst_rank, world, client nonce            (HELLO_SIZE bytes)
@@ -19,6 +20,7 @@ Every collective starts with a fixed-size ``OpHeader`` so ranks that disagree on
 they are doing (a different op, dtype, shape, root, or one call out of step) find out
 instead of exchanging garbage.
 """
+
 from __future__ import annotations
 
 import struct
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rendezvous.auth import NONCE_BYTES, RESPONSE_BYTES, challenge_response, check_challenge_response
+from elastic.netio import NONCE_BYTES, HandshakeLabels
 
 MAGIC = b"ELRG"
 VERSION = 1
@@ -37,15 +39,12 @@ CHANNELS = (CHANNEL_DATA, CHANNEL_CTRL)
 
 _HELLO = struct.Struct("!4sBBQiiI")
 HELLO_SIZE = _HELLO.size + NONCE_BYTES
-CHALLENGE_SIZE = NONCE_BYTES + RESPONSE_BYTES
-PROOF_SIZE = RESPONSE_BYTES
 
 VERDICT_OK = 0
-VERDICT_STALE = 1      # the server already runs a newer round than the client's
-VERDICT_CLOSED = 2     # the server's listener is shutting down
+VERDICT_STALE = 1  # the server already runs a newer round than the client's
+VERDICT_CLOSED = 2  # the server's listener is shutting down
 
-_SERVER_LABEL = b"elastic-ring-server\x00"
-_CLIENT_LABEL = b"elastic-ring-client\x00"
+HANDSHAKE = HandshakeLabels(server=b"elastic-ring-server\x00", client=b"elastic-ring-client\x00")
 
 
 class WireError(ValueError):
@@ -67,15 +66,17 @@ class Hello:
 def encode_hello(h: Hello) -> bytes:
     if len(h.nonce) != NONCE_BYTES:
         raise WireError("bad nonce length")
-    return _HELLO.pack(MAGIC, VERSION, h.channel, h.round_id, h.src_rank, h.dst_rank,
-                       h.world) + h.nonce
+    return (
+        _HELLO.pack(MAGIC, VERSION, h.channel, h.round_id, h.src_rank, h.dst_rank, h.world)
+        + h.nonce
+    )
 
 
 def decode_hello(data: bytes) -> Hello:
     """Parse HELLO bytes. Raises WireError on a wrong size, magic, version or channel."""
     if len(data) != HELLO_SIZE:
         raise WireError("bad hello length")
-    magic, version, channel, round_id, src, dst, world = _HELLO.unpack(data[:_HELLO.size])
+    magic, version, channel, round_id, src, dst, world = _HELLO.unpack(data[: _HELLO.size])
     if magic != MAGIC:
         raise WireError("bad magic")
     if version != VERSION:
@@ -84,31 +85,14 @@ def decode_hello(data: bytes) -> Hello:
         raise WireError(f"unknown channel {channel}")
     if world < 1 or not (0 <= src < world) or not (0 <= dst < world):
         raise WireError("ranks out of range")
-    return Hello(channel, round_id, src, dst, world, bytes(data[_HELLO.size:]))
-
-
-def server_proof(secret: str, hello_bytes: bytes) -> bytes:
-    return challenge_response(secret, hello_bytes[-NONCE_BYTES:], _SERVER_LABEL + hello_bytes)
-
-
-def check_server_proof(secret: str, hello_bytes: bytes, proof: bytes) -> bool:
-    return check_challenge_response(secret, hello_bytes[-NONCE_BYTES:], proof,
-                                    _SERVER_LABEL + hello_bytes)
-
-
-def client_proof(secret: str, hello_bytes: bytes, server_nonce: bytes) -> bytes:
-    return challenge_response(secret, server_nonce, _CLIENT_LABEL + hello_bytes)
-
-
-def check_client_proof(secret: str, hello_bytes: bytes, server_nonce: bytes, proof: bytes) -> bool:
-    return check_challenge_response(secret, server_nonce, proof, _CLIENT_LABEL + hello_bytes)
+    return Hello(channel, round_id, src, dst, world, bytes(data[_HELLO.size :]))
 
 
 # --- control channel ---------------------------------------------------------------
 
 CTRL_HEARTBEAT = 1
-CTRL_CLOSING = 2      # payload: origin rank (4) | utf-8 reason; a rank closed on purpose
-CTRL_ABORT = 3        # payload: kind (1) | lost rank (4, -1 unknown) | utf-8 message
+CTRL_CLOSING = 2  # payload: origin rank (4) | utf-8 reason; a rank closed on purpose
+CTRL_ABORT = 3  # payload: kind (1) | lost rank (4, -1 unknown) | utf-8 message
 _CTRL = struct.Struct("!BH")
 _ABORT = struct.Struct("!Bi")
 _CLOSING = struct.Struct("!i")
@@ -132,21 +116,24 @@ def decode_closing(payload: bytes) -> tuple[int, str]:
     """(origin rank, reason). Raises WireError on a short payload."""
     if len(payload) < _CLOSING.size:
         raise WireError("short closing message")
-    return _CLOSING.unpack(payload[:_CLOSING.size])[0], payload[_CLOSING.size:].decode(
-        errors="replace")
+    return _CLOSING.unpack(payload[: _CLOSING.size])[0], payload[_CLOSING.size :].decode(
+        errors="replace"
+    )
 
 
 def encode_abort(kind: int, lost_rank: int | None, reason: str) -> bytes:
-    return encode_ctrl(CTRL_ABORT, _ABORT.pack(kind, -1 if lost_rank is None else lost_rank)
-                       + reason.encode()[:MAX_REASON])
+    return encode_ctrl(
+        CTRL_ABORT,
+        _ABORT.pack(kind, -1 if lost_rank is None else lost_rank) + reason.encode()[:MAX_REASON],
+    )
 
 
 def decode_abort(payload: bytes) -> tuple[int, int | None, str]:
     """(kind, lost rank or None, reason). Raises WireError on a short payload."""
     if len(payload) < _ABORT.size:
         raise WireError("short abort message")
-    kind, rank = _ABORT.unpack(payload[:_ABORT.size])
-    return kind, (None if rank < 0 else rank), payload[_ABORT.size:].decode(errors="replace")
+    kind, rank = _ABORT.unpack(payload[: _ABORT.size])
+    return kind, (None if rank < 0 else rank), payload[_ABORT.size :].decode(errors="replace")
 
 
 class CtrlParser:
@@ -163,8 +150,8 @@ class CtrlParser:
             kind, length = _CTRL.unpack_from(self._buf)
             if len(self._buf) < _CTRL.size + length:
                 break
-            out.append((kind, bytes(self._buf[_CTRL.size:_CTRL.size + length])))
-            del self._buf[:_CTRL.size + length]
+            out.append((kind, bytes(self._buf[_CTRL.size : _CTRL.size + length])))
+            del self._buf[: _CTRL.size + length]
         return out
 
 
@@ -175,8 +162,13 @@ KIND_BROADCAST = 2
 KIND_ALLGATHER = 3
 KIND_BARRIER = 4
 KIND_SETUP = 5
-KIND_NAMES = {KIND_ALLREDUCE: "allreduce", KIND_BROADCAST: "broadcast",
-              KIND_ALLGATHER: "allgather", KIND_BARRIER: "barrier", KIND_SETUP: "setup"}
+KIND_NAMES = {
+    KIND_ALLREDUCE: "allreduce",
+    KIND_BROADCAST: "broadcast",
+    KIND_ALLGATHER: "allgather",
+    KIND_BARRIER: "barrier",
+    KIND_SETUP: "setup",
+}
 OP_CODES = {"sum": 1, "average": 2, "max": 3, "min": 4}
 
 _OPH = struct.Struct("!2sBBhhQQI4x")
@@ -198,11 +190,19 @@ class OpHeader:
     shape_crc: int = 0
 
     def encode(self) -> bytes:
-        return _OPH.pack(_OPH_MAGIC, self.kind, self.op, self.dtype_code, self.root,
-                         self.seq, self.nelem, self.shape_crc)
+        return _OPH.pack(
+            _OPH_MAGIC,
+            self.kind,
+            self.op,
+            self.dtype_code,
+            self.root,
+            self.seq,
+            self.nelem,
+            self.shape_crc,
+        )
 
     @classmethod
-    def decode(cls, data: bytes) -> "OpHeader":
+    def decode(cls, data: bytes) -> OpHeader:
         """Raises WireError when the bytes are not an op header (a desynchronised stream)."""
         if len(data) != OP_HEADER_SIZE:
             raise WireError("bad op header length")
