@@ -66,7 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.jobs import ElasticRun, pid_alive, wait_until  # noqa: E402
+from tests.support.jobs import ElasticRun, pid_alive, wait_until  # noqa: E402
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 STEPS = WORKLOADS / "steps.py"
@@ -242,7 +242,7 @@ def phase_medians(rows: list[dict], prefix: str) -> dict:
 
 
 class OursJob:
-    """``elastic-run`` running ``workloads/steps.py`` (through ``tests.jobs.ElasticRun``:
+    """``elastic-run`` running ``workloads/steps.py`` (through ``tests.support.jobs.ElasticRun``:
     its own process group, events file, and a ``stop()`` that reaps every worker)."""
 
     def __init__(self, args: list[str], workdir: Path, work: int):

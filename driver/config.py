@@ -4,7 +4,7 @@
 naming the flag; it does no I/O beyond checking that a discovery script exists and is
 executable (a typo there should fail at once, not at the first discovery round).
 
-How the worker counts resolve (DESIGN.md contract; our choices where it is silent):
+How the worker counts resolve (docs/DESIGN.md contract; our choices where it is silent):
 
 * no hosts (neither ``-H`` nor a script): ``localhost`` with ``-np`` slots; ``-np`` is
   required; ``--max-np`` defaults to ``-np`` (``-np`` alone is a static-size job whose

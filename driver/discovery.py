@@ -2,7 +2,7 @@
 
 The parsing of a script's output is a pure function; ``ScriptDiscovery`` only adds the
 running of the script. What to do when discovery fails (fatal on the first call, logged
-and retried later, per DESIGN.md) is the driver's policy, not this module's.
+and retried later, per docs/DESIGN.md) is the driver's policy, not this module's.
 
 Output format: one host per line, ``HOST`` or ``HOST:SLOTS``; blank lines and ``#``
 comments (whole-line or trailing) are ignored. A host listed twice is an error rather

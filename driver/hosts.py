@@ -3,7 +3,7 @@
 Everything here is pure logic: no clocks, no sockets, no processes. Time is passed in
 as ``now`` (seconds on any monotonic scale) so the rules can be tested exactly.
 
-Rules (DESIGN.md leaves them to us):
+Rules (docs/DESIGN.md leaves them to us):
 
 * Order. Hosts already known keep their old order; hosts new to the job follow, in the
   order discovery listed them. Rank placement follows this order, so a stable order

@@ -2,7 +2,7 @@
 
 Pure functions over ``rendezvous.plan`` records; the driver does the I/O around them.
 
-Rank rules (DESIGN.md, round protocol): survivors of the previous round keep their
+Rank rules (docs/DESIGN.md, round protocol): survivors of the previous round keep their
 relative order, so rank 0 is the oldest surviving worker and holds the newest committed
 state; new workers follow, in host order then slot. Local and cross ranks follow
 Horovod's definitions:

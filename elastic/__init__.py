@@ -1,4 +1,4 @@
-"""The worker API: ``import elastic`` (contract in DESIGN.md).
+"""The worker API: ``import elastic`` (contract in docs/DESIGN.md).
 
 This module only names the API; each part lives in its own module:
 

@@ -10,7 +10,7 @@ the matching world:
 - alone: a ring of one member.
 
 The layout getters and the collectives below act on that world, and ``elastic``
-re-exports them as the worker API (DESIGN.md). The rest of the package asks this module
+re-exports them as the worker API (docs/DESIGN.md). The rest of the package asks this module
 public questions instead of reading its globals: ``@run`` and the ps client ask
 ``current_runtime()``, and ``State`` uses this module as its default ``World``
 (``elastic.state``), whose ``pending_round()`` says whether a newer round waits.

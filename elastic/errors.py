@@ -1,4 +1,4 @@
-"""The worker API's exceptions (contract names: see DESIGN.md)."""
+"""The worker API's exceptions (contract names: see docs/DESIGN.md)."""
 
 from rendezvous.errors import ElasticError, RendezvousError
 

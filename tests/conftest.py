@@ -1,4 +1,11 @@
-"""Shared fixtures: real etcd servers, the embedded store server, and both backends.
+"""Shared fixtures: real etcd servers, the embedded store server, and both backends;
+the test kinds.
+
+The tree mirrors the code (``tests/rendezvous``, ``tests/driver``, ``tests/elastic/...``),
+with whole jobs in ``tests/system`` and harnesses in ``tests/support``. Every test is one
+kind, by marker: ``unit`` (pure logic, no process, no socket: the module says so with
+``pytestmark``), ``system`` (whole jobs: everything under ``tests/system``), and
+``integration`` (the rest: real servers and processes). ``-m unit`` runs in seconds.
 
 ``store_backend`` parametrizes a test over both backends; it yields a ``StoreBackend``
 whose ``open()`` makes clients of one fresh store.
@@ -6,23 +13,18 @@ whose ``open()`` makes clients of one fresh store.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from rendezvous import StoreSettings, open_store
+from rendezvous.auth import make_secret
+from rendezvous.embedded import EmbeddedServer
+from tests.support.etcd_cluster import EtcdCluster
 
-from rendezvous import StoreSettings, open_store  # noqa: E402
-from rendezvous.auth import make_secret  # noqa: E402
-from rendezvous.embedded import EmbeddedServer  # noqa: E402
-from tests.etcd_cluster import EtcdCluster  # noqa: E402
-
-# Fixtures that live in their own modules (the real sshd).
-pytest_plugins = ["tests.sshd_fixture"]
+# Fixtures that live in their own modules (the real sshd, the comm workers).
+pytest_plugins = ["tests.support.sshd_fixture", "tests.support.comm_harness"]
 
 FAST = StoreSettings(
     request_timeout=2.0, retry_deadline=10.0, connect_timeout=5.0, watch_reconnect_deadline=20.0
@@ -104,8 +106,22 @@ def store_args(request) -> list[str]:
 @pytest.fixture
 def three_hosts(tmp_path):
     """Three separate test hosts (network, UTS, PID and mount namespaces, own sshd):
-    see ``tests/netns_hosts.py``."""
-    from tests.netns_hosts import running_hosts
+    see ``tests/support/netns_hosts.py``."""
+    from tests.support.netns_hosts import running_hosts
 
     with running_hosts(3, tmp_path / "hosts") as hosts:
         yield hosts
+
+
+_SYSTEM = Path(__file__).resolve().parent / "system"
+
+
+def pytest_collection_modifyitems(items):
+    """Give every test its kind (see the module docstring)."""
+    for item in items:
+        if item.get_closest_marker("unit"):
+            continue
+        if _SYSTEM in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.system)
+        else:
+            item.add_marker(pytest.mark.integration)

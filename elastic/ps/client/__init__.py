@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from elastic.ps.client.client import PSClient, connect
+from elastic.ps.client.client import PSClient
+from elastic.ps.client.connect import connect
 
 __all__ = ["PSClient", "connect"]

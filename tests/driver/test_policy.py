@@ -1,0 +1,582 @@
+"""The job's rules (``driver.policy``) and the worker lifecycle (``driver.workers``): pure
+functions of records, plan, book, hosts, config and time, checked decision by decision.
+Every exit rule, every timer and every limit the main loop obeys is here."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeVar
+
+import pytest
+
+from driver import events as ev
+from driver import policy, workers
+from driver.config import parse_args
+from driver.decisions import (
+    Book,
+    CountFailure,
+    Fail,
+    HostsView,
+    Kill,
+    Launch,
+    Publish,
+    Report,
+    Stop,
+    Succeed,
+    Wait,
+)
+from driver.hosts import HostSlots, parse_host_slots
+from driver.planner import build_plan
+from driver.workers import WorkerRecord, WorkerState
+from rendezvous.plan import Plan, WorkerInfo
+
+pytestmark = pytest.mark.unit  # pure logic: no process, no socket
+
+S = WorkerState
+
+
+def hs(spec: str) -> tuple[HostSlots, ...]:
+    return tuple(parse_host_slots(e, 1) for e in spec.split(",")) if spec else ()
+
+
+def config(*args: str, **changes):
+    cfg = parse_args([*args, "python", "train.py"])
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def info(wid: str, host: str = "h", slot: int = 0) -> WorkerInfo:
+    return WorkerInfo(worker_id=wid, host=host, slot=slot, pid=1, address=f"{host}:{7000 + slot}")
+
+
+def rec(
+    wid: str,
+    slot: int = 0,
+    state: WorkerState = S.REGISTERED,
+    host: str = "h",
+    seq: int = 0,
+    since: float = 0.0,
+    launched_at: float = 0.0,
+    exit_code: int | None = None,
+) -> WorkerRecord:
+    registered = state is S.REGISTERED
+    return WorkerRecord(
+        wid,
+        host,
+        slot,
+        launched_at=launched_at,
+        state=state,
+        since=since,
+        info=info(wid, host, slot) if registered else None,
+        registered_seq=seq or (slot + 1 if registered else 0),
+        exit_code=exit_code,
+    )
+
+
+def table(*records: WorkerRecord) -> dict[str, WorkerRecord]:
+    return {r.worker_id: r for r in records}
+
+
+def plan_of(round_id: int, *records: WorkerRecord) -> Plan:
+    return build_plan(round_id, [info(r.worker_id, r.host, r.slot) for r in records])
+
+
+def view(spec: str = "h:2", **kw) -> HostsView:
+    return HostsView(usable=hs(spec), **kw)
+
+
+def kinds(decisions) -> list[type]:
+    return [type(d) for d in decisions]
+
+
+D = TypeVar("D")
+
+
+def only(decisions, cls: type[D]) -> D:
+    """The one decision, which must be a ``cls``."""
+    assert kinds(decisions) == [cls], decisions
+    return decisions[0]
+
+
+# ----------------------------------------------------------------------------- lifecycle
+
+
+def test_registration_moves_a_worker_in_and_out_of_the_candidates():
+    r = WorkerRecord.launched("w", "h", 0, now=1.0)
+    assert r.state is S.LAUNCHED and r.since == 1.0 and not r.live
+    r = workers.registered(r, info("w"), created_revision=7, now=2.0)
+    assert r.state is S.REGISTERED and r.live and r.registered_seq == 7 and r.since == 2.0
+    same = workers.registered(r, info("w"), created_revision=7, now=3.0)  # a lease refresh
+    assert same.state is S.REGISTERED and same.since == 2.0
+    lapsed = workers.unregistered(r, now=4.0)
+    assert lapsed.state is S.UNREGISTERED and lapsed.info is None and lapsed.since == 4.0
+    back = workers.registered(lapsed, info("w"), created_revision=9, now=5.0)
+    assert back.state is S.REGISTERED and back.registered_seq == 9  # registered anew: later
+    going = workers.stopping(back, now=6.0)
+    assert workers.registered(going, info("w"), 9, 7.0).state is S.STOPPING
+    assert workers.unregistered(going, 7.0).state is S.STOPPING
+
+
+@pytest.mark.parametrize(
+    "before, code, after",
+    [
+        (S.REGISTERED, 0, S.FINISHED),
+        (S.REGISTERED, 3, S.FAILED),
+        (S.LAUNCHED, -9, S.FAILED),
+        (S.STOPPING, 0, S.STOPPED),
+        (S.STOPPING, -15, S.STOPPED),
+        (S.KILLED, -9, S.FAILED),
+        (S.CHAOS_KILLED, -9, S.FAILED),
+        (S.UNREGISTERED, 1, S.FAILED),
+    ],
+)
+def test_exit_states(before, code, after):
+    done = workers.exited(rec("w", state=before), code, now=5.0)
+    assert done.state is after and done.exit_code == code and done.info is None
+    assert not done.state.running and not done.state.active
+
+
+def test_running_and_active_states():
+    assert {s for s in S if s.active} == {S.LAUNCHED, S.REGISTERED, S.UNREGISTERED}
+    assert {s for s in S if not s.running} == {S.FINISHED, S.FAILED, S.STOPPED}
+    assert workers.killed(rec("w"), 1.0).state is S.KILLED
+    assert workers.killed(rec("w"), 1.0, chaos=True).state is S.CHAOS_KILLED
+
+
+def test_live_infos_in_registration_order():
+    t = table(
+        rec("a", 0, seq=5),
+        rec("b", 1, seq=2),
+        rec("c", 2, state=S.STOPPING),
+        rec("d", 3, state=S.LAUNCHED),
+    )
+    assert [i.worker_id for i in policy.live_infos(t)] == ["b", "a"]
+
+
+# ----------------------------------------------------------------------------- outcome
+
+
+def test_outcome_success_when_every_member_exited_0():
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(3, a, b)
+    done = table(
+        rec("a", 0, state=S.FINISHED, exit_code=0), rec("b", 1, state=S.FINISHED, exit_code=0)
+    )
+    assert policy.outcome(done, p, Book(0.0, resets=2)) == Succeed(round=3, size=2, resets=2)
+
+
+def test_outcome_waits_while_members_run_or_all_failed():
+    p = plan_of(1, rec("a", 0), rec("b", 1))
+    running = table(rec("a", 0, state=S.FINISHED, exit_code=0), rec("b", 1))
+    assert policy.outcome(running, p, Book(0.0)) is None
+    failed = table(
+        rec("a", 0, state=S.FAILED, exit_code=1), rec("b", 1, state=S.FAILED, exit_code=-9)
+    )
+    assert policy.outcome(failed, p, Book(0.0)) is None  # re-forming handles it
+
+
+def test_outcome_fails_when_some_finished_and_others_failed():
+    p = plan_of(4, rec("a", 0), rec("b", 1))
+    mixed = table(
+        rec("a", 0, state=S.FINISHED, exit_code=0), rec("b", 1, state=S.FAILED, exit_code=3)
+    )
+    decision = policy.outcome(mixed, p, Book(0.0))
+    assert isinstance(decision, Fail)
+    assert decision.reason == (
+        "worker rank 1 (b) of the final round 4 exited with 3 after other workers had finished"
+    )
+
+
+def test_a_stopped_worker_did_not_finish_whatever_its_code():
+    stopped = rec("b", 1, state=S.STOPPED, exit_code=0)
+    assert policy.finish_code(stopped) == -1
+    assert policy.finish_code(rec("b", state=S.STOPPED, exit_code=-15)) == -15
+    assert policy.finish_code(rec("b", state=S.FINISHED, exit_code=0)) == 0
+    assert policy.finish_code(rec("b")) is None
+    p = plan_of(1, rec("a", 0), rec("b", 1))
+    decision = policy.outcome(
+        table(rec("a", 0, state=S.FINISHED, exit_code=0), stopped), p, Book(0.0)
+    )
+    assert isinstance(decision, Fail) and "exited with -1" in decision.reason
+
+
+def test_outcome_before_any_round():
+    assert policy.outcome({}, None, Book(0.0)) is None
+    done = Book(0.0, done_slots=frozenset({("h", 0)}))
+    gone = table(rec("a", 0, state=S.FINISHED, exit_code=0))
+    assert policy.outcome(gone, None, done) == Fail("workers exited before the first round formed")
+    assert policy.outcome(table(rec("b", 1)), None, done) is None  # one still runs
+
+
+# ----------------------------------------------------------------------------- exits
+
+
+def test_a_member_finishing_starts_the_finish_grace():
+    a = rec("a", 0)
+    p = plan_of(1, a)
+    done, (decisions, book) = policy.worker_exited(a, 0, p, Book(0.0), now=7.0)
+    assert done.state is S.FINISHED
+    assert decisions == (Report(ev.WorkerExited(worker="a", host="h", slot=0, code=0, rank=0)),)
+    assert book.done_slots == {("h", 0)} and book.member_finished_at == 7.0
+    assert book.change_at == 7.0
+
+
+def test_a_stopped_worker_is_no_failure():
+    going = rec("a", 0, state=S.STOPPING)
+    done, (decisions, book) = policy.worker_exited(going, -15, None, Book(0.0), now=3.0)
+    assert done.state is S.STOPPED
+    assert decisions == (Report(ev.WorkerStopped(worker="a", host="h", slot=0, code=-15)),)
+    assert book == Book(0.0)
+
+
+def test_a_failure_counts_against_host_and_streak_unless_chaos():
+    a = rec("a", 1)
+    p = plan_of(2, rec("z", 0), a)
+    _, (decisions, book) = policy.worker_exited(a, 1, p, Book(0.0), now=3.0)
+    assert decisions == (
+        Report(
+            ev.WorkerFailed(
+                worker="a", host="h", slot=1, code=1, rank=1, in_round=True, chaos=False
+            )
+        ),
+        CountFailure("h", 1),
+    )
+    assert book.change_at == 3.0
+    victim = rec("a", 1, state=S.CHAOS_KILLED)
+    _, (decisions, _) = policy.worker_exited(victim, -9, p, Book(0.0), now=3.0)
+    assert only(decisions, Report).event == ev.WorkerFailed(
+        worker="a", host="h", slot=1, code=-9, rank=1, in_round=True, chaos=True
+    )
+
+
+def test_failure_streak_limit():
+    book = Book(0.0)
+    for _ in range(policy.FAILURE_STREAK_MIN):
+        decisions, book = policy.count_failure(book, available_slots=2, code=4)
+        assert decisions == ()
+    decisions, book = policy.count_failure(book, available_slots=2, code=4)
+    assert book.failure_streak == 11
+    assert decisions == (
+        Fail(
+            "11 workers failed in a row without a round forming (last exit: "
+            "exit 4); see the worker output above"
+        ),
+    )
+    # Three per slot when that is more: 15 with 5 slots.
+    decisions, _ = policy.count_failure(Book(0.0, failure_streak=14), available_slots=5, code=1)
+    assert decisions == ()
+    decisions, _ = policy.count_failure(Book(0.0, failure_streak=15), available_slots=5, code=1)
+    assert only(decisions, Fail).reason.startswith("16 workers failed")
+
+
+def test_publishing_a_round_ends_the_streak():
+    t = table(rec("a", 0), rec("b", 1))
+    decisions, book = policy.plan_round(
+        t, None, Book(0.0, failure_streak=7), view(), config("-np", "2"), now=1.0
+    )
+    assert kinds(decisions) == [Publish] and book.failure_streak == 0
+
+
+# ----------------------------------------------------------------------------- first round
+
+
+def test_first_round_waits_for_np_within_the_start_timeout():
+    cfg = config("-np", "2", "--start-timeout", "30")
+    t = table(rec("a", 0), rec("b", 1, state=S.LAUNCHED))
+    decisions, book = policy.plan_round(t, None, Book(0.0, np_registered_at=5.0), view(), cfg, 10.0)
+    assert decisions == (Wait(30.0, "-np workers"),) and book.np_registered_at is None
+    decisions, _ = policy.plan_round(t, None, Book(0.0), view(), cfg, 30.5)
+    assert decisions == (Fail("only 1 of 2 workers registered within --start-timeout 30s"),)
+
+
+def test_first_round_grace_for_the_rest_of_those_launched():
+    cfg = config("-np", "2", "-H", "h:3", "--min-np", "2")
+    t = table(rec("a", 0), rec("b", 1), rec("c", 2, state=S.LAUNCHED))
+    decisions, book = policy.plan_round(t, None, Book(0.0), view("h:3"), cfg, now=4.0)
+    assert book.np_registered_at == 4.0
+    assert decisions == (Wait(4.0 + policy.FIRST_ROUND_GRACE, "the rest of the first workers"),)
+    decisions, _ = policy.plan_round(t, None, book, view("h:3"), cfg, now=4.5)
+    assert kinds(decisions) == [Wait]
+    decisions, book = policy.plan_round(t, None, book, view("h:3"), cfg, now=5.1)
+    assert only(decisions, Publish).plan.worker_ids == ("a", "b")
+    assert book.resets == 0  # the first round is no reset
+
+
+def test_first_round_at_once_when_every_launched_worker_registered():
+    t = table(rec("a", 0), rec("b", 1))
+    decisions, _ = policy.plan_round(
+        t, None, Book(0.0, change_at=0.25), view(), config("-np", "2"), now=1.0
+    )
+    assert decisions == (Publish(build_plan(1, [info("a", "h", 0), info("b", "h", 1)]), 0.75),)
+
+
+# ----------------------------------------------------------------------------- later rounds
+
+
+def test_finish_grace_holds_every_round():
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(1, a, b)
+    t = table(a, rec("b", 1, state=S.FINISHED, exit_code=0))
+    book = Book(0.0, member_finished_at=10.0, done_slots=frozenset({("h", 1)}))
+    cfg = config("-np", "2", "--min-np", "1")
+    decisions, _ = policy.plan_round(t, p, book, view(), cfg, now=11.0)
+    assert decisions == (Wait(10.0 + policy.FINISH_GRACE, "the others to finish"),)
+    decisions, book = policy.plan_round(t, p, book, view(), cfg, now=12.5)
+    assert only(decisions, Publish).plan.worker_ids == ("a",)
+    assert book.resets == 0  # a round for stragglers after a finish is no reset
+
+
+def test_join_batch_window_holds_growth_while_the_round_works():
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(1, a)
+    cfg = config("-np", "1", "-H", "h:3", "--min-np", "1")
+    young = rec("c", 2, state=S.LAUNCHED, launched_at=9.0)
+    t = table(a, rec("b", 1, launched_at=8.0), young)
+    decisions, _ = policy.plan_round(t, p, Book(0.0), view("h:3"), cfg, now=10.0)
+    assert decisions == (Wait(9.0 + policy.JOIN_BATCH_WINDOW, "new workers to register"),)
+    decisions, _ = policy.plan_round(t, p, Book(0.0), view("h:3"), cfg, now=12.5)
+    assert only(decisions, Publish).plan.worker_ids == ("a", "b")
+    # A broken round never waits: its survivors are idle.
+    broken = table(rec("a", 0, state=S.FAILED, exit_code=1), rec("b", 1, launched_at=8.0), young)
+    decisions, _ = policy.plan_round(broken, plan_of(1, a, b), Book(0.0), view("h:3"), cfg, 10.0)
+    assert only(decisions, Publish).plan.worker_ids == ("b",)
+
+
+def test_reset_limit():
+    cfg = config("-np", "2", "--min-np", "1", "--reset-limit", "1")
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(1, a, b)
+    t = table(a, rec("b", 1, state=S.FAILED, exit_code=1))
+    decisions, book = policy.plan_round(t, p, Book(0.0), view(), cfg, now=1.0)
+    p2 = only(decisions, Publish).plan
+    assert book.resets == 1
+    t = table(
+        rec("a", 0, state=S.FAILED, exit_code=1),
+        rec("b", 1, state=S.FAILED, exit_code=1),
+        rec("c", 1, seq=9),
+    )
+    decisions, book = policy.plan_round(t, p2, book, view(), cfg, now=2.0)
+    assert decisions == (Fail("reset limit exceeded: the job re-formed 2 times (--reset-limit 1)"),)
+
+
+def test_round_formation_time_counts_from_the_first_change():
+    cfg = config("-np", "2", "--min-np", "1")
+    a, b = rec("a", 0), rec("b", 1)
+    t = table(a, rec("b", 1, state=S.FAILED, exit_code=-9))
+    decisions, book = policy.plan_round(
+        t, plan_of(1, a, b), Book(0.0).changed(3.0).changed(3.5), view(), cfg, now=3.25
+    )
+    assert only(decisions, Publish).seconds == 0.25 and book.change_at is None
+
+
+# ----------------------------------------------------------------------------- broken rounds
+
+
+def test_broken_round_clock_report_and_elastic_timeout():
+    cfg = config("-np", "2", "--elastic-timeout", "5")
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(2, a, b)
+    t = table(a, rec("b", 1, state=S.FAILED, exit_code=-9))
+    decisions, book = policy.plan_round(t, p, Book(0.0), view(), cfg, now=10.0)
+    assert book.broken_since == 10.0 and not book.waiting_reported
+    assert decisions == (
+        Wait(10.0 + policy.WAITING_REPORT_AFTER, "a round to re-form"),
+        Wait(15.0, "--elastic-timeout"),
+    )
+    decisions, book = policy.plan_round(t, p, book, view(), cfg, now=11.5)
+    assert decisions == (
+        Report(
+            ev.Waiting(what="round 2 lost workers; waiting for 2 to re-form (have 1)", waited=1.5)
+        ),
+        Wait(15.0, "--elastic-timeout"),
+    )
+    assert book.waiting_reported
+    decisions, book = policy.plan_round(t, p, book, view(), cfg, now=12.0)
+    assert decisions == (Wait(15.0, "--elastic-timeout"),)  # reported once
+    decisions, _ = policy.plan_round(t, p, book, view(blacklisted=("x",)), cfg, now=15.5)
+    assert decisions == (
+        Fail(
+            "no round of at least 2 workers could form within "
+            "--elastic-timeout 5s (have 1; blacklisted: x)"
+        ),
+    )
+
+
+def test_a_lapse_that_ends_resets_the_broken_clock():
+    cfg = config("-np", "2")
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(1, a, b)
+    decisions, book = policy.plan_round(
+        table(a, b), p, Book(0.0, broken_since=3.0), view(), cfg, now=4.0
+    )
+    assert decisions == () and book.broken_since is None
+
+
+def test_script_failing_in_two_rounds_in_a_row_ends_the_job():
+    a, b = rec("a", 0), rec("b", 1)
+    failed = table(
+        rec("a", 0, state=S.FAILED, exit_code=3), rec("b", 1, state=S.FAILED, exit_code=3)
+    )
+    book, fail = policy.script_fails(failed, plan_of(1, a, b), Book(0.0))
+    assert fail is None and book.all_failed_rounds == {1}
+    book, fail = policy.script_fails(failed, plan_of(2, a, b), book)
+    assert fail == Fail(
+        "every worker of rounds 1 and 2 exited with an error (codes [3]): the "
+        "training script fails; see the worker output above"
+    )
+    # Not in a row, a signal, or a stop: replaced as usual.
+    assert (
+        policy.script_fails(failed, plan_of(4, a, b), Book(0.0, all_failed_rounds=frozenset({2})))[
+            1
+        ]
+        is None
+    )
+    after_one = Book(0.0, all_failed_rounds=frozenset({1}))
+    killed = table(
+        rec("a", 0, state=S.FAILED, exit_code=3), rec("b", 1, state=S.FAILED, exit_code=-9)
+    )
+    assert policy.script_fails(killed, plan_of(2, a, b), after_one) == (after_one, None)
+    stopped = table(
+        rec("a", 0, state=S.FAILED, exit_code=3), rec("b", 1, state=S.STOPPED, exit_code=3)
+    )
+    assert policy.script_fails(stopped, plan_of(2, a, b), after_one) == (after_one, None)
+
+
+def test_plan_round_applies_the_script_rule_to_a_broken_round():
+    cfg = config("-np", "2")
+    a, b = rec("a", 0), rec("b", 1)
+    failed = table(
+        rec("a", 0, state=S.FAILED, exit_code=3), rec("b", 1, state=S.FAILED, exit_code=3)
+    )
+    decisions, _ = policy.plan_round(
+        failed, plan_of(2, a, b), Book(0.0, all_failed_rounds=frozenset({1})), view(), cfg, 1.0
+    )
+    assert "the training script fails" in only(decisions, Fail).reason
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def test_reregister_grace_then_kill():
+    lapsed = rec("a", 0, state=S.UNREGISTERED, since=5.0)
+    t = table(lapsed, rec("b", 1))
+    assert policy.workers_to_kill(t, now=5.0 + policy.REREGISTER_GRACE) == []
+    assert policy.lapse_waits(t) == [Wait(5.0 + policy.REREGISTER_GRACE, "a to register again")]
+    assert policy.workers_to_kill(t, now=15.5) == [
+        Kill("a", "its registration lapsed and it did not register again within 10s")
+    ]
+
+
+def test_displaced_workers_are_stopped_once():
+    t = table(
+        rec("a", 0),
+        rec("b", 1, state=S.LAUNCHED),
+        rec("c", 2, host="gone"),
+        rec("d", 0, host="gone", state=S.STOPPING),
+        rec("e", 1, host="gone", state=S.KILLED),
+    )
+    why = "its host or slot left the job"
+    assert policy.workers_to_stop(t, hs("h:1")) == [
+        Report(ev.WorkerStopping(worker="b", host="h", slot=1, reason=why)),
+        Stop("b", why),
+        Report(ev.WorkerStopping(worker="c", host="gone", slot=2, reason=why)),
+        Stop("c", why),
+    ]
+
+
+def test_free_slots_are_filled_but_not_finished_ones():
+    cfg = config("-np", "3")
+    # A worker being stopped still holds its slot; an exited one does not.
+    t = table(
+        rec("a", 0, host="localhost"),
+        rec("b", 1, host="localhost", state=S.STOPPING),
+        rec("c", 2, host="localhost", state=S.FAILED, exit_code=1),
+    )
+    assert policy.slots_to_fill(t, hs("localhost:3"), Book(0.0), cfg) == [Launch("localhost", 2)]
+    t = table(
+        rec("a", 0, host="localhost"), rec("c", 2, host="localhost", state=S.FAILED, exit_code=1)
+    )
+    assert policy.slots_to_fill(t, hs("localhost:3"), Book(0.0), cfg) == [
+        Launch("localhost", 1),
+        Launch("localhost", 2),
+    ]
+    done = Book(0.0, done_slots=frozenset({("localhost", 1)}))
+    assert policy.slots_to_fill(t, hs("localhost:3"), done, cfg) == [Launch("localhost", 2)]
+    capped = dataclasses.replace(cfg, max_np=1)
+    assert policy.slots_to_fill(t, hs("localhost:3"), Book(0.0), capped) == []
+
+
+def test_unresponsive_member_reported_by_its_peers_is_killed():
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(3, a, b)
+    t = table(a, b, rec("c", 2, state=S.STOPPING))
+
+    def report(suspect, round_id):
+        return {"worker_id": "a", "round_id": round_id, "reason": "timeout", "suspect": suspect}
+
+    said = Report(ev.FailureReported(reporter="a", round=3, reason="timeout", suspect="b"))
+    assert policy.failure_reported(t, p, report("b", 3)) == [
+        said,
+        Kill("b", "unresponsive (reported by its peers)"),
+    ]
+    assert kinds(policy.failure_reported(t, p, report("b", 2))) == [Report]  # an older round
+    assert kinds(policy.failure_reported(t, p, report("c", 3))) == [Report]  # on its way out
+    assert kinds(policy.failure_reported(t, p, report("zz", 3))) == [Report]
+    assert kinds(policy.failure_reported(t, p, report(None, 3))) == [Report]
+    assert kinds(policy.failure_reported(t, None, report("b", 3))) == [Report]
+    assert policy.failure_reported(t, p, {}) == [
+        Report(ev.FailureReported(reporter=None, round=None, reason=None, suspect=None))
+    ]
+
+
+def test_chaos_picks_active_members_and_spares_the_end():
+    a, b, c = rec("a", 0), rec("b", 1), rec("c", 2)
+    p = plan_of(1, a, b, c)
+    t = table(a, rec("b", 1, state=S.CHAOS_KILLED), c)
+    assert policy.chaos_candidates(t, p, Book(0.0)) == ["a", "c"]
+    assert policy.chaos_candidates(t, p, Book(0.0, done_slots=frozenset({("h", 2)}))) == []
+    assert policy.chaos_candidates(t, None, Book(0.0)) == []
+    assert policy.chaos_kill(c, p, pid=77, kills=2) == [
+        Report(ev.ChaosKill(worker="c", host="h", slot=2, rank=2, pid=77, kill=2)),
+        Kill("c", "chaos", chaos=True),
+    ]
+
+
+# ----------------------------------------------------------------------------- hosts
+
+
+def test_all_hosts_blacklisted_waits_for_a_cooldown_within_the_limit():
+    cfg = config("-np", "1", "--start-timeout", "20", "--elastic-timeout", "30")
+    gone = table(rec("a", 0, state=S.FAILED, exit_code=1))
+    out = HostsView(usable=(), blacklisted=("h",), all_blacklisted=True, next_release=15.0)
+    assert policy.hosts_rule(gone, None, Book(0.0), out, cfg, now=5.0) == [
+        Wait(15.0, "a blacklisted host to come back")
+    ]
+    late = dataclasses.replace(out, next_release=25.0)
+    assert policy.hosts_rule(gone, None, Book(0.0), late, cfg, now=5.0) == [
+        Fail(
+            "every host is blacklisted after repeated worker failures (h) and none comes "
+            "back within --start-timeout"
+        )
+    ]
+    p = plan_of(1, rec("a", 0))
+    assert policy.hosts_rule(gone, p, Book(0.0, broken_since=0.0), late, cfg, now=5.0) == [
+        Wait(25.0, "a blacklisted host to come back")
+    ]
+    later = dataclasses.replace(out, next_release=31.0)
+    decisions = policy.hosts_rule(gone, p, Book(0.0, broken_since=0.0), later, cfg, now=5.0)
+    assert "--elastic-timeout" in only(decisions, Fail).reason
+    never = dataclasses.replace(out, next_release=None)
+    assert kinds(policy.hosts_rule(gone, p, Book(0.0), never, cfg, now=5.0)) == [Fail]
+    # A worker still running (its host's cooldown is not its end): no verdict yet.
+    assert policy.hosts_rule(table(rec("b", 0)), p, Book(0.0), never, cfg, now=5.0) == []
+
+
+# ----------------------------------------------------------------------------- wake-up
+
+
+def test_next_wakeup_is_the_earliest_wait_within_bounds():
+    assert policy.next_wakeup([], now=0.0) == policy.MAX_SLEEP
+    waits = [Wait(10.4, "x"), Wait(10.2, "y"), Wait(30.0, "z")]
+    assert policy.next_wakeup(waits, now=10.0) == pytest.approx(0.2)
+    assert policy.next_wakeup(waits, now=11.0) == policy.MIN_SLEEP  # overdue: at once
+    assert policy.next_wakeup([Wait(50.0, "far")], now=0.0) == policy.MAX_SLEEP

@@ -1,0 +1,241 @@
+"""Pure logic of the data plane: layouts, wire formats, settings, MPI detection, the
+allgather layout and the world-of-one transport."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
+from elastic.comm.transport import LocalTransport, Mismatch, PeerGone, gather_layout
+from rendezvous.auth import make_nonce
+from rendezvous.url import Endpoint
+from tests.support.comm_oracle import reduce_reference
+
+pytestmark = pytest.mark.unit  # pure logic: no process, no socket
+
+
+@pytest.mark.parametrize("n_elems,parts", [(0, 1), (0, 4), (3, 4), (10, 3), (1001, 4), (8, 8)])
+def test_ring_segments_cover_everything_evenly(n_elems, parts):
+    segs = layout.ring_segments(n_elems, parts)
+    assert len(segs) == parts and segs[0][0] == 0 and segs[-1][1] == n_elems
+    assert all(a[1] == b[0] for a, b in zip(segs, segs[1:]))
+    sizes = [b - a for a, b in segs]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    with pytest.raises(ValueError):
+        layout.ring_segments(5, 0)
+
+
+def test_chunk_ranges():
+    assert layout.chunk_ranges(3, 10, 3) == [(3, 6), (6, 9), (9, 10)]
+    assert layout.chunk_ranges(5, 5, 3) == []
+    assert layout.elems_per_chunk(100, 8) == 12 and layout.elems_per_chunk(3, 8) == 1
+    with pytest.raises(ValueError):
+        layout.chunk_ranges(0, 4, 0)
+
+
+def test_op_and_dtype_checks():
+    for op in layout.REDUCE_OPS:
+        assert layout.check_reduce_op(op) == op
+    with pytest.raises(ValueError):
+        layout.check_reduce_op("prod")
+    for dt in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16):
+        layout.check_reduce_dtype(dt)
+    for dt in (np.bool_, np.complex64, object, "U3", [("a", "i4")]):
+        with pytest.raises(TypeError):
+            layout.check_reduce_dtype(dt)
+    layout.check_transfer_dtype(np.complex64)
+    with pytest.raises(TypeError):
+        layout.check_transfer_dtype(object)
+
+
+def test_as_contiguous_keeps_0d_and_fixes_order_and_strides():
+    assert layout.as_contiguous(np.float32(3)).shape == ()
+    a = np.arange(12).reshape(3, 4)[:, ::2]
+    c = layout.as_contiguous(a)
+    assert c.flags.c_contiguous and np.array_equal(c, a)
+    b = layout.as_contiguous(np.arange(3, dtype=">i4"))
+    assert b.dtype.isnative and b.tolist() == [0, 1, 2]
+    x = np.arange(4)
+    assert layout.as_contiguous(x) is x
+
+
+def test_integer_average_floors_and_keeps_dtype():
+    got = reduce_reference(
+        [np.array([1, -1, 7], np.int32), np.array([2, 0, 0], np.int32)], "average"
+    )
+    assert got.dtype == np.int32 and got.tolist() == [1, -1, 3]
+    f = reduce_reference([np.float32([1]), np.float32([2])], "average")
+    assert f.dtype == np.float32 and f.tolist() == [1.5]
+
+
+def test_hello_roundtrip_and_rejections():
+    h = wire.Hello(wire.CHANNEL_CTRL, 7, 2, 3, 4, make_nonce())
+    data = wire.encode_hello(h)
+    assert len(data) == wire.HELLO_SIZE and wire.decode_hello(data) == h
+    for bad in (data[:-1], b"XXXX" + data[4:], data[:4] + b"\x09" + data[5:]):
+        with pytest.raises(wire.WireError):
+            wire.decode_hello(bad)
+    with pytest.raises(wire.WireError):  # rank out of range
+        wire.decode_hello(wire.encode_hello(wire.Hello(0, 1, 5, 0, 2, make_nonce())))
+
+
+def test_proofs_bind_secret_direction_and_hello():
+    hello = wire.encode_hello(wire.Hello(0, 1, 1, 0, 2, make_nonce()))
+    other = wire.encode_hello(wire.Hello(0, 2, 1, 0, 2, make_nonce()))
+    nonce = make_nonce()
+    proofs = wire.HANDSHAKE
+    sp = proofs.server_proof("s", hello)
+    assert proofs.check_server_proof("s", hello, sp)
+    assert not proofs.check_server_proof("t", hello, sp)
+    assert not proofs.check_server_proof("s", other, sp)
+    cp = proofs.client_proof("s", hello, nonce)
+    assert proofs.check_client_proof("s", hello, nonce, cp)
+    assert not proofs.check_client_proof("s", hello, make_nonce(), cp)
+    # A server's answer is no use as a client's answer (and vice versa).
+    assert not proofs.check_client_proof("s", hello, hello[-16:], sp)
+
+
+def test_ctrl_parser_handles_split_and_merged_messages():
+    msgs = (
+        wire.encode_ctrl(wire.CTRL_HEARTBEAT)
+        + wire.encode_closing(3, "new round")
+        + wire.encode_abort(wire.ABORT_LOST, 2, "rank 2 lost")
+    )
+    p = wire.CtrlParser()
+    out = []
+    for i in range(len(msgs)):
+        out += p.feed(msgs[i : i + 1])
+    assert [k for k, _ in out] == [wire.CTRL_HEARTBEAT, wire.CTRL_CLOSING, wire.CTRL_ABORT]
+    assert wire.decode_closing(out[1][1]) == (3, "new round")
+    assert wire.decode_abort(out[2][1]) == (wire.ABORT_LOST, 2, "rank 2 lost")
+    assert wire.decode_abort(wire.encode_abort(1, None, "x")[3:])[1] is None
+
+
+def test_op_header_roundtrip_and_mismatch_descriptions():
+    h = wire.OpHeader(
+        wire.KIND_ALLREDUCE, 9, op=1, dtype_code=11, nelem=100, shape_crc=layout.shape_crc((10, 10))
+    )
+    assert wire.OpHeader.decode(h.encode()) == h
+    assert wire.header_mismatch(h, h) is None
+    other = wire.OpHeader(wire.KIND_BROADCAST, 9, root=0)
+    assert "broadcast #9" in wire.header_mismatch(h, other)
+    bigger = wire.OpHeader(
+        wire.KIND_ALLREDUCE, 9, op=1, dtype_code=11, nelem=101, shape_crc=h.shape_crc
+    )
+    assert "nelem" in wire.header_mismatch(h, bigger)
+    assert layout.shape_crc((10, 10)) != layout.shape_crc((100,))
+    with pytest.raises(wire.WireError):
+        wire.OpHeader.decode(b"\x00" * wire.OP_HEADER_SIZE)
+
+
+def test_array_meta_roundtrip():
+    for dt, shape in ((np.dtype("<f4"), ()), (np.dtype("U3"), (2, 0, 5)), (np.dtype("?"), (7,))):
+        enc = wire.encode_array_meta(dt, shape)
+        assert wire.decode_meta_len(enc[:4]) == len(enc) - 4
+        assert wire.decode_array_meta_body(enc[4:]) == (dt, shape)
+    with pytest.raises(wire.WireError):
+        wire.decode_array_meta_body(b"nonsense\x00")
+
+
+def test_settings_validation_and_heartbeat_default():
+    s = CommSettings()
+    assert s.connect_timeout == 30.0 and s.peer_timeout == 30.0
+    assert s.effective_heartbeat_interval == 1.0
+    assert CommSettings(peer_timeout=2.0).effective_heartbeat_interval == 0.5
+    for bad in (
+        {"peer_timeout": 0},
+        {"transport": "udp"},
+        {"chunk_bytes": 10},
+        {"heartbeat_interval": 5.0, "peer_timeout": 2.0},
+        {"shm_spin_us": -1},
+    ):
+        with pytest.raises(ValueError):
+            CommSettings(**bad)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.peer_timeout = 3  # frozen
+
+
+def test_membership_validation():
+    with pytest.raises(ValueError):
+        Membership(1, 2, ("a:1", "b:2"), "s")
+    with pytest.raises(ValueError):
+        Membership(1, 0, (), "s")
+    with pytest.raises(ValueError):
+        Membership(1, 0, ("a:1",), "")
+    assert Membership(1, 1, ["a:1", "b:2"], "s").size == 2
+
+
+def test_addresses():
+    # Listener addresses are written and read by the one HOST:PORT helper.
+    assert str(Endpoint("::1", 5)) == "[::1]:5" and Endpoint.parse("[::1]:5").sockaddr == ("::1", 5)
+    assert Endpoint.parse("host.example:80").sockaddr == ("host.example", 80)
+    for bad in ("nohost", ":80", "h:x"):
+        with pytest.raises(ValueError):
+            Endpoint.parse(bad)
+
+
+def test_detect_mpi():
+    assert not detect_mpi({})
+    assert not detect_mpi({"PMI_RANK": ""})
+    for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID", "PMIX_RANK"):
+        assert detect_mpi({var: "0"})
+
+
+def test_output_cache_reuses_only_memory_nobody_can_reach():
+    from elastic.comm.outbuf import OutputCache
+
+    cache = OutputCache(min_bytes=1024, max_entries=2)
+    a = cache.empty((1000,), np.float32)
+    ptr = a.ctypes.data
+    a[:] = 1
+    del a
+    b = cache.empty((10, 100), np.float32)  # same bytes, dropped: reused
+    assert b.ctypes.data == ptr and b.shape == (10, 100)
+    view = b[3:]  # a live view pins the memory
+    del b
+    c = cache.empty((1000,), np.float32)
+    assert c.ctypes.data != ptr
+    del view
+    c_ptr = c.ctypes.data
+    mv = memoryview(c)  # so does a buffer export
+    del c
+    d = cache.empty((1000,), np.float32)
+    assert d.ctypes.data == ptr  # the first one is free again
+    e = cache.empty((1000,), np.float32)
+    assert e.ctypes.data not in (ptr, c_ptr)
+    del mv
+    small = cache.empty((3,), np.float64)  # below min_bytes: plain allocation
+    assert small.shape == (3,)
+    held = [cache.empty((500,), np.float64) for _ in range(5)]  # more than max_entries
+    assert len({h.ctypes.data for h in held}) == 5
+
+
+def test_gather_layout_and_its_mismatches():
+    f4, f8 = np.dtype("<f4"), np.dtype("<f8")
+    dtype, shape, offsets = gather_layout([(f4, (2, 3)), (f4, (0, 3)), (f4, (1, 3))])
+    assert (dtype, shape, offsets) == (f4, (3, 3), [0, 24, 24, 36])
+    with pytest.raises(Mismatch, match="dtypes differ"):
+        gather_layout([(f4, (2, 3)), (f8, (2, 3))])
+    with pytest.raises(Mismatch, match="beyond axis 0"):
+        gather_layout([(f4, (2, 3)), (f4, (2, 4))])
+    assert str(PeerGone(2, "connection closed")) == "rank 2: connection closed"
+
+
+def test_local_transport_copies():
+    t = LocalTransport()
+    hdr = wire.OpHeader(wire.KIND_ALLREDUCE, 1)
+    x = np.arange(4.0)
+    out = np.empty_like(x)
+    t.allreduce(x, out, "sum", hdr)
+    assert out.tolist() == x.tolist()
+    b = t.broadcast(x, 0, hdr)
+    assert b.tolist() == x.tolist() and not np.shares_memory(b, x)
+    g, rows = t.allgather(x.reshape(2, 2), hdr)
+    assert rows == [2] and g.tolist() == [[0.0, 1.0], [2.0, 3.0]] and not np.shares_memory(g, x)
+    t.barrier(hdr)
+    t.abort(orderly=True)
+    t.close()
+    assert t.name == "local"

@@ -1,0 +1,196 @@
+"""The shard state machine in one process (threads stand in for concurrent requests):
+async de-duplication, sync rounds/steps/generations, and the checkpoint gate."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
+from elastic.ps.partition import Slice
+from elastic.ps.protocol import APPLIED, PENDING, ROLLED_BACK, SUPERSEDED, UNKNOWN
+from elastic.ps.shard.state import ShardState, initial_generation
+
+pytestmark = pytest.mark.unit  # pure logic: no process, no socket
+
+SGD = {"optimizer": "sgd", "lr": 1.0}
+G0 = initial_generation(None)
+
+
+def _state(mode="async", value=None):
+    st = ShardState(0, 1, mode)
+    st.load(None, None, G0)
+    value = np.zeros(4) if value is None else value
+    st.create([(Slice("w", 0, 0, len(value), value.shape, value.dtype.str), value)], SGD, 1.0)
+    return st
+
+
+def _w(st):
+    _, [(_meta, a)] = st.pull(["w"])
+    return a
+
+
+def test_data_calls_wait_for_restore():
+    st = ShardState(0, 1, "async")
+    with pytest.raises(PSNotReadyError):
+        st.describe()
+    st.load(None, None, G0)
+    assert st.describe().variables == ()
+
+
+def test_async_push_applies_and_dedupes_repeats():
+    st = _state()
+    assert st.push_async("c", 1, [("w", np.ones(4))], 1.0) == 1
+    assert st.push_async("c", 1, [("w", np.ones(4))], 1.0) == 1  # a retried push
+    assert st.push_async("d", 1, [("w", np.ones(4))], 1.0) == 2
+    np.testing.assert_array_equal(_w(st), -2 * np.ones(4))
+
+
+def test_create_keeps_existing_and_checks_shapes():
+    st = _state(value=np.arange(4.0))
+    assert st.create([(Slice("w", 0, 0, 4, (4,), "<f8"), np.zeros(4))], SGD, 1.0) == []
+    np.testing.assert_array_equal(_w(st), np.arange(4.0))
+    with pytest.raises(PSShapeError):
+        st.create([(Slice("w", 0, 0, 5, (5,), "<f8"), np.zeros(5))], SGD, 1.0)
+    with pytest.raises(PSUninitializedError):
+        st.push_async("c", 1, [("nope", np.ones(4))], 1.0)
+    with pytest.raises(PSShapeError):
+        st.push_async("c", 1, [("w", np.ones(3))], 1.0)
+
+
+def _sync_push(st, rnd, size, rank, step, grad, gen=G0, wait=5.0):
+    return st.push_sync(rnd, size, rank, step, gen, [("w", np.full(4, float(grad)))], wait)
+
+
+def test_sync_step_applies_rank_ordered_average_once_all_ranks_pushed():
+    st = _state("sync")
+    with ThreadPoolExecutor(3) as pool:
+        futures = [
+            pool.submit(_sync_push, st, 1, 3, r, 1, g) for r, g in ((2, 6.0), (0, 1.0), (1, 2.0))
+        ]
+        replies = [f.result(timeout=10) for f in futures]
+    assert {r.status for r in replies} == {APPLIED} and st.step == 1
+    np.testing.assert_allclose(_w(st), -3.0 * np.ones(4))
+
+
+def test_sync_pending_then_wait_step():
+    st = _state("sync")
+    assert _sync_push(st, 1, 2, 0, 1, 1.0, wait=0.05).status == PENDING
+    assert st.wait_step(1, 0, 1, G0, 0.05).status == PENDING
+    assert _sync_push(st, 1, 2, 1, 1, 3.0).status == APPLIED
+    assert st.wait_step(1, 0, 1, G0, 0.05).status == APPLIED
+    assert _sync_push(st, 1, 2, 0, 1, 9.0).status == APPLIED  # a redo of an applied step
+    np.testing.assert_allclose(_w(st), -2.0 * np.ones(4))
+
+
+def test_newer_round_drops_incomplete_step_and_supersedes_old_waiters():
+    st = _state("sync")
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(_sync_push, st, 1, 3, 0, 1, 1.0)
+        assert _sync_push(st, 1, 3, 1, 1, 1.0, wait=0.05).status == PENDING
+        # rank 2 died; the survivors redo step 1 in round 2 (size 2)
+        assert _sync_push(st, 2, 2, 0, 1, 4.0, wait=0.05).status == PENDING
+        assert waiting.result(timeout=10).status == SUPERSEDED
+    assert _sync_push(st, 1, 3, 2, 1, 1.0).status == SUPERSEDED
+    assert st.wait_step(1, 1, 1, G0, 0.05).status == SUPERSEDED
+    assert _sync_push(st, 2, 2, 1, 1, 2.0).status == APPLIED
+    np.testing.assert_allclose(_w(st), -3.0 * np.ones(4))  # only round 2's average
+
+
+def test_sync_rejects_contradicting_round_sizes_and_ranks():
+    st = _state("sync")
+    _sync_push(st, 1, 2, 0, 1, 1.0, wait=0.01)
+    with pytest.raises(PSProtocolError):
+        _sync_push(st, 1, 3, 1, 1, 1.0)
+    with pytest.raises(PSProtocolError):
+        _sync_push(st, 1, 2, 2, 1, 1.0)
+
+
+def test_generation_change_refuses_old_gradients_and_step_skew():
+    st = _state("sync")
+    assert _sync_push(st, 1, 1, 0, 1, 1.0).status == APPLIED
+    assert _sync_push(st, 1, 1, 0, 5, 1.0).status == ROLLED_BACK  # client is ahead
+    st.adopt_generation("c0-x")
+    reply = _sync_push(st, 1, 1, 0, 2, 1.0)
+    assert reply.status == ROLLED_BACK and reply.generation == "c0-x"
+    assert _sync_push(st, 1, 1, 0, 2, 1.0, gen="c0-x").status == APPLIED
+
+
+def test_wait_step_after_reload_is_unknown_or_rolled_back():
+    st = _state("sync")
+    _sync_push(st, 3, 2, 0, 1, 1.0, wait=0.01)
+    fresh = _state("sync")  # a restarted shard: round unknown
+    assert fresh.wait_step(3, 0, 1, G0, 0.01).status == UNKNOWN
+    st.load(None, None, "c0-y")
+    assert st.wait_step(3, 0, 1, G0, 0.01).status == ROLLED_BACK
+
+
+def test_gate_blocks_applies_until_snapshot_and_align_lets_laggards_catch_up():
+    st = _state()
+    st.push_async("a", 1, [("w", np.ones(4))], 1.0)
+    status = st.prepare(checkpoint_id=7, lease=30.0)
+    assert status.step == 1 and status.loaded
+    with pytest.raises(PSNotReadyError):
+        st.push_async("a", 2, [("w", np.ones(4))], 0.05)
+    # another shard is at step 2: one more push may pass, the next waits
+    done = threading.Event()
+    results = []
+
+    def pusher(seq):
+        results.append(st.push_async("a", seq, [("w", np.ones(4))], 10.0))
+        done.set()
+
+    t = threading.Thread(target=pusher, args=(2,))
+    t.start()
+    assert st.align(7, target=2, timeout=5.0, fast_forward=False) == 2
+    t.join(timeout=10)
+    assert results == [2]
+    with pytest.raises(PSNotReadyError):
+        st.push_async("a", 3, [("w", np.ones(4))], 0.05)
+    snap = st.snapshot(7)
+    assert snap.step == 2 and snap.dedup == {"a": 2}
+    np.testing.assert_array_equal(snap.variables["w"].param, -2 * np.ones(4))
+    assert st.push_async("a", 3, [("w", np.ones(4))], 1.0) == 3  # gate open again
+    assert snap.variables["w"].param[0] == -2  # the snapshot is a copy
+    assert st.at_checkpoint(7) is False
+
+
+def test_align_fast_forward_and_abort_and_lease():
+    st = _state()
+    st.prepare(1, lease=30.0)
+    assert st.align(1, target=3, timeout=0.05, fast_forward=False) == 0
+    assert st.align(1, target=3, timeout=0.05, fast_forward=True) == 3
+    st.abort(1)
+    assert st.push_async("a", 1, [("w", np.ones(4))], 0.5) == 4
+    with pytest.raises(PSProtocolError):
+        st.snapshot(1)
+    st.prepare(2, lease=0.2)  # the coordinator dies here: the lease reopens the gate
+    assert st.push_async("a", 2, [("w", np.ones(4))], 5.0) == 5
+    with pytest.raises(PSProtocolError):
+        st.align(2, 9, 0.1, True)
+
+
+def test_sync_apply_waits_for_the_gate():
+    st = _state("sync")
+    st.prepare(4, lease=30.0)
+    assert _sync_push(st, 1, 1, 0, 1, 1.0, wait=0.05).status == PENDING
+    assert st.step == 0
+    snap = st.snapshot(4)
+    assert snap.step == 0
+    assert st.wait_step(1, 0, 1, G0, 5.0).status == APPLIED and st.step == 1
+
+
+def test_load_and_at_checkpoint():
+    st = _state()
+    snap = ck_snapshot = st.prepare(3, 30.0) and st.snapshot(3)
+    assert st.at_checkpoint(3)
+    st.push_async("x", 1, [("w", np.ones(4))], 1.0)
+    assert not st.at_checkpoint(3)
+    st.load(ck_snapshot, 3, "c3")
+    assert st.at_checkpoint(3) and st.step == snap.step and st.generation == "c3"
+    np.testing.assert_array_equal(_w(st), np.zeros(4))
+    st.raise_step(10)
+    assert st.step == 10 and not st.at_checkpoint(3)

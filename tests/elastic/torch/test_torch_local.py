@@ -1,0 +1,203 @@
+"""Pure parts of ``elastic.torch`` and what needs no world: bucket plans, the sampler's
+share of an epoch, CUDA staging (with a stand-in device), TorchState's in-place restore,
+and that ``import elastic`` stays free of torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic.torch import TorchState
+from elastic.torch._staging import HostStaging, from_transfer, transfer_view
+from elastic.torch.buckets import ParamSpec, plan_buckets
+from elastic.torch.sampler import ElasticSampler, progress_after, rank_positions
+from tests.support.jobs import ROOT
+
+
+def test_import_elastic_does_not_import_torch():
+    code = "import sys, elastic; assert 'torch' not in sys.modules; print('ok')"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=str(ROOT),
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=60,
+        text=True,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_buckets_reverse_order_small_first_bucket_and_one_kind_each():
+    specs = [
+        ParamSpec(100, 4, "f32"),
+        ParamSpec(100, 4, "f32"),
+        ParamSpec(10, 2, "f16"),
+        ParamSpec(300, 4, "f32"),
+        ParamSpec(50, 4, "f32"),
+    ]
+    buckets = plan_buckets(specs, bucket_bytes=1000, first_bucket_bytes=200, alone_bytes=1000)
+    # the last parameter fills the small first bucket; leftovers close in opening order
+    assert [b.params for b in buckets] == [(4,), (3,), (2,), (1, 0)]
+    assert buckets[3].fused == (1, 0) and buckets[3].offsets == (0, 100)
+    assert buckets[3].numel == 200 and buckets[3].alone == ()
+    assert buckets[1].alone == (3,) and buckets[1].fused == ()  # large: no packing
+    assert {b.kind for b in buckets if 2 not in b.params} == {"f32"}
+    with pytest.raises(ValueError):
+        plan_buckets(specs, bucket_bytes=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(remaining=st.integers(0, 500), size=st.integers(1, 9), batch=st.integers(1, 40))
+def test_sampler_shares_cover_the_rest_once_with_equal_steps(remaining, size, batch):
+    shares = [rank_positions(remaining, r, size, batch) for r in range(size)]
+    taken = np.concatenate(shares)
+    assert set(taken.tolist()) == set(range(remaining))  # every position
+    steps = {-(-len(s) // batch) for s in shares}
+    assert len(steps) == 1  # same step count
+    tail = remaining % (size * batch)
+    if remaining:
+        assert all(len(s) > 0 for s in shares)  # never empty
+    # a repeat only when the epoch's last step has fewer samples than workers
+    assert len(taken) == remaining + (size - tail if 0 < tail < size else 0)
+    # a DataLoader's i-th batch on every rank comes from global step i's positions
+    for i in range(steps.pop()):
+        lo, hi = i * size * batch, progress_after(0, i + 1, batch, size, remaining)
+        for s in shares:
+            chunk = s[i * batch : (i + 1) * batch]
+            assert all(lo <= p < hi for p in chunk.tolist())
+
+
+def test_sampler_progress_rides_through_state_dict():
+    sampler = ElasticSampler(range(100), shuffle=True, seed=3, batch_size=4)
+    sampler.set_epoch(2)
+    sampler._size = 2
+    sampler.record_batch(0, 4)
+    sampler.record_batch(4, 4)
+    assert sampler.processed == 40
+    saved = sampler.state_dict()
+    sampler.set_epoch(3)
+    assert sampler.processed == 0
+    sampler.load_state_dict(saved)
+    sampler.set_epoch(2)  # the epoch in progress: kept
+    assert (sampler.epoch, sampler.processed) == (2, 40)
+    with pytest.raises(ValueError, match="num_samples"):
+        ElasticSampler(range(5)).load_state_dict(saved)
+
+
+def test_staging_goes_through_one_reused_host_buffer():
+    synced = []
+    staging = HostStaging(pin=False, is_device=lambda t: True, synchronize=synced.append)
+    device_tensor = torch.arange(6.0).reshape(2, 3)
+    host = staging.to_host(device_tensor)
+    assert host is not device_tensor and torch.equal(host, device_tensor)
+    assert staging.to_host(device_tensor * 2).data_ptr() == host.data_ptr()  # reused
+    assert len(synced) == 2  # waited for each device-to-host copy
+    out = torch.zeros(2, 3)
+    staging.copy_to(torch.ones(6), out)
+    assert torch.equal(out, torch.ones(2, 3)) and len(synced) == 3
+    cpu = HostStaging(pin=False)
+    t = torch.ones(3)
+    assert cpu.to_host(t).data_ptr() == t.data_ptr()  # no copy
+
+
+def test_transfer_views_share_memory_and_keep_bfloat16_bits():
+    t = torch.arange(4, dtype=torch.float32)
+    arr = transfer_view(t)
+    arr[0] = 7
+    assert t[0] == 7
+    b = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    assert torch.equal(from_transfer(transfer_view(b).copy(), torch.bfloat16), b)
+    with pytest.raises(ValueError):
+        transfer_view(torch.ones(4, 4).t())
+
+
+def test_torch_state_restores_into_the_same_objects():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    counts = torch.zeros(2)
+    state = TorchState(
+        model=model, optimizer=opt, scheduler=sched, counts=counts, epoch=0, history=[1]
+    )
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sched.step()
+    counts += 1
+    state.commit()
+    weight, momentum = model.weight.detach().clone(), opt.state[model.weight]["momentum_buffer"]
+    momentum = momentum.clone()
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sched.step()
+    counts += 5
+    state.epoch, state.history = 4, [1, 2]
+    state.restore()
+    assert state.model is model and state.optimizer is opt and state.counts is counts
+    assert torch.equal(model.weight, weight)
+    assert torch.equal(opt.state[model.weight]["momentum_buffer"], momentum)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert counts.tolist() == [1.0, 1.0] and state.epoch == 0 and state.history == [1]
+    # what was restored is the optimizer's own: stepping on does not alter the commit
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state.restore()
+    assert torch.equal(model.weight, weight)
+
+
+class _TwinWorld:
+    """A stand-in world of two ranks that hold the same gradients: "sum" doubles them
+    (logic only: which gradients are sent, late ones corrected, nothing lost)."""
+
+    def __init__(self, monkeypatch):
+        from elastic.torch import _backend
+
+        self.calls: list[int] = []
+        monkeypatch.setattr(_backend, "world_size", lambda: 2)
+        monkeypatch.setattr(_backend, "allreduce_array", self.allreduce)
+
+    def allreduce(self, arr, op):
+        self.calls.append(arr.size)
+        return arr * 2 if op == "sum" else arr.copy()  # "max" of equal masks: the mask
+
+
+def test_reducer_sends_late_and_partial_gradients_once(monkeypatch):
+    from elastic.torch import DistributedOptimizer
+
+    twin = _TwinWorld(monkeypatch)
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opt = DistributedOptimizer(
+        torch.optim.SGD([a, b], lr=0.0), op="sum", backward_passes_per_step=2, bucket_bytes=8
+    )
+    assert len(opt.buckets) == 2
+    # step 1: b gets no gradient (zeros on every rank); a accumulates two passes
+    for _ in range(2):
+        (a * 2).sum().backward()
+    opt.step()
+    assert a.grad.tolist() == [8.0] * 3 and b.grad.tolist() == [0.0] * 2
+    assert twin.calls == [2, 5]  # bucket of b; bucket of a with the "late" mask (2)
+    opt.zero_grad()
+    # step 2: b was not expected (no gradient last step) and gets one in pass 2 only,
+    # after its bucket may have left: it is corrected, not lost and not doubled
+    (a * 2).sum().backward()
+    (a * 2).sum().backward(retain_graph=True)
+    (b * 3).sum().backward()
+    opt.step()
+    assert a.grad.tolist() == [8.0] * 3 and b.grad.tolist() == [6.0] * 2
+    with pytest.raises(RuntimeError, match="backward_passes_per_step"):
+        for _ in range(3):
+            (a * 2).sum().backward()
+    opt.reset_step()
+    # a step cut short leaves nothing behind: the next one counts from zero
+    opt.zero_grad()
+    for _ in range(2):
+        (a * 1).sum().backward()
+    opt.step()
+    assert a.grad.tolist() == [4.0] * 3

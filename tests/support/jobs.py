@@ -1,0 +1,229 @@
+"""Run ``elastic-run`` as a real subprocess for integration tests, and read what it did.
+
+``ElasticRun`` starts the driver in its own process group with stdout/stderr to files,
+follows its stdout for ``progress N`` lines (printed by ``workloads/exact_sum.py``) and
+reads the events file. ``stop()`` (also on ``__exit__``) ends the driver and SIGKILLs any
+worker the events file names that is still alive, so nothing outlives a failed test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.support.paths import ROOT, WORKLOADS
+
+EXACT_SUM = WORKLOADS / "exact_sum.py"
+_PROGRESS = re.compile(r"progress (\d+)")
+
+
+def wait_until(
+    predicate,
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    error: type[Exception] = AssertionError,
+):
+    """Poll ``predicate`` until it returns a true value (returned); ``error`` naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise error(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)  # polling a condition (a file, a process) with a deadline
+
+
+def hosts_file_discovery(workdir: Path, hosts: str) -> tuple[Path, Path]:
+    """A discovery script that prints a hosts file, and that file (holding ``hosts``):
+    a test changes the job's hosts by rewriting the file."""
+    hosts_file = Path(workdir) / "hosts.txt"
+    hosts_file.write_text(hosts)
+    script = Path(workdir) / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    script.chmod(0o755)
+    return script, hosts_file
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+class ElasticRun:
+    def __init__(self, args: list[str], workdir: Path, env: dict | None = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.events_path = self.workdir / "events.jsonl"
+        self.out_path = self.workdir / "stdout.log"
+        self.err_path = self.workdir / "stderr.log"
+        self.argv = [sys.executable, "-m", "driver.cli", "--events", str(self.events_path), *args]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.progress = 0
+        self._lines: list[str] = []
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> ElasticRun:
+        # Open for the driver's life, closed by stop().
+        self._out = open(self.out_path, "w")  # noqa: SIM115
+        self._err = open(self.err_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._out.write(line)
+            self._out.flush()
+            self._lines.append(line)
+            m = _PROGRESS.search(line)
+            if m:
+                self.progress = max(self.progress, int(m.group(1)))
+
+    def wait(self, timeout: float) -> int:
+        """The driver's exit status; AssertionError (with its stderr) after ``timeout``."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"elastic-run did not finish within {timeout:.0f}s:\n" + self.stderr_tail()
+            ) from None
+        self._reader.join(timeout=10)
+        return code
+
+    def wait_progress(self, at_least: int, timeout: float = 60) -> int:
+        return wait_until(
+            lambda: self.progress >= at_least and self.progress,
+            timeout,
+            f"progress {at_least} (at {self.progress}); stderr:\n{self.stderr_tail()}",
+        )
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        try:
+            lines = self.events_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        records = [json.loads(line) for line in lines if line.strip()]
+        return [r for r in records if kind is None or r["kind"] == kind]
+
+    def wait_event(
+        self, kind: str, predicate=lambda e: True, timeout: float = 60, after: int = 0
+    ) -> dict:
+        """The first event of ``kind`` (past the first ``after`` of that kind) that
+        satisfies ``predicate``."""
+        return wait_until(
+            lambda: next((e for e in self.events(kind)[after:] if predicate(e)), None),
+            timeout,
+            f"event {kind}; stderr:\n{self.stderr_tail()}",
+        )
+
+    def current_round(self) -> dict | None:
+        rounds = self.events("round_formed")
+        return rounds[-1] if rounds else None
+
+    def worker_pids(self) -> dict[str, int]:
+        return {e["worker"]: e["pid"] for e in self.events("worker_started")}
+
+    def members(self) -> list[str]:
+        current = self.current_round()
+        return list(current["members"]) if current else []
+
+    def kill_member(self, rank: int, sig: int = signal.SIGKILL) -> str:
+        """Send ``sig`` to the worker with ``rank`` in the current round; its worker id."""
+        worker = self.members()[rank]
+        os.kill(self.worker_pids()[worker], sig)
+        return worker
+
+    def stderr_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.err_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        for pid in self.worker_pids().values():
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        for f in (getattr(self, "_out", None), getattr(self, "_err", None)):
+            if f is not None:
+                f.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def exact_sum_results(out_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("*.json"))]
+
+
+def check_exact_sum(
+    out_dir: Path,
+    samples: int,
+    epochs: int,
+    final_size: int | None = None,
+    commits: int | None = None,
+) -> list[dict]:
+    """Every worker of the final round holds the identical, exact state."""
+    results = exact_sum_results(out_dir)
+    assert results, f"no worker wrote a result into {out_dir}"
+    size = results[0]["size"]
+    assert len(results) == size, f"{len(results)} results for a final round of {size}"
+    assert sorted(r["rank"] for r in results) == list(range(size))
+    if final_size is not None:
+        assert size == final_size
+    expected_total = epochs * samples * (samples - 1) / 2
+    for r in results:
+        assert r["visits_min"] == r["visits_max"] == epochs, f"not exactly once: {r}"
+        assert r["total"] == expected_total, f"wrong total: {r}"
+        assert r["epoch"] == epochs - 1
+    keys = ("commits", "total", "digest", "sizes", "visits_sum")
+    assert len({tuple(json.dumps(r[k]) for k in keys) for r in results}) == 1, (
+        f"ranks disagree: {results}"
+    )
+    if commits is not None:
+        assert results[0]["commits"] == commits
+    return results

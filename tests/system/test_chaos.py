@@ -1,0 +1,159 @@
+"""Chaos: real workers SIGKILLed at random while training; the job must finish, exact.
+
+The workload (``workloads/exact_sum.py``) makes every sample add exactly-representable
+numbers to the state, so "correct" is checkable to the bit: each sample of each epoch
+visited exactly once, the same state on every rank, the same result as a failure-free run.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.support.jobs import EXACT_SUM, ElasticRun, check_exact_sum, hosts_file_discovery
+
+pytestmark = pytest.mark.chaos
+
+SAMPLES, EPOCHS, BATCH = 1200, 12, 4
+
+
+def workload(out_dir, epochs=EPOCHS):
+    return [
+        "python",
+        str(EXACT_SUM),
+        str(out_dir),
+        "--samples",
+        str(SAMPLES),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        str(BATCH),
+    ]
+
+
+def steps_per_epoch(size: int) -> int:
+    return -(-SAMPLES // (BATCH * size))
+
+
+def kill_randomly(run: ElasticRun, kills: int, rng: random.Random, gap: int = 40) -> list[str]:
+    """SIGKILL a random member of the current round ``kills`` times, each after the job
+    committed ``gap`` more steps (so every kill lands in a live, re-formed job)."""
+    victims = []
+    for _ in range(kills):
+        run.wait_progress(run.progress + gap)
+        members = run.members()
+        victims.append(run.kill_member(rng.randrange(len(members))))
+    return victims
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "sizes",
+    [["-np", "4", "--min-np", "2"], ["-np", "4"]],
+    ids=["survivors-go-on", "wait-for-replacement"],
+)
+def test_random_sigkills_finish_exact(tmp_path, store_args, sizes):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun([*sizes, *store_args, *workload(out)], tmp_path) as run:
+        victims = kill_randomly(run, 5, random.Random(len(sizes)))
+        assert run.wait(timeout=90) == 0, run.stderr_tail()
+        failed = {e["worker"] for e in run.events("worker_failed")}
+        assert set(victims) <= failed
+        rounds = run.events("round_formed")
+    results = check_exact_sum(out, SAMPLES, EPOCHS)
+    if sizes == ["-np", "4"]:
+        # A fixed world: every round has 4 workers, so the step count is exact too.
+        assert {r["size"] for r in rounds} == {4}
+        assert results[0]["commits"] == EPOCHS * steps_per_epoch(4)
+    else:
+        assert min(r["size"] for r in rounds) < 4  # survivors went on without waiting
+
+
+@pytest.mark.timeout(90)
+def test_chaos_flag_kills_and_the_job_still_finishes(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    # The job lasts several seconds; three kills at ~0.3 s intervals fit well inside it.
+    with ElasticRun(
+        [
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "--chaos-kill-interval",
+            "0.3",
+            "--chaos-max-kills",
+            "3",
+            *workload(out, epochs=60),
+        ],
+        tmp_path,
+    ) as run:
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        kills = run.events("chaos_kill")
+    assert len(kills) == 3
+    check_exact_sum(out, SAMPLES, 60)
+
+
+@pytest.mark.timeout(120)
+def test_etcd_killed_and_restarted_mid_run(tmp_path, etcd_single):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(
+        ["-np", "3", "--rendezvous", etcd_single.url, *workload(out, epochs=40)], tmp_path
+    ) as run:
+        run.wait_progress(40)
+        etcd_single.kill(0)
+        # Training goes on without the store: collectives do not need it.
+        run.wait_progress(run.progress + 40)
+        etcd_single.restart(0)
+        run.wait_progress(run.progress + 20)
+        # And the job still re-forms after the outage.
+        run.kill_member(1)
+        assert run.wait(timeout=90) == 0, run.stderr_tail()
+        assert len(run.events("round_formed")) >= 2
+    check_exact_sum(out, SAMPLES, 40)
+
+
+@pytest.mark.timeout(120)
+def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_args):
+    out = tmp_path / "out"
+    out.mkdir()
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:1\n")
+    hold = tmp_path / "hold"  # while it exists the workers wait between steps
+    changes = [
+        ("localhost:2\n", 2),  # more slots on the same host
+        ("localhost:2\n127.0.0.1:2\n", 4),  # a second host
+        ("127.0.0.1:1\n", 1),
+    ]  # the first host goes, one slot left
+    with ElasticRun(
+        [
+            "--min-np",
+            "1",
+            "-np",
+            "1",
+            "--host-discovery-script",
+            str(script),
+            "--discovery-interval",
+            "0.2",
+            "--launcher",
+            "local",
+            *store_args,
+            *workload(out, epochs=15),
+            "--pause-while",
+            str(hold),
+        ],
+        tmp_path,
+    ) as run:
+        for layout, size in changes:
+            run.wait_progress(run.progress + 30)
+            hold.write_text("")  # however fast the job is, the change lands mid-epoch
+            hosts.write_text(layout)
+            run.wait_event("round_formed", lambda e, size=size: e["size"] == size)
+            hold.unlink()
+        assert run.wait(timeout=90) == 0, run.stderr_tail()
+        sizes = [e["size"] for e in run.events("round_formed")]
+    results = check_exact_sum(out, SAMPLES, 15, final_size=1)
+    assert sizes == [1, 2, 4, 1]
+    assert [size for size, _ in results[0]["sizes"]] == [1, 2, 4, 1]

@@ -1,0 +1,374 @@
+"""The driver with real worker processes: replacement, blacklisting, unresponsive workers,
+signals, exit status, and every kind of bad input. Both stores where the store matters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.jobs import (
+    EXACT_SUM,
+    ROOT,
+    ElasticRun,
+    check_exact_sum,
+    hosts_file_discovery,
+    pid_alive,
+    wait_until,
+)
+
+SAMPLES = 800
+
+
+def workload(out_dir, epochs=10, *extra):
+    return [
+        "python",
+        str(EXACT_SUM),
+        str(out_dir),
+        "--samples",
+        str(SAMPLES),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        "4",
+        *extra,
+    ]
+
+
+def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "driver.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["-np", "2", "--min-np", "3", "--max-np", "4", "python", "x.py"], "--min-np"),
+        (["-np", "2"], "COMMAND"),
+        (
+            ["-np", "2", "--host-discovery-script", "/nonexistent/discover.sh", "true"],
+            "discover.sh",
+        ),
+        (
+            ["-np", "2", "--blacklist-cooldown-range", "10", "5", "true"],
+            "--blacklist-cooldown-range",
+        ),
+        (["-np", "2", "-H", "host:x", "true"], "host:x"),
+        (["-np", "2", "--rendezvous", "etcd://nohost", "true"], "etcd://nohost"),
+        (["-np", "0", "true"], "-np"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(args, fragment):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_non_executable_discovery_script_is_refused(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost\n")
+    result = run_cli("-np", "1", "--host-discovery-script", str(script), "true")
+    assert result.returncode == 2 and "executable" in result.stderr
+
+
+def test_bad_discovery_line_at_start_names_the_line(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\necho 'bad host:x'\n")
+    script.chmod(0o755)
+    result = run_cli("-np", "1", "--host-discovery-script", str(script), "true")
+    assert result.returncode == 1
+    assert "line 2" in result.stderr and "bad host:x" in result.stderr, result.stderr
+
+
+def test_unreachable_etcd_fails_fast_with_one_line():
+    from tests.support.etcd_cluster import free_ports
+
+    result = run_cli("-np", "1", "--rendezvous", f"etcd://127.0.0.1:{free_ports(1)[0]}", "true")
+    assert result.returncode == 1 and "cannot reach" in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(90)
+def test_sigkilled_worker_is_replaced_in_its_slot(tmp_path, store_args):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(["-np", "2", *store_args, *workload(out, 15)], tmp_path) as run:
+        run.wait_progress(30)
+        victim = run.kill_member(1)
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        started = run.events("worker_started")
+        slot = next(e["slot"] for e in started if e["worker"] == victim)
+        replacement = [e for e in started if e["slot"] == slot][-1]
+        assert replacement["worker"] != victim
+        assert replacement["worker"] in run.members()
+    check_exact_sum(out, SAMPLES, 15, final_size=2)
+
+
+@pytest.mark.timeout(90)
+def test_failing_host_is_blacklisted_and_comes_back(tmp_path, store_args):
+    out = tmp_path / "out"
+    out.mkdir()
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    hold = tmp_path / "hold"
+    hold.write_text("")  # training waits until the host is back, however fast it would be
+    args = [
+        "-H",
+        "localhost:1,127.0.0.1:1",
+        "-np",
+        "1",
+        "--min-np",
+        "1",
+        "--launcher",
+        "local",
+        "--blacklist-cooldown-range",
+        "1",
+        "2",
+        *store_args,
+        *workload(
+            out,
+            30,
+            "--fail-host",
+            "127.0.0.1",
+            "--fail-flag",
+            str(flag),
+            "--pause-while",
+            str(hold),
+        ),
+    ]
+    with ElasticRun(args, tmp_path) as run:
+        blacklisted = run.wait_event("host_blacklisted", lambda e: e["host"] == "127.0.0.1")
+        flag.unlink()  # the host is repaired
+        run.wait_event("host_back", lambda e: e["host"] == "127.0.0.1")
+        run.wait_event("round_formed", lambda e: e["size"] == 2)
+        hold.unlink()
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        failures = [e for e in run.events("worker_failed") if e["host"] == "127.0.0.1"]
+        assert len(failures) >= 3 and blacklisted["cooldown"] <= 2
+        # localhost was never blacklisted: its worker kept training throughout.
+        assert not [e for e in run.events("host_blacklisted") if e["host"] == "localhost"]
+    check_exact_sum(out, SAMPLES, 30, final_size=2)
+
+
+@pytest.mark.timeout(90)
+def test_stopped_worker_is_declared_lost_and_replaced(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(
+        ["-np", "3", "--min-np", "2", *workload(out, 25)],
+        tmp_path,
+        env={"ELASTIC_PEER_TIMEOUT": "2"},
+    ) as run:
+        run.wait_progress(30)
+        victim = run.kill_member(2, signal.SIGSTOP)
+        report = run.wait_event("failure_reported", lambda e: e.get("suspect") == victim)
+        run.wait_event("worker_failed", lambda e: e["worker"] == victim)
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        assert report["suspect"] == victim
+    check_exact_sum(out, SAMPLES, 25)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_elastic_run_stops_everything(tmp_path, sig):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(["-np", "2", *workload(out, 200)], tmp_path) as run:
+        run.wait_progress(20)
+        pids = list(run.worker_pids().values())
+        run.proc.send_signal(sig)
+        code = run.wait(timeout=30)
+        assert code != 0
+        assert "stopped by" in run.stderr_tail()
+        wait_until(lambda: not any(pid_alive(p) for p in pids), 10, "workers to be gone")
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_finishing_early_is_not_job_success(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(
+        ["-np", "3", "--min-np", "2", *workload(out, 20, "--exit-slot", "2", "--exit-at", "40")],
+        tmp_path,
+    ) as run:
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        early = [e for e in run.events("worker_exited") if e["slot"] == 2]
+        assert early, "the worker on slot 2 should have exited early"
+        final = run.current_round()
+        assert final["size"] == 2 and early[0]["worker"] not in final["members"]
+    # The others trained on without it to the end, exactly.
+    check_exact_sum(out, SAMPLES, 20, final_size=2)
+
+
+@pytest.mark.timeout(60)
+def test_reset_limit_ends_the_job_with_a_reason(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(
+        ["-np", "2", "--min-np", "1", "--reset-limit", "1", *workload(out, 200)], tmp_path
+    ) as run:
+        run.wait_progress(20)
+        run.kill_member(1)
+        run.wait_event("round_formed", lambda e: e["round"] == 2)
+        run.wait_progress(run.progress + 10)
+        run.kill_member(0)
+        assert run.wait(timeout=40) == 1
+        assert "reset limit" in run.stderr_tail()
+
+
+@pytest.mark.timeout(60)
+def test_elastic_timeout_when_too_few_slots_remain(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:2\n")
+    with ElasticRun(
+        [
+            "-np",
+            "2",
+            "--min-np",
+            "2",
+            "--host-discovery-script",
+            str(script),
+            "--discovery-interval",
+            "0.2",
+            "--elastic-timeout",
+            "2",
+            *workload(out, 200),
+        ],
+        tmp_path,
+    ) as run:
+        run.wait_progress(20)
+        hosts.write_text("localhost:1\n")
+        assert run.wait(timeout=40) == 1
+        assert "--elastic-timeout" in run.stderr_tail()
+
+
+@pytest.mark.timeout(90)
+def test_ssh_launcher_runs_a_job_through_a_real_sshd(tmp_path, sshd_server):
+    """Workers started through ssh (a real sshd on loopback) train and finish exactly."""
+    out = tmp_path / "out"
+    out.mkdir()
+    settings = sshd_server.settings()
+    options = [
+        "-p",
+        str(settings.port),
+        "-i",
+        settings.identity_file,
+        "-l",
+        settings.user,
+        *settings.extra_options,
+    ]
+    import shlex
+
+    with ElasticRun(
+        ["-H", "127.0.0.1:2", "--launcher", "ssh", *workload(out, 10)],
+        tmp_path,
+        env={"ELASTIC_SSH_OPTIONS": shlex.join(options)},
+    ) as run:
+        run.wait_progress(20)
+        run.kill_member(1)  # kills the local ssh client; the remote worker goes with it
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+    check_exact_sum(out, SAMPLES, 10, final_size=2)
+
+
+@pytest.mark.timeout(60)
+def test_single_worker_crash_is_replaced(tmp_path):
+    """-np 1: a failed worker is replaced (its exit code alone does not end the job)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    flag = tmp_path / "crash"
+    flag.write_text("")
+    with ElasticRun(
+        ["-np", "1", *workload(out, 5, "--crash-flag", str(flag), "--crash-at", "50")], tmp_path
+    ) as run:
+        assert run.wait(timeout=50) == 0, run.stderr_tail()
+        assert [e["code"] for e in run.events("worker_failed")] == [5]
+    check_exact_sum(out, SAMPLES, 5, final_size=1)
+
+
+@pytest.mark.timeout(60)
+def test_script_failing_everywhere_ends_the_job(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import elastic\nelastic.init()\nraise SystemExit(3)\n")
+    with ElasticRun(["-np", "2", "python", str(script)], tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        assert "the training script fails" in run.stderr_tail()
+
+
+@pytest.mark.timeout(60)
+def test_workers_dying_before_any_round_end_the_job(tmp_path):
+    with ElasticRun(["-np", "1", "python", "-c", "raise SystemExit(4)"], tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        assert "failed in a row" in run.stderr_tail()
+
+
+@pytest.mark.timeout(60)
+def test_workers_and_shards_do_not_outlive_a_killed_driver(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(["-np", "2", "--num-ps", "1", *workload(out, 200)], tmp_path) as run:
+        run.wait_progress(20)
+        pids = list(run.worker_pids().values()) + [e["pid"] for e in run.events("ps_started")]
+        run.proc.send_signal(signal.SIGKILL)  # no chance to stop anything itself
+        run.wait(timeout=10)
+        wait_until(
+            lambda: not any(pid_alive(p) for p in pids), 15, "orphaned workers and shards to stop"
+        )
+
+
+@pytest.mark.timeout(60)
+def test_only_a_blacklisted_host_left_waits_for_its_cooldown(tmp_path):
+    """Discovery leaves only a host that is cooling down: the job waits for it to come
+    back (it does within --elastic-timeout) instead of failing at once."""
+    out = tmp_path / "out"
+    out.mkdir()
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
+    args = [
+        "-np",
+        "1",
+        "--min-np",
+        "1",
+        "--host-discovery-script",
+        str(script),
+        "--discovery-interval",
+        "0.2",
+        "--launcher",
+        "local",
+        "--blacklist-cooldown-range",
+        "2",
+        "2",
+        "--elastic-timeout",
+        "30",
+        *workload(
+            out,
+            10,
+            "--fail-host",
+            "127.0.0.1",
+            "--fail-flag",
+            str(flag),
+            "--pause-while",
+            str(hold),
+        ),
+    ]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("host_blacklisted", lambda e: e["host"] == "127.0.0.1")
+        flag.unlink()
+        hosts.write_text("127.0.0.1:1\n")  # the good host leaves; only the cooling one stays
+        run.wait_event("host_back", lambda e: e["host"] == "127.0.0.1")
+        run.wait_event("round_formed", lambda e: e["members"][0].startswith("127.0.0.1"))
+        hold.unlink()
+        assert run.wait(timeout=50) == 0, run.stderr_tail()
+    check_exact_sum(out, SAMPLES, 10, final_size=1)

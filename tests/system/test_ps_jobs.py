@@ -1,0 +1,103 @@
+"""Parameter-server shards under ``elastic-run --num-ps``: supervised, restarted from
+checkpoints after SIGKILL, and resumed by a new job from the checkpoint dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support.jobs import WORKLOADS, ElasticRun
+
+PS_LINEAR = WORKLOADS / "ps_linear.py"
+
+
+def ps_results(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def check_converged(out: Path, steps: int) -> list[dict]:
+    results = ps_results(out)
+    assert results
+    for r in results:
+        assert r["step"] >= steps
+        assert r["loss"] < 1e-3 * r["initial_loss"], r
+    return results
+
+
+def shard_pid(run: ElasticRun, index: int) -> int:
+    return [e for e in run.events("ps_started") if e["shard"] == index][-1]["pid"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_killed_shard_is_restarted_from_its_checkpoint(tmp_path, mode):
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = tmp_path / "ckpt"
+    hold = tmp_path / "hold"  # while it exists the workers wait between steps
+    args = [
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--num-ps",
+        "2",
+        "--ps-mode",
+        mode,
+        "--ps-checkpoint-dir",
+        str(ckpt),
+        "--ps-checkpoint-interval",
+        "0.3",
+        "python",
+        str(PS_LINEAR),
+        str(out),
+        "--steps",
+        "400",
+        "--pause-while",
+        str(hold),
+    ]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("checkpoint_written", timeout=60)
+        hold.write_text("")  # however fast training is, the kills land before its end
+        os.kill(shard_pid(run, 1), signal.SIGKILL)
+        run.wait_event("ps_restarted", lambda e: e["shard"] == 1)
+        rounds = len(run.events("round_formed"))
+        run.kill_member(0)  # and a worker: no applied update is lost, the job goes on
+        run.wait_event("round_formed", after=rounds)
+        hold.unlink()
+        assert run.wait(timeout=100) == 0, run.stderr_tail()
+        assert len(run.events("ps_started")) == 3
+    check_converged(out, 400)
+
+
+@pytest.mark.timeout(120)
+def test_new_job_resumes_from_the_checkpoint_dir(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    common = [
+        "-np",
+        "2",
+        "--num-ps",
+        "2",
+        "--ps-checkpoint-dir",
+        str(ckpt),
+        "--ps-checkpoint-interval",
+        "0.2",
+        "python",
+        str(PS_LINEAR),
+    ]
+    with ElasticRun([*common, str(first), "--steps", "200"], tmp_path / "run1") as run:
+        assert run.wait(timeout=100) == 0, run.stderr_tail()
+        checkpoints = run.events("checkpoint_written")
+    assert checkpoints
+    saved = max(e["step"] for e in checkpoints)
+    with ElasticRun([*common, str(second), "--steps", "300"], tmp_path / "run2") as run:
+        assert run.wait(timeout=100) == 0, run.stderr_tail()
+    results = check_converged(second, 300)
+    assert all(r["first_step"] >= saved for r in results), (saved, results)
