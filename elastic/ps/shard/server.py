@@ -122,7 +122,9 @@ class ShardServer:
             settings.bind,
             ServerLimits(max_message_bytes=MAX_MESSAGE_BYTES, max_workers=64),
         )
-        self.bulk = BulkServer(secret, settings.bind_endpoint.host, self.staging)
+        self.bulk = BulkServer(
+            secret, settings.bind_endpoint.host, self.staging, limits=settings.bulk
+        )
         handlers: dict[str, Handler] = {
             "Hello": self._hello,
             "Describe": self._describe,
@@ -174,6 +176,8 @@ class ShardServer:
         args = CreateArgs.from_dict(header)
         _, tensors = wire.decode(body)
         entries = [(Slice.from_dict(meta["slice"]), array) for meta, array in tensors]
+        for sl, _ in entries:
+            wire.check_dtype(sl.dtype)  # a variable holds numbers, whatever a client says
         return frame(
             Created(tuple(self.state.create(entries, args.optimizer, _PATIENCE))).to_dict()
         )
