@@ -21,7 +21,8 @@ Without ``ELASTIC_RENDEZVOUS``/``ELASTIC_JOB_ID`` (a shard run alone, e.g. by a 
 a benchmark) there is nowhere to announce: the shard serves, restores and checkpoints
 all the same (one shard only, as shards find each other through the store), and says
 nothing. A restart with the same arguments is correct: the driver needs nothing else.
-Exit status: 0 after SIGTERM/SIGINT, 2 for bad arguments or a missing secret.
+Exit status: 0 after SIGTERM/SIGINT, 2 for bad arguments, a missing secret, or a
+checkpoint directory another user owns or can write (``rendezvous.private_dir``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from rendezvous import auth
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous.errors import RendezvousError
 from rendezvous.plan import CheckpointRecord, ShardInfo
+from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
 from rendezvous.rpc import RpcServer, ServerLimits, frame, unframe
 from rendezvous.url import Endpoint
 
@@ -391,7 +393,11 @@ def main(argv=None) -> int:
         print(f"elastic.ps.server: {auth.ENV_SECRET} is not set", file=sys.stderr)
         return 2
     if settings.checkpoint_dir:
-        os.makedirs(settings.checkpoint_dir, exist_ok=True)
+        try:
+            make_private_dir(settings.checkpoint_dir, "--checkpoint-dir")
+        except InsecureDirectoryError as exc:
+            print(f"elastic.ps.server: {exc}", file=sys.stderr)
+            return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
