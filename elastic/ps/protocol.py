@@ -291,10 +291,12 @@ class ShardStatus(Record):
 @dataclass(frozen=True)
 class CheckpointArgs(Record):
     """``Prepare``/``Snapshot``/``Abort`` checkpoint ``checkpoint_id``; ``Align`` its
-    shards to step ``target``."""
+    shards to step ``target``. ``seal`` (``Prepare``): a checkpoint for a stop, after
+    which the shard applies nothing more (``ShardState.prepare``)."""
 
     checkpoint_id: int
     target: int | None = None
+    seal: bool = False
 
 
 @dataclass(frozen=True)
@@ -321,6 +323,15 @@ class RollbackArgs(Record):
 
 
 @dataclass(frozen=True)
+class Sealed(Record):
+    """``Seal`` (shard 0): the shards' state is in checkpoint ``checkpoint_id`` (None:
+    there was nothing to keep) at ``step``, and they apply nothing more for a while."""
+
+    checkpoint_id: int | None
+    step: int | None
+
+
+@dataclass(frozen=True)
 class Call(Generic[A, R]):
     """A call one shard makes to another: its method name, argument and reply records."""
 
@@ -336,5 +347,6 @@ SNAPSHOT = Call("Snapshot", CheckpointArgs, Snapshotted)
 ABORT = Call("Abort", CheckpointArgs, Empty)
 ROLLBACK = Call("Rollback", RollbackArgs, ShardStatus)
 RESTORE_ALL = Call("RestoreAll", Empty, Restored)  # served by shard 0 (its coordinator)
+SEAL = Call("Seal", Empty, Sealed)  # shard 0: a checkpoint for a shard that stops
 # What ``ShardControl`` serves: every peer call but RESTORE_ALL.
 CONTROL_CALLS: tuple[Call, ...] = (STATUS, PREPARE, ALIGN, SNAPSHOT, ABORT, ROLLBACK)

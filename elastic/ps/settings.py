@@ -102,6 +102,7 @@ class ServerSettings:
     peer_call_timeout: float = 120.0  # one control call (a snapshot includes writing the file)
     max_wait: float = 2.0  # cap on one long-poll inside the shard
     staging_ttl: float = 300.0  # an abandoned upload/download is dropped after this
+    stop_timeout: float = 20.0  # a stopping shard tries this long to checkpoint the state
     bulk: BulkLimits = BulkLimits()  # what the bulk port holds whatever clients do
 
     def __post_init__(self):
@@ -111,6 +112,8 @@ class ServerSettings:
             raise PSConfigError(f"ps mode must be one of {MODES}, not {self.mode!r}")
         if self.checkpoint_interval <= 0 or self.keep_checkpoints < 1:
             raise PSConfigError("checkpoint interval must be > 0 and keep_checkpoints >= 1")
+        if not self.stop_timeout > 0:
+            raise PSConfigError("the stop timeout must be > 0 seconds")
         if self.split_threshold < 1:
             raise PSConfigError("split_threshold must be >= 1 byte")
         _bind_endpoint(self.bind)  # a bad address fails here, at start-up

@@ -303,12 +303,10 @@ class LoadedCheckpoint:
         return ShardSnapshot(self.manifest.step, variables, dedup)
 
 
-def read_checkpoint(root: str, checkpoint_id: int) -> LoadedCheckpoint:
-    """Verify, read and check (``checkpoint_check``) checkpoint ``checkpoint_id``.
-    Raises PSCheckpointError naming the first missing, truncated, corrupted or
-    malformed file."""
-    directory = checkpoint_dir(root, checkpoint_id)
-    path = os.path.join(directory, MANIFEST)
+def read_manifest(root: str, checkpoint_id: int) -> Manifest:
+    """The verified manifest of checkpoint ``checkpoint_id`` (its files are not read).
+    Raises PSCheckpointError naming the manifest when it is missing or does not verify."""
+    path = os.path.join(checkpoint_dir(root, checkpoint_id), MANIFEST)
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -317,6 +315,15 @@ def read_checkpoint(root: str, checkpoint_id: int) -> LoadedCheckpoint:
     manifest = Manifest.from_bytes(data, path)
     if manifest.checkpoint_id != checkpoint_id:
         raise PSCheckpointError(f"{path}: manifest of checkpoint {manifest.checkpoint_id}")
+    return manifest
+
+
+def read_checkpoint(root: str, checkpoint_id: int) -> LoadedCheckpoint:
+    """Verify, read and check (``checkpoint_check``) checkpoint ``checkpoint_id``.
+    Raises PSCheckpointError naming the first missing, truncated, corrupted or
+    malformed file."""
+    directory = checkpoint_dir(root, checkpoint_id)
+    manifest = read_manifest(root, checkpoint_id)
     files = {r.name: _read_shard_file(os.path.join(directory, r.name), r) for r in manifest.files}
     check_checkpoint(
         directory,
