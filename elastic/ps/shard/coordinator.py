@@ -22,6 +22,12 @@ Checkpoint ``k`` (every ``checkpoint_interval`` seconds, one at a time):
 
 Nothing is written when every shard still equals the newest checkpoint.
 
+A checkpoint for a stop (``seal``: the job ends, or a shard got SIGTERM) is the same
+with a seal on *Prepare*: after their snapshot the shards keep the gate closed (for
+``pause_timeout``, a rollback, or until they exit), so no step can be applied after
+the checkpoint and it holds the last step any client saw applied. When the shards
+still equal the newest checkpoint, that one is sealed and kept.
+
 Rollback (sync mode). A restarted shard must not serve a step the others have gone
 past, so: shard 0 (at its own start, or when a restarted shard calls ``RestoreAll``)
 takes the newest complete checkpoint C, asks every shard for its status, and rolls

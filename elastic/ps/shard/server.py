@@ -15,7 +15,10 @@ A shard announces itself and its checkpoints through the rendezvous store only
   ``ready=True`` and the same pid: the driver's supervisor waits for that;
 * shard 0 checkpoints every ``--checkpoint-interval`` seconds and, after each complete
   coordinated checkpoint, writes a ``CheckpointRecord`` (id, step, dir, how long
-  training was paused and how long the files took) under ``JobKeys.ps_checkpoint``.
+  training was paused and how long the files took) under ``JobKeys.ps_checkpoint``;
+* on SIGTERM/SIGINT a shard puts the shards' state in a checkpoint that seals them
+  before it exits (``ShardServer.finish``, within ``--stop-timeout``): shard 0 makes
+  it and announces it with ``final`` set; another shard asks shard 0 for it.
 
 Without ``ELASTIC_RENDEZVOUS``/``ELASTIC_JOB_ID`` (a shard run alone, e.g. by a test or
 a benchmark) there is nowhere to announce: the shard serves, restores and checkpoints
