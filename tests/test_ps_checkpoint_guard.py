@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from elastic.ps.shard import checkpoint as ck
-from rendezvous.auth import ENV_SECRET, make_secret
 from rendezvous.private_dir import InsecureDirectoryError, check_private_dir, make_private_dir
 from tests.jobs import ROOT
 from tests.ps_harness import PSJob
 from tests.test_ps_checkpoint_files import _huge_rows, _parsed_file, write_crafted
+from tests.test_ps_failures import run_shard_to_its_end
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 
@@ -120,26 +120,8 @@ def test_the_driver_refuses_a_checkpoint_dir_others_control_before_starting(tmp_
 @pytest.mark.parametrize("kind", ["foreign", "open"])
 def test_a_shard_refuses_a_checkpoint_dir_others_control(tmp_path, kind):
     directory = _foreign_dir(tmp_path) if kind == "foreign" else _open_dir(tmp_path)
-    environ = {**os.environ, ENV_SECRET: make_secret(), "PYTHONPATH": str(ROOT)}
-    for name in ("ELASTIC_RENDEZVOUS", "ELASTIC_JOB_ID"):
-        environ.pop(name, None)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "elastic.ps.server",
-            "--index",
-            "0",
-            "--num-shards",
-            "1",
-            "--checkpoint-dir",
-            str(directory),
-        ],
-        env=environ,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    run = run_shard_to_its_end(
+        "--index", "0", "--num-shards", "1", "--checkpoint-dir", str(directory)
     )
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()

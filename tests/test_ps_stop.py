@@ -20,7 +20,7 @@ from elastic.ps.settings import ClientSettings
 from elastic.ps.shard import checkpoint as ck
 from tests.jobs import WORKLOADS, ElasticRun, wait_until
 from tests.ps_harness import PSJob
-from tests.test_ps_failures import _gd, _shard_alone
+from tests.test_ps_failures import _shard_alone, check_gd, full_data_sync_workers
 
 PS_LINEAR = WORKLOADS / "ps_linear.py"
 
@@ -99,12 +99,7 @@ def test_a_shard_stopped_alone_asks_shard_0_for_a_checkpoint(embedded_server, tm
     with PSJob(
         embedded_server, tmp_path, 2, "sync", checkpoint_dir=ckpt, checkpoint_interval=3600
     ).start() as job:
-        outs = [tmp_path / f"out{r}.json" for r in range(2)]
-        for r in range(2):
-            job.worker(
-                *("lsq", "--steps", steps, "--rank", r, "--size", 2, "--data", "full"),
-                *("--lr", lr, "--out", outs[r]),
-            )
+        outs = full_data_sync_workers(job, tmp_path, steps, lr)
         wait_until(lambda: job.shard_status(0)["step"] >= 30, 60, "step 30")
         job.shards[1].proc.terminate()
         assert job.shards[1].reap(30) == 0
@@ -115,8 +110,4 @@ def test_a_shard_stopped_alone_asks_shard_0_for_a_checkpoint(embedded_server, tm
         )
         job.restart_shard(1)
         job.wait_workers(timeout=90)
-    expected = _gd(steps, lr)
-    for out in outs:
-        got = json.loads(out.read_text())
-        assert got["step"] == steps
-        np.testing.assert_allclose(got["w"], expected["w"], rtol=1e-10, atol=1e-12)
+    check_gd(outs, steps, lr)
