@@ -108,12 +108,6 @@ class BulkServer:
         self._thread.start()
         return self.port
 
-    @property
-    def connections(self) -> tuple[int, int]:
-        """(connections proving the secret, authenticated connections being served)."""
-        with self._lock:
-            return len(self._handshaking), self._serving
-
     # ---------------------------------------------------------------- accepting
     def _accept(self) -> None:
         backoff = None
@@ -160,7 +154,7 @@ class BulkServer:
             self._refusals.warn(
                 "crowded",
                 f"ps bulk port {self.port}: {self._handshake_cap} connections still proving "
-                "the job secret; closed the oldest silent one",
+                "the job secret; closed the oldest (silent ones first)",
             )
         try:
             threading.Thread(
