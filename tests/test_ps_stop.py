@@ -1,7 +1,7 @@
-"""A stopped ps job loses no applied step: SIGTERM (what a scheduler sends to preempt)
-or SIGINT to ``elastic-run`` in the middle of training makes the shards write a final
-coordinated checkpoint of the step they reached, says so in the event log, and a new job
-on the same checkpoint directory resumes at exactly that step. The checkpoint interval
+"""A stopped ps job loses no applied step: the job's end, or SIGTERM (what a scheduler
+sends to preempt) or SIGINT to ``elastic-run`` in the middle of training, makes the
+shards write a final coordinated checkpoint of the step they reached, says so in the
+event log, and a new job on the same checkpoint directory resumes at exactly that step. The checkpoint interval
 is long (60 s), so no periodic checkpoint happens during the run: only the final one
 can hold the progress."""
 
@@ -33,9 +33,17 @@ def _acked(out: Path) -> int:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    "mode, sig", [("sync", signal.SIGTERM), ("async", signal.SIGTERM), ("sync", signal.SIGINT)]
+    "mode, stop",
+    [
+        ("sync", "SIGTERM"),
+        ("async", "SIGTERM"),
+        ("sync", "SIGINT"),
+        ("sync", "end"),
+        ("async", "end"),
+    ],
 )
-def test_a_stopped_job_resumes_at_the_step_it_reached(tmp_path, mode, sig):
+def test_a_stopped_job_resumes_at_the_step_it_reached(tmp_path, mode, stop):
+    """``stop``: a signal to ``elastic-run`` mid-run, or the job's own end (step 150)."""
     ckpt = tmp_path / "ckpt"
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
@@ -48,10 +56,13 @@ def test_a_stopped_job_resumes_at_the_step_it_reached(tmp_path, mode, sig):
             *("python", str(PS_LINEAR), str(out), "--steps", str(steps), "--record-steps"),
         ]
 
-    with ElasticRun(args(first, 100_000), tmp_path / "run1") as run:
-        wait_until(lambda: _acked(first) >= 120, 90, f"step 120; {run.stderr_tail()}")
-        os.kill(run.proc.pid, sig)
-        run.wait(timeout=60)
+    with ElasticRun(args(first, 150 if stop == "end" else 100_000), tmp_path / "run1") as run:
+        if stop == "end":
+            assert run.wait(timeout=100) == 0, run.stderr_tail()
+        else:
+            wait_until(lambda: _acked(first) >= 120, 90, f"step 120; {run.stderr_tail()}")
+            os.kill(run.proc.pid, getattr(signal, stop))
+            run.wait(timeout=60)
         checkpoints = run.events("checkpoint_written")
     acked = _acked(first)
     assert [e["final"] for e in checkpoints] == [True], checkpoints
@@ -61,6 +72,8 @@ def test_a_stopped_job_resumes_at_the_step_it_reached(tmp_path, mode, sig):
     assert reached >= acked, (reached, acked)
     if mode == "sync":
         assert reached <= acked + 1, (reached, acked)
+    if stop == "end":
+        assert reached >= 150 and (mode == "async" or reached == 150), reached
     with ElasticRun(args(second, reached + 20), tmp_path / "run2") as run:
         assert run.wait(timeout=100) == 0, run.stderr_tail()
     results = [json.loads(p.read_text()) for p in second.glob("*.json")]

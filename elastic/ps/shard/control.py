@@ -153,8 +153,8 @@ class Peers:
         """``call`` on shard ``index``; its reply record.
 
         Retries an unreachable or not-ready shard for ``retry_for`` seconds (0: one
-        attempt, and one more at once if the address was cached), re-reading its address. ``timeout`` bounds one attempt (default:
-        ``ServerSettings.peer_call_timeout``).
+        attempt, and one more at once if the address was cached), re-reading its
+        address. ``timeout`` bounds one attempt (default: ``peer_call_timeout``).
 
         Raises:
             PSUnavailableError: the shard did not answer within ``retry_for``.

@@ -370,7 +370,7 @@ class ShardServer:
             try:
                 reply = self.peers.call(0, SEAL, Empty(), retry_for=0.0, timeout=s.stop_timeout)
                 sealed = reply.checkpoint_id
-            except PSError as exc:
+            except (PSError, RendezvousError) as exc:
                 log.warning("shard 0 made no checkpoint for this stop: %s", exc)
                 sealed = self.state.sealed_at()  # it may have, and then stopped itself
         if sealed is not None:
