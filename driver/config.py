@@ -29,6 +29,7 @@ from typing import Callable
 from driver.errors import HostSpecError, UsageError
 from driver.hosts import BlacklistPolicy, HostSlots, parse_host_slots, total_slots
 from driver.launch.launchers import LAUNCHER_NAMES
+from rendezvous.private_dir import InsecureDirectoryError, check_private_dir
 from rendezvous.url import StoreURL, parse_store_url
 
 DEFAULT_SLOTS_PER_HOST = 1
@@ -393,6 +394,17 @@ def _check_script(path: str) -> str:
     return os.path.abspath(path)
 
 
+def _check_checkpoint_dir(path: str | None) -> str | None:
+    """An existing checkpoint root must be the job user's own (the shards create a
+    missing one, and check it again: ``rendezvous.private_dir``)."""
+    if path and os.path.lexists(path):
+        try:
+            check_private_dir(path, "--ps-checkpoint-dir")
+        except InsecureDirectoryError as e:
+            raise UsageError(str(e)) from None
+    return path
+
+
 def _resolve_sizes(
     np: int | None,
     min_np: int | None,
@@ -490,7 +502,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         launcher=args.launcher,
         num_ps=args.num_ps,
         ps_mode=args.ps_mode,
-        ps_checkpoint_dir=args.ps_checkpoint_dir,
+        ps_checkpoint_dir=_check_checkpoint_dir(args.ps_checkpoint_dir),
         ps_checkpoint_interval=args.ps_checkpoint_interval,
         chaos_kill_interval=args.chaos_kill_interval,
         chaos_max_kills=args.chaos_max_kills,

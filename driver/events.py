@@ -440,7 +440,9 @@ class PsRestarted(Event):
 @dataclass(frozen=True)
 class CheckpointWritten(Event):
     """Coordinated checkpoint ``checkpoint`` of training step ``step`` is complete in
-    ``path``; ``seconds``: training paused plus files written."""
+    ``path``; ``seconds``: training paused plus files written. ``final``: the shards
+    stop with the job and this checkpoint holds their last state (it may repeat a
+    checkpoint reported before, when nothing changed since)."""
 
     kind: ClassVar[str] = "checkpoint_written"
     quiet: ClassVar[bool] = True
@@ -448,11 +450,12 @@ class CheckpointWritten(Event):
     path: str
     seconds: float
     checkpoint: int
+    final: bool = False
 
     def __str__(self) -> str:
         return (
-            f"checkpoint {self.checkpoint} of step {self.step} written in "
-            f"{_seconds(self.seconds)} to {self.path}"
+            f"{'final ' if self.final else ''}checkpoint {self.checkpoint} of step "
+            f"{self.step} written in {_seconds(self.seconds)} to {self.path}"
         )
 
 

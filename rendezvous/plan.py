@@ -109,13 +109,17 @@ class ShardInfo:
 class CheckpointRecord:
     """The newest complete coordinated checkpoint, under ``JobKeys.ps_checkpoint``
     (written by the coordinating shard once every shard's files and the manifest are
-    durable). ``pause_ms`` is how long training was held, ``write_ms`` the write."""
+    durable). ``pause_ms`` is how long training was held, ``write_ms`` the write.
+    ``final``: the coordinating shard stops, and this checkpoint holds the state the
+    shards stop with (it may be a checkpoint announced before, when nothing changed
+    since)."""
 
     checkpoint_id: int
     step: int
     dir: str
     pause_ms: float = 0.0
     write_ms: float = 0.0
+    final: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

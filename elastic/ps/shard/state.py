@@ -69,6 +69,7 @@ class _Pause:
     checkpoint_id: int
     expires: float
     target: int | None = None
+    seal: bool = False  # a checkpoint for a stop: no apply after its snapshot either
 
 
 class ShardState:
@@ -82,6 +83,7 @@ class ShardState:
         self.step = 0
         self.generation = initial_generation(None)
         self.loaded = False  # nothing restored yet: data calls are refused
+        self._closed = False  # the shard stops: nothing more is applied, nobody waits
         self.base: int | None = None  # checkpoint this state equals while ``clean``
         self._version = 0  # bumped by every mutation
         self._clean_version = 0
@@ -100,12 +102,18 @@ class ShardState:
             raise PSNotReadyError(f"ps shard {self.index} is restoring its state")
 
     def _may_apply(self) -> bool:
+        if self._closed:
+            return False
         pause = self._pause
         if pause is None:
             return True
         if self._clock() >= pause.expires:
             log.warning(
-                "checkpoint %d pause expired (coordinator gone?); resuming", pause.checkpoint_id
+                "checkpoint %d %s; resuming",
+                pause.checkpoint_id,
+                "seal ended (no shard stopped after it)"
+                if pause.seal
+                else "pause expired (coordinator gone?)",
             )
             self._pause = None
             return True
@@ -113,9 +121,9 @@ class ShardState:
 
     def _wait(self, deadline: float) -> bool:
         """One bounded wait on the condition (also wakes when a pause lease ends).
-        Returns False once ``deadline`` has passed."""
+        Returns False once ``deadline`` has passed, or at once when the shard stops."""
         now = self._clock()
-        if now >= deadline:
+        if now >= deadline or self._closed:
             return False
         until = deadline
         if self._pause is not None:
@@ -127,7 +135,8 @@ class ShardState:
         deadline = self._clock() + patience
         while not self._may_apply():
             if not self._wait(deadline):
-                raise PSNotReadyError(f"ps shard {self.index} is paused for a checkpoint")
+                why = "stopping" if self._closed else "paused for a checkpoint"
+                raise PSNotReadyError(f"ps shard {self.index} is {why}")
 
     def _check_grads(self, grads: list[tuple[str, np.ndarray]]) -> None:
         missing = [name for name, _ in grads if name not in self._vars]
@@ -367,13 +376,25 @@ class ShardState:
                 self._version == self._clean_version,
             )
 
-    def prepare(self, checkpoint_id: int, lease: float) -> ShardStatus:
+    def prepare(self, checkpoint_id: int, lease: float, seal: bool = False) -> ShardStatus:
         """Close the gate (no apply starts; none is running since applies hold the lock)
-        for at most ``lease`` seconds; returns ``status()``. Raises PSNotReadyError."""
+        for at most ``lease`` seconds; returns ``status()``. With ``seal`` (a checkpoint
+        for a stop) the gate stays closed after the snapshot too, for another ``lease``
+        (the shards exit meanwhile; if none does, training goes on). Raises
+        PSNotReadyError."""
         with self._cond:
             self._require_loaded()
-            self._pause = _Pause(checkpoint_id, self._clock() + lease)
+            self._pause = _Pause(checkpoint_id, self._clock() + lease, seal=seal)
         return self.status()
+
+    def sealed_at(self) -> int | None:
+        """The checkpoint this shard's state is sealed at (a checkpoint for a stop paused
+        it, and it equals that checkpoint's ``base``), or None."""
+        with self._cond:
+            pause = self._pause
+            if pause is None or not pause.seal or self._clock() >= pause.expires:
+                return None
+            return self.base if self._version == self._clean_version else None
 
     def align(self, checkpoint_id: int, target: int, timeout: float, fast_forward: bool) -> int:
         """Let applies through until ``step == target`` (pushes that reached other shards
@@ -407,9 +428,10 @@ class ShardState:
                 self._bump()
             return self.step
 
-    def snapshot(self, checkpoint_id: int) -> ShardSnapshot:
-        """Copy the state and reopen the gate. Raises PSProtocolError when the pause for
-        ``checkpoint_id`` is gone."""
+    def snapshot(self, checkpoint_id: int, lease: float | None = None) -> ShardSnapshot:
+        """Copy the state and reopen the gate; a seal keeps it closed, for ``lease``
+        seconds from now (None: until the pause's lease ends). Raises PSProtocolError
+        when the pause for ``checkpoint_id`` is gone."""
         with self._cond:
             pause = self._pause
             if pause is None or pause.checkpoint_id != checkpoint_id:
@@ -431,8 +453,13 @@ class ShardState:
                 dict(self._dedup),
             )
             self.base, self._clean_version = checkpoint_id, self._version
-            self._pause = None
-            self._try_apply_sync()
+            if pause.seal:
+                pause.target = None
+                if lease is not None:
+                    pause.expires = self._clock() + lease
+            else:
+                self._pause = None
+                self._try_apply_sync()
             self._cond.notify_all()
             return snap
 
@@ -472,11 +499,17 @@ class ShardState:
             self._drop_pending()
 
     def adopt_generation(self, generation: str) -> None:
-        """Keep the state (it equals the checkpoint) but join ``generation``."""
+        """Keep the state (it equals the checkpoint) but join ``generation``. Ends a
+        pause: rollbacks and checkpoints are serialized on shard 0, so a pause here is
+        a seal of a checkpoint for a stop, or the lease of a coordinator that died."""
         with self._cond:
             if generation != self.generation:
                 self.generation = generation
                 self._drop_pending()
+            if self._pause is not None:
+                self._pause = None
+                self._try_apply_sync()
+                self._cond.notify_all()
 
     def at_checkpoint(self, checkpoint_id: int | None) -> bool:
         """True when the state is exactly what loading ``checkpoint_id`` would give."""
@@ -484,6 +517,14 @@ class ShardState:
             return (
                 self.loaded and self.base == checkpoint_id and self._version == self._clean_version
             )
+
+    def close(self) -> None:
+        """The shard stops: apply nothing more, and end every wait now (a request
+        waiting at a closed gate answers "not ready"; its client retries elsewhere or
+        later), so that no handler outlives the shard."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def raise_step(self, step: int) -> None:
         """async restart: continue the global step count of the other shards."""
