@@ -18,10 +18,10 @@ import pytest
 
 from elastic.ps.shard import checkpoint as ck
 from rendezvous.private_dir import InsecureDirectoryError, check_private_dir, make_private_dir
-from tests.jobs import ROOT
-from tests.ps_harness import PSJob
-from tests.test_ps_checkpoint_files import _huge_rows, _parsed_file, write_crafted
-from tests.test_ps_failures import run_shard_to_its_end
+from tests.elastic.ps.test_ps_checkpoint_files import _huge_rows, _parsed_file, write_crafted
+from tests.elastic.ps.test_ps_failures import run_shard_to_its_end
+from tests.support.paths import ROOT
+from tests.support.ps_harness import PSJob
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 

@@ -24,9 +24,9 @@ from elastic.ps.settings import BulkLimits
 from rendezvous import auth
 from rendezvous.errors import ElasticError
 from rendezvous.rpc import MalformedRequest, RpcClient, frame
-from tests.jobs import wait_until
-from tests.ps_harness import PSJob
-from tests.test_rpc_hostile import _never_sending_calls
+from tests.rendezvous.test_rpc_hostile import _never_sending_calls
+from tests.support.jobs import wait_until
+from tests.support.ps_harness import PSJob
 
 # Payloads above the client's chunk size travel over the bulk port.
 CHUNK = 16 << 10
