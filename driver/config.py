@@ -60,6 +60,8 @@ class JobConfig:
     discovery_interval: float
     rendezvous: StoreURL  # scheme "embedded" (no endpoints) or "etcd"
     job_id: str
+    network_interface: str | None  # the interface whose address the driver advertises
+    driver_address: str | None  # the address the driver advertises (wins over the above)
     reset_limit: int | None  # None: unlimited
     blacklist_cooldown_range: tuple[float, float]
     elastic_timeout: float
@@ -240,6 +242,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="names the job's keys in the store; letters, digits, '_', '.', '-' "
         "(default: a fresh random id)",
+    )
+
+    store.add_argument(
+        "--network-interface",
+        metavar="NAME",
+        help="advertise this interface's address to the other hosts (default: the "
+        "address of the route toward the hosts; loopback for a one-machine job)",
+    )
+    store.add_argument(
+        "--driver-address",
+        metavar="ADDR",
+        help="advertise ADDR to the other hosts for the driver's servers (the embedded "
+        "store); wins over --network-interface",
     )
 
     fault = p.add_argument_group("fault tolerance")
@@ -495,6 +510,8 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         discovery_interval=args.discovery_interval,
         rendezvous=rendezvous,
         job_id=job_id,
+        network_interface=args.network_interface,
+        driver_address=args.driver_address,
         reset_limit=args.reset_limit,
         blacklist_cooldown_range=(low, high),
         elastic_timeout=args.elastic_timeout,

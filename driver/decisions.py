@@ -90,7 +90,25 @@ class Succeed:
     resets: int
 
 
-Decision = Union[Publish, Wait, Fail, Kill, Stop, Launch, Report, CountFailure, Succeed]
+@dataclass(frozen=True)
+class Probe:
+    """Ask whether ``host`` still answers, at ``address`` (a silent worker's listener)."""
+
+    host: str
+    address: str
+
+
+@dataclass(frozen=True)
+class HostLost:
+    """``host`` is unreachable: take it out of the job for its cooldown."""
+
+    host: str
+    detail: str
+
+
+Decision = Union[
+    Publish, Wait, Fail, Kill, Stop, Launch, Report, CountFailure, Succeed, Probe, HostLost
+]
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,7 @@ class Book:
     change_at: float | None = None
     all_failed_rounds: frozenset[int] = frozenset()
     done_slots: frozenset[tuple[str, int]] = frozenset()
+    probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
 
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""

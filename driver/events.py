@@ -364,6 +364,22 @@ class HostBlacklisted(HostEvent):
 
 
 @dataclass(frozen=True)
+class HostUnreachable(HostEvent):
+    """Peers stopped hearing from a worker on ``host`` and the host did not answer a
+    connection attempt either (``detail``): it is cut off or down, with all its workers."""
+
+    kind: ClassVar[str] = "host_unreachable"
+    detail: str
+    workers: list[str]
+
+    def __str__(self) -> str:
+        return (
+            f"host {self.host} is unreachable ({self.detail}): dropping its workers "
+            f"{', '.join(self.workers) or '(none)'}"
+        )
+
+
+@dataclass(frozen=True)
 class HostBlacklistSkipped(HostEvent):
     """The host met the blacklisting rule but is kept: without it fewer than ``min_np``
     slots would remain (``remaining_slots``)."""

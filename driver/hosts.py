@@ -332,5 +332,21 @@ class HostManager:
         events.append(HostBlacklisted(host, failures, record.strikes, cooldown, now + cooldown))
         return tuple(events)
 
+    def host_lost(self, host: str, now: float) -> tuple[HostEvent, ...]:
+        """``host`` stopped answering at ``now`` (cut off or down): blacklist it at once,
+        whatever the failure count and even below ``min_np`` (nothing can run on a host
+        nobody reaches; the cooldown lets it come back through discovery)."""
+        events = list(self.release_expired(now))
+        record = self._records.setdefault(host, _HostRecord())
+        if record.blacklisted_until is not None:
+            return tuple(events)
+        policy = self._policy
+        record.failure_times.clear()
+        record.strikes += 1
+        cooldown = cooldown_for(record.strikes, policy.cooldown_min, policy.cooldown_max)
+        record.blacklisted_until = now + cooldown
+        events.append(HostBlacklisted(host, 0, record.strikes, cooldown, now + cooldown))
+        return tuple(events)
+
     def _is_listed(self, host: str) -> bool:
         return any(h.host == host for h in self._hosts)

@@ -26,7 +26,6 @@ import logging
 import os
 import queue
 import signal
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from typing import Any, Callable
 
 from driver import decisions as dec
 from driver import events as ev
-from driver import feeds, policy, workers
+from driver import feeds, policy, suspicion, workers
 from driver import messages as msg
 from driver.chaos import ChaosMonkey
 from driver.config import JobConfig
@@ -45,8 +44,17 @@ from driver.hosts import HostManager
 from driver.launch.launchers import Launcher, get_launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import ssh_settings_from_env
+from driver.probe import probe
 from driver.ps_supervisor import PSSupervisor
-from driver.wiring import job_env, open_job_store, shard_commands, worker_id_for, worker_spec
+from driver.wiring import (
+    driver_address,
+    job_env,
+    open_job_store,
+    shard_commands,
+    worker_bind_host,
+    worker_id_for,
+    worker_spec,
+)
 from driver.workers import WorkerRecord
 from rendezvous.auth import make_secret
 from rendezvous.embedded import EmbeddedServer
@@ -109,13 +117,9 @@ class Job:
         self.store_url = ""
         self._ps: PSSupervisor | None = None
         self._chaos: ChaosMonkey | None = None
+        self.advertised_host = "127.0.0.1"  # how the hosts reach the driver (set by open)
         if config.log_dir:
             os.makedirs(config.log_dir, exist_ok=True)
-
-    @property
-    def advertised_host(self) -> str:
-        """How other machines reach this one (for servers the driver runs)."""
-        return socket.getfqdn()
 
     def post(self, message: msg.Message) -> None:
         """Hand a message to the main loop (thread-safe)."""
@@ -156,6 +160,7 @@ class Job:
         """
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
+        self.advertised_host = driver_address(cfg, hosts)
         self._server, store, self.store_url = open_job_store(
             cfg, self.keys, self.secret, self.all_local, self.advertised_host
         )
@@ -287,8 +292,7 @@ class Job:
         host, slot = decision.host, decision.slot
         self._launch_seq += 1
         worker_id = worker_id_for(host, slot, self._launch_seq)
-        bind = host if not is_local_host(host) else self.advertised_host
-        bind = "127.0.0.1" if self.all_local else bind
+        bind = worker_bind_host(host, self.all_local, self.advertised_host)
         spec = worker_spec(self.config, self.secret, self.store_url, worker_id, host, slot, bind)
         try:
             process = self._launcher.launch(spec)
@@ -305,6 +309,16 @@ class Job:
     def _wait_exit(self, worker_id: str, process: WorkerProcess) -> None:
         code = process.wait(timeout=None)
         self.post(msg.ProcessExited(worker_id, code if code is not None else -1))
+
+    def _probe(self, decision: dec.Probe) -> None:
+        def ask() -> None:
+            result = probe(decision.address)
+            self.post(msg.ProbeAnswered(decision.host, result.reachable, result.detail))
+
+        self._spawn(f"probe-{decision.host}", ask)
+
+    def _host_lost(self, decision: dec.HostLost) -> None:
+        self._emit_host_events(self.hosts.host_lost(decision.host, self._clock()))
 
     def _count_failure(self, decision: dec.CountFailure) -> None:
         self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
@@ -352,9 +366,22 @@ class Job:
         self.book = self.book.changed(now)
 
     def _on_failure_report(self, message: msg.FailureReport) -> None:
-        if message.event.type == PUT:
-            report = json.loads(message.event.value)
-            self._apply(policy.failure_reported(self.workers, self.plan, report))
+        if message.event.type != PUT:
+            return
+        report = json.loads(message.event.value)
+        if report.get("silent"):
+            decisions, self.book = suspicion.silence_reported(
+                self.workers, self.plan, self.book, report
+            )
+            self._apply(decisions)
+        else:
+            self._apply(suspicion.failure_reported(self.workers, self.plan, report))
+
+    def _on_probe_answered(self, message: msg.ProbeAnswered) -> None:
+        decisions, self.book = suspicion.probe_answered(
+            self.workers, self.book, message.host, message.reachable, message.detail
+        )
+        self._apply(decisions)
 
     def _on_chaos_tick(self, message: msg.ChaosTick) -> None:
         candidates = policy.chaos_candidates(self.workers, self.plan, self.book)
@@ -402,6 +429,8 @@ _DECISIONS: dict[type, Callable[[Job, Any], object]] = {
     dec.Launch: Job._launch,
     dec.Report: lambda job, d: job.events.emit(d.event),
     dec.CountFailure: Job._count_failure,
+    dec.Probe: Job._probe,
+    dec.HostLost: Job._host_lost,
 }
 
 _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
@@ -409,6 +438,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
     msg.RegistryChanged: Job._on_registry,
     msg.RegistryResync: Job._on_registry_resync,
     msg.FailureReport: Job._on_failure_report,
+    msg.ProbeAnswered: Job._on_probe_answered,
     # Missed reports are hints superseded by process exits: nothing to catch up on.
     msg.FailureResync: lambda job, m: None,
     msg.HostsFound: lambda job, m: job._emit_host_events(job.hosts.update(m.hosts, job._clock())),

@@ -45,6 +45,15 @@ class FailureReport:
 
 
 @dataclass(frozen=True)
+class ProbeAnswered:
+    """The reachability probe of ``host`` came back."""
+
+    host: str
+    reachable: bool
+    detail: str
+
+
+@dataclass(frozen=True)
 class FailureResync:
     """Every failure report, read afresh after that watch ended."""
 
@@ -105,6 +114,7 @@ Message = Union[
     RegistryResync,
     FailureReport,
     FailureResync,
+    ProbeAnswered,
     HostsFound,
     DiscoveryFailed,
     SignalReceived,

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from driver import planner, workers
 from driver.config import JobConfig
@@ -65,7 +64,6 @@ from driver.decisions import (
 )
 from driver.events import (
     ChaosKill,
-    FailureReported,
     Waiting,
     WorkerExited,
     WorkerFailed,
@@ -156,29 +154,6 @@ def slots_to_fill(
             usable, occupied + sorted(book.done_slots), config.max_np
         )
     ]
-
-
-def failure_reported(
-    workers: Workers, plan: Plan | None, report: Mapping[str, Any]
-) -> list[Decision]:
-    """A worker's failure report (``worker_id``, ``round_id``, ``reason``, ``suspect``):
-    say so, and when peers of the current round name an active worker, kill it (it is
-    alive but not answering: stopped, hung)."""
-    suspect, round_id = report.get("suspect"), report.get("round_id")
-    decisions: list[Decision] = [
-        Report(
-            FailureReported(
-                reporter=report.get("worker_id"),
-                round=round_id,
-                reason=report.get("reason"),
-                suspect=suspect,
-            )
-        )
-    ]
-    rec = workers.get(suspect) if isinstance(suspect, str) else None
-    if plan is not None and round_id == plan.round_id and rec is not None and rec.state.active:
-        decisions.append(Kill(rec.worker_id, "unresponsive (reported by its peers)"))
-    return decisions
 
 
 def chaos_kill(rec: WorkerRecord, plan: Plan | None, pid: int, kills: int) -> list[Decision]:

@@ -11,16 +11,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Sequence
 
 from driver.config import JobConfig
+from driver.discovery import is_local_host
+from driver.hosts import HostSlots
 from driver.launch.spec import LaunchSpec
 from driver.ps_supervisor import shard_command
-from rendezvous import env, open_store
+from rendezvous import env, netaddr, open_store
 from rendezvous.embedded import EmbeddedServer
 from rendezvous.keys import JobKeys
 from rendezvous.store import KVStore
 from rendezvous.url import Endpoint
+
+log = logging.getLogger(__name__)
 
 
 def job_env(config: JobConfig, secret: str, store_url: str) -> dict[str, str]:
@@ -54,6 +60,48 @@ def worker_env(
         env.ENV_BIND_HOST: bind_host,
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
     }
+
+
+def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
+    """The address the driver's servers advertise to the job's hosts: ``--driver-address``,
+    else ``--network-interface``'s, else the local address of the route toward the remote
+    hosts (loopback when every host is this one). With a discovery script that lists only
+    this machine so far, hosts may come later: the address of the default route then
+    (loopback when there is none, with a warning to choose one).
+
+    Raises:
+        AddressError: an unusable choice, remote hosts without a route, or loopback
+            toward remote hosts (the message names both ends).
+    """
+    remote = [h.host for h in hosts if not is_local_host(h.host)]
+    if (
+        not remote
+        and config.uses_discovery
+        and not (config.driver_address or config.network_interface)
+    ):
+        try:
+            return netaddr.default_route_address()
+        except netaddr.AddressError:
+            log.warning(
+                "this machine has no default route: hosts discovered later will not reach "
+                "the driver at 127.0.0.1 (choose an address with --driver-address)"
+            )
+            return "127.0.0.1"
+    return netaddr.advertised_address(
+        remote, interface=config.network_interface, explicit=config.driver_address
+    )
+
+
+def worker_bind_host(host: str, all_local: bool, driver_address: str) -> str:
+    """What a worker on ``host`` binds its listener to and advertises: loopback in a
+    one-machine job, the driver's own address on the driver's machine, the host's address
+    when ``host`` is one; for a host known by name, nothing: the worker then uses its own
+    address toward the store (a name may not resolve on the other hosts)."""
+    if all_local:
+        return "127.0.0.1"
+    if is_local_host(host):
+        return driver_address
+    return host if netaddr.is_address(host) else ""
 
 
 def worker_id_for(host: str, slot: int, sequence: int) -> str:

@@ -38,6 +38,11 @@ class JobKeys:
     def failure(self, round_id: int, reporter: str) -> str:
         return f"{self.failures}{round_id}/{reporter}"
 
+    def silence(self, round_id: int, reporter: str, suspect: str) -> str:
+        """A member of round ``round_id`` that ``reporter`` has not heard from for a while
+        (a report apart from ``failure``: the collective may still go on)."""
+        return f"{self.failures}{round_id}/{reporter}/silent/{suspect}"
+
     @property
     def ps(self) -> str:
         """Prefix of parameter-server shard addresses, one key per shard index."""

@@ -55,6 +55,26 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def is_address(text: str) -> bool:
+    """True when ``text`` is an IP address (not a name)."""
+    try:
+        ipaddress.ip_address(text.strip().strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def default_route_address() -> str:
+    """This machine's source address on its default route (nothing is sent).
+
+    Raises:
+        AddressError: there is no default route."""
+    try:
+        return address_toward("192.0.2.1")  # TEST-NET-1: never a real peer, routed by default
+    except AddressError:
+        raise AddressError("this machine has no default route") from None
+
+
 def address_toward(peer: str) -> str:
     """This machine's source address for packets to ``peer`` (nothing is sent).
 

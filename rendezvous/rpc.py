@@ -297,6 +297,7 @@ class RpcServer:
 
     def _serve(self, started: futures.Future) -> None:
         loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
         self._loop = loop
         try:
             loop.run_until_complete(self._start(started))
@@ -305,6 +306,12 @@ class RpcServer:
                 started.set_exception(exc)
         if started.exception() is None:
             loop.run_forever()
+        # Calls the server's stop left behind (a stream waiting for news) end here, before
+        # the loop closes: cancelled and awaited, so none is destroyed while pending.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 

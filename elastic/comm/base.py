@@ -62,8 +62,13 @@ class CommSettings:
         before ``WorkerLostError`` names the peer that never showed up.
     peer_timeout: seconds without a heartbeat after which a live-looking neighbour
         (e.g. SIGSTOPped) is declared lost. A killed peer is seen at once regardless.
+    suspect_after: seconds without a heartbeat after which a neighbour is reported
+        *silent* (``on_peer_silent``), not lost: the driver then checks whether its host
+        still answers at all (a host cut off the network sends no FIN and no RST, so
+        silence is its only sign) and drops the whole host if not. A busy process keeps
+        its heartbeats going from the monitor thread; a false suspicion costs one probe.
     heartbeat_interval: seconds between heartbeats; None means
-        ``min(1.0, peer_timeout / 4)``.
+        ``min(0.1, suspect_after / 4, peer_timeout / 4)``.
     transport: "auto" (shared memory when every member is on this host, else TCP),
         "tcp" (always the TCP ring) or "shm" (shared memory or ``ShmUnavailableError``).
     chunk_bytes: pipelining unit of the TCP ring.
@@ -81,6 +86,7 @@ class CommSettings:
 
     connect_timeout: float = 30.0
     peer_timeout: float = 30.0
+    suspect_after: float = 0.8
     heartbeat_interval: float | None = None
     transport: str = "auto"
     chunk_bytes: int = 1 << 19
@@ -90,7 +96,7 @@ class CommSettings:
     socket_buffer_bytes: int | None = None
 
     def __post_init__(self):
-        for name in ("connect_timeout", "peer_timeout", "close_grace"):
+        for name in ("connect_timeout", "peer_timeout", "suspect_after", "close_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.heartbeat_interval is not None and not (
@@ -108,7 +114,7 @@ class CommSettings:
     def effective_heartbeat_interval(self) -> float:
         if self.heartbeat_interval is not None:
             return self.heartbeat_interval
-        return min(1.0, self.peer_timeout / 4)
+        return min(0.1, self.suspect_after / 4, self.peer_timeout / 4)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,8 @@ def test_every_flag_sets_its_field(script):
         discovery_interval=0.5,
         rendezvous=StoreURL("etcd", (Endpoint("h1", 2379), Endpoint("h2", 2380))),
         job_id="my.job_1",
+        network_interface=None,
+        driver_address=None,
         reset_limit=5,
         blacklist_cooldown_range=(1.0, 20.0),
         elastic_timeout=30.0,

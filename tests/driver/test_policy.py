@@ -10,15 +10,17 @@ from typing import TypeVar
 import pytest
 
 from driver import events as ev
-from driver import policy, workers
+from driver import policy, suspicion, workers
 from driver.config import parse_args
 from driver.decisions import (
     Book,
     CountFailure,
     Fail,
+    HostLost,
     HostsView,
     Kill,
     Launch,
+    Probe,
     Publish,
     Report,
     Stop,
@@ -514,18 +516,61 @@ def test_unresponsive_member_reported_by_its_peers_is_killed():
         return {"worker_id": "a", "round_id": round_id, "reason": "timeout", "suspect": suspect}
 
     said = Report(ev.FailureReported(reporter="a", round=3, reason="timeout", suspect="b"))
-    assert policy.failure_reported(t, p, report("b", 3)) == [
+    assert suspicion.failure_reported(t, p, report("b", 3)) == [
         said,
         Kill("b", "unresponsive (reported by its peers)"),
     ]
-    assert kinds(policy.failure_reported(t, p, report("b", 2))) == [Report]  # an older round
-    assert kinds(policy.failure_reported(t, p, report("c", 3))) == [Report]  # on its way out
-    assert kinds(policy.failure_reported(t, p, report("zz", 3))) == [Report]
-    assert kinds(policy.failure_reported(t, p, report(None, 3))) == [Report]
-    assert kinds(policy.failure_reported(t, None, report("b", 3))) == [Report]
-    assert policy.failure_reported(t, p, {}) == [
+    assert kinds(suspicion.failure_reported(t, p, report("b", 2))) == [Report]  # an older round
+    assert kinds(suspicion.failure_reported(t, p, report("c", 3))) == [Report]  # on its way out
+    assert kinds(suspicion.failure_reported(t, p, report("zz", 3))) == [Report]
+    assert kinds(suspicion.failure_reported(t, p, report(None, 3))) == [Report]
+    assert kinds(suspicion.failure_reported(t, None, report("b", 3))) == [Report]
+    assert suspicion.failure_reported(t, p, {}) == [
         Report(ev.FailureReported(reporter=None, round=None, reason=None, suspect=None))
     ]
+
+
+def test_a_silent_member_gets_its_host_probed_once_never_killed_on_that_word():
+    a, b = rec("a", 0, host="h1"), rec("b", 1, host="h2")
+    p = plan_of(3, a, b)
+    t = table(a, b, rec("c", 2, host="h2", state=S.STOPPING))
+
+    def silent(suspect, round_id=3, reporter="a"):
+        return {
+            "worker_id": reporter,
+            "round_id": round_id,
+            "reason": "silent for 0.9s",
+            "suspect": suspect,
+            "silent": True,
+        }
+
+    decisions, book = suspicion.silence_reported(t, p, Book(0.0), silent("b"))
+    assert decisions[1:] == (Probe("h2", "h2:7001"),) and book.probing == {"h2"}
+    assert not any(isinstance(d, Kill) for d in decisions)
+    # The other neighbour says the same while the probe runs: one probe per host.
+    again, book = suspicion.silence_reported(t, p, book, silent("b", reporter="c"))
+    assert kinds(again) == [Report] and book.probing == {"h2"}
+    for report in (silent("b", round_id=2), silent("c"), silent("zz"), silent(None)):
+        assert kinds(suspicion.silence_reported(t, p, Book(0.0), report)[0]) == [Report]
+    assert kinds(suspicion.silence_reported(t, None, Book(0.0), silent("b"))[0]) == [Report]
+
+
+def test_an_unreachable_host_is_lost_with_every_worker_running_there():
+    a, b = rec("a", 0, host="h1"), rec("b", 1, host="h2")
+    t = table(
+        a, b, rec("c", 2, host="h2", state=S.UNREGISTERED), rec("d", 3, host="h2", state=S.FAILED)
+    )
+    probing = Book(0.0, probing=frozenset({"h2", "h3"}))
+    answered, book = suspicion.probe_answered(t, probing, "h2", True, "accepted")
+    assert answered == () and book.probing == {"h3"}
+    lost, book = suspicion.probe_answered(t, probing, "h2", False, "no answer within 0.5s")
+    assert book.probing == {"h3"}
+    assert lost == (
+        Report(ev.HostUnreachable("h2", "no answer within 0.5s", ["b", "c"])),
+        HostLost("h2", "no answer within 0.5s"),
+        Kill("b", "its host h2 is unreachable (no answer within 0.5s)"),
+        Kill("c", "its host h2 is unreachable (no answer within 0.5s)"),
+    )
 
 
 def test_chaos_picks_active_members_and_spares_the_end():
