@@ -41,7 +41,9 @@ class StoreProcess:
             text=True,
             cwd=ROOT,
         )
-        line = self.proc.stdout.readline().split()
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self._stdout = self.proc.stdout
+        line = self._stdout.readline().split()
         assert line and line[0] == "ELASTIC_STORE_READY", line
         self.url = line[1]
         self.address = self.url.split("://", 1)[1]
@@ -64,7 +66,7 @@ class StoreProcess:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=10)
-        self.proc.stdout.close()
+        self._stdout.close()
 
 
 @pytest.fixture

@@ -57,8 +57,15 @@ def _write(root, checkpoint_id, snaps, step):
     return records
 
 
+def _newest(root) -> ck.LoadedCheckpoint:
+    """The newest complete checkpoint under ``root`` (the test expects one)."""
+    loaded = ck.load_newest(str(root))
+    assert loaded is not None, f"no complete checkpoint in {root}"
+    return loaded
+
+
 def _full(loaded, num_shards):
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for i in range(num_shards):
         for name, v in loaded.shard_snapshot(i, num_shards, THRESHOLD).variables.items():
             arr = out.setdefault(name, np.empty(v.slice.full_shape, np.dtype(v.slice.dtype)))
@@ -72,7 +79,7 @@ def _full(loaded, num_shards):
 def test_write_and_load_round_trip(tmp_path):
     full = _variables(0)
     _write(tmp_path, 1, _snapshots(full, 2, step=5), step=5)
-    loaded = ck.load_newest(str(tmp_path))
+    loaded = _newest(tmp_path)
     assert (loaded.checkpoint_id, loaded.step) == (1, 5)
     got = _full(loaded, 2)
     for name in full:
@@ -86,7 +93,7 @@ def test_write_and_load_round_trip(tmp_path):
 def test_restore_into_a_different_shard_count(tmp_path, new_n):
     full = _variables(1)
     _write(tmp_path, 1, _snapshots(full, 2, step=9), step=9)
-    loaded = ck.load_newest(str(tmp_path))
+    loaded = _newest(tmp_path)
     got = _full(loaded, new_n)
     for name in full:
         np.testing.assert_array_equal(got[name], full[name])
@@ -115,7 +122,7 @@ def test_damaged_shard_file_falls_back_to_previous_checkpoint_with_a_warning(tmp
     bad = os.path.join(ck.checkpoint_dir(str(tmp_path), 2), records[1].name)
     _damage(bad, how)
     with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
-        loaded = ck.load_newest(str(tmp_path))
+        loaded = _newest(tmp_path)
     assert (loaded.checkpoint_id, loaded.step) == (1, 10)
     assert bad in caplog.text
     np.testing.assert_array_equal(_full(loaded, 2)["w"], old["w"])
@@ -134,7 +141,7 @@ def test_corrupt_manifest_and_missing_manifest(tmp_path, caplog):
         f.seek(0)
         f.write(text)
     with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
-        loaded = ck.load_newest(str(tmp_path))
+        loaded = _newest(tmp_path)
     assert loaded.checkpoint_id == 1
     assert manifest in caplog.text and "checkpoint 3" not in caplog.text
     assert ck.next_checkpoint_id(str(tmp_path)) == 4
@@ -153,7 +160,7 @@ def test_prune_keeps_newest_complete_and_newer_in_progress(tmp_path):
     ck.write_shard(str(tmp_path), 6, 0, 1, _snapshots(_variables(6), 1, step=6)[0])
     ck.prune(str(tmp_path), keep=2)
     assert ck.checkpoint_ids(str(tmp_path)) == [4, 5, 6]
-    assert ck.load_newest(str(tmp_path)).checkpoint_id == 5
+    assert _newest(tmp_path).checkpoint_id == 5
 
 
 def test_write_atomic_leaves_old_file_when_interrupted(tmp_path):

@@ -354,7 +354,7 @@ def test_a_shard_announces_itself_only_in_the_store(embedded_server, tmp_path):
             c.init({"w": np.zeros(3)})
             c.push({"w": np.ones(3)})
             record = job.wait_checkpoint(min_step=1)
-            infos = []
+            infos: list[ShardInfo] = []
             while not (infos and infos[-1].ready):
                 event = watch.get(timeout=30)
                 assert event is not None, f"no ready record, only {infos}"
