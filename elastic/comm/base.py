@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -126,7 +127,7 @@ class Membership:
 
     round_id: int
     rank: int
-    addresses: tuple[str, ...]
+    addresses: Sequence[str]  # any sequence, kept as a tuple
     secret: str = field(repr=False)  # never printed in logs or tracebacks
 
     def __post_init__(self):

@@ -323,6 +323,7 @@ def test_cooldown_grows_with_each_strike_up_to_the_maximum():
     for _ in range(6):
         m.record_failure("a", now)
         (event,) = m.record_failure("a", now)
+        assert isinstance(event, HostBlacklisted)
         cooldowns.append(event.cooldown)
         now = event.until
         assert m.release_expired(now) == (HostReturned("a"),)
@@ -423,7 +424,7 @@ def test_zero_cooldown_returns_at_once():
     policy = BlacklistPolicy(failure_threshold=1, failure_window=1, cooldown_min=0, cooldown_max=0)
     m = manager("a:1,b:1", policy=policy)
     (event,) = m.record_failure("a", 3)
-    assert event.cooldown == 0 and event.until == 3
+    assert isinstance(event, HostBlacklisted) and event.cooldown == 0 and event.until == 3
     assert m.release_expired(3) == (HostReturned("a"),)
 
 

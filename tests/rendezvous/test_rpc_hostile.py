@@ -41,7 +41,7 @@ class StoreProcess:
             text=True,
             cwd=ROOT,
         )
-        assert self.proc.stdout is not None  # piped above
+        assert self.proc.stdout is not None  # stdout=PIPE
         self._stdout = self.proc.stdout
         line = self._stdout.readline().split()
         assert line and line[0] == "ELASTIC_STORE_READY", line

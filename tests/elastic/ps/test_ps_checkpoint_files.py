@@ -60,6 +60,7 @@ def _write(root, checkpoint_id, snaps, step):
 
 
 def _newest(root) -> ck.LoadedCheckpoint:
+    """The newest complete checkpoint under ``root`` (the test expects one)."""
     loaded = ck.load_newest(str(root))
     assert loaded is not None, f"no complete checkpoint in {root}"
     return loaded
