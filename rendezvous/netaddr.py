@@ -118,10 +118,14 @@ def advertised_address(
     addresses of the machines that must reach it; empty for a one-machine job, which
     gets ``127.0.0.1``). ``explicit`` wins over ``interface``, which wins over the route.
 
+    Peers that do not resolve or route are left out of the choice (their workers fail
+    to start and say why); when none is left, the default route's address is used.
+
     Raises:
-        AddressError: a peer that cannot be routed to, peers reached through different
-            source addresses (multi-homed: choose with --network-interface), or a
-            loopback address for remote peers (the message names both ends)."""
+        AddressError: peers reached through different source addresses (multi-homed:
+            choose with --network-interface), an unusable --driver-address or interface,
+            no route at all, or a loopback address for remote peers (the message names
+            both ends)."""
     remote = [p for p in peers if not is_loopback(p)]
     if explicit:
         address = resolve(explicit)
@@ -134,7 +138,14 @@ def advertised_address(
     else:
         by_address: dict[str, list[str]] = {}
         for peer in remote:
-            by_address.setdefault(address_toward(peer), []).append(peer)
+            try:
+                by_address.setdefault(address_toward(peer), []).append(peer)
+            except AddressError:
+                continue  # a host nobody can reach: its workers fail to start, and say why
+        if not by_address:
+            # No host resolves or routes yet: the machine's own address on its default
+            # route is what any host would reach, if one can.
+            return default_route_address()
         if len(by_address) > 1:
             routes = "; ".join(f"{a} toward {', '.join(p)}" for a, p in by_address.items())
             raise AddressError(

@@ -145,8 +145,10 @@ def test_array_meta_roundtrip():
 def test_settings_validation_and_heartbeat_default():
     s = CommSettings()
     assert s.connect_timeout == 30.0 and s.peer_timeout == 30.0
-    assert s.effective_heartbeat_interval == 1.0
-    assert CommSettings(peer_timeout=2.0).effective_heartbeat_interval == 0.5
+    # Heartbeats every 0.1 s: a silent neighbour is reported after suspect_after (0.8 s).
+    assert s.suspect_after == 0.8 and s.effective_heartbeat_interval == 0.1
+    assert CommSettings(peer_timeout=0.2).effective_heartbeat_interval == 0.05
+    assert CommSettings(suspect_after=0.2).effective_heartbeat_interval == 0.05
     for bad in (
         {"peer_timeout": 0},
         {"transport": "udp"},
