@@ -27,7 +27,16 @@ from dataclasses import dataclass
 from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
-from driver.hosts import BlacklistPolicy, HostSlots, parse_host_slots, total_slots
+from driver.hosts import (
+    MAX_SLOTS_PER_HOST,
+    MAX_WORKERS,
+    BlacklistPolicy,
+    HostSlots,
+    check_listed_slots,
+    parse_host_slots,
+    quote_entry,
+    total_slots,
+)
 from driver.launch.launchers import LAUNCHER_NAMES
 from rendezvous.url import StoreURL, parse_store_url
 
@@ -95,22 +104,43 @@ class _RaisingParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _number_type(kind: Callable[[str], float], minimum: float, strict: bool, what: str):
-    """An argparse ``type`` converting to ``kind`` and checking the bound; argparse adds
-    the flag name to the message ("argument --x: must be ...")."""
+def _number_type(
+    kind: Callable[[str], float],
+    minimum: float,
+    strict: bool,
+    what: str,
+    maximum: tuple[int, str] | None = None,
+):
+    """An argparse ``type`` converting to ``kind`` and checking the bounds (``maximum``:
+    the largest value and why); argparse adds the flag name to the message ("argument
+    --x: must be ...")."""
 
     def convert(text: str):
+        digits = text.strip().lstrip("+")
+        if (
+            maximum is not None
+            and digits.isdigit()
+            and len(digits.lstrip("0")) > len(str(maximum[0]))
+        ):
+            # Before converting: a thousand-digit number is too big all the same.
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
+            )
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}") from None
         if (
             math.isnan(value)
             or math.isinf(value)
             or value < minimum
             or (strict and value == minimum)
         ):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}")
+        if maximum is not None and value > maximum[0]:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
+            )
         return value
 
     convert.__name__ = what  # argparse names the type in some messages
@@ -118,6 +148,12 @@ def _number_type(kind: Callable[[str], float], minimum: float, strict: bool, wha
 
 
 _positive_int = _number_type(int, 0, True, "a whole number >= 1")
+_worker_count = _number_type(
+    int, 0, True, "a whole number >= 1", (MAX_WORKERS, "the most workers one job may have")
+)
+_slot_count = _number_type(
+    int, 0, True, "a whole number >= 1", (MAX_SLOTS_PER_HOST, "the most slots of one host")
+)
 _non_negative_int = _number_type(int, 0, False, "a whole number >= 0")
 _positive_seconds = _number_type(float, 0.0, True, "a number of seconds > 0")
 _non_negative_seconds = _number_type(float, 0.0, False, "a number of seconds >= 0")
@@ -157,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "-np",
         dest="np",
-        type=_positive_int,
+        type=_worker_count,
         metavar="N",
         help="workers to start with. Without hosts: the job runs N workers on "
         "localhost, replacing any that fail (a static-size job). With hosts: "
@@ -166,14 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     size.add_argument(
         "--min-np",
-        type=_positive_int,
+        type=_worker_count,
         metavar="N",
         help="fewest workers to train with; below it the job waits for hosts, up "
         "to --elastic-timeout (default: -np)",
     )
     size.add_argument(
         "--max-np",
-        type=_positive_int,
+        type=_worker_count,
         metavar="N",
         help="most workers at once (default: -np without hosts; with hosts no "
         "limit beyond the slots)",
@@ -199,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hosts.add_argument(
         "--slots-per-host",
-        type=_positive_int,
+        type=_slot_count,
         default=DEFAULT_SLOTS_PER_HOST,
         metavar="N",
         help="slots of a host listed without :SLOTS (default: %(default)s)",
@@ -365,6 +401,10 @@ def _parse_host_list(text: str, default_slots: int) -> tuple[HostSlots, ...]:
         if any(h.host == host.host for h in hosts):
             raise UsageError(f"-H: host {host.host!r} listed twice")
         hosts.append(host)
+    try:
+        check_listed_slots(hosts, "-H")
+    except HostSpecError as e:
+        raise UsageError(str(e)) from None
     return tuple(hosts)
 
 
@@ -406,6 +446,11 @@ def _resolve_sizes(
     if fixed_hosts is None and not has_script:
         if np is None:
             raise UsageError("-np is required when neither -H nor --host-discovery-script is given")
+        if np > MAX_SLOTS_PER_HOST:
+            raise UsageError(
+                f"-np {np}: without -H every worker runs on localhost, which may have at "
+                f"most {MAX_SLOTS_PER_HOST} slots; list the hosts with -H"
+            )
         fixed_hosts = (HostSlots("localhost", np),)
         if max_np is None:
             max_np = np

@@ -328,6 +328,16 @@ def test_command_is_the_remainder(argv, command):
         # abbreviations are refused: "--min" must not mean "--min-np"
         (["-np", "1", "--min", "1", *CMD], "--min", "unrecognized"),
         (["-np", *CMD], "-np", "whole number"),
+        # absurd sizes: bounded, one line, without converting a thousand digits
+        (["-np", "99999999999999999999", *CMD], "-np", "at most 4096"),
+        (["-np", "9" * 5000, *CMD], "-np", "at most 4096"),
+        (["-H", "a:2", "--max-np", "4097", *CMD], "--max-np", "at most 4096"),
+        (["-H", "a:2", "--min-np", "10000", *CMD], "--min-np", "at most 4096"),
+        (["-np", "2000", *CMD], "-np", "at most 1024 slots"),
+        (["-np", "1", "--slots-per-host", "5000", *CMD], "--slots-per-host", "at most 1024"),
+        (["-H", "a:99999999999999999999999", *CMD], "-H", "at most 1024 per host"),
+        (["-H", ",".join(f"h{i}:1024" for i in range(65)), *CMD], "-H", "at most 65536"),
+        (["-H", "x" * 300, *CMD], "-H", "DNS allows 253"),
     ],
 )
 def test_bad_use_is_a_one_line_usage_error(argv, flag, problem):

@@ -65,6 +65,8 @@ def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
         (["-np", "2", "-H", "host:x", "true"], "host:x"),
         (["-np", "2", "--rendezvous", "etcd://nohost", "true"], "etcd://nohost"),
         (["-np", "0", "true"], "-np"),
+        (["-np", "99999999999999999999", "true"], "-np"),
+        (["-H", "localhost:99999999999999999999999", "true"], "localhost:999"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args, fragment):
@@ -372,3 +374,21 @@ def test_only_a_blacklisted_host_left_waits_for_its_cooldown(tmp_path):
         hold.unlink()
         assert run.wait(timeout=50) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, 10, final_size=1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("localhost:99999999999999999999999", "at most 1024 per host"),
+        ("h" * 300 + ":2", "DNS allows 253"),
+    ],
+    ids=["huge-slots", "long-name"],
+)
+def test_absurd_discovery_line_is_a_prompt_one_line_error(tmp_path, line, problem):
+    """The driver neither spins nor grows: it names the line and exits at once."""
+    script, _ = hosts_file_discovery(tmp_path, f"{line}\n")
+    result = run_cli("-np", "1", "--host-discovery-script", str(script), "true", timeout=20)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "line 1" in lines[0] and problem in lines[0], result.stderr
