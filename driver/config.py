@@ -306,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LAUNCHER_NAMES,
         default="auto",
         help="how workers start: 'local' runs every worker on this machine "
-        "whatever its host name (handy to simulate hosts), 'ssh' runs "
+        "whatever its host name (handy to simulate hosts: the names are labels that "
+        "need not resolve, and every process talks over loopback), 'ssh' runs "
         "'ssh HOST' for every host, 'auto' uses local for this machine and "
         "ssh for the others (default: %(default)s)",
     )
@@ -319,26 +320,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="parameter-server shards to run (default: %(default)s, none)",
     )
+    # The three below default to None so that giving one without --num-ps is an error
+    # (it would do nothing); parse_args fills in the defaults the help names.
     ps.add_argument(
         "--ps-mode",
         choices=PS_MODES,
-        default=DEFAULT_PS_MODE,
         help="async: apply each push on arrival; sync: apply step s once every "
-        "worker of the round pushed it (default: %(default)s)",
+        f"worker of the round pushed it; needs --num-ps (default: {DEFAULT_PS_MODE})",
     )
     ps.add_argument(
         "--ps-checkpoint-dir",
         metavar="DIR",
-        help="where shards write checkpoints and restart from (default: none, so "
-        "a restarted shard starts empty)",
+        help="where shards write checkpoints and restart from; needs --num-ps "
+        "(default: none, so a restarted shard starts empty)",
     )
     ps.add_argument(
         "--ps-checkpoint-interval",
         type=_positive_seconds,
-        default=DEFAULT_PS_CHECKPOINT_INTERVAL,
         metavar="SEC",
-        help="seconds between checkpoints; ignored without --ps-checkpoint-dir "
-        "(default: %(default)s)",
+        help="seconds between checkpoints; needs --num-ps, and is ignored without "
+        f"--ps-checkpoint-dir (default: {DEFAULT_PS_CHECKPOINT_INTERVAL:g})",
     )
 
     chaos = p.add_argument_group("chaos testing")
@@ -514,6 +515,16 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
             f"(starting with a letter or digit)"
         )
 
+    for flag, value in (
+        ("--ps-mode", args.ps_mode),
+        ("--ps-checkpoint-dir", args.ps_checkpoint_dir),
+        ("--ps-checkpoint-interval", args.ps_checkpoint_interval),
+    ):
+        if value is not None and not args.num_ps:
+            raise UsageError(
+                f"{flag} needs --num-ps N (N >= 1): without shards it would do nothing"
+            )
+
     if args.chaos_max_kills is not None and args.chaos_kill_interval is None:
         raise UsageError("--chaos-max-kills needs --chaos-kill-interval (chaos is off without it)")
 
@@ -534,9 +545,9 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         start_timeout=args.start_timeout,
         launcher=args.launcher,
         num_ps=args.num_ps,
-        ps_mode=args.ps_mode,
+        ps_mode=args.ps_mode or DEFAULT_PS_MODE,
         ps_checkpoint_dir=args.ps_checkpoint_dir,
-        ps_checkpoint_interval=args.ps_checkpoint_interval,
+        ps_checkpoint_interval=args.ps_checkpoint_interval or DEFAULT_PS_CHECKPOINT_INTERVAL,
         chaos_kill_interval=args.chaos_kill_interval,
         chaos_max_kills=args.chaos_max_kills,
         log_dir=args.log_dir,

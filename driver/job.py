@@ -52,7 +52,7 @@ from rendezvous.auth import make_secret
 from rendezvous.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan, WorkerInfo
+from rendezvous.plan import Plan, PSConfigRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue, KVStore
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class Job:
         discovery: HostDiscovery | None = None,
     ):
         if events is None:
-            events = EventLog(config.events_file, verbose=config.verbosity > 0)
+            events = EventLog(config.events_file, verbose=config.verbosity > 0, timestamps=True)
         if launcher is None:
             launcher = get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
         if discovery is None:
@@ -92,8 +92,12 @@ class Job:
         self.keys = JobKeys(config.job_id)
         self.secret = make_secret()
         self.hosts = HostManager(config.blacklist_policy, config.min_np, config.max_np)
-        hosts = config.hosts
-        self.all_local = not config.uses_discovery and all(is_local_host(h.host) for h in hosts)
+        # Every process of the job runs on this machine: with --launcher local (host names
+        # are then only labels, and need not resolve), or when every fixed host is this
+        # machine. Everything then binds and advertises loopback.
+        self.all_local = config.launcher == "local" or (
+            not config.uses_discovery and all(is_local_host(h.host) for h in config.hosts)
+        )
         self._launcher = launcher
         self._clock = clock
         self._queue: queue.Queue[msg.Message] = queue.Queue()
@@ -160,6 +164,13 @@ class Job:
             cfg, self.keys, self.secret, self.all_local, self.advertised_host
         )
         self.store = store
+        # First in the run's events (right after the store, whose URL it names): several
+        # runs may append to one events file, and this line is where each begins.
+        command = list(cfg.command)
+        started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
+        self.events.emit(started)
+        # Before any worker starts: a ps client of a job without shards fails at once.
+        store.put(self.keys.ps_config, PSConfigRecord(cfg.num_ps, cfg.ps_mode).to_json())
         feeds.follow_workers_and_failures(
             store, self.keys, self.post, self._stop, cfg.elastic_timeout, self._clock
         )
@@ -184,9 +195,6 @@ class Job:
             tick = functools.partial(self.post, msg.ChaosTick())
             self._chaos = ChaosMonkey(cfg.chaos_kill_interval, cfg.chaos_max_kills, tick)
             self._chaos.start()
-        command = list(cfg.command)
-        started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
-        self.events.emit(started)
 
     def turn(self, max_wait: float | None = None) -> int | None:
         """One round of the loop: reconcile, check the outcome, then handle the next
@@ -287,8 +295,10 @@ class Job:
         host, slot = decision.host, decision.slot
         self._launch_seq += 1
         worker_id = worker_id_for(host, slot, self._launch_seq)
-        bind = host if not is_local_host(host) else self.advertised_host
-        bind = "127.0.0.1" if self.all_local else bind
+        if self.all_local:
+            bind = "127.0.0.1"
+        else:
+            bind = self.advertised_host if is_local_host(host) else host
         spec = worker_spec(self.config, self.secret, self.store_url, worker_id, host, slot, bind)
         try:
             process = self._launcher.launch(spec)

@@ -47,6 +47,13 @@ class JobKeys:
         return f"{self.ps}{index:04d}"
 
     @property
+    def ps_config(self) -> str:
+        """The job's parameter-server settings (JSON of ``rendezvous.plan.PSConfigRecord``),
+        written by the driver before any worker starts: a ps client of a job without
+        shards learns it at once instead of waiting for shards that never come."""
+        return f"{self.prefix}ps-config"
+
+    @property
     def ps_checkpoint(self) -> str:
         """The newest complete ps checkpoint (JSON of ``rendezvous.plan.CheckpointRecord``);
         written by the coordinating shard, watched by the driver."""

@@ -125,3 +125,21 @@ class CheckpointRecord:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)
+
+
+@dataclass(frozen=True)
+class PSConfigRecord:
+    """What the driver started of parameter servers, under ``JobKeys.ps_config``:
+    ``num_shards`` (0: the job runs none) and their ``mode``."""
+
+    num_shards: int
+    mode: str = ""
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PSConfigRecord:
+        raw = json.loads(data)
+        known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        return cls(**known)

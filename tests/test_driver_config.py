@@ -161,8 +161,25 @@ def test_blacklist_policy_takes_the_cooldown_range():
 
 
 def test_checkpoint_interval_without_dir_is_accepted():
-    config = parse("-np", "1", "--ps-checkpoint-interval", "9", *CMD)
+    # (with shards: a ps flag without --num-ps is an error, see below)
+    config = parse("-np", "1", "--num-ps", "1", "--ps-checkpoint-interval", "9", *CMD)
     assert config.ps_checkpoint_interval == 9.0 and config.ps_checkpoint_dir is None
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--ps-mode", "sync"), ("--ps-checkpoint-dir", "/ckpt"), ("--ps-checkpoint-interval", "9")],
+)
+@pytest.mark.parametrize("num_ps", [[], ["--num-ps", "0"]])
+def test_ps_flags_without_shards_are_an_error_naming_the_flag(flag, value, num_ps):
+    with pytest.raises(UsageError) as caught:
+        parse("-np", "1", *num_ps, flag, value, *CMD)
+    assert str(caught.value).startswith(f"{flag} needs --num-ps")
+
+
+def test_ps_flags_with_shards_keep_their_defaults():
+    config = parse("-np", "1", "--num-ps", "2", *CMD)
+    assert (config.ps_mode, config.ps_checkpoint_interval) == ("async", 60.0)
 
 
 @pytest.mark.parametrize(

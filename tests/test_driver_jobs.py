@@ -67,6 +67,8 @@ def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
         (["-np", "0", "true"], "-np"),
         (["-np", "99999999999999999999", "true"], "-np"),
         (["-H", "localhost:99999999999999999999999", "true"], "localhost:999"),
+        (["-np", "2", "--ps-mode", "sync", "true"], "--ps-mode needs --num-ps"),
+        (["-np", "2", "--ps-checkpoint-dir", "/tmp", "true"], "--ps-checkpoint-dir"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args, fragment):
@@ -392,3 +394,34 @@ def test_absurd_discovery_line_is_a_prompt_one_line_error(tmp_path, line, proble
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "line 1" in lines[0] and problem in lines[0], result.stderr
+
+
+@pytest.mark.timeout(90)
+def test_local_launcher_takes_made_up_host_names_as_labels(tmp_path):
+    """--launcher local with hosts that do not resolve: every worker runs here, binds and
+    advertises loopback, and the ring of two "hosts" connects over 127.0.0.1."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-H", "a:2,b:2", "--launcher", "local", *workload(out, 4)]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        assert {e["host"] for e in run.events("worker_started")} == {"a", "b"}
+        assert "gaierror" not in run.err_path.read_text()
+    results = check_exact_sum(out, SAMPLES, 4, final_size=4)
+    assert all(r["rank"] in range(4) for r in results)
+
+
+@pytest.mark.timeout(60)
+def test_a_ps_script_without_shards_fails_at_once_with_the_reason(tmp_path):
+    """The driver publishes that the job runs no shards: ``elastic.ps.connect()`` raises
+    at once, naming the flag, instead of waiting for shards that never come."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = ROOT / "tests" / "workloads" / "ps_linear.py"
+    with ElasticRun(["-np", "1", "python", str(script), str(out)], tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        output = run.out_path.read_text() + run.err_path.read_text()
+        assert "this job runs no parameter-server shards" in output, output[-2000:]
+        assert "--num-ps" in output
+        failed = run.events("job_failed")[0]
+        assert failed["seconds"] < 15  # two short tries, not a shard wait of 10 s each
