@@ -74,11 +74,13 @@ class Report:
 
 @dataclass(frozen=True)
 class CountFailure:
-    """A worker on ``host`` failed on its own (exit ``code``): count it against the host
-    (blacklisting) and then against the failure streak (``count_failure``)."""
+    """A worker on ``host`` failed on its own (exit ``code``; or could not start, then
+    ``reason`` says why): count it against the host (blacklisting) and then against the
+    failure streak (``count_failure``)."""
 
     host: str
-    code: int
+    code: int | None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,10 @@ class Book:
 
     ``change_at``: when the membership first changed since the last round (the next
     round's formation time counts from it). ``done_slots``: slots whose worker finished
-    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed."""
+    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed with
+    an error code of their own; ``lost_rounds``: rounds whose members all died on their
+    own, whatever the code or signal. ``no_hosts_since``/``no_hosts_said_at``: since
+    when discovery lists no host, and when that was last said."""
 
     started_at: float
     resets: int = 0
@@ -111,6 +116,9 @@ class Book:
     change_at: float | None = None
     all_failed_rounds: frozenset[int] = frozenset()
     done_slots: frozenset[tuple[str, int]] = frozenset()
+    lost_rounds: frozenset[int] = frozenset()
+    no_hosts_since: float | None = None
+    no_hosts_said_at: float | None = None
 
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""
@@ -134,6 +142,7 @@ class HostsView:
     all_blacklisted: bool = False
     next_release: float | None = None
     available_slots: int = 0
+    none_listed: bool = False  # discovery lists no host at all
 
     @classmethod
     def of(cls, hosts: HostManager) -> HostsView:
@@ -143,6 +152,7 @@ class HostsView:
             all_blacklisted=hosts.all_blacklisted,
             next_release=hosts.next_release_time(),
             available_slots=hosts.available_slots,
+            none_listed=not hosts.known_hosts,
         )
 
 

@@ -39,7 +39,7 @@ from driver import messages as msg
 from driver.chaos import ChaosMonkey
 from driver.config import JobConfig
 from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
-from driver.errors import DiscoveryError, JobFailed, LauncherError
+from driver.errors import DiscoveryError, JobFailed, LauncherError, LaunchError
 from driver.eventlog import EventLog
 from driver.hosts import HostManager
 from driver.launch.launchers import Launcher, get_launcher
@@ -244,6 +244,8 @@ class Job:
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
+        decisions, self.book = policy.no_hosts(self.book, view, cfg, now)
+        self._apply(decisions)
         decisions, self.book = policy.plan_round(records, self.plan, self.book, view, cfg, now)
         self._apply(decisions)
 
@@ -282,7 +284,9 @@ class Job:
         log.info("killing worker %s: %s", rec.worker_id, decision.reason)
         self._processes[rec.worker_id].kill()
         now = self._clock()
-        self.workers[rec.worker_id] = workers.killed(rec, now, chaos=decision.chaos)
+        self.workers[rec.worker_id] = workers.killed(
+            rec, now, chaos=decision.chaos, reason=decision.reason
+        )
         if self.plan is not None and self.plan.member(rec.worker_id) is not None:
             self.book = self.book.changed(now)
 
@@ -303,9 +307,12 @@ class Job:
         try:
             process = self._launcher.launch(spec)
         except LauncherError as exc:
-            reason = f"launch failed: {exc}"
-            self.events.emit(ev.WorkerFailed(worker_id, host, slot, code=None, reason=reason))
-            self._emit_host_events(self.hosts.record_failure(host, self._clock()))
+            permanent = isinstance(exc, LaunchError) and exc.permanent
+            self._apply(
+                policy.launch_failed(
+                    worker_id, host, slot, str(exc), None, self._any_registered(), permanent
+                )
+            )
             return
         self.workers[worker_id] = WorkerRecord.launched(worker_id, host, slot, self._clock())
         self._processes[worker_id] = process
@@ -319,7 +326,9 @@ class Job:
     def _count_failure(self, decision: dec.CountFailure) -> None:
         self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
         slots = self.hosts.available_slots
-        decisions, self.book = policy.count_failure(self.book, slots, decision.code)
+        decisions, self.book = policy.count_failure(
+            self.book, slots, decision.code, decision.reason
+        )
         self._apply(decisions)
 
     # ------------------------------------------------------------------ messages
@@ -332,7 +341,13 @@ class Job:
             # Do not wait for its lease: the process is gone.
             self._delete_quietly(self.keys.worker(rec.worker_id))
         self.workers[rec.worker_id], (decisions, self.book) = policy.worker_exited(
-            rec, message.code, self.plan, self.book, self._clock()
+            rec,
+            message.code,
+            self.plan,
+            self.book,
+            self._clock(),
+            command=self.config.command,
+            any_registered=self._any_registered(),
         )
         self._apply(decisions)
 
@@ -382,6 +397,10 @@ class Job:
 
     def _spawn(self, name: str, target: Callable[..., Any], *args: Any) -> None:
         threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+    def _any_registered(self) -> bool:
+        """A worker of this job has registered: its program can start."""
+        return any(r.ever_registered for r in self.workers.values())
 
     def _require_store(self) -> KVStore:
         if self.store is None:

@@ -425,3 +425,119 @@ def test_a_ps_script_without_shards_fails_at_once_with_the_reason(tmp_path):
         assert "--num-ps" in output
         failed = run.events("job_failed")[0]
         assert failed["seconds"] < 15  # two short tries, not a shard wait of 10 s each
+
+
+# ----------------------------------------------------------------------------- what failed
+
+
+@pytest.mark.timeout(60)
+def test_a_program_that_does_not_exist_ends_the_job_at_once(tmp_path):
+    with ElasticRun(["-np", "2", "./nonexistent"], tmp_path) as run:
+        assert run.wait(timeout=30) == 1
+        last = run.stderr_tail().splitlines()[-1]
+        assert "cannot start './nonexistent': No such file or directory" in last, last
+        assert len(run.events("worker_failed")) <= 2  # no relaunch loop
+        assert run.events("job_failed")[0]["seconds"] < 10
+
+
+@pytest.mark.timeout(90)
+def test_over_ssh_the_shells_command_not_found_is_named(tmp_path, sshd_server):
+    import shlex
+
+    settings = sshd_server.settings()
+    options = [
+        "-p",
+        str(settings.port),
+        "-i",
+        settings.identity_file,
+        "-l",
+        settings.user,
+        *settings.extra_options,
+    ]
+    with ElasticRun(
+        ["-H", "127.0.0.1:2", "--launcher", "ssh", "./nonexistent"],
+        tmp_path,
+        env={"ELASTIC_SSH_OPTIONS": shlex.join(options)},
+    ) as run:
+        assert run.wait(timeout=60) == 1
+        last = run.stderr_tail().splitlines()[-1]
+        assert "cannot start './nonexistent' on 127.0.0.1: exit 127" in last, last
+        assert "command not found" in last
+        assert len(run.events("worker_failed")) <= 2
+
+
+@pytest.mark.timeout(60)
+def test_discovery_listing_no_hosts_is_said_at_once_and_again(tmp_path):
+    script, _ = hosts_file_discovery(tmp_path, "# nothing yet\n")
+    args = ["-np", "1", "--host-discovery-script", str(script), "--start-timeout", "6", "true"]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=40) == 1
+        waits = run.events("waiting")
+        assert len(waits) >= 2 and all("lists none" in w["what"] for w in waits)
+        assert waits[0]["elapsed"] < 3 and waits[1]["waited"] >= 5
+        last = run.stderr_tail().splitlines()[-1]
+        assert "discovery has listed no host" in last and "only 0 of" not in last, last
+
+
+END_FAILURE = """\
+import os, sys, time
+import numpy as np
+import elastic
+
+elastic.init()
+state = elastic.ObjectState(step=0)
+
+@elastic.run
+def train(state):
+    while state.step < 20:
+        elastic.allreduce(np.ones(1))
+        state.step += 1
+        state.commit()
+
+train(state)
+if os.environ["ELASTIC_SLOT"] in sys.argv[1].split(","):
+    time.sleep(float(sys.argv[2]))  # the others have finished by then
+    os.abort()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "failing, extra, reason",
+    [
+        ("0,1", [], "the job started over 3 times in a row"),
+        ("1", ["--min-np", "1"], "exited with -6 after other workers had finished"),
+    ],
+    ids=["every-worker", "after-the-others-finished"],
+)
+def test_a_worker_failing_at_its_end_is_not_relaunched_again_and_again(
+    tmp_path, failing, extra, reason
+):
+    script = tmp_path / "end_failure.py"
+    script.write_text(END_FAILURE)
+    pause = "0" if failing == "0,1" else "3"
+    args = ["-np", "2", *extra, "python", str(script), failing, pause]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        last = run.stderr_tail().splitlines()[-1]
+        assert reason in last, last
+        assert len(run.events("worker_failed")) <= 6
+
+
+@pytest.mark.timeout(90)
+def test_the_driver_says_it_killed_a_hung_worker_and_why(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with ElasticRun(
+        ["-np", "3", "--min-np", "2", *workload(out, 25)],
+        tmp_path,
+        env={"ELASTIC_PEER_TIMEOUT": "2"},
+    ) as run:
+        run.wait_progress(30)
+        victim = run.kill_member(2, signal.SIGSTOP)
+        failed = run.wait_event("worker_failed", lambda e: e["worker"] == victim)
+        assert failed["reason"] == "killed by the driver: unresponsive (reported by its peers)"
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        lines = [line for line in run.err_path.read_text().splitlines() if "failed (" in line]
+        assert any("killed by SIGKILL): killed by the driver: unresponsive" in x for x in lines)
+    check_exact_sum(out, SAMPLES, 25)
