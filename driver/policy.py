@@ -5,9 +5,8 @@ job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the
 manager's answers), the config and ``now``, and returns what to do (``driver.decisions``):
 ``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``Report`` (an event to
 emit), ``CountFailure``, ``Succeed``, or nothing. None of them touches the store, a
-process or a clock; the
-main loop (``driver.job``) carries the decisions out. Functions that also update the
-book return a ``Step`` (the decisions and the new book).
+process or a clock; the main loop (``driver.job``) carries the decisions out. Functions
+that also update the book return a ``Step`` (the decisions and the new book).
 
 The rules:
 
