@@ -39,6 +39,7 @@ from driver.hosts import (
 )
 from driver.launch.launchers import LAUNCHER_NAMES
 from rendezvous.url import StoreURL, parse_store_url
+from rendezvous.version import package_version
 
 DEFAULT_SLOTS_PER_HOST = 1
 DEFAULT_DISCOVERY_INTERVAL = 1.0
@@ -368,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="append one JSON line per event (rounds, worker and host changes) "
         "to FILE (default: none)",
+    )
+    out.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {package_version()}",
+        help="print the version and exit",
     )
     out.add_argument(
         "-v",

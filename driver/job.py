@@ -39,7 +39,14 @@ from driver import messages as msg
 from driver.chaos import ChaosMonkey
 from driver.config import JobConfig
 from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
-from driver.errors import DiscoveryError, JobFailed, LauncherError, LaunchError
+from driver.errors import (
+    DiscoveryError,
+    EventLogError,
+    JobFailed,
+    LauncherError,
+    LaunchError,
+    UsageError,
+)
 from driver.eventlog import EventLog
 from driver.hosts import HostManager
 from driver.launch.launchers import Launcher, get_launcher
@@ -64,7 +71,11 @@ class Job:
     ``launcher`` starts workers and shards (default: ``--launcher`` with
     ``ELASTIC_SSH_OPTIONS``); ``events`` receives every event (default: an ``EventLog``
     of ``--events``); ``clock`` is the monotonic time the rules see; ``discovery`` finds
-    the hosts (default: ``-H`` or ``--host-discovery-script``)."""
+    the hosts (default: ``-H`` or ``--host-discovery-script``).
+
+    Raises (when made):
+        UsageError: ``--log-dir`` cannot be created or ``--events`` cannot be opened.
+    """
 
     def __init__(
         self,
@@ -75,8 +86,18 @@ class Job:
         clock: Callable[[], float] = time.monotonic,
         discovery: HostDiscovery | None = None,
     ):
+        if config.log_dir:
+            try:
+                os.makedirs(config.log_dir, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(
+                    f"--log-dir {config.log_dir}: cannot create it: {exc.strerror or exc}"
+                ) from None
         if events is None:
-            events = EventLog(config.events_file, verbose=config.verbosity > 0, timestamps=True)
+            try:
+                events = EventLog(config.events_file, verbose=config.verbosity > 0, timestamps=True)
+            except EventLogError as exc:
+                raise UsageError(f"--events: {exc}") from None
         if launcher is None:
             launcher = get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
         if discovery is None:
@@ -113,8 +134,6 @@ class Job:
         self.store_url = ""
         self._ps: PSSupervisor | None = None
         self._chaos: ChaosMonkey | None = None
-        if config.log_dir:
-            os.makedirs(config.log_dir, exist_ok=True)
 
     @property
     def advertised_host(self) -> str:

@@ -69,6 +69,8 @@ def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
         (["-H", "localhost:99999999999999999999999", "true"], "localhost:999"),
         (["-np", "2", "--ps-mode", "sync", "true"], "--ps-mode needs --num-ps"),
         (["-np", "2", "--ps-checkpoint-dir", "/tmp", "true"], "--ps-checkpoint-dir"),
+        (["-np", "1", "--log-dir", "/dev/null/x", "true"], "--log-dir /dev/null/x"),
+        (["-np", "1", "--events", "/nonexistent-dir/e.jsonl", "true"], "--events"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args, fragment):
