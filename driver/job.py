@@ -123,6 +123,8 @@ class Job:
         self._clock = clock
         self._queue: queue.Queue[msg.Message] = queue.Queue()
         self._stop = threading.Event()
+        self._signalled: list[int] = []  # SIGINT/SIGTERM received (``post``)
+        self._wake = threading.Event()  # a signal, or the ps shards' start is over
         self.workers: dict[str, WorkerRecord] = {}
         self._processes: dict[str, WorkerProcess] = {}
         self._launch_seq = 0
@@ -142,6 +144,9 @@ class Job:
 
     def post(self, message: msg.Message) -> None:
         """Hand a message to the main loop (thread-safe)."""
+        if isinstance(message, msg.SignalReceived):
+            self._signalled.append(message.signum)
+            self._wake.set()  # open() may be waiting for the ps shards
         self._queue.put(message)
 
     # ------------------------------------------------------------------ the run
@@ -209,11 +214,44 @@ class Job:
                 store_patience=cfg.elastic_timeout,
                 clock=self._clock,
             )
-            self._ps.start()
+            self._start_shards(self._ps)
         if cfg.chaos_kill_interval:
             tick = functools.partial(self.post, msg.ChaosTick())
             self._chaos = ChaosMonkey(cfg.chaos_kill_interval, cfg.chaos_max_kills, tick)
             self._chaos.start()
+
+    def _start_shards(self, supervisor: PSSupervisor) -> None:
+        """Start the ps shards and wait until they serve (up to ``--start-timeout``) in a
+        helper thread, so that SIGINT or SIGTERM ends the wait at once: the loop that
+        handles signals does not run yet.
+
+        Raises:
+            JobFailed: the shards did not come up, or a signal came first.
+            LauncherError: a shard cannot be started.
+        """
+        ended: list[BaseException | None] = []
+
+        def start() -> None:
+            try:
+                supervisor.start()
+                ended.append(None)
+            except BaseException as exc:  # noqa: BLE001  (handed to the waiting thread)
+                ended.append(exc)
+            finally:
+                self._wake.set()
+
+        self._spawn("ps-start", start)
+        # The supervisor has its own deadline; this one only guards against a bug there.
+        self._wake.wait(self.config.start_timeout + 2 * STOP_GRACE)
+        if self._signalled:
+            raise JobFailed(
+                f"stopped by {_signal_name(self._signalled[0])} while the ps shards started; "
+                "all workers were stopped"
+            )
+        if not ended:
+            raise JobFailed(f"ps shards not ready within {self.config.start_timeout:g}s")
+        if ended[0] is not None:
+            raise ended[0]
 
     def turn(self, max_wait: float | None = None) -> int | None:
         """One round of the loop: reconcile, check the outcome, then handle the next

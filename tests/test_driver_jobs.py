@@ -543,3 +543,27 @@ def test_the_driver_says_it_killed_a_hung_worker_and_why(tmp_path):
         lines = [line for line in run.err_path.read_text().splitlines() if "failed (" in line]
         assert any("killed by SIGKILL): killed by the driver: unresponsive" in x for x in lines)
     check_exact_sum(out, SAMPLES, 25)
+
+
+SLOW_SHARD = """\
+import sys, time
+if "--num-shards" in sys.argv:  # a ps shard (python -m elastic.ps.server ...)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_ps_shards_start_is_honoured_at_once(tmp_path):
+    """The shards take longer to start than the user waits: SIGTERM ends the job now,
+    not after --start-timeout."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SHARD)
+    args = ["-np", "1", "--num-ps", "1", "--start-timeout", "100", "python", "-c", "pass"]
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    with ElasticRun(args, tmp_path, env=env) as run:
+        run.wait_event("job_started", timeout=20)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=20) == 1
+        failed = run.events("job_failed")[0]
+        assert "stopped by SIGTERM while the ps shards started" in failed["reason"]
