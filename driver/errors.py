@@ -37,6 +37,11 @@ class JobFailed(DriverError):
     """The job cannot succeed; the message is the one-line reason ``elastic-run`` prints."""
 
 
+class JobIdInUseError(JobFailed):
+    """Another driver leads a job with this ``--job-id`` in the store (its record is
+    alive); the message names that driver (pid, host, since when)."""
+
+
 # ----------------------------------------------------------------------------- launching
 
 

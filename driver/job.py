@@ -37,6 +37,7 @@ from driver import events as ev
 from driver import feeds, policy, workers
 from driver import messages as msg
 from driver.chaos import ChaosMonkey
+from driver.claim import DriverClaim, new_record
 from driver.config import JobConfig
 from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
 from driver.errors import (
@@ -53,7 +54,14 @@ from driver.launch.launchers import Launcher, get_launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import ssh_settings_from_env
 from driver.ps_supervisor import PSSupervisor
-from driver.wiring import job_env, open_job_store, shard_commands, worker_id_for, worker_spec
+from driver.wiring import (
+    job_env,
+    open_job_store,
+    quick_store,
+    shard_commands,
+    worker_id_for,
+    worker_spec,
+)
 from driver.workers import WorkerRecord
 from rendezvous.auth import make_secret
 from rendezvous.embedded import EmbeddedServer
@@ -136,6 +144,7 @@ class Job:
         self.store_url = ""
         self._ps: PSSupervisor | None = None
         self._chaos: ChaosMonkey | None = None
+        self._claim: DriverClaim | None = None
 
     @property
     def advertised_host(self) -> str:
@@ -174,20 +183,26 @@ class Job:
             self.close()
 
     def open(self) -> None:
-        """Find the hosts, open the store, follow it, start the ps shards and the chaos.
+        """Find the hosts, open the store, claim the job id, follow the store, start the
+        ps shards and the chaos.
 
         Raises:
             DiscoveryError: the first host discovery failed.
             RendezvousError: the store cannot be opened.
+            JobIdInUseError: another driver leads a job of this id.
             JobFailed: the ps shards did not come up.
             LauncherError: a ps shard cannot be started.
         """
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
         self._server, store, self.store_url = open_job_store(
-            cfg, self.keys, self.secret, self.all_local, self.advertised_host
+            cfg, self.secret, self.all_local, self.advertised_host
         )
         self.store = store
+        # Refused (JobIdInUseError) while another driver leads a job of this id.
+        self._claim = DriverClaim.take(
+            store, self.keys, new_record(), on_taken=lambda reason: self.post(msg.Fatal(reason))
+        )
         # First in the run's events (right after the store, whose URL it names): several
         # runs may append to one events file, and this line is where each begins.
         command = list(cfg.command)
@@ -278,17 +293,32 @@ class Job:
                 return None
 
     def close(self) -> None:
-        """Stop the chaos, the shards and every worker; close the store."""
+        """Stop the chaos, the shards and every worker; delete the job's keys and end
+        the driver's lease (when this driver holds the job id); close the store."""
         self._stop.set()
         for component in (self._chaos, self._ps):
             if component is not None:
                 component.stop()
         running = [r.worker_id for r in self.workers.values() if r.state.running]
         stop_all([self._processes[worker_id] for worker_id in running], STOP_GRACE)
+        if self._claim is not None:
+            self._release_claim(self._claim)
         if self.store is not None:
             self.store.close()
         if self._server is not None:
             self._server.stop()
+
+    def _release_claim(self, claim: DriverClaim) -> None:
+        """Leave nothing in the store: the job's keys and the driver's lease, through a
+        client whose calls give up within seconds (the job is over; an unreachable
+        store must not hold its end)."""
+        cleaner = quick_store(self.store_url, self.secret)
+        try:
+            claim.release(cleaner)
+        except RendezvousError as exc:
+            log.warning("could not delete the job's keys from the store: %s", exc)
+        finally:
+            cleaner.close()
 
     # ------------------------------------------------------------------ decisions
     def _reconcile(self) -> None:

@@ -18,6 +18,12 @@ class JobKeys:
         return f"{ROOT}/{self.job_id}/"
 
     @property
+    def driver(self) -> str:
+        """The driver that leads the job (JSON of ``rendezvous.plan.DriverRecord``),
+        written under the driver's own lease: while it exists, the job id is taken."""
+        return f"{self.prefix}driver"
+
+    @property
     def round(self) -> str:
         """The current plan (JSON of ``rendezvous.plan.Plan``); written by the driver only."""
         return f"{self.prefix}round"

@@ -143,3 +143,27 @@ class PSConfigRecord:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)
+
+
+@dataclass(frozen=True)
+class DriverRecord:
+    """The driver that leads a job, under ``JobKeys.driver`` and the driver's lease (so
+    it vanishes when the driver is gone). ``driver_id`` is unique per driver process;
+    ``started`` is a unix time; ``term`` numbers the job's successive leaders (1 for the
+    driver that started the job): a plan or command from an older term than the
+    leader's is stale."""
+
+    driver_id: str
+    host: str
+    pid: int
+    started: float
+    term: int = 1
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> DriverRecord:
+        raw = json.loads(data)
+        known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        return cls(**known)
