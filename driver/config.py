@@ -49,6 +49,7 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
+DEFAULT_PROGRESS_INTERVAL = 10.0
 PS_MODES = ("async", "sync")
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
@@ -83,6 +84,7 @@ class JobConfig:
     log_dir: str | None
     events_file: str | None
     verbosity: int
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
 
     @property
     def uses_discovery(self) -> bool:
@@ -371,6 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
         "to FILE (default: none)",
     )
     out.add_argument(
+        "--progress-interval",
+        type=_non_negative_seconds,
+        default=DEFAULT_PROGRESS_INTERVAL,
+        metavar="SEC",
+        help="every SEC seconds, a line (and a 'progress' event) with the round, its "
+        "world size, the committed steps and steps/s, for workers that commit a "
+        "State; rank 0 writes its step to the store as often; 0 turns it off "
+        "(default: %(default)g)",
+    )
+    out.add_argument(
         "--version",
         action="version",
         version=f"%(prog)s {package_version()}",
@@ -560,4 +572,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         log_dir=args.log_dir,
         events_file=args.events_file,
         verbosity=args.verbosity,
+        progress_interval=args.progress_interval,
     )

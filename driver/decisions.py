@@ -104,7 +104,10 @@ class Book:
     (they are not refilled). ``all_failed_rounds``: rounds whose members all failed with
     an error code of their own; ``lost_rounds``: rounds whose members all died on their
     own, whatever the code or signal. ``no_hosts_since``/``no_hosts_said_at``: since
-    when discovery lists no host, and when that was last said."""
+    when discovery lists no host, and when that was last said. ``progress_step``,
+    ``progress_at``, ``progress_rate``: the newest step rank 0
+    published, when it came, and the steps per second since the one before;
+    ``progress_said_at``: when the last progress line was said."""
 
     started_at: float
     resets: int = 0
@@ -119,10 +122,26 @@ class Book:
     lost_rounds: frozenset[int] = frozenset()
     no_hosts_since: float | None = None
     no_hosts_said_at: float | None = None
+    progress_step: int | None = None
+    progress_at: float | None = None
+    progress_rate: float | None = None
+    progress_said_at: float | None = None
 
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""
         return self if self.change_at is not None else replace(self, change_at=now)
+
+    def progressed(self, step: int, now: float) -> Book:
+        """Rank 0 published at ``now`` that it holds ``step`` commits. (The rate is taken
+        between publications, not between progress lines: the two clocks drift apart.)"""
+        rate = None
+        if (
+            self.progress_step is not None
+            and self.progress_at is not None
+            and now > self.progress_at
+        ):
+            rate = round((step - self.progress_step) / (now - self.progress_at), 3)
+        return replace(self, progress_step=step, progress_at=now, progress_rate=rate)
 
     def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
         """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""
@@ -131,6 +150,17 @@ class Book:
             done_slots=self.done_slots | {(host, slot)},
             member_finished_at=now if in_round else self.member_finished_at,
         )
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """What the store's health probe remembers (``driver.feeds.probe_store``): since
+    when the store has not answered (None: it answers), when that was last said, and
+    the last error."""
+
+    down_since: float | None = None
+    said_at: float | None = None
+    error: str = ""
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ from rendezvous.auth import make_secret
 from rendezvous.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan, PSConfigRecord, WorkerInfo
+from rendezvous.plan import Plan, ProgressRecord, PSConfigRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue, KVStore
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,7 @@ class Job:
         self._ps: PSSupervisor | None = None
         self._chaos: ChaosMonkey | None = None
         self._claim: DriverClaim | None = None
+        self._probe: KVStore | None = None  # the store's health probe's own client
 
     @property
     def advertised_host(self) -> str:
@@ -213,6 +214,8 @@ class Job:
         feeds.follow_workers_and_failures(
             store, self.keys, self.post, self._stop, cfg.elastic_timeout, self._clock
         )
+        self._probe = quick_store(self.store_url, self.secret)
+        feeds.probe_store(self._probe, self.events.emit, self._stop)
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
@@ -303,8 +306,9 @@ class Job:
         stop_all([self._processes[worker_id] for worker_id in running], STOP_GRACE)
         if self._claim is not None:
             self._release_claim(self._claim)
-        if self.store is not None:
-            self.store.close()
+        for client in (self._probe, self.store):
+            if client is not None:
+                client.close()
         if self._server is not None:
             self._server.stop()
 
@@ -331,10 +335,9 @@ class Job:
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
-        decisions, self.book = policy.no_hosts(self.book, view, cfg, now)
-        self._apply(decisions)
-        decisions, self.book = policy.plan_round(records, self.plan, self.book, view, cfg, now)
-        self._apply(decisions)
+        self._step(policy.no_hosts(self.book, view, cfg, now))
+        self._step(policy.progress_report(self.book, self.plan, cfg, now))
+        self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
 
     def _settle(self) -> int | None:
         decision = policy.outcome(self.workers, self.plan, self.book)
@@ -468,6 +471,19 @@ class Job:
             report = json.loads(message.event.value)
             self._apply(policy.failure_reported(self.workers, self.plan, report))
 
+    def _on_progress(self, message: msg.ProgressReported) -> None:
+        try:
+            record = ProgressRecord.from_json(message.value)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable progress record: %s", exc)
+            return
+        self.book = self.book.progressed(record.step, self._clock())
+
+    def _step(self, step: dec.Step) -> None:
+        """Carry out a rule's decisions and keep its book."""
+        decisions, self.book = step
+        self._apply(decisions)
+
     def _on_chaos_tick(self, message: msg.ChaosTick) -> None:
         candidates = policy.chaos_candidates(self.workers, self.plan, self.book)
         victim = self._chaos.strike(candidates) if self._chaos and candidates else None
@@ -533,6 +549,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
         f"stopped by {_signal_name(m.signum)}; all workers were stopped"
     ),
     msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
+    msg.ProgressReported: Job._on_progress,
     msg.KillRequested: lambda job, m: job._kill(dec.Kill(m.worker_id, m.reason)),
     msg.ChaosTick: Job._on_chaos_tick,
     msg.Fatal: lambda job, m: job._end(m.reason),

@@ -32,6 +32,11 @@ The rules:
   all died on their own, by any code or signal, end the job.
 * No hosts (``no_hosts``): while discovery lists no host, say so at once and every
   ``REPEAT_REPORT_EVERY`` seconds; the timeouts' reasons name it.
+* The store (``store_health``, applied by the probe's own thread: the loop may be
+  the one waiting for the store): a store that stops answering is said at once and
+  every ``REPEAT_REPORT_EVERY`` seconds, and its return.
+* Progress (``progress_report``): every ``--progress-interval``, the round, its size,
+  rank 0's committed step and the steps per second.
 * First round (``plan_round``): wait for ``-np`` registered workers, up to
   ``--start-timeout``; once there are, wait ``FIRST_ROUND_GRACE`` for the rest of those
   launched, so a job on 8 slots forms one round of 8.
@@ -70,12 +75,17 @@ from driver.decisions import (
     Report,
     Step,
     Stop,
+    StoreHealth,
     Succeed,
     Wait,
 )
 from driver.events import (
     ChaosKill,
+    Event,
     FailureReported,
+    Progress,
+    StoreBack,
+    StoreUnreachable,
     Waiting,
     WorkerExited,
     WorkerFailed,
@@ -113,6 +123,8 @@ REPEAT_REPORT_EVERY = 5.0
 #: exit codes a shell gives a command it cannot run: 126 found but not executable, 127
 #: not found (how a missing program shows over ssh, where no local exec can fail)
 CANNOT_RUN_CODES = {126: "not executable", 127: "command not found"}
+#: progress intervals without a new step from rank 0 after which training has stalled
+STALLED_AFTER = 2.5
 #: the loop looks at the job at least this often, whatever it waits for
 MAX_SLEEP = 1.0
 MIN_SLEEP = 0.01
@@ -384,6 +396,48 @@ def _no_hosts_note(book: Book, now: float) -> str:
     if book.no_hosts_since is None:
         return ""
     return f"; discovery has listed no host for {now - book.no_hosts_since:.0f}s"
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+def store_health(
+    health: StoreHealth, answered: bool, error: str, now: float
+) -> tuple[StoreHealth, list[Event]]:
+    """One look at the store (``answered``, else ``error``) and what to say of it: a
+    store that stops answering at once, again every ``REPEAT_REPORT_EVERY`` seconds
+    while it does not, and its return with how long it was away."""
+    if answered:
+        if health.down_since is None:
+            return health, []
+        return StoreHealth(), [StoreBack(seconds=round(now - health.down_since, 3))]
+    if health.down_since is None:
+        return StoreHealth(now, now, error), [StoreUnreachable(seconds=0.0, error=error)]
+    if health.said_at is not None and now - health.said_at < REPEAT_REPORT_EVERY:
+        return replace(health, error=error), []
+    since = round(now - health.down_since, 3)
+    return StoreHealth(health.down_since, now, error), [StoreUnreachable(since, error)]
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def progress_report(book: Book, plan: Plan | None, config: JobConfig, now: float) -> Step:
+    """Every ``--progress-interval`` once rank 0 has published a step: the round, its
+    size, the step, and the steps per second between rank 0's last two publications;
+    0.0 once none came for ``STALLED_AFTER`` intervals (rank 0 publishes only a step
+    that moved: training stalls)."""
+    interval, step, said_at = config.progress_interval, book.progress_step, book.progress_said_at
+    if not interval or plan is None or step is None or book.progress_at is None:
+        return Step((), book)
+    if said_at is not None and now - said_at < interval:
+        return Step((Wait(said_at + interval, "the next progress line"),), book)
+    rate = book.progress_rate
+    if now - book.progress_at > STALLED_AFTER * interval:
+        rate = 0.0
+    event = Progress(round=plan.round_id, size=plan.size, step=step, steps_per_second=rate)
+    book = replace(book, progress_said_at=now)
+    return Step((Report(event), Wait(now + interval, "the next progress line")), book)
 
 
 # ----------------------------------------------------------------------------- rounds

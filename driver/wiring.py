@@ -54,6 +54,7 @@ def worker_env(
         env.ENV_SLOT: str(slot),
         env.ENV_BIND_HOST: bind_host,
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
+        env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
     }
 
 

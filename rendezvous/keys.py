@@ -45,6 +45,12 @@ class JobKeys:
         return f"{self.failures}{round_id}/{reporter}"
 
     @property
+    def progress(self) -> str:
+        """The job's newest committed step (JSON of ``rendezvous.plan.ProgressRecord``),
+        written by rank 0 every few seconds while it commits; the driver reports it."""
+        return f"{self.prefix}progress"
+
+    @property
     def ps(self) -> str:
         """Prefix of parameter-server shard addresses, one key per shard index."""
         return f"{self.prefix}ps/"

@@ -167,3 +167,22 @@ class DriverRecord:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """Training progress under ``JobKeys.progress``: the number of commits (``step``) of
+    rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit."""
+
+    step: int
+    round_id: int
+    worker_id: str = ""
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ProgressRecord:
+        raw = json.loads(data)
+        known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        return cls(**known)

@@ -567,3 +567,82 @@ def test_sigterm_while_ps_shards_start_is_honoured_at_once(tmp_path):
         assert run.wait(timeout=20) == 1
         failed = run.events("job_failed")[0]
         assert "stopped by SIGTERM while the ps shards started" in failed["reason"]
+
+
+# ----------------------------------------------------------------------------- a driver that talks
+
+
+@pytest.mark.timeout(120)
+def test_an_etcd_outage_is_said_at_once_again_and_when_it_ends(tmp_path, etcd_single):
+    """etcd SIGKILLed mid-run for about 7 s: the driver says so at once, again every few
+    seconds, and when it is back; training goes on and ends exact."""
+    import uuid
+
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    args = [
+        "-np",
+        "2",
+        "--rendezvous",
+        etcd_single.url,
+        "--job-id",
+        f"t{uuid.uuid4().hex[:10]}",
+        *workload(out, 10, "--pause-while", str(hold)),
+    ]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("round_formed")
+        etcd_single.kill(0)
+        first = run.wait_event("store_unreachable", timeout=15)
+        assert first["seconds"] == 0 and first["error"]
+        again = run.wait_event("store_unreachable", lambda e: e["seconds"] >= 5, timeout=15)
+        etcd_single.restart(0)
+        back = run.wait_event("store_back", timeout=30)
+        assert back["seconds"] >= again["seconds"]
+        hold.unlink()
+        assert run.wait(timeout=60) == 0, run.stderr_tail()
+        text = run.err_path.read_text()
+        assert "the rendezvous store is unreachable (0.00s so far)" in text
+        assert "the rendezvous store is back after" in text
+    check_exact_sum(out, SAMPLES, 10, final_size=2)
+
+
+@pytest.mark.timeout(90)
+def test_progress_lines_and_events_for_a_collective_job(tmp_path, etcd_server):
+    """Rank 0 publishes its step at most once per interval (one store write per
+    interval, never one per step); the driver says it every interval."""
+    import uuid
+
+    from rendezvous import open_store
+    from rendezvous.keys import JobKeys
+    from rendezvous.plan import ProgressRecord
+
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    store_args = ["--rendezvous", etcd_server.url, "--job-id", job_id]
+    args = ["-np", "2", *store_args, "--progress-interval", "0.5", *workload(out, 1000)]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("progress", after=3, timeout=60)
+        with open_store(etcd_server.url) as store:
+            kv = store.get(JobKeys(job_id).progress)
+        elapsed = run.events("progress")[-1]["elapsed"] - run.events("round_formed")[0]["elapsed"]
+        assert kv.version <= elapsed / 0.5 + 2 < ProgressRecord.from_json(kv.value).step
+        progress = run.events("progress")
+        assert all(p["round"] == 1 and p["size"] == 2 for p in progress)
+        steps = [p["step"] for p in progress]
+        assert steps == sorted(steps) and steps[-1] > steps[0] > 0
+        assert progress[0]["steps_per_second"] is None
+        assert any(p["steps_per_second"] for p in progress[1:])
+        assert "progress: round 1, 2 workers, step " in run.err_path.read_text()
+
+
+@pytest.mark.timeout(60)
+def test_progress_interval_0_says_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-np", "1", "--progress-interval", "0", *workload(out, 10, "--work", "150")]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=50) == 0, run.stderr_tail()
+        assert run.events("progress") == []

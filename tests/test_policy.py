@@ -22,6 +22,7 @@ from driver.decisions import (
     Publish,
     Report,
     Stop,
+    StoreHealth,
     Succeed,
     Wait,
 )
@@ -723,3 +724,52 @@ def waiting_of(decisions) -> ev.Waiting:
     reports = [d for d in decisions if isinstance(d, Report)]
     assert len(reports) == 1 and isinstance(reports[0].event, ev.Waiting), decisions
     return reports[0].event
+
+
+# ----------------------------------------------------------------------------- the store, progress
+
+
+def test_an_unreachable_store_is_said_at_once_again_and_when_back():
+    health, said = policy.store_health(StoreHealth(), True, "", now=1.0)
+    assert health == StoreHealth() and said == []
+    health, said = policy.store_health(health, False, "refused", now=2.0)
+    assert said == [ev.StoreUnreachable(seconds=0.0, error="refused")]
+    health, said = policy.store_health(health, False, "timed out", now=4.0)
+    assert said == [] and health.error == "timed out"  # not again so soon
+    health, said = policy.store_health(health, False, "timed out", now=2.0 + 5.0)
+    assert said == [ev.StoreUnreachable(seconds=5.0, error="timed out")]
+    health, said = policy.store_health(health, False, "timed out", now=11.0)
+    assert said == []
+    health, said = policy.store_health(health, True, "", now=12.5)
+    assert said == [ev.StoreBack(seconds=10.5)] and health == StoreHealth()
+    assert str(said[0]) == "the rendezvous store is back after 10s"
+
+
+def test_progress_is_said_every_interval_with_the_rate_between_publications():
+    cfg = config("-np", "2", "--progress-interval", "10")
+    p = plan_of(3, rec("a", 0), rec("b", 1))
+    assert policy.progress_report(Book(0.0), p, cfg, now=1.0) == (
+        (),
+        Book(0.0),
+    )  # no step published yet
+    book = Book(0.0).progressed(100, now=2.0)
+    assert book.progress_rate is None
+    decisions, book = policy.progress_report(book, p, cfg, now=2.0)
+    assert decisions == (
+        Report(ev.Progress(round=3, size=2, step=100, steps_per_second=None)),
+        Wait(12.0, "the next progress line"),
+    )
+    book = book.progressed(600, now=7.0).progressed(1100, now=12.0)
+    decisions, _ = policy.progress_report(book, p, cfg, now=11.0)
+    assert decisions == (Wait(12.0, "the next progress line"),)
+    decisions, book = policy.progress_report(book, p, cfg, now=12.0)
+    assert decisions[0] == Report(ev.Progress(round=3, size=2, step=1100, steps_per_second=100.0))
+    assert str(decisions[0].event) == "progress: round 3, 2 workers, step 1100 (100.0 steps/s)"
+    # Rank 0 publishes only a step that moved: none for 2.5 intervals is a stall.
+    decisions, book = policy.progress_report(book, p, cfg, now=22.0)
+    assert decisions[0].event.steps_per_second == 100.0
+    decisions, _ = policy.progress_report(book, p, cfg, now=12.0 + 26.0)
+    assert decisions[0].event.steps_per_second == 0.0
+    off = config("-np", "2", "--progress-interval", "0")
+    assert policy.progress_report(book, p, off, now=100.0) == ((), book)
+    assert policy.progress_report(book, None, cfg, now=100.0) == ((), book)
