@@ -21,24 +21,13 @@ from rendezvous.errors import LeaseNotFoundError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord
 from rendezvous.version import package_version
-from tests.jobs import EXACT_SUM, ROOT, ElasticRun, check_exact_sum
+from tests.jobs import ROOT, ElasticRun, check_exact_sum, exact_sum_command
 
 SAMPLES = 400
 
 
 def workload(out_dir, epochs: int, *extra: str) -> list[str]:
-    return [
-        "python",
-        str(EXACT_SUM),
-        str(out_dir),
-        "--samples",
-        str(SAMPLES),
-        "--epochs",
-        str(epochs),
-        "--batch",
-        "4",
-        *extra,
-    ]
+    return exact_sum_command(out_dir, SAMPLES, epochs, *extra)
 
 
 # Read plainly (tomllib is 3.11+; the package supports 3.9).
@@ -53,15 +42,20 @@ def test_one_version_from_pyproject():
     assert "__version__" not in elastic.__dict__  # read when asked, not at import
 
 
-def test_elastic_run_version():
-    done = subprocess.run(
-        [sys.executable, "-m", "driver.cli", "--version"],
+def python(*args: str) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the repository, as a user of this tree runs it."""
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+def test_elastic_run_version():
+    done = python("-m", "driver.cli", "--version")
     assert done.returncode == 0
     assert done.stdout.strip() == f"elastic-run {VERSION}"
 
@@ -72,18 +66,9 @@ def test_console_scripts_point_at_working_entry_points():
         module_name, _, function = target.partition(":")
         main = getattr(importlib.import_module(module_name), function)
         # What the installed script runs: main() with the arguments after its name.
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                f"import sys; from {module_name} import {function}; "
-                f"sys.exit({function}(['--help']))",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        done = python(
+            "-c",
+            f"import sys; from {module_name} import {function}; sys.exit({function}(['--help']))",
         )
         assert callable(main) and done.returncode == 0, (name, done.stderr)
         assert "usage:" in done.stdout, name
@@ -138,22 +123,7 @@ def test_a_live_job_id_is_refused_and_nothing_is_left_after(tmp_path, etcd_serve
             record = DriverRecord.from_json(kv.value)
             round_before = store.get(keys.round)
         assert record.pid == first.proc.pid and record.term == 1
-        second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "driver.cli",
-                "-np",
-                "1",
-                *_job_args(etcd_server, job_id),
-                "true",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
+        second = python("-m", "driver.cli", "-np", "1", *_job_args(etcd_server, job_id), "true")
         assert second.returncode == 1
         line = second.stderr.strip().splitlines()[-1]
         assert f"job ID '{job_id}' is running: driver pid {first.proc.pid} on host " in line

@@ -163,6 +163,15 @@ def run_plot(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def run_without_matplotlib(*args: str) -> subprocess.CompletedProcess:
+    """``python -m runplot ARGS`` in a Python where ``import matplotlib`` fails."""
+    hide = "import sys, runpy; sys.modules['matplotlib'] = None; "
+    hide += "runpy.run_module('runplot', run_name='__main__')"
+    return subprocess.run(
+        [sys.executable, "-c", hide, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_plot_command_line(tmp_path):
     path = tmp_path / "run.jsonl"
     write_events(path, sample_events())
@@ -182,17 +191,7 @@ def test_plot_command_line(tmp_path):
 def test_without_matplotlib_one_line_and_no_file(tmp_path):
     path = tmp_path / "run.jsonl"
     write_events(path, sample_events())
-    hide = (
-        "import sys; sys.modules['matplotlib'] = None; "
-        "from runplot.__main__ import main; sys.exit(main(sys.argv[1:]))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", hide, str(path), "-o", str(tmp_path / "x.svg")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_without_matplotlib(str(path), "-o", str(tmp_path / "x.svg"))
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "matplotlib is not installed" in lines[0], done.stderr
@@ -278,15 +277,7 @@ def test_without_matplotlib_an_existing_picture_is_left_alone(tmp_path):
     write_events(path, sample_events())
     old = tmp_path / "run.svg"
     old.write_text("<svg/>")
-    hide = "import sys; sys.modules['matplotlib'] = None; import runpy; "
-    hide += "runpy.run_module('runplot', run_name='__main__')"
-    done = subprocess.run(
-        [sys.executable, "-c", hide, str(path), "-o", str(tmp_path / "run.png")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_without_matplotlib(str(path), "-o", str(tmp_path / "run.png"))
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "matplotlib is not installed" in lines[0], done.stderr
