@@ -2,8 +2,11 @@
 
 One thread owns all state (``Job.run``); everything else only posts messages
 (``driver.messages``) to its queue: worker exits (a waiter thread per process),
-registrations and failure reports (store watches), discovery results (a polling
-thread), signals, chaos ticks, a ps shard that cannot go on (``driver.feeds``). After
+registrations, failure reports and rank 0's progress (store watches), discovery
+results (a polling thread), signals, chaos ticks, a ps shard that cannot go on, a
+claim on the job id lost to another driver (``driver.feeds``, ``driver.claim``). (The
+store's health probe alone reports by itself: the loop may be what waits on the
+store.) After
 each message the loop reconciles: it asks the rules of ``driver.policy`` what to do
 (stop displaced workers, kill hung ones, fill free slots, publish the next round, wait,
 give up) and carries the decisions (``driver.decisions``) out. The rules are pure
@@ -15,7 +18,8 @@ its registration lease expiring, or a peer's failure report naming it.
 
 ``Job(config, launcher=..., events=..., clock=..., discovery=...)`` takes what it
 drives, so tests run the whole loop with fake processes and a fake clock; ``run()``
-is ``open()``, ``turn()`` until the job ends, ``close()``.
+is ``open()``, ``turn()`` until the job ends, ``close()``. ``open()`` claims the job id
+(``driver.claim``); ``close()`` leaves nothing of the job in the store.
 """
 
 from __future__ import annotations
