@@ -176,7 +176,8 @@ examples:
       grows and shrinks between 2 and 16 workers as the script's host list changes
 
 exit status: 0 when every worker of the final round exited 0; otherwise non-zero with a
-one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts)."""
+one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts,
+a program that cannot start, a job id that a live job holds)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="workers to start with. Without hosts: the job runs N workers on "
         "localhost, replacing any that fail (a static-size job). With hosts: "
         "how many workers must be up before training starts (default: "
-        "--min-np, or all slots of -H)",
+        f"--min-np, or all slots of -H; at most {MAX_WORKERS})",
     )
     size.add_argument(
         "--min-np",
@@ -276,8 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument(
         "--job-id",
         metavar="ID",
-        help="names the job's keys in the store; letters, digits, '_', '.', '-' "
-        "(default: a fresh random id)",
+        help="names the job's keys in the store; letters, digits, '_', '.', '-'; "
+        "an id a live job holds is refused (default: a fresh random id)",
     )
 
     fault = p.add_argument_group("fault tolerance")
@@ -369,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--events",
         dest="events_file",
         metavar="FILE",
-        help="append one JSON line per event (rounds, worker and host changes) "
-        "to FILE (default: none)",
+        help="append one JSON line per event (rounds, worker and host changes, "
+        "progress) to FILE; each run's lines begin with its job_started "
+        "(default: none)",
     )
     out.add_argument(
         "--progress-interval",
