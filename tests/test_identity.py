@@ -122,11 +122,13 @@ def test_a_live_job_id_is_refused_and_nothing_is_left_after(tmp_path, etcd_serve
             assert kv is not None and kv.lease
             record = DriverRecord.from_json(kv.value)
             round_before = store.get(keys.round)
-        assert record.pid == first.proc.pid and record.term == 1
+        assert first.proc is not None
+        driver_pid = first.proc.pid
+        assert record.pid == driver_pid and record.term == 1
         second = python("-m", "driver.cli", "-np", "1", *_job_args(etcd_server, job_id), "true")
         assert second.returncode == 1
         line = second.stderr.strip().splitlines()[-1]
-        assert f"job ID '{job_id}' is running: driver pid {first.proc.pid} on host " in line
+        assert f"job ID '{job_id}' is running: driver pid {driver_pid} on host " in line
         assert line.endswith("; pick another --job-id"), line
         with open_store(etcd_server.url) as store:  # the live job's keys are untouched
             assert store.get(keys.round) == round_before

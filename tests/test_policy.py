@@ -584,6 +584,20 @@ def test_next_wakeup_is_the_earliest_wait_within_bounds():
 # ----------------------------------------------------------------------------- launch failures
 
 
+def failed_event(decisions) -> ev.WorkerFailed:
+    """The ``WorkerFailed`` the first decision reports."""
+    event = only(decisions[:1], Report).event
+    assert isinstance(event, ev.WorkerFailed), event
+    return event
+
+
+def progress_event(decisions) -> ev.Progress:
+    """The ``Progress`` the first decision reports."""
+    event = only(decisions[:1], Report).event
+    assert isinstance(event, ev.Progress), event
+    return event
+
+
 def test_a_program_that_cannot_start_ends_the_job_before_anything_ran():
     decisions = policy.launch_failed(
         "h-0-1", "h", 0, "cannot start './nope': No such file or directory", None, False, True
@@ -608,8 +622,8 @@ def test_other_launch_failures_count_against_host_and_streak(any_registered, per
     decisions = policy.launch_failed("w", "h", 1, reason, None, any_registered, permanent)
     assert kinds(decisions) == [Report, CountFailure]
     assert decisions[1] == CountFailure("h", None, reason)
-    decisions, _ = policy.count_failure(Book(0.0, failure_streak=10), 2, None, reason)
-    assert only(decisions, Fail).reason == (
+    counted, _ = policy.count_failure(Book(0.0, failure_streak=10), 2, None, reason)
+    assert only(counted, Fail).reason == (
         f"11 workers failed in a row without a round forming ({reason}); "
         "see the worker output above"
     )
@@ -625,7 +639,7 @@ def test_a_shell_that_cannot_run_the_command_is_a_launch_failure(code, says):
     assert done.state is S.FAILED
     reason = only(decisions[1:], Fail).reason
     assert reason.startswith(f"cannot start './nope' on h: exit {code} before it registered")
-    assert says in reason and decisions[0].event.reason == f"launch failed: {reason}"
+    assert says in reason and failed_event(decisions).reason == f"launch failed: {reason}"
     # Once some worker of the job ran, it counts instead (a host may lack the program).
     _, (decisions, _) = policy.worker_exited(
         never, code, None, Book(0.0), 2.0, command=("./nope",), any_registered=True
@@ -635,14 +649,14 @@ def test_a_shell_that_cannot_run_the_command_is_a_launch_failure(code, says):
     _, (decisions, _) = policy.worker_exited(
         rec("b", 1), code, None, Book(0.0), 2.0, command=("./nope",), any_registered=False
     )
-    assert decisions[1] == CountFailure("h", code) and decisions[0].event.reason is None
+    assert decisions[1] == CountFailure("h", code) and failed_event(decisions).reason is None
 
 
 def test_a_worker_the_driver_killed_says_who_and_why():
     hung = workers.killed(rec("a", 1), 3.0, reason="unresponsive (reported by its peers)")
     p = plan_of(2, rec("z", 0), rec("a", 1))
     done, (decisions, _) = policy.worker_exited(hung, -9, p, Book(0.0), now=4.0)
-    event = decisions[0].event
+    event = failed_event(decisions)
     assert event.reason == "killed by the driver: unresponsive (reported by its peers)"
     assert str(event) == (
         "worker [1] h:1 failed (killed by SIGKILL): "
@@ -705,7 +719,7 @@ def test_no_hosts_is_said_at_once_and_every_few_seconds():
     decisions, book = policy.no_hosts(Book(0.0), empty, cfg, now=1.0)
     said = waiting_of(decisions)
     assert said.what == "a host: the host list lists none" and said.waited == 0.0
-    assert decisions[-1] == Wait(1.0 + policy.REPEAT_REPORT_EVERY, decisions[-1].why)
+    assert decisions[-1] == Wait(1.0 + policy.REPEAT_REPORT_EVERY, only(decisions[1:], Wait).why)
     decisions, book = policy.no_hosts(book, empty, cfg, now=4.0)
     assert kinds(decisions) == [Wait]  # not again so soon
     decisions, book = policy.no_hosts(book, empty, cfg, now=6.0)
@@ -767,9 +781,9 @@ def test_progress_is_said_every_interval_with_the_rate_between_publications():
     assert str(decisions[0].event) == "progress: round 3, 2 workers, step 1100 (100.0 steps/s)"
     # Rank 0 publishes only a step that moved: none for 2.5 intervals is a stall.
     decisions, book = policy.progress_report(book, p, cfg, now=22.0)
-    assert decisions[0].event.steps_per_second == 100.0
+    assert progress_event(decisions).steps_per_second == 100.0
     decisions, _ = policy.progress_report(book, p, cfg, now=12.0 + 26.0)
-    assert decisions[0].event.steps_per_second == 0.0
+    assert progress_event(decisions).steps_per_second == 0.0
     off = config("-np", "2", "--progress-interval", "0")
     assert policy.progress_report(book, p, off, now=100.0) == ((), book)
     assert policy.progress_report(book, None, cfg, now=100.0) == ((), book)
