@@ -4,6 +4,7 @@ signals, exit status, and every kind of bad input. Both stores where the store m
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -446,6 +447,8 @@ def test_a_program_that_does_not_exist_ends_the_job_at_once(tmp_path):
         assert run.wait(timeout=30) == 1
         last = run.stderr_tail().splitlines()[-1]
         assert "cannot start './nonexistent': No such file or directory" in last, last
+        # The driver's own lines carry the time.
+        assert re.match(r"elastic-run \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\]: job failed: ", last)
         assert len(run.events("worker_failed")) <= 2  # no relaunch loop
         assert run.events("job_failed")[0]["seconds"] < 10
 
