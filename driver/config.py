@@ -27,10 +27,20 @@ from dataclasses import dataclass
 from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
-from driver.hosts import BlacklistPolicy, HostSlots, parse_host_slots, total_slots
+from driver.hosts import (
+    MAX_SLOTS_PER_HOST,
+    MAX_WORKERS,
+    BlacklistPolicy,
+    HostSlots,
+    check_listed_slots,
+    parse_host_slots,
+    quote_entry,
+    total_slots,
+)
 from driver.launch.launchers import LAUNCHER_NAMES
 from rendezvous.private_dir import InsecureDirectoryError, check_private_dir
 from rendezvous.url import StoreURL, parse_store_url
+from rendezvous.version import package_version
 
 DEFAULT_SLOTS_PER_HOST = 1
 DEFAULT_DISCOVERY_INTERVAL = 1.0
@@ -40,6 +50,7 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
+DEFAULT_PROGRESS_INTERVAL = 10.0
 PS_MODES = ("async", "sync")
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
@@ -76,6 +87,7 @@ class JobConfig:
     log_dir: str | None
     events_file: str | None
     verbosity: int
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
 
     @property
     def uses_discovery(self) -> bool:
@@ -98,22 +110,43 @@ class _RaisingParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _number_type(kind: Callable[[str], float], minimum: float, strict: bool, what: str):
-    """An argparse ``type`` converting to ``kind`` and checking the bound; argparse adds
-    the flag name to the message ("argument --x: must be ...")."""
+def _number_type(
+    kind: Callable[[str], float],
+    minimum: float,
+    strict: bool,
+    what: str,
+    maximum: tuple[int, str] | None = None,
+):
+    """An argparse ``type`` converting to ``kind`` and checking the bounds (``maximum``:
+    the largest value and why); argparse adds the flag name to the message ("argument
+    --x: must be ...")."""
 
     def convert(text: str):
+        digits = text.strip().lstrip("+")
+        if (
+            maximum is not None
+            and digits.isdigit()
+            and len(digits.lstrip("0")) > len(str(maximum[0]))
+        ):
+            # Before converting: a thousand-digit number is too big all the same.
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
+            )
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}") from None
         if (
             math.isnan(value)
             or math.isinf(value)
             or value < minimum
             or (strict and value == minimum)
         ):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}")
+        if maximum is not None and value > maximum[0]:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
+            )
         return value
 
     convert.__name__ = what  # argparse names the type in some messages
@@ -121,6 +154,12 @@ def _number_type(kind: Callable[[str], float], minimum: float, strict: bool, wha
 
 
 _positive_int = _number_type(int, 0, True, "a whole number >= 1")
+_worker_count = _number_type(
+    int, 0, True, "a whole number >= 1", (MAX_WORKERS, "the most workers one job may have")
+)
+_slot_count = _number_type(
+    int, 0, True, "a whole number >= 1", (MAX_SLOTS_PER_HOST, "the most slots of one host")
+)
 _non_negative_int = _number_type(int, 0, False, "a whole number >= 0")
 _positive_seconds = _number_type(float, 0.0, True, "a number of seconds > 0")
 _non_negative_seconds = _number_type(float, 0.0, False, "a number of seconds >= 0")
@@ -140,7 +179,8 @@ examples:
       grows and shrinks between 2 and 16 workers as the script's host list changes
 
 exit status: 0 when every worker of the final round exited 0; otherwise non-zero with a
-one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts)."""
+one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts,
+a program that cannot start, a job id that a live job holds)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,23 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "-np",
         dest="np",
-        type=_positive_int,
+        type=_worker_count,
         metavar="N",
         help="workers to start with. Without hosts: the job runs N workers on "
         "localhost, replacing any that fail (a static-size job). With hosts: "
         "how many workers must be up before training starts (default: "
-        "--min-np, or all slots of -H)",
+        f"--min-np, or all slots of -H; at most {MAX_WORKERS})",
     )
     size.add_argument(
         "--min-np",
-        type=_positive_int,
+        type=_worker_count,
         metavar="N",
         help="fewest workers to train with; below it the job waits for hosts, up "
         "to --elastic-timeout (default: -np)",
     )
     size.add_argument(
         "--max-np",
-        type=_positive_int,
+        type=_worker_count,
         metavar="N",
         help="most workers at once (default: -np without hosts; with hosts no "
         "limit beyond the slots)",
@@ -202,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hosts.add_argument(
         "--slots-per-host",
-        type=_positive_int,
+        type=_slot_count,
         default=DEFAULT_SLOTS_PER_HOST,
         metavar="N",
         help="slots of a host listed without :SLOTS (default: %(default)s)",
@@ -240,8 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument(
         "--job-id",
         metavar="ID",
-        help="names the job's keys in the store; letters, digits, '_', '.', '-' "
-        "(default: a fresh random id)",
+        help="names the job's keys in the store; letters, digits, '_', '.', '-'; "
+        "an id a live job holds is refused (default: a fresh random id)",
     )
 
     store.add_argument(
@@ -286,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LAUNCHER_NAMES,
         default="auto",
         help="how workers start: 'local' runs every worker on this machine "
-        "whatever its host name (handy to simulate hosts), 'ssh' runs "
+        "whatever its host name (handy to simulate hosts: the names are labels that "
+        "need not resolve, and every process talks over loopback), 'ssh' runs "
         "'ssh HOST' for every host, 'auto' uses local for this machine and "
         "ssh for the others (default: %(default)s)",
     )
@@ -299,26 +340,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="parameter-server shards to run (default: %(default)s, none)",
     )
+    # The three below default to None so that giving one without --num-ps is an error
+    # (it would do nothing); parse_args fills in the defaults the help names.
     ps.add_argument(
         "--ps-mode",
         choices=PS_MODES,
-        default=DEFAULT_PS_MODE,
         help="async: apply each push on arrival; sync: apply step s once every "
-        "worker of the round pushed it (default: %(default)s)",
+        f"worker of the round pushed it; needs --num-ps (default: {DEFAULT_PS_MODE})",
     )
     ps.add_argument(
         "--ps-checkpoint-dir",
         metavar="DIR",
-        help="where shards write checkpoints and restart from (default: none, so "
-        "a restarted shard starts empty)",
+        help="where shards write checkpoints and restart from; needs --num-ps "
+        "(default: none, so a restarted shard starts empty)",
     )
     ps.add_argument(
         "--ps-checkpoint-interval",
         type=_positive_seconds,
-        default=DEFAULT_PS_CHECKPOINT_INTERVAL,
         metavar="SEC",
-        help="seconds between checkpoints; ignored without --ps-checkpoint-dir "
-        "(default: %(default)s)",
+        help="seconds between checkpoints; needs --num-ps, and is ignored without "
+        f"--ps-checkpoint-dir (default: {DEFAULT_PS_CHECKPOINT_INTERVAL:g})",
     )
 
     chaos = p.add_argument_group("chaos testing")
@@ -345,8 +386,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--events",
         dest="events_file",
         metavar="FILE",
-        help="append one JSON line per event (rounds, worker and host changes) "
-        "to FILE (default: none)",
+        help="append one JSON line per event (rounds, worker and host changes, "
+        "progress) to FILE; each run's lines begin with its job_started "
+        "(default: none)",
+    )
+    out.add_argument(
+        "--progress-interval",
+        type=_non_negative_seconds,
+        default=DEFAULT_PROGRESS_INTERVAL,
+        metavar="SEC",
+        help="every SEC seconds, a line (and a 'progress' event) with the round, its "
+        "world size, the committed steps and steps/s, for workers that commit a "
+        "State; rank 0 writes its step to the store as often; 0 turns it off "
+        "(default: %(default)g)",
+    )
+    out.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {package_version()}",
+        help="print the version and exit",
     )
     out.add_argument(
         "-v",
@@ -381,6 +439,10 @@ def _parse_host_list(text: str, default_slots: int) -> tuple[HostSlots, ...]:
         if any(h.host == host.host for h in hosts):
             raise UsageError(f"-H: host {host.host!r} listed twice")
         hosts.append(host)
+    try:
+        check_listed_slots(hosts, "-H")
+    except HostSpecError as e:
+        raise UsageError(str(e)) from None
     return tuple(hosts)
 
 
@@ -433,6 +495,11 @@ def _resolve_sizes(
     if fixed_hosts is None and not has_script:
         if np is None:
             raise UsageError("-np is required when neither -H nor --host-discovery-script is given")
+        if np > MAX_SLOTS_PER_HOST:
+            raise UsageError(
+                f"-np {np}: without -H every worker runs on localhost, which may have at "
+                f"most {MAX_SLOTS_PER_HOST} slots; list the hosts with -H"
+            )
         fixed_hosts = (HostSlots("localhost", np),)
         if max_np is None:
             max_np = np
@@ -496,6 +563,16 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
             f"(starting with a letter or digit)"
         )
 
+    for flag, value in (
+        ("--ps-mode", args.ps_mode),
+        ("--ps-checkpoint-dir", args.ps_checkpoint_dir),
+        ("--ps-checkpoint-interval", args.ps_checkpoint_interval),
+    ):
+        if value is not None and not args.num_ps:
+            raise UsageError(
+                f"{flag} needs --num-ps N (N >= 1): without shards it would do nothing"
+            )
+
     if args.chaos_max_kills is not None and args.chaos_kill_interval is None:
         raise UsageError("--chaos-max-kills needs --chaos-kill-interval (chaos is off without it)")
 
@@ -518,12 +595,13 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         start_timeout=args.start_timeout,
         launcher=args.launcher,
         num_ps=args.num_ps,
-        ps_mode=args.ps_mode,
+        ps_mode=args.ps_mode or DEFAULT_PS_MODE,
         ps_checkpoint_dir=_check_checkpoint_dir(args.ps_checkpoint_dir),
-        ps_checkpoint_interval=args.ps_checkpoint_interval,
+        ps_checkpoint_interval=args.ps_checkpoint_interval or DEFAULT_PS_CHECKPOINT_INTERVAL,
         chaos_kill_interval=args.chaos_kill_interval,
         chaos_max_kills=args.chaos_max_kills,
         log_dir=args.log_dir,
         events_file=args.events_file,
         verbosity=args.verbosity,
+        progress_interval=args.progress_interval,
     )

@@ -74,11 +74,13 @@ class Report:
 
 @dataclass(frozen=True)
 class CountFailure:
-    """A worker on ``host`` failed on its own (exit ``code``): count it against the host
-    (blacklisting) and then against the failure streak (``count_failure``)."""
+    """A worker on ``host`` failed on its own (exit ``code``; or could not start, then
+    ``reason`` says why): count it against the host (blacklisting) and then against the
+    failure streak (``count_failure``)."""
 
     host: str
-    code: int
+    code: int | None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,13 @@ class Book:
 
     ``change_at``: when the membership first changed since the last round (the next
     round's formation time counts from it). ``done_slots``: slots whose worker finished
-    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed."""
+    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed with
+    an error code of their own; ``lost_rounds``: rounds whose members all died on their
+    own, whatever the code or signal. ``no_hosts_since``/``no_hosts_said_at``: since
+    when discovery lists no host, and when that was last said. ``progress_step``,
+    ``progress_at``, ``progress_rate``: the newest step rank 0
+    published, when it came, and the steps per second since the one before;
+    ``progress_said_at``: when the last progress line was said."""
 
     started_at: float
     resets: int = 0
@@ -130,10 +138,29 @@ class Book:
     all_failed_rounds: frozenset[int] = frozenset()
     done_slots: frozenset[tuple[str, int]] = frozenset()
     probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
+    lost_rounds: frozenset[int] = frozenset()
+    no_hosts_since: float | None = None
+    no_hosts_said_at: float | None = None
+    progress_step: int | None = None
+    progress_at: float | None = None
+    progress_rate: float | None = None
+    progress_said_at: float | None = None
 
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""
         return self if self.change_at is not None else replace(self, change_at=now)
+
+    def progressed(self, step: int, now: float) -> Book:
+        """Rank 0 published at ``now`` that it holds ``step`` commits. (The rate is taken
+        between publications, not between progress lines: the two clocks drift apart.)"""
+        rate = None
+        if (
+            self.progress_step is not None
+            and self.progress_at is not None
+            and now > self.progress_at
+        ):
+            rate = round((step - self.progress_step) / (now - self.progress_at), 3)
+        return replace(self, progress_step=step, progress_at=now, progress_rate=rate)
 
     def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
         """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""
@@ -145,6 +172,17 @@ class Book:
 
 
 @dataclass(frozen=True)
+class StoreHealth:
+    """What the store's health probe remembers (``driver.feeds.probe_store``): since
+    when the store has not answered (None: it answers), when that was last said, and
+    the last error."""
+
+    down_since: float | None = None
+    said_at: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class HostsView:
     """What the rules ask of the host manager, as of one moment."""
 
@@ -153,6 +191,7 @@ class HostsView:
     all_blacklisted: bool = False
     next_release: float | None = None
     available_slots: int = 0
+    none_listed: bool = False  # discovery lists no host at all
 
     @classmethod
     def of(cls, hosts: HostManager) -> HostsView:
@@ -162,6 +201,7 @@ class HostsView:
             all_blacklisted=hosts.all_blacklisted,
             next_release=hosts.next_release_time(),
             available_slots=hosts.available_slots,
+            none_listed=not hosts.known_hosts,
         )
 
 

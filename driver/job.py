@@ -2,8 +2,11 @@
 
 One thread owns all state (``Job.run``); everything else only posts messages
 (``driver.messages``) to its queue: worker exits (a waiter thread per process),
-registrations and failure reports (store watches), discovery results (a polling
-thread), signals, chaos ticks, a ps shard that cannot go on (``driver.feeds``). After
+registrations, failure reports and rank 0's progress (store watches), discovery
+results (a polling thread), signals, chaos ticks, a ps shard that cannot go on, a
+claim on the job id lost to another driver (``driver.feeds``, ``driver.claim``). (The
+store's health probe alone reports by itself: the loop may be what waits on the
+store.) After
 each message the loop reconciles: it asks the rules of ``driver.policy`` what to do
 (stop displaced workers, kill hung ones, fill free slots, publish the next round, wait,
 give up) and carries the decisions (``driver.decisions``) out. The rules are pure
@@ -15,7 +18,8 @@ its registration lease expiring, or a peer's failure report naming it.
 
 ``Job(config, launcher=..., events=..., clock=..., discovery=...)`` takes what it
 drives, so tests run the whole loop with fake processes and a fake clock; ``run()``
-is ``open()``, ``turn()`` until the job ends, ``close()``.
+is ``open()``, ``turn()`` until the job ends, ``close()``. ``open()`` claims the job id
+(``driver.claim``); ``close()`` leaves nothing of the job in the store.
 """
 
 from __future__ import annotations
@@ -36,9 +40,17 @@ from driver import events as ev
 from driver import feeds, policy, suspicion, workers
 from driver import messages as msg
 from driver.chaos import ChaosMonkey
+from driver.claim import DriverClaim, new_record
 from driver.config import JobConfig
 from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
-from driver.errors import DiscoveryError, JobFailed, LauncherError
+from driver.errors import (
+    DiscoveryError,
+    EventLogError,
+    JobFailed,
+    LauncherError,
+    LaunchError,
+    UsageError,
+)
 from driver.eventlog import EventLog
 from driver.hosts import HostManager
 from driver.launch.launchers import Launcher, get_launcher
@@ -50,6 +62,7 @@ from driver.wiring import (
     driver_address,
     job_env,
     open_job_store,
+    quick_store,
     shard_commands,
     worker_bind_host,
     worker_id_for,
@@ -60,7 +73,7 @@ from rendezvous.auth import make_secret
 from rendezvous.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan, WorkerInfo
+from rendezvous.plan import Plan, ProgressRecord, PSConfigRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue, KVStore
 
 log = logging.getLogger(__name__)
@@ -72,7 +85,11 @@ class Job:
     ``launcher`` starts workers and shards (default: ``--launcher`` with
     ``ELASTIC_SSH_OPTIONS``); ``events`` receives every event (default: an ``EventLog``
     of ``--events``); ``clock`` is the monotonic time the rules see; ``discovery`` finds
-    the hosts (default: ``-H`` or ``--host-discovery-script``)."""
+    the hosts (default: ``-H`` or ``--host-discovery-script``).
+
+    Raises (when made):
+        UsageError: ``--log-dir`` cannot be created or ``--events`` cannot be opened.
+    """
 
     def __init__(
         self,
@@ -83,8 +100,18 @@ class Job:
         clock: Callable[[], float] = time.monotonic,
         discovery: HostDiscovery | None = None,
     ):
+        if config.log_dir:
+            try:
+                os.makedirs(config.log_dir, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(
+                    f"--log-dir {config.log_dir}: cannot create it: {exc.strerror or exc}"
+                ) from None
         if events is None:
-            events = EventLog(config.events_file, verbose=config.verbosity > 0)
+            try:
+                events = EventLog(config.events_file, verbose=config.verbosity > 0, timestamps=True)
+            except EventLogError as exc:
+                raise UsageError(f"--events: {exc}") from None
         if launcher is None:
             launcher = get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
         if discovery is None:
@@ -100,12 +127,18 @@ class Job:
         self.keys = JobKeys(config.job_id)
         self.secret = make_secret()
         self.hosts = HostManager(config.blacklist_policy, config.min_np, config.max_np)
-        hosts = config.hosts
-        self.all_local = not config.uses_discovery and all(is_local_host(h.host) for h in hosts)
+        # Every process of the job runs on this machine: with --launcher local (host names
+        # are then only labels, and need not resolve), or when every fixed host is this
+        # machine. Everything then binds and advertises loopback.
+        self.all_local = config.launcher == "local" or (
+            not config.uses_discovery and all(is_local_host(h.host) for h in config.hosts)
+        )
         self._launcher = launcher
         self._clock = clock
         self._queue: queue.Queue[msg.Message] = queue.Queue()
         self._stop = threading.Event()
+        self._signalled: list[int] = []  # SIGINT/SIGTERM received (``post``)
+        self._wake = threading.Event()  # a signal, or the ps shards' start is over
         self.workers: dict[str, WorkerRecord] = {}
         self._processes: dict[str, WorkerProcess] = {}
         self._launch_seq = 0
@@ -117,12 +150,15 @@ class Job:
         self.store_url = ""
         self._ps: PSSupervisor | None = None
         self._chaos: ChaosMonkey | None = None
+        self._claim: DriverClaim | None = None
+        self._probe: KVStore | None = None  # the store's health probe's own client
         self.advertised_host = "127.0.0.1"  # how the hosts reach the driver (set by open)
-        if config.log_dir:
-            os.makedirs(config.log_dir, exist_ok=True)
 
     def post(self, message: msg.Message) -> None:
         """Hand a message to the main loop (thread-safe)."""
+        if isinstance(message, msg.SignalReceived):
+            self._signalled.append(message.signum)
+            self._wake.set()  # open() may be waiting for the ps shards
         self._queue.put(message)
 
     # ------------------------------------------------------------------ the run
@@ -150,24 +186,39 @@ class Job:
             self.close()
 
     def open(self) -> None:
-        """Find the hosts, open the store, follow it, start the ps shards and the chaos.
+        """Find the hosts, open the store, claim the job id, follow the store, start the
+        ps shards and the chaos.
 
         Raises:
             DiscoveryError: the first host discovery failed.
             RendezvousError: the store cannot be opened.
+            JobIdInUseError: another driver leads a job of this id.
             JobFailed: the ps shards did not come up.
             LauncherError: a ps shard cannot be started.
         """
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
-        self.advertised_host = driver_address(cfg, hosts)
+        self.advertised_host = "127.0.0.1" if self.all_local else driver_address(cfg, hosts)
         self._server, store, self.store_url = open_job_store(
-            cfg, self.keys, self.secret, self.all_local, self.advertised_host
+            cfg, self.secret, self.all_local, self.advertised_host
         )
         self.store = store
+        # Refused (JobIdInUseError) while another driver leads a job of this id.
+        self._claim = DriverClaim.take(
+            store, self.keys, new_record(), on_taken=lambda reason: self.post(msg.Fatal(reason))
+        )
+        # First in the run's events (right after the store, whose URL it names): several
+        # runs may append to one events file, and this line is where each begins.
+        command = list(cfg.command)
+        started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
+        self.events.emit(started)
+        # Before any worker starts: a ps client of a job without shards fails at once.
+        store.put(self.keys.ps_config, PSConfigRecord(cfg.num_ps, cfg.ps_mode).to_json())
         feeds.follow_workers_and_failures(
             store, self.keys, self.post, self._stop, cfg.elastic_timeout, self._clock
         )
+        self._probe = quick_store(self.store_url, self.secret)
+        feeds.probe_store(self._probe, self.events.emit, self._stop)
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
@@ -184,14 +235,44 @@ class Job:
                 store_patience=cfg.elastic_timeout,
                 clock=self._clock,
             )
-            self._ps.start()
+            self._start_shards(self._ps)
         if cfg.chaos_kill_interval:
             tick = functools.partial(self.post, msg.ChaosTick())
             self._chaos = ChaosMonkey(cfg.chaos_kill_interval, cfg.chaos_max_kills, tick)
             self._chaos.start()
-        command = list(cfg.command)
-        started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
-        self.events.emit(started)
+
+    def _start_shards(self, supervisor: PSSupervisor) -> None:
+        """Start the ps shards and wait until they serve (up to ``--start-timeout``) in a
+        helper thread, so that SIGINT or SIGTERM ends the wait at once: the loop that
+        handles signals does not run yet.
+
+        Raises:
+            JobFailed: the shards did not come up, or a signal came first.
+            LauncherError: a shard cannot be started.
+        """
+        ended: list[BaseException | None] = []
+
+        def start() -> None:
+            try:
+                supervisor.start()
+                ended.append(None)
+            except BaseException as exc:  # noqa: BLE001  (handed to the waiting thread)
+                ended.append(exc)
+            finally:
+                self._wake.set()
+
+        self._spawn("ps-start", start)
+        # The supervisor has its own deadline; this one only guards against a bug there.
+        self._wake.wait(self.config.start_timeout + 2 * STOP_GRACE)
+        if self._signalled:
+            raise JobFailed(
+                f"stopped by {_signal_name(self._signalled[0])} while the ps shards started; "
+                "all workers were stopped"
+            )
+        if not ended:
+            raise JobFailed(f"ps shards not ready within {self.config.start_timeout:g}s")
+        if ended[0] is not None:
+            raise ended[0]
 
     def turn(self, max_wait: float | None = None) -> int | None:
         """One round of the loop: reconcile, check the outcome, then handle the next
@@ -218,17 +299,33 @@ class Job:
                 return None
 
     def close(self) -> None:
-        """Stop the chaos, the shards and every worker; close the store."""
+        """Stop the chaos, the shards and every worker; delete the job's keys and end
+        the driver's lease (when this driver holds the job id); close the store."""
         self._stop.set()
         for component in (self._chaos, self._ps):
             if component is not None:
                 component.stop()
         running = [r.worker_id for r in self.workers.values() if r.state.running]
         stop_all([self._processes[worker_id] for worker_id in running], STOP_GRACE)
-        if self.store is not None:
-            self.store.close()
+        if self._claim is not None:
+            self._release_claim(self._claim)
+        for client in (self._probe, self.store):
+            if client is not None:
+                client.close()
         if self._server is not None:
             self._server.stop()
+
+    def _release_claim(self, claim: DriverClaim) -> None:
+        """Leave nothing in the store: the job's keys and the driver's lease, through a
+        client whose calls give up within seconds (the job is over; an unreachable
+        store must not hold its end)."""
+        cleaner = quick_store(self.store_url, self.secret)
+        try:
+            claim.release(cleaner)
+        except RendezvousError as exc:
+            log.warning("could not delete the job's keys from the store: %s", exc)
+        finally:
+            cleaner.close()
 
     # ------------------------------------------------------------------ decisions
     def _reconcile(self) -> None:
@@ -241,8 +338,9 @@ class Job:
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
-        decisions, self.book = policy.plan_round(records, self.plan, self.book, view, cfg, now)
-        self._apply(decisions)
+        self._step(policy.no_hosts(self.book, view, cfg, now))
+        self._step(policy.progress_report(self.book, self.plan, cfg, now))
+        self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
 
     def _settle(self) -> int | None:
         decision = policy.outcome(self.workers, self.plan, self.book)
@@ -279,7 +377,9 @@ class Job:
         log.info("killing worker %s: %s", rec.worker_id, decision.reason)
         self._processes[rec.worker_id].kill()
         now = self._clock()
-        self.workers[rec.worker_id] = workers.killed(rec, now, chaos=decision.chaos)
+        self.workers[rec.worker_id] = workers.killed(
+            rec, now, chaos=decision.chaos, reason=decision.reason
+        )
         if self.plan is not None and self.plan.member(rec.worker_id) is not None:
             self.book = self.book.changed(now)
 
@@ -297,9 +397,12 @@ class Job:
         try:
             process = self._launcher.launch(spec)
         except LauncherError as exc:
-            reason = f"launch failed: {exc}"
-            self.events.emit(ev.WorkerFailed(worker_id, host, slot, code=None, reason=reason))
-            self._emit_host_events(self.hosts.record_failure(host, self._clock()))
+            permanent = isinstance(exc, LaunchError) and exc.permanent
+            self._apply(
+                policy.launch_failed(
+                    worker_id, host, slot, str(exc), None, self._any_registered(), permanent
+                )
+            )
             return
         self.workers[worker_id] = WorkerRecord.launched(worker_id, host, slot, self._clock())
         self._processes[worker_id] = process
@@ -310,7 +413,7 @@ class Job:
         code = process.wait(timeout=None)
         self.post(msg.ProcessExited(worker_id, code if code is not None else -1))
 
-    def _probe(self, decision: dec.Probe) -> None:
+    def _probe_host(self, decision: dec.Probe) -> None:
         def ask() -> None:
             result = probe(decision.address)
             self.post(msg.ProbeAnswered(decision.host, result.reachable, result.detail))
@@ -323,7 +426,9 @@ class Job:
     def _count_failure(self, decision: dec.CountFailure) -> None:
         self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
         slots = self.hosts.available_slots
-        decisions, self.book = policy.count_failure(self.book, slots, decision.code)
+        decisions, self.book = policy.count_failure(
+            self.book, slots, decision.code, decision.reason
+        )
         self._apply(decisions)
 
     # ------------------------------------------------------------------ messages
@@ -336,7 +441,13 @@ class Job:
             # Do not wait for its lease: the process is gone.
             self._delete_quietly(self.keys.worker(rec.worker_id))
         self.workers[rec.worker_id], (decisions, self.book) = policy.worker_exited(
-            rec, message.code, self.plan, self.book, self._clock()
+            rec,
+            message.code,
+            self.plan,
+            self.book,
+            self._clock(),
+            command=self.config.command,
+            any_registered=self._any_registered(),
         )
         self._apply(decisions)
 
@@ -383,6 +494,19 @@ class Job:
         )
         self._apply(decisions)
 
+    def _on_progress(self, message: msg.ProgressReported) -> None:
+        try:
+            record = ProgressRecord.from_json(message.value)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable progress record: %s", exc)
+            return
+        self.book = self.book.progressed(record.step, self._clock())
+
+    def _step(self, step: dec.Step) -> None:
+        """Carry out a rule's decisions and keep its book."""
+        decisions, self.book = step
+        self._apply(decisions)
+
     def _on_chaos_tick(self, message: msg.ChaosTick) -> None:
         candidates = policy.chaos_candidates(self.workers, self.plan, self.book)
         victim = self._chaos.strike(candidates) if self._chaos and candidates else None
@@ -399,6 +523,10 @@ class Job:
 
     def _spawn(self, name: str, target: Callable[..., Any], *args: Any) -> None:
         threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+    def _any_registered(self) -> bool:
+        """A worker of this job has registered: its program can start."""
+        return any(r.ever_registered for r in self.workers.values())
 
     def _require_store(self) -> KVStore:
         if self.store is None:
@@ -429,7 +557,7 @@ _DECISIONS: dict[type, Callable[[Job, Any], object]] = {
     dec.Launch: Job._launch,
     dec.Report: lambda job, d: job.events.emit(d.event),
     dec.CountFailure: Job._count_failure,
-    dec.Probe: Job._probe,
+    dec.Probe: Job._probe_host,
     dec.HostLost: Job._host_lost,
 }
 
@@ -447,6 +575,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
         f"stopped by {_signal_name(m.signum)}; all workers were stopped"
     ),
     msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
+    msg.ProgressReported: Job._on_progress,
     msg.KillRequested: lambda job, m: job._kill(dec.Kill(m.worker_id, m.reason)),
     msg.ChaosTick: Job._on_chaos_tick,
     msg.Fatal: lambda job, m: job._end(m.reason),

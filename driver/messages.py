@@ -89,6 +89,13 @@ class StoreLost:
 
 
 @dataclass(frozen=True)
+class ProgressReported:
+    """Rank 0 published its commit count: the record's JSON (a store watch event)."""
+
+    value: bytes
+
+
+@dataclass(frozen=True)
 class KillRequested:
     """Kill worker ``worker_id`` (it is known to be hung)."""
 
@@ -119,6 +126,7 @@ Message = Union[
     DiscoveryFailed,
     SignalReceived,
     StoreLost,
+    ProgressReported,
     KillRequested,
     ChaosTick,
     Fatal,

@@ -4,9 +4,9 @@ Each function looks at the worker records (``driver.workers``), the current plan
 job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
 manager's answers), the config and ``now``, and returns what to do (``driver.decisions``):
 ``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``Report`` (an event to
-emit), ``CountFailure``, ``Succeed``, or nothing. None of them touches the store, a process or a clock; the
-main loop (``driver.job``) carries the decisions out. Functions that also update the
-book return a ``Step`` (the decisions and the new book).
+emit), ``CountFailure``, ``Succeed``, or nothing. None of them touches the store, a
+process or a clock; the main loop (``driver.job``) carries the decisions out. Functions
+that also update the book return a ``Step`` (the decisions and the new book).
 
 The rules:
 
@@ -22,6 +22,21 @@ The rules:
   unless the chaos killed it.
 * Failure streak (``count_failure``): more than ``max(FAILURE_STREAK_MIN, 3 x slots)``
   worker failures with no round forming end the job: they die before they can join.
+* Launch failures (``launch_failed``, and a shell's 126/127 from a worker that never
+  registered, in ``worker_exited``): before any worker of the job registered, a program
+  that cannot start ends the job at once with what failed; later it counts like a
+  failed worker.
+* After a finish (``outcome``): when a worker has finished and every member of the
+  current round then failed, the job fails: nobody holds the state to hand on.
+* Lost rounds (``rounds_lost``): ``LOST_ROUNDS_LIMIT`` rounds in a row whose members
+  all died on their own, by any code or signal, end the job.
+* No hosts (``no_hosts``): while discovery lists no host, say so at once and every
+  ``REPEAT_REPORT_EVERY`` seconds; the timeouts' reasons name it.
+* The store (``store_health``, applied by the probe's own thread: the loop may be
+  the one waiting for the store): a store that stops answering is said at once and
+  every ``REPEAT_REPORT_EVERY`` seconds, and its return.
+* Progress (``progress_report``): every ``--progress-interval``, the round, its size,
+  rank 0's committed step and the steps per second.
 * First round (``plan_round``): wait for ``-np`` registered workers, up to
   ``--start-timeout``; once there are, wait ``FIRST_ROUND_GRACE`` for the rest of those
   launched, so a job on 8 slots forms one round of 8.
@@ -59,11 +74,16 @@ from driver.decisions import (
     Report,
     Step,
     Stop,
+    StoreHealth,
     Succeed,
     Wait,
 )
 from driver.events import (
     ChaosKill,
+    Event,
+    Progress,
+    StoreBack,
+    StoreUnreachable,
     Waiting,
     WorkerExited,
     WorkerFailed,
@@ -92,6 +112,17 @@ REREGISTER_GRACE = 10.0
 #: worker failures in a row, with no round forming, that end the job (at least this many,
 #: or three per slot): the workers die before they can join, restarting will not help
 FAILURE_STREAK_MIN = 10
+#: rounds in a row whose members all died on their own (any code or signal, none stopped
+#: or killed by the driver or the chaos) that end the job: each time the job started
+#: over from nothing, and it would again (a worker that always crashes at its end)
+LOST_ROUNDS_LIMIT = 3
+#: how often a wait that may be a mistake is said again (discovery lists no host)
+REPEAT_REPORT_EVERY = 5.0
+#: exit codes a shell gives a command it cannot run: 126 found but not executable, 127
+#: not found (how a missing program shows over ssh, where no local exec can fail)
+CANNOT_RUN_CODES = {126: "not executable", 127: "command not found"}
+#: progress intervals without a new step from rank 0 after which training has stalled
+STALLED_AFTER = 2.5
 #: the loop looks at the job at least this often, whatever it waits for
 MAX_SLEEP = 1.0
 MIN_SLEEP = 0.01
@@ -179,11 +210,21 @@ def chaos_candidates(workers: Workers, plan: Plan | None, book: Book) -> list[st
 
 
 def worker_exited(
-    rec: WorkerRecord, code: int, plan: Plan | None, book: Book, now: float
+    rec: WorkerRecord,
+    code: int,
+    plan: Plan | None,
+    book: Book,
+    now: float,
+    *,
+    command: Sequence[str] = (),
+    any_registered: bool = True,
 ) -> tuple[WorkerRecord, Step]:
     """The worker's process exited with ``code``: its new record, the event to report,
     and whether the failure counts (a chaos victim's does not: its host did nothing
-    wrong). A member that finished starts the finish grace."""
+    wrong). A member that finished starts the finish grace. A worker the driver killed
+    says so, and why. A shell's "cannot run" code (``CANNOT_RUN_CODES``) from a worker
+    that never registered is a launch failure of ``command`` (``launch_failed``; it ends
+    the job unless ``any_registered``, a worker of the job ever registered)."""
     done = workers.exited(rec, code, now)
     member = plan.member(rec.worker_id) if plan is not None else None
     rank = member.rank if member is not None else None
@@ -194,8 +235,16 @@ def worker_exited(
         book = book.finished(host, slot, member is not None, now)
     elif done.state is WorkerState.STOPPED:
         decisions = [Report(WorkerStopped(worker=wid, host=host, slot=slot, code=code))]
+    elif code in CANNOT_RUN_CODES and not rec.ever_registered and rec.kill_reason is None:
+        program = command[0] if command else "the command"
+        reason = (
+            f"cannot start {program!r} on {host}: exit {code} before it registered "
+            f"(the shell's '{CANNOT_RUN_CODES[code]}'; see the worker output above)"
+        )
+        decisions = launch_failed(wid, host, slot, reason, code, any_registered, permanent=True)
     else:
         chaos = rec.state is WorkerState.CHAOS_KILLED
+        killed = rec.state is WorkerState.KILLED
         decisions = [
             Report(
                 WorkerFailed(
@@ -206,6 +255,7 @@ def worker_exited(
                     rank=rank,
                     in_round=member is not None,
                     chaos=chaos,
+                    reason=f"killed by the driver: {rec.kill_reason}" if killed else None,
                 )
             )
         ]
@@ -216,16 +266,42 @@ def worker_exited(
     return done, Step(tuple(decisions), book)
 
 
-def count_failure(book: Book, available_slots: int, code: int) -> Step:
-    """A worker failed on its own (not the chaos). Fails the job past the streak limit."""
+def launch_failed(
+    worker_id: str,
+    host: str,
+    slot: int,
+    reason: str,
+    code: int | None,
+    any_registered: bool,
+    permanent: bool,
+) -> list[Decision]:
+    """A worker could not be started (``reason``: the launcher's error, or a shell's
+    "cannot run" exit ``code``). Before any worker of the job registered, a ``permanent``
+    failure (the program is missing or not executable, a missing working directory)
+    ends the job at once with that reason: every try would fail alike. Otherwise it
+    counts against the host and the streak, like a failed worker."""
+    event = WorkerFailed(
+        worker=worker_id, host=host, slot=slot, code=code, reason=f"launch failed: {reason}"
+    )
+    if permanent and not any_registered:
+        return [Report(event), Fail(reason)]
+    return [Report(event), CountFailure(host, code, reason)]
+
+
+def count_failure(
+    book: Book, available_slots: int, code: int | None, reason: str | None = None
+) -> Step:
+    """A worker failed on its own (not the chaos; ``reason``: why it could not start).
+    Fails the job past the streak limit."""
     streak = book.failure_streak + 1
     book = replace(book, failure_streak=streak)
     if streak > max(FAILURE_STREAK_MIN, 3 * available_slots):
+        last = reason if reason is not None else f"last exit: {describe_code(code)}"
         return Step(
             (
                 Fail(
                     f"{streak} workers failed in a row without a round forming "
-                    f"(last exit: {describe_code(code)}); see the worker output above"
+                    f"({last}); see the worker output above"
                 ),
             ),
             book,
@@ -260,6 +336,85 @@ def hosts_rule(
     return [Wait(release, "a blacklisted host to come back")] if release is not None else []
 
 
+def no_hosts(book: Book, hosts: HostsView, config: JobConfig, now: float) -> Step:
+    """Discovery lists no host at all: say so at once and every ``REPEAT_REPORT_EVERY``
+    seconds while it lasts (an empty list is more often a broken script than a wait for
+    machines, and either way the user should know what the job waits for)."""
+    if not hosts.none_listed:
+        if book.no_hosts_since is None:
+            return Step((), book)
+        return Step((), replace(book, no_hosts_since=None, no_hosts_said_at=None))
+    since = book.no_hosts_since if book.no_hosts_since is not None else now
+    said = book.no_hosts_said_at
+    decisions: list[Decision] = []
+    if said is None or now - said >= REPEAT_REPORT_EVERY:
+        source = "the discovery script" if config.uses_discovery else "the host list"
+        what = f"a host: {source} lists none"
+        decisions.append(Report(Waiting(what=what, waited=round(now - since, 3))))
+        said = now
+    decisions.append(Wait(said + REPEAT_REPORT_EVERY, "the next word on the empty host list"))
+    return Step(tuple(decisions), replace(book, no_hosts_since=since, no_hosts_said_at=said))
+
+
+def _start_timeout_reason(registered: int, book: Book, config: JobConfig, now: float) -> str:
+    timeout = f"--start-timeout {config.start_timeout:g}s"
+    if book.no_hosts_since is not None and registered == 0:
+        return (
+            f"discovery has listed no host for {now - book.no_hosts_since:.0f}s: "
+            f"no worker could start within {timeout}"
+        )
+    return f"only {registered} of {config.np} workers registered within {timeout}"
+
+
+def _no_hosts_note(book: Book, now: float) -> str:
+    """What to add to a timeout's reason while discovery lists no host."""
+    if book.no_hosts_since is None:
+        return ""
+    return f"; discovery has listed no host for {now - book.no_hosts_since:.0f}s"
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+def store_health(
+    health: StoreHealth, answered: bool, error: str, now: float
+) -> tuple[StoreHealth, list[Event]]:
+    """One look at the store (``answered``, else ``error``) and what to say of it: a
+    store that stops answering at once, again every ``REPEAT_REPORT_EVERY`` seconds
+    while it does not, and its return with how long it was away."""
+    if answered:
+        if health.down_since is None:
+            return health, []
+        return StoreHealth(), [StoreBack(seconds=round(now - health.down_since, 3))]
+    if health.down_since is None:
+        return StoreHealth(now, now, error), [StoreUnreachable(seconds=0.0, error=error)]
+    if health.said_at is not None and now - health.said_at < REPEAT_REPORT_EVERY:
+        return replace(health, error=error), []
+    since = round(now - health.down_since, 3)
+    return StoreHealth(health.down_since, now, error), [StoreUnreachable(since, error)]
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def progress_report(book: Book, plan: Plan | None, config: JobConfig, now: float) -> Step:
+    """Every ``--progress-interval`` once rank 0 has published a step: the round, its
+    size, the step, and the steps per second between rank 0's last two publications;
+    0.0 once none came for ``STALLED_AFTER`` intervals (rank 0 publishes only a step
+    that moved: training stalls)."""
+    interval, step, said_at = config.progress_interval, book.progress_step, book.progress_said_at
+    if not interval or plan is None or step is None or book.progress_at is None:
+        return Step((), book)
+    if said_at is not None and now - said_at < interval:
+        return Step((Wait(said_at + interval, "the next progress line"),), book)
+    rate = book.progress_rate
+    if now - book.progress_at > STALLED_AFTER * interval:
+        rate = 0.0
+    event = Progress(round=plan.round_id, size=plan.size, step=step, steps_per_second=rate)
+    book = replace(book, progress_said_at=now)
+    return Step((Report(event), Wait(now + interval, "the next progress line")), book)
+
+
 # ----------------------------------------------------------------------------- rounds
 
 
@@ -275,12 +430,7 @@ def plan_round(
             book = replace(book, np_registered_at=None)
             if now - book.started_at > config.start_timeout:
                 return Step(
-                    (
-                        Fail(
-                            f"only {len(live)} of {config.np} workers registered within "
-                            f"--start-timeout {config.start_timeout:g}s"
-                        ),
-                    ),
+                    (Fail(_start_timeout_reason(len(live), book, config, now)),),
                     book,
                 )
             return Step((Wait(book.started_at + config.start_timeout, "-np workers"),), book)
@@ -346,6 +496,8 @@ def _broken(
 ) -> Step:
     """The round lost members and no plan of ``min_np`` can form yet."""
     book, failed = script_fails(workers, plan, book)
+    if failed is None:
+        book, failed = rounds_lost(workers, plan, book)
     if failed is not None:
         return Step((failed,), book)
     decisions: list[Decision] = []
@@ -373,6 +525,7 @@ def _broken(
                 f"no round of at least {min_np} workers could form within "
                 f"--elastic-timeout {config.elastic_timeout:g}s (have {have}"
                 + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted else "")
+                + _no_hosts_note(book, now)
                 + ")"
             )
         )
@@ -402,6 +555,26 @@ def script_fails(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail |
     )
 
 
+def rounds_lost(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | None]:
+    """Every member of ``LOST_ROUNDS_LIMIT`` rounds in a row died on its own, whatever
+    its code or signal (a script that aborts at its end, a crash at exit): the job
+    started over from nothing each time, and would again. (``script_fails`` ends it
+    sooner when the codes are the script's own errors.) The book remembers such rounds."""
+    members = [workers[m.worker_id] for m in plan.members]
+    if not members or not all(r.died_on_its_own for r in members):
+        return book, None
+    book = replace(book, lost_rounds=book.lost_rounds | {plan.round_id})
+    first = plan.round_id - LOST_ROUNDS_LIMIT + 1
+    if first < 1 or not all(r in book.lost_rounds for r in range(first, plan.round_id)):
+        return book, None
+    codes = sorted({describe_code(r.exit_code) for r in members})
+    return book, Fail(
+        f"every worker of rounds {first} to {plan.round_id} died ({', '.join(codes)}) "
+        "with no survivor to hand the training state on: the job started over "
+        f"{LOST_ROUNDS_LIMIT} times in a row; see the worker output above"
+    )
+
+
 # ----------------------------------------------------------------------------- the end
 
 
@@ -415,15 +588,21 @@ def finish_code(rec: WorkerRecord) -> int | None:
 
 def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail | None:
     """``Succeed`` when every member of the round exited 0; ``Fail`` when the round
-    ended with some members finished and others failed, or workers finished before a
-    first round; None while the job runs (or a round of failures that re-forming handles)."""
+    ended with some members finished and others failed, or with every member failed
+    after a worker of an earlier round finished, or workers finished before a first
+    round; None while the job runs (or a round of failures that re-forming handles)."""
     if plan is None:
         if book.done_slots and not any(r.state.running for r in workers.values()):
             return Fail("workers exited before the first round formed")
         return None
     codes = {m.worker_id: finish_code(workers[m.worker_id]) for m in plan.members}
-    if any(code is None for code in codes.values()) or 0 not in codes.values():
+    if any(code is None for code in codes.values()):
         return None
+    if 0 not in codes.values() and not book.done_slots:
+        return None  # a round of failures: re-forming (or replacing) handles it
+    # Some member finished, of this round or (``done_slots``) of an earlier one, and every
+    # other failed: nobody alive holds the training state to hand on, and a replacement
+    # would start over from nothing after the work was done.
     failed = [m for m in plan.members if codes[m.worker_id] != 0]
     if failed:
         m = failed[0]

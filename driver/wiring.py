@@ -6,7 +6,9 @@
   its log file;
 * ``shard_commands``: the ps shards' command lines (``--num-ps``);
 * ``open_job_store``: the store the job's processes meet in: the driver's own embedded
-  server, or the etcd cluster of ``--rendezvous``.
+  server, or the etcd cluster of ``--rendezvous``;
+* ``quick_store``: a second client of it whose calls give up within seconds, for what
+  must not wait out an outage (the store's health probe, the cleanup at the end).
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from driver.launch.spec import LaunchSpec
 from driver.ps_supervisor import shard_command
 from rendezvous import env, netaddr, open_store
 from rendezvous.embedded import EmbeddedServer
-from rendezvous.keys import JobKeys
-from rendezvous.store import KVStore
+from rendezvous.store import KVStore, StoreSettings
 from rendezvous.url import Endpoint
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def worker_env(
         env.ENV_SLOT: str(slot),
         env.ENV_BIND_HOST: bind_host,
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
+        env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
     }
 
 
@@ -154,13 +156,14 @@ def shard_commands(config: JobConfig, bind_host: str) -> list[tuple[str, ...]]:
 
 
 def open_job_store(
-    config: JobConfig, keys: JobKeys, secret: str, all_local: bool, advertised_host: str
+    config: JobConfig, secret: str, all_local: bool, advertised_host: str
 ) -> tuple[EmbeddedServer | None, KVStore, str]:
     """The embedded server the driver runs (None with etcd), a client of the store, and
-    the store URL workers use. Keys an earlier job with the same id left are deleted.
+    the store URL workers use. (Keys an earlier job with the same id left are deleted
+    when the driver claims the job id: ``driver.claim``.)
 
     Raises:
-        RendezvousError: the store cannot be started, reached or used.
+        RendezvousError: the store cannot be started or reached.
     """
     server = None
     if config.rendezvous.scheme == "embedded":
@@ -171,10 +174,23 @@ def open_job_store(
         url = str(config.rendezvous)
     try:
         store = open_store(url, secret)
-        # A job id names one job: keys left by an earlier job with the same id would mislead us.
-        store.delete_prefix(keys.prefix)
     except BaseException:
         if server is not None:
             server.stop()
         raise
     return server, store, url
+
+
+QUICK_STORE = StoreSettings(request_timeout=2.0, retry_deadline=4.0, connect_timeout=2.0)
+"""A call of a ``quick_store`` client gives up after about this long (an attempt of
+``request_timeout``, retried until ``retry_deadline``)."""
+
+
+def quick_store(url: str, secret: str) -> KVStore:
+    """Another client of the job's store whose calls give up within seconds (see
+    ``QUICK_STORE``); it does no I/O until used.
+
+    Raises:
+        RendezvousConfigError: the URL is malformed.
+    """
+    return open_store(url, secret, QUICK_STORE, check=False)

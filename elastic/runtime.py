@@ -15,6 +15,11 @@ driver learns of it even when it cannot see the peer's process (a remote host). 
 neighbour that has gone silent (``CommSettings.suspect_after``) is reported there too,
 at once, while the collective still waits: a host cut off the network sends nothing
 else, and the driver can ask that host whether it is still there.
+
+Rank 0 publishes how many commits it holds (``committed``, set by ``State.commit``)
+under ``/elastic/<job>/progress`` from a thread of its own, at most every
+``progress_interval`` seconds and only when it changed: one store write per interval
+per job, never one per step, and nothing on the training thread.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from rendezvous.errors import (
     RendezvousError,
 )
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
 from rendezvous.url import parse_store_url
@@ -77,6 +82,7 @@ class WorkerSettings:
     bind_host: str = "127.0.0.1"
     round_timeout: float = 600.0  # waiting for a round that includes us
     lease_ttl: int = 10  # a slow keep-alive on a loaded host must not end a live registration
+    progress_interval: float = 0.0  # seconds between progress records from rank 0 (0: none)
     comm: CommSettings = field(default_factory=CommSettings)
 
     @classmethod
@@ -106,6 +112,7 @@ class WorkerSettings:
             bind_host=env.text(env.ENV_BIND_HOST, None, environ) or own_address(store_url),
             round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
             lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
+            progress_interval=env.number(env.ENV_PROGRESS_INTERVAL, 0.0, environ, positive=False),
             comm=CommSettings(
                 peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
                 connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ),
@@ -132,6 +139,7 @@ class WorkerRuntime:
         self._info: WorkerInfo | None = None
         self._orphan_watch: threading.Event | None = None
         self._expelled = False  # the driver took us out: no round will include us again
+        self.committed = 0  # commits this worker holds (``State.commit`` sets it)
 
     # ---- start / stop ----
     def start(self) -> None:
@@ -149,6 +157,10 @@ class WorkerRuntime:
         )
         self._watcher.start()
         self._register()
+        if s.progress_interval > 0:
+            threading.Thread(
+                target=self._publish_progress, name="elastic-progress", daemon=True
+            ).start()
 
     def _started(self) -> tuple[KVStore, RingListener, WorkerInfo]:
         """What ``start()`` opened. Raises RendezvousError before ``start()``."""
@@ -223,6 +235,20 @@ class WorkerRuntime:
             self._listener.close()
         if self._store is not None:
             self._store.close()
+
+    def _publish_progress(self) -> None:
+        """While rank 0: write the commit count when it changed, every interval."""
+        published = 0
+        while not self._closed.wait(self.settings.progress_interval):
+            committed, member, store = self.committed, self.member, self._store
+            if member is None or member.rank != 0 or committed == published or store is None:
+                continue
+            record = ProgressRecord(committed, self.round_id, self.settings.worker_id)
+            try:
+                store.put(self.keys.progress, record.to_json())
+                published = committed
+            except RendezvousError as exc:  # progress is a report: the next one will do
+                log.debug("could not publish progress: %s", exc)
 
     # ---- rounds ----
     def _follow_rounds(self) -> None:

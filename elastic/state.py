@@ -127,6 +127,8 @@ class State:
         self._commits += 1
         self._saved_commits = self._commits
         self.save()
+        if self._world is None:  # the process's own world: its runtime reports progress
+            context.note_commit(self._commits)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

@@ -18,6 +18,12 @@ class JobKeys:
         return f"{ROOT}/{self.job_id}/"
 
     @property
+    def driver(self) -> str:
+        """The driver that leads the job (JSON of ``rendezvous.plan.DriverRecord``),
+        written under the driver's own lease: while it exists, the job id is taken."""
+        return f"{self.prefix}driver"
+
+    @property
     def round(self) -> str:
         """The current plan (JSON of ``rendezvous.plan.Plan``); written by the driver only."""
         return f"{self.prefix}round"
@@ -44,12 +50,25 @@ class JobKeys:
         return f"{self.failures}{round_id}/{reporter}/silent/{suspect}"
 
     @property
+    def progress(self) -> str:
+        """The job's newest committed step (JSON of ``rendezvous.plan.ProgressRecord``),
+        written by rank 0 every few seconds while it commits; the driver reports it."""
+        return f"{self.prefix}progress"
+
+    @property
     def ps(self) -> str:
         """Prefix of parameter-server shard addresses, one key per shard index."""
         return f"{self.prefix}ps/"
 
     def ps_shard(self, index: int) -> str:
         return f"{self.ps}{index:04d}"
+
+    @property
+    def ps_config(self) -> str:
+        """The job's parameter-server settings (JSON of ``rendezvous.plan.PSConfigRecord``),
+        written by the driver before any worker starts: a ps client of a job without
+        shards learns it at once instead of waiting for shards that never come."""
+        return f"{self.prefix}ps-config"
 
     @property
     def ps_checkpoint(self) -> str:

@@ -199,6 +199,22 @@ class ElasticRun:
         self.stop()
 
 
+def exact_sum_command(out_dir: Path, samples: int, epochs: int, *extra: str) -> list[str]:
+    """The worker command of ``workloads/exact_sum.py`` (batches of 4)."""
+    return [
+        "python",
+        str(EXACT_SUM),
+        str(out_dir),
+        "--samples",
+        str(samples),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        "4",
+        *extra,
+    ]
+
+
 def exact_sum_results(out_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("*.json"))]
 
