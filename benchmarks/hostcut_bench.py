@@ -56,7 +56,8 @@ every process is reaped (the hosts' by their PID namespaces). One JSON line per
 configuration on stdout (nothing else):
     {"bench": "hostcut", "system": "ours"|"torchrun", "store": "embedded"|"etcd"|"c10d",
      "hosts": "A:2,B:2", "cuts", "definition", "median_s", "p90_s", "max_s", "samples",
-     ...phase medians..., "settings", "job_exit", "load_avg"[, "error"]}
+     ...phase medians..., "phase_samples" (each phase, cut by cut), "settings", "job_exit",
+     "load_avg_at_cuts" (just after each recovery), "load_avg" (at the end)[, "error"]}
 
     sudo python benchmarks/hostcut_bench.py [--cuts 5] [--configs embedded etcd torchrun]
     sudo python benchmarks/hostcut_bench.py --cuts 1 --configs embedded   # about a minute
@@ -184,14 +185,25 @@ def result_line(system: str, store: str, cuts: int, settings: dict) -> dict:
     }
 
 
-def finish_line(result: dict, samples: list[float], phases: dict[str, list]) -> dict:
+def finish_line(
+    result: dict, samples: list[float], phases: dict[str, list], loads: list[float]
+) -> dict:
     result.update(
         cuts=len(samples),
         **summary(samples),
         **{f"{name}_s": median_or_none(values) for name, values in phases.items()},
-        load_avg=round(os.getloadavg()[0], 2),
+        phase_samples={
+            name: [None if v is None else round(v, 4) for v in values]
+            for name, values in phases.items()
+        },
+        load_avg_at_cuts=loads,
+        load_avg=load_avg(),
     )
     return result
+
+
+def load_avg() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 # --------------------------------------------------------------------------- ours
@@ -207,6 +219,7 @@ def ours_config(store: str, hosts: NetnsHosts, args: argparse.Namespace, tmp: Pa
     result = result_line("ours", store, args.cuts, {"elastic_run_args": job_args})
     samples: list[float] = []
     phases: dict[str, list] = defaultdict(list)
+    loads: list[float] = []  # the load average just after each cut's recovery
     cluster: EtcdCluster | None = None
     job: OursJob | None = None
     try:
@@ -222,6 +235,7 @@ def ours_config(store: str, hosts: NetnsHosts, args: argparse.Namespace, tmp: Pa
         ).start()
         for cut in range(1, args.cuts + 1):
             samples.append(cut_ours(job, b, cut, args, limit, phases))
+            loads.append(load_avg())
         result["job_exit"] = job.finish()
     except (BenchTimeout, RuntimeError) as exc:  # RuntimeError: the etcd member did not start
         result["error"] = str(exc)
@@ -232,7 +246,7 @@ def ours_config(store: str, hosts: NetnsHosts, args: argparse.Namespace, tmp: Pa
         reap(a, b)
         if cluster is not None:
             cluster.stop()
-    return finish_line(result, samples, phases)
+    return finish_line(result, samples, phases, loads)
 
 
 def cut_ours(
@@ -447,17 +461,19 @@ def torchrun_config(hosts: NetnsHosts, args: argparse.Namespace, tmp: Path) -> d
     result = result_line("torchrun", "c10d", args.cuts, job.settings)
     samples: list[float] = []
     phases: dict[str, list] = defaultdict(list)
+    loads: list[float] = []  # the load average just after each cut's recovery
     try:
         job.start()
         for cut in range(1, args.cuts + 1):
             samples.append(cut_torchrun(job, cut, args, limit, phases))
+            loads.append(load_avg())
         result["job_exit"] = job.finish()
     except BenchTimeout as exc:
         result["error"] = str(exc)
     finally:
         b.restore()
         job.stop()
-    return finish_line(result, samples, phases)
+    return finish_line(result, samples, phases, loads)
 
 
 def cut_torchrun(
