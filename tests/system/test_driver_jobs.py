@@ -15,6 +15,7 @@ import pytest
 from tests.support.jobs import (
     EXACT_SUM,
     ROOT,
+    WORKLOADS,
     ElasticRun,
     check_exact_sum,
     hosts_file_discovery,
@@ -428,7 +429,7 @@ def test_a_ps_script_without_shards_fails_at_once_with_the_reason(tmp_path):
     at once, naming the flag, instead of waiting for shards that never come."""
     out = tmp_path / "out"
     out.mkdir()
-    script = ROOT / "tests" / "workloads" / "ps_linear.py"
+    script = WORKLOADS / "ps_linear.py"
     with ElasticRun(["-np", "1", "python", str(script), str(out)], tmp_path) as run:
         assert run.wait(timeout=50) == 1
         output = run.out_path.read_text() + run.err_path.read_text()
