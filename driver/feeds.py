@@ -39,7 +39,7 @@ from driver.messages import (
     SignalReceived,
     StoreLost,
 )
-from driver.policy import store_health
+from driver.policy.reports import store_health
 from driver.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -123,8 +123,9 @@ def probe_store(
 ) -> None:
     """Read the store's revision every ``interval`` seconds through ``client`` (its calls
     must give up within seconds) in a daemon thread until ``stop``, and ``emit`` what
-    ``driver.policy.store_health`` says of it. The thread says it itself, not through the
-    loop: the loop may be the one waiting for the store. ``client`` is the caller's."""
+    ``driver.policy.reports.store_health`` says of it. The thread says it itself, not
+    through the loop: the loop may be the one waiting for the store. ``client`` is the
+    caller's."""
 
     def probe() -> None:
         health = StoreHealth()

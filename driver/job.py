@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from driver import decisions as dec
 from driver import events as ev
-from driver import feeds, policy, suspicion, workers
+from driver import feeds, policy, workers
 from driver import messages as msg
 from driver.chaos import ChaosMonkey
 from driver.claim import DriverClaim, new_record
@@ -481,15 +481,15 @@ class Job:
             return
         report = json.loads(message.event.value)
         if report.get("silent"):
-            decisions, self.book = suspicion.silence_reported(
+            decisions, self.book = policy.silence_reported(
                 self.workers, self.plan, self.book, report
             )
             self._apply(decisions)
         else:
-            self._apply(suspicion.failure_reported(self.workers, self.plan, report))
+            self._apply(policy.failure_reported(self.workers, self.plan, report))
 
     def _on_probe_answered(self, message: msg.ProbeAnswered) -> None:
-        decisions, self.book = suspicion.probe_answered(
+        decisions, self.book = policy.probe_answered(
             self.workers, self.book, message.host, message.reachable, message.detail
         )
         self._apply(decisions)

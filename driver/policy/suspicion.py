@@ -20,10 +20,8 @@ from typing import Any
 
 from driver.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step
 from driver.events import FailureReported, HostUnreachable
-from driver.workers import WorkerRecord
+from driver.workers import Workers
 from rendezvous.plan import Plan
-
-Workers = Mapping[str, WorkerRecord]
 
 
 def failure_reported(
