@@ -3,8 +3,8 @@
 
 Every event class (in ``driver.events.job``, ``.health``, ``.workers``, ``.hosts``,
 ``.ps``) derives from ``Event``; defining one registers its ``kind``, and refuses a
-kind defined twice or a field the events file reserves. Apart from the vocabulary so
-that the areas depend on it and not on one another.
+kind defined twice or a field the events file reserves. A module of its own so that
+each area depends on it alone, never on another area.
 """
 
 from __future__ import annotations
