@@ -10,7 +10,7 @@ from typing import TypeVar
 import pytest
 
 from driver import events as ev
-from driver import policy, suspicion, workers
+from driver import policy, workers
 from driver.config import parse_args
 from driver.decisions import (
     Book,
@@ -30,6 +30,7 @@ from driver.decisions import (
 )
 from driver.hosts import HostSlots, parse_host_slots
 from driver.planner import build_plan
+from driver.policy import suspicion
 from driver.workers import WorkerRecord, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
 

@@ -20,10 +20,20 @@ from typing import Any
 
 from driver.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step
 from driver.events import FailureReported, HostUnreachable
-from driver.workers import WorkerRecord
+from driver.workers import Workers
 from rendezvous.plan import Plan
 
-Workers = Mapping[str, WorkerRecord]
+
+def _report_event(report: Mapping[str, Any]) -> Report:
+    """The ``failure_reported`` event of a worker's report, to emit."""
+    return Report(
+        FailureReported(
+            reporter=report.get("worker_id"),
+            round=report.get("round_id"),
+            reason=report.get("reason"),
+            suspect=report.get("suspect"),
+        )
+    )
 
 
 def failure_reported(
@@ -33,16 +43,7 @@ def failure_reported(
     say so, and when peers of the current round name an active worker, kill it (it is
     alive but not answering: stopped, hung)."""
     suspect, round_id = report.get("suspect"), report.get("round_id")
-    decisions: list[Decision] = [
-        Report(
-            FailureReported(
-                reporter=report.get("worker_id"),
-                round=round_id,
-                reason=report.get("reason"),
-                suspect=suspect,
-            )
-        )
-    ]
+    decisions: list[Decision] = [_report_event(report)]
     rec = workers.get(suspect) if isinstance(suspect, str) else None
     if plan is not None and round_id == plan.round_id and rec is not None and rec.state.active:
         decisions.append(Kill(rec.worker_id, "unresponsive (reported by its peers)"))
@@ -57,16 +58,7 @@ def silence_reported(
     it is already under way. Reports about older rounds or inactive workers are noted
     only."""
     suspect, round_id = report.get("suspect"), report.get("round_id")
-    decisions: list[Decision] = [
-        Report(
-            FailureReported(
-                reporter=report.get("worker_id"),
-                round=round_id,
-                reason=report.get("reason"),
-                suspect=suspect,
-            )
-        )
-    ]
+    decisions: list[Decision] = [_report_event(report)]
     rec = workers.get(suspect) if isinstance(suspect, str) else None
     current = plan is not None and round_id == plan.round_id
     if not current or rec is None or not rec.state.active or rec.info is None:
