@@ -52,7 +52,7 @@ def test_an_async_push_of_a_round_the_job_left_is_refused_never_applied():
     refused, while the job's own workers and clients outside rounds go on."""
     st = _state()
     assert st.push_async("a", 1, [("w", np.ones(4))], 1.0, round_id=3) == 1
-    with pytest.raises(PSRoundChangedError, match="round 2 refused.*round 3"):
+    with pytest.raises(PSRoundChangedError, match=r"round 2 refused.*round 3"):
         st.push_async("stale", 1, [("w", np.ones(4))], 1.0, round_id=2)
     assert st.step == 1
     assert st.push_async("b", 1, [("w", np.ones(4))], 1.0, round_id=4) == 2
