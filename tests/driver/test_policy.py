@@ -509,27 +509,54 @@ def test_free_slots_are_filled_but_not_finished_ones():
     assert policy.slots_to_fill(t, hs("localhost:3"), Book(0.0), capped) == []
 
 
-def test_unresponsive_member_reported_by_its_peers_is_killed():
+def test_an_accused_member_silent_itself_is_killed_after_the_confirm_window():
+    """A stopped or hung member cannot report: its peers' word is confirmed by its own
+    silence for CONFIRM_WINDOW, then it is killed."""
     a, b = rec("a", 0), rec("b", 1)
     p = plan_of(3, a, b)
     t = table(a, b, rec("c", 2, state=S.STOPPING))
+    window = suspicion.CONFIRM_WINDOW
 
-    def report(suspect, round_id):
-        return {"worker_id": "a", "round_id": round_id, "reason": "timeout", "suspect": suspect}
+    def report(suspect, round_id, reporter="a"):
+        return {
+            "worker_id": reporter,
+            "round_id": round_id,
+            "reason": "timeout",
+            "suspect": suspect,
+        }
 
     said = Report(ev.FailureReported(reporter="a", round=3, reason="timeout", suspect="b"))
-    assert suspicion.failure_reported(t, p, report("b", 3)) == [
-        said,
-        Kill("b", "unresponsive (reported by its peers)"),
-    ]
-    assert kinds(suspicion.failure_reported(t, p, report("b", 2))) == [Report]  # an older round
-    assert kinds(suspicion.failure_reported(t, p, report("c", 3))) == [Report]  # on its way out
-    assert kinds(suspicion.failure_reported(t, p, report("zz", 3))) == [Report]
-    assert kinds(suspicion.failure_reported(t, p, report(None, 3))) == [Report]
-    assert kinds(suspicion.failure_reported(t, None, report("b", 3))) == [Report]
-    assert suspicion.failure_reported(t, p, {}) == [
-        Report(ev.FailureReported(reporter=None, round=None, reason=None, suspect=None))
-    ]
+    decisions, book = suspicion.failure_reported(t, p, Book(0.0), report("b", 3), 10.0)
+    assert decisions == (said,) and book.reporters == {"a"}
+    assert [w for w, *_ in book.accused] == ["b"]
+    waiting, book = suspicion.accusations_due(t, book, 10.0 + window / 2)
+    assert kinds(waiting) == [Wait] and len(book.accused) == 1
+    killed, book = suspicion.accusations_due(t, book, 10.0 + window)
+    (kill,) = killed
+    assert isinstance(kill, Kill) and kill.worker_id == "b"
+    assert "reported nothing itself" in kill.reason and book.accused == ()
+    for other in (report("b", 2), report("c", 3), report("zz", 3), report(None, 3)):
+        assert suspicion.failure_reported(t, p, Book(0.0), other, 10.0)[1].accused == ()
+    assert suspicion.failure_reported(t, None, Book(0.0), report("b", 3), 10.0)[1] == Book(0.0)
+    empty = suspicion.failure_reported(t, p, Book(0.0), {}, 10.0)[0]
+    assert empty == (
+        Report(ev.FailureReported(reporter=None, round=None, reason=None, suspect=None)),
+    )
+
+
+def test_two_live_members_blaming_each_other_are_both_spared():
+    """Healthy workers kept apart (a crowded listener) blame each other: each report
+    shows its reporter alive, so nobody holding the newest commit is killed on it."""
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(3, a, b)
+    t = table(a, b)
+    a_blames_b = {"worker_id": "a", "round_id": 3, "reason": "did not connect", "suspect": "b"}
+    b_blames_a = {"worker_id": "b", "round_id": 3, "reason": "did not connect", "suspect": "a"}
+    _, book = suspicion.failure_reported(t, p, Book(0.0), a_blames_b, 10.0)
+    _, book = suspicion.failure_reported(t, p, book, b_blames_a, 10.1)
+    assert book.reporters == {"a", "b"} and book.accused == ()
+    assert suspicion.accusations_due(t, book, 60.0)[0] == ()
+    assert book.new_round().reporters == frozenset()
 
 
 def test_a_silent_member_gets_its_host_probed_once_never_killed_on_that_word():
