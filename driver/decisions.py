@@ -138,6 +138,9 @@ class Book:
     all_failed_rounds: frozenset[int] = frozenset()
     done_slots: frozenset[tuple[str, int]] = frozenset()
     probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
+    # A member exited 0 after its @elastic.run function returned: training is complete,
+    # so no new round forms and no slot is refilled (the others finish as they are).
+    training_done: bool = False
     # Failure reports of the current round: who reported, and who stands accused since
     # when and why (a kill waits for the accused's own silence: ``policy.suspicion``).
     reporters: frozenset[str] = frozenset()

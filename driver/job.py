@@ -316,6 +316,8 @@ class Job:
         if rec.info is not None:
             # Do not wait for its lease: the process is gone.
             self._services.delete_quietly(self.keys.worker(rec.worker_id))
+        # An exit 0 after the worker's @elastic.run function returned: training is done.
+        trained = message.code == 0 and self._services.has_key(self.keys.finished(rec.worker_id))
         self.workers[rec.worker_id], (decisions, self.book) = policy.worker_exited(
             rec,
             message.code,
@@ -324,6 +326,7 @@ class Job:
             self._clock(),
             command=self.config.command,
             any_registered=self._any_registered(),
+            trained_to_end=trained,
         )
         self._apply(decisions)
 

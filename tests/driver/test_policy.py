@@ -224,6 +224,19 @@ def test_a_member_finishing_starts_the_finish_grace():
     assert book.change_at == 7.0
 
 
+def test_a_member_whose_training_returned_marks_the_training_done():
+    a = rec("a", 0)
+    p = plan_of(1, a, rec("b", 1))
+    _, (_, book) = policy.worker_exited(a, 0, p, Book(0.0), now=7.0, trained_to_end=True)
+    assert book.training_done
+    # An exit 0 without the marker (a worker leaving early) starts only the finish grace,
+    # and so does a non-member's, marker or not.
+    _, (_, book) = policy.worker_exited(a, 0, p, Book(0.0), now=7.0)
+    assert not book.training_done
+    _, (_, book) = policy.worker_exited(rec("z", 3), 0, p, Book(0.0), now=7.0, trained_to_end=True)
+    assert not book.training_done
+
+
 def test_a_stopped_worker_is_no_failure():
     going = rec("a", 0, state=S.STOPPING)
     done, (decisions, book) = policy.worker_exited(going, -15, None, Book(0.0), now=3.0)
@@ -327,6 +340,19 @@ def test_finish_grace_holds_every_round():
     decisions, book = policy.plan_round(t, p, book, view(), cfg, now=12.5)
     assert only(decisions, Publish).plan.worker_ids == ("a",)
     assert book.resets == 0  # a round for stragglers after a finish is no reset
+
+
+def test_no_round_and_no_launch_once_training_is_done():
+    # However long the others take to finish, a done training never re-forms: a new
+    # world would be handed a finished job (the FINISH_GRACE race under load).
+    a = rec("a", 0)
+    p = plan_of(1, a, rec("b", 1))
+    t = table(a, rec("b", 1, state=S.FINISHED, exit_code=0))
+    book = Book(0.0, member_finished_at=10.0, training_done=True)
+    cfg = config("-np", "2", "--min-np", "1")
+    decisions, after = policy.plan_round(t, p, book, view(), cfg, now=10.0 + 60.0)
+    assert decisions == () and after == book
+    assert policy.slots_to_fill(t, hs("h:2"), book, cfg) == []
 
 
 def test_join_batch_window_holds_growth_while_the_round_works():
