@@ -39,7 +39,8 @@ from driver.messages import (
     SignalReceived,
     StoreLost,
 )
-from driver.policy import store_health
+from driver.policy.reports import store_health
+from driver.threads import spawn
 from driver.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -49,10 +50,6 @@ Post = Callable[[Message], None]
 
 PROBE_INTERVAL = 1.0
 """Seconds between two looks at the store's health."""
-
-
-def _spawn(name: str, target: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True).start()
 
 
 def follow_workers_and_failures(
@@ -80,7 +77,7 @@ def follow_workers_and_failures(
     )
     for prefix, on_event, on_resync in feeds:
         watch = store.watch_prefix(prefix, start_revision=revision + 1)
-        _spawn(
+        spawn(
             f"watch-{prefix}",
             follow_prefix,
             store,
@@ -99,7 +96,7 @@ def follow_workers_and_failures(
             post(ProgressReported(kv.value))
 
     watch = store.watch_prefix(keys.progress, start_revision=revision + 1)
-    _spawn(
+    spawn(
         "watch-progress",
         follow_prefix,
         store,
@@ -123,8 +120,9 @@ def probe_store(
 ) -> None:
     """Read the store's revision every ``interval`` seconds through ``client`` (its calls
     must give up within seconds) in a daemon thread until ``stop``, and ``emit`` what
-    ``driver.policy.store_health`` says of it. The thread says it itself, not through the
-    loop: the loop may be the one waiting for the store. ``client`` is the caller's."""
+    ``driver.policy.reports.store_health`` says of it. The thread says it itself, not
+    through the loop: the loop may be the one waiting for the store. ``client`` is the
+    caller's."""
 
     def probe() -> None:
         health = StoreHealth()
@@ -140,7 +138,7 @@ def probe_store(
             for event in said:
                 emit(event)
 
-    _spawn("store-probe", probe)
+    spawn("store-probe", probe)
 
 
 def poll_discovery(
@@ -155,7 +153,7 @@ def poll_discovery(
             except DiscoveryError as exc:
                 post(DiscoveryFailed(str(exc)))
 
-    _spawn("discovery", poll)
+    spawn("discovery", poll)
 
 
 @contextmanager

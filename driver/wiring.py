@@ -2,6 +2,7 @@
 
 * ``job_env``/``worker_env``: the variables every process of the job, and each worker,
   is given on top of what it inherits (``rendezvous.env`` names them);
+* ``runs_all_local``: whether every process of the job runs on this machine;
 * ``worker_spec``: the ``LaunchSpec`` of one worker, with its id, its bind address and
   its log file;
 * ``shard_commands``: the ps shards' command lines (``--num-ps``);
@@ -91,6 +92,15 @@ def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
             return "127.0.0.1"
     return netaddr.advertised_address(
         remote, interface=config.network_interface, explicit=config.driver_address
+    )
+
+
+def runs_all_local(config: JobConfig) -> bool:
+    """Every process of the job runs on this machine: with ``--launcher local`` (host
+    names are then only labels, and need not resolve), or when every fixed host is this
+    machine. Everything then binds and advertises loopback."""
+    return config.launcher == "local" or (
+        not config.uses_discovery and all(is_local_host(h.host) for h in config.hosts)
     )
 
 

@@ -19,6 +19,7 @@ up on it. A chaos victim's failure is not held against its host.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rendezvous.plan import WorkerInfo
@@ -90,6 +91,10 @@ class WorkerRecord:
         """It exited with an error or a signal nobody in the driver sent: not stopped,
         not killed by the driver or the chaos."""
         return self.state is WorkerState.FAILED and self.kill_reason is None
+
+
+Workers = Mapping[str, WorkerRecord]
+"""The job's records by worker id, as the rules read them."""
 
 
 def registered(

@@ -229,10 +229,12 @@ class Pulled(Record):
 @dataclass(frozen=True)
 class PushArgs(Record):
     """An async push: ``seq`` counts the pushes of ``client``, so a repeat is not applied
-    twice."""
+    twice; ``round`` is the pusher's round of the job (-1: a client outside elastic-run's
+    rounds), so a worker the job left behind (a host cut off and back) is refused."""
 
     client: str
     seq: int
+    round: int = -1
 
 
 @dataclass(frozen=True)

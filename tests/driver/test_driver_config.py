@@ -7,17 +7,16 @@ import stat
 
 import pytest
 
-from driver.config import (
+from driver.config import JobConfig, parse_args
+from driver.errors import DriverError, UsageError
+from driver.flags import (
     DEFAULT_BLACKLIST_COOLDOWN_RANGE,
     DEFAULT_DISCOVERY_INTERVAL,
     DEFAULT_ELASTIC_TIMEOUT,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
     DEFAULT_START_TIMEOUT,
-    JobConfig,
     build_parser,
-    parse_args,
 )
-from driver.errors import DriverError, UsageError
 from driver.hosts import BlacklistPolicy, HostSlots
 from rendezvous.errors import ElasticError
 from rendezvous.url import Endpoint, StoreURL

@@ -122,3 +122,31 @@ def test_a_cut_host_that_returns_is_taken_back_as_fresh_workers(three_hosts, tmp
         hold.unlink()
         assert run.wait(timeout=110) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, EPOCHS)
+
+
+@pytest.mark.timeout(150)
+def test_cutting_the_etcd_leaders_host_the_job_goes_on_with_the_other_members(
+    three_hosts, tmp_path
+):
+    """etcd across machines: one member per host, workers on every host. The host of
+    the etcd leader is cut: the store carries on with the other two members (clients
+    move to them), the host's workers are dropped, and the job finishes exact."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = EtcdCluster(3, tmp_path / "etcd", hosts=list(three_hosts)).start()
+    try:
+        hosts = ",".join(f"{h.address}:1" for h in three_hosts)
+        args = ["-H", hosts, "-np", "3", "--min-np", "2", "--launcher", "ssh"]
+        args += ["--rendezvous", cluster.url]
+        with ElasticRun([*args, *workload(out)], tmp_path, env=three_hosts.env()) as run:
+            run.wait_progress(30)
+            leader = cluster.leader()
+            assert leader is not None
+            three_hosts[leader].cut()
+            lost = run.wait_event("host_unreachable", timeout=45)
+            assert lost["host"] == three_hosts[leader].address
+            run.wait_event("round_formed", lambda e: e["size"] == 2, timeout=45)
+            assert run.wait(timeout=110) == 0, run.stderr_tail()
+    finally:
+        cluster.stop()
+    assert len(check_exact_sum(out, SAMPLES, EPOCHS)) == 2

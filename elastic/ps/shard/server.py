@@ -202,7 +202,7 @@ class ShardServer:
         grads = self._grads(body)
         if self.settings.mode == "async":
             args = PushArgs.from_dict(header)
-            step = self.state.push_async(args.client, args.seq, grads, _PATIENCE)
+            step = self.state.push_async(args.client, args.seq, grads, _PATIENCE, args.round)
             return frame(StepReply(APPLIED, step, self.state.generation).to_dict())
         sync = StepArgs.from_dict(header)
         return frame(

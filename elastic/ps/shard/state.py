@@ -25,7 +25,13 @@ import time
 
 import numpy as np
 
-from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
+from elastic.ps.errors import (
+    PSNotReadyError,
+    PSProtocolError,
+    PSRoundChangedError,
+    PSShapeError,
+    PSUninitializedError,
+)
 from elastic.ps.memory import unshared
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import Slice
@@ -70,6 +76,7 @@ class ShardState(CheckpointOps):
         self._dedup: dict[str, int] = {}
         self._pause: _Pause | None = None
         self._round = -1
+        self._async_round = -1  # the newest round an async push came from
         self._round_size: int | None = None
         self._pending: dict[int, list[tuple[str, np.ndarray]]] = {}
 
@@ -213,13 +220,31 @@ class ShardState(CheckpointOps):
         self._cond.notify_all()
 
     def push_async(
-        self, client: str, seq: int, grads: list[tuple[str, np.ndarray]], patience: float
+        self,
+        client: str,
+        seq: int,
+        grads: list[tuple[str, np.ndarray]],
+        patience: float,
+        round_id: int = -1,
     ) -> int:
         """Apply one push now; returns the step after it. A repeated ``(client, seq)`` is
-        not applied twice. Raises PSUninitializedError, PSShapeError, PSNotReadyError."""
+        not applied twice. A push of a round older than the newest one pushed for comes
+        from a worker the job has moved on without (a host that was cut off and is back,
+        still training its stale state): it is refused, never applied.
+
+        Raises:
+            PSRoundChangedError: the push's round is older than the job's.
+            PSUninitializedError, PSShapeError, PSNotReadyError: as for every push.
+        """
         with self._cond:
             self._require_loaded()
             self._check_grads(grads)
+            if 0 <= round_id < self._async_round:
+                raise PSRoundChangedError(
+                    f"a push of round {round_id} refused: the job's workers push for round "
+                    f"{self._async_round} (this worker was left out of it)"
+                )
+            self._async_round = max(self._async_round, round_id)
             if seq <= self._dedup.get(client, 0):
                 return self.step
             self._wait_gate(patience)

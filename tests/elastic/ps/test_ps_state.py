@@ -9,7 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
+from elastic.ps.errors import (
+    PSNotReadyError,
+    PSProtocolError,
+    PSRoundChangedError,
+    PSShapeError,
+    PSUninitializedError,
+)
 from elastic.ps.partition import Slice
 from elastic.ps.protocol import APPLIED, PENDING, ROLLED_BACK, SUPERSEDED, UNKNOWN
 from elastic.ps.shard.state import ShardState, initial_generation
@@ -39,6 +45,18 @@ def test_data_calls_wait_for_restore():
         st.describe()
     st.load(None, None, G0)
     assert st.describe().variables == ()
+
+
+def test_an_async_push_of_a_round_the_job_left_is_refused_never_applied():
+    """A worker left behind (its host cut off, then back) pushes for its old round:
+    refused, while the job's own workers and clients outside rounds go on."""
+    st = _state()
+    assert st.push_async("a", 1, [("w", np.ones(4))], 1.0, round_id=3) == 1
+    with pytest.raises(PSRoundChangedError, match=r"round 2 refused.*round 3"):
+        st.push_async("stale", 1, [("w", np.ones(4))], 1.0, round_id=2)
+    assert st.step == 1
+    assert st.push_async("b", 1, [("w", np.ones(4))], 1.0, round_id=4) == 2
+    assert st.push_async("tool", 1, [("w", np.ones(4))], 1.0) == 3  # no round: not fenced
 
 
 def test_async_push_applies_and_dedupes_repeats():
