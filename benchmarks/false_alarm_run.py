@@ -14,7 +14,9 @@ most a silent report and a probe, never a worker. ``elastic-run -np 4 --min-np 2
   ``--gc-objects`` live linked objects: a pause that holds the GIL throughout, staggered
   by rank so that the others are awake to notice the silence.
 
-Placement: ``--placement test-hosts`` (the default; root required) runs 2 workers on each
+Placement: ``--placement test-hosts`` (the default; **needs root**: the hosts are network
+and PID namespaces, so run it with sudo and the project's Python; without root it ends
+with a one-line error) runs 2 workers on each
 of 2 test hosts (``tests/support/netns_hosts.py``) over ssh, so the ring, its heartbeats
 and the driver's probes cross the hosts' network; ``--placement local`` runs the 4 workers
 on this machine.
@@ -63,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostcut_bench import quick_resolver, reap  # noqa: E402
+from hostcut_bench import quick_resolver, reap, require_root  # noqa: E402
 from recovery_bench import (  # noqa: E402
     STEADY_DEADLINE,
     BenchTimeout,
@@ -77,6 +79,7 @@ from tests.support.netns_hosts import HostsError, NetnsHosts, running_hosts  # n
 
 WORKERS = 4
 SLOTS = 2  # workers per test host
+HOSTS = WORKERS // SLOTS
 #: how long the job may take to end through its stop file past a GC pause or two
 END_GRACE = 60.0
 
@@ -213,7 +216,7 @@ def placed_hosts(placement: str, tmp: Path) -> Iterator[NetnsHosts | None]:
     if placement == "local":
         yield None
         return
-    with running_hosts(SLOTS, tmp / "hosts") as hosts:
+    with running_hosts(HOSTS, tmp / "hosts") as hosts:
         quick_resolver(hosts, tmp)
         yield hosts
 
@@ -255,6 +258,8 @@ def main() -> None:
     for name in ("python_loop", "gc_objects", "gc_every"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must not be negative")
+    if args.placement == "test-hosts":
+        require_root("false_alarm_run")
     with bench_workdir("false-alarm-", args.keep) as tmp:
         try:
             with placed_hosts(args.placement, tmp) as hosts:

@@ -1,7 +1,13 @@
 """Host cut to the survivors' next commit: ours (embedded store, etcd) beside torchrun.
 
+**Needs root** (the test hosts are network, PID and mount namespaces; run it with sudo and
+the project's Python), iproute2, util-linux and openssh-server (``scripts/test``
+installs them), ``etcd`` for the ``etcd`` configuration and torch for ``torchrun``; it
+ends with a one-line error when one is missing. Nothing else: it runs from a fresh
+checkout (the workers run this checkout's code through ``PYTHONPATH``).
+
 Three test hosts (``tests/support/netns_hosts.py``: each its own network, UTS, PID and
-mount namespace and its own sshd; root required). A and B run the workers, two each; C
+mount namespace and its own sshd). A and B run the workers, two each; C
 runs the single etcd member of the ``etcd`` configuration. The benchmark, and with it
 ours' driver and embedded store, runs here, on the hosts' bridge. Training is
 ``workloads/steps.py`` (ours) or ``workloads/torch_steps.py`` (torchrun): each step some
@@ -67,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -96,7 +103,7 @@ from recovery_bench import (  # noqa: E402
     wait_for,
 )
 
-from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
+from tests.support.etcd_cluster import ETCD, EtcdCluster  # noqa: E402
 from tests.support.netns_hosts import HostsError, NetnsHost, NetnsHosts, running_hosts  # noqa: E402
 
 CONFIGS = ("embedded", "etcd", "torchrun")
@@ -160,6 +167,27 @@ def quick_resolver(hosts: NetnsHosts, workdir: Path) -> None:
         done = host.run(["mount", "--bind", str(conf), "/etc/resolv.conf"])
         if done.returncode != 0:
             raise HostsError(f"cannot give host {host.name} a resolv.conf: {done.stderr.strip()}")
+
+
+def require_root(prog: str) -> None:
+    """Exit with a one-line error unless this process is root (the test hosts need it)."""
+    if os.geteuid() != 0:
+        sys.exit(
+            f"{prog}: needs root: the test hosts are network and PID namespaces "
+            f"(run: sudo {sys.executable} {' '.join(sys.argv)})"
+        )
+
+
+def require_tools(configs: list[str]) -> None:
+    """Exit with a one-line error when a configuration's peer is missing: the ``etcd``
+    binary for ``etcd``, torch for ``torchrun``."""
+    if "etcd" in configs and not os.access(ETCD, os.X_OK):
+        sys.exit(f"hostcut_bench: {ETCD} not found: install etcd, or leave out --configs etcd")
+    if "torchrun" in configs and importlib.util.find_spec("torch") is None:
+        sys.exit(
+            f"hostcut_bench: torch is not installed for {sys.executable}: install it "
+            "(pip install torch), or leave out --configs torchrun"
+        )
 
 
 def seconds_after(t0: float, record: dict | None) -> float | None:
@@ -578,6 +606,8 @@ def main() -> None:
             ap.error(f"--{name.replace('_', '-')} must be positive")
     if not 0 < args.cooldown[0] <= args.cooldown[1]:
         ap.error("--cooldown: need 0 < MIN <= MAX")
+    require_root("hostcut_bench")
+    require_tools(args.configs)
     with bench_workdir("hostcut-bench-", args.keep) as tmp:
         try:
             with running_hosts(3, tmp / "hosts") as hosts:
