@@ -28,6 +28,11 @@ that breaks also sends its verdict (``wire.LEADER_CLOSED_*``) to the neighbourin
 leaders on a connection beside each data connection, and shuts the data connections
 down. A leader that sees a data connection fail reads that verdict, so an orderly close
 of another host is reported as such (a crash sends none: the connection just ends).
+
+Mismatches: each host compares its members' headers in shared memory, the leaders
+compare theirs on the ring. Members of a host that agree among themselves can finish a
+broadcast from a root on their host before their leader finds that another host runs
+something else (as ranks after the root can in the TCP ring); their next call raises.
 """
 
 from __future__ import annotations
@@ -139,6 +144,7 @@ class HierTransport(Transport):
         self.host_index = plan.group_of(rank)
         self.members = plan.groups[self.host_index]
         self.is_leader = self.members[0] == rank
+        self.piece_bytes = settings.shm_piece_bytes
         self.host = host
         self.links = leaders
         self.ring: TcpRing | None = None
@@ -170,9 +176,11 @@ class HierTransport(Transport):
         if self.host is not None:
             self.host.allreduce_via_leader(x, out, inner, hdr, across)
         elif ring is not None:
-            ring.allreduce(x, out, inner, hdr)
-            if op == "average":
-                layout.finish_average(out, self.size)
+            # Piece by piece, as the leaders of hosts with shared memory go.
+            for a, b in layout.pieces(x.size, self.piece_bytes, x.dtype.itemsize):
+                ring.allreduce(x[a:b], out[a:b], inner, hdr)
+                if op == "average":
+                    layout.finish_average(out[a:b], self.size)
         else:  # pragma: no cover - a round of one never gets a transport
             np.copyto(out, x)
 

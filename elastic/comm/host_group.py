@@ -7,11 +7,11 @@ other hosts (``hier.py``). Besides the ``ShmGroup`` collectives it offers:
 
 * ``allreduce_via_leader``: the host's sum (or max, min) reaches the leader, the leader
   combines it with the other hosts' (``across``), and every member copies the result
-  back, piece by piece. Per piece, three barriers: inputs in; each member reduces its
-  slice (the leader straight into its output) and the leader gathers them; the leader's
-  final piece out. The reduction work is shared by every member, as in
-  ``ShmGroup.allreduce``; only the leader copies the host's sum out, and only it waits
-  on the network.
+  back, piece by piece (``layout.pieces``; a leader alone on its host cuts alike). Per
+  piece, three barriers: inputs in; each member reduces its slice (the leader straight
+  into its output) and the leader gathers them; the leader's final piece out. The
+  reduction work is shared by every member, as in ``ShmGroup.allreduce``; only the
+  leader copies the host's sum out, and only it waits on the network.
 * ``share`` / ``receive``: the leader's array to every member of the host, without the
   copy ``broadcast`` makes for its root.
 
@@ -76,12 +76,9 @@ class HostGroup(ShmGroup):
         n, r = self.size, self.rank
         fn = layout.reducer(op)
         dtype = x.dtype
-        per_piece = max(1, self.piece_bytes // dtype.itemsize)
-        total = x.size
-        start = 0
         first = True
-        while first or start < total:
-            plen = min(per_piece, total - start)
+        for start, end in layout.pieces(x.size, self.piece_bytes, dtype.itemsize):
+            plen = end - start
             segs = layout.ring_segments(plen, n)
             a, b = segs[r]
             self.k += 1
@@ -121,7 +118,6 @@ class HostGroup(ShmGroup):
             self._arrive(self.k)
             if r != 0:
                 piece[:] = self._slots[0][self.k % 2].view(dtype)[:plen]
-            start += plen
 
     def share(self, arr: np.ndarray, hdr: wire.OpHeader) -> None:
         """The leader's part of ``receive``: every member gets a copy of ``arr``."""

@@ -26,7 +26,8 @@ from .base import TRANSPORTS
 
 SHM_DIR = "/dev/shm"
 
-_OFFER_HEAD = struct.Struct("!B36sQH")  # rule index, boot id, /dev/shm device, name length
+# rule index, boot id, /dev/shm device, piece bytes, host name length
+_OFFER_HEAD = struct.Struct("!B36sQQH")
 
 
 @dataclass(frozen=True)
@@ -60,17 +61,22 @@ class HostId:
 @dataclass(frozen=True)
 class Offer:
     """What one member says in the setup exchange: its ``rule`` (one of
-    ``base.TRANSPORTS``), its ``host`` and its segment's ``shm.ShmSegment.info()``
-    (empty when it offers none)."""
+    ``base.TRANSPORTS``), its ``host``, its ``CommSettings.shm_piece_bytes`` and its
+    segment's ``shm.ShmSegment.info()`` (empty when it offers none)."""
 
     rule: str
     host: HostId
+    piece_bytes: int
     segment: bytes = b""
 
     def encode(self) -> bytes:
         name = self.host.hostname.encode()[:255]
         head = _OFFER_HEAD.pack(
-            TRANSPORTS.index(self.rule), self.host.boot_id.encode(), self.host.shm_device, len(name)
+            TRANSPORTS.index(self.rule),
+            self.host.boot_id.encode(),
+            self.host.shm_device,
+            self.piece_bytes,
+            len(name),
         )
         return head + name + self.segment
 
@@ -79,13 +85,13 @@ class Offer:
         """Raises ValueError when ``blob`` is not an offer."""
         if len(blob) < _OFFER_HEAD.size:
             raise ValueError("short transport offer")
-        rule, boot, device, name_len = _OFFER_HEAD.unpack_from(blob)
+        rule, boot, device, piece_bytes, name_len = _OFFER_HEAD.unpack_from(blob)
         if rule >= len(TRANSPORTS):
             raise ValueError(f"unknown transport rule {rule} in an offer")
         end = _OFFER_HEAD.size + name_len
         boot_id = boot.rstrip(b"\x00").decode(errors="replace")
         host = HostId(boot_id, blob[_OFFER_HEAD.size : end].decode(errors="replace"), device)
-        return cls(TRANSPORTS[rule], host, bytes(blob[end:]))
+        return cls(TRANSPORTS[rule], host, piece_bytes, bytes(blob[end:]))
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,9 @@ def choose(offers: list[Offer]) -> Plan:
     the TCP ring (a member that required "shm" then fails); any "hier" gives the
     hierarchical transport whatever the placement; all "auto" give the TCP ring when a
     member offers no segment, shared memory on one host, the TCP ring when no two members
-    share a host, and the hierarchical transport otherwise.
+    share a host, and the hierarchical transport otherwise. The hierarchical transport
+    needs every member to cut arrays into the same pieces (``shm_piece_bytes``): the TCP
+    ring instead when they differ (shared memory checks that itself, when it maps).
     """
     rules = {o.rule for o in offers}
     groups = host_groups(offers)
@@ -130,12 +138,13 @@ def choose(offers: list[Offer]) -> Plan:
         return Plan("tcp", alone)
     if "shm" in rules:
         return Plan("shm", groups) if one_host else Plan("tcp", alone)
+    same_pieces = len({o.piece_bytes for o in offers}) == 1
     if "hier" in rules:
-        return Plan("hier", groups)
+        return Plan("hier", groups) if same_pieces else Plan("tcp", alone)
     if not all(o.segment for o in offers):
         return Plan("tcp", alone)  # shared memory is not possible everywhere
     if one_host:
         return Plan("shm", groups)
-    if len(groups) == len(offers):
+    if len(groups) == len(offers) or not same_pieces:
         return Plan("tcp", alone)
     return Plan("hier", groups)

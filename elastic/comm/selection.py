@@ -61,7 +61,12 @@ def _open_agreed(ctx: TransportContext) -> Transport:
     candidate: Transport | None = None
     agreed = False
     try:
-        mine = Offer(settings.transport, placement.HostId.here(), seg.info() if seg else b"")
+        mine = Offer(
+            settings.transport,
+            placement.HostId.here(),
+            settings.shm_piece_bytes,
+            seg.info() if seg else b"",
+        )
         offers = _decode(ctx.exchange(mine.encode()))
         plan = placement.choose(offers)
         why = f"members asked for {sorted({o.rule for o in offers})}"

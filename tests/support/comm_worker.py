@@ -1,9 +1,9 @@
 """A ring worker process for the tests, driven by JSON lines on stdin; it answers with
 JSON lines ("events") on stdout.
 
-    python -m tests.support.comm_worker --secret S
+    python -m tests.support.comm_worker --secret S [--bind ADDRESS]
 
-On start it opens a RingListener and prints {"event": "listening", "address", "pid"}.
+On start it opens a RingListener on ADDRESS (default loopback) and prints {"event": "listening", "address", "pid"}.
 Commands ({"cmd": ...}):
     form        round, rank, addresses, settings -> "formed" {transport} | "error"
     battery     seed, big -> "battery" {checks} | "error"
@@ -55,8 +55,9 @@ def describe(e: BaseException) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--secret", required=True)
+    ap.add_argument("--bind", default="127.0.0.1")
     args = ap.parse_args()
-    listener = RingListener("127.0.0.1", secret=args.secret)
+    listener = RingListener(args.bind, secret=args.secret)
     emit("listening", address=listener.address, pid=__import__("os").getpid())
     comm = None
     failures = []
