@@ -33,12 +33,16 @@ class Worker:
     def __init__(self, secret: str, host: NetnsHost | None = None):
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         argv = [sys.executable, "-m", "tests.support.comm_worker", "--secret", secret]
-        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        pipe = subprocess.PIPE
         if host is None:
-            self.proc = subprocess.Popen(argv, cwd=str(ROOT), env=env, **pipes)
+            self.proc = subprocess.Popen(
+                argv, cwd=str(ROOT), env=env, stdin=pipe, stdout=pipe, stderr=pipe
+            )
             self.pid = self.proc.pid
         else:
-            self.proc = host.popen([*argv, "--bind", host.address], env=env, **pipes)
+            self.proc = host.popen(
+                [*argv, "--bind", host.address], env=env, stdin=pipe, stdout=pipe, stderr=pipe
+            )
             self.pid = host.process_of(self.proc)
         self.host = host
         self._events: queue.Queue[dict | None] = queue.Queue()

@@ -151,7 +151,7 @@ def test_orderly_closes_across_hosts_are_not_failures(workers, hosts):
     assert [w.expect("stats")["peer_failures"] for w in members] == [0] * 4
 
 
-MISMATCHES = [
+MISMATCHES: list[tuple[str, dict, dict]] = [
     ("shape", {"what": "allreduce", "shape": [3]}, {"what": "allreduce", "shape": [4]}),
     ("kind", {"what": "allreduce"}, {"what": "broadcast", "root": 1}),
     ("root", {"what": "broadcast", "root": 0}, {"what": "broadcast", "root": 3}),
