@@ -5,22 +5,23 @@ The members of a host are a ``ShmGroup`` (``shm.py``) of their own, named by the
 ranks in errors; the first of them is the host's leader, which alone talks to the
 other hosts (``hier.py``). Besides the ``ShmGroup`` collectives it offers:
 
-* ``allreduce_via_leader``: the host's sum (or max, min) reaches the leader, the leader
-  combines it with the other hosts' (``across``), and every member copies the result
-  back, piece by piece (``layout.pieces``; a leader alone on its host cuts alike). Per
-  piece, three barriers: inputs in; each member reduces its slice (the leader straight
-  into its output) and the leader gathers them; the leader's final piece out. The
-  reduction work is shared by every member, as in ``ShmGroup.allreduce``; only the
-  leader copies the host's sum out, and only it waits on the network.
+* ``allreduce_via_leader``: the other members reduce the host's inputs into the
+  leader's slot, the leader combines that with the other hosts' there (``across``), and
+  every member copies the result out, piece by piece (``layout.pieces``; a leader alone
+  on its host cuts alike). The leader's network step on one piece runs while the others
+  reduce the next, so on a host that waits on the network the reduction costs no time.
 * ``share`` / ``receive``: the leader's array to every member of the host, without the
   copy ``broadcast`` makes for its root.
 
-Slot discipline is ``shm.py``'s: what is written before barrier k goes to slot k % 2.
-Inputs are written before barrier k1 (slot k1 % 2), the reduced slices between k1 and k2
-(slot k2 % 2, read by the leader before k3), the leader's result between k2 and k3
-(slot k3 % 2 = k1 % 2, whose inputs everyone finished reading before k2), and the next
-piece's inputs go to slot k2 % 2 again, which only the leader read, before it arrived
-at k3.
+Per piece p, three barriers: A(p) once its inputs are in (the leader's whole piece, and
+what each other member's fellow reducers need of its own), X(p) once it is reduced (and
+the previous piece is final: the leader ran ``across`` on it meanwhile), Y(p - 1) once
+the previous piece is copied out everywhere; a last barrier Z once the last piece is
+final. Piece p lives in slot (k + 1 + p) % 2, k being the barrier count before the call:
+shm.py's rule (what is written before barrier k goes to slot k % 2) holds at both ends,
+since the first writes precede barrier k + 1 and the last piece sits in slot Z % 2 while
+it is copied out. In between, a slot is written again only for the piece after next:
+after Y of the piece it held, and the reducers' inputs in it were read before X.
 """
 
 from __future__ import annotations
@@ -70,54 +71,56 @@ class HostGroup(ShmGroup):
         across: Callable[[np.ndarray], None],
     ) -> None:
         """Reduce the members' flat ``x`` with ``op`` into flat ``out``, the leader calling
-        ``across(piece)`` on each piece of the host's result (in place) before the
-        members copy it. Raises ``Interrupted``, ``Mismatch`` or ``PeerGone``, and what
-        ``across`` raises."""
+        ``across(piece)`` on each piece of the host's result (in place, in shared memory)
+        before the members copy it out. Raises ``Interrupted``, ``Mismatch`` or
+        ``PeerGone``, and what ``across`` raises."""
         n, r = self.size, self.rank
         fn = layout.reducer(op)
         dtype = x.dtype
-        first = True
-        for start, end in layout.pieces(x.size, self.piece_bytes, dtype.itemsize):
+        pieces = layout.pieces(x.size, self.piece_bytes, dtype.itemsize)
+        base = self.k + 1  # piece p lives in slot (base + p) % 2 of every segment
+
+        def slot(j: int, p: int) -> np.ndarray:
+            return self._slots[j][(base + p) % 2].view(dtype)
+
+        def result(p: int) -> np.ndarray:
+            return slot(0, p)[: pieces[p][1] - pieces[p][0]]
+
+        for p, (start, end) in enumerate(pieces):
             plen = end - start
-            segs = layout.ring_segments(plen, n)
-            a, b = segs[r]
-            self.k += 1
-            s_in = self.k % 2
-            mine = self._slots[r][s_in].view(dtype)
-            # Peers need every slice but mine; my own slice is read straight from x.
-            mine[:a] = x[start : start + a]
-            mine[b:plen] = x[start + b : start + plen]
-            if first:
-                self.write_desc(s_in, hdr)
-            self._arrive(self.k)
-            if first:
-                self._check_headers(s_in, hdr)
-                first = False
-            if b > a:
-                dst = (
-                    out[start + a : start + b]
-                    if r == 0
-                    else self._slots[r][1 - s_in].view(dtype)[a:b]
-                )
-                others = [self._slots[j][s_in].view(dtype)[a:b] for j in range(n) if j != r]
-                fn(x[start + a : start + b], others[0], out=dst)
-                for o in others[1:]:
-                    fn(dst, o, out=dst)
-            self.k += 1
-            self._arrive(self.k)
-            piece = out[start : start + plen]
+            a, b = layout.ring_segments(plen, n - 1)[r - 1] if r else (0, 0)
             if r == 0:
-                s_red = self.k % 2
+                slot(0, p)[:plen] = x[start:end]
+            elif n > 2:  # the other reducers need every segment but mine
+                slot(r, p)[:a] = x[start : start + a]
+                slot(r, p)[b:plen] = x[start + b : end]
+            if p == 0:
+                self.write_desc(base % 2, hdr)
+            self._step()  # A(p): the inputs of piece p are in
+            if p == 0:
+                self._check_headers(base % 2, hdr)
+            if r == 0:
+                if p > 0:
+                    across(result(p - 1))
+            elif b > a:
+                # In place in the leader's slot: only this member reads this segment.
+                dst = slot(0, p)[a:b]
+                fn(x[start + a : start + b], dst, out=dst)
                 for j in range(1, n):
-                    aj, bj = segs[j]
-                    if bj > aj:
-                        out[start + aj : start + bj] = self._slots[j][s_red].view(dtype)[aj:bj]
-                across(piece)
-                self._slots[0][(self.k + 1) % 2].view(dtype)[:plen] = piece
-            self.k += 1
-            self._arrive(self.k)
-            if r != 0:
-                piece[:] = self._slots[0][self.k % 2].view(dtype)[:plen]
+                    if j != r:
+                        fn(dst, slot(j, p)[a:b], out=dst)
+            self._step()  # X(p): piece p reduced, piece p - 1 final
+            if p > 0:
+                out[pieces[p - 1][0] : pieces[p - 1][1]] = result(p - 1)
+                self._step()  # Y(p - 1): piece p - 1 copied out everywhere
+        if r == 0:
+            across(result(len(pieces) - 1))
+        self._step()  # Z: the last piece final
+        out[pieces[-1][0] : pieces[-1][1]] = result(len(pieces) - 1)
+
+    def _step(self) -> None:
+        self.k += 1
+        self._arrive(self.k)
 
     def share(self, arr: np.ndarray, hdr: wire.OpHeader) -> None:
         """The leader's part of ``receive``: every member gets a copy of ``arr``."""
