@@ -7,8 +7,10 @@ On start it opens a RingListener on ADDRESS (default loopback) and prints {"even
 Commands ({"cmd": ...}):
     form        round, rank, addresses, settings -> "formed" {transport} | "error"
     battery     seed, big -> "battery" {checks} | "error"
-    loop        nbytes: allreduce until one raises -> "looping" after the first call,
-                then "raised" {t, type, msg, calls, next_type, next_s}
+    loop        nbytes, close_after (optional, s): allreduce until one raises (another
+                thread closes the communicator close_after seconds after the first call)
+                -> "looping" after the first call, then "raised" {t, type, msg, calls,
+                next_type, next_s}
     allreduce   value, busy_s (pure-Python busy work first) -> "result" {sum} | "raised"
     close_blocked  allreduce that no peer joins; another thread closes the communicator
                 once the call is running -> "raised" {t, type, msg, close_to_raise_s}
@@ -89,6 +91,10 @@ def main() -> None:
                         calls += 1
                         if calls == 1:
                             emit("looping")
+                            if msg.get("close_after") is not None:
+                                threading.Timer(
+                                    msg["close_after"], comm.close, args=("closed mid-loop",)
+                                ).start()
                 except Exception as e:  # noqa: BLE001 - reported to the test
                     info = describe(e)
                     t0 = time.perf_counter()

@@ -146,6 +146,17 @@ def test_orderly_closes_across_hosts_are_not_failures(workers, hosts):
         ev = w.expect("raised", timeout=10)
         assert ev["type"] == "CommunicatorClosedError", ev
         assert "rank 3 closed the communicator" in ev["msg"], ev
+    # A leader closes while the leaders' ring is busy: the other leader hears its
+    # verdict (closed on purpose) beside the broken connection.
+    workers.form(members, round_id=4)
+    for i, w in enumerate(members):
+        w.send("loop", nbytes=4 << 20, close_after=0.3 if i == 2 else None)
+    for w in members:
+        w.expect("looping")
+    for i, w in enumerate(members):
+        ev = w.expect("raised", timeout=10)
+        assert ev["type"] == "CommunicatorClosedError", (i, ev)
+        assert i == 2 or "rank 2 closed the communicator" in ev["msg"], (i, ev)
     for w in members:
         w.send("stats")
     assert [w.expect("stats")["peer_failures"] for w in members] == [0] * 4
