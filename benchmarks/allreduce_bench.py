@@ -294,9 +294,9 @@ class Group:
             for ln in self.lines:
                 ln.send({"addresses": addresses})
         elif impl == "gloo":
-            master = [ln.recv()["master"] for ln in self.lines][0]
+            masters = [ln.recv()["master"] for ln in self.lines]  # every rank answers
             for ln in self.lines:
-                ln.send({"master": master})
+                ln.send({"master": masters[0]})
         transports = [ln.recv()["transport"] for ln in self.lines]  # every rank answers
         self.transport = transports[0]
 
@@ -354,6 +354,44 @@ def measure(
     return samples
 
 
+def summarize(
+    bench: str,
+    where: dict,
+    groups: dict[str, Group],
+    samples: dict[str, list[float]],
+    mib: int,
+    world: int,
+    args,
+) -> dict:
+    """One configuration's JSON row: ``where`` it ran, median times, the bus bandwidth of
+    every collective (``raw_tcp`` is none), and ours against gloo and MPI."""
+    nbytes = mib * (1 << 20)
+    med = {impl: statistics.median(ts) for impl, ts in samples.items()}
+    busbw = {
+        impl: 2 * (world - 1) / world * nbytes / t / 1e9
+        for impl, t in med.items()
+        if impl != "raw_tcp"
+    }
+    row: dict = {
+        "bench": bench,
+        **where,
+        "size_mib": mib,
+        "dtype": "float32",
+        "timed_calls": args.blocks * args.iters,
+        "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()},
+    }
+    if "gloo" in busbw:
+        for impl in ("ours", "ours_tcp"):
+            if impl in busbw:
+                row[f"ratio_{impl}_gloo"] = round(busbw[impl] / busbw["gloo"], 3)
+    if "mpi" in busbw and "ours" in busbw:
+        row["ratio_ours_mpi"] = round(busbw["ours"] / busbw["mpi"], 3)
+    if "ours" in groups:
+        row["ours_transport"] = groups["ours"].transport
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", choices=WORKER_IMPLS)
@@ -392,28 +430,9 @@ def main() -> None:
                 groups[impl] = Group(impl, world, args.secret, args.ours_settings)
             for mib in args.sizes_mib:
                 samples = measure(groups, mib, args.blocks, args.iters, args.warmup)
-                nbytes = mib * (1 << 20)
-                med = {impl: statistics.median(ts) for impl, ts in samples.items()}
-                busbw = {
-                    impl: 2 * (world - 1) / world * nbytes / t / 1e9 for impl, t in med.items()
-                }
-                row = {
-                    "bench": "allreduce",
-                    "world_size": world,
-                    "size_mib": mib,
-                    "dtype": "float32",
-                    "timed_calls": args.blocks * args.iters,
-                    "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
-                    "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()},
-                }
-                if "gloo" in busbw:
-                    for impl in ("ours", "ours_tcp"):
-                        if impl in busbw:
-                            row[f"ratio_{impl}_gloo"] = round(busbw[impl] / busbw["gloo"], 3)
-                if "mpi" in busbw and "ours" in busbw:
-                    row["ratio_ours_mpi"] = round(busbw["ours"] / busbw["mpi"], 3)
-                if "ours" in groups:
-                    row["ours_transport"] = groups["ours"].transport
+                row = summarize(
+                    "allreduce", {"world_size": world}, groups, samples, mib, world, args
+                )
                 row["load_avg"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(row), flush=True)
         finally:

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from allreduce_bench import Group, available, measure  # noqa: E402
+from allreduce_bench import Group, available, measure, summarize  # noqa: E402
 
 from tests.support.netns_hosts import NetnsHost, running_hosts  # noqa: E402
 
@@ -113,32 +113,13 @@ def main() -> None:
 
 
 def _row(groups: dict[str, Group], samples: dict[str, list[float]], mib: int, args) -> dict:
-    nbytes = mib * (1 << 20)
-    n = HOSTS * SLOTS
-    med = {impl: statistics.median(ts) for impl, ts in samples.items()}
-    busbw = {
-        impl: 2 * (n - 1) / n * nbytes / t / 1e9 for impl, t in med.items() if impl != "raw_tcp"
-    }
-    row: dict = {
-        "bench": "hier_allreduce",
-        "hosts": HOSTS,
-        "slots": SLOTS,
-        "size_mib": mib,
-        "dtype": "float32",
-        "timed_calls": args.blocks * args.iters,
-        "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
-        "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()},
-    }
-    if "raw_tcp" in med:
-        row["raw_tcp_GBps"] = round(nbytes / med["raw_tcp"] / 1e9, 3)
-        if "ours" in med:
-            row["ours_link_fraction"] = round(med["raw_tcp"] / med["ours"], 3)
-    if "gloo" in busbw:
-        for impl in ("ours", "ours_tcp"):
-            if impl in busbw:
-                row[f"ratio_{impl}_gloo"] = round(busbw[impl] / busbw["gloo"], 3)
-    if "ours" in groups:
-        row["ours_transport"] = groups["ours"].transport
+    where = {"hosts": HOSTS, "slots": SLOTS}
+    row = summarize("hier_allreduce", where, groups, samples, mib, HOSTS * SLOTS, args)
+    if "raw_tcp" in samples:
+        raw = statistics.median(samples["raw_tcp"])
+        row["raw_tcp_GBps"] = round(mib * (1 << 20) / raw / 1e9, 3)
+        if "ours" in samples:
+            row["ours_link_fraction"] = round(raw / statistics.median(samples["ours"]), 3)
     row["load_avg"] = round(os.getloadavg()[0], 2)
     return row
 
