@@ -2,7 +2,9 @@
 
 Exit status: 0 when every worker of the final round exited 0; 1 with a one-line reason
 when the job failed (reset limit, elastic timeout, every host blacklisted, a worker of the
-final round failed, a discovery or store error); 2 for bad arguments.
+final round failed, a discovery or store error); 2 for bad arguments (and a
+``--log-dir`` that cannot be made, an ``--events`` file that cannot be opened).
+``--version`` prints the version and exits 0.
 """
 
 from __future__ import annotations
@@ -12,16 +14,23 @@ import sys
 
 from driver.config import parse_args
 from driver.errors import DriverError, UsageError
+from driver.eventlog import line_prefix
 from driver.job import Job
 from rendezvous.errors import ElasticError
 
 PROG = "elastic-run"
 
 
+def _say(text: str) -> None:
+    """One line of the driver's own on stderr, timestamped like its event lines."""
+    print(f"{line_prefix(PROG, timestamps=True)}{text}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_args(argv)
+        job = Job(config)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -31,15 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         else logging.INFO
         if config.verbosity
         else logging.WARNING,
-        format=f"{PROG}: %(levelname)s %(name)s: %(message)s",
+        format=f"{PROG} [%(asctime)s]: %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
     )
     try:
-        return Job(config).run()
+        return job.run()
     except (DriverError, ElasticError) as exc:
-        print(f"{PROG}: job failed: {exc}", file=sys.stderr)
+        _say(f"job failed: {exc}")
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; all workers were stopped", file=sys.stderr)
+        _say("interrupted; all workers were stopped")
         return 130
 
 

@@ -74,11 +74,13 @@ class Report:
 
 @dataclass(frozen=True)
 class CountFailure:
-    """A worker on ``host`` failed on its own (exit ``code``): count it against the host
-    (blacklisting) and then against the failure streak (``count_failure``)."""
+    """A worker on ``host`` failed on its own (exit ``code``; or could not start, then
+    ``reason`` says why): count it against the host (blacklisting) and then against the
+    failure streak (``count_failure``)."""
 
     host: str
-    code: int
+    code: int | None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,25 @@ class Succeed:
     resets: int
 
 
-Decision = Union[Publish, Wait, Fail, Kill, Stop, Launch, Report, CountFailure, Succeed]
+@dataclass(frozen=True)
+class Probe:
+    """Ask whether ``host`` still answers, at ``address`` (a silent worker's listener)."""
+
+    host: str
+    address: str
+
+
+@dataclass(frozen=True)
+class HostLost:
+    """``host`` is unreachable: take it out of the job for its cooldown."""
+
+    host: str
+    detail: str
+
+
+Decision = Union[
+    Publish, Wait, Fail, Kill, Stop, Launch, Report, CountFailure, Succeed, Probe, HostLost
+]
 
 
 @dataclass(frozen=True)
@@ -99,7 +119,13 @@ class Book:
 
     ``change_at``: when the membership first changed since the last round (the next
     round's formation time counts from it). ``done_slots``: slots whose worker finished
-    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed."""
+    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed with
+    an error code of their own; ``lost_rounds``: rounds whose members all died on their
+    own, whatever the code or signal. ``no_hosts_since``/``no_hosts_said_at``: since
+    when discovery lists no host, and when that was last said. ``progress_step``,
+    ``progress_at``, ``progress_rate``: the newest step rank 0
+    published, when it came, and the steps per second since the one before;
+    ``progress_said_at``: when the last progress line was said."""
 
     started_at: float
     resets: int = 0
@@ -111,10 +137,41 @@ class Book:
     change_at: float | None = None
     all_failed_rounds: frozenset[int] = frozenset()
     done_slots: frozenset[tuple[str, int]] = frozenset()
+    probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
+    # A member exited 0 after its @elastic.run function returned: training is complete,
+    # so no new round forms and no slot is refilled (the others finish as they are).
+    training_done: bool = False
+    # Failure reports of the current round: who reported, and who stands accused since
+    # when and why (a kill waits for the accused's own silence: ``policy.suspicion``).
+    reporters: frozenset[str] = frozenset()
+    accused: tuple[tuple[str, float, str], ...] = ()
+    lost_rounds: frozenset[int] = frozenset()
+    no_hosts_since: float | None = None
+    no_hosts_said_at: float | None = None
+    progress_step: int | None = None
+    progress_at: float | None = None
+    progress_rate: float | None = None
+    progress_said_at: float | None = None
+
+    def new_round(self) -> Book:
+        """A round was published: the reports of the one before are settled."""
+        return replace(self, reporters=frozenset(), accused=())
 
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""
         return self if self.change_at is not None else replace(self, change_at=now)
+
+    def progressed(self, step: int, now: float) -> Book:
+        """Rank 0 published at ``now`` that it holds ``step`` commits. (The rate is taken
+        between publications, not between progress lines: the two clocks drift apart.)"""
+        rate = None
+        if (
+            self.progress_step is not None
+            and self.progress_at is not None
+            and now > self.progress_at
+        ):
+            rate = round((step - self.progress_step) / (now - self.progress_at), 3)
+        return replace(self, progress_step=step, progress_at=now, progress_rate=rate)
 
     def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
         """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""
@@ -126,6 +183,17 @@ class Book:
 
 
 @dataclass(frozen=True)
+class StoreHealth:
+    """What the store's health probe remembers (``driver.feeds.probe_store``): since
+    when the store has not answered (None: it answers), when that was last said, and
+    the last error."""
+
+    down_since: float | None = None
+    said_at: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class HostsView:
     """What the rules ask of the host manager, as of one moment."""
 
@@ -134,6 +202,7 @@ class HostsView:
     all_blacklisted: bool = False
     next_release: float | None = None
     available_slots: int = 0
+    none_listed: bool = False  # discovery lists no host at all
 
     @classmethod
     def of(cls, hosts: HostManager) -> HostsView:
@@ -143,6 +212,7 @@ class HostsView:
             all_blacklisted=hosts.all_blacklisted,
             next_release=hosts.next_release_time(),
             available_slots=hosts.available_slots,
+            none_listed=not hosts.known_hosts,
         )
 
 

@@ -23,7 +23,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from driver.errors import DiscoveryError, HostSpecError
-from driver.hosts import HostSlots, parse_host_slots
+from driver.hosts import (
+    MAX_LISTED_SLOTS,
+    HostSlots,
+    check_listed_slots,
+    parse_host_slots,
+    quote_entry,
+)
 
 DEFAULT_SCRIPT_TIMEOUT = 30.0  # cloud inventory calls can be slow; a hang must still end
 _STDERR_TAIL_LINES = 5
@@ -39,19 +45,26 @@ def parse_discovery_output(text: str, default_slots: int, source: str) -> tuple[
     line for a line that does not parse or a host listed twice."""
     hosts: list[HostSlots] = []
     first_line_of: dict[str, int] = {}
+    listed = 0
     for number, line in enumerate(text.splitlines(), start=1):
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
+        where = f"{source}: line {number} {quote_entry(line.strip())}"
         try:
             host = parse_host_slots(entry, default_slots)
         except HostSpecError as e:
-            raise DiscoveryError(f"{source}: line {number} {line.strip()!r}: {e}") from None
+            raise DiscoveryError(f"{where}: {e}") from None
         if host.host in first_line_of:
             raise DiscoveryError(
-                f"{source}: line {number} {line.strip()!r}: host {host.host!r} "
-                f"already listed on line {first_line_of[host.host]}"
+                f"{where}: host {host.host!r} already listed on line {first_line_of[host.host]}"
             )
+        listed += host.slots
+        if listed > MAX_LISTED_SLOTS:  # stop at once: the rest could be millions of lines
+            try:
+                check_listed_slots((*hosts, host), f"{source} (up to line {number})")
+            except HostSpecError as e:
+                raise DiscoveryError(str(e)) from None
         first_line_of[host.host] = number
         hosts.append(host)
     return tuple(hosts)

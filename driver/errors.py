@@ -37,6 +37,11 @@ class JobFailed(DriverError):
     """The job cannot succeed; the message is the one-line reason ``elastic-run`` prints."""
 
 
+class JobIdInUseError(JobFailed):
+    """Another driver leads a job with this ``--job-id`` in the store (its record is
+    alive); the message names that driver (pid, host, since when)."""
+
+
 # ----------------------------------------------------------------------------- launching
 
 
@@ -51,7 +56,15 @@ class LaunchSpecError(LauncherError, ValueError):
 
 class LaunchError(LauncherError):
     """The worker process could not be started (command or ``ssh`` not found, missing
-    working directory, no permission). Failures after the start are exit codes."""
+    working directory, no permission). Failures after the start are exit codes.
+
+    ``permanent``: every try would fail alike (the program is missing or not executable,
+    the working directory is missing), as opposed to a machine short of processes or
+    memory for a moment."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class UnknownLauncherError(LauncherError, ValueError):

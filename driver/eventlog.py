@@ -6,10 +6,13 @@
 * appends ``{"t": <unix time>, "elapsed": <seconds since the log was made>, "kind":
   event.kind, **fields}`` as one line to ``path`` (if given), written with a single
   ``write`` on an unbuffered file, so a driver that crashes leaves only complete lines
-  behind (a torn last line is possible only if the machine itself dies; readers skip it);
-* writes ``elastic-run: <str(event)>`` to ``stream`` under
-  ``driver.launch.output.WRITE_LOCK`` (so it never splits a worker's output line).
-  Quiet events reach the stream only with ``verbose``.
+  behind (a torn last line is possible only if the machine itself dies; readers skip it).
+  The file is appended to, never truncated: several runs may share it, each one
+  beginning with its ``job_started`` line (``runplot`` draws the last run);
+* writes ``elastic-run: <str(event)>`` to ``stream`` (with ``timestamps``,
+  ``elastic-run [YYYY-MM-DD HH:MM:SS]: ...`` in local time, as the driver's own lines
+  are) under ``driver.launch.output.WRITE_LOCK`` (so it never splits a worker's output
+  line). Quiet events reach the stream only with ``verbose``.
 """
 
 from __future__ import annotations
@@ -60,11 +63,21 @@ def encode_event(record: Mapping[str, Any]) -> bytes:
     return (text + "\n").encode("utf-8", "surrogateescape")
 
 
+def line_prefix(prefix: str, timestamps: bool, now: float | None = None) -> str:
+    """``prefix: ``, or with ``timestamps`` ``prefix [YYYY-MM-DD HH:MM:SS]: `` in local
+    time (``now``: a unix time, default the current one): how every line the driver
+    itself writes to stderr begins."""
+    if not timestamps:
+        return f"{prefix}: "
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    return f"{prefix} [{stamp}]: "
+
+
 class EventLog:
     """Writes events to the events file and to ``stream`` (see the module docstring).
 
-    ``path`` None: no file. The file is truncated when the log is made (one file per
-    run). Safe to use from several threads. Write failures after the file is open (full
+    ``path`` None: no file. The file is appended to (``--events`` says so: a second run
+    must not destroy the record of the first). Safe to use from several threads. Write failures after the file is open (full
     disk, closed stream) are swallowed: the event log must never be the reason a job
     fails.
 
@@ -78,18 +91,20 @@ class EventLog:
         stream: TextIO | None = None,
         verbose: bool = False,
         prefix: str = "elastic-run",
+        timestamps: bool = False,
     ):
         self.path = path
         self._stream = stream
         self.verbose = verbose
         self.prefix = prefix
+        self.timestamps = timestamps
         self.start_monotonic = time.monotonic()
         self.start_time = time.time()
         self._lock = threading.Lock()
         self._fd: int | None = None
         if path is not None:
             try:
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             except OSError as e:
                 raise EventLogError(
                     f"cannot open the events file {path!r}: {e.strerror or e}"
@@ -124,7 +139,7 @@ class EventLog:
                 with contextlib.suppress(OSError):
                     os.write(self._fd, line)
         if self.verbose or not event.quiet:
-            self._print(f"{self.prefix}: {event}\n")
+            self._print(f"{line_prefix(self.prefix, self.timestamps)}{event}\n")
         return record
 
     def _print(self, text: str) -> None:

@@ -1,9 +1,14 @@
-"""The threads that feed the job's main loop: each only posts ``driver.messages`` to it.
+"""The threads that feed the job's main loop: each posts ``driver.messages`` to it
+(the store's probe alone reports by itself, see ``probe_store``).
 
-* ``follow_workers_and_failures``: two store watches, registrations (``RegistryChanged``,
-  ``RegistryResync``) and failure reports (``FailureReport``, ``FailureResync``), kept
-  alive through outages by ``driver.watch.follow_prefix``; a store away for longer than
+* ``follow_workers_and_failures``: three store watches, registrations
+  (``RegistryChanged``, ``RegistryResync``), failure reports (``FailureReport``,
+  ``FailureResync``) and rank 0's progress (``ProgressReported``), kept alive through
+  outages by ``driver.watch.follow_prefix``; a store away for longer than
   ``--elastic-timeout`` posts ``StoreLost``;
+* ``probe_store``: one read every ``PROBE_INTERVAL`` through a client whose calls give
+  up within seconds, and the events ``store_health`` says of it, emitted from the
+  probe's thread (the watches retry in silence; this is how the driver knows);
 * ``poll_discovery``: the discovery script every ``--discovery-interval`` (``HostsFound``
   or ``DiscoveryFailed``);
 * ``posting_signals``: SIGINT and SIGTERM as ``SignalReceived``.
@@ -14,32 +19,37 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Callable
 
+from driver.decisions import StoreHealth
 from driver.discovery import HostDiscovery
 from driver.errors import DiscoveryError
+from driver.events import Event
 from driver.messages import (
     DiscoveryFailed,
     FailureReport,
     FailureResync,
     HostsFound,
     Message,
+    ProgressReported,
     RegistryChanged,
     RegistryResync,
     SignalReceived,
     StoreLost,
 )
+from driver.policy.reports import store_health
+from driver.threads import spawn
 from driver.watch import follow_prefix
+from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.store import KVStore
+from rendezvous.store import PUT, KeyValue, KVStore
 
 Post = Callable[[Message], None]
 
-
-def _spawn(name: str, target: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True).start()
+PROBE_INTERVAL = 1.0
+"""Seconds between two looks at the store's health."""
 
 
 def follow_workers_and_failures(
@@ -50,8 +60,8 @@ def follow_workers_and_failures(
     patience: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Watch the registrations and the failure reports from the store's current revision
-    on, each in a daemon thread, until ``stop``.
+    """Watch the registrations, the failure reports and the progress record from the
+    store's current revision on, each in a daemon thread, until ``stop``.
 
     Raises:
         RendezvousError: the store's revision cannot be read or a watch cannot start.
@@ -67,7 +77,7 @@ def follow_workers_and_failures(
     )
     for prefix, on_event, on_resync in feeds:
         watch = store.watch_prefix(prefix, start_revision=revision + 1)
-        _spawn(
+        spawn(
             f"watch-{prefix}",
             follow_prefix,
             store,
@@ -80,6 +90,55 @@ def follow_workers_and_failures(
             patience=patience,
             clock=clock,
         )
+
+    def progress(kvs: Sequence[KeyValue]) -> None:
+        for kv in kvs:  # (one key: a resync re-reads the newest record, if any)
+            post(ProgressReported(kv.value))
+
+    watch = store.watch_prefix(keys.progress, start_revision=revision + 1)
+    spawn(
+        "watch-progress",
+        follow_prefix,
+        store,
+        keys.progress,
+        watch,
+        on_event=lambda e: progress([e.kv]) if e.type == PUT else None,
+        on_resync=progress,
+        on_lost=lost,
+        stop=stop,
+        patience=patience,
+        clock=clock,
+    )
+
+
+def probe_store(
+    client: KVStore,
+    emit: Callable[[Event], object],
+    stop: threading.Event,
+    interval: float = PROBE_INTERVAL,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Read the store's revision every ``interval`` seconds through ``client`` (its calls
+    must give up within seconds) in a daemon thread until ``stop``, and ``emit`` what
+    ``driver.policy.reports.store_health`` says of it. The thread says it itself, not
+    through the loop: the loop may be the one waiting for the store. ``client`` is the
+    caller's."""
+
+    def probe() -> None:
+        health = StoreHealth()
+        while not stop.wait(interval):
+            try:
+                client.revision()
+                answered, error = True, ""
+            except RendezvousError as exc:
+                answered, error = False, str(exc)
+            if stop.is_set():
+                return
+            health, said = store_health(health, answered, error, clock())
+            for event in said:
+                emit(event)
+
+    spawn("store-probe", probe)
 
 
 def poll_discovery(
@@ -94,7 +153,7 @@ def poll_discovery(
             except DiscoveryError as exc:
                 post(DiscoveryFailed(str(exc)))
 
-    _spawn("discovery", poll)
+    spawn("discovery", poll)
 
 
 @contextmanager

@@ -42,6 +42,33 @@ from driver.events import (
     HostSlotsChanged,
 )
 
+#: Most slots one host may have. A slot is a worker process on that machine, with its own
+#: ports, pipes and threads: a stock machine runs out of processes, ports or descriptors
+#: long before a few thousand of them, so a bigger count is a typo or garbage. Taking it
+#: would make the planner enumerate that many slots at every decision (CPU and memory
+#: without bound, as a discovery line ``host:99999999999999999999999`` once did).
+MAX_SLOTS_PER_HOST = 1024
+#: Most workers one job may have (``-np``, ``--min-np``, ``--max-np``): every round's plan
+#: lists all its members in one store value, and a value must stay under etcd's request
+#: limit of 1.5 MiB (a member with a long host name takes a few hundred bytes).
+MAX_WORKERS = 4096
+#: Most slots one host list may hold in all (``-H``, or one discovery run): more hosts may
+#: be listed than the job uses, but the planner walks every listed slot at each decision.
+MAX_LISTED_SLOTS = 16 * MAX_WORKERS
+#: DNS limits (RFC 1035): a name of at most 253 characters, each dot-separated label of
+#: at most 63. A longer name can never resolve, so it is an error of the entry.
+MAX_HOST_NAME = 253
+MAX_HOST_LABEL = 63
+_QUOTE_CHARS = 100  # how much of an absurd entry an error message repeats
+
+
+def quote_entry(text: str) -> str:
+    """``text`` quoted for an error message, cut to ``_QUOTE_CHARS`` (a one-line error
+    must not repeat a megabyte of garbage)."""
+    if len(text) <= _QUOTE_CHARS:
+        return repr(text)
+    return repr(text[:_QUOTE_CHARS]) + f"... ({len(text)} characters)"
+
 
 @dataclass(frozen=True)
 class HostSlots:
@@ -56,6 +83,11 @@ class HostSlots:
         if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 1:
             raise HostSpecError(
                 f"bad slots {self.slots!r} for host {self.host!r} (must be a whole number >= 1)"
+            )
+        if self.slots > MAX_SLOTS_PER_HOST:
+            raise HostSpecError(
+                f"bad slots {self.slots!r} for host {self.host!r} "
+                f"(at most {MAX_SLOTS_PER_HOST} per host)"
             )
 
 
@@ -106,10 +138,29 @@ def split_host(entry: str) -> tuple[str, str | None]:
         if not sep:
             suffix = None
     if not host:
-        raise HostSpecError(f"empty host in {text!r}")
-    if ":" not in host and not _HOST_NAME.match(host):
-        raise HostSpecError(f"bad host name {host!r} in {text!r}")
+        raise HostSpecError(f"empty host in {quote_entry(text)}")
+    if ":" not in host:
+        _check_host_name(host, text)
     return host, suffix
+
+
+def _check_host_name(host: str, entry: str) -> None:
+    """A DNS name or IPv4 literal that ssh cannot take for an option and DNS can hold.
+
+    Raises ``HostSpecError`` naming the entry."""
+    if not _HOST_NAME.match(host):
+        raise HostSpecError(f"bad host name {quote_entry(host)} in {quote_entry(entry)}")
+    if len(host.rstrip(".")) > MAX_HOST_NAME:
+        raise HostSpecError(
+            f"host name {quote_entry(host)} is {len(host)} characters long; "
+            f"DNS allows {MAX_HOST_NAME}"
+        )
+    label = max(host.split("."), key=len)
+    if len(label) > MAX_HOST_LABEL:
+        raise HostSpecError(
+            f"host name {quote_entry(host)} has a label of {len(label)} characters; "
+            f"DNS allows {MAX_HOST_LABEL} between dots"
+        )
 
 
 def parse_host_slots(entry: str, default_slots: int) -> HostSlots:
@@ -120,11 +171,25 @@ def parse_host_slots(entry: str, default_slots: int) -> HostSlots:
     host, slots_text = split_host(entry)
     if slots_text is None:
         return HostSlots(host, default_slots)
-    if _NUMBER.match(slots_text) and int(slots_text) >= 1:
-        return HostSlots(host, int(slots_text))
-    raise HostSpecError(
-        f"bad slots {slots_text!r} in {entry.strip()!r} (must be a whole number >= 1)"
-    )
+    where = f"bad slots {quote_entry(slots_text)} in {quote_entry(entry.strip())}"
+    digits = slots_text.lstrip("0")
+    if not _NUMBER.match(slots_text) or not digits:
+        raise HostSpecError(f"{where} (must be a whole number >= 1)")
+    # Length first: a thousand-digit count is too big without converting it.
+    if len(digits) > len(str(MAX_SLOTS_PER_HOST)) or int(digits) > MAX_SLOTS_PER_HOST:
+        raise HostSpecError(f"{where} (at most {MAX_SLOTS_PER_HOST} per host)")
+    return HostSlots(host, int(digits))
+
+
+def check_listed_slots(hosts: Sequence[HostSlots], source: str) -> None:
+    """Raise ``HostSpecError`` naming ``source`` when ``hosts`` hold more than
+    ``MAX_LISTED_SLOTS`` slots in all."""
+    listed = total_slots(hosts)
+    if listed > MAX_LISTED_SLOTS:
+        raise HostSpecError(
+            f"{source} lists {listed} slots in all; at most {MAX_LISTED_SLOTS} "
+            f"(the job uses at most {MAX_WORKERS} workers)"
+        )
 
 
 def total_slots(hosts: Iterable[HostSlots]) -> int:
@@ -330,6 +395,22 @@ class HostManager:
         cooldown = cooldown_for(record.strikes, policy.cooldown_min, policy.cooldown_max)
         record.blacklisted_until = now + cooldown
         events.append(HostBlacklisted(host, failures, record.strikes, cooldown, now + cooldown))
+        return tuple(events)
+
+    def host_lost(self, host: str, now: float) -> tuple[HostEvent, ...]:
+        """``host`` stopped answering at ``now`` (cut off or down): blacklist it at once,
+        whatever the failure count and even below ``min_np`` (nothing can run on a host
+        nobody reaches; the cooldown lets it come back through discovery)."""
+        events = list(self.release_expired(now))
+        record = self._records.setdefault(host, _HostRecord())
+        if record.blacklisted_until is not None:
+            return tuple(events)
+        policy = self._policy
+        record.failure_times.clear()
+        record.strikes += 1
+        cooldown = cooldown_for(record.strikes, policy.cooldown_min, policy.cooldown_max)
+        record.blacklisted_until = now + cooldown
+        events.append(HostBlacklisted(host, 0, record.strikes, cooldown, now + cooldown))
         return tuple(events)
 
     def _is_listed(self, host: str) -> bool:

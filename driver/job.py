@@ -2,31 +2,35 @@
 
 One thread owns all state (``Job.run``); everything else only posts messages
 (``driver.messages``) to its queue: worker exits (a waiter thread per process),
-registrations and failure reports (store watches), discovery results (a polling
-thread), signals, chaos ticks, a ps shard that cannot go on (``driver.feeds``). After
-each message the loop reconciles: it asks the rules of ``driver.policy`` what to do
-(stop displaced workers, kill hung ones, fill free slots, publish the next round, wait,
-give up) and carries the decisions (``driver.decisions``) out. The rules are pure
-functions; this module is the I/O around them: the store, the processes, the event
-log, the clock.
+registrations, failure reports and rank 0's progress (store watches), discovery
+results (a polling thread), signals, chaos ticks, a ps shard that cannot go on, a
+claim on the job id lost to another driver (``driver.feeds``, ``driver.claim``). (The
+store's health probe alone reports by itself: the loop may be what waits on the
+store.) After each message the loop reconciles: it asks the rules of
+``driver.policy`` what to do (stop displaced workers, kill hung ones, fill free slots,
+publish the next round, wait, give up) and carries the decisions (``driver.decisions``)
+out, one handler per kind of decision (and per kind of message). The rules are pure
+functions; this module is the I/O they need: the store, the worker processes
+(``driver.worker_processes``), the event log, the clock. What runs beside the workers
+(the store itself, the claim on the job id, the feeds, the ps shards, the chaos) is
+started and stopped by ``driver.job_services``.
 
 A dead worker is noticed by whichever comes first: its process exit (the launcher),
 its registration lease expiring, or a peer's failure report naming it.
 
 ``Job(config, launcher=..., events=..., clock=..., discovery=...)`` takes what it
-drives, so tests run the whole loop with fake processes and a fake clock; ``run()``
-is ``open()``, ``turn()`` until the job ends, ``close()``.
+drives, so tests run the whole loop with fake processes and a fake clock (what it
+takes when given nothing: ``driver.job_defaults``); ``run()`` is ``open()``, ``turn()``
+until the job ends, ``close()``. ``open()`` claims the job id (``driver.claim``);
+``close()`` leaves nothing of the job in the store.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import os
 import queue
 import signal
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -34,25 +38,23 @@ from typing import Any, Callable
 
 from driver import decisions as dec
 from driver import events as ev
-from driver import feeds, policy, workers
+from driver import feeds, job_defaults, policy, workers
 from driver import messages as msg
-from driver.chaos import ChaosMonkey
 from driver.config import JobConfig
-from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
-from driver.errors import DiscoveryError, JobFailed, LauncherError
-from driver.eventlog import EventLog
+from driver.discovery import HostDiscovery
+from driver.errors import DiscoveryError, JobFailed, LauncherError, LaunchError
 from driver.hosts import HostManager
-from driver.launch.launchers import Launcher, get_launcher
-from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
-from driver.launch.spec import ssh_settings_from_env
-from driver.ps_supervisor import PSSupervisor
-from driver.wiring import job_env, open_job_store, shard_commands, worker_id_for, worker_spec
+from driver.job_services import JobServices
+from driver.launch.launchers import Launcher
+from driver.probe import probe
+from driver.threads import spawn
+from driver.wiring import runs_all_local, worker_bind_host, worker_spec
+from driver.worker_processes import WorkerProcesses
 from driver.workers import WorkerRecord
 from rendezvous.auth import make_secret
-from rendezvous.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan, WorkerInfo
+from rendezvous.plan import Plan, ProgressRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue, KVStore
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,11 @@ class Job:
     ``launcher`` starts workers and shards (default: ``--launcher`` with
     ``ELASTIC_SSH_OPTIONS``); ``events`` receives every event (default: an ``EventLog``
     of ``--events``); ``clock`` is the monotonic time the rules see; ``discovery`` finds
-    the hosts (default: ``-H`` or ``--host-discovery-script``)."""
+    the hosts (default: ``-H`` or ``--host-discovery-script``).
+
+    Raises (when made):
+        UsageError: ``--log-dir`` cannot be created or ``--events`` cannot be opened.
+    """
 
     def __init__(
         self,
@@ -75,50 +81,56 @@ class Job:
         clock: Callable[[], float] = time.monotonic,
         discovery: HostDiscovery | None = None,
     ):
+        job_defaults.make_log_dir(config)
         if events is None:
-            events = EventLog(config.events_file, verbose=config.verbosity > 0)
+            events = job_defaults.event_log(config)
         if launcher is None:
-            launcher = get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
+            launcher = job_defaults.launcher(config)
         if discovery is None:
-            script = config.discovery_script
-            discovery = (
-                ScriptDiscovery(script, config.slots_per_host)
-                if script
-                else FixedDiscovery(config.hosts)
-            )
+            discovery = job_defaults.discovery(config)
         self.config = config
         self.events = events
         self.discovery = discovery
         self.keys = JobKeys(config.job_id)
         self.secret = make_secret()
         self.hosts = HostManager(config.blacklist_policy, config.min_np, config.max_np)
-        hosts = config.hosts
-        self.all_local = not config.uses_discovery and all(is_local_host(h.host) for h in hosts)
-        self._launcher = launcher
+        self.all_local = runs_all_local(config)
         self._clock = clock
         self._queue: queue.Queue[msg.Message] = queue.Queue()
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the job is over: the helper threads end
         self.workers: dict[str, WorkerRecord] = {}
-        self._processes: dict[str, WorkerProcess] = {}
-        self._launch_seq = 0
+        self._processes = WorkerProcesses(
+            launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
+        )
         self.plan: Plan | None = None
         self.book = dec.Book(started_at=clock())
         self._waits: list[dec.Wait] = []
-        self._server: EmbeddedServer | None = None
-        self.store: KVStore | None = None
-        self.store_url = ""
-        self._ps: PSSupervisor | None = None
-        self._chaos: ChaosMonkey | None = None
-        if config.log_dir:
-            os.makedirs(config.log_dir, exist_ok=True)
+        self._services = JobServices(
+            config,
+            self.keys,
+            self.secret,
+            all_local=self.all_local,
+            launcher=launcher,
+            events=events,
+            clock=clock,
+            post=self.post,
+            stop=self._stop,
+        )
 
     @property
-    def advertised_host(self) -> str:
-        """How other machines reach this one (for servers the driver runs)."""
-        return socket.getfqdn()
+    def store(self) -> KVStore | None:
+        """The store's client (None until ``open``)."""
+        return self._services.store
+
+    @property
+    def store_url(self) -> str:
+        """The store URL the job's processes use ("" until ``open``)."""
+        return self._services.store_url
 
     def post(self, message: msg.Message) -> None:
         """Hand a message to the main loop (thread-safe)."""
+        if isinstance(message, msg.SignalReceived):
+            self._services.interrupt(message.signum)  # open() may wait for the ps shards
         self._queue.put(message)
 
     # ------------------------------------------------------------------ the run
@@ -146,47 +158,24 @@ class Job:
             self.close()
 
     def open(self) -> None:
-        """Find the hosts, open the store, follow it, start the ps shards and the chaos.
+        """Find the hosts, open the store, claim the job id, follow the store, start the
+        ps shards and the chaos (``driver.job_services``).
 
         Raises:
             DiscoveryError: the first host discovery failed.
             RendezvousError: the store cannot be opened.
+            JobIdInUseError: another driver leads a job of this id.
             JobFailed: the ps shards did not come up.
             LauncherError: a ps shard cannot be started.
         """
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
-        self._server, store, self.store_url = open_job_store(
-            cfg, self.keys, self.secret, self.all_local, self.advertised_host
-        )
-        self.store = store
-        feeds.follow_workers_and_failures(
-            store, self.keys, self.post, self._stop, cfg.elastic_timeout, self._clock
-        )
+        self._services.open(hosts)
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
-        if cfg.num_ps:
-            self._ps = PSSupervisor(
-                shard_commands(cfg, "127.0.0.1" if self.all_local else self.advertised_host),
-                job_env(cfg, self.secret, self.store_url),
-                store=store,
-                keys=self.keys,
-                launcher=self._launcher,
-                events=self.events,
-                on_fatal=lambda reason: self.post(msg.Fatal(reason)),
-                ready_timeout=cfg.start_timeout,
-                store_patience=cfg.elastic_timeout,
-                clock=self._clock,
-            )
-            self._ps.start()
-        if cfg.chaos_kill_interval:
-            tick = functools.partial(self.post, msg.ChaosTick())
-            self._chaos = ChaosMonkey(cfg.chaos_kill_interval, cfg.chaos_max_kills, tick)
-            self._chaos.start()
-        command = list(cfg.command)
-        started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
-        self.events.emit(started)
+        self._services.start_shards()
+        self._services.start_chaos()
 
     def turn(self, max_wait: float | None = None) -> int | None:
         """One round of the loop: reconcile, check the outcome, then handle the next
@@ -213,17 +202,13 @@ class Job:
                 return None
 
     def close(self) -> None:
-        """Stop the chaos, the shards and every worker; close the store."""
+        """Stop the chaos, the shards and every worker; delete the job's keys and end
+        the driver's lease (when this driver holds the job id); close the store."""
         self._stop.set()
-        for component in (self._chaos, self._ps):
-            if component is not None:
-                component.stop()
+        self._services.stop()
         running = [r.worker_id for r in self.workers.values() if r.state.running]
-        stop_all([self._processes[worker_id] for worker_id in running], STOP_GRACE)
-        if self.store is not None:
-            self.store.close()
-        if self._server is not None:
-            self._server.stop()
+        self._processes.stop_all(running)
+        self._services.close()
 
     # ------------------------------------------------------------------ decisions
     def _reconcile(self) -> None:
@@ -236,8 +221,10 @@ class Job:
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
-        decisions, self.book = policy.plan_round(records, self.plan, self.book, view, cfg, now)
-        self._apply(decisions)
+        self._step(policy.no_hosts(self.book, view, cfg, now))
+        self._step(policy.progress_report(self.book, self.plan, cfg, now))
+        self._step(policy.accusations_due(records, self.book, now))
+        self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
 
     def _settle(self) -> int | None:
         decision = policy.outcome(self.workers, self.plan, self.book)
@@ -257,59 +244,67 @@ class Job:
 
     def _publish(self, decision: dec.Publish) -> None:
         plan = decision.plan
-        self._require_store().put(self.keys.round, plan.to_json())
+        self._services.require_store().put(self.keys.round, plan.to_json())
         self.plan = plan
-        for worker_id, process in self._processes.items():
-            member = plan.member(worker_id)
-            process.rank = member.rank if member is not None else None
+        self.book = self.book.new_round()
+        self._processes.assign_ranks(plan)
         members = list(plan.worker_ids)
         self.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
         # Reports about older rounds are settled by this one.
-        self._delete_quietly(self.keys.failures)
+        self._services.delete_quietly(self.keys.failures)
 
     def _kill(self, decision: dec.Kill) -> None:
         rec = self.workers.get(decision.worker_id)
         if rec is None or not rec.state.running:
             return
         log.info("killing worker %s: %s", rec.worker_id, decision.reason)
-        self._processes[rec.worker_id].kill()
+        self._processes.kill(rec.worker_id)
         now = self._clock()
-        self.workers[rec.worker_id] = workers.killed(rec, now, chaos=decision.chaos)
+        self.workers[rec.worker_id] = workers.killed(
+            rec, now, chaos=decision.chaos, reason=decision.reason
+        )
         if self.plan is not None and self.plan.member(rec.worker_id) is not None:
             self.book = self.book.changed(now)
 
     def _stop_worker(self, decision: dec.Stop) -> None:
         rec = self.workers[decision.worker_id]
         self.workers[rec.worker_id] = workers.stopping(rec, self._clock())
-        self._spawn(f"stop-{rec.worker_id}", self._processes[rec.worker_id].stop, STOP_GRACE)
+        self._processes.stop(rec.worker_id)
 
     def _launch(self, decision: dec.Launch) -> None:
         host, slot = decision.host, decision.slot
-        self._launch_seq += 1
-        worker_id = worker_id_for(host, slot, self._launch_seq)
-        bind = host if not is_local_host(host) else self.advertised_host
-        bind = "127.0.0.1" if self.all_local else bind
+        worker_id = self._processes.new_id(host, slot)
+        bind = worker_bind_host(host, self.all_local, self._services.advertised_host)
         spec = worker_spec(self.config, self.secret, self.store_url, worker_id, host, slot, bind)
         try:
-            process = self._launcher.launch(spec)
+            pid = self._processes.start(worker_id, spec)
         except LauncherError as exc:
-            reason = f"launch failed: {exc}"
-            self.events.emit(ev.WorkerFailed(worker_id, host, slot, code=None, reason=reason))
-            self._emit_host_events(self.hosts.record_failure(host, self._clock()))
+            permanent = isinstance(exc, LaunchError) and exc.permanent
+            self._apply(
+                policy.launch_failed(
+                    worker_id, host, slot, str(exc), None, self._any_registered(), permanent
+                )
+            )
             return
         self.workers[worker_id] = WorkerRecord.launched(worker_id, host, slot, self._clock())
-        self._processes[worker_id] = process
-        self.events.emit(ev.WorkerStarted(worker_id, host, slot, process.pid))
-        self._spawn(f"wait-{worker_id}", self._wait_exit, worker_id, process)
+        self.events.emit(ev.WorkerStarted(worker_id, host, slot, pid))
 
-    def _wait_exit(self, worker_id: str, process: WorkerProcess) -> None:
-        code = process.wait(timeout=None)
-        self.post(msg.ProcessExited(worker_id, code if code is not None else -1))
+    def _probe_host(self, decision: dec.Probe) -> None:
+        def ask() -> None:
+            result = probe(decision.address)
+            self.post(msg.ProbeAnswered(decision.host, result.reachable, result.detail))
+
+        spawn(f"probe-{decision.host}", ask)
+
+    def _host_lost(self, decision: dec.HostLost) -> None:
+        self._emit_host_events(self.hosts.host_lost(decision.host, self._clock()))
 
     def _count_failure(self, decision: dec.CountFailure) -> None:
         self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
         slots = self.hosts.available_slots
-        decisions, self.book = policy.count_failure(self.book, slots, decision.code)
+        decisions, self.book = policy.count_failure(
+            self.book, slots, decision.code, decision.reason
+        )
         self._apply(decisions)
 
     # ------------------------------------------------------------------ messages
@@ -320,9 +315,18 @@ class Job:
         rec = self.workers[message.worker_id]
         if rec.info is not None:
             # Do not wait for its lease: the process is gone.
-            self._delete_quietly(self.keys.worker(rec.worker_id))
+            self._services.delete_quietly(self.keys.worker(rec.worker_id))
+        # An exit 0 after the worker's @elastic.run function returned: training is done.
+        trained = message.code == 0 and self._services.has_key(self.keys.finished(rec.worker_id))
         self.workers[rec.worker_id], (decisions, self.book) = policy.worker_exited(
-            rec, message.code, self.plan, self.book, self._clock()
+            rec,
+            message.code,
+            self.plan,
+            self.book,
+            self._clock(),
+            command=self.config.command,
+            any_registered=self._any_registered(),
+            trained_to_end=trained,
         )
         self._apply(decisions)
 
@@ -352,15 +356,44 @@ class Job:
         self.book = self.book.changed(now)
 
     def _on_failure_report(self, message: msg.FailureReport) -> None:
-        if message.event.type == PUT:
-            report = json.loads(message.event.value)
-            self._apply(policy.failure_reported(self.workers, self.plan, report))
+        if message.event.type != PUT:
+            return
+        report = json.loads(message.event.value)
+        if report.get("silent"):
+            decisions, self.book = policy.silence_reported(
+                self.workers, self.plan, self.book, report
+            )
+            self._apply(decisions)
+        else:
+            self._step(
+                policy.failure_reported(self.workers, self.plan, self.book, report, self._clock())
+            )
+
+    def _on_probe_answered(self, message: msg.ProbeAnswered) -> None:
+        decisions, self.book = policy.probe_answered(
+            self.workers, self.book, message.host, message.reachable, message.detail
+        )
+        self._apply(decisions)
+
+    def _on_progress(self, message: msg.ProgressReported) -> None:
+        try:
+            record = ProgressRecord.from_json(message.value)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable progress record: %s", exc)
+            return
+        self.book = self.book.progressed(record.step, self._clock())
+
+    def _step(self, step: dec.Step) -> None:
+        """Carry out a rule's decisions and keep its book."""
+        decisions, self.book = step
+        self._apply(decisions)
 
     def _on_chaos_tick(self, message: msg.ChaosTick) -> None:
+        chaos = self._services.chaos
         candidates = policy.chaos_candidates(self.workers, self.plan, self.book)
-        victim = self._chaos.strike(candidates) if self._chaos and candidates else None
-        if victim is not None and self._chaos is not None:
-            pid, kills = self._processes[victim].pid, self._chaos.kills
+        victim = chaos.strike(candidates) if chaos and candidates else None
+        if victim is not None and chaos is not None:
+            pid, kills = self._processes.pid(victim), chaos.kills
             self._apply(policy.chaos_kill(self.workers[victim], self.plan, pid, kills))
 
     # ------------------------------------------------------------------ helpers
@@ -370,27 +403,9 @@ class Job:
         if host_events:
             self.book = self.book.changed(self._clock())
 
-    def _spawn(self, name: str, target: Callable[..., Any], *args: Any) -> None:
-        threading.Thread(target=target, args=args, name=name, daemon=True).start()
-
-    def _require_store(self) -> KVStore:
-        if self.store is None:
-            raise JobFailed("the rendezvous store is not open")
-        return self.store
-
-    def _delete_quietly(self, key: str) -> None:
-        try:
-            store = self._require_store()
-            if key.endswith("/"):
-                store.delete_prefix(key)
-            else:
-                store.delete(key)
-        except RendezvousError as exc:
-            log.debug("could not delete %s: %s", key, exc)
-
-
-def _signal_name(signum: int) -> str:
-    return signal.Signals(signum).name
+    def _any_registered(self) -> bool:
+        """A worker of this job has registered: its program can start."""
+        return any(r.ever_registered for r in self.workers.values())
 
 
 _DECISIONS: dict[type, Callable[[Job, Any], object]] = {
@@ -402,6 +417,8 @@ _DECISIONS: dict[type, Callable[[Job, Any], object]] = {
     dec.Launch: Job._launch,
     dec.Report: lambda job, d: job.events.emit(d.event),
     dec.CountFailure: Job._count_failure,
+    dec.Probe: Job._probe_host,
+    dec.HostLost: Job._host_lost,
 }
 
 _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
@@ -409,14 +426,16 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
     msg.RegistryChanged: Job._on_registry,
     msg.RegistryResync: Job._on_registry_resync,
     msg.FailureReport: Job._on_failure_report,
+    msg.ProbeAnswered: Job._on_probe_answered,
     # Missed reports are hints superseded by process exits: nothing to catch up on.
     msg.FailureResync: lambda job, m: None,
     msg.HostsFound: lambda job, m: job._emit_host_events(job.hosts.update(m.hosts, job._clock())),
     msg.DiscoveryFailed: lambda job, m: job.events.emit(ev.HostDiscoveryFailed(m.error)),
     msg.SignalReceived: lambda job, m: job._end(
-        f"stopped by {_signal_name(m.signum)}; all workers were stopped"
+        f"stopped by {signal.Signals(m.signum).name}; all workers were stopped"
     ),
     msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
+    msg.ProgressReported: Job._on_progress,
     msg.KillRequested: lambda job, m: job._kill(dec.Kill(m.worker_id, m.reason)),
     msg.ChaosTick: Job._on_chaos_tick,
     msg.Fatal: lambda job, m: job._end(m.reason),

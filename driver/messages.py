@@ -45,6 +45,15 @@ class FailureReport:
 
 
 @dataclass(frozen=True)
+class ProbeAnswered:
+    """The reachability probe of ``host`` came back."""
+
+    host: str
+    reachable: bool
+    detail: str
+
+
+@dataclass(frozen=True)
 class FailureResync:
     """Every failure report, read afresh after that watch ended."""
 
@@ -80,6 +89,13 @@ class StoreLost:
 
 
 @dataclass(frozen=True)
+class ProgressReported:
+    """Rank 0 published its commit count: the record's JSON (a store watch event)."""
+
+    value: bytes
+
+
+@dataclass(frozen=True)
 class KillRequested:
     """Kill worker ``worker_id`` (it is known to be hung)."""
 
@@ -105,10 +121,12 @@ Message = Union[
     RegistryResync,
     FailureReport,
     FailureResync,
+    ProbeAnswered,
     HostsFound,
     DiscoveryFailed,
     SignalReceived,
     StoreLost,
+    ProgressReported,
     KillRequested,
     ChaosTick,
     Fatal,

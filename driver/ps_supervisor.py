@@ -16,6 +16,15 @@ A shard that dies is restarted with the same arguments: it loads the newest comp
 checkpoint, and clients retry until it is back. A shard dying over and over
 (``MAX_RESTARTS`` within ``RESTART_WINDOW``) ends the job through ``on_fatal``:
 restarting cannot fix whatever kills it.
+
+Stopping (``stop``: the job's end, or SIGTERM/SIGINT to the driver) loses no applied
+step: shard 0 is stopped first, with ``STOP_GRACE_COORDINATOR`` seconds before SIGKILL.
+On SIGTERM it writes a final coordinated checkpoint that seals every shard (none
+applies a push after it, so it holds the last step any worker saw applied), within
+``FINAL_CHECKPOINT_TIMEOUT`` (its ``--stop-timeout``), and announces it with
+``final`` set; the other shards, sealed, then stop at once. The supervisor reads that
+record once more after shard 0 exits, so ``checkpoint_written`` with ``final`` is in
+the event log before ``stop`` returns.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.watch import follow_prefix
+from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import CheckpointRecord, ShardInfo
 from rendezvous.store import PUT, KeyValue, KVStore
@@ -43,6 +53,17 @@ log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 10
 RESTART_WINDOW = 60.0
+
+FINAL_CHECKPOINT_TIMEOUT = 20.0
+"""Seconds a stopping shard tries to checkpoint the shards' state (``--stop-timeout``)."""
+
+STOP_GRACE_COORDINATOR = FINAL_CHECKPOINT_TIMEOUT + 5.0
+"""SIGTERM to SIGKILL for shard 0 when the job stops: its final checkpoint's bound plus
+time to exit. With ``STOP_GRACE`` for the workers after it, a stop takes at most about
+30 s, what schedulers commonly allow between SIGTERM and SIGKILL."""
+
+FINAL_RECORD_WAIT = 5.0
+"""Bound on reading the final checkpoint's record once shard 0 has exited."""
 
 
 def shard_command(
@@ -73,6 +94,8 @@ def shard_command(
             checkpoint_dir,
             "--checkpoint-interval",
             str(checkpoint_interval),
+            "--stop-timeout",
+            f"{FINAL_CHECKPOINT_TIMEOUT:g}",
         ]
     return tuple(command)
 
@@ -115,10 +138,11 @@ class PSSupervisor:
         self._procs: dict[int, WorkerProcess] = {}
         self._records: dict[int, ShardInfo] = {}  # the newest record of each shard
         self._ready: dict[int, int] = {}  # shard -> pid announced ready
-        self._last_checkpoint: int | None = None
+        self._last_checkpoint: tuple[int, bool] | None = None
         self._restarts: dict[int, deque[float]] = {i: deque() for i in range(self.num_shards)}
         self._fatal: str | None = None
         self._stopping = threading.Event()
+        self._unfollow = threading.Event()  # set once the shards are gone
         self._threads: list[threading.Thread] = []
 
     # ---- lifecycle ----
@@ -155,13 +179,38 @@ class PSSupervisor:
                     )
                 self._lock.wait(min(remaining, 0.5))
 
-    def stop(self) -> None:
+    def stop(self, coordinator_grace: float = STOP_GRACE_COORDINATOR) -> None:
+        """Stop every shard: shard 0 first (SIGTERM: its final checkpoint, SIGKILL after
+        ``coordinator_grace`` seconds), then the others (``STOP_GRACE``); report the
+        final checkpoint (``checkpoint_written`` with ``final``) when shard 0 wrote one."""
         with self._lock:
             self._stopping.set()
-            procs = list(self._procs.values())
-        stop_all(procs, STOP_GRACE)
+            procs = dict(self._procs)
+        coordinator = procs.pop(0, None)
+        if coordinator is not None and coordinator.stop(coordinator_grace) == 0:
+            self._read_final_checkpoint()
+        stop_all(list(procs.values()), STOP_GRACE)
+        self._unfollow.set()
         for thread in self._threads:
             thread.join(timeout=5)
+
+    def _read_final_checkpoint(self) -> None:
+        """Take the checkpoint record as shard 0 left it (the watch may not have
+        delivered it yet), reading the store from a thread so that an unreachable
+        store delays the stop by ``FINAL_RECORD_WAIT`` at most."""
+        found: list[KeyValue | None] = []
+
+        def read() -> None:
+            try:
+                found.append(self._store.get(self._keys.ps_checkpoint))
+            except RendezvousError as exc:
+                log.warning("cannot read the final checkpoint's record: %s", exc)
+
+        reader = threading.Thread(target=read, name="ps-final-checkpoint", daemon=True)
+        reader.start()
+        reader.join(timeout=FINAL_RECORD_WAIT)
+        if found and found[0] is not None:
+            self._take_checkpoint(found[0])
 
     # ---- the store ----
     def _follow(self, prefix: str, take: Callable[[KeyValue], None]) -> None:
@@ -182,7 +231,7 @@ class PSSupervisor:
             on_lost=lambda exc: self._fail(
                 f"lost the rendezvous store while watching the ps shards: {exc}"
             ),
-            stop=self._stopping,
+            stop=self._unfollow,
             patience=self._store_patience,
             clock=self._clock,
         )
@@ -222,16 +271,20 @@ class PSSupervisor:
         except (ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable checkpoint record: %s", exc)
             return
+        taken = (record.checkpoint_id, record.final)
         with self._lock:
-            if record.checkpoint_id == self._last_checkpoint:
-                return  # the same checkpoint, read again after a watch ended
-            self._last_checkpoint = record.checkpoint_id
+            # The same checkpoint read again (after a watch ended, or by stop), or an
+            # older one the watch delivers after stop read the final one: not news.
+            if self._last_checkpoint is not None and taken <= self._last_checkpoint:
+                return
+            self._last_checkpoint = taken
         self._events.emit(
             CheckpointWritten(
                 step=record.step,
                 path=record.dir,
                 checkpoint=record.checkpoint_id,
                 seconds=round((record.pause_ms + record.write_ms) / 1e3, 3),
+                final=record.final,
             )
         )
 

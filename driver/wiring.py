@@ -2,25 +2,33 @@
 
 * ``job_env``/``worker_env``: the variables every process of the job, and each worker,
   is given on top of what it inherits (``rendezvous.env`` names them);
+* ``runs_all_local``: whether every process of the job runs on this machine;
 * ``worker_spec``: the ``LaunchSpec`` of one worker, with its id, its bind address and
   its log file;
 * ``shard_commands``: the ps shards' command lines (``--num-ps``);
 * ``open_job_store``: the store the job's processes meet in: the driver's own embedded
-  server, or the etcd cluster of ``--rendezvous``.
+  server, or the etcd cluster of ``--rendezvous``;
+* ``quick_store``: a second client of it whose calls give up within seconds, for what
+  must not wait out an outage (the store's health probe, the cleanup at the end).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Sequence
 
 from driver.config import JobConfig
+from driver.discovery import is_local_host
+from driver.hosts import HostSlots
 from driver.launch.spec import LaunchSpec
 from driver.ps_supervisor import shard_command
-from rendezvous import env, open_store
+from rendezvous import env, netaddr, open_store
 from rendezvous.embedded import EmbeddedServer
-from rendezvous.keys import JobKeys
-from rendezvous.store import KVStore
+from rendezvous.store import KVStore, StoreSettings
 from rendezvous.url import Endpoint
+
+log = logging.getLogger(__name__)
 
 
 def job_env(config: JobConfig, secret: str, store_url: str) -> dict[str, str]:
@@ -53,7 +61,59 @@ def worker_env(
         env.ENV_SLOT: str(slot),
         env.ENV_BIND_HOST: bind_host,
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
+        env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
     }
+
+
+def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
+    """The address the driver's servers advertise to the job's hosts: ``--driver-address``,
+    else ``--network-interface``'s, else the local address of the route toward the remote
+    hosts (loopback when every host is this one). With a discovery script that lists only
+    this machine so far, hosts may come later: the address of the default route then
+    (loopback when there is none, with a warning to choose one).
+
+    Raises:
+        AddressError: an unusable choice, remote hosts without a route, or loopback
+            toward remote hosts (the message names both ends).
+    """
+    remote = [h.host for h in hosts if not is_local_host(h.host)]
+    if (
+        not remote
+        and config.uses_discovery
+        and not (config.driver_address or config.network_interface)
+    ):
+        try:
+            return netaddr.default_route_address()
+        except netaddr.AddressError:
+            log.warning(
+                "this machine has no default route: hosts discovered later will not reach "
+                "the driver at 127.0.0.1 (choose an address with --driver-address)"
+            )
+            return "127.0.0.1"
+    return netaddr.advertised_address(
+        remote, interface=config.network_interface, explicit=config.driver_address
+    )
+
+
+def runs_all_local(config: JobConfig) -> bool:
+    """Every process of the job runs on this machine: with ``--launcher local`` (host
+    names are then only labels, and need not resolve), or when every fixed host is this
+    machine. Everything then binds and advertises loopback."""
+    return config.launcher == "local" or (
+        not config.uses_discovery and all(is_local_host(h.host) for h in config.hosts)
+    )
+
+
+def worker_bind_host(host: str, all_local: bool, driver_address: str) -> str:
+    """What a worker on ``host`` binds its listener to and advertises: loopback in a
+    one-machine job, the driver's own address on the driver's machine, the host's address
+    when ``host`` is one; for a host known by name, nothing: the worker then uses its own
+    address toward the store (a name may not resolve on the other hosts)."""
+    if all_local:
+        return "127.0.0.1"
+    if is_local_host(host):
+        return driver_address
+    return host if netaddr.is_address(host) else ""
 
 
 def worker_id_for(host: str, slot: int, sequence: int) -> str:
@@ -106,13 +166,14 @@ def shard_commands(config: JobConfig, bind_host: str) -> list[tuple[str, ...]]:
 
 
 def open_job_store(
-    config: JobConfig, keys: JobKeys, secret: str, all_local: bool, advertised_host: str
+    config: JobConfig, secret: str, all_local: bool, advertised_host: str
 ) -> tuple[EmbeddedServer | None, KVStore, str]:
     """The embedded server the driver runs (None with etcd), a client of the store, and
-    the store URL workers use. Keys an earlier job with the same id left are deleted.
+    the store URL workers use. (Keys an earlier job with the same id left are deleted
+    when the driver claims the job id: ``driver.claim``.)
 
     Raises:
-        RendezvousError: the store cannot be started, reached or used.
+        RendezvousError: the store cannot be started or reached.
     """
     server = None
     if config.rendezvous.scheme == "embedded":
@@ -123,10 +184,23 @@ def open_job_store(
         url = str(config.rendezvous)
     try:
         store = open_store(url, secret)
-        # A job id names one job: keys left by an earlier job with the same id would mislead us.
-        store.delete_prefix(keys.prefix)
     except BaseException:
         if server is not None:
             server.stop()
         raise
     return server, store, url
+
+
+QUICK_STORE = StoreSettings(request_timeout=2.0, retry_deadline=4.0, connect_timeout=2.0)
+"""A call of a ``quick_store`` client gives up after about this long (an attempt of
+``request_timeout``, retried until ``retry_deadline``)."""
+
+
+def quick_store(url: str, secret: str) -> KVStore:
+    """Another client of the job's store whose calls give up within seconds (see
+    ``QUICK_STORE``); it does no I/O until used.
+
+    Raises:
+        RendezvousConfigError: the URL is malformed.
+    """
+    return open_store(url, secret, QUICK_STORE, check=False)

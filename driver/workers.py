@@ -19,6 +19,7 @@ up on it. A chaos victim's failure is not held against its host.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rendezvous.plan import WorkerInfo
@@ -55,7 +56,9 @@ class WorkerRecord:
     """One launched worker. ``since``: when it entered ``state`` (for UNREGISTERED, when
     its registration lapsed). ``info``: its registration while the key exists.
     ``registered_seq``: the store revision that created its registration, so workers
-    order by when they (last) registered. ``exit_code`` once it exited."""
+    order by when they (last) registered. ``exit_code`` once it exited. ``kill_reason``:
+    why the driver (or, ``"chaos"``, the chaos monkey) SIGKILLed it, kept after the exit
+    so that the failure can say who killed it and why."""
 
     worker_id: str
     host: str
@@ -66,6 +69,7 @@ class WorkerRecord:
     info: WorkerInfo | None = None
     registered_seq: int = 0
     exit_code: int | None = None
+    kill_reason: str | None = None
 
     @classmethod
     def launched(cls, worker_id: str, host: str, slot: int, now: float) -> WorkerRecord:
@@ -76,6 +80,21 @@ class WorkerRecord:
     def live(self) -> bool:
         """Registered and running: a candidate member of the next round."""
         return self.state is WorkerState.REGISTERED
+
+    @property
+    def ever_registered(self) -> bool:
+        """It registered at some point (its program started and joined the job)."""
+        return self.registered_seq > 0
+
+    @property
+    def died_on_its_own(self) -> bool:
+        """It exited with an error or a signal nobody in the driver sent: not stopped,
+        not killed by the driver or the chaos."""
+        return self.state is WorkerState.FAILED and self.kill_reason is None
+
+
+Workers = Mapping[str, WorkerRecord]
+"""The job's records by worker id, as the rules read them."""
 
 
 def registered(
@@ -102,9 +121,10 @@ def stopping(rec: WorkerRecord, now: float) -> WorkerRecord:
     return replace(rec, state=WorkerState.STOPPING, since=now)
 
 
-def killed(rec: WorkerRecord, now: float, chaos: bool = False) -> WorkerRecord:
-    """The driver (or, with ``chaos``, the chaos monkey) sent it SIGKILL."""
-    return replace(rec, state=WorkerState.CHAOS_KILLED if chaos else WorkerState.KILLED, since=now)
+def killed(rec: WorkerRecord, now: float, chaos: bool = False, reason: str = "") -> WorkerRecord:
+    """The driver (or, with ``chaos``, the chaos monkey) sent it SIGKILL, for ``reason``."""
+    state = WorkerState.CHAOS_KILLED if chaos else WorkerState.KILLED
+    return replace(rec, state=state, since=now, kill_reason="chaos" if chaos else reason)
 
 
 def exited(rec: WorkerRecord, code: int, now: float) -> WorkerRecord:

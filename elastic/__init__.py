@@ -9,7 +9,8 @@ This module only names the API; each part lives in its own module:
 - ``elastic.loop``: ``@run``;
 - ``elastic.sampler``: ``ElasticSampler``;
 - ``elastic.errors``: the exceptions;
-- ``elastic.ps``: ``elastic.ps.connect()``, the parameter-server client (cheap to import).
+- ``elastic.ps``: ``elastic.ps.connect()``, the parameter-server client (cheap to import);
+- ``__version__``: the project's version (``rendezvous.version``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ from elastic.errors import ElasticError, HostsUpdatedInterrupt, RendezvousError,
 from elastic.loop import run
 from elastic.sampler import ElasticSampler
 from elastic.state import NumpyState, ObjectState, State
+
+
+def __getattr__(name: str) -> str:
+    # ``__version__`` is read when asked for (pyproject.toml or the package metadata,
+    # ``rendezvous.version``), so that ``import elastic`` reads no file.
+    if name == "__version__":
+        from rendezvous.version import package_version
+
+        return package_version()
+    raise AttributeError(f"module 'elastic' has no attribute {name!r}")
+
 
 __all__ = [
     "init",

@@ -103,6 +103,15 @@ def pending_round() -> int | None:
     return runtime.pending_round() if runtime is not None else None
 
 
+def note_commit(commits: int) -> None:
+    """This worker now holds ``commits`` commits (``State.commit`` says so): the runtime
+    publishes it from its own thread when this worker is rank 0. No I/O; a no-op in a
+    static world."""
+    runtime = _runtime
+    if runtime is not None:
+        runtime.committed = commits
+
+
 # ---- the three worlds (each creator imports its backend: see the module docstring) ----
 
 
@@ -256,6 +265,7 @@ __all__ = [
     "shutdown",
     "current_runtime",
     "pending_round",
+    "note_commit",
     "rank",
     "size",
     "local_rank",

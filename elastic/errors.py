@@ -21,10 +21,17 @@ class CommunicatorClosedError(WorkerLostError):
     """The communicator was closed (a new round arrived) while a collective was pending."""
 
 
+class WorkerExpelledError(RendezvousError):
+    """The driver took this worker out of the job (its host stopped answering, or it
+    hung): a newer round left it out and its registration is gone. Its state is stale;
+    the process must end (a replacement has taken or will take its slot)."""
+
+
 __all__ = [
     "ElasticError",
     "RendezvousError",
     "HostsUpdatedInterrupt",
     "WorkerLostError",
     "CommunicatorClosedError",
+    "WorkerExpelledError",
 ]

@@ -11,14 +11,24 @@ A worker launched by ``elastic-run`` finds its job in the environment (``rendezv
    worker and builds the communicator for it.
 
 A worker that sees a collective fail reports it under ``/elastic/<job>/failures/`` so the
-driver learns of it even when it cannot see the peer's process (a remote host).
+driver learns of it even when it cannot see the peer's process (a remote host). A ring
+neighbour that has gone silent (``CommSettings.suspect_after``) is reported there too,
+at once, while the collective still waits: a host cut off the network sends nothing
+else, and the driver can ask that host whether it is still there.
+
+Rank 0 publishes how many commits it holds (``committed``, set by ``State.commit``)
+under ``/elastic/<job>/progress`` from a thread of its own, at most every
+``progress_interval`` seconds and only when it changed: one store write per interval
+per job, never one per step, and nothing on the training thread.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -26,9 +36,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
-from elastic.errors import CommunicatorClosedError, WorkerLostError
+from elastic.errors import CommunicatorClosedError, WorkerExpelledError, WorkerLostError
 from elastic.orphan import exit_when_orphaned
-from rendezvous import env, open_store
+from rendezvous import env, netaddr, open_store
 from rendezvous.errors import (
     LeaseNotFoundError,
     RendezvousConfigError,
@@ -36,11 +46,27 @@ from rendezvous.errors import (
     RendezvousError,
 )
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
+from rendezvous.url import parse_store_url
 
 log = logging.getLogger(__name__)
+
+
+def own_address(store_url: str) -> str:
+    """This worker's address as its peers should see it, when the driver did not name
+    one: the local address of its route toward the store (the job's hosts share that
+    network), never a host name that may not resolve elsewhere.
+
+    Raises:
+        RendezvousConfigError: the store URL does not parse, or no route leads to it.
+    """
+    endpoints = parse_store_url(store_url).endpoints
+    if not endpoints:
+        return "127.0.0.1"
+    host = endpoints[0].host
+    return "127.0.0.1" if netaddr.is_loopback(host) else netaddr.address_toward(host)
 
 
 @dataclass(frozen=True)
@@ -56,6 +82,7 @@ class WorkerSettings:
     bind_host: str = "127.0.0.1"
     round_timeout: float = 600.0  # waiting for a round that includes us
     lease_ttl: int = 10  # a slow keep-alive on a loaded host must not end a live registration
+    progress_interval: float = 0.0  # seconds between progress records from rank 0 (0: none)
     comm: CommSettings = field(default_factory=CommSettings)
 
     @classmethod
@@ -74,16 +101,18 @@ class WorkerSettings:
                 )
             return value
 
+        store_url = required(env.ENV_RENDEZVOUS)
         return cls(
-            store_url=required(env.ENV_RENDEZVOUS),
+            store_url=store_url,
             job_id=required(env.ENV_JOB_ID),
             worker_id=required(env.ENV_WORKER_ID),
             host=env.text(env.ENV_HOST, None, environ) or socket.gethostname(),
             slot=env.integer(env.ENV_SLOT, 0, environ, minimum=0),
             secret=required(env.ENV_SECRET),
-            bind_host=env.text(env.ENV_BIND_HOST, "127.0.0.1", environ) or "127.0.0.1",
+            bind_host=env.text(env.ENV_BIND_HOST, None, environ) or own_address(store_url),
             round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
             lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
+            progress_interval=env.number(env.ENV_PROGRESS_INTERVAL, 0.0, environ, positive=False),
             comm=CommSettings(
                 peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
                 connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ),
@@ -109,6 +138,8 @@ class WorkerRuntime:
         self._closed = threading.Event()
         self._info: WorkerInfo | None = None
         self._orphan_watch: threading.Event | None = None
+        self._expelled = False  # the driver took us out: no round will include us again
+        self.committed = 0  # commits this worker holds (``State.commit`` sets it)
 
     # ---- start / stop ----
     def start(self) -> None:
@@ -126,6 +157,10 @@ class WorkerRuntime:
         )
         self._watcher.start()
         self._register()
+        if s.progress_interval > 0:
+            threading.Thread(
+                target=self._publish_progress, name="elastic-progress", daemon=True
+            ).start()
 
     def _started(self) -> tuple[KVStore, RingListener, WorkerInfo]:
         """What ``start()`` opened. Raises RendezvousError before ``start()``."""
@@ -150,7 +185,11 @@ class WorkerRuntime:
         self._lease = lease
 
     def _on_lease_lost(self, exc: Exception) -> None:
-        """Our registration vanished (the store was away longer than the TTL): register again."""
+        """Our registration vanished (the store was away longer than the TTL): register
+        again. A worker that cannot for ``round_timeout`` (the job's --elastic-timeout) is
+        cut off from a job that would itself have given up by then: it ends itself
+        (SIGTERM, so its handlers run), as an orphan does, rather than linger on a host
+        nobody reaches."""
         if self._closed.is_set():
             return
         log.warning("worker registration lease lost (%s); registering again", exc)
@@ -165,7 +204,11 @@ class WorkerRuntime:
                 log.warning("registering again failed: %s", err)
             if not backoff.pause():
                 if not self._closed.is_set():
-                    log.error("gave up registering again after %.0fs", self.settings.round_timeout)
+                    log.error(
+                        "cut off from the job's store for %.0fs: stopping this worker",
+                        self.settings.round_timeout,
+                    )
+                    os.kill(os.getpid(), signal.SIGTERM)
                 return
 
     def shutdown(self) -> None:
@@ -192,6 +235,20 @@ class WorkerRuntime:
             self._listener.close()
         if self._store is not None:
             self._store.close()
+
+    def _publish_progress(self) -> None:
+        """While rank 0: write the commit count when it changed, every interval."""
+        published = 0
+        while not self._closed.wait(self.settings.progress_interval):
+            committed, member, store = self.committed, self.member, self._store
+            if member is None or member.rank != 0 or committed == published or store is None:
+                continue
+            record = ProgressRecord(committed, self.round_id, self.settings.worker_id)
+            try:
+                store.put(self.keys.progress, record.to_json())
+                published = committed
+            except RendezvousError as exc:  # progress is a report: the next one will do
+                log.debug("could not publish progress: %s", exc)
 
     # ---- rounds ----
     def _follow_rounds(self) -> None:
@@ -230,11 +287,39 @@ class WorkerRuntime:
                 return
             self._latest = plan
             self._cond.notify_all()
+            left_out = self.member is not None and plan.member(self.settings.worker_id) is None
+        if left_out:
+            # Left out of a round while a member of ours: expelled, if the driver also
+            # removed our registration (a mere shrink stops us; a lost host's workers
+            # find out here once they can reach the store again).
+            threading.Thread(
+                target=self._check_expelled, name="elastic-expelled", daemon=True
+            ).start()
         if self._listener is not None:
             # A new round ends the old one now: a collective blocked on a peer that is
             # gone raises instead of waiting for a timeout, and a communicator still
             # being built for an older round gives up.
             self._listener.advance(plan.round_id)
+
+    def _check_expelled(self) -> None:
+        store = self._store
+        if store is None or self._closed.is_set():
+            return
+        try:
+            registered = store.get(self.keys.worker(self.settings.worker_id)) is not None
+        except RendezvousError as exc:
+            log.debug("cannot tell whether this worker is still in the job: %s", exc)
+            return
+        if not registered:
+            with self._cond:
+                self._expelled = True
+                self._cond.notify_all()
+            log.warning(
+                "worker %s was taken out of the job (left out of round %d, its registration "
+                "removed); ending it",
+                self.settings.worker_id,
+                self._latest.round_id if self._latest else 0,
+            )
 
     def pending_round(self) -> int | None:
         """The id of a published round newer than ours, or None (cheap: no I/O)."""
@@ -275,7 +360,12 @@ class WorkerRuntime:
                 secret=self.settings.secret,
             )
             try:
-                comm = RingCommunicator(membership, listener, self.settings.comm)
+                comm = RingCommunicator(
+                    membership,
+                    listener,
+                    self.settings.comm,
+                    on_peer_silent=functools.partial(self.report_silence, plan),
+                )
             except WorkerLostError as exc:
                 log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
                 if not isinstance(exc, CommunicatorClosedError):
@@ -301,6 +391,7 @@ class WorkerRuntime:
 
         Raises:
             RendezvousError: the worker shut down meanwhile.
+            WorkerExpelledError: the driver took this worker out of the job.
             RendezvousConnectionError: no such plan came before ``deadline``.
         """
         me = self.settings.worker_id
@@ -308,6 +399,11 @@ class WorkerRuntime:
             while True:
                 if self._closed.is_set():
                     raise RendezvousError("worker is shut down")
+                if self._expelled:
+                    raise WorkerExpelledError(
+                        f"worker {me} was taken out of the job by the driver (a newer round "
+                        "left it out and removed its registration); its state is stale"
+                    )
                 plan = self._latest
                 member = plan.member(me) if plan is not None else None
                 if plan is not None and plan.round_id > after and member is not None:
@@ -343,6 +439,49 @@ class WorkerRuntime:
             return None
         return plan.members[rank].worker_id
 
+    def report_silence(self, plan: Plan, rank: int, quiet: float) -> None:
+        """Tell the driver that member ``rank`` of ``plan`` has sent nothing for ``quiet``
+        seconds (best effort, never raises; runs on the ring's monitor thread, so it
+        hands the write to a thread of its own and returns at once)."""
+        if self._store is None or self._lease is None or not 0 <= rank < plan.size:
+            return
+        suspect = plan.members[rank].worker_id
+        record = json.dumps(
+            {
+                "worker_id": self.settings.worker_id,
+                "round_id": plan.round_id,
+                "reason": f"silent for {quiet:.1f}s",
+                "suspect": suspect,
+                "silent": True,
+            }
+        ).encode()
+        key = self.keys.silence(plan.round_id, self.settings.worker_id, suspect)
+        threading.Thread(
+            target=self._put_report, args=(key, record), name="report-silence", daemon=True
+        ).start()
+
+    def _put_report(self, key: str, record: bytes) -> None:
+        store, lease = self._store, self._lease
+        if store is None or lease is None:
+            return
+        try:
+            store.put(key, record, lease=lease)
+        except (RendezvousError, LeaseNotFoundError) as exc:
+            log.debug("could not report: %s", exc)
+
+    def mark_finished(self) -> None:
+        """Say in the store that this worker's training function returned: its training
+        is complete (the driver then forms no new round: see ``driver.policy``). Written
+        without a lease, so it outlives the process; best effort, never raises."""
+        store = self._store
+        if store is None or self._closed.is_set():
+            return
+        record = json.dumps({"round": self.round_id, "commits": self.committed}).encode()
+        try:
+            store.put(self.keys.finished(self.settings.worker_id), record)
+        except RendezvousError as exc:
+            log.warning("could not say that this worker finished: %s", exc)
+
     def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""
         if self._store is None or self._lease is None:
@@ -355,9 +494,4 @@ class WorkerRuntime:
                 "suspect": suspect,
             }
         ).encode()
-        try:
-            self._store.put(
-                self.keys.failure(round_id, self.settings.worker_id), record, lease=self._lease
-            )
-        except (RendezvousError, LeaseNotFoundError) as exc:
-            log.debug("could not report failure: %s", exc)
+        self._put_report(self.keys.failure(round_id, self.settings.worker_id), record)

@@ -83,6 +83,13 @@ class State:
         self._saved_commits = 0
         self._pending_progress: PendingProgress | None = None
 
+    if TYPE_CHECKING:
+        # For type checkers only: a subclass's attributes are the user's (``state.epoch``),
+        # known at run time.
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
     def _world_in_use(self) -> World:
         return self._world if self._world is not None else context
 
@@ -120,6 +127,8 @@ class State:
         self._commits += 1
         self._saved_commits = self._commits
         self.save()
+        if self._world is None:  # the process's own world: its runtime reports progress
+            context.note_commit(self._commits)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -168,12 +177,6 @@ class ObjectState(State):
         self.__dict__.update(attrs)
         self._saved: dict[str, Any] = {}
         self.save()
-
-    if TYPE_CHECKING:
-        # For type checkers only: the attributes are the user's, known at run time.
-        def __getattr__(self, name: str) -> Any: ...
-
-        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def _values(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}

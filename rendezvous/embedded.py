@@ -95,6 +95,7 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._on_commit()  # waiting watches see the stop and end their streams
         self._rpc.stop(grace=0.2)
         if self._expirer is not None:
             self._expirer.join(timeout=5)

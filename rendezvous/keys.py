@@ -18,6 +18,12 @@ class JobKeys:
         return f"{ROOT}/{self.job_id}/"
 
     @property
+    def driver(self) -> str:
+        """The driver that leads the job (JSON of ``rendezvous.plan.DriverRecord``),
+        written under the driver's own lease: while it exists, the job id is taken."""
+        return f"{self.prefix}driver"
+
+    @property
     def round(self) -> str:
         """The current plan (JSON of ``rendezvous.plan.Plan``); written by the driver only."""
         return f"{self.prefix}round"
@@ -38,6 +44,17 @@ class JobKeys:
     def failure(self, round_id: int, reporter: str) -> str:
         return f"{self.failures}{round_id}/{reporter}"
 
+    def silence(self, round_id: int, reporter: str, suspect: str) -> str:
+        """A member of round ``round_id`` that ``reporter`` has not heard from for a while
+        (a report apart from ``failure``: the collective may still go on)."""
+        return f"{self.failures}{round_id}/{reporter}/silent/{suspect}"
+
+    @property
+    def progress(self) -> str:
+        """The job's newest committed step (JSON of ``rendezvous.plan.ProgressRecord``),
+        written by rank 0 every few seconds while it commits; the driver reports it."""
+        return f"{self.prefix}progress"
+
     @property
     def ps(self) -> str:
         """Prefix of parameter-server shard addresses, one key per shard index."""
@@ -45,6 +62,18 @@ class JobKeys:
 
     def ps_shard(self, index: int) -> str:
         return f"{self.ps}{index:04d}"
+
+    @property
+    def ps_config(self) -> str:
+        """The job's parameter-server settings (JSON of ``rendezvous.plan.PSConfigRecord``),
+        written by the driver before any worker starts: a ps client of a job without
+        shards learns it at once instead of waiting for shards that never come."""
+        return f"{self.prefix}ps-config"
+
+    def finished(self, worker_id: str) -> str:
+        """Written (without a lease) by a worker whose ``@elastic.run`` function returned:
+        its training is complete (an exit 0 without it is a worker leaving early)."""
+        return f"{self.prefix}finished/{worker_id}"
 
     @property
     def ps_checkpoint(self) -> str:

@@ -55,6 +55,26 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def is_address(text: str) -> bool:
+    """True when ``text`` is an IP address (not a name)."""
+    try:
+        ipaddress.ip_address(text.strip().strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def default_route_address() -> str:
+    """This machine's source address on its default route (nothing is sent).
+
+    Raises:
+        AddressError: there is no default route."""
+    try:
+        return address_toward("192.0.2.1")  # TEST-NET-1: never a real peer, routed by default
+    except AddressError:
+        raise AddressError("this machine has no default route") from None
+
+
 def address_toward(peer: str) -> str:
     """This machine's source address for packets to ``peer`` (nothing is sent).
 
@@ -98,10 +118,14 @@ def advertised_address(
     addresses of the machines that must reach it; empty for a one-machine job, which
     gets ``127.0.0.1``). ``explicit`` wins over ``interface``, which wins over the route.
 
+    Peers that do not resolve or route are left out of the choice (their workers fail
+    to start and say why); when none is left, the default route's address is used.
+
     Raises:
-        AddressError: a peer that cannot be routed to, peers reached through different
-            source addresses (multi-homed: choose with --network-interface), or a
-            loopback address for remote peers (the message names both ends)."""
+        AddressError: peers reached through different source addresses (multi-homed:
+            choose with --network-interface), an unusable --driver-address or interface,
+            no route at all, or a loopback address for remote peers (the message names
+            both ends)."""
     remote = [p for p in peers if not is_loopback(p)]
     if explicit:
         address = resolve(explicit)
@@ -114,7 +138,14 @@ def advertised_address(
     else:
         by_address: dict[str, list[str]] = {}
         for peer in remote:
-            by_address.setdefault(address_toward(peer), []).append(peer)
+            try:
+                by_address.setdefault(address_toward(peer), []).append(peer)
+            except AddressError:
+                continue  # a host nobody can reach: its workers fail to start, and say why
+        if not by_address:
+            # No host resolves or routes yet: the machine's own address on its default
+            # route is what any host would reach, if one can.
+            return default_route_address()
         if len(by_address) > 1:
             routes = "; ".join(f"{a} toward {', '.join(p)}" for a, p in by_address.items())
             raise AddressError(

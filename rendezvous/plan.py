@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
+
+R = TypeVar("R", bound="JsonRecord")
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,17 @@ class ShardInfo:
 class CheckpointRecord:
     """The newest complete coordinated checkpoint, under ``JobKeys.ps_checkpoint``
     (written by the coordinating shard once every shard's files and the manifest are
-    durable). ``pause_ms`` is how long training was held, ``write_ms`` the write."""
+    durable). ``pause_ms`` is how long training was held, ``write_ms`` the write.
+    ``final``: the coordinating shard stops, and this checkpoint holds the state the
+    shards stop with (it may be a checkpoint announced before, when nothing changed
+    since)."""
 
     checkpoint_id: int
     step: int
     dir: str
     pause_ms: float = 0.0
     write_ms: float = 0.0
+    final: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -125,3 +132,51 @@ class CheckpointRecord:
         raw = json.loads(data)
         known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
         return cls(**known)
+
+
+class JsonRecord:
+    """``to_json``/``from_json`` for a record dataclass whose readers take fields they do
+    not know from a newer writer in their stride (unknown fields are ignored)."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[R], data: bytes) -> R:
+        raw = json.loads(data)
+        known = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}  # type: ignore[attr-defined]
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class PSConfigRecord(JsonRecord):
+    """What the driver started of parameter servers, under ``JobKeys.ps_config``:
+    ``num_shards`` (0: the job runs none) and their ``mode``."""
+
+    num_shards: int
+    mode: str = ""
+
+
+@dataclass(frozen=True)
+class DriverRecord(JsonRecord):
+    """The driver that leads a job, under ``JobKeys.driver`` and the driver's lease (so
+    it vanishes when the driver is gone). ``driver_id`` is unique per driver process;
+    ``started`` is a unix time; ``term`` numbers the job's successive leaders (1 for the
+    driver that started the job): a plan or command from an older term than the
+    leader's is stale."""
+
+    driver_id: str
+    host: str
+    pid: int
+    started: float
+    term: int = 1
+
+
+@dataclass(frozen=True)
+class ProgressRecord(JsonRecord):
+    """Training progress under ``JobKeys.progress``: the number of commits (``step``) of
+    rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit."""
+
+    step: int
+    round_id: int
+    worker_id: str = ""

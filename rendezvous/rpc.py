@@ -83,7 +83,7 @@ def unframe(message: bytes) -> tuple[dict, memoryview]:
         if 4 + head_len > len(view):
             raise ValueError(f"header of {head_len} bytes in a message of {len(view)}")
         header = json.loads(bytes(view[4 : 4 + head_len]))
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+    except (struct.error, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
         raise MalformedRequest(f"malformed message: {exc}") from None
     if not isinstance(header, dict):
         raise MalformedRequest("malformed message: the header is not an object")
@@ -133,21 +133,26 @@ class ServerLimits:
         ]
 
 
-class _RateLimitedLog:
-    """One warning per interval for a kind of refusal, with the count since the last."""
+class RateLimitedLog:
+    """One warning per interval for a kind of refusal, with the count since the last
+    (thread-safe; servers other than ``RpcServer`` use it too, with their ``logger``)."""
 
-    def __init__(self, interval: float = _REFUSAL_LOG_INTERVAL):
+    def __init__(self, interval: float = _REFUSAL_LOG_INTERVAL, logger: logging.Logger = log):
         self._interval = interval
+        self._log = logger
+        self._lock = threading.Lock()
         self._next: dict[str, float] = {}
         self._count: dict[str, int] = {}
 
     def warn(self, kind: str, message: str) -> None:
         now = time.monotonic()
-        self._count[kind] = self._count.get(kind, 0) + 1
-        if now >= self._next.get(kind, 0.0):
-            log.warning("%s (%d such calls since the last line)", message, self._count[kind])
+        with self._lock:
+            count = self._count[kind] = self._count.get(kind, 0) + 1
+            if now < self._next.get(kind, 0.0):
+                return
             self._count[kind] = 0
             self._next[kind] = now + self._interval
+        self._log.warning("%s (%d such calls since the last line)", message, count)
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -205,7 +210,7 @@ class RpcServer:
         self._bind = bind
         self._limits = limits or ServerLimits()
         self._verifier = auth.CallVerifier(secret)
-        self._refusals = _RateLimitedLog()
+        self._refusals = RateLimitedLog()
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._pool: futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -292,6 +297,7 @@ class RpcServer:
 
     def _serve(self, started: futures.Future) -> None:
         loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
         self._loop = loop
         try:
             loop.run_until_complete(self._start(started))
@@ -300,6 +306,12 @@ class RpcServer:
                 started.set_exception(exc)
         if started.exception() is None:
             loop.run_forever()
+        # Calls the server's stop left behind (a stream waiting for news) end here, before
+        # the loop closes: cancelled and awaited, so none is destroyed while pending.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from driver.errors import PlotError
 from runplot.render import render
-from runplot.timeline import build_timeline, load_events
+from runplot.timeline import build_timeline, load_events, split_runs
 
 PROG = "runplot"
 
@@ -23,7 +23,8 @@ def plot(
     events_path: str | Path, output: str | Path | None = None, title: str | None = None
 ) -> Path:
     """Write the picture of ``events_path`` to ``output`` (default: the events path with
-    ``.svg``) and return the path written.
+    ``.svg``) and return the path written. A file that several runs appended to is
+    drawn for its last run.
 
     Raises:
         PlotError: the file cannot be read, holds no events, or matplotlib is missing.
@@ -33,8 +34,13 @@ def plot(
     events, _ = load_events(events_path)
     if not events:
         raise PlotError(f"{events_path}: no events")
+    runs = split_runs(events)
+    if title is None:
+        title = f"elastic-run: {Path(events_path).name}"
+        if len(runs) > 1:
+            title += f" (the last of {len(runs)} runs in the file)"
     out = Path(output) if output is not None else Path(events_path).with_suffix(".svg")
-    render(build_timeline(events), out, title or f"elastic-run: {Path(events_path).name}")
+    render(build_timeline(runs[-1]), out, title)
     return out
 
 
@@ -42,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Draw a run (world size, committed steps, failures) from an "
-        "elastic-run --events file (needs matplotlib).",
+        "elastic-run --events file (needs matplotlib); of a file several runs "
+        "appended to, the last run.",
     )
     parser.add_argument("events", help="the JSON-lines events file")
     parser.add_argument(

@@ -3,7 +3,9 @@
 Two panels against seconds since the driver started: the world size of each round (a
 step line with the round numbers), the live worker processes (dashed) and, above them,
 a lane of markers (one shape and colour per event kind, stacked where they crowd); then,
-when the log has steps, the newest committed step with its checkpoints. Every marker
+when the log has steps, the newest committed step with its checkpoints (labelled as
+checkpoint steps when they are the only steps known, as in a ps job), the ps shard
+restarts at the checkpoint step they went back to, and the rollbacks. Every marker
 also gets a faint vertical guide across both panels. SVG output keeps its text as text,
 so the picture is searchable and small. matplotlib is used through ``Figure`` only (no
 pyplot), so drawing a run never changes the caller's backend.
@@ -34,6 +36,8 @@ STYLE: dict[str, tuple[str, str, bool, str]] = {  # kind: (colour, marker, fille
 WORLD_COLOUR = "#1f77b4"
 LIVE_COLOUR = "#9ecae1"
 STEP_COLOUR = "#2ca02c"
+RESTART_COLOUR = "#8c564b"
+ROLLBACK_COLOUR = "#d62728"
 LANE_POINTS = 880.0  # the plot's width in points, for spacing markers in the lane
 LABEL_GAP = 22.0  # round labels closer than this many points are left out
 _END_KINDS = (ev.JobDone.kind, ev.JobFailure.kind)
@@ -176,12 +180,14 @@ def _markers(lane: Any, axes: Any, tl: Timeline, rows: list[int]) -> None:
 
 
 def _steps(ax: Any, tl: Timeline) -> None:
+    what = "checkpoint step" if tl.steps_are_checkpoints else "committed step"
     ax.plot(
         [x for x, _ in tl.steps],
         [s for _, s in tl.steps],
         color=STEP_COLOUR,
         lw=2,
-        label="committed step",
+        drawstyle="steps-post" if tl.steps_are_checkpoints else "default",
+        label=what,
     )
     if tl.checkpoints:
         ax.plot(
@@ -193,6 +199,31 @@ def _steps(ax: Any, tl: Timeline) -> None:
             mew=1.8,
             label="checkpoint",
         )
-    ax.set_ylabel("committed step")
+    for series, colour, shape, label in (
+        (tl.restarts, RESTART_COLOUR, "D", "ps restart from checkpoint"),
+        (tl.rollbacks, ROLLBACK_COLOUR, "v", "rollback"),
+    ):
+        if series:
+            ax.plot(
+                [x for x, _ in series],
+                [s for _, s in series],
+                shape,
+                ls="none",
+                ms=8,
+                color=colour,
+                mfc="white" if shape == "D" else colour,
+                mew=1.8,
+                label=label,
+            )
+    for x, step in tl.rollbacks:
+        ax.annotate(
+            f"back to {step:g}",
+            (x, step),
+            textcoords="offset points",
+            xytext=(4, -12),
+            fontsize=8,
+            color=ROLLBACK_COLOUR,
+        )
+    ax.set_ylabel(what)
     ax.set_ylim(bottom=0)
     ax.grid(True, color="#e6e6e6")

@@ -2,13 +2,18 @@
 
 * the world size of each round, with the round numbers, and the number of live worker
   processes when the log has worker start/exit events;
-* the newest committed training step, when events carry a ``step`` field (checkpoint
-  events always do), and the checkpoints themselves;
+* the newest committed training step, when events carry a ``step`` field (``progress``
+  and checkpoint events always do), and the checkpoints themselves; a log whose steps
+  all come from checkpoints (a ps job) says so (``steps_are_checkpoints``);
+* ps shard restarts from a checkpoint (the step they went back to), and rollbacks:
+  a restart to a step below the newest one known, or a step lower than the one before;
 * markers for what changed the world: worker failures, chaos kills, blacklisted, added,
   removed and returning hosts, ps shard exits and restarts, discovery errors, and the
   end of the job.
 
-Torn or foreign lines in the events file are skipped and counted.
+Torn or foreign lines in the events file are skipped and counted. A file that several
+runs appended to (``--events`` appends) is split into runs (``split_runs``); the picture
+is of the last.
 """
 
 from __future__ import annotations
@@ -41,8 +46,19 @@ class Timeline:
     steps: tuple[tuple[float, float], ...]  # (elapsed, newest committed step)
     checkpoints: tuple[tuple[float, float], ...]
     markers: tuple[Marker, ...]
-    outcome: str  # "done", "failed: ...", or "" (no end event)
+    # (elapsed, the checkpoint's step) of each ps shard restarted from a checkpoint
+    restarts: tuple[tuple[float, float], ...] = ()
+    # (elapsed, the step training went back to): a restart below the newest step known,
+    # or a step lower than the one before
+    rollbacks: tuple[tuple[float, float], ...] = ()
+    outcome: str = ""  # "done", "failed: ...", or "" (no end event)
     counts: dict[str, int] = field(default_factory=dict, hash=False)
+
+    @property
+    def steps_are_checkpoints(self) -> bool:
+        """Every step known comes from a checkpoint (a ps job: its shards report steps,
+        its workers none), so the step line is the checkpoints' steps."""
+        return bool(self.steps) and len(self.steps) == len(self.checkpoints)
 
 
 MARKER_KINDS = tuple(
@@ -97,6 +113,24 @@ def load_events(path: str | Path) -> tuple[list[dict], int]:
     return events, skipped
 
 
+def split_runs(events: Sequence[dict]) -> list[list[dict]]:
+    """The runs of an events file in file order. A run begins at a ``job_started`` line,
+    or at the first line after a run's end (``job_done``, ``job_failed``): a run that
+    failed before it started (a discovery error) has no ``job_started`` line."""
+    runs: list[list[dict]] = []
+    ended = True
+    for e in events:
+        kind = e.get("kind")
+        if kind == ev.JobStarted.kind or ended:
+            if not (runs and not runs[-1]):
+                runs.append([])
+            ended = False
+        runs[-1].append(e)
+        if kind in (ev.JobDone.kind, ev.JobFailure.kind):
+            ended = True
+    return [run for run in runs if run]
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -114,6 +148,8 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
     live: list[tuple[float, int]] = []
     steps: list[tuple[float, float]] = []
     checkpoints: list[tuple[float, float]] = []
+    restarts: list[tuple[float, float]] = []
+    rollbacks: list[tuple[float, float]] = []
     markers: list[Marker] = []
     counts: dict[str, int] = {}
     running = 0
@@ -133,8 +169,14 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
             running = max(0, running - 1)
             live.append((x, running))
         step = _number(e.get("step"))
-        if step is not None and kind != ev.PsRestarted.kind:
+        if step is not None and kind == ev.PsRestarted.kind:
             # A restart reports the checkpoint it went back to, not progress.
+            restarts.append((x, step))
+            if steps and step < steps[-1][1]:
+                rollbacks.append((x, step))
+        elif step is not None:
+            if steps and step < steps[-1][1]:
+                rollbacks.append((x, step))
             steps.append((x, step))
             if kind == ev.CheckpointWritten.kind:
                 checkpoints.append((x, step))
@@ -153,6 +195,8 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
         steps=tuple(steps),
         checkpoints=tuple(checkpoints),
         markers=tuple(markers),
+        restarts=tuple(restarts),
+        rollbacks=tuple(rollbacks),
         outcome=outcome,
         counts=counts,
     )
@@ -172,7 +216,10 @@ def summary(tl: Timeline) -> str:
         if c.get(kind):
             parts.append(f"{c[kind]} {word}" + ("" if c[kind] == 1 else "s"))
     if tl.steps:
-        parts.append(f"last step {_fmt_number(tl.steps[-1][1])}")
+        what = "last checkpoint step" if tl.steps_are_checkpoints else "last step"
+        parts.append(f"{what} {_fmt_number(tl.steps[-1][1])}")
+    if tl.rollbacks:
+        parts.append(f"{len(tl.rollbacks)} rollback" + ("" if len(tl.rollbacks) == 1 else "s"))
     end = f"job {tl.outcome}" if tl.outcome else "no end recorded"
     return f"{', '.join(parts)}; {end} after {_fmt_seconds(tl.duration)}"
 

@@ -13,6 +13,7 @@ whose ``open()`` makes clients of one fresh store.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,12 +46,18 @@ def etcd_single(tmp_path):
         yield cluster
 
 
+class SecretKeepingServer(EmbeddedServer):
+    """The store server with its secret at hand, for the tests' clients."""
+
+    def __init__(self, secret: str):
+        super().__init__(secret)
+        self.secret = secret
+
+
 @pytest.fixture
 def embedded_server():
-    secret = make_secret()
-    server = EmbeddedServer(secret)
+    server = SecretKeepingServer(make_secret())
     server.start()
-    server.secret = secret
     try:
         yield server
     finally:
@@ -76,7 +83,7 @@ class StoreBackend:
 
 
 @pytest.fixture(params=["embedded", "etcd"])
-def store_backend(request, tmp_path) -> StoreBackend:
+def store_backend(request, tmp_path) -> Iterator[StoreBackend]:
     if request.param == "embedded":
         server = request.getfixturevalue("embedded_server")
         backend = StoreBackend("embedded", f"embedded://{server.address}", server.secret, server)

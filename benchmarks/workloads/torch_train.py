@@ -76,15 +76,15 @@ def main() -> int:
 
         elastic.init()
         rank = elastic.rank()
-        optimizer = et.DistributedOptimizer(
+        distributed = et.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=model.named_parameters()
         )
+        optimizer: torch.optim.Optimizer = distributed
         et.broadcast_parameters(model.state_dict(), root_rank=0)
         net, barrier = model, elastic.barrier
 
         def timeline():
-            # The same optimizer object, its class extended by DistributedOptimizer.
-            return getattr(optimizer, "last_timeline")  # noqa: B009
+            return distributed.last_timeline
     else:
         import torch.distributed as dist
 

@@ -30,6 +30,7 @@ longer grace only delays the job's end when a worker ignores SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -44,6 +45,20 @@ from driver.launch.output import OutputForwarder, PrefixFn, Stream, worker_prefi
 from driver.launch.spec import LaunchSpec
 from driver.launch.ssh_wrapper import CONTROL_KILL, CONTROL_TERM
 from rendezvous.retry import Backoff
+
+_PERMANENT_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOEXEC,
+        errno.EISDIR,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+    }
+)
+"""Errors of exec and chdir that trying again cannot cure (unlike EAGAIN or ENOMEM)."""
 
 STOP_GRACE = 5.0
 """Seconds between SIGTERM and SIGKILL when the driver stops a process (see above)."""
@@ -64,7 +79,8 @@ def start_process(
 
     Raises:
         LaunchError: the program cannot be started (not found, no permission, missing
-            working directory); the message names the program and ``spec.label``.
+            working directory); the message names the program (or the directory) and
+            ``spec.label``, and says whether every try would fail alike.
     """
     try:
         return subprocess.Popen(
@@ -78,9 +94,13 @@ def start_process(
             close_fds=True,
         )
     except OSError as e:
-        where = f" in {cwd!r}" if cwd else ""
+        reason = e.strerror or str(e)
+        if cwd and e.filename == cwd:  # Popen names the directory it could not enter
+            what = f"cannot start {argv[0]!r} in working directory {cwd!r}: {reason}"
+        else:
+            what = f"cannot start {argv[0]!r}: {reason}"
         raise LaunchError(
-            f"cannot start {argv[0]!r}{where} for {spec.label}: {e.strerror or e}"
+            f"{what} (for {spec.label})", permanent=e.errno in _PERMANENT_ERRNOS
         ) from e
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from driver.errors import LaunchSpecError
@@ -39,7 +39,7 @@ class LaunchSpec:
 
     host: str
     slot: int
-    command: tuple[str, ...]
+    command: Sequence[str]  # any sequence, kept as a tuple
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     cwd: str | None = None
     label: str = ""
@@ -96,7 +96,7 @@ class SSHSettings:
     remote_grace: float = 5.0
     forward_env: bool = True
     env_exclude: tuple[str, ...] = ()
-    extra_options: tuple[str, ...] = ()
+    extra_options: Sequence[str] = ()  # any sequence, kept as a tuple
 
     def __post_init__(self):
         if self.port is not None and not (isinstance(self.port, int) and 0 < self.port < 65536):

@@ -41,7 +41,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from driver.errors import LaunchSpecError
 from driver.launch.spec import LaunchSpec, SSHSettings, valid_env_name
@@ -128,7 +128,7 @@ def encode_env_block(variables: Mapping[str, str]) -> bytes:
     return ("".join(line + "\n" for line in lines) + "\n").encode("utf-8", "surrogateescape")
 
 
-def remote_script(command: tuple[str, ...], cwd: str, remote_grace: float) -> str:
+def remote_script(command: Sequence[str], cwd: str, remote_grace: float) -> str:
     """The POSIX-sh wrapper run on the ssh host (see the module docstring), on one line.
 
     Reads the environment block from stdin (exits 125 if the stream ends before the

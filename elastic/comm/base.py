@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -62,8 +63,13 @@ class CommSettings:
         before ``WorkerLostError`` names the peer that never showed up.
     peer_timeout: seconds without a heartbeat after which a live-looking neighbour
         (e.g. SIGSTOPped) is declared lost. A killed peer is seen at once regardless.
+    suspect_after: seconds without a heartbeat after which a neighbour is reported
+        *silent* (``on_peer_silent``), not lost: the driver then checks whether its host
+        still answers at all (a host cut off the network sends no FIN and no RST, so
+        silence is its only sign) and drops the whole host if not. A busy process keeps
+        its heartbeats going from the monitor thread; a false suspicion costs one probe.
     heartbeat_interval: seconds between heartbeats; None means
-        ``min(1.0, peer_timeout / 4)``.
+        ``min(0.1, suspect_after / 4, peer_timeout / 4)``.
     transport: "auto" (shared memory when every member is on this host; the TCP ring when
         no two members share a host; otherwise hierarchical: shared memory inside each
         host and a TCP ring among one leader per host), "tcp" (always the TCP ring),
@@ -85,6 +91,7 @@ class CommSettings:
 
     connect_timeout: float = 30.0
     peer_timeout: float = 30.0
+    suspect_after: float = 0.8
     heartbeat_interval: float | None = None
     transport: str = "auto"
     chunk_bytes: int = 1 << 19
@@ -94,7 +101,7 @@ class CommSettings:
     socket_buffer_bytes: int | None = None
 
     def __post_init__(self):
-        for name in ("connect_timeout", "peer_timeout", "close_grace"):
+        for name in ("connect_timeout", "peer_timeout", "suspect_after", "close_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.heartbeat_interval is not None and not (
@@ -112,7 +119,7 @@ class CommSettings:
     def effective_heartbeat_interval(self) -> float:
         if self.heartbeat_interval is not None:
             return self.heartbeat_interval
-        return min(1.0, self.peer_timeout / 4)
+        return min(0.1, self.suspect_after / 4, self.peer_timeout / 4)
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ class Membership:
 
     round_id: int
     rank: int
-    addresses: tuple[str, ...]
+    addresses: Sequence[str]  # any sequence, kept as a tuple
     secret: str = field(repr=False)  # never printed in logs or tracebacks
 
     def __post_init__(self):

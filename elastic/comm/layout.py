@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 REDUCE_OPS = ("sum", "average", "max", "min")
 
@@ -30,7 +31,7 @@ def check_reduce_op(op: str) -> str:
     return op
 
 
-def check_reduce_dtype(dtype: np.dtype) -> np.dtype:
+def check_reduce_dtype(dtype: DTypeLike) -> np.dtype:
     """Return ``dtype`` when it can be reduced (float, signed or unsigned int).
 
     Raises TypeError otherwise."""
@@ -40,7 +41,7 @@ def check_reduce_dtype(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def check_transfer_dtype(dtype: np.dtype) -> np.dtype:
+def check_transfer_dtype(dtype: DTypeLike) -> np.dtype:
     """Return ``dtype`` when its bytes can be shipped as they are (no Python objects,
     no structured fields). Raises TypeError otherwise."""
     dtype = np.dtype(dtype)

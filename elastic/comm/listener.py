@@ -11,6 +11,7 @@ a verdict.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -22,6 +23,7 @@ from typing import Callable, Protocol
 
 from elastic.errors import CommunicatorClosedError
 from elastic.netio import client_handshake, make_nonce, recv_exact, server_handshake, wake_pipe
+from rendezvous import netaddr
 from rendezvous.retry import Backoff
 from rendezvous.url import Endpoint
 
@@ -52,9 +54,16 @@ def tune_socket(sock: socket.socket) -> None:
 class RingListener:
     """Accepts ring connections for every round of this worker.
 
-    ``bind_host``: interface to bind (default loopback). ``advertise_host``: host peers
-    should dial when it differs (e.g. binding 0.0.0.0). ``secret``: the job secret every
+    ``bind_host``: interface to bind (default loopback). ``advertise_host``: address peers
+    should dial when it differs (binding 0.0.0.0 without one advertises this machine's
+    address on its default route, never a host name). ``secret``: the job secret every
     peer must prove.
+
+    Strangers cannot crowd out peers: at most ``max_handshakes`` connections may be
+    proving the secret at once, each for at most ``handshake_timeout`` seconds, and when
+    all are taken a new connection evicts the oldest one still unproven (an expected
+    peer proves itself within a round trip; a connection that sits silent is the one to
+    go). A peer evicted by a flood dials again until its connect deadline.
 
     A communicator of this worker uses it in three steps: ``register`` (begin its round
     here; it is closed when a newer round begins), ``claim`` (take the connections its
@@ -72,7 +81,7 @@ class RingListener:
         port: int = 0,
         *,
         advertise_host: str | None = None,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 5.0,
         max_handshakes: int = 64,
         max_parked: int = 4096,
     ):
@@ -93,14 +102,18 @@ class RingListener:
         bound_port = self._sock.getsockname()[1]
         host = advertise_host or bind_host
         if host in ("0.0.0.0", "::", ""):
-            host = socket.gethostname()
+            try:
+                host = netaddr.default_route_address()
+            except netaddr.AddressError:
+                host = "127.0.0.1"
         self.address = str(Endpoint(host, bound_port))
 
         self._cond = threading.Condition()
         self._parked: dict[tuple[int, int, int], tuple[socket.socket, wire.Hello]] = {}
         self._min_round = -1
         self._closed = False
-        self._handshakes = 0
+        self._unproven: dict[socket.socket, float] = {}  # handshakes under way, by start
+        self._evicted = 0  # unproven connections pushed out by newer ones
         self._refused = 0  # connections dropped for a bad proof or bad bytes
         self._stale = 0  # connections refused for an old round
         self._notes: dict[tuple[int, int, int], str] = {}
@@ -140,6 +153,11 @@ class RingListener:
     def refused_count(self) -> int:
         """How many connections were dropped for failing the secret or the format."""
         return self._refused
+
+    @property
+    def evicted_count(self) -> int:
+        """How many unproven connections newer ones pushed out (a flood of strangers)."""
+        return self._evicted
 
     @property
     def stale_count(self) -> int:
@@ -277,15 +295,24 @@ class RingListener:
                 except OSError:
                     continue
                 with self._cond:
-                    busy = self._handshakes >= self._max_handshakes or self._closed
-                    if not busy:
-                        self._handshakes += 1
-                if busy:
-                    conn.close()
-                    continue
+                    if self._closed:
+                        conn.close()
+                        continue
+                    if len(self._unproven) >= self._max_handshakes:
+                        self._evict_oldest_locked()
+                    self._unproven[conn] = time.monotonic()
                 threading.Thread(
                     target=self._handshake, args=(conn,), name="ring-handshake", daemon=True
                 ).start()
+
+    def _evict_oldest_locked(self) -> None:
+        """Push out the unproven connection that has waited longest: its handshake thread
+        wakes from ``recv`` with an error and frees the slot."""
+        oldest = min(self._unproven, key=self._unproven.__getitem__)
+        del self._unproven[oldest]
+        self._evicted += 1
+        with contextlib.suppress(OSError):
+            oldest.shutdown(socket.SHUT_RDWR)
 
     def _handshake(self, conn: socket.socket) -> None:
         parked = False
@@ -301,6 +328,8 @@ class RingListener:
                 deadline=deadline,
             )
             with self._cond:
+                if self._unproven.pop(conn, None) is None:
+                    raise ConnectionError("evicted by a newer connection")
                 verdict = (
                     wire.VERDICT_CLOSED
                     if self._closed
@@ -337,7 +366,7 @@ class RingListener:
             log.debug("ring handshake refused: %s", e)
         finally:
             with self._cond:
-                self._handshakes -= 1
+                self._unproven.pop(conn, None)
             if not parked:
                 conn.close()
 

@@ -11,8 +11,11 @@ communicator decides what that means for the round.
   the control channel, so it sees the death within milliseconds whether or not a
   collective is running (``lost(rank, why)``).
 * A stopped (SIGSTOP) or unreachable peer keeps its sockets open; heartbeats on the
-  control channel stop, and after ``peer_timeout`` without one the neighbour is
-  reported lost. Heartbeats come from this thread, which needs the GIL only briefly, so
+  control channel stop. After ``suspect_after`` without one the neighbour is reported
+  *silent* (``silent(rank, seconds)``, once per silence): a host cut off the network
+  looks exactly like this, and only someone who can ask the host itself (the driver)
+  can tell it from a stopped process, so silence alone proves nothing here. After
+  ``peer_timeout`` without a heartbeat the neighbour is reported lost. Heartbeats come from this thread, which needs the GIL only briefly, so
   a busy but alive peer keeps sending them (a C extension holding the GIL for longer
   than ``peer_timeout`` would be mistaken for a stopped peer; numpy and socket calls
   release it).
@@ -77,6 +80,7 @@ class AbortNotice:
 
 
 LostCallback = Callable[["int | None", str], None]
+SilentCallback = Callable[[int, float], None]
 ClosingCallback = Callable[[int, str, bool], bool]
 AbortCallback = Callable[[AbortNotice], None]
 
@@ -93,7 +97,10 @@ class FailureMonitor:
       the member that closed first); ``settled`` is True when a collective here already
       found that neighbour gone, so the close must take effect now. Returns True when
       the communicator is finished;
-    * ``aborted(notice)``: a neighbour relayed a failure.
+    * ``aborted(notice)``: a neighbour relayed a failure;
+    * ``silent(rank, seconds)`` (optional): a neighbour has sent nothing for
+      ``suspect_after`` seconds; called once until it is heard from again. It must
+      return quickly (it runs between heartbeats).
 
     The communicator calls ``stop`` when it breaks, for any reason.
     """
@@ -108,6 +115,7 @@ class FailureMonitor:
         lost: LostCallback,
         closing: ClosingCallback,
         aborted: AbortCallback,
+        silent: SilentCallback | None = None,
     ):
         now = time.monotonic()
         self._control = {sock.fileno(): _ControlLink(sock, rank, now) for sock, rank in control}
@@ -117,6 +125,8 @@ class FailureMonitor:
         self._data_socks = data
         self._interval = settings.effective_heartbeat_interval
         self._timeout = settings.peer_timeout
+        self._suspect_after = settings.suspect_after
+        self._report_silent = silent
         self._grace = settings.close_grace
         self._report_lost = lost
         self._report_closing = closing
@@ -203,6 +213,7 @@ class FailureMonitor:
             poller.register(sock.fileno(), POLLRDHUP)
         hung_up: dict[int, float] = {}  # rank -> when its connection was first seen broken
         closed = self._closed_peers
+        silent: set[int] = set()  # neighbours reported silent and not heard from since
         next_beat = now
         while not self._stopped:
             now = time.monotonic()
@@ -220,6 +231,12 @@ class FailureMonitor:
             due += [
                 link.last_heard + timeout for link in control.values() if link.rank not in closed
             ]
+            if self._report_silent is not None:
+                due += [
+                    link.last_heard + self._suspect_after
+                    for link in control.values()
+                    if link.rank not in closed and link.rank not in silent
+                ]
             events = poller.poll(max(0.0, min(due) - now) * 1000.0 + 1.0)
             now = time.monotonic()
             for fd, ev in events:
@@ -258,6 +275,20 @@ class FailureMonitor:
                     self._report_lost(rank, "connection broken")
                     return
             for link in control.values():
+                quiet = now - link.last_heard
+                if link.rank in silent and quiet < self._suspect_after:
+                    silent.discard(link.rank)  # heard from again: a new silence reports anew
+                elif (
+                    self._report_silent is not None
+                    and link.rank not in closed
+                    and link.rank not in silent
+                    and quiet >= self._suspect_after
+                ):
+                    silent.add(link.rank)
+                    try:
+                        self._report_silent(link.rank, quiet)
+                    except Exception:  # a failing hook must not stop failure detection
+                        log.exception("on_peer_silent hook failed")
                 if link.rank not in closed and now - link.last_heard > timeout:
                     self._report_lost(
                         link.rank,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 _CPYTHON = sys.implementation.name == "cpython"
 
@@ -40,7 +41,7 @@ class OutputCache:
         self._max = max_entries
         self._owners: list[np.ndarray] = []
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if not _CPYTHON or nbytes < self._min:

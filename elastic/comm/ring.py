@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from functools import partial
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -71,7 +71,9 @@ class RingCommunicator(Communicator):
     membership's round on the listener, which closes this worker's communicators of
     older rounds. ``on_peer_failure(error)`` is called once when this communicator
     breaks because a member was lost (not on orderly closes), from the monitor thread or
-    from the thread whose collective found the loss.
+    from the thread whose collective found the loss. ``on_peer_silent(rank, seconds)``
+    is called from the monitor thread when a neighbour has been silent for
+    ``settings.suspect_after`` seconds (see ``CommSettings``).
 
     Raises:
         ValueError: the membership's secret differs from the listener's.
@@ -88,6 +90,7 @@ class RingCommunicator(Communicator):
         settings: CommSettings | None = None,
         *,
         on_peer_failure: FailureCallback | None = None,
+        on_peer_silent: Callable[[int, float], Any] | None = None,
     ):
         if not isinstance(membership, Membership):
             raise TypeError("membership must be a Membership")
@@ -98,6 +101,7 @@ class RingCommunicator(Communicator):
         self._size = membership.size
         self._links = NeighbourLinks(self._rank, self._size)
         self._on_peer_failure = on_peer_failure
+        self._on_peer_silent = on_peer_silent
 
         # Re-entrant: close() may run in a signal handler that interrupted this thread
         # inside one of the short locked sections.
@@ -178,6 +182,7 @@ class RingCommunicator(Communicator):
             lost=lambda rank, why: self._lost(rank, why, direct=rank is not None),
             closing=self._on_peer_closing,
             aborted=self._on_abort,
+            silent=self._on_peer_silent,
         )
         with self._lock:
             self._monitor = monitor

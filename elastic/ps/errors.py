@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from elastic.errors import HostsUpdatedInterrupt
 from rendezvous.errors import ElasticError, RendezvousConnectionError
+from rendezvous.rpc import MalformedRequest
 
 
 class PSError(ElasticError):
@@ -48,6 +49,12 @@ class PSShapeError(PSError, ValueError):
 
 class PSProtocolError(PSError):
     """A request that contradicts the shard's state (e.g. two sizes for one round)."""
+
+
+class PSHeaderError(PSProtocolError, MalformedRequest):
+    """A header that does not parse: a missing field, or a value of the wrong type (the
+    message names the record and the field). A shard answers INVALID_ARGUMENT with it
+    and logs one rate-limited line, never a traceback."""
 
 
 class PSTimeoutError(PSError, TimeoutError):

@@ -35,10 +35,25 @@ class Optimizer:
                 f"optimizer {self.name!r} has no argument(s) {sorted(unknown)}; "
                 f"it takes lr and {sorted(self.defaults)}"
             )
-        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-            raise PSConfigError(f"lr must be a positive number, not {lr!r}")
+        if not (isinstance(lr, (int, float)) and _finite(lr) and lr > 0):
+            raise PSConfigError(f"lr must be a positive number, not {lr!r:.40}")
         self.lr = float(lr)
-        self.args = {**self.defaults, **{k: type(self.defaults[k])(v) for k, v in args.items()}}
+        self.args = {**self.defaults, **{k: self._convert(k, v) for k, v in args.items()}}
+
+    def _convert(self, name: str, value):
+        """``value`` as the type of argument ``name``'s default. Raises PSConfigError
+        for a value that does not convert, or converts to an infinite number."""
+        kind = type(self.defaults[name])
+        try:
+            converted = kind(value)
+        except (TypeError, ValueError, OverflowError):
+            converted = None
+        if converted is None or (isinstance(converted, float) and not math.isfinite(converted)):
+            raise PSConfigError(
+                f"optimizer {self.name!r} argument {name!r} must be a finite "
+                f"{kind.__name__}, not {str(value)[:40]!r}"
+            )
+        return converted
 
     def config(self) -> dict:
         """JSON-able description; ``make_optimizer(**config)`` rebuilds it."""
@@ -55,6 +70,14 @@ class Optimizer:
         out: np.ndarray | None = None,
     ) -> np.ndarray:
         raise NotImplementedError
+
+
+def _finite(number: float) -> bool:
+    """A finite number that fits a float (an int too large for one is not)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 def _minus(

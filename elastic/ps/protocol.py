@@ -15,11 +15,12 @@ else does, so it may change between releases.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from elastic.ps.errors import PSProtocolError
+from elastic.ps.errors import PSHeaderError
 from elastic.ps.partition import Slice
 
 SERVICE = "elastic.ps.Shard"
@@ -36,12 +37,49 @@ R = TypeVar("R", bound="Record")
 A = TypeVar("A", bound="Record")
 
 
+def _brief(value: Any) -> str:
+    """``repr(value)`` cut to a length fit for a one-line error."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
+
+
+# The JSON types a field annotation names (bool is no int here, though Python says so).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "dict": (dict,),
+}
+
+
+def _conforms(annotation: str, value: Any) -> bool:
+    """Whether a JSON ``value`` fits a field annotation such as ``int``,
+    ``str | None`` or ``tuple[str, ...]``. A record or slice type fits any value here:
+    its own ``from_dict`` checks it (``Record._nested``)."""
+    for option in (part.strip() for part in annotation.split("|")):
+        if option == "None":
+            if value is None:
+                return True
+        elif option.startswith("tuple[") and option.endswith(", ...]"):
+            inner = option[len("tuple[") : -len(", ...]")]
+            if isinstance(value, (list, tuple)) and all(_conforms(inner, v) for v in value):
+                return True
+        elif option not in _JSON_TYPES:
+            return True
+        elif isinstance(value, _JSON_TYPES[option]) and (
+            option == "bool" or not isinstance(value, bool)
+        ):
+            return not isinstance(value, float) or math.isfinite(value)
+    return False
 
 
 class Record:
@@ -54,20 +92,30 @@ class Record:
     @classmethod
     def from_dict(cls: type[R], raw: Mapping[str, Any]) -> R:
         """The record of the fields of ``raw`` it knows (the others belong to the
-        envelope or to ``wire``).
+        envelope or to ``wire``), each checked against its annotation.
 
         Raises:
-            PSProtocolError: a required field is missing or ``raw`` is no mapping."""
+            PSHeaderError: ``raw`` is no mapping, a required field is missing, or a
+                field holds a value of another type (the message names the field)."""
+        if not isinstance(raw, Mapping):
+            raise PSHeaderError(f"bad {cls.__name__} header: not an object but {_brief(raw)}")
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in raw:
+                if f.default is dataclasses.MISSING:
+                    raise PSHeaderError(f"bad {cls.__name__} header: field {f.name!r} is missing")
+                continue
+            value = raw[f.name]
+            if not _conforms(str(f.type), value):
+                raise PSHeaderError(
+                    f"bad {cls.__name__} header: field {f.name!r} must be {f.type}, "
+                    f"not {_brief(value)}"
+                )
+            values[f.name] = tuple(value) if isinstance(value, list) else value
         try:
-            values = {
-                f.name: raw[f.name]
-                for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                if f.name in raw
-            }
-            values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
             return cls(**cls._nested(values))
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            raise PSProtocolError(f"bad {cls.__name__} header: {exc}") from None
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
+            raise PSHeaderError(f"bad {cls.__name__} header: {exc}") from None
 
     @classmethod
     def _nested(cls, values: dict) -> dict:
@@ -181,10 +229,12 @@ class Pulled(Record):
 @dataclass(frozen=True)
 class PushArgs(Record):
     """An async push: ``seq`` counts the pushes of ``client``, so a repeat is not applied
-    twice."""
+    twice; ``round`` is the pusher's round of the job (-1: a client outside elastic-run's
+    rounds), so a worker the job left behind (a host cut off and back) is refused."""
 
     client: str
     seq: int
+    round: int = -1
 
 
 @dataclass(frozen=True)
@@ -243,10 +293,12 @@ class ShardStatus(Record):
 @dataclass(frozen=True)
 class CheckpointArgs(Record):
     """``Prepare``/``Snapshot``/``Abort`` checkpoint ``checkpoint_id``; ``Align`` its
-    shards to step ``target``."""
+    shards to step ``target``. ``seal`` (``Prepare``): a checkpoint for a stop, after
+    which the shard applies nothing more (``ShardState.prepare``)."""
 
     checkpoint_id: int
     target: int | None = None
+    seal: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,6 +325,15 @@ class RollbackArgs(Record):
 
 
 @dataclass(frozen=True)
+class Sealed(Record):
+    """``Seal`` (shard 0): the shards' state is in checkpoint ``checkpoint_id`` (None:
+    there was nothing to keep) at ``step``, and they apply nothing more for a while."""
+
+    checkpoint_id: int | None
+    step: int | None
+
+
+@dataclass(frozen=True)
 class Call(Generic[A, R]):
     """A call one shard makes to another: its method name, argument and reply records."""
 
@@ -288,5 +349,6 @@ SNAPSHOT = Call("Snapshot", CheckpointArgs, Snapshotted)
 ABORT = Call("Abort", CheckpointArgs, Empty)
 ROLLBACK = Call("Rollback", RollbackArgs, ShardStatus)
 RESTORE_ALL = Call("RestoreAll", Empty, Restored)  # served by shard 0 (its coordinator)
+SEAL = Call("Seal", Empty, Sealed)  # shard 0: a checkpoint for a shard that stops
 # What ``ShardControl`` serves: every peer call but RESTORE_ALL.
 CONTROL_CALLS: tuple[Call, ...] = (STATUS, PREPARE, ALIGN, SNAPSHOT, ABORT, ROLLBACK)

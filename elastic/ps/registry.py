@@ -18,7 +18,7 @@ from typing import Callable
 from elastic.ps.errors import PSConfigError
 from rendezvous import env, open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointRecord, Plan, ShardInfo
+from rendezvous.plan import CheckpointRecord, Plan, PSConfigRecord, ShardInfo
 from rendezvous.store import PUT
 
 
@@ -54,9 +54,15 @@ class StoreRegistry:
         still restoring: clients retry until it serves).
 
         Raises:
-            PSConfigError: none has published within ``timeout`` (a job without
-                shards), or some are still missing then.
+            PSConfigError: the job runs no shards (the driver says so under
+                ``JobKeys.ps_config``: at once), none has published within
+                ``timeout``, or some are still missing then.
             RendezvousError: the store stayed unreachable."""
+        config = self.store.get(self.keys.ps_config)
+        if config is not None and PSConfigRecord.from_json(config.value).num_shards == 0:
+            raise PSConfigError(
+                "this job runs no parameter-server shards: start it with elastic-run --num-ps N"
+            )
         deadline = time.monotonic() + timeout
         kvs, watch = self.store.read_and_watch(self.keys.ps)
         with watch:

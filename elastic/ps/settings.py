@@ -53,6 +53,35 @@ class ClientSettings:
 
 
 @dataclass(frozen=True)
+class BulkLimits:
+    """What a shard's bulk port holds whatever its clients do (``elastic.ps.shard.bulk``).
+
+    ``max_connections``: authenticated connections served at once (a thread each; a
+    client uses up to ``ClientSettings.lanes`` per shard). ``max_handshakes``:
+    connections still proving the job secret; a new one beyond that pushes out the
+    oldest (honest clients prove it within a round trip, so the oldest is the likeliest
+    stranger). ``handshake_timeout``: seconds a new connection has to prove the secret.
+    ``fd_reserve``: when the process runs out of file descriptors, unproven connections
+    are closed until this many are free again for the rest of the shard (gRPC, the
+    store, checkpoint files). ``backoff_max``: the longest pause of the accept loop
+    while the process is out of file descriptors."""
+
+    max_connections: int = 512
+    max_handshakes: int = 64
+    handshake_timeout: float = 5.0
+    fd_reserve: int = 32
+    backoff_max: float = 1.0
+
+    def __post_init__(self):
+        if self.max_connections < 1 or self.max_handshakes < 1 or self.fd_reserve < 0:
+            raise PSConfigError(
+                "BulkLimits needs max_connections and max_handshakes >= 1, fd_reserve >= 0"
+            )
+        if not (self.handshake_timeout > 0 and self.backoff_max > 0):
+            raise PSConfigError("BulkLimits needs handshake_timeout and backoff_max > 0")
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """One shard's configuration (the command line of ``python -m elastic.ps.server``).
 
@@ -73,6 +102,8 @@ class ServerSettings:
     peer_call_timeout: float = 120.0  # one control call (a snapshot includes writing the file)
     max_wait: float = 2.0  # cap on one long-poll inside the shard
     staging_ttl: float = 300.0  # an abandoned upload/download is dropped after this
+    stop_timeout: float = 20.0  # a stopping shard tries this long to checkpoint the state
+    bulk: BulkLimits = BulkLimits()  # what the bulk port holds whatever clients do
 
     def __post_init__(self):
         if self.num_shards < 1 or not 0 <= self.index < self.num_shards:
@@ -81,6 +112,8 @@ class ServerSettings:
             raise PSConfigError(f"ps mode must be one of {MODES}, not {self.mode!r}")
         if self.checkpoint_interval <= 0 or self.keep_checkpoints < 1:
             raise PSConfigError("checkpoint interval must be > 0 and keep_checkpoints >= 1")
+        if not self.stop_timeout > 0:
+            raise PSConfigError("the stop timeout must be > 0 seconds")
         if self.split_threshold < 1:
             raise PSConfigError("split_threshold must be >= 1 byte")
         _bind_endpoint(self.bind)  # a bad address fails here, at start-up

@@ -13,6 +13,7 @@ concatenation, so a chunk is sent from, or received into, the arrays themselves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,7 +31,10 @@ def tensor_metas(header: dict) -> list[dict]:
 
 def check_dtype(dtype) -> np.dtype:
     """A dtype that can travel as raw bytes (numbers and booleans). Raises PSShapeError."""
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise PSShapeError(f"{str(dtype)[:40]!r} is not a dtype") from None
     if dt.kind not in "biufc" or dt.hasobject:
         raise PSShapeError(f"dtype {dt} cannot be sent: only numeric and bool arrays can")
     return dt
@@ -77,22 +81,43 @@ def tensors_of(header: dict, body) -> list[tuple[dict, np.ndarray]]:
     Raises PSShapeError when the blobs do not match ``header["tensors"]``."""
     body = memoryview(body).cast("B")
     tensors, offset = [], 0
-    for meta in tensor_metas(header):
-        dt = check_dtype(meta["dtype"])
-        shape = tuple(int(x) for x in meta["shape"])
-        nbytes = int(meta["nbytes"])
-        count = int(np.prod(shape, dtype=np.int64))
-        if count * dt.itemsize != nbytes or offset + nbytes > len(body):
+    metas = header.get(TENSORS, ())
+    if not isinstance(metas, list):
+        raise PSShapeError(f"{TENSORS!r} of a message is not a list")
+    for meta in metas:
+        dt, shape, nbytes = _layout_of(meta)
+        if offset + nbytes > len(body):
             raise PSShapeError(
                 f"tensor {meta.get('name')!r}: header says {nbytes} bytes of "
                 f"{dt} {shape} but the message does not hold them"
             )
+        count = nbytes // dt.itemsize
         array = np.frombuffer(body, dtype=dt, count=count, offset=offset).reshape(shape)
         tensors.append((meta, array))
         offset += nbytes
     if offset != len(body):
         raise PSShapeError(f"message has {len(body) - offset} bytes beyond its tensors")
     return tensors
+
+
+def _layout_of(meta) -> tuple[np.dtype, tuple[int, ...], int]:
+    """The dtype, shape and byte count one tensor's metadata states, checked against each
+    other (Python integers: no overflow). Raises PSShapeError naming what is wrong."""
+    if not isinstance(meta, dict):
+        raise PSShapeError(f"tensor metadata is not an object: {str(meta)[:40]}")
+    dt = check_dtype(meta.get("dtype"))
+    shape, nbytes = meta.get("shape"), meta.get("nbytes")
+    if (
+        not isinstance(shape, list)
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)
+        or not isinstance(nbytes, int)
+        or math.prod(shape) * dt.itemsize != nbytes
+    ):
+        raise PSShapeError(
+            f"tensor {str(meta.get('name'))[:40]!r}: shape {str(shape)[:40]} of {dt} "
+            f"does not make {str(nbytes)[:20]} bytes"
+        )
+    return dt, tuple(shape), nbytes
 
 
 def as_pieces(payload) -> list[memoryview]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -78,6 +79,13 @@ class _Distributed:
         return self._elastic_reducer.buckets
 
 
+if TYPE_CHECKING:
+
+    class DistributedTorchOptimizer(_Distributed, torch.optim.Optimizer):
+        """What ``DistributedOptimizer`` returns, for type checkers: a torch optimizer
+        with the methods above (at run time, a subclass of the user's optimizer class)."""
+
+
 def _distributed_class(cls: type) -> type:
     if cls not in _classes:
         _classes[cls] = type(f"Distributed{cls.__name__}", (_Distributed, cls), {})
@@ -122,7 +130,7 @@ def DistributedOptimizer(
     backward_passes_per_step: int = 1,
     compression: str | None = None,
     bucket_bytes: int | None = None,
-) -> torch.optim.Optimizer:
+) -> DistributedTorchOptimizer:
     """Make ``optimizer`` distributed and return it (the same object).
 
     ``named_parameters``: ``model.named_parameters()``, fixing the bucket order (reverse
@@ -158,4 +166,4 @@ def DistributedOptimizer(
 
     optimizer.register_step_pre_hook(before_step)
     optimizer.register_step_post_hook(after_step)
-    return optimizer
+    return cast("DistributedTorchOptimizer", optimizer)

@@ -79,11 +79,6 @@ class TorchState(State):
         self._saved: dict[str, Any] = {}
         self.save()
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for a missing attribute; declared so that type checkers accept
-        # the user's own attributes (``state.epoch``).
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-
     def _values(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._own}
 

@@ -316,3 +316,21 @@ def test_is_local_host_is_cached():
     is_local_host("no-such-host.invalid")
     is_local_host("no-such-host.invalid")
     assert is_local_host.cache_info().hits == 1
+
+
+def test_absurd_slot_count_in_discovery_output_names_the_line():
+    text = "a:2\nlocalhost:99999999999999999999999\n"
+    with pytest.raises(DiscoveryError) as caught:
+        parse_discovery_output(text, 1, SOURCE)
+    message = str(caught.value)
+    assert "line 2" in message and "localhost:9999" in message and "at most 1024" in message
+
+
+def test_discovery_listing_too_many_slots_stops_at_once():
+    # A million lines are not all parsed: the listing is refused at the first line past
+    # the bound, without a host list of that size ever being built.
+    text = "".join(f"h{i}:1024\n" for i in range(1_000_000))
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError, match=r"lists 66560 slots in all; at most 65536"):
+        parse_discovery_output(text, 1, SOURCE)
+    assert time.monotonic() - started < 5

@@ -7,17 +7,16 @@ import stat
 
 import pytest
 
-from driver.config import (
+from driver.config import JobConfig, parse_args
+from driver.errors import DriverError, UsageError
+from driver.flags import (
     DEFAULT_BLACKLIST_COOLDOWN_RANGE,
     DEFAULT_DISCOVERY_INTERVAL,
     DEFAULT_ELASTIC_TIMEOUT,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
     DEFAULT_START_TIMEOUT,
-    JobConfig,
     build_parser,
-    parse_args,
 )
-from driver.errors import DriverError, UsageError
 from driver.hosts import BlacklistPolicy, HostSlots
 from rendezvous.errors import ElasticError
 from rendezvous.url import Endpoint, StoreURL
@@ -137,6 +136,8 @@ def test_every_flag_sets_its_field(script):
         discovery_interval=0.5,
         rendezvous=StoreURL("etcd", (Endpoint("h1", 2379), Endpoint("h2", 2380))),
         job_id="my.job_1",
+        network_interface=None,
+        driver_address=None,
         reset_limit=5,
         blacklist_cooldown_range=(1.0, 20.0),
         elastic_timeout=30.0,
@@ -161,8 +162,25 @@ def test_blacklist_policy_takes_the_cooldown_range():
 
 
 def test_checkpoint_interval_without_dir_is_accepted():
-    config = parse("-np", "1", "--ps-checkpoint-interval", "9", *CMD)
+    # (with shards: a ps flag without --num-ps is an error, see below)
+    config = parse("-np", "1", "--num-ps", "1", "--ps-checkpoint-interval", "9", *CMD)
     assert config.ps_checkpoint_interval == 9.0 and config.ps_checkpoint_dir is None
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--ps-mode", "sync"), ("--ps-checkpoint-dir", "/ckpt"), ("--ps-checkpoint-interval", "9")],
+)
+@pytest.mark.parametrize("num_ps", [[], ["--num-ps", "0"]])
+def test_ps_flags_without_shards_are_an_error_naming_the_flag(flag, value, num_ps):
+    with pytest.raises(UsageError) as caught:
+        parse("-np", "1", *num_ps, flag, value, *CMD)
+    assert str(caught.value).startswith(f"{flag} needs --num-ps")
+
+
+def test_ps_flags_with_shards_keep_their_defaults():
+    config = parse("-np", "1", "--num-ps", "2", *CMD)
+    assert (config.ps_mode, config.ps_checkpoint_interval) == ("async", 60.0)
 
 
 @pytest.mark.parametrize(
@@ -328,6 +346,16 @@ def test_command_is_the_remainder(argv, command):
         # abbreviations are refused: "--min" must not mean "--min-np"
         (["-np", "1", "--min", "1", *CMD], "--min", "unrecognized"),
         (["-np", *CMD], "-np", "whole number"),
+        # absurd sizes: bounded, one line, without converting a thousand digits
+        (["-np", "99999999999999999999", *CMD], "-np", "at most 4096"),
+        (["-np", "9" * 5000, *CMD], "-np", "at most 4096"),
+        (["-H", "a:2", "--max-np", "4097", *CMD], "--max-np", "at most 4096"),
+        (["-H", "a:2", "--min-np", "10000", *CMD], "--min-np", "at most 4096"),
+        (["-np", "2000", *CMD], "-np", "at most 1024 slots"),
+        (["-np", "1", "--slots-per-host", "5000", *CMD], "--slots-per-host", "at most 1024"),
+        (["-H", "a:99999999999999999999999", *CMD], "-H", "at most 1024 per host"),
+        (["-H", ",".join(f"h{i}:1024" for i in range(65)), *CMD], "-H", "at most 65536"),
+        (["-H", "x" * 300, *CMD], "-H", "DNS allows 253"),
     ],
 )
 def test_bad_use_is_a_one_line_usage_error(argv, flag, problem):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import threading
 import typing
 from dataclasses import dataclass
@@ -131,7 +132,7 @@ def _sample(cls):
 
 def test_every_kind_has_a_class_and_a_readable_text():
     vocabulary = ev.vocabulary()
-    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 23
+    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 27
     for kind, cls in vocabulary.items():
         assert cls.kind == kind
         event = _sample(cls)
@@ -160,3 +161,29 @@ def test_events_carry_the_fields_readers_rely_on():
     assert {"reporter", "round", "reason", "suspect"} <= fields["failure_reported"]
     assert {"host", "cooldown"} <= fields["host_blacklisted"]
     assert {"reason", "rounds", "seconds"} <= fields["job_failed"]
+
+
+def test_the_events_file_is_appended_to_never_truncated(tmp_path):
+    path = tmp_path / "events.jsonl"
+    for run in range(2):
+        with EventLog(str(path), stream=io.StringIO()) as log:
+            log.emit(ev.JobStarted(f"job{run}", "embedded://h:1", 1, 1, 1, ["true"]))
+            log.emit(ev.JobDone(round=1, size=1, resets=0))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["kind"], r.get("job_id")) for r in records] == [
+        ("job_started", "job0"),
+        ("job_done", None),
+        ("job_started", "job1"),
+        ("job_done", None),
+    ]
+
+
+def test_driver_lines_can_carry_a_timestamp():
+    stream = io.StringIO()
+    log = EventLog(None, stream=stream, timestamps=True)
+    log.emit(ev.Waiting(what="workers", waited=3.0))
+    line = stream.getvalue()
+    assert re.fullmatch(
+        r"elastic-run \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\]: waiting for workers \(3.00s so far\)\n",
+        line,
+    ), line

@@ -323,6 +323,7 @@ def test_cooldown_grows_with_each_strike_up_to_the_maximum():
     for _ in range(6):
         m.record_failure("a", now)
         (event,) = m.record_failure("a", now)
+        assert isinstance(event, HostBlacklisted)
         cooldowns.append(event.cooldown)
         now = event.until
         assert m.release_expired(now) == (HostReturned("a"),)
@@ -423,7 +424,7 @@ def test_zero_cooldown_returns_at_once():
     policy = BlacklistPolicy(failure_threshold=1, failure_window=1, cooldown_min=0, cooldown_max=0)
     m = manager("a:1,b:1", policy=policy)
     (event,) = m.record_failure("a", 3)
-    assert event.cooldown == 0 and event.until == 3
+    assert isinstance(event, HostBlacklisted) and event.cooldown == 0 and event.until == 3
     assert m.release_expired(3) == (HostReturned("a"),)
 
 
@@ -462,3 +463,35 @@ def test_manager_never_leaves_fewer_than_min_np_slots(failures, min_np):
         m.record_failure(host, now)
         assert total_slots(m.usable_hosts) >= min_np
         assert set(m.usable_hosts) <= set(m.known_hosts)
+
+
+# ----------------------------------------------------------------------------- absurd sizes
+
+
+@pytest.mark.parametrize(
+    "entry, problem",
+    [
+        ("localhost:99999999999999999999999", "at most 1024 per host"),
+        ("localhost:" + "9" * 5000, "at most 1024 per host"),  # past int()'s digit limit
+        ("localhost:1025", "at most 1024 per host"),
+        ("a" * 254, "DNS allows 253"),
+        (".".join(["b" * 63] * 4) + "x", "DNS allows 253"),
+        ("a" * 64 + ".example.com:2", "DNS allows 63"),
+    ],
+    ids=["huge-slots", "5000-digits", "1025-slots", "long-name", "long-fqdn", "long-label"],
+)
+def test_absurd_entries_are_one_line_errors_naming_them(entry, problem):
+    with pytest.raises(HostSpecError) as caught:
+        parse_host_slots(entry, 1)
+    message = str(caught.value)
+    assert problem in message and "\n" not in message and len(message) < 400
+    assert entry[:20] in message  # the entry is named, cut to a readable length
+
+
+def test_the_largest_sane_entries_are_accepted():
+    assert parse_host_slots("localhost:1024", 1) == HostSlots("localhost", 1024)
+    assert parse_host_slots("localhost:0004", 1) == HostSlots("localhost", 4)
+    name = ".".join(["c" * 63] * 3) + "." + "d" * 61  # 253 characters, labels of 63
+    assert parse_host_slots(name, 2) == HostSlots(name, 2)
+    with pytest.raises(HostSpecError, match="at most 1024"):
+        HostSlots("a", 1025)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import signal
 import threading
+import time
 
 import pytest
 
@@ -294,3 +295,24 @@ def test_worker_env_carries_the_job_and_the_worker():
     assert env["ELASTIC_JOB_SECRET"] == "s3cret" and env["ELASTIC_WORKER_ID"] == "w-1"
     assert env["ELASTIC_SLOT"] == "2" and env["ELASTIC_RENDEZVOUS"] == "embedded://h:1"
     assert set(job_env(job.config, "s3cret", "u")) <= set(env)
+
+
+def test_a_signal_ends_the_wait_for_the_ps_shards_at_once():
+    """The fake shards never serve; SIGTERM (a message to the loop) still ends open()
+    long before the start timeout. (A real clock: the supervisor's own wait ends, in its
+    thread, after the timeout.)"""
+    job = Job(
+        parse_args(["-np", "1", "--num-ps", "1", "--start-timeout", "8", "python", "x.py"]),
+        launcher=FakeLauncher(),
+        events=Events(),
+    )
+    timer = threading.Timer(0.3, job.post, (SignalReceived(signal.SIGTERM),))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(JobFailed, match="stopped by SIGTERM while the ps shards started"):
+            job.open()
+        assert time.monotonic() - started < 4
+    finally:
+        timer.cancel()
+        job.close()

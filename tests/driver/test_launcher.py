@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -90,7 +91,7 @@ def cap():
 @pytest.fixture
 def procs():
     """Collects WorkerProcesses and raw Popens; stops and reaps all of them at the end."""
-    started = []
+    started: list[Any] = []
     yield started
     for p in started:
         if isinstance(p, subprocess.Popen):
@@ -120,7 +121,7 @@ def test_launch_spec_normalizes_and_validates():
     assert s.label == "h:2"
     assert LaunchSpec(host="h", slot=0, command=("x",), label="ps0").label == "ps0"
     with pytest.raises(AttributeError):
-        s.host = "other"  # frozen
+        s.host = "other"  # type: ignore[misc]  # frozen: the assignment must fail
     for bad in (
         dict(command=()),
         dict(command="python x.py"),
@@ -133,7 +134,7 @@ def test_launch_spec_normalizes_and_validates():
         dict(env={"A": "x\0y"}),
         dict(env={"A": 3}),
     ):
-        args = dict(host="h", slot=0, command=("x",))
+        args: dict[str, Any] = dict(host="h", slot=0, command=("x",))
         args.update(bad)
         with pytest.raises(LaunchSpecError):
             LaunchSpec(**args)
@@ -354,12 +355,12 @@ def test_local_launch_errors(tmp_path):
 
 def test_auto_launcher_runs_local_hosts_locally(cap, procs):
     seen = []
-    auto = AutoLauncher(
-        SSHSettings(port=free_port()),
-        cap.out,
-        cap.err,
-        is_local=lambda host: seen.append(host) or True,
-    )
+
+    def is_local(host: str) -> bool:
+        seen.append(host)
+        return True
+
+    auto = AutoLauncher(SSHSettings(port=free_port()), cap.out, cap.err, is_local=is_local)
     p = auto.launch(spec(PY, "-c", "print('here')", host="pretend-host"))
     procs.append(p)
     assert p.wait(20) == 0 and seen == ["pretend-host"]
@@ -379,12 +380,14 @@ def run_wrapper(procs, command, env_block: bytes, cwd="/", grace=1.0):
         start_new_session=True,
     )
     procs.append(p)
+    assert p.stdin is not None  # stdin=PIPE
     p.stdin.write(env_block)
     p.stdin.flush()
     return p
 
 
 def read_line(p: subprocess.Popen) -> str:
+    assert p.stdout is not None  # run_wrapper's stdout=PIPE
     return p.stdout.readline().decode().strip()
 
 

@@ -59,7 +59,7 @@ def test_pure_helpers():
 
 def test_prefix_changes_mid_stream_and_streams_stay_apart(pipes):
     out, err = io.BytesIO(), io.BytesIO()
-    rank = [None]
+    rank: list[int | None] = [None]
     fw = start(pipes, lambda: worker_prefix(rank[0], "n1:2"), out, err)
     pipes.write(b"first\n")
     pipes.write(b"warning\n", err=True)

@@ -158,7 +158,7 @@ def test_build_plan_copies_worker_fields():
 
 def test_first_round():
     plan = next_plan(None, ws("w2@b/0,w1@a/1,w0@a/0"), hs("a:2,b:1"), min_np=3, max_np=None)
-    assert plan.round_id == 1
+    assert plan is not None and plan.round_id == 1
     assert ids(plan) == ["w0", "w1", "w2"]  # host order, then slot
     assert ranks(plan) == [("w0", 0, 0, 2, 0, 2), ("w1", 1, 1, 2, 0, 1), ("w2", 2, 0, 1, 1, 2)]
 
@@ -217,7 +217,7 @@ def test_duplicate_worker_ids_count_once():
 def test_survivor_uses_its_live_registration():
     previous = build_plan(1, ws("w0@a/0"))
     plan = next_plan(previous, ws("w0@a/0"), hs("a:1"), 1, None)
-    assert plan.members[0].address == "a:7000"
+    assert plan is not None and plan.members[0].address == "a:7000"
 
 
 @pytest.mark.parametrize("min_np, max_np", [(0, None), (-1, 3), (3, 2)])
@@ -324,7 +324,9 @@ def test_next_plan_invariants(scenario):
         assert kept == live_allowed_survivors
     # newcomers in host order then slot
     position = {s: i for i, s in enumerate(allowed_slots(hosts))}
-    new_positions = [position[(m.host, m.slot)] for m in members if m.worker_id not in old_ids]
+    new_positions = [
+        position[WorkerSlot(m.host, m.slot)] for m in members if m.worker_id not in old_ids
+    ]
     assert new_positions == sorted(new_positions)
     # local ranks: 0..local_size-1 per host, in rank order
     by_host: dict[str, list[Member]] = {}
@@ -353,7 +355,7 @@ def test_replanning_with_the_same_inputs_changes_nothing(scenario):
     plan = next_plan(previous, live, hosts, min_np, max_np)
     if plan is not None:
         again = next_plan(plan, live, hosts, min_np, max_np)
-        assert not needs_new_round(plan, again)
+        assert again is not None and not needs_new_round(plan, again)
         assert again.round_id == plan.round_id + 1
 
 
@@ -376,7 +378,7 @@ def test_filled_slots_reach_the_cap_and_plan(scenario):
     new_workers = [worker(f"n{i}", h, s) for i, (h, s) in enumerate(fill)]
     if total:
         plan = next_plan(None, list(live) + new_workers, hosts, 1, max_np)
-        assert plan.size == (total if max_np is None else min(total, max_np))
+        assert plan is not None and plan.size == (total if max_np is None else min(total, max_np))
 
 
 @pytest.mark.parametrize(

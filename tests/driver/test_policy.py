@@ -16,17 +16,21 @@ from driver.decisions import (
     Book,
     CountFailure,
     Fail,
+    HostLost,
     HostsView,
     Kill,
     Launch,
+    Probe,
     Publish,
     Report,
     Stop,
+    StoreHealth,
     Succeed,
     Wait,
 )
 from driver.hosts import HostSlots, parse_host_slots
 from driver.planner import build_plan
+from driver.policy import suspicion
 from driver.workers import WorkerRecord, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
 
@@ -220,6 +224,19 @@ def test_a_member_finishing_starts_the_finish_grace():
     assert book.change_at == 7.0
 
 
+def test_a_member_whose_training_returned_marks_the_training_done():
+    a = rec("a", 0)
+    p = plan_of(1, a, rec("b", 1))
+    _, (_, book) = policy.worker_exited(a, 0, p, Book(0.0), now=7.0, trained_to_end=True)
+    assert book.training_done
+    # An exit 0 without the marker (a worker leaving early) starts only the finish grace,
+    # and so does a non-member's, marker or not.
+    _, (_, book) = policy.worker_exited(a, 0, p, Book(0.0), now=7.0)
+    assert not book.training_done
+    _, (_, book) = policy.worker_exited(rec("z", 3), 0, p, Book(0.0), now=7.0, trained_to_end=True)
+    assert not book.training_done
+
+
 def test_a_stopped_worker_is_no_failure():
     going = rec("a", 0, state=S.STOPPING)
     done, (decisions, book) = policy.worker_exited(going, -15, None, Book(0.0), now=3.0)
@@ -323,6 +340,19 @@ def test_finish_grace_holds_every_round():
     decisions, book = policy.plan_round(t, p, book, view(), cfg, now=12.5)
     assert only(decisions, Publish).plan.worker_ids == ("a",)
     assert book.resets == 0  # a round for stragglers after a finish is no reset
+
+
+def test_no_round_and_no_launch_once_training_is_done():
+    # However long the others take to finish, a done training never re-forms: a new
+    # world would be handed a finished job (the FINISH_GRACE race under load).
+    a = rec("a", 0)
+    p = plan_of(1, a, rec("b", 1))
+    t = table(a, rec("b", 1, state=S.FINISHED, exit_code=0))
+    book = Book(0.0, member_finished_at=10.0, training_done=True)
+    cfg = config("-np", "2", "--min-np", "1")
+    decisions, after = policy.plan_round(t, p, book, view(), cfg, now=10.0 + 60.0)
+    assert decisions == () and after == book
+    assert policy.slots_to_fill(t, hs("h:2"), book, cfg) == []
 
 
 def test_join_batch_window_holds_growth_while_the_round_works():
@@ -505,27 +535,97 @@ def test_free_slots_are_filled_but_not_finished_ones():
     assert policy.slots_to_fill(t, hs("localhost:3"), Book(0.0), capped) == []
 
 
-def test_unresponsive_member_reported_by_its_peers_is_killed():
+def test_an_accused_member_silent_itself_is_killed_after_the_confirm_window():
+    """A stopped or hung member cannot report: its peers' word is confirmed by its own
+    silence for CONFIRM_WINDOW, then it is killed."""
     a, b = rec("a", 0), rec("b", 1)
     p = plan_of(3, a, b)
     t = table(a, b, rec("c", 2, state=S.STOPPING))
+    window = suspicion.CONFIRM_WINDOW
 
-    def report(suspect, round_id):
-        return {"worker_id": "a", "round_id": round_id, "reason": "timeout", "suspect": suspect}
+    def report(suspect, round_id, reporter="a"):
+        return {
+            "worker_id": reporter,
+            "round_id": round_id,
+            "reason": "timeout",
+            "suspect": suspect,
+        }
 
     said = Report(ev.FailureReported(reporter="a", round=3, reason="timeout", suspect="b"))
-    assert policy.failure_reported(t, p, report("b", 3)) == [
-        said,
-        Kill("b", "unresponsive (reported by its peers)"),
-    ]
-    assert kinds(policy.failure_reported(t, p, report("b", 2))) == [Report]  # an older round
-    assert kinds(policy.failure_reported(t, p, report("c", 3))) == [Report]  # on its way out
-    assert kinds(policy.failure_reported(t, p, report("zz", 3))) == [Report]
-    assert kinds(policy.failure_reported(t, p, report(None, 3))) == [Report]
-    assert kinds(policy.failure_reported(t, None, report("b", 3))) == [Report]
-    assert policy.failure_reported(t, p, {}) == [
-        Report(ev.FailureReported(reporter=None, round=None, reason=None, suspect=None))
-    ]
+    decisions, book = suspicion.failure_reported(t, p, Book(0.0), report("b", 3), 10.0)
+    assert decisions == (said,) and book.reporters == {"a"}
+    assert [w for w, *_ in book.accused] == ["b"]
+    waiting, book = suspicion.accusations_due(t, book, 10.0 + window / 2)
+    assert kinds(waiting) == [Wait] and len(book.accused) == 1
+    killed, book = suspicion.accusations_due(t, book, 10.0 + window)
+    (kill,) = killed
+    assert isinstance(kill, Kill) and kill.worker_id == "b"
+    assert "reported nothing itself" in kill.reason and book.accused == ()
+    for other in (report("b", 2), report("c", 3), report("zz", 3), report(None, 3)):
+        assert suspicion.failure_reported(t, p, Book(0.0), other, 10.0)[1].accused == ()
+    assert suspicion.failure_reported(t, None, Book(0.0), report("b", 3), 10.0)[1] == Book(0.0)
+    empty = suspicion.failure_reported(t, p, Book(0.0), {}, 10.0)[0]
+    assert empty == (
+        Report(ev.FailureReported(reporter=None, round=None, reason=None, suspect=None)),
+    )
+
+
+def test_two_live_members_blaming_each_other_are_both_spared():
+    """Healthy workers kept apart (a crowded listener) blame each other: each report
+    shows its reporter alive, so nobody holding the newest commit is killed on it."""
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(3, a, b)
+    t = table(a, b)
+    a_blames_b = {"worker_id": "a", "round_id": 3, "reason": "did not connect", "suspect": "b"}
+    b_blames_a = {"worker_id": "b", "round_id": 3, "reason": "did not connect", "suspect": "a"}
+    _, book = suspicion.failure_reported(t, p, Book(0.0), a_blames_b, 10.0)
+    _, book = suspicion.failure_reported(t, p, book, b_blames_a, 10.1)
+    assert book.reporters == {"a", "b"} and book.accused == ()
+    assert suspicion.accusations_due(t, book, 60.0)[0] == ()
+    assert book.new_round().reporters == frozenset()
+
+
+def test_a_silent_member_gets_its_host_probed_once_never_killed_on_that_word():
+    a, b = rec("a", 0, host="h1"), rec("b", 1, host="h2")
+    p = plan_of(3, a, b)
+    t = table(a, b, rec("c", 2, host="h2", state=S.STOPPING))
+
+    def silent(suspect, round_id=3, reporter="a"):
+        return {
+            "worker_id": reporter,
+            "round_id": round_id,
+            "reason": "silent for 0.9s",
+            "suspect": suspect,
+            "silent": True,
+        }
+
+    decisions, book = suspicion.silence_reported(t, p, Book(0.0), silent("b"))
+    assert decisions[1:] == (Probe("h2", "h2:7001"),) and book.probing == {"h2"}
+    assert not any(isinstance(d, Kill) for d in decisions)
+    # The other neighbour says the same while the probe runs: one probe per host.
+    again, book = suspicion.silence_reported(t, p, book, silent("b", reporter="c"))
+    assert kinds(again) == [Report] and book.probing == {"h2"}
+    for report in (silent("b", round_id=2), silent("c"), silent("zz"), silent(None)):
+        assert kinds(suspicion.silence_reported(t, p, Book(0.0), report)[0]) == [Report]
+    assert kinds(suspicion.silence_reported(t, None, Book(0.0), silent("b"))[0]) == [Report]
+
+
+def test_an_unreachable_host_is_lost_with_every_worker_running_there():
+    a, b = rec("a", 0, host="h1"), rec("b", 1, host="h2")
+    t = table(
+        a, b, rec("c", 2, host="h2", state=S.UNREGISTERED), rec("d", 3, host="h2", state=S.FAILED)
+    )
+    probing = Book(0.0, probing=frozenset({"h2", "h3"}))
+    answered, book = suspicion.probe_answered(t, probing, "h2", True, "accepted")
+    assert answered == () and book.probing == {"h3"}
+    lost, book = suspicion.probe_answered(t, probing, "h2", False, "no answer within 0.5s")
+    assert book.probing == {"h3"}
+    assert lost == (
+        Report(ev.HostUnreachable("h2", "no answer within 0.5s", ["b", "c"])),
+        HostLost("h2", "no answer within 0.5s"),
+        Kill("b", "its host h2 is unreachable (no answer within 0.5s)"),
+        Kill("c", "its host h2 is unreachable (no answer within 0.5s)"),
+    )
 
 
 def test_chaos_picks_active_members_and_spares_the_end():
@@ -580,3 +680,211 @@ def test_next_wakeup_is_the_earliest_wait_within_bounds():
     assert policy.next_wakeup(waits, now=10.0) == pytest.approx(0.2)
     assert policy.next_wakeup(waits, now=11.0) == policy.MIN_SLEEP  # overdue: at once
     assert policy.next_wakeup([Wait(50.0, "far")], now=0.0) == policy.MAX_SLEEP
+
+
+# ----------------------------------------------------------------------------- launch failures
+
+
+def failed_event(decisions) -> ev.WorkerFailed:
+    """The ``WorkerFailed`` the first decision reports."""
+    event = only(decisions[:1], Report).event
+    assert isinstance(event, ev.WorkerFailed), event
+    return event
+
+
+def progress_event(decisions) -> ev.Progress:
+    """The ``Progress`` the first decision reports."""
+    event = only(decisions[:1], Report).event
+    assert isinstance(event, ev.Progress), event
+    return event
+
+
+def test_a_program_that_cannot_start_ends_the_job_before_anything_ran():
+    decisions = policy.launch_failed(
+        "h-0-1", "h", 0, "cannot start './nope': No such file or directory", None, False, True
+    )
+    assert decisions == [
+        Report(
+            ev.WorkerFailed(
+                worker="h-0-1",
+                host="h",
+                slot=0,
+                code=None,
+                reason="launch failed: cannot start './nope': No such file or directory",
+            )
+        ),
+        Fail("cannot start './nope': No such file or directory"),
+    ]
+
+
+@pytest.mark.parametrize("any_registered, permanent", [(True, True), (False, False)])
+def test_other_launch_failures_count_against_host_and_streak(any_registered, permanent):
+    reason = "cannot start 'python': Resource temporarily unavailable"
+    decisions = policy.launch_failed("w", "h", 1, reason, None, any_registered, permanent)
+    assert kinds(decisions) == [Report, CountFailure]
+    assert decisions[1] == CountFailure("h", None, reason)
+    counted, _ = policy.count_failure(Book(0.0, failure_streak=10), 2, None, reason)
+    assert only(counted, Fail).reason == (
+        f"11 workers failed in a row without a round forming ({reason}); "
+        "see the worker output above"
+    )
+
+
+@pytest.mark.parametrize("code, says", [(127, "command not found"), (126, "not executable")])
+def test_a_shell_that_cannot_run_the_command_is_a_launch_failure(code, says):
+    """Over ssh a missing program is the remote shell's 126/127, before any registration."""
+    never = rec("a", 0, state=S.LAUNCHED)
+    done, (decisions, _) = policy.worker_exited(
+        never, code, None, Book(0.0), 2.0, command=("./nope", "x"), any_registered=False
+    )
+    assert done.state is S.FAILED
+    reason = only(decisions[1:], Fail).reason
+    assert reason.startswith(f"cannot start './nope' on h: exit {code} before it registered")
+    assert says in reason and failed_event(decisions).reason == f"launch failed: {reason}"
+    # Once some worker of the job ran, it counts instead (a host may lack the program).
+    _, (decisions, _) = policy.worker_exited(
+        never, code, None, Book(0.0), 2.0, command=("./nope",), any_registered=True
+    )
+    assert kinds(decisions) == [Report, CountFailure]
+    # A worker that registered and then exits 127 is an ordinary failure.
+    _, (decisions, _) = policy.worker_exited(
+        rec("b", 1), code, None, Book(0.0), 2.0, command=("./nope",), any_registered=False
+    )
+    assert decisions[1] == CountFailure("h", code) and failed_event(decisions).reason is None
+
+
+def test_a_worker_the_driver_killed_says_who_and_why():
+    hung = workers.killed(rec("a", 1), 3.0, reason="unresponsive (reported by its peers)")
+    p = plan_of(2, rec("z", 0), rec("a", 1))
+    done, (decisions, _) = policy.worker_exited(hung, -9, p, Book(0.0), now=4.0)
+    event = failed_event(decisions)
+    assert event.reason == "killed by the driver: unresponsive (reported by its peers)"
+    assert str(event) == (
+        "worker [1] h:1 failed (killed by SIGKILL): "
+        "killed by the driver: unresponsive (reported by its peers)"
+    )
+    assert decisions[1] == CountFailure("h", -9) and not done.died_on_its_own
+
+
+# ----------------------------------------------------------------------------- end failures
+
+
+def test_every_member_failing_after_a_worker_finished_ends_the_job():
+    """A worker finished in round 1; round 2 (the stragglers) all failed: nobody holds the
+    state, so a replacement would start over after the work was done."""
+    p = plan_of(2, rec("b", 1))
+    t = table(rec("a", 0, state=S.FINISHED, exit_code=0), rec("b", 1, state=S.FAILED, exit_code=-6))
+    done = Book(0.0, done_slots=frozenset({("h", 0)}))
+    assert policy.outcome(t, p, done) == Fail(
+        "worker rank 0 (b) of the final round 2 exited with -6 after other workers had finished"
+    )
+    assert policy.outcome(t, p, Book(0.0)) is None  # no finish yet: replaced as usual
+
+
+def test_rounds_of_workers_dying_on_their_own_end_the_job_after_the_limit():
+    cfg = config("-np", "2")
+    aborted = table(
+        rec("a", 0, state=S.FAILED, exit_code=-6), rec("b", 1, state=S.FAILED, exit_code=-6)
+    )
+    a, b = rec("a", 0), rec("b", 1)
+    book = Book(0.0)
+    for round_id in range(1, policy.LOST_ROUNDS_LIMIT):
+        book, fail = policy.rounds_lost(aborted, plan_of(round_id, a, b), book)
+        assert fail is None
+    assert book.lost_rounds == frozenset(range(1, policy.LOST_ROUNDS_LIMIT))
+    decisions, book = policy.plan_round(
+        aborted, plan_of(policy.LOST_ROUNDS_LIMIT, a, b), book, view(), cfg, now=1.0
+    )
+    assert only(decisions, Fail).reason == (
+        "every worker of rounds 1 to 3 died (killed by SIGABRT) with no survivor to hand "
+        "the training state on: the job started over 3 times in a row; see the worker "
+        "output above"
+    )
+    # Not in a row, or a member the driver (or the chaos) killed: replaced as usual.
+    gap = Book(0.0, lost_rounds=frozenset({1, 3}))
+    assert policy.rounds_lost(aborted, plan_of(4, a, b), gap)[1] is None
+    killed = table(
+        rec("a", 0, state=S.FAILED, exit_code=-6),
+        workers.exited(workers.killed(rec("b", 1), 1.0, reason="hung"), -9, 2.0),
+    )
+    after_two = Book(0.0, lost_rounds=frozenset({1, 2}))
+    assert policy.rounds_lost(killed, plan_of(3, a, b), after_two) == (after_two, None)
+
+
+# ----------------------------------------------------------------------------- no hosts
+
+
+def test_no_hosts_is_said_at_once_and_every_few_seconds():
+    cfg = config("-np", "2", "--start-timeout", "30")
+    empty = HostsView(usable=(), none_listed=True)
+    decisions, book = policy.no_hosts(Book(0.0), empty, cfg, now=1.0)
+    said = waiting_of(decisions)
+    assert said.what == "a host: the host list lists none" and said.waited == 0.0
+    assert decisions[-1] == Wait(1.0 + policy.REPEAT_REPORT_EVERY, only(decisions[1:], Wait).why)
+    decisions, book = policy.no_hosts(book, empty, cfg, now=4.0)
+    assert kinds(decisions) == [Wait]  # not again so soon
+    decisions, book = policy.no_hosts(book, empty, cfg, now=6.0)
+    assert waiting_of(decisions).waited == 5.0
+    # The start timeout names the empty list, not a count of registrations.
+    decisions, _ = policy.plan_round({}, None, book, empty, cfg, now=31.0)
+    assert only(decisions, Fail).reason == (
+        "discovery has listed no host for 30s: no worker could start within --start-timeout 30s"
+    )
+    # Hosts came: the memory of the empty list goes.
+    decisions, book = policy.no_hosts(book, view("h:2"), cfg, now=7.0)
+    assert decisions == () and book.no_hosts_since is None and book.no_hosts_said_at is None
+
+
+def waiting_of(decisions) -> ev.Waiting:
+    reports = [d for d in decisions if isinstance(d, Report)]
+    assert len(reports) == 1 and isinstance(reports[0].event, ev.Waiting), decisions
+    return reports[0].event
+
+
+# ----------------------------------------------------------------------------- the store, progress
+
+
+def test_an_unreachable_store_is_said_at_once_again_and_when_back():
+    health, said = policy.store_health(StoreHealth(), True, "", now=1.0)
+    assert health == StoreHealth() and said == []
+    health, said = policy.store_health(health, False, "refused", now=2.0)
+    assert said == [ev.StoreUnreachable(seconds=0.0, error="refused")]
+    health, said = policy.store_health(health, False, "timed out", now=4.0)
+    assert said == [] and health.error == "timed out"  # not again so soon
+    health, said = policy.store_health(health, False, "timed out", now=2.0 + 5.0)
+    assert said == [ev.StoreUnreachable(seconds=5.0, error="timed out")]
+    health, said = policy.store_health(health, False, "timed out", now=11.0)
+    assert said == []
+    health, said = policy.store_health(health, True, "", now=12.5)
+    assert said == [ev.StoreBack(seconds=10.5)] and health == StoreHealth()
+    assert str(said[0]) == "the rendezvous store is back after 10s"
+
+
+def test_progress_is_said_every_interval_with_the_rate_between_publications():
+    cfg = config("-np", "2", "--progress-interval", "10")
+    p = plan_of(3, rec("a", 0), rec("b", 1))
+    assert policy.progress_report(Book(0.0), p, cfg, now=1.0) == (
+        (),
+        Book(0.0),
+    )  # no step published yet
+    book = Book(0.0).progressed(100, now=2.0)
+    assert book.progress_rate is None
+    decisions, book = policy.progress_report(book, p, cfg, now=2.0)
+    assert decisions == (
+        Report(ev.Progress(round=3, size=2, step=100, steps_per_second=None)),
+        Wait(12.0, "the next progress line"),
+    )
+    book = book.progressed(600, now=7.0).progressed(1100, now=12.0)
+    decisions, _ = policy.progress_report(book, p, cfg, now=11.0)
+    assert decisions == (Wait(12.0, "the next progress line"),)
+    decisions, book = policy.progress_report(book, p, cfg, now=12.0)
+    assert decisions[0] == Report(ev.Progress(round=3, size=2, step=1100, steps_per_second=100.0))
+    assert str(decisions[0].event) == "progress: round 3, 2 workers, step 1100 (100.0 steps/s)"
+    # Rank 0 publishes only a step that moved: none for 2.5 intervals is a stall.
+    decisions, book = policy.progress_report(book, p, cfg, now=22.0)
+    assert progress_event(decisions).steps_per_second == 100.0
+    decisions, _ = policy.progress_report(book, p, cfg, now=12.0 + 26.0)
+    assert progress_event(decisions).steps_per_second == 0.0
+    off = config("-np", "2", "--progress-interval", "0")
+    assert policy.progress_report(book, p, off, now=100.0) == ((), book)
+    assert policy.progress_report(book, None, cfg, now=100.0) == ((), book)

@@ -163,6 +163,15 @@ def run_plot(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def run_without_matplotlib(*args: str) -> subprocess.CompletedProcess:
+    """``python -m runplot ARGS`` in a Python where ``import matplotlib`` fails."""
+    hide = "import sys, runpy; sys.modules['matplotlib'] = None; "
+    hide += "runpy.run_module('runplot', run_name='__main__')"
+    return subprocess.run(
+        [sys.executable, "-c", hide, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_plot_command_line(tmp_path):
     path = tmp_path / "run.jsonl"
     write_events(path, sample_events())
@@ -182,18 +191,94 @@ def test_plot_command_line(tmp_path):
 def test_without_matplotlib_one_line_and_no_file(tmp_path):
     path = tmp_path / "run.jsonl"
     write_events(path, sample_events())
-    hide = (
-        "import sys; sys.modules['matplotlib'] = None; "
-        "from runplot.__main__ import main; sys.exit(main(sys.argv[1:]))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", hide, str(path), "-o", str(tmp_path / "x.svg")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_without_matplotlib(str(path), "-o", str(tmp_path / "x.svg"))
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "matplotlib is not installed" in lines[0], done.stderr
     assert not (tmp_path / "x.svg").exists()
+
+
+# ----------------------------------------------------------------------------- runs, ps steps
+
+
+def test_a_file_of_several_runs_is_split_and_the_last_one_drawn(tmp_path):
+    first = [
+        {"t": 1.0, "elapsed": 0.0, "kind": "job_started", "job_id": "a"},
+        {"t": 2.0, "elapsed": 1.0, "kind": "round_formed", "round": 1, "size": 2},
+        {"t": 9.0, "elapsed": 8.0, "kind": "job_done", "round": 1, "size": 2},
+    ]
+    # a run that failed before it started (no job_started), then a third run
+    refused = [{"t": 20.0, "elapsed": 0.1, "kind": "job_failed", "reason": "discovery"}]
+    last = [
+        {"t": 30.0, "elapsed": 0.0, "kind": "host_added", "host": "h", "slots": 3},
+        {"t": 30.1, "elapsed": 0.1, "kind": "job_started", "job_id": "c"},
+        {"t": 31.0, "elapsed": 1.0, "kind": "round_formed", "round": 1, "size": 3},
+        {"t": 32.0, "elapsed": 2.0, "kind": "job_failed", "reason": "stopped by SIGTERM"},
+    ]
+    from runplot.timeline import split_runs
+
+    runs = split_runs(first + refused + last)
+    assert [len(r) for r in runs] == [3, 1, 1, 3]
+    assert runs[-1][0]["kind"] == "job_started" and runs[-1][0]["job_id"] == "c"
+    path = tmp_path / "runs.jsonl"
+    write_events(path, first + refused + last, torn=False)
+    texts = svg_texts(plot(path, tmp_path / "runs.svg"))
+    assert any("the last of 4 runs" in t for t in texts)
+    assert any(t.startswith("1 round") and "failed: stopped by SIGTERM" in t for t in texts)
+
+
+def ps_events() -> list[dict]:
+    """A ps job: the only steps are the checkpoints'; a shard dies after the ps reached
+    step 430 (a progress report) and restarts from the checkpoint of step 400."""
+
+    def e(x, cls, **fields):
+        return {"t": 1_700_000_000.0 + x, "elapsed": x, "kind": cls.kind, **fields}
+
+    return [
+        e(1.0, ev.RoundFormed, round=1, size=2, seconds=0.5),
+        e(5.0, ev.CheckpointWritten, step=200, checkpoint=1),
+        e(9.0, ev.CheckpointWritten, step=400, checkpoint=2),
+        e(10.0, ev.PsExited, shard=1, code=-9),
+        e(10.5, ev.PsRestarted, shard=1, step=400),
+        e(14.0, ev.CheckpointWritten, step=600, checkpoint=3),
+    ]
+
+
+def test_ps_steps_are_labelled_as_checkpoint_steps_and_restarts_shown(tmp_path):
+    tl = build_timeline(ps_events())
+    assert tl.steps_are_checkpoints and tl.restarts == ((10.5, 400),) and not tl.rollbacks
+    assert "last checkpoint step 600" in summary(tl)
+    path = tmp_path / "ps.jsonl"
+    write_events(path, ps_events(), torn=False)
+    texts = svg_texts(plot(path, tmp_path / "ps.svg"))
+    assert {"checkpoint step", "ps restart from checkpoint"} <= set(texts)
+    assert "committed step" not in texts
+
+
+def test_a_step_that_goes_back_is_a_rollback(tmp_path):
+    events = ps_events()
+    events.insert(3, {"elapsed": 9.9, "kind": "progress", "round": 1, "size": 2, "step": 430})
+    tl = build_timeline(events)
+    assert not tl.steps_are_checkpoints
+    assert tl.rollbacks == ((10.5, 400),)  # the restart went back below step 430
+    assert summary(tl).endswith(
+        "1 ps restart, last step 600, 1 rollback; no end recorded after 14s"
+    )
+    path = tmp_path / "ps.jsonl"
+    write_events(path, events, torn=False)
+    texts = svg_texts(plot(path, tmp_path / "ps.svg"))
+    assert {"committed step", "rollback", "back to 400"} <= set(texts)
+
+
+def test_without_matplotlib_an_existing_picture_is_left_alone(tmp_path):
+    """``-o run.png`` without matplotlib: one line, exit 1, no run.png, and the run.svg
+    next to the events file untouched."""
+    path = tmp_path / "run.jsonl"
+    write_events(path, sample_events())
+    old = tmp_path / "run.svg"
+    old.write_text("<svg/>")
+    done = run_without_matplotlib(str(path), "-o", str(tmp_path / "run.png"))
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "matplotlib is not installed" in lines[0], done.stderr
+    assert not (tmp_path / "run.png").exists() and old.read_text() == "<svg/>"

@@ -149,3 +149,32 @@ def test_worker_settings_name_the_missing_or_malformed_variable(name, value):
     with pytest.raises(RendezvousConfigError, match=name) as caught:
         WorkerSettings.from_env(environ)
     assert isinstance(caught.value, RendezvousError)  # what init()'s callers catch
+
+
+class _RuntimeStandIn:
+    """What ``State.commit`` reaches of a worker runtime through ``elastic.context``."""
+
+    committed = 0
+
+    def pending_round(self):
+        return None
+
+
+def test_a_commit_tells_the_runtime_its_count_and_nothing_else(monkeypatch):
+    runtime = _RuntimeStandIn()
+    monkeypatch.setattr(context, "_runtime", runtime)
+    state = ObjectState(epoch=0)
+    for _ in range(3):
+        state.commit()
+    assert runtime.committed == 3
+    injected = ObjectState(ScriptedWorld(1), epoch=0)  # a world of its own: not the runtime's
+    injected.commit()
+    assert runtime.committed == 3
+
+
+def test_worker_settings_read_the_progress_interval():
+    assert WorkerSettings.from_env(ELASTIC_RUN_ENV).progress_interval == 0.0
+    environ = {**ELASTIC_RUN_ENV, env.ENV_PROGRESS_INTERVAL: "2.5"}
+    assert WorkerSettings.from_env(environ).progress_interval == 2.5
+    with pytest.raises(RendezvousConfigError, match=env.ENV_PROGRESS_INTERVAL):
+        WorkerSettings.from_env({**ELASTIC_RUN_ENV, env.ENV_PROGRESS_INTERVAL: "soon"})

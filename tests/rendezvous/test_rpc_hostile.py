@@ -41,7 +41,9 @@ class StoreProcess:
             text=True,
             cwd=ROOT,
         )
-        line = self.proc.stdout.readline().split()
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self._stdout = self.proc.stdout
+        line = self._stdout.readline().split()
         assert line and line[0] == "ELASTIC_STORE_READY", line
         self.url = line[1]
         self.address = self.url.split("://", 1)[1]
@@ -64,7 +66,7 @@ class StoreProcess:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=10)
-        self.proc.stdout.close()
+        self._stdout.close()
 
 
 @pytest.fixture
@@ -80,10 +82,13 @@ def _store(server: StoreProcess, secret: str | None = None):
     return open_store(server.url, secret or server.secret, QUICK)
 
 
-def _never_sending_calls(address: str, count: int, connections: int, metadata=()):
-    """``count`` calls of a unary method that send headers and never a body, spread over
-    ``connections`` connections. Returns (channels, calls, release): ``release()`` ends
-    the request streams."""
+def _never_sending_calls(
+    address: str, count: int, connections: int, metadata=(), method: str = f"/{SERVICE}/Range"
+):
+    """``count`` calls of a unary ``method`` that send headers and never a body, spread
+    over ``connections`` connections; ``metadata`` is the same for every call, or a
+    function making each call's (a proof is good for one call). Returns (channels,
+    calls, release): ``release()`` ends the request streams."""
     stop = threading.Event()
 
     def never():
@@ -97,8 +102,9 @@ def _never_sending_calls(address: str, count: int, connections: int, metadata=()
     ]
     calls = []
     for i in range(count):
-        method = channels[i % connections].stream_unary(f"/{SERVICE}/Range")
-        calls.append(method.future(never(), metadata=metadata, timeout=60))
+        call = channels[i % connections].stream_unary(method)
+        each = metadata() if callable(metadata) else metadata
+        calls.append(call.future(never(), metadata=each, timeout=60))
     return channels, calls, stop.set
 
 

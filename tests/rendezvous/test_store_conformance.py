@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rendezvous import Compare, Delete, Put, StoreSettings, open_store
+from rendezvous import Compare, Delete, Event, Put, StoreSettings, open_store
 from rendezvous.errors import (
     LeaseNotFoundError,
     RendezvousAuthError,
@@ -23,7 +23,8 @@ from tests.support.etcd_cluster import free_ports
 
 def drain(watch, count, timeout=10.0):
     """The next ``count`` events of ``watch`` (fails if they do not come in time)."""
-    events, deadline = [], time.monotonic() + timeout
+    events: list[Event] = []
+    deadline = time.monotonic() + timeout
     while len(events) < count:
         remaining = deadline - time.monotonic()
         assert remaining > 0, f"got {len(events)} of {count} events: {events}"

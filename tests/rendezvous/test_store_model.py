@@ -169,4 +169,6 @@ def test_plan_and_worker_records_round_trip():
     assert WorkerInfo.from_json(info.to_json()) == info
     plan = Plan(3, (Member("w1", "h", 0, "a:1", 0, 0, 1, 0, 1),))
     assert Plan.from_json(plan.to_json()) == plan
-    assert plan.member("w1").rank == 0 and plan.member("nope") is None and plan.size == 1
+    member = plan.member("w1")
+    assert member is not None and member.rank == 0
+    assert plan.member("nope") is None and plan.size == 1

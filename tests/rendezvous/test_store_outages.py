@@ -9,6 +9,7 @@ import pytest
 
 from rendezvous import StoreSettings, open_store
 from rendezvous.errors import RendezvousConnectionError
+from rendezvous.etcd import EtcdStore
 from tests.conftest import FAST
 from tests.rendezvous.test_store_conformance import drain
 
@@ -31,7 +32,7 @@ def test_client_survives_etcd_kill_and_restart(etcd_single):
         gap_client.close()
 
         # A call made during the outage completes once the server is back.
-        result = {}
+        result: dict[str, int] = {}
         putter = threading.Thread(
             target=lambda: result.setdefault("rev", store.put("/o/gap", b"2"))
         )
@@ -40,7 +41,8 @@ def test_client_survives_etcd_kill_and_restart(etcd_single):
         putter.join(timeout=FAST.retry_deadline + 5)
         assert "rev" in result, "put during the outage neither finished nor raised"
         store.put("/o/after", b"3")
-        assert store.get("/o/before").value == b"1"  # same data dir: nothing committed is lost
+        kv = store.get("/o/before")
+        assert kv is not None and kv.value == b"1"  # same data dir: nothing committed is lost
         evs = drain(watch, 2, timeout=FAST.watch_reconnect_deadline)
         assert [e.key for e in evs] == ["/o/gap", "/o/after"]
         assert watch.get(timeout=0.3) is None  # nothing repeated
@@ -58,6 +60,7 @@ def test_client_moves_to_another_member_when_its_member_dies(tmp_path):
         store = open_store(cluster.url, settings=FAST)
         watcher = open_store(cluster.url, settings=FAST)
         try:
+            assert isinstance(store, EtcdStore) and isinstance(watcher, EtcdStore)
             store.put("/f/a", b"1")
             lease = watcher.grant_lease(3)
             watcher.put("/f/leased", b"x", lease=lease)
@@ -70,7 +73,8 @@ def test_client_moves_to_another_member_when_its_member_dies(tmp_path):
             store.put("/f/b", b"2")  # goes to another member
             assert time.monotonic() - t0 < FAST.retry_deadline
             assert store.endpoint != first
-            assert store.get("/f/a").value == b"1"
+            kv = store.get("/f/a")
+            assert kv is not None and kv.value == b"1"
             # The watcher's client made no call of its own: its watch moves by itself,
             # and so do its lease's keep-alives (the leased key outlives its 3 s TTL).
             evs = drain(watch, 1, timeout=FAST.watch_reconnect_deadline)

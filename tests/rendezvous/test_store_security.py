@@ -51,7 +51,8 @@ def test_user_and_password_pass_through(etcd_single, monkeypatch):
             store.put("/auth/k", b"v", lease=lease)
             assert watch.get(timeout=5).key == "/auth/k"
             assert lease.refresh() > 0
-        assert store.get("/auth/k").value == b"v"
+        kv = store.get("/auth/k")
+        assert kv is not None and kv.value == b"v"
     finally:
         store.close()
 
@@ -132,7 +133,8 @@ def test_mutual_tls_pass_through(tmp_path, monkeypatch):
         store = open_store(cluster.url, settings=FAST)
         try:
             store.put("/tls/k", b"v")
-            assert store.get("/tls/k").value == b"v"
+            kv = store.get("/tls/k")
+            assert kv is not None and kv.value == b"v"
         finally:
             store.close()
         # Without a client certificate the server refuses the connection: a typed error, fast.

@@ -10,7 +10,7 @@ import numpy as np
 
 from tests.support.comm_oracle import reduce_reference
 
-DTYPES = (np.float32, np.float64, np.int32, np.int64)
+DTYPES: tuple[type[np.generic], ...] = (np.float32, np.float64, np.int32, np.int64)
 OPS = ("sum", "average", "max", "min")
 # Odd shapes: scalars, empty, smaller than the world, not divisible by it, several
 # dimensions, and one large enough to span several shared-memory pieces and TCP chunks.

@@ -45,6 +45,13 @@ class Worker:
             )
             self.pid = host.process_of(self.proc)
         self.host = host
+        # All three are pipes (above).
+        assert self.proc.stdin and self.proc.stdout and self.proc.stderr
+        self._stdin, self._stdout, self._stderr = (
+            self.proc.stdin,
+            self.proc.stdout,
+            self.proc.stderr,
+        )
         self._events: queue.Queue[dict | None] = queue.Queue()
         self.backlog: list[dict] = []
         self.stderr: list[str] = []
@@ -53,7 +60,7 @@ class Worker:
         self.address: str | None = None
 
     def _read_stdout(self) -> None:
-        for line in self.proc.stdout:
+        for line in self._stdout:
             try:
                 self._events.put(json.loads(line))
             except ValueError:
@@ -61,19 +68,19 @@ class Worker:
         self._events.put(None)
 
     def _read_stderr(self) -> None:
-        for line in self.proc.stderr:
+        for line in self._stderr:
             self.stderr.append(line.decode(errors="replace"))
 
     def send(self, cmd: str, **fields) -> None:
-        self.proc.stdin.write((json.dumps({"cmd": cmd, **fields}) + "\n").encode())
-        self.proc.stdin.flush()
+        self._stdin.write((json.dumps({"cmd": cmd, **fields}) + "\n").encode())
+        self._stdin.flush()
 
     def expect(self, event: str, timeout: float = 30.0) -> dict:
         """The next event named ``event`` (others are kept in ``backlog``).
 
         Raises AssertionError on an "error" event, on exit, or at the deadline."""
-        for i, ev in enumerate(self.backlog):
-            if ev["event"] == event:
+        for i, kept in enumerate(self.backlog):
+            if kept["event"] == event:
                 return self.backlog.pop(i)
         deadline = time.monotonic() + timeout
         while True:
@@ -128,7 +135,7 @@ class Worker:
             try:
                 os.kill(self.pid, signal.SIGCONT)  # a stopped worker cannot exit
                 self.send("exit")
-                self.proc.stdin.close()
+                self._stdin.close()
             except (OSError, ValueError):
                 pass
 
@@ -141,7 +148,7 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)  # the worker itself, not its nsenter
             self.proc.wait(10)
-        for f in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
+        for f in (self._stdout, self._stderr, self._stdin):
             with contextlib.suppress(OSError, ValueError):
                 f.close()
 

@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     listener = RingListener(args.bind, secret=args.secret)
     emit("listening", address=listener.address, pid=__import__("os").getpid())
-    comm = None
+    comm: RingCommunicator | None = None
     failures = []
 
     def on_failure(err):
@@ -80,6 +80,12 @@ def main() -> None:
                     on_peer_failure=on_failure,
                 )
                 emit("formed", transport=comm.transport, round=msg["round"])
+            elif cmd == "stats":
+                emit("stats", peer_failures=len(failures))
+            elif cmd == "exit":
+                break
+            elif comm is None:
+                raise RuntimeError(f"{cmd!r} before 'form'")
             elif cmd == "battery":
                 emit("battery", checks=run_battery(comm, msg.get("seed", 0), msg.get("big", True)))
             elif cmd == "loop":
@@ -122,7 +128,7 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001
                     emit("raised", **describe(e), wait_s=time.perf_counter() - t0)
             elif cmd == "close_blocked":
-                closed_at = []
+                closed_at: list[float] = []
 
                 def closer(comm=comm, closed_at=closed_at):
                     deadline = time.monotonic() + 10
@@ -159,21 +165,18 @@ def main() -> None:
                 x = np.ones(msg.get("shape", [3]), dtype=msg.get("dtype", "float32"))
                 what = msg["what"]
                 try:
+                    shape = None  # a barrier returns nothing
                     if what == "allreduce":
-                        got = comm.allreduce(x, op=msg.get("op", "sum"))
+                        shape = comm.allreduce(x, op=msg.get("op", "sum")).shape
                     elif what == "broadcast":
-                        got = comm.broadcast(x, root=msg.get("root", 0))
+                        shape = comm.broadcast(x, root=msg.get("root", 0)).shape
                     elif what == "allgather":
-                        got = comm.allgather(x)
+                        shape = comm.allgather(x).shape
                     else:
-                        got = comm.barrier()
-                    emit("result", shape=None if got is None else list(got.shape))
+                        comm.barrier()
+                    emit("result", shape=None if shape is None else list(shape))
                 except Exception as e:  # noqa: BLE001
                     emit("raised", **describe(e))
-            elif cmd == "stats":
-                emit("stats", peer_failures=len(failures))
-            elif cmd == "exit":
-                break
             else:
                 emit("error", type="ValueError", msg=f"unknown command {cmd}")
         except Exception as e:  # noqa: BLE001 - reported to the test

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from tests.support.paths import ROOT, WORKLOADS
 
@@ -97,12 +98,13 @@ class ElasticRun:
             text=True,
             start_new_session=True,
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
         self._reader.start()
         return self
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
+    def _read(self, stdout: IO[str]) -> None:
+        for line in stdout:
             self._out.write(line)
             self._out.flush()
             self._lines.append(line)
@@ -112,6 +114,7 @@ class ElasticRun:
 
     def wait(self, timeout: float) -> int:
         """The driver's exit status; AssertionError (with its stderr) after ``timeout``."""
+        assert self.proc is not None and self._reader is not None, "start() first"
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -194,6 +197,22 @@ class ElasticRun:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def exact_sum_command(out_dir: Path, samples: int, epochs: int, *extra: str) -> list[str]:
+    """The worker command of ``workloads/exact_sum.py`` (batches of 4)."""
+    return [
+        "python",
+        str(EXACT_SUM),
+        str(out_dir),
+        "--samples",
+        str(samples),
+        "--epochs",
+        str(epochs),
+        "--batch",
+        "4",
+        *extra,
+    ]
 
 
 def exact_sum_results(out_dir: Path) -> list[dict]:

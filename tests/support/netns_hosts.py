@@ -216,7 +216,9 @@ class NetnsHost:
 
     def pids(self) -> list[int]:
         """Every process of this host but its init and sshd (ids as seen from here)."""
-        ns = _ns_inode(self.init_pid, "pid") if self.init_pid else None
+        if not self.init_pid:
+            return []
+        ns = _ns_inode(self.init_pid, "pid")
         if ns is None:
             return []
         keep = {self.init_pid, *_children(self.init_pid)[:1]}  # init and its first child, sshd
@@ -294,11 +296,11 @@ class NetnsHosts:
             raise HostsError("test hosts need root (network and PID namespaces)")
         reap_abandoned()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._claim_network()
+        net = self._claim_network()
         try:
             self._make_keys()
             for index in range(1, self.count + 1):
-                host = NetnsHost(self.net, index, self.workdir)
+                host = NetnsHost(net, index, self.workdir)
                 self.hosts.append(host)
                 host.create(self.bridge, self._sshd_config(host))
             for host in self.hosts:
@@ -334,7 +336,8 @@ class NetnsHosts:
         return len(self.hosts)
 
     # -- internals
-    def _claim_network(self) -> None:
+    def _claim_network(self) -> int:
+        """Take the first free test network (its bridge); its number."""
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         for net in range(1, 251):
             bridge = f"etb{net}"
@@ -343,7 +346,7 @@ class NetnsHosts:
                 (STATE_DIR / bridge).write_text(f"{os.getpid()}\n")
                 _ip("addr", "add", f"{self.gateway}/24", "dev", bridge)
                 _ip("link", "set", bridge, "up")
-                return
+                return net
         raise HostsError("no free test network 10.213.1-250.0/24")
 
     def _make_keys(self) -> None:

@@ -139,6 +139,7 @@ class PSJob:
         checkpoint_interval: float = 0.3,
         split_threshold: int = 64,
         job_id: str | None = None,
+        wrapper: tuple[str, ...] = (),
     ):
         self.store_server = store_server
         self.secret = store_server.secret
@@ -151,6 +152,7 @@ class PSJob:
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_interval = checkpoint_interval
         self.split_threshold = split_threshold
+        self.wrapper = wrapper  # put before a shard's command line (it must exec it)
         self.shards: dict[int, _Proc] = {}
         self.addresses: dict[int, str] = {}
         self.workers: list[_Proc] = []
@@ -206,7 +208,8 @@ class PSJob:
             for i in indices:  # all first, then wait: sync shards restore together
                 if i == 0:
                     _, self._checkpoint_floor = self._store.get_prefix(self.keys.ps_checkpoint)
-                self.shards[i] = _Proc(f"shard{i}", self.shard_argv(i), self.env(), self.logs)
+                argv = [*self.wrapper, *self.shard_argv(i)]
+                self.shards[i] = _Proc(f"shard{i}", argv, self.env(), self.logs)
             for i in indices:
                 self.addresses[i] = self._wait_ready(i, timeout).address
         except BaseException:

@@ -34,6 +34,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,7 +95,7 @@ class SSHServer:
 
     def settings(self, **overrides) -> SSHSettings:
         """Client settings that log in to this server (fields can be overridden)."""
-        values = dict(
+        values: dict[str, Any] = dict(
             port=self.port,
             identity_file=str(self.client_key),
             user=self.user,
@@ -147,14 +148,15 @@ class SSHServer:
                 start_new_session=True,
             )
         try:
-            self._wait_ready()
+            self._wait_ready(self.proc)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_ready(self) -> None:
-        """Until a real login runs ``true`` (the port being open is not enough)."""
+    def _wait_ready(self, proc: subprocess.Popen) -> None:
+        """Until a real login runs ``true`` (the port being open is not enough), while
+        sshd ``proc`` lives."""
         deadline = time.monotonic() + self.ready_timeout
         argv = [
             SSH,
@@ -181,8 +183,8 @@ class SSHServer:
         ]
         last = ""
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SSHServerError(f"sshd exited with {self.proc.returncode}: {self.log_tail()}")
+            if proc.poll() is not None:
+                raise SSHServerError(f"sshd exited with {proc.returncode}: {self.log_tail()}")
             try:
                 done = subprocess.run(
                     argv,

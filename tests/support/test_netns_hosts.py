@@ -82,6 +82,7 @@ def test_teardown_leaves_nothing(tmp_path):
     h = hosts[0]
     sleeper = h.popen(["sleep", "300"])
     wait_until(lambda: h.pids(), 10, "the sleeper on the host")
+    assert h.init_pid is not None
     pids = h.pids() + [h.init_pid]
     netns = [x.netns for x in hosts]
     hosts.close()

@@ -4,6 +4,8 @@ signals, exit status, and every kind of bad input. Both stores where the store m
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 from tests.support.jobs import (
     EXACT_SUM,
     ROOT,
+    WORKLOADS,
     ElasticRun,
     check_exact_sum,
     hosts_file_discovery,
@@ -36,6 +39,21 @@ def workload(out_dir, epochs=10, *extra):
         "4",
         *extra,
     ]
+
+
+def ssh_env(sshd_server) -> dict[str, str]:
+    """The environment that points elastic-run's ssh at the test's sshd."""
+    settings = sshd_server.settings()
+    options = [
+        "-p",
+        str(settings.port),
+        "-i",
+        settings.identity_file,
+        "-l",
+        settings.user,
+        *settings.extra_options,
+    ]
+    return {"ELASTIC_SSH_OPTIONS": shlex.join(options)}
 
 
 def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
@@ -65,6 +83,12 @@ def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
         (["-np", "2", "-H", "host:x", "true"], "host:x"),
         (["-np", "2", "--rendezvous", "etcd://nohost", "true"], "etcd://nohost"),
         (["-np", "0", "true"], "-np"),
+        (["-np", "99999999999999999999", "true"], "-np"),
+        (["-H", "localhost:99999999999999999999999", "true"], "localhost:999"),
+        (["-np", "2", "--ps-mode", "sync", "true"], "--ps-mode needs --num-ps"),
+        (["-np", "2", "--ps-checkpoint-dir", "/tmp", "true"], "--ps-checkpoint-dir"),
+        (["-np", "1", "--log-dir", "/dev/null/x", "true"], "--log-dir /dev/null/x"),
+        (["-np", "1", "--events", "/nonexistent-dir/e.jsonl", "true"], "--events"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args, fragment):
@@ -171,9 +195,15 @@ def test_stopped_worker_is_declared_lost_and_replaced(tmp_path):
         run.wait_progress(30)
         victim = run.kill_member(2, signal.SIGSTOP)
         report = run.wait_event("failure_reported", lambda e: e.get("suspect") == victim)
-        run.wait_event("worker_failed", lambda e: e["worker"] == victim)
+        failed = run.wait_event("worker_failed", lambda e: e["worker"] == victim)
+        # The driver says it killed the worker, and why (not "killed by SIGKILL" alone).
+        # ... after its peers' word was confirmed by its own silence.
+        assert failed["reason"].startswith("killed by the driver: unresponsive: reported by ")
+        assert failed["reason"].endswith("it reported nothing itself for 2 s")
         assert run.wait(timeout=80) == 0, run.stderr_tail()
         assert report["suspect"] == victim
+        text = run.err_path.read_text()
+        assert "failed (killed by SIGKILL): killed by the driver: unresponsive" in text
     check_exact_sum(out, SAMPLES, 25)
 
 
@@ -257,22 +287,10 @@ def test_ssh_launcher_runs_a_job_through_a_real_sshd(tmp_path, sshd_server):
     """Workers started through ssh (a real sshd on loopback) train and finish exactly."""
     out = tmp_path / "out"
     out.mkdir()
-    settings = sshd_server.settings()
-    options = [
-        "-p",
-        str(settings.port),
-        "-i",
-        settings.identity_file,
-        "-l",
-        settings.user,
-        *settings.extra_options,
-    ]
-    import shlex
-
     with ElasticRun(
         ["-H", "127.0.0.1:2", "--launcher", "ssh", *workload(out, 10)],
         tmp_path,
-        env={"ELASTIC_SSH_OPTIONS": shlex.join(options)},
+        env=ssh_env(sshd_server),
     ) as run:
         run.wait_progress(20)
         run.kill_member(1)  # kills the local ssh client; the remote worker goes with it
@@ -372,3 +390,242 @@ def test_only_a_blacklisted_host_left_waits_for_its_cooldown(tmp_path):
         hold.unlink()
         assert run.wait(timeout=50) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, 10, final_size=1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("localhost:99999999999999999999999", "at most 1024 per host"),
+        ("h" * 300 + ":2", "DNS allows 253"),
+    ],
+    ids=["huge-slots", "long-name"],
+)
+def test_absurd_discovery_line_is_a_prompt_one_line_error(tmp_path, line, problem):
+    """The driver neither spins nor grows: it names the line and exits at once."""
+    script, _ = hosts_file_discovery(tmp_path, f"{line}\n")
+    result = run_cli("-np", "1", "--host-discovery-script", str(script), "true", timeout=20)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "line 1" in lines[0] and problem in lines[0], result.stderr
+
+
+@pytest.mark.timeout(90)
+def test_local_launcher_takes_made_up_host_names_as_labels(tmp_path):
+    """--launcher local with hosts that do not resolve: every worker runs here, binds and
+    advertises loopback, and the ring of two "hosts" connects over 127.0.0.1."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-H", "a:2,b:2", "--launcher", "local", *workload(out, 4)]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+        assert {e["host"] for e in run.events("worker_started")} == {"a", "b"}
+        assert "gaierror" not in run.err_path.read_text()
+    results = check_exact_sum(out, SAMPLES, 4, final_size=4)
+    assert all(r["rank"] in range(4) for r in results)
+
+
+@pytest.mark.timeout(60)
+def test_a_ps_script_without_shards_fails_at_once_with_the_reason(tmp_path):
+    """The driver publishes that the job runs no shards: ``elastic.ps.connect()`` raises
+    at once, naming the flag, instead of waiting for shards that never come."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = WORKLOADS / "ps_linear.py"
+    with ElasticRun(["-np", "1", "python", str(script), str(out)], tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        output = run.out_path.read_text() + run.err_path.read_text()
+        assert "this job runs no parameter-server shards" in output, output[-2000:]
+        assert "--num-ps" in output
+        failed = run.events("job_failed")[0]
+        assert failed["seconds"] < 15  # two short tries, not a shard wait of 10 s each
+
+
+# ----------------------------------------------------------------------------- what failed
+
+
+@pytest.mark.timeout(60)
+def test_a_program_that_does_not_exist_ends_the_job_at_once(tmp_path):
+    with ElasticRun(["-np", "2", "./nonexistent"], tmp_path) as run:
+        assert run.wait(timeout=30) == 1
+        last = run.stderr_tail().splitlines()[-1]
+        assert "cannot start './nonexistent': No such file or directory" in last, last
+        # The driver's own lines carry the time.
+        assert re.match(r"elastic-run \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\]: job failed: ", last)
+        assert len(run.events("worker_failed")) <= 2  # no relaunch loop
+        assert run.events("job_failed")[0]["seconds"] < 10
+
+
+@pytest.mark.timeout(90)
+def test_over_ssh_the_shells_command_not_found_is_named(tmp_path, sshd_server):
+    with ElasticRun(
+        ["-H", "127.0.0.1:2", "--launcher", "ssh", "./nonexistent"],
+        tmp_path,
+        env=ssh_env(sshd_server),
+    ) as run:
+        assert run.wait(timeout=60) == 1
+        last = run.stderr_tail().splitlines()[-1]
+        assert "cannot start './nonexistent' on 127.0.0.1: exit 127" in last, last
+        assert "command not found" in last
+        assert len(run.events("worker_failed")) <= 2
+
+
+@pytest.mark.timeout(60)
+def test_discovery_listing_no_hosts_is_said_at_once_and_again(tmp_path):
+    script, _ = hosts_file_discovery(tmp_path, "# nothing yet\n")
+    args = ["-np", "1", "--host-discovery-script", str(script), "--start-timeout", "6", "true"]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=40) == 1
+        waits = run.events("waiting")
+        assert len(waits) >= 2 and all("lists none" in w["what"] for w in waits)
+        assert waits[0]["elapsed"] < 3 and waits[1]["waited"] >= 5
+        last = run.stderr_tail().splitlines()[-1]
+        assert "discovery has listed no host" in last and "only 0 of" not in last, last
+
+
+END_FAILURE = """\
+import os, sys, time
+import numpy as np
+import elastic
+
+elastic.init()
+state = elastic.ObjectState(step=0)
+
+@elastic.run
+def train(state):
+    while state.step < 20:
+        elastic.allreduce(np.ones(1))
+        state.step += 1
+        state.commit()
+
+train(state)
+if os.environ["ELASTIC_SLOT"] in sys.argv[1].split(","):
+    time.sleep(float(sys.argv[2]))  # the others have finished by then
+    os.abort()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "failing, extra, reason",
+    [
+        ("0,1", [], "the job started over 3 times in a row"),
+        ("1", ["--min-np", "1"], "exited with -6 after other workers had finished"),
+    ],
+    ids=["every-worker", "after-the-others-finished"],
+)
+def test_a_worker_failing_at_its_end_is_not_relaunched_again_and_again(
+    tmp_path, failing, extra, reason
+):
+    script = tmp_path / "end_failure.py"
+    script.write_text(END_FAILURE)
+    pause = "0" if failing == "0,1" else "3"
+    args = ["-np", "2", *extra, "python", str(script), failing, pause]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        last = run.stderr_tail().splitlines()[-1]
+        assert reason in last, last
+        assert len(run.events("worker_failed")) <= 6
+
+
+SLOW_SHARD = """\
+import sys, time
+if "--num-shards" in sys.argv:  # a ps shard (python -m elastic.ps.server ...)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_ps_shards_start_is_honoured_at_once(tmp_path):
+    """The shards take longer to start than the user waits: SIGTERM ends the job now,
+    not after --start-timeout."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SHARD)
+    args = ["-np", "1", "--num-ps", "1", "--start-timeout", "100", "python", "-c", "pass"]
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    with ElasticRun(args, tmp_path, env=env) as run:
+        run.wait_event("job_started", timeout=20)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=20) == 1
+        failed = run.events("job_failed")[0]
+        assert "stopped by SIGTERM while the ps shards started" in failed["reason"]
+
+
+# ----------------------------------------------------------------------------- a driver that talks
+
+
+@pytest.mark.timeout(120)
+def test_an_etcd_outage_is_said_at_once_again_and_when_it_ends(tmp_path, etcd_single):
+    """etcd SIGKILLed mid-run for about 7 s: the driver says so at once, again every few
+    seconds, and when it is back; training goes on and ends exact."""
+    import uuid
+
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    args = [
+        "-np",
+        "2",
+        "--rendezvous",
+        etcd_single.url,
+        "--job-id",
+        f"t{uuid.uuid4().hex[:10]}",
+        *workload(out, 10, "--pause-while", str(hold)),
+    ]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("round_formed")
+        etcd_single.kill(0)
+        first = run.wait_event("store_unreachable", timeout=15)
+        assert first["seconds"] == 0 and first["error"]
+        again = run.wait_event("store_unreachable", lambda e: e["seconds"] >= 5, timeout=15)
+        etcd_single.restart(0)
+        back = run.wait_event("store_back", timeout=30)
+        assert back["seconds"] >= again["seconds"]
+        hold.unlink()
+        assert run.wait(timeout=60) == 0, run.stderr_tail()
+        text = run.err_path.read_text()
+        assert "the rendezvous store is unreachable (0.00s so far)" in text
+        assert "the rendezvous store is back after" in text
+    check_exact_sum(out, SAMPLES, 10, final_size=2)
+
+
+@pytest.mark.timeout(90)
+def test_progress_lines_and_events_for_a_collective_job(tmp_path, etcd_server):
+    """Rank 0 publishes its step at most once per interval (one store write per
+    interval, never one per step); the driver says it every interval."""
+    import uuid
+
+    from rendezvous import open_store
+    from rendezvous.keys import JobKeys
+    from rendezvous.plan import ProgressRecord
+
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    store_args = ["--rendezvous", etcd_server.url, "--job-id", job_id]
+    args = ["-np", "2", *store_args, "--progress-interval", "0.5", *workload(out, 1000)]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("progress", after=3, timeout=60)
+        with open_store(etcd_server.url) as store:
+            kv = store.get(JobKeys(job_id).progress)
+        elapsed = run.events("progress")[-1]["elapsed"] - run.events("round_formed")[0]["elapsed"]
+        assert kv.version <= elapsed / 0.5 + 2 < ProgressRecord.from_json(kv.value).step
+        progress = run.events("progress")
+        assert all(p["round"] == 1 and p["size"] == 2 for p in progress)
+        steps = [p["step"] for p in progress]
+        assert steps == sorted(steps) and steps[-1] > steps[0] > 0
+        assert progress[0]["steps_per_second"] is None
+        assert any(p["steps_per_second"] for p in progress[1:])
+        assert "progress: round 1, 2 workers, step " in run.err_path.read_text()
+
+
+@pytest.mark.timeout(60)
+def test_progress_interval_0_says_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-np", "1", "--progress-interval", "0", *workload(out, 60)]
+    with ElasticRun(args, tmp_path) as run:
+        assert run.wait(timeout=50) == 0, run.stderr_tail()
+        assert run.events("progress") == []

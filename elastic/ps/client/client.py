@@ -414,7 +414,8 @@ class PSClient:
             if self._mode == "sync":
                 return self._push_sync(payloads)
             self._seq += 1
-            args = PushArgs(self._client_id, self._seq)
+            round_id = self._rounds.current()[0] if self._rounds.follows_a_job else -1
+            args = PushArgs(self._client_id, self._seq, round_id)
             replies: dict[int, StepReply] = self._each(
                 lambda i: self._with_recreate(
                     i, lambda: StepReply.from_dict(self._request(i, "Push", args, payloads[i])[0])

@@ -32,6 +32,11 @@ class RoundTracker:
         with self._lock:
             self._round = (int(round_id), int(size), int(rank))
 
+    @property
+    def follows_a_job(self) -> bool:
+        """True when rounds come from the job (a source), not only from ``set``."""
+        return self._source is not None
+
     def current(self) -> tuple[int, int, int]:
         got = self._source() if self._source is not None else None
         with self._lock:

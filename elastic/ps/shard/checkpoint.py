@@ -14,7 +14,9 @@ the manifest records each shard file's size and that SHA-256, and carries a SHA-
 of its own body. A directory without a valid manifest is incomplete and never loaded.
 
 ``load_newest`` walks checkpoints newest first and takes the first whose manifest and
-*every* file verify, logging a warning that names each file it had to skip. All shards
+*every* file verify (checksums, then contents: ``checkpoint_check``), logging a warning
+that names each file it had to skip. The manifest lists exactly the shard files of its
+shard count, so no name in it reaches outside the checkpoint directory. All shards
 therefore choose the same checkpoint. Each file stores its slices' metadata (variable
 name, full shape, rows held), so ``LoadedCheckpoint.shard_snapshot`` can cut the
 variables for any shard count.
@@ -37,6 +39,7 @@ import numpy as np
 from elastic.ps import wire
 from elastic.ps.errors import PSCheckpointError
 from elastic.ps.partition import Slice, assemble, slice_for
+from elastic.ps.shard.checkpoint_check import check_checkpoint
 
 log = logging.getLogger("elastic.ps.shard.checkpoint")
 
@@ -109,7 +112,7 @@ class Manifest:
             if body.get("format") != FORMAT:
                 raise PSCheckpointError(f"{where}: unknown manifest format {body.get('format')!r}")
             files = tuple(FileRecord(f["name"], int(f["size"]), f["sha256"]) for f in body["files"])
-            return cls(
+            manifest = cls(
                 int(body["checkpoint_id"]),
                 int(body["step"]),
                 int(body["num_shards"]),
@@ -121,6 +124,16 @@ class Manifest:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PSCheckpointError(f"{where}: unreadable manifest: {exc}") from None
+        # Exactly the shard files of this shard count: a name with a path in it ("../x",
+        # "/etc/x") would be read from outside the checkpoint directory.
+        names = [f.name for f in manifest.files]
+        expected = [shard_filename(i, manifest.num_shards) for i in range(manifest.num_shards)]
+        if manifest.num_shards < 1 or names != expected:
+            raise PSCheckpointError(
+                f"{where}: the manifest lists files {str(names)[:120]}, not the shard files "
+                f"of {manifest.num_shards} shard(s)"
+            )
+        return manifest
 
 
 def checkpoint_dir(root: str, checkpoint_id: int) -> str:
@@ -290,18 +303,34 @@ class LoadedCheckpoint:
         return ShardSnapshot(self.manifest.step, variables, dedup)
 
 
-def read_checkpoint(root: str, checkpoint_id: int) -> LoadedCheckpoint:
-    """Verify and read checkpoint ``checkpoint_id``. Raises PSCheckpointError naming the
-    first missing, truncated or corrupted file."""
-    directory = checkpoint_dir(root, checkpoint_id)
-    path = os.path.join(directory, MANIFEST)
+def read_manifest(root: str, checkpoint_id: int) -> Manifest:
+    """The verified manifest of checkpoint ``checkpoint_id`` (its files are not read).
+    Raises PSCheckpointError naming the manifest when it is missing or does not verify."""
+    path = os.path.join(checkpoint_dir(root, checkpoint_id), MANIFEST)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise PSCheckpointError(f"{path}: cannot read: {exc}") from None
     manifest = Manifest.from_bytes(data, path)
+    if manifest.checkpoint_id != checkpoint_id:
+        raise PSCheckpointError(f"{path}: manifest of checkpoint {manifest.checkpoint_id}")
+    return manifest
+
+
+def read_checkpoint(root: str, checkpoint_id: int) -> LoadedCheckpoint:
+    """Verify, read and check (``checkpoint_check``) checkpoint ``checkpoint_id``.
+    Raises PSCheckpointError naming the first missing, truncated, corrupted or
+    malformed file."""
+    directory = checkpoint_dir(root, checkpoint_id)
+    manifest = read_manifest(root, checkpoint_id)
     files = {r.name: _read_shard_file(os.path.join(directory, r.name), r) for r in manifest.files}
+    check_checkpoint(
+        directory,
+        checkpoint_id,
+        manifest.num_shards,
+        {i: (r.name, files[r.name]) for i, r in enumerate(manifest.files)},
+    )
     return LoadedCheckpoint(root, manifest, files)
 
 

@@ -60,7 +60,7 @@ class ShardControl:
         return self.state.status()
 
     def prepare(self, args: CheckpointArgs) -> ShardStatus:
-        return self.state.prepare(args.checkpoint_id, self.settings.pause_timeout)
+        return self.state.prepare(args.checkpoint_id, self.settings.pause_timeout, args.seal)
 
     def align(self, args: CheckpointArgs) -> Aligned:
         """Raises PSProtocolError without a target or when the checkpoint's pause is gone."""
@@ -78,7 +78,7 @@ class ShardControl:
     def snapshot(self, args: CheckpointArgs) -> Snapshotted:
         """Copy (the gate reopens right after), then write this shard's file.
         Raises PSProtocolError (pause gone) or OSError (disk)."""
-        snap = self.state.snapshot(args.checkpoint_id)
+        snap = self.state.snapshot(args.checkpoint_id, self.settings.pause_timeout)
         s = self.settings
         record = self._writer.submit(
             write_shard, s.checkpoint_root(), args.checkpoint_id, s.index, s.num_shards, snap
@@ -142,11 +142,19 @@ class Peers:
                 link = self._links[index] = ShardLink(index, address, self._secret)
             return link
 
-    def call(self, index: int, call: Call[A, R], args: A, retry_for: float) -> R:
+    def call(
+        self,
+        index: int,
+        call: Call[A, R],
+        args: A,
+        retry_for: float,
+        timeout: float | None = None,
+    ) -> R:
         """``call`` on shard ``index``; its reply record.
 
         Retries an unreachable or not-ready shard for ``retry_for`` seconds (0: one
-        attempt), re-reading its address.
+        attempt, and one more at once if the address was cached), re-reading its
+        address. ``timeout`` bounds one attempt (default: ``peer_call_timeout``).
 
         Raises:
             PSUnavailableError: the shard did not answer within ``retry_for``.
@@ -159,12 +167,19 @@ class Peers:
                 link = self._link(index, refresh)
                 if link is None:
                     raise RendezvousConnectionError(f"shard {index} has no published address")
-                header, _ = link.request(call.name, args, timeout=self.settings.peer_call_timeout)
+                header, _ = link.request(
+                    call.name, args, timeout=timeout or self.settings.peer_call_timeout
+                )
                 return call.reply.from_dict(header)
             except RETRYABLE + (RendezvousAuthError,) as exc:
                 # An auth failure here means the published address is stale and now
                 # belongs to another job's process: re-read it like a refused connection.
                 last = exc
+            if not refresh:
+                # The address came from the cache and the shard may have restarted
+                # elsewhere since: read it again and try at once, whatever ``retry_for``.
+                refresh = True
+                continue
             if not told and time.monotonic() - started > 5.0:
                 log.info(
                     "waiting for ps shard %d to answer %s (up to %.0fs): %s",

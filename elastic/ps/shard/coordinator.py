@@ -22,6 +22,12 @@ Checkpoint ``k`` (every ``checkpoint_interval`` seconds, one at a time):
 
 Nothing is written when every shard still equals the newest checkpoint.
 
+A checkpoint for a stop (``seal``: the job ends, or a shard got SIGTERM) is the same
+with a seal on *Prepare*: after their snapshot the shards keep the gate closed (for
+``pause_timeout``, a rollback, or until they exit), so no step can be applied after
+the checkpoint and it holds the last step any client saw applied. When the shards
+still equal the newest checkpoint, that one is sealed and kept.
+
 Rollback (sync mode). A restarted shard must not serve a step the others have gone
 past, so: shard 0 (at its own start, or when a restarted shard calls ``RestoreAll``)
 takes the newest complete checkpoint C, asks every shard for its status, and rolls
@@ -38,9 +44,9 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, NamedTuple
 
-from elastic.ps.errors import PSError
+from elastic.ps.errors import PSCheckpointError, PSError
 from elastic.ps.protocol import (
     ABORT,
     ALIGN,
@@ -64,12 +70,27 @@ from elastic.ps.shard.checkpoint import (
     load_newest,
     next_checkpoint_id,
     prune,
+    read_manifest,
     write_manifest,
 )
 from elastic.ps.shard.control import Peers, ShardControl
 from elastic.ps.shard.state import initial_generation
+from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.shard.coordinator")
+
+
+class _Aborted(Exception):
+    """Internal: a checkpoint was aborted (logged; every pause released)."""
+
+
+class _Taken(NamedTuple):
+    """A checkpoint that holds the shards' state: newly ``written``, or kept."""
+
+    manifest: Manifest
+    pause_ms: float
+    write_ms: float
+    written: bool
 
 
 class Coordinator:
@@ -80,7 +101,7 @@ class Coordinator:
         settings: ServerSettings,
         local: ShardControl,
         peers: Peers | None,
-        on_checkpoint: Callable[[Manifest, float, float], None] | None = None,
+        on_checkpoint: Callable[[Manifest, float, float, bool], None] | None = None,
     ):
         self.settings = settings
         self.local = local
@@ -145,11 +166,69 @@ class Coordinator:
         Raises:
             PSConfigError: the shards have no checkpoint directory.
             OSError: the manifest cannot be written."""
+        try:
+            taken = self._checkpoint(seal=False)
+        except _Aborted:
+            return None
+        if taken is None:
+            return None
+        self._announce(taken, final=False)
+        return taken.manifest
+
+    def seal(self, deadline: float, final: bool) -> Manifest | None:
+        """A checkpoint for a stop: a coordinated checkpoint after which every shard
+        applies nothing more (``ShardState.prepare``'s seal), so it holds the last step
+        any client saw applied. Attempts that abort (a push still in flight, a shard
+        restoring) are repeated until ``deadline`` (monotonic). When the shards already
+        equal a complete checkpoint, that one is kept and nothing is written; when this
+        shard is still sealed by an earlier call, its checkpoint is returned at once.
+        ``final``: the coordinator itself stops with the job, and the checkpoint is
+        announced as the final one. Returns the manifest holding the sealed state, or
+        None (nothing to keep, or no checkpoint by ``deadline``: logged)."""
+        root = self.settings.checkpoint_root()
+        backoff = Backoff(deadline, initial=0.05, cap=1.0)
+        while True:
+            try:
+                taken = self._sealed_already(root) or self._checkpoint(seal=True)
+            except _Aborted as exc:
+                if backoff.pause():
+                    continue
+                log.warning("no checkpoint for the stop by the deadline: %s", exc)
+                return None
+            except OSError as exc:
+                log.warning("no checkpoint for the stop: %s", exc)
+                return None
+            if taken is None:
+                return None
+            if final or taken.written:
+                self._announce(taken, final)
+            return taken.manifest
+
+    def _sealed_already(self, root: str) -> _Taken | None:
+        sealed = self.local.state.sealed_at()
+        if sealed is None:
+            return None
+        try:
+            return _Taken(read_manifest(root, sealed), 0.0, 0.0, written=False)
+        except PSCheckpointError as exc:
+            log.warning("sealed at checkpoint %d, which does not read: %s", sealed, exc)
+            return None
+
+    def _checkpoint(self, seal: bool) -> _Taken | None:
+        """One coordinated checkpoint (see the module doc): its manifest, how long
+        training was paused and how long the files took (ms). When every shard still
+        equals the newest complete checkpoint nothing is written: None, or with
+        ``seal`` that checkpoint, kept (the pauses stay, as its seal).
+
+        Raises:
+            _Aborted: a shard failed (logged; the pauses are released).
+            PSConfigError: the shards have no checkpoint directory.
+            OSError: the manifest cannot be written."""
         s = self.settings
         root = s.checkpoint_root()
         with self._lock:
             checkpoint_id = next_checkpoint_id(root)
-            args = CheckpointArgs(checkpoint_id)
+            args = CheckpointArgs(checkpoint_id, seal=seal)
             started = time.monotonic()
             try:
                 statuses = self._all(PREPARE, args)
@@ -163,8 +242,13 @@ class Coordinator:
                     and len(bases) == 1
                     and (base is None or is_complete(root, base))
                 ):
-                    self._try_all(ABORT, args)
-                    return None
+                    kept = self._kept(root, base) if seal else None
+                    if kept is not None:  # the pauses stay: they seal checkpoint ``base``
+                        pause_ms = 1000 * (time.monotonic() - started)
+                        return _Taken(kept, pause_ms, 0.0, written=False)
+                    if not seal or base is None:
+                        self._try_all(ABORT, args)
+                        return None
                 target = max(st.step for st in statuses)
                 if any(st.step < target for st in statuses):
                     aligned = self._all(ALIGN, CheckpointArgs(checkpoint_id, target))
@@ -178,7 +262,7 @@ class Coordinator:
             except Exception as exc:  # noqa: BLE001 - any failure aborts this checkpoint
                 log.warning("checkpoint %d aborted: %s", checkpoint_id, exc)
                 self._try_all(ABORT, args)
-                return None
+                raise _Aborted(str(exc)) from None
             manifest = Manifest(
                 checkpoint_id,
                 target,
@@ -191,15 +275,31 @@ class Coordinator:
             prune(root, s.keep_checkpoints)
         pause_ms, write_ms = 1000 * (paused - started), 1000 * (time.monotonic() - paused)
         log.info(
-            "checkpoint %d complete at step %d (pause %.0f ms, files %.0f ms)",
+            "checkpoint %d complete at step %d (pause %.0f ms, files %.0f ms)%s",
             checkpoint_id,
             target,
             pause_ms,
             write_ms,
+            ", sealed for the stop" if seal else "",
         )
+        return _Taken(manifest, pause_ms, write_ms, written=True)
+
+    @staticmethod
+    def _kept(root: str, base: int | None) -> Manifest | None:
+        """The manifest of checkpoint ``base``, which every shard still equals; None when
+        there is none (nothing was ever trained) or it no longer reads (then the state
+        is written again)."""
+        if base is None:
+            return None
+        try:
+            return read_manifest(root, base)
+        except PSCheckpointError as exc:
+            log.warning("checkpoint %d no longer reads, writing the state again: %s", base, exc)
+            return None
+
+    def _announce(self, taken: _Taken, final: bool) -> None:
         if self.on_checkpoint is not None:
-            self.on_checkpoint(manifest, pause_ms, write_ms)
-        return manifest
+            self.on_checkpoint(taken.manifest, taken.pause_ms, taken.write_ms, final)
 
     def run(self, stop: threading.Event) -> None:
         """Checkpoint every ``checkpoint_interval`` seconds until ``stop`` is set."""

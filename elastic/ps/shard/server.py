@@ -15,13 +15,17 @@ A shard announces itself and its checkpoints through the rendezvous store only
   ``ready=True`` and the same pid: the driver's supervisor waits for that;
 * shard 0 checkpoints every ``--checkpoint-interval`` seconds and, after each complete
   coordinated checkpoint, writes a ``CheckpointRecord`` (id, step, dir, how long
-  training was paused and how long the files took) under ``JobKeys.ps_checkpoint``.
+  training was paused and how long the files took) under ``JobKeys.ps_checkpoint``;
+* on SIGTERM/SIGINT a shard puts the shards' state in a checkpoint that seals them
+  before it exits (``ShardServer.finish``, within ``--stop-timeout``): shard 0 makes
+  it and announces it with ``final`` set; another shard asks shard 0 for it.
 
 Without ``ELASTIC_RENDEZVOUS``/``ELASTIC_JOB_ID`` (a shard run alone, e.g. by a test or
 a benchmark) there is nowhere to announce: the shard serves, restores and checkpoints
 all the same (one shard only, as shards find each other through the store), and says
 nothing. A restart with the same arguments is correct: the driver needs nothing else.
-Exit status: 0 after SIGTERM/SIGINT, 2 for bad arguments or a missing secret.
+Exit status: 0 after SIGTERM/SIGINT, 2 for bad arguments, a missing secret, or a
+checkpoint directory another user owns or can write (``rendezvous.private_dir``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -45,6 +50,7 @@ from elastic.ps.protocol import (
     APPLIED,
     CONTROL_CALLS,
     RESTORE_ALL,
+    SEAL,
     SERVICE,
     STATUS,
     Call,
@@ -57,6 +63,7 @@ from elastic.ps.protocol import (
     PushArgs,
     ReleaseArgs,
     Restored,
+    Sealed,
     StepArgs,
     StepReply,
 )
@@ -72,6 +79,7 @@ from rendezvous import auth
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous.errors import RendezvousError
 from rendezvous.plan import CheckpointRecord, ShardInfo
+from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
 from rendezvous.rpc import RpcServer, ServerLimits, frame, unframe
 from rendezvous.url import Endpoint
 
@@ -122,7 +130,9 @@ class ShardServer:
             settings.bind,
             ServerLimits(max_message_bytes=MAX_MESSAGE_BYTES, max_workers=64),
         )
-        self.bulk = BulkServer(secret, settings.bind_endpoint.host, self.staging)
+        self.bulk = BulkServer(
+            secret, settings.bind_endpoint.host, self.staging, limits=settings.bulk
+        )
         handlers: dict[str, Handler] = {
             "Hello": self._hello,
             "Describe": self._describe,
@@ -132,6 +142,7 @@ class ShardServer:
             "WaitStep": self._wait_step,
             "Release": self._release,
             "RestoreAll": self._restore_all,
+            "Seal": self._seal,
         }
         for call in CONTROL_CALLS:
             handlers[call.name] = self._control_handler(call)
@@ -174,6 +185,8 @@ class ShardServer:
         args = CreateArgs.from_dict(header)
         _, tensors = wire.decode(body)
         entries = [(Slice.from_dict(meta["slice"]), array) for meta, array in tensors]
+        for sl, _ in entries:
+            wire.check_dtype(sl.dtype)  # a variable holds numbers, whatever a client says
         return frame(
             Created(tuple(self.state.create(entries, args.optimizer, _PATIENCE))).to_dict()
         )
@@ -189,7 +202,7 @@ class ShardServer:
         grads = self._grads(body)
         if self.settings.mode == "async":
             args = PushArgs.from_dict(header)
-            step = self.state.push_async(args.client, args.seq, grads, _PATIENCE)
+            step = self.state.push_async(args.client, args.seq, grads, _PATIENCE, args.round)
             return frame(StepReply(APPLIED, step, self.state.generation).to_dict())
         sync = StepArgs.from_dict(header)
         return frame(
@@ -225,6 +238,14 @@ class ShardServer:
             raise PSConfigError("RestoreAll is served by shard 0 only")
         checkpoint_id, generation = self.coordinator.restore_all()
         return frame(Restored(checkpoint_id, generation).to_dict())
+
+    def _seal(self, envelope: Envelope, header: dict, body) -> bytes:
+        if self.coordinator is None:
+            raise PSConfigError("Seal is served by shard 0 only")
+        manifest = self.coordinator.seal(time.monotonic() + self.settings.stop_timeout, final=False)
+        if manifest is None:
+            return frame(Sealed(None, None).to_dict())
+        return frame(Sealed(manifest.checkpoint_id, manifest.step).to_dict())
 
     def _control_handler(self, call: Call) -> Handler:
         def handle(envelope: Envelope, header: dict, body) -> bytes:
@@ -307,8 +328,9 @@ class ShardServer:
             t.start()
             self._threads.append(t)
 
-    def _announce(self, manifest: Manifest, pause_ms: float, write_ms: float) -> None:
-        """A coordinated checkpoint is complete: say so in the store (when there is one)."""
+    def _announce(self, manifest: Manifest, pause_ms: float, write_ms: float, final: bool) -> None:
+        """A coordinated checkpoint is complete (``final``: it holds the state the
+        shards stop with): say so in the store (when there is one)."""
         if self.registry is None:
             return
         record = CheckpointRecord(
@@ -317,14 +339,52 @@ class ShardServer:
             str(self.settings.checkpoint_dir),
             round(pause_ms, 1),
             round(write_ms, 1),
+            final,
         )
         try:
             self.registry.publish_checkpoint(record)
         except RendezvousError as exc:  # the checkpoint itself is complete on disk
             log.warning("checkpoint %d not announced in the store: %s", manifest.checkpoint_id, exc)
 
+    def finish(self) -> None:
+        """Before the shard stops: put the shards' state in a checkpoint that seals them
+        (``Coordinator.seal``: no push is applied after it, so it holds the last step
+        any client saw), when the job checkpoints at all. Shard 0 makes it and
+        announces it as the final checkpoint. Another shard cannot make a coordinated
+        checkpoint alone: it asks shard 0 for one, unless a seal already holds it (the
+        driver stops shard 0 first, whose final checkpoint seals every shard), and
+        without an answer it stops with what the newest checkpoint holds. Bounded by
+        ``ServerSettings.stop_timeout``; the outcome is logged."""
+        self._stop.set()  # no periodic checkpoint from now on: it would lift the seal
+        s = self.settings
+        if not s.checkpoint_dir or not self.state.loaded:
+            return
+        deadline = time.monotonic() + s.stop_timeout
+        if self.coordinator is not None:
+            manifest = self.coordinator.seal(deadline, final=True)
+            if manifest is not None:
+                log.info("final checkpoint %d holds step %d", manifest.checkpoint_id, manifest.step)
+            return
+        sealed = self.state.sealed_at()
+        if sealed is None and self.peers is not None:
+            try:
+                reply = self.peers.call(0, SEAL, Empty(), retry_for=0.0, timeout=s.stop_timeout)
+                sealed = reply.checkpoint_id
+            except (PSError, RendezvousError) as exc:
+                log.warning("shard 0 made no checkpoint for this stop: %s", exc)
+                sealed = self.state.sealed_at()  # it may have, and then stopped itself
+        if sealed is not None:
+            log.info("shard %d: stopping with its state in checkpoint %d", s.index, sealed)
+        else:
+            log.warning(
+                "shard %d stops with changes since the newest checkpoint; a restart "
+                "restores that checkpoint",
+                s.index,
+            )
+
     def stop(self) -> None:
         self._stop.set()
+        self.state.close()  # handlers waiting at the gate answer now
         self._rpc.stop(grace=0.5)
         self.bulk.close()
         for t in self._threads:
@@ -352,6 +412,12 @@ def parse_args(argv=None) -> ServerSettings:
     p.add_argument("--checkpoint-interval", type=float, default=30.0)
     p.add_argument("--keep-checkpoints", type=int, default=3)
     p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=ServerSettings.stop_timeout,
+        help="seconds a stopping shard tries to checkpoint the shards' state",
+    )
+    p.add_argument(
         "--split-threshold",
         type=int,
         default=DEFAULT_SPLIT_THRESHOLD,
@@ -367,6 +433,7 @@ def parse_args(argv=None) -> ServerSettings:
             checkpoint_dir=a.checkpoint_dir,
             checkpoint_interval=a.checkpoint_interval,
             keep_checkpoints=a.keep_checkpoints,
+            stop_timeout=a.stop_timeout,
             split_threshold=a.split_threshold,
         )
     except PSConfigError as exc:
@@ -387,7 +454,11 @@ def main(argv=None) -> int:
         print(f"elastic.ps.server: {auth.ENV_SECRET} is not set", file=sys.stderr)
         return 2
     if settings.checkpoint_dir:
-        os.makedirs(settings.checkpoint_dir, exist_ok=True)
+        try:
+            make_private_dir(settings.checkpoint_dir, "--checkpoint-dir")
+        except InsecureDirectoryError as exc:
+            print(f"elastic.ps.server: {exc}", file=sys.stderr)
+            return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -404,6 +475,7 @@ def main(argv=None) -> int:
         server.run_background()
         server.announce_ready()
         stop.wait()
+        server.finish()
     finally:
         server.stop()
     return 0

@@ -57,8 +57,8 @@ class Staging:
         """Where ``part`` of an upload goes; call ``upload_done`` once it is written.
 
         Raises:
-            PSTransferError: the part lies outside the upload, or the upload's size
-                changed."""
+            PSTransferError: the part lies outside the upload, the upload's size
+                changed, or there is no memory for it."""
         if part.offset < 0 or part.length < 0 or part.offset + part.length > part.total:
             raise PSTransferError(
                 f"upload part {part.offset}+{part.length} outside {part.total} bytes"
@@ -67,7 +67,13 @@ class Staging:
             self._expire()
             entry = self._uploads.get(part.id)
             if entry is None:
-                entry = self._uploads[part.id] = _Upload(self._pool.get(part.total), 0.0)
+                try:
+                    buffer = self._pool.get(part.total)
+                except MemoryError:
+                    raise PSTransferError(
+                        f"upload {part.id}: no memory for {part.total} bytes"
+                    ) from None
+                entry = self._uploads[part.id] = _Upload(buffer, 0.0)
             elif len(entry.buffer) != part.total:
                 raise PSTransferError(f"upload {part.id} changed its size")
             entry.used = self._clock()

@@ -22,13 +22,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
+from elastic.ps.errors import (
+    PSNotReadyError,
+    PSProtocolError,
+    PSRoundChangedError,
+    PSShapeError,
+    PSUninitializedError,
+)
 from elastic.ps.memory import unshared
-from elastic.ps.optimizers import Optimizer, make_optimizer
+from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import Slice
 from elastic.ps.protocol import (
     APPLIED,
@@ -42,7 +47,7 @@ from elastic.ps.protocol import (
     StepReply,
     VariableInfo,
 )
-from elastic.ps.shard.checkpoint import SavedVariable, ShardSnapshot
+from elastic.ps.shard.state_checkpoints import CheckpointOps, _Pause, _Var
 
 log = logging.getLogger("elastic.ps.shard.state")
 
@@ -52,27 +57,9 @@ def initial_generation(checkpoint_id: int | None) -> str:
     return f"c{checkpoint_id or 0}"
 
 
-class _Var:
-    """One slice. ``param`` is replaced by each update, never written; ``spare`` is the
-    previous array, reused as the next update's output once no pull or checkpoint still
-    reads it (saves faulting in fresh pages every step)."""
-
-    __slots__ = ("optimizer", "param", "slice", "slots", "spare")
-
-    def __init__(self, sl: Slice, param: np.ndarray, slots: dict, optimizer: Optimizer):
-        self.slice, self.param, self.slots, self.optimizer = sl, param, slots, optimizer
-        self.spare: np.ndarray | None = None
-
-
-@dataclass
-class _Pause:
-    checkpoint_id: int
-    expires: float
-    target: int | None = None
-
-
-class ShardState:
-    """State of shard ``index`` of ``num_shards`` in ``mode`` ("async" or "sync")."""
+class ShardState(CheckpointOps):
+    """State of shard ``index`` of ``num_shards`` in ``mode`` ("async" or "sync"); its
+    checkpoint operations are in ``CheckpointOps``."""
 
     def __init__(self, index: int, num_shards: int, mode: str, clock=time.monotonic):
         self.index, self.num_shards, self.mode = index, num_shards, mode
@@ -82,12 +69,14 @@ class ShardState:
         self.step = 0
         self.generation = initial_generation(None)
         self.loaded = False  # nothing restored yet: data calls are refused
+        self._closed = False  # the shard stops: nothing more is applied, nobody waits
         self.base: int | None = None  # checkpoint this state equals while ``clean``
         self._version = 0  # bumped by every mutation
         self._clean_version = 0
         self._dedup: dict[str, int] = {}
         self._pause: _Pause | None = None
         self._round = -1
+        self._async_round = -1  # the newest round an async push came from
         self._round_size: int | None = None
         self._pending: dict[int, list[tuple[str, np.ndarray]]] = {}
 
@@ -100,12 +89,18 @@ class ShardState:
             raise PSNotReadyError(f"ps shard {self.index} is restoring its state")
 
     def _may_apply(self) -> bool:
+        if self._closed:
+            return False
         pause = self._pause
         if pause is None:
             return True
         if self._clock() >= pause.expires:
             log.warning(
-                "checkpoint %d pause expired (coordinator gone?); resuming", pause.checkpoint_id
+                "checkpoint %d %s; resuming",
+                pause.checkpoint_id,
+                "seal ended (no shard stopped after it)"
+                if pause.seal
+                else "pause expired (coordinator gone?)",
             )
             self._pause = None
             return True
@@ -113,9 +108,9 @@ class ShardState:
 
     def _wait(self, deadline: float) -> bool:
         """One bounded wait on the condition (also wakes when a pause lease ends).
-        Returns False once ``deadline`` has passed."""
+        Returns False once ``deadline`` has passed, or at once when the shard stops."""
         now = self._clock()
-        if now >= deadline:
+        if now >= deadline or self._closed:
             return False
         until = deadline
         if self._pause is not None:
@@ -127,7 +122,8 @@ class ShardState:
         deadline = self._clock() + patience
         while not self._may_apply():
             if not self._wait(deadline):
-                raise PSNotReadyError(f"ps shard {self.index} is paused for a checkpoint")
+                why = "stopping" if self._closed else "paused for a checkpoint"
+                raise PSNotReadyError(f"ps shard {self.index} is {why}")
 
     def _check_grads(self, grads: list[tuple[str, np.ndarray]]) -> None:
         missing = [name for name, _ in grads if name not in self._vars]
@@ -224,13 +220,31 @@ class ShardState:
         self._cond.notify_all()
 
     def push_async(
-        self, client: str, seq: int, grads: list[tuple[str, np.ndarray]], patience: float
+        self,
+        client: str,
+        seq: int,
+        grads: list[tuple[str, np.ndarray]],
+        patience: float,
+        round_id: int = -1,
     ) -> int:
         """Apply one push now; returns the step after it. A repeated ``(client, seq)`` is
-        not applied twice. Raises PSUninitializedError, PSShapeError, PSNotReadyError."""
+        not applied twice. A push of a round older than the newest one pushed for comes
+        from a worker the job has moved on without (a host that was cut off and is back,
+        still training its stale state): it is refused, never applied.
+
+        Raises:
+            PSRoundChangedError: the push's round is older than the job's.
+            PSUninitializedError, PSShapeError, PSNotReadyError: as for every push.
+        """
         with self._cond:
             self._require_loaded()
             self._check_grads(grads)
+            if 0 <= round_id < self._async_round:
+                raise PSRoundChangedError(
+                    f"a push of round {round_id} refused: the job's workers push for round "
+                    f"{self._async_round} (this worker was left out of it)"
+                )
+            self._async_round = max(self._async_round, round_id)
             if seq <= self._dedup.get(client, 0):
                 return self.step
             self._wait_gate(patience)
@@ -367,123 +381,13 @@ class ShardState:
                 self._version == self._clean_version,
             )
 
-    def prepare(self, checkpoint_id: int, lease: float) -> ShardStatus:
-        """Close the gate (no apply starts; none is running since applies hold the lock)
-        for at most ``lease`` seconds; returns ``status()``. Raises PSNotReadyError."""
+    def close(self) -> None:
+        """The shard stops: apply nothing more, and end every wait now (a request
+        waiting at a closed gate answers "not ready"; its client retries elsewhere or
+        later), so that no handler outlives the shard."""
         with self._cond:
-            self._require_loaded()
-            self._pause = _Pause(checkpoint_id, self._clock() + lease)
-        return self.status()
-
-    def align(self, checkpoint_id: int, target: int, timeout: float, fast_forward: bool) -> int:
-        """Let applies through until ``step == target`` (pushes that reached other shards
-        before the pause), waiting at most ``timeout``. With ``fast_forward`` (async) a
-        shard still behind then sets its step to ``target``. Returns the step. Raises
-        PSProtocolError when this checkpoint's pause is gone (its lease ended)."""
-        with self._cond:
-            pause = self._pause
-            if pause is None or pause.checkpoint_id != checkpoint_id:
-                raise PSProtocolError(
-                    f"shard {self.index} is not paused for checkpoint {checkpoint_id}"
-                )
-            pause.target = target
-            pause.expires = max(pause.expires, self._clock() + timeout + 1.0)
+            self._closed = True
             self._cond.notify_all()
-            deadline = self._clock() + timeout
-            while self.step < target:
-                self._try_apply_sync()
-                if self.step >= target or not self._wait(deadline):
-                    break
-            if self.step < target and fast_forward:
-                log.info(
-                    "shard %d: step %d -> %d for checkpoint %d (a push that reached other "
-                    "shards did not arrive here)",
-                    self.index,
-                    self.step,
-                    target,
-                    checkpoint_id,
-                )
-                self.step = target
-                self._bump()
-            return self.step
-
-    def snapshot(self, checkpoint_id: int) -> ShardSnapshot:
-        """Copy the state and reopen the gate. Raises PSProtocolError when the pause for
-        ``checkpoint_id`` is gone."""
-        with self._cond:
-            pause = self._pause
-            if pause is None or pause.checkpoint_id != checkpoint_id:
-                raise PSProtocolError(
-                    f"shard {self.index} is not paused for checkpoint {checkpoint_id}"
-                )
-            snap = ShardSnapshot(
-                self.step,
-                {
-                    # parameters are replaced, never modified: no copy needed; slots are copied
-                    name: SavedVariable(
-                        v.slice,
-                        v.param,
-                        {k: a.copy() for k, a in v.slots.items()},
-                        v.optimizer.config(),
-                    )
-                    for name, v in self._vars.items()
-                },
-                dict(self._dedup),
-            )
-            self.base, self._clean_version = checkpoint_id, self._version
-            self._pause = None
-            self._try_apply_sync()
-            self._cond.notify_all()
-            return snap
-
-    def abort(self, checkpoint_id: int) -> None:
-        with self._cond:
-            if self._pause is not None and self._pause.checkpoint_id == checkpoint_id:
-                self._pause = None
-                self._try_apply_sync()
-                self._cond.notify_all()
-
-    def load(
-        self, snapshot: ShardSnapshot | None, checkpoint_id: int | None, generation: str
-    ) -> None:
-        """Replace the whole state (None: empty at step 0) and start ``generation``.
-        Raises PSConfigError for an optimizer config it cannot rebuild."""
-        variables = {}
-        if snapshot is not None:
-            for name, sv in snapshot.variables.items():
-                opt = make_optimizer(**sv.optimizer)
-                param = np.array(sv.param, copy=True)
-                slots = opt.slots(param)
-                for k, a in sv.slots.items():
-                    slots[k] = np.array(
-                        a, dtype=slots[k].dtype if k in slots else a.dtype, copy=True
-                    )
-                variables[name] = _Var(sv.slice, param, slots, opt)
-        with self._cond:
-            self._vars = variables
-            self.step = snapshot.step if snapshot is not None else 0
-            self._dedup = dict(snapshot.dedup) if snapshot is not None else {}
-            self.generation = generation
-            self.base = checkpoint_id
-            self._bump()
-            self._clean_version = self._version
-            self._pause = None
-            self.loaded = True
-            self._drop_pending()
-
-    def adopt_generation(self, generation: str) -> None:
-        """Keep the state (it equals the checkpoint) but join ``generation``."""
-        with self._cond:
-            if generation != self.generation:
-                self.generation = generation
-                self._drop_pending()
-
-    def at_checkpoint(self, checkpoint_id: int | None) -> bool:
-        """True when the state is exactly what loading ``checkpoint_id`` would give."""
-        with self._cond:
-            return (
-                self.loaded and self.base == checkpoint_id and self._version == self._clean_version
-            )
 
     def raise_step(self, step: int) -> None:
         """async restart: continue the global step count of the other shards."""

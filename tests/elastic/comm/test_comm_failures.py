@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import pytest
 
@@ -151,7 +152,8 @@ def test_closing_right_after_the_last_collective_is_not_a_failure(workers, trans
         assert w.expect("stats")["peer_failures"] == 0
 
 
-MISMATCHES = [
+# (name, rank 0's call, rank 1's call)
+MISMATCHES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("shape", {"what": "allreduce", "shape": [3]}, {"what": "allreduce", "shape": [4]}),
     ("dtype", {"what": "allreduce", "dtype": "float32"}, {"what": "allreduce", "dtype": "int64"}),
     ("op", {"what": "allreduce", "op": "sum"}, {"what": "allreduce", "op": "max"}),

@@ -161,6 +161,27 @@ def test_listener_still_serves_members_after_refusing_intruders(listeners, secre
 
 
 @pytest.mark.timeout(30)
+def test_strangers_holding_every_handshake_slot_do_not_keep_peers_out(listeners, secret):
+    """Connections that open and never speak (a local user without the secret) take
+    every slot while a round forms: the oldest is pushed out for each newcomer, so the
+    members still connect and the round forms long before any deadline."""
+    lsts = listeners(2)
+    silent = [
+        socket.create_connection(Endpoint.parse(lsts[1].address).sockaddr, timeout=5)
+        for _ in range(2 * 64)
+    ]
+    try:
+        built = Built(lsts, 1, secret).join()
+        assert not built.errors, built.errors
+        assert allreduce_all(built.comms)[0].tolist() == [3.0] * 3
+        assert lsts[1].evicted_count >= 64
+        built.close()
+    finally:
+        for s in silent:
+            s.close()
+
+
+@pytest.mark.timeout(30)
 def test_connection_from_an_older_round_is_refused(listeners, secret):
     (lst,) = listeners(1)
     lst.advance(5)

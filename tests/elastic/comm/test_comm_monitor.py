@@ -21,7 +21,9 @@ SETTINGS = CommSettings(peer_timeout=0.6, heartbeat_interval=0.1, close_grace=0.
 class Harness:
     """A monitor watching two neighbours; the test holds the neighbours' ends."""
 
-    def __init__(self, settings: CommSettings = SETTINGS, closing_ends: bool = False):
+    def __init__(
+        self, settings: CommSettings = SETTINGS, closing_ends: bool = False, silent: bool = False
+    ):
         self.reports: queue.Queue = queue.Queue()
         self.socks: list[socket.socket] = []
         ours, self.peer = {}, {}
@@ -39,6 +41,9 @@ class Harness:
             lost=lambda rank, why: self.reports.put(("lost", rank, why)),
             closing=self._closing,
             aborted=lambda notice: self.reports.put(("aborted", notice)),
+            silent=(lambda rank, secs: self.reports.put(("silent", rank, secs)))
+            if silent
+            else None,
         )
         self.t0 = time.monotonic()
         self.monitor.start()
@@ -115,6 +120,31 @@ def test_silent_neighbour_is_lost_after_peer_timeout_and_not_before(harness):
     elapsed = time.monotonic() - h.t0
     assert (kind, rank) == ("lost", LEFT) and "no heartbeat" in why
     assert SETTINGS.peer_timeout * 0.9 <= elapsed < SETTINGS.peer_timeout + 2.0
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_neighbour_is_reported_once_per_silence_long_before_it_is_lost(harness):
+    """A host cut off the network: no FIN, no RST, only silence. It is reported after
+    suspect_after, once while the silence lasts, and again after it was heard from."""
+    settings = CommSettings(peer_timeout=10.0, suspect_after=0.3, heartbeat_interval=0.05)
+    h = harness(settings=settings, silent=True)
+
+    def next_report():  # the right neighbour keeps talking meanwhile
+        deadline = time.monotonic() + 5
+        while True:
+            h.peer["ctrl_right"].sendall(wire.encode_ctrl(wire.CTRL_HEARTBEAT))
+            try:
+                return h.next(timeout=0.05)
+            except queue.Empty:
+                assert time.monotonic() < deadline, "no report"
+
+    kind, rank, quiet = next_report()
+    assert (kind, rank) == ("silent", LEFT) and 0.3 <= quiet < 2.0
+    # Not reported twice while the silence lasts; the talking neighbour never is.
+    assert h.quiet(1.0, keep_alive="ctrl_right")
+    # Heard from again, then silent again: a new report.
+    h.peer["ctrl_left"].sendall(wire.encode_ctrl(wire.CTRL_HEARTBEAT))
+    assert next_report()[:2] == ("silent", LEFT)
 
 
 @pytest.mark.timeout(30)

@@ -43,9 +43,9 @@ def test_op_and_dtype_checks():
         layout.check_reduce_op("prod")
     for dt in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16):
         layout.check_reduce_dtype(dt)
-    for dt in (np.bool_, np.complex64, object, "U3", [("a", "i4")]):
+    for refused in (np.bool_, np.complex64, object, "U3", [("a", "i4")]):
         with pytest.raises(TypeError):
-            layout.check_reduce_dtype(dt)
+            layout.check_reduce_dtype(refused)
     layout.check_transfer_dtype(np.complex64)
     with pytest.raises(TypeError):
         layout.check_transfer_dtype(object)
@@ -67,7 +67,7 @@ def test_integer_average_floors_and_keeps_dtype():
         [np.array([1, -1, 7], np.int32), np.array([2, 0, 0], np.int32)], "average"
     )
     assert got.dtype == np.int32 and got.tolist() == [1, -1, 3]
-    f = reduce_reference([np.float32([1]), np.float32([2])], "average")
+    f = reduce_reference([np.array([1], np.float32), np.array([2], np.float32)], "average")
     assert f.dtype == np.float32 and f.tolist() == [1.5]
 
 
@@ -121,11 +121,13 @@ def test_op_header_roundtrip_and_mismatch_descriptions():
     assert wire.OpHeader.decode(h.encode()) == h
     assert wire.header_mismatch(h, h) is None
     other = wire.OpHeader(wire.KIND_BROADCAST, 9, root=0)
-    assert "broadcast #9" in wire.header_mismatch(h, other)
+    mismatch = wire.header_mismatch(h, other)
+    assert mismatch is not None and "broadcast #9" in mismatch
     bigger = wire.OpHeader(
         wire.KIND_ALLREDUCE, 9, op=1, dtype_code=11, nelem=101, shape_crc=h.shape_crc
     )
-    assert "nelem" in wire.header_mismatch(h, bigger)
+    mismatch = wire.header_mismatch(h, bigger)
+    assert mismatch is not None and "nelem" in mismatch
     assert layout.shape_crc((10, 10)) != layout.shape_crc((100,))
     with pytest.raises(wire.WireError):
         wire.OpHeader.decode(b"\x00" * wire.OP_HEADER_SIZE)
@@ -143,8 +145,10 @@ def test_array_meta_roundtrip():
 def test_settings_validation_and_heartbeat_default():
     s = CommSettings()
     assert s.connect_timeout == 30.0 and s.peer_timeout == 30.0
-    assert s.effective_heartbeat_interval == 1.0
-    assert CommSettings(peer_timeout=2.0).effective_heartbeat_interval == 0.5
+    # Heartbeats every 0.1 s: a silent neighbour is reported after suspect_after (0.8 s).
+    assert s.suspect_after == 0.8 and s.effective_heartbeat_interval == 0.1
+    assert CommSettings(peer_timeout=0.2).effective_heartbeat_interval == 0.05
+    assert CommSettings(suspect_after=0.2).effective_heartbeat_interval == 0.05
     for bad in (
         {"peer_timeout": 0},
         {"transport": "udp"},
@@ -155,7 +159,7 @@ def test_settings_validation_and_heartbeat_default():
         with pytest.raises(ValueError):
             CommSettings(**bad)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        s.peer_timeout = 3  # frozen
+        s.peer_timeout = 3  # type: ignore[misc]  # frozen: the assignment must fail
 
 
 def test_membership_validation():
@@ -200,7 +204,7 @@ def test_output_cache_reuses_only_memory_nobody_can_reach():
     assert c.ctypes.data != ptr
     del view
     c_ptr = c.ctypes.data
-    mv = memoryview(c)  # so does a buffer export
+    mv = c.data  # so does a buffer export (a memoryview of c)
     del c
     d = cache.empty((1000,), np.float32)
     assert d.ctypes.data == ptr  # the first one is free again

@@ -3,12 +3,14 @@ previous complete checkpoint, pruning, and re-cutting for another shard count.""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
 import numpy as np
 import pytest
 
+from elastic.ps import wire
 from elastic.ps.errors import PSCheckpointError
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import place
@@ -57,8 +59,15 @@ def _write(root, checkpoint_id, snaps, step):
     return records
 
 
+def _newest(root) -> ck.LoadedCheckpoint:
+    """The newest complete checkpoint under ``root`` (the test expects one)."""
+    loaded = ck.load_newest(str(root))
+    assert loaded is not None, f"no complete checkpoint in {root}"
+    return loaded
+
+
 def _full(loaded, num_shards):
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for i in range(num_shards):
         for name, v in loaded.shard_snapshot(i, num_shards, THRESHOLD).variables.items():
             arr = out.setdefault(name, np.empty(v.slice.full_shape, np.dtype(v.slice.dtype)))
@@ -72,7 +81,7 @@ def _full(loaded, num_shards):
 def test_write_and_load_round_trip(tmp_path):
     full = _variables(0)
     _write(tmp_path, 1, _snapshots(full, 2, step=5), step=5)
-    loaded = ck.load_newest(str(tmp_path))
+    loaded = _newest(tmp_path)
     assert (loaded.checkpoint_id, loaded.step) == (1, 5)
     got = _full(loaded, 2)
     for name in full:
@@ -86,7 +95,7 @@ def test_write_and_load_round_trip(tmp_path):
 def test_restore_into_a_different_shard_count(tmp_path, new_n):
     full = _variables(1)
     _write(tmp_path, 1, _snapshots(full, 2, step=9), step=9)
-    loaded = ck.load_newest(str(tmp_path))
+    loaded = _newest(tmp_path)
     got = _full(loaded, new_n)
     for name in full:
         np.testing.assert_array_equal(got[name], full[name])
@@ -115,7 +124,7 @@ def test_damaged_shard_file_falls_back_to_previous_checkpoint_with_a_warning(tmp
     bad = os.path.join(ck.checkpoint_dir(str(tmp_path), 2), records[1].name)
     _damage(bad, how)
     with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
-        loaded = ck.load_newest(str(tmp_path))
+        loaded = _newest(tmp_path)
     assert (loaded.checkpoint_id, loaded.step) == (1, 10)
     assert bad in caplog.text
     np.testing.assert_array_equal(_full(loaded, 2)["w"], old["w"])
@@ -134,7 +143,7 @@ def test_corrupt_manifest_and_missing_manifest(tmp_path, caplog):
         f.seek(0)
         f.write(text)
     with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
-        loaded = ck.load_newest(str(tmp_path))
+        loaded = _newest(tmp_path)
     assert loaded.checkpoint_id == 1
     assert manifest in caplog.text and "checkpoint 3" not in caplog.text
     assert ck.next_checkpoint_id(str(tmp_path)) == 4
@@ -153,7 +162,7 @@ def test_prune_keeps_newest_complete_and_newer_in_progress(tmp_path):
     ck.write_shard(str(tmp_path), 6, 0, 1, _snapshots(_variables(6), 1, step=6)[0])
     ck.prune(str(tmp_path), keep=2)
     assert ck.checkpoint_ids(str(tmp_path)) == [4, 5, 6]
-    assert ck.load_newest(str(tmp_path)).checkpoint_id == 5
+    assert _newest(tmp_path).checkpoint_id == 5
 
 
 def test_write_atomic_leaves_old_file_when_interrupted(tmp_path):
@@ -169,3 +178,136 @@ def test_write_atomic_leaves_old_file_when_interrupted(tmp_path):
     with open(path, "rb") as f:
         assert f.read() == b"old"
     assert os.listdir(tmp_path) == ["f.bin"]
+
+
+# ------------------------------------------------------------------ well checksummed, malformed
+def _parsed_file(root, checkpoint_id: int, index: int = 0, num_shards: int = 1):
+    """The (header, tensors) of a shard file written by ``_write``, to be altered."""
+    directory = ck.checkpoint_dir(str(root), checkpoint_id)
+    with open(os.path.join(directory, ck.MANIFEST), "rb") as f:
+        manifest = ck.Manifest.from_bytes(f.read(), "manifest")
+    record = manifest.files[index]
+    header, tensors = ck._read_shard_file(os.path.join(directory, record.name), record)
+    return copy.deepcopy(header), [(dict(meta), np.array(a)) for meta, a in tensors]
+
+
+def write_crafted(root, checkpoint_id: int, header: dict, tensors, name: str | None = None):
+    """A one-shard checkpoint whose file holds ``header`` and ``tensors`` under ``name``
+    (default: the shard file's own name), with correct checksums and manifest."""
+    directory = ck.checkpoint_dir(str(root), checkpoint_id)
+    os.makedirs(directory, exist_ok=True)
+    name = name or ck.shard_filename(0, 1)
+    if isinstance(header.get("checkpoint_id"), int):
+        header = {**header, "checkpoint_id": checkpoint_id}
+    size, sha = ck.write_atomic(
+        os.path.join(directory, name), [ck.MAGIC, *wire.encode_parts(header, tensors)], trailer=True
+    )
+    record = ck.FileRecord(name, size, sha)
+    step = header["step"] if isinstance(header.get("step"), int) else 0
+    ck.write_manifest(str(root), ck.Manifest(checkpoint_id, step, 1, THRESHOLD, (record,), 1.0))
+    return os.path.join(directory, name)
+
+
+def _drop_variables(header, tensors):
+    del header["variables"]
+    return header, tensors
+
+
+def _huge_rows(header, tensors):
+    header["variables"]["w"]["slice"].update(stop=2**40, full_shape=[2**40, 4])
+    return header, tensors
+
+
+def _rows_not_covered(header, tensors):
+    header["variables"]["w"]["slice"].update(stop=5)
+    return header, [(m, a[:5] if m["var"] == "w" and a.ndim else a) for m, a in tensors]
+
+
+def _slot_missing(header, tensors):
+    return header, [(m, a) for m, a in tensors if not (m["var"] == "w" and m["slot"] == "m")]
+
+
+def _unknown_optimizer(header, tensors):
+    header["variables"]["b"]["optimizer"] = {"optimizer": "nope"}
+    return header, tensors
+
+
+def _parameter_of_another_dtype(header, tensors):
+    return header, [
+        (m, a.astype(np.float64) if m["var"] == "w" and m["slot"] is None else a)
+        for m, a in tensors
+    ]
+
+
+def _variables_not_a_table(header, tensors):
+    header["variables"] = []
+    return header, tensors
+
+
+def _tensor_of_no_variable(header, tensors):
+    return header, [*tensors, ({"var": "ghost", "slot": None}, np.zeros(2))]
+
+
+def _wrong_shard(header, tensors):
+    header["shard"] = 3
+    return header, tensors
+
+
+MALFORMED = {  # how a file is altered -> what the warning says
+    _drop_variables: "no variables table",
+    _huge_rows: "variable 'w': parameter",
+    _rows_not_covered: "rows up to 5 of 10",
+    _slot_missing: "its optimizer has ['m', 't', 'v']",
+    _unknown_optimizer: "unknown optimizer 'nope'",
+    _parameter_of_another_dtype: "parameter float64",
+    _variables_not_a_table: "no variables table",
+    _tensor_of_no_variable: "has no variable",
+    _wrong_shard: "shard is 3",
+}
+
+
+@pytest.mark.parametrize("alter", MALFORMED, ids=[f.__name__.strip("_") for f in MALFORMED])
+def test_well_checksummed_malformed_file_falls_back_to_the_previous_checkpoint(
+    tmp_path, caplog, alter
+):
+    old = _variables(7)
+    _write(tmp_path, 1, _snapshots(old, 1, step=4), step=4)
+    _write(tmp_path, 2, _snapshots(_variables(8), 1, step=9), step=9)
+    bad = write_crafted(tmp_path, 3, *alter(*_parsed_file(tmp_path, 2)))
+    with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
+        loaded = _newest(tmp_path)
+    assert loaded.checkpoint_id == 2, caplog.text
+    assert f"{bad}: malformed contents" in caplog.text and MALFORMED[alter] in caplog.text
+    with pytest.raises(PSCheckpointError, match="malformed contents"):
+        ck.read_checkpoint(str(tmp_path), 3)
+
+
+def test_a_faithful_copy_of_a_file_passes_the_checks(tmp_path):
+    """The crafting helper itself writes what the shards write."""
+    full = _variables(9)
+    _write(tmp_path, 1, _snapshots(full, 1, step=3), step=3)
+    write_crafted(tmp_path, 2, *_parsed_file(tmp_path, 1))
+    loaded = ck.read_checkpoint(str(tmp_path), 2)
+    np.testing.assert_array_equal(_full(loaded, 1)["w"], full["w"])
+
+
+@pytest.mark.parametrize("name", ["../planted.bin", "ABSOLUTE", "shard-0000-of-0001.bin/../../x"])
+def test_manifest_names_outside_the_checkpoint_are_refused(tmp_path, caplog, name):
+    """A manifest that names a well-formed, checksummed file outside its directory (a
+    relative path up, or an absolute path) is refused like a corrupt one."""
+    _write(tmp_path, 1, _snapshots(_variables(10), 1, step=5), step=5)
+    header, tensors = _parsed_file(tmp_path, 1)
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    if name == "ABSOLUTE":
+        name = str(planted / "planted.bin")
+    elif not name.startswith(".."):  # the path goes through a directory of that name
+        os.makedirs(os.path.join(ck.checkpoint_dir(str(planted), 2), name.split("/")[0]))
+    # the planted checkpoint: its manifest names a file of another directory
+    path = write_crafted(planted, 2, header, tensors, name)
+    assert not os.path.realpath(path).startswith(ck.checkpoint_dir(str(planted), 2))
+    _write(planted, 1, _snapshots(_variables(11), 1, step=5), step=5)
+    with caplog.at_level(logging.WARNING, logger="elastic.ps.shard.checkpoint"):
+        loaded = _newest(planted)
+    assert loaded.checkpoint_id == 1
+    assert "not the shard files" in caplog.text

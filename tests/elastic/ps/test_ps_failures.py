@@ -39,29 +39,35 @@ def _gd(steps: int, lr: float) -> dict:
     return params
 
 
+def full_data_sync_workers(job: PSJob, tmp_path, steps: int, lr: float) -> list:
+    """Two sync workers of ``steps`` on the full data (what ``check_gd`` checks); their
+    result files."""
+    outs = [tmp_path / f"out{r}.json" for r in range(2)]
+    for r in range(2):
+        job.worker(
+            *("lsq", "--steps", steps, "--rank", r, "--size", 2, "--data", "full"),
+            *("--lr", lr, "--out", outs[r]),
+        )
+    return outs
+
+
+def check_gd(outs, steps: int, lr: float) -> None:
+    """Each worker ended at ``steps`` with exactly the parameters of plain gradient descent."""
+    expected = _gd(steps, lr)
+    for out in outs:
+        got = _result(out)
+        assert got["step"] == steps
+        np.testing.assert_allclose(got["w"], expected["w"], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got["b"], expected["b"], rtol=1e-10, atol=1e-12)
+
+
 def test_shard_killed_mid_run_in_sync_mode_rolls_every_shard_back(embedded_server, tmp_path):
     steps, lr = 300, 0.05
     ckpt = str(tmp_path / "ckpt")
     with PSJob(
         embedded_server, tmp_path, 2, "sync", checkpoint_dir=ckpt, checkpoint_interval=0.2
     ).start() as job:
-        outs = [tmp_path / f"out{r}.json" for r in range(2)]
-        for r in range(2):
-            job.worker(
-                "lsq",
-                "--steps",
-                steps,
-                "--rank",
-                r,
-                "--size",
-                2,
-                "--data",
-                "full",
-                "--lr",
-                lr,
-                "--out",
-                outs[r],
-            )
+        outs = full_data_sync_workers(job, tmp_path, steps, lr)
         job.wait_checkpoint(min_step=20)
         assert job.shard_status(1)["step"] < steps - 50  # mid-run
         job.kill_shard(1)
@@ -69,12 +75,7 @@ def test_shard_killed_mid_run_in_sync_mode_rolls_every_shard_back(embedded_serve
         job.wait_workers(timeout=90)
         statuses = [job.shard_status(i) for i in range(2)]
         log0 = job.shard_log(0)
-    expected = _gd(steps, lr)
-    for out in outs:
-        got = _result(out)
-        assert got["step"] == steps
-        np.testing.assert_allclose(got["w"], expected["w"], rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(got["b"], expected["b"], rtol=1e-10, atol=1e-12)
+    check_gd(outs, steps, lr)
     assert [s["step"] for s in statuses] == [steps, steps]
     # shard 0 rolled every shard back to one checkpoint, under a new generation
     assert statuses[0]["generation"] == statuses[1]["generation"]
@@ -284,26 +285,25 @@ def test_connect_finds_the_shards_or_says_the_job_has_none(embedded_server, tmp_
         connect(environ={})
 
 
-def test_multi_shard_checkpoints_need_the_store(tmp_path):
+def run_shard_to_its_end(*args: str) -> subprocess.CompletedProcess:
+    """``python -m elastic.ps.server ARGS`` with a secret and no store, run to its end
+    (for the ways it refuses to start)."""
     environ = {**os.environ, "ELASTIC_JOB_SECRET": "s", "PYTHONPATH": str(ROOT)}
     environ.pop("ELASTIC_RENDEZVOUS", None)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "elastic.ps.server",
-            "--index",
-            "0",
-            "--num-shards",
-            "2",
-            "--checkpoint-dir",
-            str(tmp_path),
-        ],
+    environ.pop("ELASTIC_JOB_ID", None)
+    return subprocess.run(
+        [sys.executable, "-m", "elastic.ps.server", *args],
         env=environ,
         cwd=str(ROOT),
         timeout=60,
         capture_output=True,
         text=True,
+    )
+
+
+def test_multi_shard_checkpoints_need_the_store(tmp_path):
+    run = run_shard_to_its_end(
+        "--index", "0", "--num-shards", "2", "--checkpoint-dir", str(tmp_path)
     )
     assert run.returncode == 2 and "ELASTIC_RENDEZVOUS" in run.stderr
 
@@ -354,7 +354,7 @@ def test_a_shard_announces_itself_only_in_the_store(embedded_server, tmp_path):
             c.init({"w": np.zeros(3)})
             c.push({"w": np.ones(3)})
             record = job.wait_checkpoint(min_step=1)
-            infos = []
+            infos: list[ShardInfo] = []
             while not (infos and infos[-1].ready):
                 event = watch.get(timeout=30)
                 assert event is not None, f"no ready record, only {infos}"

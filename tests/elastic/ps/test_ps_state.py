@@ -9,7 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from elastic.ps.errors import PSNotReadyError, PSProtocolError, PSShapeError, PSUninitializedError
+from elastic.ps.errors import (
+    PSNotReadyError,
+    PSProtocolError,
+    PSRoundChangedError,
+    PSShapeError,
+    PSUninitializedError,
+)
 from elastic.ps.partition import Slice
 from elastic.ps.protocol import APPLIED, PENDING, ROLLED_BACK, SUPERSEDED, UNKNOWN
 from elastic.ps.shard.state import ShardState, initial_generation
@@ -39,6 +45,18 @@ def test_data_calls_wait_for_restore():
         st.describe()
     st.load(None, None, G0)
     assert st.describe().variables == ()
+
+
+def test_an_async_push_of_a_round_the_job_left_is_refused_never_applied():
+    """A worker left behind (its host cut off, then back) pushes for its old round:
+    refused, while the job's own workers and clients outside rounds go on."""
+    st = _state()
+    assert st.push_async("a", 1, [("w", np.ones(4))], 1.0, round_id=3) == 1
+    with pytest.raises(PSRoundChangedError, match=r"round 2 refused.*round 3"):
+        st.push_async("stale", 1, [("w", np.ones(4))], 1.0, round_id=2)
+    assert st.step == 1
+    assert st.push_async("b", 1, [("w", np.ones(4))], 1.0, round_id=4) == 2
+    assert st.push_async("tool", 1, [("w", np.ones(4))], 1.0) == 3  # no round: not fenced
 
 
 def test_async_push_applies_and_dedupes_repeats():
@@ -194,3 +212,34 @@ def test_load_and_at_checkpoint():
     np.testing.assert_array_equal(_w(st), np.zeros(4))
     st.raise_step(10)
     assert st.step == 10 and not st.at_checkpoint(3)
+
+
+def test_a_seal_keeps_the_gate_closed_after_the_snapshot_until_its_lease_or_a_rollback():
+    st = _state()
+    st.push_async("a", 1, [("w", np.ones(4))], 1.0)
+    st.prepare(5, lease=30.0, seal=True)
+    assert st.sealed_at() is None  # not yet: the state is not in checkpoint 5
+    snap = st.snapshot(5, lease=30.0)
+    assert snap.step == 1 and st.sealed_at() == 5
+    with pytest.raises(PSNotReadyError):  # nothing is applied after a checkpoint for a stop
+        st.push_async("a", 2, [("w", np.ones(4))], 0.05)
+    assert st.step == 1
+    st.adopt_generation("c5")  # shard 0 restored every shard to it: training goes on
+    assert st.sealed_at() is None
+    assert st.push_async("a", 2, [("w", np.ones(4))], 1.0) == 2
+    st.prepare(6, lease=30.0, seal=True)
+    st.snapshot(6, lease=0.1)  # nobody stopped: the seal ends by itself
+    assert st.push_async("a", 3, [("w", np.ones(4))], 5.0) == 3
+
+
+def test_a_seal_of_a_state_already_in_a_checkpoint_and_close():
+    st = _state("sync")
+    st.prepare(2, lease=30.0)
+    st.snapshot(2)
+    st.prepare(3, lease=30.0, seal=True)  # nothing changed since checkpoint 2: kept, sealed
+    assert st.sealed_at() == 2
+    with ThreadPoolExecutor(1) as pool:
+        pushed = pool.submit(_sync_push, st, 1, 1, 0, 1, 1.0, G0, 30.0)
+        st.close()  # the shard stops: every wait ends now, nothing is applied
+        assert pushed.result(timeout=5).status == PENDING
+    assert st.step == 0

@@ -178,7 +178,7 @@ def test_bad_optimizer_settings_are_typed_errors(kwargs):
 
 # ------------------------------------------------------------------ wire
 def test_wire_round_trip_of_many_dtypes_and_shapes():
-    arrays = [
+    arrays: list[np.ndarray] = [
         np.arange(12, dtype=np.float32).reshape(3, 4),
         np.array(5, dtype=np.int64),
         np.zeros((0, 7)),
@@ -297,6 +297,7 @@ def test_unshared_sees_numpy_views_of_a_parameter():
 
     class Holder:
         __slots__ = ("p",)
+        p: np.ndarray
 
     # (results taken into plain names first: pytest's assertion rewriting would hold
     # its own references to h.p while evaluating)

@@ -93,7 +93,7 @@ def test_sampler_progress_rides_through_state_dict():
 
 
 def test_staging_goes_through_one_reused_host_buffer():
-    synced = []
+    synced: list[torch.device] = []
     staging = HostStaging(pin=False, is_device=lambda t: True, synchronize=synced.append)
     device_tensor = torch.arange(6.0).reshape(2, 3)
     host = staging.to_host(device_tensor)
@@ -181,6 +181,7 @@ def test_reducer_sends_late_and_partial_gradients_once(monkeypatch):
     for _ in range(2):
         (a * 2).sum().backward()
     opt.step()
+    assert a.grad is not None and b.grad is not None
     assert a.grad.tolist() == [8.0] * 3 and b.grad.tolist() == [0.0] * 2
     assert twin.calls == [2, 5]  # bucket of b; bucket of a with the "late" mask (2)
     opt.zero_grad()

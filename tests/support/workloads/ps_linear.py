@@ -5,6 +5,10 @@ push it, until the shards' global step reaches --steps. The final loss on the wh
 set, the step and the weights' checksum go to OUT_DIR/<worker id>.json.
 
     ps_linear.py OUT_DIR [--steps N] [--features F] [--optimizer sgd|momentum|adam]
+        [--record-steps]
+
+With --record-steps each worker appends every step its pushes returned (a step it saw
+applied) to OUT_DIR/<worker id>.steps, one line each, as it goes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main() -> int:
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--pause-while", help="before each step, wait while this file exists")
+    parser.add_argument("--record-steps", action="store_true")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -38,6 +43,8 @@ def main() -> int:
     y = x @ true_w
 
     elastic.init()
+    worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
+    steps_file = os.path.join(args.out_dir, f"{worker}.steps") if args.record_steps else None
     client = elastic.ps.connect()
     client.init(
         {"w": np.zeros(args.features), "b": np.zeros(1)}, optimizer=args.optimizer, lr=args.lr
@@ -60,6 +67,9 @@ def main() -> int:
                     "b": np.array([err.mean() if len(idx) else 0.0]),
                 }
                 step = client.push(grads)
+                if steps_file:
+                    with open(steps_file, "a") as f:
+                        f.write(f"{step}\n")
                 state.batch += 1
                 state.commit()
                 if step >= args.steps:
@@ -72,7 +82,6 @@ def main() -> int:
     train(state)
     params = client.pull()
     loss = float(np.mean((x @ params["w"] + params["b"][0] - y) ** 2))
-    worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
     with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
         json.dump(
             {

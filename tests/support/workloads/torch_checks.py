@@ -48,6 +48,13 @@ class Net(nn.Module):
         return self.body(x)
 
 
+def first_weight(model: Net) -> torch.Tensor:
+    """The weight of the model's first layer."""
+    layer = model.body[0]
+    assert isinstance(layer, nn.Linear)
+    return layer.weight
+
+
 def make_model() -> Net:
     torch.manual_seed(0)
     return Net().double()
@@ -156,12 +163,12 @@ def check_state(rank: int) -> dict:
         "n": state.n,
         "extra": extra.tolist(),
         "same_objects": state.model is model and state.optimizer is opt and state.extra is extra,
-        "momentum_kept": bool(opt.state[model.body[0].weight]),
+        "momentum_kept": bool(opt.state[first_weight(model)]),
     }
     # sync adopts the worker with more commits: rank 1 commits once more
     if rank == 1:
         with torch.no_grad():
-            model.body[0].weight.add_(1.0)
+            first_weight(model).add_(1.0)
         state.n = 7
         state.commit()
     state.sync()
@@ -249,13 +256,16 @@ def check_overlap() -> dict:
     x.requires_grad_(True)  # so that the first op's backward runs
     loss_of(model, _WaitForCommunication.apply(x, lambda: opt.timeline), y).backward()
     timeline = opt.timeline
+    assert timeline.last_hook is not None, "no gradient hook fired"
     before = min(timeline.launched.values()) < timeline.last_hook
     opt.step()
+    synchronized = opt.last_timeline
+    assert synchronized is not None, "the step did not synchronize"
     return {
         "waited_and_overlapped": OVERLAPPED == [True],
         "first_launch_before_last_hook": before,
         "buckets": len(opt.buckets),
-        "hidden_fraction": opt.last_timeline.hidden_fraction(),
+        "hidden_fraction": synchronized.hidden_fraction(),
     }
 
 
@@ -296,7 +306,7 @@ def run_train(args) -> dict:
             os.unlink(args.kill_flag)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    model.body[0].weight.register_post_accumulate_grad_hook(die_mid_bucket)
+    first_weight(model).register_post_accumulate_grad_hook(die_mid_bucket)
 
     @elastic.run
     def train(state):

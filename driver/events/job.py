@@ -1,0 +1,85 @@
+"""The job's events: its start, each round formed, a long wait, and its end.
+
+These are the lines a user reads to follow the job as a whole; the events of one
+worker, one host or one ps shard are in the modules beside this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from driver.events.base import Event, format_seconds, plural
+
+
+@dataclass(frozen=True)
+class JobStarted(Event):
+    kind: ClassVar[str] = "job_started"
+    quiet: ClassVar[bool] = True
+    job_id: str
+    store: str  # the store URL workers use
+    np: int
+    min_np: int
+    max_np: int | None
+    command: Sequence[str]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} started on store {self.store}"
+
+
+@dataclass(frozen=True)
+class RoundFormed(Event):
+    """Round ``round`` was published; ``seconds`` from the first membership change it
+    answers to its publication; ``members`` are worker ids in rank order."""
+
+    kind: ClassVar[str] = "round_formed"
+    round: int
+    size: int
+    seconds: float
+    members: Sequence[str]
+
+    def __str__(self) -> str:
+        return f"round {self.round} formed: {plural(self.size, 'worker')} in {format_seconds(self.seconds)}"
+
+
+@dataclass(frozen=True)
+class Waiting(Event):
+    """A long wait, and what for (``waited``: seconds so far)."""
+
+    kind: ClassVar[str] = "waiting"
+    what: str
+    waited: float
+
+    def __str__(self) -> str:
+        return f"waiting for {self.what} ({format_seconds(self.waited)} so far)"
+
+
+@dataclass(frozen=True)
+class JobDone(Event):
+    """Every member of the final round ``round`` (of ``size``) exited 0."""
+
+    kind: ClassVar[str] = "job_done"
+    round: int
+    size: int
+    resets: int  # rounds that followed the first, not counting finishing ones
+
+    def __str__(self) -> str:
+        return (
+            f"job done in round {self.round} ({plural(self.size, 'worker')}, "
+            f"{plural(self.resets, 'reset')})"
+        )
+
+
+@dataclass(frozen=True)
+class JobFailure(Event):
+    """The job failed (``elastic-run`` prints the reason itself, so it is quiet here)."""
+
+    kind: ClassVar[str] = "job_failed"
+    quiet: ClassVar[bool] = True
+    reason: str
+    rounds: int  # the last round formed (0: none)
+    seconds: float  # since the job started
+
+    def __str__(self) -> str:
+        return f"job failed: {self.reason}"

@@ -1,0 +1,135 @@
+"""The events of one worker: started, exited, failed, stopped, reported, chaos-killed.
+
+Each names the worker by id, host and slot (and its rank while it is a member of the
+round); ``code`` is an exit code (-N: killed by signal N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from driver.events.base import Event, describe_code, worker_label
+
+
+@dataclass(frozen=True)
+class WorkerStarted(Event):
+    kind: ClassVar[str] = "worker_started"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{worker_label(self.host, self.slot)} started (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class WorkerExited(Event):
+    """The worker finished on its own with code 0."""
+
+    kind: ClassVar[str] = "worker_exited"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    code: int
+    rank: int | None
+
+    def __str__(self) -> str:
+        return (
+            f"{worker_label(self.host, self.slot, self.rank)} exited ({describe_code(self.code)})"
+        )
+
+
+@dataclass(frozen=True)
+class WorkerFailed(Event):
+    """The worker exited with an error or a signal nobody in the driver sent it (or was
+    killed by the driver or the chaos), or could not be started (``code`` None and a
+    ``reason``). ``in_round``: it was a member of the current round."""
+
+    kind: ClassVar[str] = "worker_failed"
+    worker: str
+    host: str
+    slot: int
+    code: int | None
+    rank: int | None = None
+    in_round: bool = False
+    chaos: bool = False  # killed by --chaos-kill-interval: not its host's fault
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        text = f"{worker_label(self.host, self.slot, self.rank)} failed"
+        if self.code is not None:
+            text += f" ({describe_code(self.code)})"
+        if self.chaos:
+            text += " (chaos kill)"
+        return text + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class WorkerStopping(Event):
+    """The driver sent SIGTERM (SIGKILL follows after the grace)."""
+
+    kind: ClassVar[str] = "worker_stopping"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"stopping {worker_label(self.host, self.slot)}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class WorkerStopped(Event):
+    """A worker the driver stopped has exited."""
+
+    kind: ClassVar[str] = "worker_stopped"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    code: int
+
+    def __str__(self) -> str:
+        return f"{worker_label(self.host, self.slot)} stopped ({describe_code(self.code)})"
+
+
+@dataclass(frozen=True)
+class FailureReported(Event):
+    """Worker ``reporter`` saw a peer fail in ``round`` (``suspect``: the peer it names)."""
+
+    kind: ClassVar[str] = "failure_reported"
+    quiet: ClassVar[bool] = True
+    reporter: str | None
+    round: int | None
+    reason: str | None
+    suspect: str | None
+
+    def __str__(self) -> str:
+        text = f"worker {self.reporter} reports a failure in round {self.round}"
+        if self.suspect:
+            text += f", blaming {self.suspect}"
+        return text + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class ChaosKill(Event):
+    """``--chaos-kill-interval`` SIGKILLed a member of the round (``kill``: how many so far)."""
+
+    kind: ClassVar[str] = "chaos_kill"
+    worker: str
+    host: str
+    slot: int
+    rank: int | None
+    pid: int
+    kill: int
+
+    def __str__(self) -> str:
+        return (
+            f"chaos: killed {worker_label(self.host, self.slot, self.rank)} (pid {self.pid}), "
+            f"kill {self.kill}"
+        )

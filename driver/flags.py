@@ -1,0 +1,352 @@
+"""``elastic-run``'s flags: the argparse parser, its help text, and the defaults it names.
+
+``build_parser`` declares every flag with its type (a converter that checks the bounds
+and names the flag in its message), its default and its ``--help`` line; argparse's
+own errors become ``UsageError``. It is apart from ``driver.config`` (which turns the
+parsed flags into a validated ``JobConfig``: the size, host and path rules) because the
+two change for different reasons: the help is the user's text, the rules are the job's
+contract; and the help alone is longer than the rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable
+
+from driver.errors import UsageError
+from driver.hosts import MAX_SLOTS_PER_HOST, MAX_WORKERS, BlacklistPolicy, quote_entry
+from driver.launch.launchers import LAUNCHER_NAMES
+from rendezvous.version import package_version
+
+DEFAULT_SLOTS_PER_HOST = 1
+DEFAULT_DISCOVERY_INTERVAL = 1.0
+DEFAULT_RENDEZVOUS = "embedded"
+DEFAULT_BLACKLIST_COOLDOWN_RANGE = (10.0, 300.0)
+DEFAULT_ELASTIC_TIMEOUT = 600.0
+DEFAULT_START_TIMEOUT = 120.0
+DEFAULT_PS_MODE = "async"
+DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
+DEFAULT_PROGRESS_INTERVAL = 10.0
+PS_MODES = ("async", "sync")
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse reports errors by printing and exiting; we want a ``UsageError``."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _number_type(
+    kind: Callable[[str], float],
+    minimum: float,
+    strict: bool,
+    what: str,
+    maximum: tuple[int, str] | None = None,
+):
+    """An argparse ``type`` converting to ``kind`` and checking the bounds (``maximum``:
+    the largest value and why); argparse adds the flag name to the message ("argument
+    --x: must be ...")."""
+
+    def convert(text: str):
+        digits = text.strip().lstrip("+")
+        if (
+            maximum is not None
+            and digits.isdigit()
+            and len(digits.lstrip("0")) > len(str(maximum[0]))
+        ):
+            # Before converting: a thousand-digit number is too big all the same.
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
+            )
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}") from None
+        if (
+            math.isnan(value)
+            or math.isinf(value)
+            or value < minimum
+            or (strict and value == minimum)
+        ):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}")
+        if maximum is not None and value > maximum[0]:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
+            )
+        return value
+
+    convert.__name__ = what  # argparse names the type in some messages
+    return convert
+
+
+_worker_count = _number_type(
+    int, 0, True, "a whole number >= 1", (MAX_WORKERS, "the most workers one job may have")
+)
+_slot_count = _number_type(
+    int, 0, True, "a whole number >= 1", (MAX_SLOTS_PER_HOST, "the most slots of one host")
+)
+_non_negative_int = _number_type(int, 0, False, "a whole number >= 0")
+_positive_seconds = _number_type(float, 0.0, True, "a number of seconds > 0")
+_non_negative_seconds = _number_type(float, 0.0, False, "a number of seconds >= 0")
+
+_DESCRIPTION = """\
+Run COMMAND as an elastic, fault-tolerant training job: one worker process per slot,
+re-formed into a new round whenever workers fail or hosts come and go."""
+
+_EPILOG = """\
+examples:
+  elastic-run -np 2 python train.py
+      two workers on this machine; a failed worker is replaced
+  elastic-run -np 4 -H node1:2,node2:2 python train.py
+      four workers on two hosts (ssh to hosts that are not this machine)
+  elastic-run --min-np 2 --max-np 16 --host-discovery-script ./discover_hosts.sh \\
+      --rendezvous etcd://10.0.0.5:2379,10.0.0.6:2379 python train.py
+      grows and shrinks between 2 and 16 workers as the script's host list changes
+
+exit status: 0 when every worker of the final round exited 0; otherwise non-zero with a
+one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts,
+a program that cannot start, a job id that a live job holds)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``elastic-run`` argument parser. Its ``error`` raises ``UsageError``;
+    ``--help`` prints the help and exits 0 (``SystemExit``), as argparse does."""
+    p = _RaisingParser(
+        prog="elastic-run",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        # "--min" must not silently mean "--min-np"; and abbreviations
+        # would make a user's future flag typo land on ours.
+        allow_abbrev=False,
+    )
+
+    size = p.add_argument_group("job size")
+    size.add_argument(
+        "-np",
+        dest="np",
+        type=_worker_count,
+        metavar="N",
+        help="workers to start with. Without hosts: the job runs N workers on "
+        "localhost, replacing any that fail (a static-size job). With hosts: "
+        "how many workers must be up before training starts (default: "
+        f"--min-np, or all slots of -H; at most {MAX_WORKERS})",
+    )
+    size.add_argument(
+        "--min-np",
+        type=_worker_count,
+        metavar="N",
+        help="fewest workers to train with; below it the job waits for hosts, up "
+        "to --elastic-timeout (default: -np)",
+    )
+    size.add_argument(
+        "--max-np",
+        type=_worker_count,
+        metavar="N",
+        help="most workers at once (default: -np without hosts; with hosts no "
+        "limit beyond the slots)",
+    )
+
+    hosts = p.add_argument_group("hosts")
+    where = hosts.add_mutually_exclusive_group()
+    where.add_argument(
+        "-H",
+        "--hosts",
+        dest="hosts",
+        metavar="HOST[:SLOTS],...",
+        help="fixed host list, e.g. node1:4,node2:4; a HOST without :SLOTS gets "
+        "--slots-per-host; IPv6 with slots as [addr]:SLOTS (default: localhost "
+        "with -np slots)",
+    )
+    where.add_argument(
+        "--host-discovery-script",
+        metavar="PATH",
+        help="executable run every --discovery-interval; prints one HOST or "
+        "HOST:SLOTS per line (blank lines and # comments ignored, a host "
+        "listed twice is an error). Hosts it stops listing are removed",
+    )
+    hosts.add_argument(
+        "--slots-per-host",
+        type=_slot_count,
+        default=DEFAULT_SLOTS_PER_HOST,
+        metavar="N",
+        help="slots of a host listed without :SLOTS (default: %(default)s)",
+    )
+    hosts.add_argument(
+        "--discovery-interval",
+        type=_positive_seconds,
+        default=DEFAULT_DISCOVERY_INTERVAL,
+        metavar="SEC",
+        help="seconds between runs of the discovery script (default: %(default)s)",
+    )
+    hosts.add_argument(
+        "--blacklist-cooldown-range",
+        type=_non_negative_seconds,
+        nargs=2,
+        default=DEFAULT_BLACKLIST_COOLDOWN_RANGE,
+        metavar=("MIN", "MAX"),
+        help="a host whose workers keep failing is left out for a cooldown that "
+        "starts at MIN seconds and doubles with each blacklisting up to MAX "
+        f"(default: {DEFAULT_BLACKLIST_COOLDOWN_RANGE[0]:g} "
+        f"{DEFAULT_BLACKLIST_COOLDOWN_RANGE[1]:g}). A host is left out when "
+        f"{BlacklistPolicy.failure_threshold} of its workers fail within "
+        f"{BlacklistPolicy.failure_window:g} s, but never if that would leave "
+        f"fewer than --min-np slots",
+    )
+
+    store = p.add_argument_group("rendezvous")
+    store.add_argument(
+        "--rendezvous",
+        default=DEFAULT_RENDEZVOUS,
+        metavar="URL",
+        help="'embedded' (the driver runs the store) or "
+        "etcd://HOST:PORT[,HOST:PORT...] (default: %(default)s)",
+    )
+    store.add_argument(
+        "--job-id",
+        metavar="ID",
+        help="names the job's keys in the store; letters, digits, '_', '.', '-'; "
+        "an id a live job holds is refused (default: a fresh random id)",
+    )
+
+    store.add_argument(
+        "--network-interface",
+        metavar="NAME",
+        help="advertise this interface's address to the other hosts (default: the "
+        "address of the route toward the hosts; loopback for a one-machine job)",
+    )
+    store.add_argument(
+        "--driver-address",
+        metavar="ADDR",
+        help="advertise ADDR to the other hosts for the driver's servers (the embedded "
+        "store); wins over --network-interface",
+    )
+
+    fault = p.add_argument_group("fault tolerance")
+    fault.add_argument(
+        "--reset-limit",
+        type=_non_negative_int,
+        metavar="N",
+        help="fail the job when more than N rounds follow the first (each worker "
+        "failure or host change makes a new round) (default: unlimited)",
+    )
+    fault.add_argument(
+        "--elastic-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_ELASTIC_TIMEOUT,
+        metavar="SEC",
+        help="fail the job after waiting this long for --min-np "
+        "workers once training started (default: %(default)s)",
+    )
+    fault.add_argument(
+        "--start-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_START_TIMEOUT,
+        metavar="SEC",
+        help="fail the job if -np workers have not registered this "
+        "long after start (default: %(default)s)",
+    )
+    fault.add_argument(
+        "--launcher",
+        choices=LAUNCHER_NAMES,
+        default="auto",
+        help="how workers start: 'local' runs every worker on this machine "
+        "whatever its host name (handy to simulate hosts: the names are labels that "
+        "need not resolve, and every process talks over loopback), 'ssh' runs "
+        "'ssh HOST' for every host, 'auto' uses local for this machine and "
+        "ssh for the others (default: %(default)s)",
+    )
+
+    ps = p.add_argument_group("parameter servers")
+    ps.add_argument(
+        "--num-ps",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="parameter-server shards to run (default: %(default)s, none)",
+    )
+    # The three below default to None so that giving one without --num-ps is an error
+    # (it would do nothing); parse_args fills in the defaults the help names.
+    ps.add_argument(
+        "--ps-mode",
+        choices=PS_MODES,
+        help="async: apply each push on arrival; sync: apply step s once every "
+        f"worker of the round pushed it; needs --num-ps (default: {DEFAULT_PS_MODE})",
+    )
+    ps.add_argument(
+        "--ps-checkpoint-dir",
+        metavar="DIR",
+        help="where shards write checkpoints and restart from; needs --num-ps "
+        "(default: none, so a restarted shard starts empty)",
+    )
+    ps.add_argument(
+        "--ps-checkpoint-interval",
+        type=_positive_seconds,
+        metavar="SEC",
+        help="seconds between checkpoints; needs --num-ps, and is ignored without "
+        f"--ps-checkpoint-dir (default: {DEFAULT_PS_CHECKPOINT_INTERVAL:g})",
+    )
+
+    chaos = p.add_argument_group("chaos testing")
+    chaos.add_argument(
+        "--chaos-kill-interval",
+        type=_positive_seconds,
+        metavar="SEC",
+        help="SIGKILL a random worker every SEC seconds (default: off)",
+    )
+    chaos.add_argument(
+        "--chaos-max-kills",
+        type=_non_negative_int,
+        metavar="N",
+        help="stop the chaos after N kills; needs --chaos-kill-interval (default: unlimited)",
+    )
+
+    out = p.add_argument_group("output")
+    out.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="also write each worker's output to a file in DIR (default: none)",
+    )
+    out.add_argument(
+        "--events",
+        dest="events_file",
+        metavar="FILE",
+        help="append one JSON line per event (rounds, worker and host changes, "
+        "progress) to FILE; each run's lines begin with its job_started "
+        "(default: none)",
+    )
+    out.add_argument(
+        "--progress-interval",
+        type=_non_negative_seconds,
+        default=DEFAULT_PROGRESS_INTERVAL,
+        metavar="SEC",
+        help="every SEC seconds, a line (and a 'progress' event) with the round, its "
+        "world size, the committed steps and steps/s, for workers that commit a "
+        "State; rank 0 writes its step to the store as often; 0 turns it off "
+        "(default: %(default)g)",
+    )
+    out.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {package_version()}",
+        help="print the version and exit",
+    )
+    out.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="count",
+        default=0,
+        help="more driver output on stderr; repeat for more",
+    )
+
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND [ARG...]",
+        help="the worker program and its arguments; everything from COMMAND on "
+        "belongs to it (put -- before it if it starts with '-')",
+    )
+    return p

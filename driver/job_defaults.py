@@ -1,0 +1,60 @@
+"""The parts a job is made of when its caller gives none: what ``elastic-run`` uses.
+
+``Job`` takes its launcher, event sink and host discovery as arguments, so that tests
+drive the whole loop with fakes; ``elastic-run`` gives none, and gets these: the
+launcher of ``--launcher`` (with ``ELASTIC_SSH_OPTIONS``), an ``EventLog`` of
+``--events``, the discovery of ``-H`` or ``--host-discovery-script``; and
+``--log-dir`` made. Apart from the loop because each is chosen once, from the config,
+before the job starts; a bad choice is the user's (``UsageError``), not the job's.
+"""
+
+from __future__ import annotations
+
+import os
+
+from driver.config import JobConfig
+from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery
+from driver.errors import EventLogError, UsageError
+from driver.eventlog import EventLog
+from driver.launch.launchers import Launcher, get_launcher
+from driver.launch.spec import ssh_settings_from_env
+
+
+def make_log_dir(config: JobConfig) -> None:
+    """Create ``--log-dir`` (and its parents) if given.
+
+    Raises:
+        UsageError: it cannot be created.
+    """
+    if config.log_dir:
+        try:
+            os.makedirs(config.log_dir, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"--log-dir {config.log_dir}: cannot create it: {exc.strerror or exc}"
+            ) from None
+
+
+def event_log(config: JobConfig) -> EventLog:
+    """The event log of ``--events`` (stderr lines, timestamped; more with ``-v``).
+
+    Raises:
+        UsageError: the ``--events`` file cannot be opened.
+    """
+    try:
+        return EventLog(config.events_file, verbose=config.verbosity > 0, timestamps=True)
+    except EventLogError as exc:
+        raise UsageError(f"--events: {exc}") from None
+
+
+def launcher(config: JobConfig) -> Launcher:
+    """The launcher of ``--launcher``, with the ssh options of ``ELASTIC_SSH_OPTIONS``."""
+    return get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
+
+
+def discovery(config: JobConfig) -> HostDiscovery:
+    """The hosts of ``--host-discovery-script``, else the fixed ones (``-H``, or localhost)."""
+    script = config.discovery_script
+    if script:
+        return ScriptDiscovery(script, config.slots_per_host)
+    return FixedDiscovery(config.hosts)

@@ -1,0 +1,239 @@
+"""What a job runs beside its workers, started in order and stopped in reverse.
+
+``JobServices.open`` opens the store the job's processes meet in (the driver's embedded
+server, or an etcd client), claims the job id (``driver.claim``), says ``job_started``,
+tells the workers how many ps shards there are, and starts the feeds that follow the
+store and the store's health probe (``driver.feeds``). ``start_shards`` and
+``start_chaos`` start the ps shards (``driver.ps_supervisor``) and the chaos
+(``driver.chaos``). At the end ``stop`` stops the shards and the chaos, and ``close``
+releases the job id, deletes the job's keys and closes the store.
+
+Apart from the main loop (``driver.job``) because none of it is a decision: this is the
+job's setting, up and down. It is given what it uses (the config, the job's keys and
+secret, the launcher, the event sink, the clock, a ``post`` callback to the loop and
+the event that ends the feeds), never the job.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Callable
+
+from driver import events as ev
+from driver import feeds
+from driver import messages as msg
+from driver.chaos import ChaosMonkey
+from driver.claim import DriverClaim, new_record
+from driver.config import JobConfig
+from driver.errors import JobFailed
+from driver.hosts import HostSlots
+from driver.launch.launchers import Launcher
+from driver.launch.process import STOP_GRACE
+from driver.ps_supervisor import PSSupervisor
+from driver.threads import spawn
+from driver.wiring import driver_address, job_env, open_job_store, quick_store, shard_commands
+from rendezvous.embedded import EmbeddedServer
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.plan import PSConfigRecord
+from rendezvous.store import KVStore
+
+log = logging.getLogger(__name__)
+
+
+class JobServices:
+    """The store, the claim on the job id, the feeds, the ps shards and the chaos of one
+    job. ``all_local``: every process of the job runs on this machine (everything then
+    binds and advertises loopback). ``stop`` is set when the job ends: the feed threads
+    end with it."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        keys: JobKeys,
+        secret: str,
+        *,
+        all_local: bool,
+        launcher: Launcher,
+        events: ev.EventSink,
+        clock: Callable[[], float],
+        post: Callable[[msg.Message], None],
+        stop: threading.Event,
+    ):
+        self._config = config
+        self._keys = keys
+        self._secret = secret
+        self._all_local = all_local
+        self._launcher = launcher
+        self._events = events
+        self._clock = clock
+        self._post = post
+        self._stop = stop
+        self._signalled: list[int] = []  # SIGINT/SIGTERM received (``interrupt``)
+        self._wake = threading.Event()  # a signal, or the ps shards' start is over
+        self._server: EmbeddedServer | None = None
+        self._claim: DriverClaim | None = None
+        self._probe: KVStore | None = None  # the store's health probe's own client
+        self._ps: PSSupervisor | None = None
+        self.chaos: ChaosMonkey | None = None
+        self.store: KVStore | None = None
+        self.store_url = ""
+        self.advertised_host = "127.0.0.1"  # how the hosts reach the driver (set by open)
+
+    def open(self, hosts: Sequence[HostSlots]) -> None:
+        """Open the store, claim the job id, say ``job_started``, publish the ps config
+        and follow the store. ``hosts``: the first discovery's, toward which the driver's
+        address is chosen.
+
+        Raises:
+            AddressError: no usable address toward ``hosts``.
+            RendezvousError: the store cannot be opened.
+            JobIdInUseError: another driver leads a job of this id.
+        """
+        cfg = self._config
+        self.advertised_host = "127.0.0.1" if self._all_local else driver_address(cfg, hosts)
+        self._server, store, self.store_url = open_job_store(
+            cfg, self._secret, self._all_local, self.advertised_host
+        )
+        self.store = store
+        # Refused (JobIdInUseError) while another driver leads a job of this id.
+        self._claim = DriverClaim.take(
+            store, self._keys, new_record(), on_taken=lambda reason: self._post(msg.Fatal(reason))
+        )
+        # First in the run's events (right after the store, whose URL it names): several
+        # runs may append to one events file, and this line is where each begins.
+        command = list(cfg.command)
+        started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
+        self._events.emit(started)
+        # Before any worker starts: a ps client of a job without shards fails at once.
+        store.put(self._keys.ps_config, PSConfigRecord(cfg.num_ps, cfg.ps_mode).to_json())
+        feeds.follow_workers_and_failures(
+            store, self._keys, self._post, self._stop, cfg.elastic_timeout, self._clock
+        )
+        self._probe = quick_store(self.store_url, self._secret)
+        feeds.probe_store(self._probe, self._events.emit, self._stop)
+
+    def interrupt(self, signum: int) -> None:
+        """SIGINT or SIGTERM came (thread-safe): a wait for the ps shards ends at once."""
+        self._signalled.append(signum)
+        self._wake.set()
+
+    def start_shards(self) -> None:
+        """Start ``--num-ps`` ps shards (if any) and wait until they serve (up to
+        ``--start-timeout``) in a helper thread, so that SIGINT or SIGTERM
+        (``interrupt``) ends the wait at once: the loop that handles signals does not
+        run yet.
+
+        Raises:
+            JobFailed: the shards did not come up, or a signal came first.
+            LauncherError: a shard cannot be started.
+        """
+        cfg = self._config
+        if not cfg.num_ps:
+            return
+        store = self.require_store()
+        self._ps = supervisor = PSSupervisor(
+            shard_commands(cfg, "127.0.0.1" if self._all_local else self.advertised_host),
+            job_env(cfg, self._secret, self.store_url),
+            store=store,
+            keys=self._keys,
+            launcher=self._launcher,
+            events=self._events,
+            on_fatal=lambda reason: self._post(msg.Fatal(reason)),
+            ready_timeout=cfg.start_timeout,
+            store_patience=cfg.elastic_timeout,
+            clock=self._clock,
+        )
+        ended: list[BaseException | None] = []
+
+        def start() -> None:
+            try:
+                supervisor.start()
+                ended.append(None)
+            except BaseException as exc:  # noqa: BLE001  (handed to the waiting thread)
+                ended.append(exc)
+            finally:
+                self._wake.set()
+
+        spawn("ps-start", start)
+        # The supervisor has its own deadline; this one only guards against a bug there.
+        self._wake.wait(cfg.start_timeout + 2 * STOP_GRACE)
+        if self._signalled:
+            raise JobFailed(
+                f"stopped by {signal.Signals(self._signalled[0]).name} while the ps shards "
+                "started; all workers were stopped"
+            )
+        if not ended:
+            raise JobFailed(f"ps shards not ready within {cfg.start_timeout:g}s")
+        if ended[0] is not None:
+            raise ended[0]
+
+    def start_chaos(self) -> None:
+        """Start ``--chaos-kill-interval``'s timer (if set): it posts ``ChaosTick``."""
+        cfg = self._config
+        if cfg.chaos_kill_interval:
+            tick = functools.partial(self._post, msg.ChaosTick())
+            self.chaos = ChaosMonkey(cfg.chaos_kill_interval, cfg.chaos_max_kills, tick)
+            self.chaos.start()
+
+    def require_store(self) -> KVStore:
+        """The store's client.
+
+        Raises:
+            JobFailed: the store is not open.
+        """
+        if self.store is None:
+            raise JobFailed("the rendezvous store is not open")
+        return self.store
+
+    def delete_quietly(self, key: str) -> None:
+        """Delete ``key`` (a prefix when it ends in ``/``); a failure is only logged."""
+        try:
+            store = self.require_store()
+            if key.endswith("/"):
+                store.delete_prefix(key)
+            else:
+                store.delete(key)
+        except RendezvousError as exc:
+            log.debug("could not delete %s: %s", key, exc)
+
+    def has_key(self, key: str) -> bool:
+        """Whether ``key`` exists (False when the store cannot say: a failure is logged)."""
+        try:
+            return self.require_store().get(key) is not None
+        except RendezvousError as exc:
+            log.warning("could not read %s: %s", key, exc)
+            return False
+
+    def stop(self) -> None:
+        """Stop the chaos and the ps shards (the workers are the caller's)."""
+        for component in (self.chaos, self._ps):
+            if component is not None:
+                component.stop()
+
+    def close(self) -> None:
+        """Delete the job's keys and end the driver's lease (when this driver holds the
+        job id); close the store's clients and stop the embedded server."""
+        if self._claim is not None:
+            self._release_claim(self._claim)
+        for client in (self._probe, self.store):
+            if client is not None:
+                client.close()
+        if self._server is not None:
+            self._server.stop()
+
+    def _release_claim(self, claim: DriverClaim) -> None:
+        """Leave nothing in the store: the job's keys and the driver's lease, through a
+        client whose calls give up within seconds (the job is over; an unreachable
+        store must not hold its end)."""
+        cleaner = quick_store(self.store_url, self._secret)
+        try:
+            claim.release(cleaner)
+        except RendezvousError as exc:
+            log.warning("could not delete the job's keys from the store: %s", exc)
+        finally:
+            cleaner.close()

@@ -1,0 +1,121 @@
+"""The job's rules, as pure functions that return decisions.
+
+Each function looks at the worker records (``driver.workers``), the current plan, the
+job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
+manager's answers), the config and ``now``, and returns what to do (``driver.decisions``):
+``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``Report`` (an event to
+emit), ``CountFailure``, ``Probe``, ``HostLost``, ``Succeed``, or nothing. None of them
+touches the store, a process or a clock; the main loop (``driver.job``) carries the
+decisions out. Functions that also update the book return a ``Step`` (the decisions and
+the new book).
+
+The rules, by concern (each module's docstring lists its own, with its constants):
+
+* ``rounds``: when to publish the next round, wait or give up: the first round, the
+  finish grace, the join window, a broken round and ``--elastic-timeout``, the reset
+  limit, a script that fails everywhere, rounds lost in a row; the loop's next wake-up;
+* ``exits``: what a worker's exit means (finished, failed, stopped, cannot start), the
+  failure streak, and the job's outcome;
+* ``placement``: which workers run where: free slots, displaced and hung workers, the
+  chaos's victims, every host blacklisted;
+* ``reports``: what the job says while it waits on something outside it (no host
+  listed, the store down) and how training progresses;
+* ``suspicion``: who is dead: failure reports and silent peers turned into host probes
+  and kills.
+
+This file names every rule, so the loop (and a test) reads them as one vocabulary:
+``policy.plan_round``, ``policy.outcome``, ``policy.FINISH_GRACE``.
+"""
+
+from driver.policy.exits import (
+    CANNOT_RUN_CODES,
+    FAILURE_STREAK_MIN,
+    count_failure,
+    finish_code,
+    launch_failed,
+    outcome,
+    worker_exited,
+)
+from driver.policy.placement import (
+    REREGISTER_GRACE,
+    chaos_candidates,
+    chaos_kill,
+    hosts_rule,
+    lapse_waits,
+    slots_to_fill,
+    workers_to_kill,
+    workers_to_stop,
+)
+from driver.policy.reports import (
+    REPEAT_REPORT_EVERY,
+    STALLED_AFTER,
+    no_hosts,
+    progress_report,
+    store_health,
+)
+from driver.policy.rounds import (
+    FINISH_GRACE,
+    FIRST_ROUND_GRACE,
+    JOIN_BATCH_WINDOW,
+    LOST_ROUNDS_LIMIT,
+    MAX_SLEEP,
+    MIN_SLEEP,
+    WAITING_REPORT_AFTER,
+    live_infos,
+    next_wakeup,
+    plan_round,
+    rounds_lost,
+    script_fails,
+)
+from driver.policy.suspicion import (
+    CONFIRM_WINDOW,
+    accusations_due,
+    failure_reported,
+    probe_answered,
+    silence_reported,
+)
+
+__all__ = [
+    # rounds
+    "plan_round",
+    "script_fails",
+    "rounds_lost",
+    "live_infos",
+    "next_wakeup",
+    "FIRST_ROUND_GRACE",
+    "WAITING_REPORT_AFTER",
+    "FINISH_GRACE",
+    "JOIN_BATCH_WINDOW",
+    "LOST_ROUNDS_LIMIT",
+    "MAX_SLEEP",
+    "MIN_SLEEP",
+    # exits
+    "worker_exited",
+    "launch_failed",
+    "count_failure",
+    "finish_code",
+    "outcome",
+    "FAILURE_STREAK_MIN",
+    "CANNOT_RUN_CODES",
+    # placement
+    "slots_to_fill",
+    "workers_to_stop",
+    "workers_to_kill",
+    "lapse_waits",
+    "chaos_candidates",
+    "chaos_kill",
+    "hosts_rule",
+    "REREGISTER_GRACE",
+    # reports
+    "no_hosts",
+    "store_health",
+    "progress_report",
+    "REPEAT_REPORT_EVERY",
+    "STALLED_AFTER",
+    # suspicion
+    "CONFIRM_WINDOW",
+    "accusations_due",
+    "failure_reported",
+    "silence_reported",
+    "probe_answered",
+]

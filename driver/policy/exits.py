@@ -1,0 +1,185 @@
+"""What a worker's exit means for the job, and the job's outcome (pure).
+
+A worker's process exits (``worker_exited``) or cannot be started (``launch_failed``);
+a failure of its own counts toward a streak (``count_failure``); after each message
+``outcome`` says whether the job is over. Apart from the round rules
+(``driver.policy.rounds``): these look at one worker and at the end of the job, not at
+what the next round should be.
+
+The rules:
+
+* Exits (``worker_exited``): a worker the driver stopped is stopped, whatever its code;
+  else 0 is finished and anything else failed, counted against its host and the streak
+  unless the chaos killed it.
+* Launch failures (``launch_failed``, and a shell's 126/127 from a worker that never
+  registered, in ``worker_exited``): before any worker of the job registered, a program
+  that cannot start ends the job at once with what failed; later it counts like a
+  failed worker.
+* Failure streak (``count_failure``): more than ``max(FAILURE_STREAK_MIN, 3 x slots)``
+  worker failures with no round forming end the job: they die before they can join.
+* Outcome (``outcome``): the job succeeds when every member of the current round has
+  finished and all exited 0; it fails when some finished and others failed (the finished
+  ones cannot be replaced: their state is gone), or when workers finished before any
+  round formed. A worker the driver stopped did not finish, whatever its code.
+* After a finish (``outcome``): when a worker has finished and every member of the
+  current round then failed, the job fails: nobody holds the state to hand on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from driver import workers
+from driver.decisions import Book, CountFailure, Decision, Fail, Report, Step, Succeed
+from driver.events import WorkerExited, WorkerFailed, WorkerStopped, describe_code
+from driver.workers import WorkerRecord, Workers, WorkerState
+from rendezvous.plan import Plan
+
+#: worker failures in a row, with no round forming, that end the job (at least this many,
+#: or three per slot): the workers die before they can join, restarting will not help
+FAILURE_STREAK_MIN = 10
+#: exit codes a shell gives a command it cannot run: 126 found but not executable, 127
+#: not found (how a missing program shows over ssh, where no local exec can fail)
+CANNOT_RUN_CODES = {126: "not executable", 127: "command not found"}
+
+
+def worker_exited(
+    rec: WorkerRecord,
+    code: int,
+    plan: Plan | None,
+    book: Book,
+    now: float,
+    *,
+    command: Sequence[str] = (),
+    any_registered: bool = True,
+    trained_to_end: bool = False,
+) -> tuple[WorkerRecord, Step]:
+    """The worker's process exited with ``code``: its new record, the event to report,
+    and whether the failure counts (a chaos victim's does not: its host did nothing
+    wrong). A member that finished starts the finish grace. A worker the driver killed
+    says so, and why. A shell's "cannot run" code (``CANNOT_RUN_CODES``) from a worker
+    that never registered is a launch failure of ``command`` (``launch_failed``; it ends
+    the job unless ``any_registered``, a worker of the job ever registered). A member that
+    finished with ``trained_to_end`` (its ``@elastic.run`` function returned) marks the
+    training done."""
+    done = workers.exited(rec, code, now)
+    member = plan.member(rec.worker_id) if plan is not None else None
+    rank = member.rank if member is not None else None
+    wid, host, slot = rec.worker_id, rec.host, rec.slot
+    decisions: list[Decision]
+    if done.state is WorkerState.FINISHED:
+        decisions = [Report(WorkerExited(worker=wid, host=host, slot=slot, code=code, rank=rank))]
+        book = book.finished(host, slot, member is not None, now)
+        if trained_to_end and member is not None:
+            book = replace(book, training_done=True)
+    elif done.state is WorkerState.STOPPED:
+        decisions = [Report(WorkerStopped(worker=wid, host=host, slot=slot, code=code))]
+    elif code in CANNOT_RUN_CODES and not rec.ever_registered and rec.kill_reason is None:
+        program = command[0] if command else "the command"
+        reason = (
+            f"cannot start {program!r} on {host}: exit {code} before it registered "
+            f"(the shell's '{CANNOT_RUN_CODES[code]}'; see the worker output above)"
+        )
+        decisions = launch_failed(wid, host, slot, reason, code, any_registered, permanent=True)
+    else:
+        chaos = rec.state is WorkerState.CHAOS_KILLED
+        killed = rec.state is WorkerState.KILLED
+        decisions = [
+            Report(
+                WorkerFailed(
+                    worker=wid,
+                    host=host,
+                    slot=slot,
+                    code=code,
+                    rank=rank,
+                    in_round=member is not None,
+                    chaos=chaos,
+                    reason=f"killed by the driver: {rec.kill_reason}" if killed else None,
+                )
+            )
+        ]
+        if not chaos:
+            decisions.append(CountFailure(rec.host, code))
+    if member is not None:
+        book = book.changed(now)
+    return done, Step(tuple(decisions), book)
+
+
+def launch_failed(
+    worker_id: str,
+    host: str,
+    slot: int,
+    reason: str,
+    code: int | None,
+    any_registered: bool,
+    permanent: bool,
+) -> list[Decision]:
+    """A worker could not be started (``reason``: the launcher's error, or a shell's
+    "cannot run" exit ``code``). Before any worker of the job registered, a ``permanent``
+    failure (the program is missing or not executable, a missing working directory)
+    ends the job at once with that reason: every try would fail alike. Otherwise it
+    counts against the host and the streak, like a failed worker."""
+    event = WorkerFailed(
+        worker=worker_id, host=host, slot=slot, code=code, reason=f"launch failed: {reason}"
+    )
+    if permanent and not any_registered:
+        return [Report(event), Fail(reason)]
+    return [Report(event), CountFailure(host, code, reason)]
+
+
+def count_failure(
+    book: Book, available_slots: int, code: int | None, reason: str | None = None
+) -> Step:
+    """A worker failed on its own (not the chaos; ``reason``: why it could not start).
+    Fails the job past the streak limit."""
+    streak = book.failure_streak + 1
+    book = replace(book, failure_streak=streak)
+    if streak > max(FAILURE_STREAK_MIN, 3 * available_slots):
+        last = reason if reason is not None else f"last exit: {describe_code(code)}"
+        return Step(
+            (
+                Fail(
+                    f"{streak} workers failed in a row without a round forming "
+                    f"({last}); see the worker output above"
+                ),
+            ),
+            book,
+        )
+    return Step((), book)
+
+
+def finish_code(rec: WorkerRecord) -> int | None:
+    """A worker's exit code as the outcome sees it: one the driver stopped did not
+    finish, whatever its code (a SIGTERM handler may well exit 0)."""
+    if rec.state is WorkerState.STOPPED:
+        return rec.exit_code or -1
+    return rec.exit_code if not rec.state.running else None
+
+
+def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail | None:
+    """``Succeed`` when every member of the round exited 0; ``Fail`` when the round
+    ended with some members finished and others failed, or with every member failed
+    after a worker of an earlier round finished, or workers finished before a first
+    round; None while the job runs (or a round of failures that re-forming handles)."""
+    if plan is None:
+        if book.done_slots and not any(r.state.running for r in workers.values()):
+            return Fail("workers exited before the first round formed")
+        return None
+    codes = {m.worker_id: finish_code(workers[m.worker_id]) for m in plan.members}
+    if any(code is None for code in codes.values()):
+        return None
+    if 0 not in codes.values() and not book.done_slots:
+        return None  # a round of failures: re-forming (or replacing) handles it
+    # Some member finished, of this round or (``done_slots``) of an earlier one, and every
+    # other failed: nobody alive holds the training state to hand on, and a replacement
+    # would start over from nothing after the work was done.
+    failed = [m for m in plan.members if codes[m.worker_id] != 0]
+    if failed:
+        m = failed[0]
+        return Fail(
+            f"worker rank {m.rank} ({m.worker_id}) of the final round "
+            f"{plan.round_id} exited with {codes[m.worker_id]} "
+            "after other workers had finished"
+        )
+    return Succeed(round=plan.round_id, size=plan.size, resets=book.resets)

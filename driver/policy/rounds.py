@@ -1,0 +1,255 @@
+"""When to publish the next round, wait, or give up: the round rules and their timers (pure).
+
+``plan_round`` is asked after every message the loop handles: it returns ``Publish``,
+the ``Wait``s that say when to look again, or ``Fail``; ``next_wakeup`` turns every
+rule's waits into the loop's next sleep. Apart from the exit rules
+(``driver.policy.exits``): these look at the membership as a whole and at how long it
+has been waiting, not at one worker.
+
+The rules:
+
+* First round (``plan_round``): wait for ``-np`` registered workers, up to
+  ``--start-timeout``; once there are, wait ``FIRST_ROUND_GRACE`` for the rest of those
+  launched, so a job on 8 slots forms one round of 8.
+* Training done: once a member exits 0 after its ``@elastic.run`` function returned (it
+  says so in the store: ``JobKeys.finished``), no round forms again: the others finish
+  as they are, whatever the time they take (a re-formed round at the end would hand a
+  finished job to a new world).
+* Finish grace: after a member exits 0 without saying so, no round for ``FINISH_GRACE`` (the others are
+  most likely finishing too).
+* Join batch window: a bigger round waits while workers launched less than
+  ``JOIN_BATCH_WINDOW`` ago have not registered, if the current round still works.
+* Broken round (``plan_round``): a round that lost members and cannot re-form is
+  reported after ``WAITING_REPORT_AFTER`` and ends the job after ``--elastic-timeout``.
+* Reset limit: publishing a round beyond ``--reset-limit`` re-forms ends the job
+  (rounds after a worker finished are not resets).
+* The script fails everywhere (``script_fails``): every member of two rounds in a row
+  exited with an error code of its own (no signal, no stop) ends the job; one such
+  round is replaced as usual (with -np 1 it is just a failed worker).
+* Lost rounds (``rounds_lost``): ``LOST_ROUNDS_LIMIT`` rounds in a row whose members
+  all died on their own, by any code or signal, end the job.
+* Wake-up (``next_wakeup``): the earliest ``Wait``, at most ``MAX_SLEEP`` away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from driver import planner
+from driver.config import JobConfig
+from driver.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
+from driver.events import Waiting, describe_code
+from driver.workers import Workers, WorkerState
+from rendezvous.plan import Plan, WorkerInfo
+
+#: after the first ``-np`` workers registered, how long to wait for the rest of those
+#: launched before the first round (so a job starting on 8 slots forms one round of 8)
+FIRST_ROUND_GRACE = 1.0
+#: how long a broken round may wait before a ``waiting`` event says so (a worker that
+#: finishes first leaves its round broken for a moment: no need to report that)
+WAITING_REPORT_AFTER = 1.0
+#: after a member of the round exits 0, how long to wait before re-forming without it:
+#: at the end of training the others exit too, and a round for that moment is noise
+FINISH_GRACE = 2.0
+#: workers launched together join in one re-form if they register within this window
+JOIN_BATCH_WINDOW = 3.0
+#: rounds in a row whose members all died on their own (any code or signal, none stopped
+#: or killed by the driver or the chaos) that end the job: each time the job started
+#: over from nothing, and it would again (a worker that always crashes at its end)
+LOST_ROUNDS_LIMIT = 3
+#: the loop looks at the job at least this often, whatever it waits for
+MAX_SLEEP = 1.0
+MIN_SLEEP = 0.01
+
+
+def live_infos(workers: Workers) -> list[WorkerInfo]:
+    """Registrations of the live workers, in registration order (what the planner takes)."""
+    live = sorted(
+        (r for r in workers.values() if r.live and r.info is not None),
+        key=lambda r: r.registered_seq,
+    )
+    return [r.info for r in live if r.info is not None]
+
+
+def plan_round(
+    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+) -> Step:
+    """Whether to publish a round now, wait, or give up (see the module docstring)."""
+    if book.training_done:
+        return Step((), book)
+    if book.member_finished_at is not None and now - book.member_finished_at < FINISH_GRACE:
+        return Step((Wait(book.member_finished_at + FINISH_GRACE, "the others to finish"),), book)
+    live = live_infos(workers)
+    if plan is None:
+        if len(live) < config.np:
+            book = replace(book, np_registered_at=None)
+            if now - book.started_at > config.start_timeout:
+                return Step(
+                    (Fail(_start_timeout_reason(len(live), book, config, now)),),
+                    book,
+                )
+            return Step((Wait(book.started_at + config.start_timeout, "-np workers"),), book)
+        registered_at = book.np_registered_at if book.np_registered_at is not None else now
+        book = replace(book, np_registered_at=registered_at)
+        launched = sum(1 for r in workers.values() if r.state.active)
+        grace_end = registered_at + FIRST_ROUND_GRACE
+        if len(live) < launched and now < grace_end:
+            return Step((Wait(grace_end, "the rest of the first workers"),), book)
+        min_np = config.np
+    else:
+        min_np = config.min_np
+    candidate = planner.next_plan(plan, live, hosts.usable, min_np, config.max_np)
+    intact = plan is not None and planner.round_is_intact(plan, live, hosts.usable)
+    decisions: list[Decision] = []
+    if candidate is not None and planner.needs_new_round(plan, candidate):
+        joiners = [
+            r.launched_at
+            for r in workers.values()
+            if r.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED)
+        ]
+        if not planner.hold_growth_for_joiners(
+            intact, [now - t for t in joiners], JOIN_BATCH_WINDOW
+        ):
+            return _publish(candidate, plan, book, config, now)
+        decisions.append(Wait(max(joiners) + JOIN_BATCH_WINDOW, "new workers to register"))
+    if plan is None:
+        return Step(tuple(decisions), book)
+    if intact:
+        return Step(tuple(decisions), replace(book, broken_since=None))  # a lapse is over
+    return _broken(workers, plan, book, len(live), min_np, hosts, config, now)
+
+
+def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig, now: float) -> Step:
+    resets = book.resets
+    if plan is not None and not book.done_slots:
+        # (Rounds for stragglers after a member finished are not resets.)
+        resets += 1
+        if config.reset_limit is not None and resets > config.reset_limit:
+            return Step(
+                (
+                    Fail(
+                        f"reset limit exceeded: the job re-formed {resets} times "
+                        f"(--reset-limit {config.reset_limit})"
+                    ),
+                ),
+                book,
+            )
+    took = now - (book.change_at if book.change_at is not None else now)
+    book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
+    return Step((Publish(candidate, round(took, 3)),), book)
+
+
+def _broken(
+    workers: Workers,
+    plan: Plan,
+    book: Book,
+    have: int,
+    min_np: int,
+    hosts: HostsView,
+    config: JobConfig,
+    now: float,
+) -> Step:
+    """The round lost members and no plan of ``min_np`` can form yet."""
+    book, failed = script_fails(workers, plan, book)
+    if failed is None:
+        book, failed = rounds_lost(workers, plan, book)
+    if failed is not None:
+        return Step((failed,), book)
+    decisions: list[Decision] = []
+    if book.broken_since is None:
+        book = replace(book, broken_since=now, waiting_reported=False)
+    since = book.broken_since if book.broken_since is not None else now
+    if not book.waiting_reported:
+        if now - since > WAITING_REPORT_AFTER:
+            book = replace(book, waiting_reported=True)
+            decisions.append(
+                Report(
+                    Waiting(
+                        what=f"round {plan.round_id} lost workers; waiting for {min_np} to re-form "
+                        f"(have {have})",
+                        waited=round(now - since, 3),
+                    )
+                )
+            )
+        else:
+            decisions.append(Wait(since + WAITING_REPORT_AFTER, "a round to re-form"))
+    if now - since > config.elastic_timeout:
+        blacklisted = hosts.blacklisted
+        decisions.append(
+            Fail(
+                f"no round of at least {min_np} workers could form within "
+                f"--elastic-timeout {config.elastic_timeout:g}s (have {have}"
+                + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted else "")
+                + _no_hosts_note(book, now)
+                + ")"
+            )
+        )
+    else:
+        decisions.append(Wait(since + config.elastic_timeout, "--elastic-timeout"))
+    return Step(tuple(decisions), book)
+
+
+def script_fails(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | None]:
+    """Every member of two rounds in a row exited with an error code of its own (no
+    signal, no stop): the script fails deterministically, and replacing the workers
+    again would only repeat it. The book remembers rounds whose members all failed."""
+    members = [workers[m.worker_id] for m in plan.members]
+    if not members or not all(
+        r.state is WorkerState.FAILED and r.exit_code is not None and r.exit_code > 0
+        for r in members
+    ):
+        return book, None
+    book = replace(book, all_failed_rounds=book.all_failed_rounds | {plan.round_id})
+    if plan.round_id - 1 not in book.all_failed_rounds:
+        return book, None
+    codes = sorted({r.exit_code for r in members if r.exit_code is not None})
+    return book, Fail(
+        f"every worker of rounds {plan.round_id - 1} and {plan.round_id} exited "
+        f"with an error (codes {codes}): the training script fails; see the "
+        "worker output above"
+    )
+
+
+def rounds_lost(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | None]:
+    """Every member of ``LOST_ROUNDS_LIMIT`` rounds in a row died on its own, whatever
+    its code or signal (a script that aborts at its end, a crash at exit): the job
+    started over from nothing each time, and would again. (``script_fails`` ends it
+    sooner when the codes are the script's own errors.) The book remembers such rounds."""
+    members = [workers[m.worker_id] for m in plan.members]
+    if not members or not all(r.died_on_its_own for r in members):
+        return book, None
+    book = replace(book, lost_rounds=book.lost_rounds | {plan.round_id})
+    first = plan.round_id - LOST_ROUNDS_LIMIT + 1
+    if first < 1 or not all(r in book.lost_rounds for r in range(first, plan.round_id)):
+        return book, None
+    codes = sorted({describe_code(r.exit_code) for r in members})
+    return book, Fail(
+        f"every worker of rounds {first} to {plan.round_id} died ({', '.join(codes)}) "
+        "with no survivor to hand the training state on: the job started over "
+        f"{LOST_ROUNDS_LIMIT} times in a row; see the worker output above"
+    )
+
+
+def _start_timeout_reason(registered: int, book: Book, config: JobConfig, now: float) -> str:
+    timeout = f"--start-timeout {config.start_timeout:g}s"
+    if book.no_hosts_since is not None and registered == 0:
+        return (
+            f"discovery has listed no host for {now - book.no_hosts_since:.0f}s: "
+            f"no worker could start within {timeout}"
+        )
+    return f"only {registered} of {config.np} workers registered within {timeout}"
+
+
+def _no_hosts_note(book: Book, now: float) -> str:
+    """What to add to a timeout's reason while discovery lists no host."""
+    if book.no_hosts_since is None:
+        return ""
+    return f"; discovery has listed no host for {now - book.no_hosts_since:.0f}s"
+
+
+def next_wakeup(waits: Sequence[Wait], now: float) -> float:
+    """Seconds the loop may sleep: until the earliest wait ends, within
+    [``MIN_SLEEP``, ``MAX_SLEEP``]."""
+    wake = min((w.until - now for w in waits), default=MAX_SLEEP)
+    return min(MAX_SLEEP, max(MIN_SLEEP, wake))
