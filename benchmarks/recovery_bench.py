@@ -61,6 +61,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,13 +160,16 @@ class CommitLog:
 
     ``poll()`` reads what was appended since the last call (whole lines only: a line a
     SIGKILLed worker tore is left unread). Records are kept per file stem (the worker
-    id for ours, ``torch-g<restart>-rank<r>`` for torchrun)."""
+    id for ours, ``torch-g<restart>-rank<r>-<host>-<pid>`` for torchrun). A commit's
+    round is its ``round_field``: ``round`` (ours' round, torchrun's restart count on
+    one node) or ``group`` (the id a torchrun worker group agrees on, across nodes)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, round_field: str = "round"):
         self.directory = Path(directory)
+        self.round_field = round_field
         self._offsets: dict[str, int] = {}
         self.records: dict[str, list[dict]] = defaultdict(list)
-        self.max_round = 0
+        self.max_round: float = 0
 
     def poll(self) -> CommitLog:
         for path in glob.glob(str(self.directory / "*.commits")):
@@ -182,21 +186,22 @@ class CommitLog:
                     continue
                 self.records[key].append(rec)
                 if rec["ev"] == "commit":
-                    self.max_round = max(self.max_round, rec["round"])
+                    self.max_round = max(self.max_round, rec[self.round_field])
             self._offsets[key] = offset + end
         return self
 
     def commits(self, key: str):
         return (r for r in self.records.get(key, ()) if r["ev"] == "commit")
 
-    def count_in_round(self, key: str, round_id: int) -> int:
-        return sum(1 for r in self.commits(key) if r["round"] == round_id)
+    def count_in_round(self, key: str, round_id: float) -> int:
+        return sum(1 for r in self.commits(key) if r[self.round_field] == round_id)
 
-    def first_commit_after(self, key: str, round_id: int, t0: float, size: int | None = None):
+    def first_commit_after(self, key: str, round_id: float, t0: float, size: int | None = None):
         """The time of ``key``'s first commit in a round newer than ``round_id`` logged
         after ``t0`` (and, if given, in a round of ``size``); None if none yet."""
         for r in self.commits(key):
-            if r["round"] > round_id and r["t"] >= t0 and (size is None or r["size"] == size):
+            newer = r[self.round_field] > round_id
+            if newer and r["t"] >= t0 and (size is None or r["size"] == size):
                 return r["t"]
         return None
 
@@ -243,14 +248,31 @@ def phase_medians(rows: list[dict], prefix: str) -> dict:
 
 class OursJob:
     """``elastic-run`` running ``workloads/steps.py`` (through ``tests.support.jobs.ElasticRun``:
-    its own process group, events file, and a ``stop()`` that reaps every worker)."""
+    its own process group, events file, and a ``stop()`` that reaps every worker).
 
-    def __init__(self, args: list[str], workdir: Path, work: int):
+    ``workload_args``: more arguments for ``steps.py``; ``env``: more environment for
+    ``elastic-run``; ``local``: the workers run on this machine, so the pids they log
+    are ours to signal (workers on test hosts log pids of their host's PID namespace:
+    whoever made the hosts reaps them)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        workdir: Path,
+        work: int,
+        workload_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        local: bool = True,
+    ):
         self.out = workdir / "out"
         self.out.mkdir(parents=True)
         self.log = CommitLog(self.out)
-        command = [sys.executable, str(STEPS), str(self.out), "--work", str(work)]
-        self.run = ElasticRun([*args, *command], workdir, env=THREAD_ENV)
+        self.local = local
+        command = [
+            *(sys.executable, str(STEPS), str(self.out)),
+            *("--work", str(work), *workload_args),
+        ]
+        self.run = ElasticRun([*args, *command], workdir, env={**THREAD_ENV, **(env or {})})
 
     def start(self) -> OursJob:
         self.run.start()
@@ -295,6 +317,8 @@ class OursJob:
 
     def stop(self) -> None:
         self.run.stop()
+        if not self.local:
+            return
         # stop() covers the workers the events file names; a worker that started but
         # whose event line was never written cannot exist (the event follows the spawn
         # in the same thread), but the workloads' own start records are checked too.
@@ -420,7 +444,7 @@ class TorchrunJob:
         )
         return self
 
-    def group_members(self, group: int) -> dict[int, dict]:
+    def group_members(self, group: float) -> dict[int, dict]:
         """rank -> start record of the workers of restart number ``group``."""
         members = {}
         for key, recs in self.log.records.items():

@@ -1,8 +1,15 @@
-"""A training loop that logs the wall-clock time of every commit, for the recovery and
-scale benchmarks.
+"""A training loop that logs the wall-clock time of every commit, for the recovery,
+scale and host-cut benchmarks and the false-alarm run.
 
 Each step: a fixed amount of compute (a matrix product; a few ms), one allreduce of a
-small gradient-like vector, the update, ``state.commit()``. After each commit the worker
+small gradient-like vector, the update, ``state.commit()``. For the false-alarm run it
+can load the process the way real training code does: ``--python-loop N`` adds a
+pure-Python loop of N iterations to each step (it holds the GIL, handing it over only at
+the interpreter's switch interval), and ``--gc-objects N --gc-every K`` keeps a graph of
+N linked Python objects alive and forces a full ``gc.collect()`` every K steps (a pause
+that holds the GIL throughout; staggered by rank, so the other workers are awake to
+notice it), each logged as ``{"ev": "gc", "t": <end>, "seconds": <pause>}``.
+After each commit the worker
 appends one JSON line to ``OUT_DIR/<worker id>.commits``:
 
     {"ev": "commit", "t": <time.time()>, "worker": ..., "rank": ..., "size": ...,
@@ -19,12 +26,14 @@ each step's allreduce (as a max), so every member sees it on the same step and t
 all return together; a worker that left on its own while the others still wait in a
 collective would look like a failure to the driver.
 
-    steps.py OUT_DIR [--work K] [--samples N] [--batch B]
+    steps.py OUT_DIR [--work K] [--samples N] [--batch B] [--dim D]
+             [--python-loop N] [--gc-objects N --gc-every K]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -58,6 +67,15 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256, help="length of the allreduced vector")
+    parser.add_argument(
+        "--python-loop", type=int, default=0, help="pure-Python loop iterations per step"
+    )
+    parser.add_argument(
+        "--gc-objects", type=int, default=0, help="linked objects kept alive for the collector"
+    )
+    parser.add_argument(
+        "--gc-every", type=int, default=0, help="steps between forced gc.collect() (0: never)"
+    )
     args = parser.parse_args()
 
     worker = os.environ.get("ELASTIC_WORKER_ID", f"pid{os.getpid()}")
@@ -74,6 +92,24 @@ def main() -> int:
     a = rng.standard_normal((args.work, args.work))
     features = rng.standard_normal((args.samples, args.dim))
 
+    # A chain of small lists closed into a cycle: all of them tracked by the collector,
+    # none of them garbage, so every full collection walks the whole graph.
+    graph: list[list] = [[i, None] for i in range(args.gc_objects)]
+    for i, node in enumerate(graph):
+        node[1] = graph[i - 1]
+
+    def load(step: int) -> None:
+        acc = 0
+        for i in range(args.python_loop):
+            acc += i * i % 7
+        if args.gc_every <= 0:
+            return
+        stagger = elastic.rank() * args.gc_every // elastic.size()
+        if (step + stagger) % args.gc_every == 0:
+            began = time.perf_counter()
+            gc.collect()
+            record("gc", seconds=time.perf_counter() - began)
+
     record("init")
     elastic.init()
     record("joined", round=current_round())
@@ -86,6 +122,7 @@ def main() -> int:
             sampler.set_epoch(state.epoch)
             for idx in sampler.batches(batch_size=args.batch, start=state.batch):
                 a @ a  # stands in for the forward/backward pass; result not needed
+                load(state.steps)
                 grad = np.empty(args.dim + 1)
                 grad[:-1] = features[idx].sum(axis=0) - state.w * len(idx)
                 grad[-1] = 1.0 if os.path.exists(stop_path) else 0.0

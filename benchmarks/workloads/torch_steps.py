@@ -6,22 +6,29 @@ backward of a small linear model, one gloo allreduce of the flattened gradients 
 a stop flag), the SGD step; then rank 0 writes ``{model, optimizer, step}`` with
 ``torch.save`` to a temp file and renames it over ``OUT_DIR/ckpt.pt`` (atomic against a
 crash of the process, which is the failure measured here; no fsync, as ours keeps its
-commits in memory). Every rank then appends a JSON line to
-``OUT_DIR/torch-g<restart>-rank<rank>.commits``:
+commits in memory). Every rank then appends a JSON line to its own file,
+``OUT_DIR/torch-g<restart>-rank<rank>-<host name>-<pid>.commits``:
 
-    {"ev": "commit", "t": <time.time()>, "rank": ..., "size": ..., "round": <restart>, "step": ...}
+    {"ev": "commit", "t": <time.time()>, "rank": ..., "size": ..., "round": <restart>,
+     "group": <group id>, "step": ...}
 
 plus ``{"ev": "start", ...}`` before torch is imported (when the process began running
-the script), ``{"ev": "imported", ...}`` once torch is imported and the model and
-optimizer are built, and ``{"ev": "ready", ...}`` once the process group is up and the
-checkpoint loaded, so a benchmark can tell where a restart spends its time. The
-restart count comes from torchrun (``TORCHELASTIC_RESTART_COUNT``) and plays the part
-of ours' round number. The job ends when ``OUT_DIR/stop`` exists (agreed through the
-allreduce, so all ranks leave on the same step and exit 0).
+the script; with its host name and pid), ``{"ev": "imported", ...}`` once torch is
+imported and the model and optimizer are built, ``{"ev": "ready", ...}`` once the process
+group is up and the checkpoint loaded, so a benchmark can tell where a restart spends
+its time, and ``{"ev": "failed", ...}`` when a collective raised (a gloo timeout, a lost
+peer; the process then exits with the error). The restart count comes from torchrun
+(``TORCHELASTIC_RESTART_COUNT``) and plays the part of ours' round number on one node;
+across nodes each agent counts its own restarts (and a restart for a node that joins
+is not counted), so the group id tells groups apart: rank 0's ``time.time()`` when the
+group came up, broadcast to every rank (a later group has a larger id). ``--timeout``
+is the gloo timeout in seconds (torch's default when not given). The job ends when
+``OUT_DIR/stop`` exists (agreed through the allreduce, so all ranks leave on the same
+step and exit 0).
 
 Benchmarks only: torch is never a dependency of the project.
 
-    torchrun --nproc-per-node=N ... torch_steps.py OUT_DIR [--work K]
+    torchrun --nproc-per-node=N ... torch_steps.py OUT_DIR [--work K] [--timeout SEC]
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
+from datetime import timedelta
 
 
 def main() -> int:
@@ -40,19 +49,20 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--timeout", type=float, default=None, help="gloo timeout, seconds")
     args = parser.parse_args()
 
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host = socket.gethostname()
+    name = f"torch-g{restart}-rank{rank}-{host}-{os.getpid()}.commits"
     # Open for the life of the process: a worker may be SIGKILLed at any line.
-    log = open(  # noqa: SIM115
-        os.path.join(args.out_dir, f"torch-g{restart}-rank{rank}.commits"), "a", buffering=1
-    )
+    log = open(os.path.join(args.out_dir, name), "a", buffering=1)  # noqa: SIM115
 
     def record(ev: str, **fields) -> None:
         log.write(json.dumps({"ev": ev, "t": time.time(), **fields}) + "\n")
 
-    record("start", pid=os.getpid(), rank=rank, round=restart)
+    record("start", pid=os.getpid(), host=host, rank=rank, round=restart)
 
     import torch  # only here: the project itself never imports torch
     import torch.distributed as dist
@@ -65,7 +75,13 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     record("imported", rank=rank, round=restart)
 
-    dist.init_process_group("gloo")
+    if args.timeout is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    stamp = torch.tensor([time.time()], dtype=torch.float64)
+    dist.broadcast(stamp, 0)
+    group = stamp.item()
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
     step = 0
     if os.path.exists(ckpt_path):
@@ -73,7 +89,7 @@ def main() -> int:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         step = saved["step"]
-    record("ready", rank=rank, round=restart, step=step)
+    record("ready", rank=rank, size=world, host=host, round=restart, group=group, step=step)
 
     generator = torch.Generator().manual_seed(1)
     features = torch.randn(args.samples, args.dim, generator=generator)
@@ -95,7 +111,11 @@ def main() -> int:
             [grad_of(p).reshape(-1) for p in params]
             + [torch.tensor([1.0 if os.path.exists(stop_path) else 0.0])]
         )
-        dist.all_reduce(flat)
+        try:
+            dist.all_reduce(flat)
+        except RuntimeError as exc:  # gloo's errors (DistBackendError is one)
+            record("failed", rank=rank, group=group, error=str(exc)[:200])
+            raise
         offset = 0
         for p in params:
             n = p.numel()
@@ -110,7 +130,7 @@ def main() -> int:
                 tmp,
             )
             os.replace(tmp, ckpt_path)
-        record("commit", rank=rank, size=world, round=restart, step=step)
+        record("commit", rank=rank, size=world, round=restart, group=group, step=step)
         if flat[-1].item() > 0:
             break
     dist.destroy_process_group()
