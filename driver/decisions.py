@@ -185,8 +185,8 @@ class Book:
     progress_at: float | None = None
     progress_rate: float | None = None
     progress_said_at: float | None = None
-    # Hosts where no spare is started before a time: a spare died there before it
-    # registered (``policy.spares``), and relaunching at once could loop.
+    # Hosts where no spare is started before a time (``policy.spares``): one of their
+    # spares was just promoted, or died before it registered.
     spare_holds: tuple[tuple[str, float], ...] = ()
 
     def new_round(self) -> Book:

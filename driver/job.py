@@ -306,7 +306,7 @@ class Job:
         rec, now = self.workers[decision.worker_id], self._clock()
         self.events.emit(policy.promotion_event(rec, decision.slot, now))
         self.workers[rec.worker_id] = workers.promoted(rec, decision.slot, now)
-        self.book = self.book.changed(now)
+        self.book = policy.spare_promoted(self.book.changed(now), rec.host, now)
 
     def _probe_host(self, decision: dec.Probe) -> None:
         def ask() -> None:

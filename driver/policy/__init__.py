@@ -71,10 +71,12 @@ from driver.policy.rounds import (
     script_fails,
 )
 from driver.policy.spares import (
+    SPARE_REFILL_DELAY,
     SPARE_RETRY_DELAY,
     fill_slots,
     promotion_event,
     spare_exited,
+    spare_promoted,
     spares_to_launch,
     spares_to_stop,
 )
@@ -129,7 +131,9 @@ __all__ = [
     "spares_to_launch",
     "spares_to_stop",
     "spare_exited",
+    "spare_promoted",
     "SPARE_RETRY_DELAY",
+    "SPARE_REFILL_DELAY",
     # suspicion
     "CONFIRM_WINDOW",
     "accusations_due",

@@ -14,10 +14,12 @@ The rules:
   spare still starting is not waited for: the slot gets a fresh process, the spare
   stays a spare. A spare never moves to another host (it runs there).
 * Keeping the pool (``spares_to_launch``): each usable host runs ``--spares`` spares;
-  a missing one is launched (``LaunchSpare``), behind the promotion that used it. None
-  once training is done; none on a host where a spare died before registering less
-  than ``SPARE_RETRY_DELAY`` ago (a script that never reaches ``init()`` there would
-  otherwise be started again in a loop): a ``Wait`` says when.
+  a missing one is launched (``LaunchSpare``), none once training is done. Not at
+  once after a promotion on the host (``spare_promoted``): ``SPARE_REFILL_DELAY``
+  later, so that the new spare's start and imports do not take the CPU from the world
+  being re-formed with the promoted one. None on a host where a spare died before
+  registering less than ``SPARE_RETRY_DELAY`` ago (a script that never reaches
+  ``init()`` there would otherwise be started again in a loop). A ``Wait`` says when.
 * Hosts (``spares_to_stop``): spares run only on usable hosts: a spare whose host left
   the job, is blacklisted or cooling down is stopped, and none is started there.
 * A spare's exit (``spare_exited``): quiet. No round changes, no failure streak, no job
@@ -52,6 +54,9 @@ from driver.workers import WorkerRecord, Workers, WorkerState
 
 #: after a spare died before it registered, how long its host gets no new spare
 SPARE_RETRY_DELAY = 5.0
+#: after a spare of a host was promoted, how long before its replacement starts (the
+#: re-formed round's first steps first: a process start and its imports take a core)
+SPARE_REFILL_DELAY = 1.0
 
 
 def fill_slots(free: Sequence[WorkerSlot], workers: Workers) -> list[Launch | Promote]:
@@ -80,6 +85,19 @@ def promotion_event(rec: WorkerRecord, slot: int, now: float) -> SparePromoted:
 
 def _holds(book: Book, now: float) -> dict[str, float]:
     return {host: until for host, until in book.spare_holds if until > now}
+
+
+def _held(book: Book, host: str, until: float, now: float) -> Book:
+    """The book with no spare started on ``host`` before ``until`` (a later hold stays)."""
+    holds = _holds(book, now)
+    holds[host] = max(until, holds.get(host, until))
+    return replace(book, spare_holds=tuple(sorted(holds.items())))
+
+
+def spare_promoted(book: Book, host: str, now: float) -> Book:
+    """A spare of ``host`` was promoted at ``now``: its replacement waits
+    ``SPARE_REFILL_DELAY``."""
+    return _held(book, host, now + SPARE_REFILL_DELAY, now)
 
 
 def spares_to_launch(
@@ -133,6 +151,5 @@ def spare_exited(rec: WorkerRecord, code: int, book: Book, now: float) -> tuple[
     if rec.kill_reason is None:
         decisions.append(CountFailure(host, code, streak=False))
     if not rec.ever_registered:
-        holds = {**_holds(book, now), host: now + SPARE_RETRY_DELAY}
-        book = replace(book, spare_holds=tuple(sorted(holds.items())))
+        book = _held(book, host, now + SPARE_RETRY_DELAY, now)
     return done, Step(tuple(decisions), book)
