@@ -90,7 +90,8 @@ def test_a_spare_takes_the_slot_discovery_adds(tmp_path):
         grown = run.wait_event("round_formed", lambda e: e["size"] == 4)
         promoted = {e["worker"] for e in run.events("spare_promoted")}
         assert promoted == ready and promoted <= set(grown["members"])
-        # The growth did not wait for anything to start: only spares started after it.
+        # Two new spares start behind them (after the refill delay); no fresh member ever.
+        run.wait_event("spare_ready", after=3)
         assert [e["spare"] for e in run.events("worker_started")][2:] == [True] * 4
         hold.unlink()
         assert run.wait(timeout=80) == 0, run.stderr_tail()
