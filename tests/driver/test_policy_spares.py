@@ -55,12 +55,12 @@ def test_a_spare_is_no_candidate_until_promoted_into_a_slot():
     s = workers.registered(s, info("s", "h", 0), created_revision=7, now=2.0)
     assert s.ready_spare and not s.live and s.state is S.REGISTERED
     p = workers.promoted(s, slot=3, now=5.0)
-    assert not p.spare and p.live and not p.ready_spare
+    assert not p.spare and p.live and not p.ready_spare and p.info is not None
     assert (p.slot, p.info.slot, p.since, p.registered_seq) == (3, 3, 5.0, 7)
     # Registering again (a lease lost and renewed) keeps the slot the driver gave it.
     lapsed = workers.unregistered(p, now=6.0)
     again = workers.registered(lapsed, info("s", "h", 0), created_revision=9, now=7.0)
-    assert again.live and again.info.slot == 3 and again.slot == 3
+    assert again.live and again.info is not None and (again.info.slot, again.slot) == (3, 3)
 
 
 def test_live_infos_leave_spares_out():
@@ -254,7 +254,8 @@ def test_a_broken_round_re_forms_at_once_with_the_promoted_spare():
         t, plan_of(1, a, b), Book(0.0, change_at=5.0), view(), cfg, 5.0
     )
     plan = only(decisions, Publish).plan
-    assert plan.worker_ids == ("a", "s") and plan.member("s").slot == 1
+    member = plan.member("s")
+    assert plan.worker_ids == ("a", "s") and member is not None and member.slot == 1
 
 
 def test_idle_spares_do_not_hold_the_jobs_end():
