@@ -227,7 +227,9 @@ class Job:
         self._step(policy.accusations_due(records, self.book, now))
         self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
         # Last: a new spare's start must not delay the round a promotion just formed.
-        self._apply(policy.spares_to_launch(records, view.usable, self.book, cfg.spares, now))
+        self._apply(
+            policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
+        )
 
     def _settle(self) -> int | None:
         decision = policy.outcome(self.workers, self.plan, self.book)
@@ -291,6 +293,11 @@ class Job:
         try:
             pid = self._processes.start(worker_id, spec)
         except LauncherError as exc:
+            if spare:
+                self._step(
+                    policy.spare_launch_failed(worker_id, host, str(exc), self.book, self._clock())
+                )
+                return
             permanent = isinstance(exc, LaunchError) and exc.permanent
             self._apply(
                 policy.launch_failed(

@@ -63,16 +63,20 @@ class SparePromoted(Event):
 @dataclass(frozen=True)
 class SpareLost(Event):
     """A spare exited before it was promoted (``code``; ``registered``: it had got as far
-    as ``elastic.init()``). No round changes; another spare is started in its place."""
+    as ``elastic.init()``), or could not be started (``code`` None and a ``reason``). No
+    round changes; another spare is started in its place."""
 
     kind: ClassVar[str] = "spare_lost"
     quiet: ClassVar[bool] = True
     worker: str
     host: str
-    code: int
+    code: int | None
     registered: bool
+    reason: str | None = None
 
     def __str__(self) -> str:
+        if self.code is None:
+            return f"spare {self.worker} on {self.host} could not start: {self.reason}"
         return f"spare {self.worker} on {self.host} exited ({describe_code(self.code)})"
 
 

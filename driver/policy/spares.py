@@ -22,6 +22,9 @@ The rules:
   ``init()`` there would otherwise be started again in a loop). A ``Wait`` says when.
 * Hosts (``spares_to_stop``): spares run only on usable hosts: a spare whose host left
   the job, is blacklisted or cooling down is stopped, and none is started there.
+* Starting (``spares_to_launch``): spares start once the first round formed, so they
+  do not slow the first workers' start; a spare that cannot be started
+  (``spare_launch_failed``) is lost like one that died before registering.
 * A spare's exit (``spare_exited``): quiet. No round changes, no failure streak, no job
   failure: a ``SpareLost`` event, and its host's failure count for blacklisting (a host
   whose processes die is a bad host, spare or not). A spare that died before it
@@ -51,6 +54,7 @@ from driver.events import SpareLost, SparePromoted, WorkerStopped, WorkerStoppin
 from driver.hosts import HostSlots
 from driver.planner import WorkerSlot
 from driver.workers import WorkerRecord, Workers, WorkerState
+from rendezvous.plan import Plan
 
 #: after a spare died before it registered, how long its host gets no new spare
 SPARE_RETRY_DELAY = 5.0
@@ -101,12 +105,17 @@ def spare_promoted(book: Book, host: str, now: float) -> Book:
 
 
 def spares_to_launch(
-    workers: Workers, usable: Sequence[HostSlots], book: Book, spares: int, now: float
+    workers: Workers,
+    plan: Plan | None,
+    usable: Sequence[HostSlots],
+    book: Book,
+    spares: int,
+    now: float,
 ) -> list[Decision]:
     """A ``LaunchSpare`` for each spare missing on a usable host (lowest free index
-    first), or a ``Wait`` while the host's spares are held; nothing once training is
-    done or with no spares asked for."""
-    if spares <= 0 or book.training_done:
+    first), or a ``Wait`` while the host's spares are held; nothing before the first
+    round, once training is done, or with no spares asked for."""
+    if spares <= 0 or plan is None or book.training_done:
         return []
     used: dict[str, set[int]] = defaultdict(set)
     for r in workers.values():
@@ -153,3 +162,11 @@ def spare_exited(rec: WorkerRecord, code: int, book: Book, now: float) -> tuple[
     if not rec.ever_registered:
         book = _held(book, host, now + SPARE_RETRY_DELAY, now)
     return done, Step(tuple(decisions), book)
+
+
+def spare_launch_failed(worker_id: str, host: str, reason: str, book: Book, now: float) -> Step:
+    """A spare could not be started (``reason``: the launcher's error): lost before it
+    registered (its host is held, and counts the failure), but no failure of the job."""
+    event = SpareLost(worker=worker_id, host=host, code=None, registered=False, reason=reason)
+    decisions = (Report(event), CountFailure(host, None, reason, streak=False))
+    return Step(decisions, _held(book, host, now + SPARE_RETRY_DELAY, now))

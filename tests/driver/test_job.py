@@ -262,9 +262,21 @@ def spares_of(job: Job) -> list[str]:
     return [w for w, r in job.workers.items() if r.spare and r.state.running]
 
 
+def with_a_ready_spare(job: Job) -> tuple[str, str, str]:
+    """The first round of two, then its spare (started once the round formed), registered."""
+    first_round(job, 2)
+    assert job.plan is not None
+    a, b = job.plan.worker_ids
+    turn_until(job, lambda: spares_of(job), "the spare")
+    (s,) = spares_of(job)
+    register(job, s)
+    turn_until(job, lambda: job.workers[s].ready_spare, "the spare's registration")
+    return a, b, s
+
+
 def test_a_spare_takes_a_failed_members_slot_and_is_refilled_later(harness):
     job, launcher, events, clock = harness("-np", "2", "--spares", "1")
-    a, b, s = first_round(job, 3)
+    a, b, s = with_a_ready_spare(job)
     assert job.workers[s].spare and job.plan.worker_ids == (a, b)
     assert launcher.by_worker(s).spec.env["ELASTIC_SPARE"] == "1"
     assert "ELASTIC_SPARE" not in launcher.by_worker(a).spec.env
@@ -287,7 +299,7 @@ def test_a_spare_takes_a_failed_members_slot_and_is_refilled_later(harness):
 
 def test_a_spare_dying_idle_is_replaced_without_a_round(harness):
     job, launcher, events, _ = harness("-np", "2", "--spares", "1")
-    a, b, s = first_round(job, 3)
+    a, b, s = with_a_ready_spare(job)
     launcher.by_worker(s).exit(-9)
     turn_until(job, lambda: spares_of(job), "the new spare")
     assert job.plan.round_id == 1 and job.plan.worker_ids == (a, b)

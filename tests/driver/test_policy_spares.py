@@ -29,6 +29,7 @@ from tests.driver.test_policy import config, hs, info, kinds, only, plan_of, rec
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
 S = WorkerState
+P1 = plan_of(1, rec("a", 0))  # a round formed: spares may start
 
 
 def spare(
@@ -126,23 +127,40 @@ def test_no_promotion_once_training_is_done():
 
 def test_each_usable_host_gets_its_missing_spares():
     t = table(rec("a", 0), spare("s", 1), spare("gone", 0, state=S.FAILED, seq=5))
-    decisions = policy.spares_to_launch(t, hs("h:1,g:1"), Book(0.0), 2, now=1.0)
+    decisions = policy.spares_to_launch(t, P1, hs("h:1,g:1"), Book(0.0), 2, now=1.0)
     assert decisions == [LaunchSpare("h", 0), LaunchSpare("g", 0), LaunchSpare("g", 1)]
 
 
 def test_a_spare_being_stopped_or_killed_is_replaced_already():
     t = table(spare("s", 0, state=S.STOPPING), spare("k", 1, state=S.KILLED))
-    assert policy.spares_to_launch(t, hs("h:1"), Book(0.0), 2, 1.0) == [
+    assert policy.spares_to_launch(t, P1, hs("h:1"), Book(0.0), 2, 1.0) == [
         LaunchSpare("h", 0),
         LaunchSpare("h", 1),
     ]
 
 
+def test_spares_start_once_the_first_round_formed():
+    # Before it, they would only slow the first workers' start.
+    assert policy.spares_to_launch({}, None, hs("h:1"), Book(0.0), 1, 1.0) == []
+    assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0), 1, 1.0) == [LaunchSpare("h", 0)]
+
+
+def test_a_spare_that_cannot_be_started_is_lost_and_holds_its_host():
+    decisions, book = policy.spare_launch_failed("s", "h", "no such host", Book(0.0), now=3.0)
+    assert decisions == (
+        Report(
+            ev.SpareLost(worker="s", host="h", code=None, registered=False, reason="no such host")
+        ),
+        CountFailure("h", None, "no such host", streak=False),
+    )
+    assert book.spare_holds == (("h", 3.0 + policy.SPARE_RETRY_DELAY),)
+
+
 def test_no_spare_without_the_flag_once_training_is_done_or_off_the_usable_hosts():
-    assert policy.spares_to_launch({}, hs("h:1"), Book(0.0), 0, 1.0) == []
-    assert policy.spares_to_launch({}, hs("h:1"), Book(0.0, training_done=True), 1, 1.0) == []
+    assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0), 0, 1.0) == []
+    assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0, training_done=True), 1, 1.0) == []
     # A blacklisted or cooling host is not in the usable list: no spare there.
-    assert policy.spares_to_launch({}, hs("h:1"), Book(0.0), 1, 1.0) == [LaunchSpare("h", 0)]
+    assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0), 1, 1.0) == [LaunchSpare("h", 0)]
 
 
 def test_a_promotion_holds_its_hosts_refill_for_the_delay():
@@ -150,11 +168,11 @@ def test_a_promotion_holds_its_hosts_refill_for_the_delay():
     until = 10.0 + policy.SPARE_REFILL_DELAY
     assert book.spare_holds == (("h", until),)
     # The round re-forms first; the other hosts are not held.
-    assert policy.spares_to_launch({}, hs("h:1,g:1"), book, 1, now=10.5) == [
+    assert policy.spares_to_launch({}, P1, hs("h:1,g:1"), book, 1, now=10.5) == [
         Wait(until, "a spare on h to be started again"),
         LaunchSpare("g", 0),
     ]
-    assert policy.spares_to_launch({}, hs("h:1"), book, 1, now=until + 0.01) == [
+    assert policy.spares_to_launch({}, P1, hs("h:1"), book, 1, now=until + 0.01) == [
         LaunchSpare("h", 0)
     ]
     # A later hold stays; an expired one is forgotten.
@@ -202,7 +220,7 @@ def test_a_spare_dying_before_it_registered_holds_its_host():
     assert kinds(decisions) == [Report, CountFailure]
     until = 5.0 + policy.SPARE_RETRY_DELAY
     assert book.spare_holds == (("h", until),)
-    assert policy.spares_to_launch({}, hs("h:1"), book, 1, 6.0) == [
+    assert policy.spares_to_launch({}, P1, hs("h:1"), book, 1, 6.0) == [
         Wait(until, "a spare on h to be started again")
     ]
 
