@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,41 @@ def test_spares_of_a_blacklisted_host_are_not_used(tmp_path):
         assert len(run.events("worker_started")) > started_by
         assert not [e for e in run.events("spare_promoted") if e["host"] == "b"]
     check_exact_sum(out, SAMPLES, 12, final_size=1)
+
+
+def pid_of_worker(host, worker_id: str) -> int:
+    """The process of ``worker_id`` on a test host (its pid as seen from here)."""
+    for pid in host.pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"ELASTIC_WORKER_ID={worker_id}".encode() in environ:
+            return pid
+    raise AssertionError(f"no process of {worker_id} on {host}")
+
+
+@pytest.mark.timeout(150)
+def test_each_host_keeps_its_spare_and_a_dead_members_host_promotes_its_own(three_hosts, tmp_path):
+    """Across separate hosts (over ssh): one spare per host, and a member SIGKILLed on b
+    is replaced by b's spare, never a's (a spare runs where it is)."""
+    a, b, _ = three_hosts
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    hold.write_text("")
+    args = ["-H", f"{a.address}:1,{b.address}:1", "-np", "2", "--launcher", "ssh"]
+    args += ["--spares", "1", *workload(out, 10, "--pause-while", str(hold))]
+    with ElasticRun(args, tmp_path, env=three_hosts.env()) as run:
+        first = run.wait_event("round_formed")
+        run.wait_event("spare_ready", after=1, timeout=60)
+        ready = {e["host"]: e["worker"] for e in run.events("spare_ready")}
+        assert set(ready) == {a.address, b.address}
+        hosts = {e["worker"]: e["host"] for e in run.events("worker_started")}
+        (victim,) = [w for w in first["members"] if hosts[w] == b.address]
+        os.kill(pid_of_worker(b, victim), signal.SIGKILL)
+        promoted = run.wait_event("spare_promoted", timeout=30)
+        assert promoted["worker"] == ready[b.address] and promoted["host"] == b.address
+        second = run.wait_event("round_formed", after=1, timeout=30)
+        assert set(second["members"]) == (set(first["members"]) - {victim}) | {promoted["worker"]}
+        hold.unlink()
+        assert run.wait(timeout=100) == 0, run.stderr_tail()
+    check_exact_sum(out, SAMPLES, 10, final_size=2)
