@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import (
-    EXACT_SUM,
     ElasticRun,
     check_exact_sum,
+    exact_sum_command,
     hosts_file_discovery,
 )
 
@@ -23,22 +23,7 @@ SAMPLES = 800
 
 def workload(out_dir, epochs, *extra):
     out_dir.mkdir(exist_ok=True)
-    return [
-        "python",
-        str(EXACT_SUM),
-        str(out_dir),
-        "--samples",
-        str(SAMPLES),
-        "--epochs",
-        str(epochs),
-        "--batch",
-        "4",
-        *extra,
-    ]
-
-
-def spares_started(run: ElasticRun) -> list[dict]:
-    return [e for e in run.events("worker_started") if e.get("spare")]
+    return exact_sum_command(out_dir, SAMPLES, epochs, *extra)
 
 
 @pytest.mark.timeout(120)
