@@ -366,6 +366,8 @@ class WorkerRuntime:
         deadline = None if idle_spare else time.monotonic() + self.settings.round_timeout
         while True:
             plan, me = self._wait_for_plan(after, deadline)
+            if deadline is None:  # promoted: from now on it waits like any worker
+                deadline = time.monotonic() + self.settings.round_timeout
             membership = Membership(
                 round_id=plan.round_id,
                 rank=me.rank,
