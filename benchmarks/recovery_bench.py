@@ -17,6 +17,10 @@ Definition (``recovery_s``, the samples; t0 = ``time.time()`` just before ``kill
 * ``replace`` (ours, plain ``elastic-run -np N``): the world waits for the replacement
   worker (a fresh process), so the time is until every member of the first round
   formed after the kill has committed a step in it (the re-formed world's first commit).
+* ``spares`` (ours, ``elastic-run -np N --spares 1``): as ``replace``, but a warm spare
+  (started, imported and registered beforehand) takes the victim's place instead of a
+  fresh process; the benchmark waits for the new spare started behind it to be ready
+  before the next kill, so every kill finds one.
 * ``torchrun-restart`` (``torchrun --nnodes=1:1 --nproc-per-node=N --max-restarts=K
   --rdzv-backend=c10d``, run as ``python -m torch.distributed.run``): the agent stops
   the whole group and starts N fresh processes that resume from the checkpoint; the
@@ -34,14 +38,17 @@ event of the next round), and in ``replace`` mode the replacement's start:
 calling ``elastic.init()``), ``..._joined_s`` (``init()`` returned); torchrun
 ``restarted_s`` (kill to the last new worker process running the script),
 ``imported_s`` (... with torch imported, model and optimizer built) and ``ready_s``
-(... with its gloo group up and the checkpoint loaded).
+(... with its gloo group up and the checkpoint loaded); in ``spares`` mode
+``spare_promoted_s`` (kill to the driver's ``spare_promoted``) instead of the
+replacement's start.
 
 One JSON line per configuration on stdout (nothing else):
-    {"bench": "recovery", "system": "ours"|"torchrun", "mode": "min-np"|"replace"|
+    {"bench": "recovery", "system": "ours"|"torchrun", "mode": "min-np"|"replace"|"spares"|
      "torchrun-restart", "workers", "kills", "definition", "median_s", "p90_s", "max_s",
      "samples", ...phase medians..., "job_exit", "load_avg"[, "error"]}
 
     python benchmarks/recovery_bench.py [--kills 5] [--workers 2 4] [--systems ours torchrun]
+        [--modes min-np replace spares]
 """
 
 from __future__ import annotations
@@ -88,6 +95,8 @@ DEFINITIONS = {
     "min-np": "SIGKILL -> every survivor has committed a step in a round newer than the kill round",
     "replace": "SIGKILL -> every member of the first round formed after the kill "
     "(survivors + the fresh replacement) has committed a step in it",
+    "spares": "SIGKILL -> every member of the first round formed after the kill "
+    "(survivors + the promoted spare) has committed a step in it",
     "torchrun-restart": "SIGKILL -> every rank of the restarted worker group has committed "
     "a step (resumed from the per-step checkpoint)",
 }
@@ -294,10 +303,20 @@ class OursJob:
                 f"elastic-run exited with {proc.returncode}: " + self.run.stderr_tail(5)
             )
 
-    def steady(self, size: int, settle: int):
+    def ready_spares(self) -> set[str]:
+        """The spares registered and neither promoted nor lost yet."""
+        events = self.run.events()
+        ready = {e["worker"] for e in events if e["kind"] == "spare_ready"}
+        gone = {e["worker"] for e in events if e["kind"] in ("spare_promoted", "spare_lost")}
+        return ready - gone
+
+    def steady(self, size: int, settle: int, spares: int = 0):
         """The current round event when it has ``size`` members, each with ``settle``
-        commits in it and nobody in a newer round; else None."""
+        commits in it and nobody in a newer round, and ``spares`` spares are ready;
+        else None."""
         self.check_running()
+        if spares and len(self.ready_spares()) < spares:
+            return None
         current = self.current_round()
         self.log.poll()
         if current is None or current["size"] != size or self.log.max_round > current["round"]:
@@ -335,8 +354,11 @@ def ours_config(
     args = ["-np", str(workers)]
     if mode == "min-np":
         args += ["--min-np", str(2 if workers > 2 else 1)]
+    spares = 1 if mode == "spares" else 0
+    if spares:
+        args += ["--spares", str(spares)]
     job = OursJob(args, tmp / f"ours-{mode}-{workers}", work)
-    samples, seen, formed, fresh = [], [], [], []
+    samples, seen, formed, fresh, promoted = [], [], [], [], []
     result = {
         "bench": "recovery",
         "system": "ours",
@@ -349,7 +371,10 @@ def ours_config(
         job.start()
         for _ in range(kills):
             current = wait_for(
-                lambda: job.steady(workers, settle), STEADY_DEADLINE, f"a steady round of {workers}"
+                lambda: job.steady(workers, settle, spares),
+                STEADY_DEADLINE,
+                f"a steady round of {workers}"
+                + (f" and {spares} ready spare(s)" if spares else ""),
             )
             round_id, members = current["round"], current["members"]
             victim = rng.choice(members)
@@ -381,6 +406,9 @@ def ours_config(
             formed.append(nxt["t"] - t0 if nxt else None)
             if mode == "replace" and nxt:
                 fresh.append(fresh_worker_phases(job, set(nxt["members"]) - set(members), t0))
+            if mode == "spares":
+                took = [e["t"] - t0 for e in job.run.events("spare_promoted") if e["t"] >= t0]
+                promoted.append(took[0] if took else None)
         result["job_exit"] = job.finish()
     except BenchTimeout as exc:
         result["error"] = str(exc)
@@ -392,6 +420,7 @@ def ours_config(
         failure_seen_s=median_or_none(seen),
         round_formed_s=median_or_none(formed),
         **phase_medians(fresh, "replacement_"),
+        **({"spare_promoted_s": median_or_none(promoted)} if mode == "spares" else {}),
         load_avg=round(os.getloadavg()[0], 2),
     )
     return result
@@ -575,8 +604,8 @@ def main() -> None:
     ap.add_argument(
         "--modes",
         nargs="+",
-        default=["min-np", "replace"],
-        choices=["min-np", "replace"],
+        default=["min-np", "replace", "spares"],
+        choices=["min-np", "replace", "spares"],
         help="ours' configurations",
     )
     ap.add_argument(

@@ -10,7 +10,12 @@ every commit's wall-clock time is logged with its round and round size).
 * ``grow`` (2 -> 4): ``localhost:2`` becomes ``localhost:2`` + ``127.0.0.1:2``
   (``--launcher local``: both are this machine); ``shrink`` (4 -> 2): back to
   ``localhost:2`` (the driver stops the two workers of ``127.0.0.1``). The job
-  alternates grow and shrink ``--repeats`` times. The time is until every member of
+  alternates grow and shrink ``--repeats`` times. That is layout ``hosts``; layout
+  ``slots`` grows the host itself (``localhost:2`` becomes ``localhost:4``, and back),
+  and ``slots-spares`` does that with ``--spares 2``: the two new slots go to the
+  host's warm spares (two new spares start behind them; each change waits for them to
+  be ready, so every grow finds two). Spares serve their own host, so a new host gets
+  none: layout ``hosts`` shows the fresh-process figure. The time is until every member of
   the first round of the new size formed after t0 has committed a step in a round of
   that size (the new world's first collective: each step is one allreduce, then the
   commit).
@@ -24,19 +29,22 @@ every commit's wall-clock time is logged with its round and round size).
 The discovery poll interval (``--discovery-interval``, reported as
 ``discovery_interval``) bounds the part of the latency before the driver sees the
 change. Also reported, as medians: ``noticed_s`` (t0 to the driver's ``host_added`` /
-``host_removed`` event, or to ``worker_failed`` for a kill), ``round_formed_s`` (t0
-to the ``round_formed`` event of the round measured; for a kill, of the next round)
-and for ``grow`` the new workers' start, t0 until the last of them was
-``new_worker_spawned_s`` (the driver's ``worker_started``), ``..._start_s`` (its
-interpreter reached the script), ``..._init_s`` (numpy and elastic imported, calling
-``elastic.init()``) and ``..._joined_s`` (``init()`` returned).
+``host_removed`` / ``host_slots_changed`` event, or to ``worker_failed`` for a kill),
+``round_formed_s`` (t0 to the ``round_formed`` event of the round measured; for a
+kill, of the next round) and for ``grow`` the new workers' start, t0 until the last of
+them was ``new_worker_spawned_s`` (the driver's ``worker_started``), ``..._start_s``
+(its interpreter reached the script), ``..._init_s`` (numpy and elastic imported,
+calling ``elastic.init()``) and ``..._joined_s`` (``init()`` returned); for a grow by
+spares, ``spares_promoted_s`` (t0 to the last ``spare_promoted``) instead.
 
 One JSON line per configuration on stdout (nothing else):
-    {"bench": "scale", "change": "grow"|"shrink"|"sigkill", "from", "to", "median_s",
-     "p90_s", "max_s", "samples", "discovery_interval", "noticed_s", "round_formed_s",
+    {"bench": "scale", "change": "grow"|"shrink"|"sigkill", "layout": "hosts"|"slots"|
+     "slots-spares" (grow and shrink), "spares", "from", "to", "median_s", "p90_s",
+     "max_s", "samples", "discovery_interval", "noticed_s", "round_formed_s",
      "definition", "job_exit", "load_avg"[, "error"]}
 
     python benchmarks/scale_bench.py [--repeats 5] [--discovery-interval 0.2]
+        [--layouts hosts slots slots-spares]
 """
 
 from __future__ import annotations
@@ -65,8 +73,14 @@ from recovery_bench import (
     wait_for,
 )
 
-GROW_HOSTS = "localhost:2\n127.0.0.1:2\n"
 SHRINK_HOSTS = "localhost:2\n"
+#: layout -> (the hosts file of the grown world, spares per host)
+LAYOUTS = {
+    "hosts": ("localhost:2\n127.0.0.1:2\n", 0),
+    "slots": ("localhost:4\n", 0),
+    "slots-spares": ("localhost:4\n", 2),
+}
+HOST_EVENTS = ("host_added", "host_removed", "host_slots_changed")
 
 DEFINITIONS = {
     "grow": "hosts file rewritten -> every member of the first round of the new size "
@@ -100,12 +114,12 @@ def discovery_job(workdir: Path, hosts_text: str, args: list[str], work: int) ->
 
 
 def measure_change(
-    job: OursJob, hosts: Path, text: str, size: int, settle: int, host_event: str
+    job: OursJob, hosts: Path, text: str, size: int, settle: int, spares: int
 ) -> tuple[float, float | None, float, dict | None]:
-    """Rewrite the hosts file once the world is steady; (latency, noticed, formed, the
-    fresh workers' phases)."""
+    """Rewrite the hosts file once the world is steady (and ``spares`` spares are
+    ready); (latency, noticed, formed, the fresh workers' phases or the promotions)."""
     before = wait_for(
-        lambda: job.steady(size_before(size), settle),
+        lambda: job.steady(size_before(size), settle, spares),
         STEADY_DEADLINE,
         f"a steady round of {size_before(size)}",
     )
@@ -126,11 +140,15 @@ def measure_change(
 
     done, new = wait_for(changed, RECOVERY_DEADLINE, f"a world of {size} after the change")
     noticed = next(
-        (e["t"] for e in job.run.events(host_event) if e["host"] == "127.0.0.1" and e["t"] >= t0),
-        None,
+        (e["t"] for e in job.run.events() if e["kind"] in HOST_EVENTS and e["t"] >= t0), None
     )
     fresh = set(new["members"]) - set(before["members"])
-    phases = fresh_worker_phases(job, fresh, t0) if fresh else None
+    promoted = [e["t"] - t0 for e in job.run.events("spare_promoted") if e["worker"] in fresh]
+    phases: dict | None
+    if promoted:
+        phases = {"promoted": max(promoted)} if len(promoted) == len(fresh) else None
+    else:
+        phases = fresh_worker_phases(job, fresh, t0) if fresh else None
     return done - t0, (noticed - t0 if noticed else None), new["t"] - t0, phases
 
 
@@ -141,6 +159,8 @@ def size_before(size_after: int) -> int:
 def result_line(
     change: str, frm: int, to: int | None, samples, noticed, formed, interval, extra: dict, fresh=()
 ) -> dict:
+    fresh = [p for p in fresh if p]
+    by_spares = [p["promoted"] for p in fresh if "promoted" in p]
     return {
         "bench": "scale",
         "change": change,
@@ -150,31 +170,32 @@ def result_line(
         "discovery_interval": interval,
         "noticed_s": median_or_none(noticed),
         "round_formed_s": median_or_none(formed),
-        **phase_medians([p for p in fresh if p], "new_worker_"),
+        **phase_medians([p for p in fresh if "promoted" not in p], "new_worker_"),
+        **({"spares_promoted_s": median_or_none(by_spares)} if by_spares else {}),
         "definition": DEFINITIONS[change],
         **extra,
         "load_avg": round(os.getloadavg()[0], 2),
     }
 
 
-def grow_shrink(repeats: int, interval: float, settle: int, work: int, tmp: Path) -> list[dict]:
-    job, hosts = discovery_job(
-        tmp / "grow-shrink",
-        SHRINK_HOSTS,
-        ["-np", "2", "--min-np", "2", "--discovery-interval", str(interval)],
-        work,
-    )
+def grow_shrink(
+    layout: str, repeats: int, interval: float, settle: int, work: int, tmp: Path
+) -> list[dict]:
+    grown, spares = LAYOUTS[layout]
+    args = ["-np", "2", "--min-np", "2", "--discovery-interval", str(interval)]
+    if spares:
+        args += ["--spares", str(spares)]
+    job, hosts = discovery_job(tmp / f"grow-shrink-{layout}", SHRINK_HOSTS, args, work)
     grow: tuple[list, list, list, list] = ([], [], [], [])
     shrink: tuple[list, list, list, list] = ([], [], [], [])
-    extra = {}
+    extra: dict = {"layout": layout, "spares": spares, "elastic_run_args": args}
     try:
         job.start()
         for _ in range(repeats):
-            for out, text, size, kind in (
-                (grow, GROW_HOSTS, 4, "host_added"),
-                (shrink, SHRINK_HOSTS, 2, "host_removed"),
-            ):
-                for series, value in zip(out, measure_change(job, hosts, text, size, settle, kind)):
+            for out, text, size in ((grow, grown, 4), (shrink, SHRINK_HOSTS, 2)):
+                for series, value in zip(
+                    out, measure_change(job, hosts, text, size, settle, spares)
+                ):
                     series.append(value)
         extra["job_exit"] = job.finish()
     except BenchTimeout as exc:
@@ -247,6 +268,13 @@ def main() -> None:
         choices=["grow-shrink", "sigkill"],
     )
     ap.add_argument(
+        "--layouts",
+        nargs="+",
+        default=list(LAYOUTS),
+        choices=list(LAYOUTS),
+        help="how grow-shrink grows (see the module docstring)",
+    )
+    ap.add_argument(
         "--settle-steps",
         type=int,
         default=20,
@@ -260,10 +288,11 @@ def main() -> None:
     args = ap.parse_args()
     with bench_workdir("scale-bench-", args.keep) as tmp:
         if "grow-shrink" in args.changes:
-            for line in grow_shrink(
-                args.repeats, args.discovery_interval, args.settle_steps, args.work, tmp
-            ):
-                print(json.dumps(line), flush=True)
+            for layout in args.layouts:
+                for line in grow_shrink(
+                    layout, args.repeats, args.discovery_interval, args.settle_steps, args.work, tmp
+                ):
+                    print(json.dumps(line), flush=True)
         if "sigkill" in args.changes:
             print(
                 json.dumps(

@@ -81,6 +81,7 @@ class JobConfig:
     events_file: str | None
     verbosity: int
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
+    spares: int = 0  # warm spare workers kept on each usable host
 
     @property
     def uses_discovery(self) -> bool:
@@ -272,4 +273,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         events_file=args.events_file,
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
+        spares=args.spares,
     )

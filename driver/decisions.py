@@ -66,6 +66,25 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class LaunchSpare:
+    """Start a spare worker on ``host`` (``index``: its place among the host's spares):
+    it loads the script up to ``elastic.init()``, registers and waits, in no round."""
+
+    host: str
+    index: int
+
+
+@dataclass(frozen=True)
+class Promote:
+    """The registered spare ``worker_id`` takes slot ``slot`` of ``host`` (its own host):
+    from now on it is a worker like any other, a candidate for the next round."""
+
+    worker_id: str
+    host: str
+    slot: int
+
+
+@dataclass(frozen=True)
 class Report:
     """Emit ``event``."""
 
@@ -75,12 +94,14 @@ class Report:
 @dataclass(frozen=True)
 class CountFailure:
     """A worker on ``host`` failed on its own (exit ``code``; or could not start, then
-    ``reason`` says why): count it against the host (blacklisting) and then against the
-    failure streak (``count_failure``)."""
+    ``reason`` says why): count it against the host (blacklisting) and then, unless
+    ``streak`` is False (a spare: it held no work), against the failure streak
+    (``count_failure``)."""
 
     host: str
     code: int | None
     reason: str | None = None
+    streak: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,7 +130,19 @@ class HostLost:
 
 
 Decision = Union[
-    Publish, Wait, Fail, Kill, Stop, Launch, Report, CountFailure, Succeed, Probe, HostLost
+    Publish,
+    Wait,
+    Fail,
+    Kill,
+    Stop,
+    Launch,
+    LaunchSpare,
+    Promote,
+    Report,
+    CountFailure,
+    Succeed,
+    Probe,
+    HostLost,
 ]
 
 
@@ -152,6 +185,9 @@ class Book:
     progress_at: float | None = None
     progress_rate: float | None = None
     progress_said_at: float | None = None
+    # Hosts where no spare is started before a time (``policy.spares``): one of their
+    # spares was just promoted, or died before it registered.
+    spare_holds: tuple[tuple[str, float], ...] = ()
 
     def new_round(self) -> Book:
         """A round was published: the reports of the one before are settled."""

@@ -88,6 +88,9 @@ _slot_count = _number_type(
     int, 0, True, "a whole number >= 1", (MAX_SLOTS_PER_HOST, "the most slots of one host")
 )
 _non_negative_int = _number_type(int, 0, False, "a whole number >= 0")
+_spare_count = _number_type(
+    int, 0, False, "a whole number >= 0", (MAX_SLOTS_PER_HOST, "the most slots of one host")
+)
 _positive_seconds = _number_type(float, 0.0, True, "a number of seconds > 0")
 _non_negative_seconds = _number_type(float, 0.0, False, "a number of seconds >= 0")
 
@@ -147,6 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="most workers at once (default: -np without hosts; with hosts no "
         "limit beyond the slots)",
+    )
+    size.add_argument(
+        "--spares",
+        type=_spare_count,
+        default=0,
+        metavar="N",
+        help="warm spare workers to keep on each host (without hosts: on localhost, "
+        "for the job): each runs COMMAND up to elastic.init(), registers and waits, "
+        "in no round and on no slot. A failed worker's slot, or a slot added by "
+        "discovery, goes to a spare of that host at once instead of a fresh "
+        "process, and a new spare starts behind it. Costs one idle process (its "
+        "memory) per spare (default: 0)",
     )
 
     hosts = p.add_argument_group("hosts")

@@ -218,6 +218,7 @@ class Job:
         self._waits = []
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
         self._apply(policy.workers_to_stop(records, view.usable))
+        self._apply(policy.spares_to_stop(records, view.usable))
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
@@ -225,6 +226,10 @@ class Job:
         self._step(policy.progress_report(self.book, self.plan, cfg, now))
         self._step(policy.accusations_due(records, self.book, now))
         self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
+        # Last: a new spare's start must not delay the round a promotion just formed.
+        self._apply(
+            policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
+        )
 
     def _settle(self) -> int | None:
         decision = policy.outcome(self.workers, self.plan, self.book)
@@ -272,13 +277,27 @@ class Job:
         self._processes.stop(rec.worker_id)
 
     def _launch(self, decision: dec.Launch) -> None:
-        host, slot = decision.host, decision.slot
-        worker_id = self._processes.new_id(host, slot)
+        self._start_worker(decision.host, decision.slot, spare=False)
+
+    def _launch_spare(self, decision: dec.LaunchSpare) -> None:
+        self._start_worker(decision.host, decision.index, spare=True)
+
+    def _start_worker(self, host: str, slot: int, spare: bool) -> None:
+        """Start a worker in ``slot`` of ``host``, or (``spare``) the host's spare number
+        ``slot``: one route for both."""
+        worker_id = self._processes.new_id(host, f"s{slot}" if spare else slot)
         bind = worker_bind_host(host, self.all_local, self._services.advertised_host)
-        spec = worker_spec(self.config, self.secret, self.store_url, worker_id, host, slot, bind)
+        spec = worker_spec(
+            self.config, self.secret, self.store_url, worker_id, host, slot, bind, spare
+        )
         try:
             pid = self._processes.start(worker_id, spec)
         except LauncherError as exc:
+            if spare:
+                self._step(
+                    policy.spare_launch_failed(worker_id, host, str(exc), self.book, self._clock())
+                )
+                return
             permanent = isinstance(exc, LaunchError) and exc.permanent
             self._apply(
                 policy.launch_failed(
@@ -286,8 +305,15 @@ class Job:
                 )
             )
             return
-        self.workers[worker_id] = WorkerRecord.launched(worker_id, host, slot, self._clock())
-        self.events.emit(ev.WorkerStarted(worker_id, host, slot, pid))
+        now = self._clock()
+        self.workers[worker_id] = WorkerRecord.launched(worker_id, host, slot, now, spare)
+        self.events.emit(ev.WorkerStarted(worker_id, host, slot, pid, spare))
+
+    def _promote(self, decision: dec.Promote) -> None:
+        rec, now = self.workers[decision.worker_id], self._clock()
+        self.events.emit(policy.promotion_event(rec, decision.slot, now))
+        self.workers[rec.worker_id] = workers.promoted(rec, decision.slot, now)
+        self.book = policy.spare_promoted(self.book.changed(now), rec.host, now)
 
     def _probe_host(self, decision: dec.Probe) -> None:
         def ask() -> None:
@@ -302,10 +328,11 @@ class Job:
     def _count_failure(self, decision: dec.CountFailure) -> None:
         self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
         slots = self.hosts.available_slots
-        decisions, self.book = policy.count_failure(
-            self.book, slots, decision.code, decision.reason
-        )
-        self._apply(decisions)
+        if decision.streak:
+            decisions, self.book = policy.count_failure(
+                self.book, slots, decision.code, decision.reason
+            )
+            self._apply(decisions)
 
     # ------------------------------------------------------------------ messages
     def _handle(self, message: msg.Message) -> None:
@@ -353,7 +380,11 @@ class Job:
         else:
             info = WorkerInfo.from_json(kv.value)
             self.workers[worker_id] = workers.registered(rec, info, kv.create_revision, now)
-        self.book = self.book.changed(now)
+        if not rec.spare:
+            self.book = self.book.changed(now)
+        elif kv is not None and not rec.ever_registered:  # no membership changed
+            took = round(now - rec.launched_at, 3)
+            self.events.emit(ev.SpareReady(worker=worker_id, host=rec.host, took=took))
 
     def _on_failure_report(self, message: msg.FailureReport) -> None:
         if message.event.type != PUT:
@@ -415,6 +446,8 @@ _DECISIONS: dict[type, Callable[[Job, Any], object]] = {
     dec.Kill: Job._kill,
     dec.Stop: Job._stop_worker,
     dec.Launch: Job._launch,
+    dec.LaunchSpare: Job._launch_spare,
+    dec.Promote: Job._promote,
     dec.Report: lambda job, d: job.events.emit(d.event),
     dec.CountFailure: Job._count_failure,
     dec.Probe: Job._probe_host,

@@ -52,8 +52,10 @@ def worker_env(
     host: str,
     slot: int,
     bind_host: str,
+    spare: bool = False,
 ) -> dict[str, str]:
-    """The job's own variables for one worker (pure); they are added to the inherited ones."""
+    """The job's own variables for one worker (pure); they are added to the inherited ones.
+    A spare is told so (its ``slot``: its index among its host's spares)."""
     return {
         **job_env(config, secret, store_url),
         env.ENV_WORKER_ID: worker_id,
@@ -62,6 +64,7 @@ def worker_env(
         env.ENV_BIND_HOST: bind_host,
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
         env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
+        **({env.ENV_SPARE: "1"} if spare else {}),
     }
 
 
@@ -116,8 +119,9 @@ def worker_bind_host(host: str, all_local: bool, driver_address: str) -> str:
     return host if netaddr.is_address(host) else ""
 
 
-def worker_id_for(host: str, slot: int, sequence: int) -> str:
-    """A worker id unique in the job: ``host-slot-N`` with the host made file-name safe."""
+def worker_id_for(host: str, slot: int | str, sequence: int) -> str:
+    """A worker id unique in the job: ``host-slot-N`` with the host made file-name safe
+    (a spare's ``slot`` is ``sI``, its spare index)."""
     safe_host = "".join(c if c.isalnum() or c in "-." else "_" for c in host)
     return f"{safe_host}-{slot}-{sequence}"
 
@@ -130,9 +134,11 @@ def worker_spec(
     host: str,
     slot: int,
     bind_host: str,
+    spare: bool = False,
 ) -> LaunchSpec:
     """The launch of one worker: the job's command in the driver's working directory,
-    labelled ``host:slot``, logged to ``--log-dir`` if given.
+    labelled ``host:slot`` (a spare: ``host#I``, its spare index), logged to
+    ``--log-dir`` if given.
 
     Raises:
         LaunchSpecError: the command or an environment value is unusable.
@@ -142,9 +148,9 @@ def worker_spec(
         host=host,
         slot=slot,
         command=tuple(config.command),
-        env=worker_env(config, secret, store_url, worker_id, host, slot, bind_host),
+        env=worker_env(config, secret, store_url, worker_id, host, slot, bind_host, spare),
         cwd=os.getcwd(),
-        label=f"{host}:{slot}",
+        label=f"{host}#{slot}" if spare else f"{host}:{slot}",
         log_path=log_path,
     )
 

@@ -32,8 +32,9 @@ class WorkerProcesses:
         self._processes: dict[str, WorkerProcess] = {}
         self._launched = 0
 
-    def new_id(self, host: str, slot: int) -> str:
-        """A worker id for the next launch on ``host``'s ``slot``, unique in the job."""
+    def new_id(self, host: str, slot: int | str) -> str:
+        """A worker id for the next launch on ``host``'s ``slot`` (a spare's: ``sI``),
+        unique in the job."""
         self._launched += 1
         return worker_id_for(host, slot, self._launched)
 

@@ -11,7 +11,11 @@ job's main loop keeps the newest per worker id. The lifecycle::
     STOPPING --exit, any code--> STOPPED
     any other running state --exit 0--> FINISHED, --any other exit--> FAILED
 
-Only REGISTERED workers can be members of a new round. A worker the driver stops or
+A spare (``--spares``) has the same lifecycle, but is no candidate member while it is
+a spare: its ``slot`` is its index among its host's spares, not a member slot, until
+``promoted`` gives it a member slot.
+
+Only REGISTERED workers (not spares) can be members of a new round. A worker the driver stops or
 kills stops being a candidate at once, not when its exit is seen: the driver has given
 up on it. A chaos victim's failure is not held against its host.
 """
@@ -58,7 +62,8 @@ class WorkerRecord:
     ``registered_seq``: the store revision that created its registration, so workers
     order by when they (last) registered. ``exit_code`` once it exited. ``kill_reason``:
     why the driver (or, ``"chaos"``, the chaos monkey) SIGKILLed it, kept after the exit
-    so that the failure can say who killed it and why."""
+    so that the failure can say who killed it and why. ``spare``: it was launched as a
+    spare and not promoted yet (``slot`` is then its index among its host's spares)."""
 
     worker_id: str
     host: str
@@ -70,16 +75,24 @@ class WorkerRecord:
     registered_seq: int = 0
     exit_code: int | None = None
     kill_reason: str | None = None
+    spare: bool = False
 
     @classmethod
-    def launched(cls, worker_id: str, host: str, slot: int, now: float) -> WorkerRecord:
-        """A worker started at ``now``."""
-        return cls(worker_id, host, slot, launched_at=now, since=now)
+    def launched(
+        cls, worker_id: str, host: str, slot: int, now: float, spare: bool = False
+    ) -> WorkerRecord:
+        """A worker (a spare, its ``slot`` its spare index) started at ``now``."""
+        return cls(worker_id, host, slot, launched_at=now, since=now, spare=spare)
 
     @property
     def live(self) -> bool:
-        """Registered and running: a candidate member of the next round."""
-        return self.state is WorkerState.REGISTERED
+        """Registered, running and no spare: a candidate member of the next round."""
+        return self.state is WorkerState.REGISTERED and not self.spare
+
+    @property
+    def ready_spare(self) -> bool:
+        """A registered spare: it can be promoted at once (it is imported and joined)."""
+        return self.state is WorkerState.REGISTERED and self.spare
 
     @property
     def ever_registered(self) -> bool:
@@ -101,12 +114,20 @@ def registered(
     rec: WorkerRecord, info: WorkerInfo, created_revision: int, now: float
 ) -> WorkerRecord:
     """Its registration was written (``created_revision``: the revision that created
-    the key). A worker on its way out only has its registration noted."""
+    the key). A worker on its way out only has its registration noted. The driver's
+    slot wins over the registration's: a promoted spare registered with its spare index."""
+    info = replace(info, slot=rec.slot)
     if rec.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED):
         return replace(
             rec, state=WorkerState.REGISTERED, since=now, info=info, registered_seq=created_revision
         )
     return replace(rec, info=info, registered_seq=created_revision)
+
+
+def promoted(rec: WorkerRecord, slot: int, now: float) -> WorkerRecord:
+    """The spare takes member slot ``slot`` of its host (its registration follows)."""
+    info = replace(rec.info, slot=slot) if rec.info is not None else None
+    return replace(rec, spare=False, slot=slot, info=info, since=now)
 
 
 def unregistered(rec: WorkerRecord, now: float) -> WorkerRecord:

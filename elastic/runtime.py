@@ -10,6 +10,12 @@ A worker launched by ``elastic-run`` finds its job in the environment (``rendezv
 3. ``join(after_round)`` waits for a plan newer than ``after_round`` that includes this
    worker and builds the communicator for it.
 
+A warm spare (``--spares``; ``ELASTIC_SPARE=1``) does the same, but its first wait has
+no deadline: it sits in ``elastic.init()`` until the driver promotes it into a round,
+however long that takes. The wait costs nothing: the thread sleeps on a condition
+that the round watch wakes when a plan arrives (a plan that leaves it out puts it
+back to sleep), not on a poll of the store.
+
 A worker that sees a collective fail reports it under ``/elastic/<job>/failures/`` so the
 driver learns of it even when it cannot see the peer's process (a remote host). A ring
 neighbour that has gone silent (``CommSettings.suspect_after``) is reported there too,
@@ -53,6 +59,9 @@ from rendezvous.url import parse_store_url
 
 log = logging.getLogger(__name__)
 
+#: an idle spare's wait for its round wakes at least this often (a plan wakes it at once)
+SPARE_WAKE = 60.0
+
 
 def own_address(store_url: str) -> str:
     """This worker's address as its peers should see it, when the driver did not name
@@ -84,6 +93,7 @@ class WorkerSettings:
     lease_ttl: int = 10  # a slow keep-alive on a loaded host must not end a live registration
     progress_interval: float = 0.0  # seconds between progress records from rank 0 (0: none)
     comm: CommSettings = field(default_factory=CommSettings)
+    spare: bool = False  # a warm spare: waits for its first round without a deadline
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -113,6 +123,7 @@ class WorkerSettings:
             round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
             lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
             progress_interval=env.number(env.ENV_PROGRESS_INTERVAL, 0.0, environ, positive=False),
+            spare=env.flag(env.ENV_SPARE, False, environ),
             comm=CommSettings(
                 peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
                 connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ),
@@ -350,9 +361,13 @@ class WorkerRuntime:
         Raises RendezvousError when no such round comes within ``round_timeout``."""
         _, listener, _ = self._started()
         after = self.round_id if after_round is None else after_round
-        deadline = time.monotonic() + self.settings.round_timeout
+        # A spare not yet promoted waits as long as the job keeps it (see the docstring).
+        idle_spare = self.settings.spare and self.plan is None
+        deadline = None if idle_spare else time.monotonic() + self.settings.round_timeout
         while True:
             plan, me = self._wait_for_plan(after, deadline)
+            if deadline is None:  # promoted: from now on it waits like any worker
+                deadline = time.monotonic() + self.settings.round_timeout
             membership = Membership(
                 round_id=plan.round_id,
                 rank=me.rank,
@@ -386,8 +401,9 @@ class WorkerRuntime:
         latest = self._latest
         return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
 
-    def _wait_for_plan(self, after: int, deadline: float) -> tuple[Plan, Member]:
-        """The first plan newer than ``after`` that includes this worker, and its place.
+    def _wait_for_plan(self, after: int, deadline: float | None) -> tuple[Plan, Member]:
+        """The first plan newer than ``after`` that includes this worker, and its place
+        (``deadline`` None: an idle spare's wait, for as long as the job keeps it).
 
         Raises:
             RendezvousError: the worker shut down meanwhile.
@@ -408,6 +424,11 @@ class WorkerRuntime:
                 member = plan.member(me) if plan is not None else None
                 if plan is not None and plan.round_id > after and member is not None:
                     return plan, member
+                if deadline is None:
+                    # Every change that matters (a plan, the shutdown, an expulsion)
+                    # notifies the condition: the timeout is only a safety net.
+                    self._cond.wait(SPARE_WAKE)
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     have = (

@@ -25,6 +25,7 @@ ENV_SLOT = "ELASTIC_SLOT"
 ENV_BIND_HOST = "ELASTIC_BIND_HOST"  # address the worker's data listener binds to
 ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"  # seconds a worker waits for a round with it
 ENV_PROGRESS_INTERVAL = "ELASTIC_PROGRESS_INTERVAL"  # seconds between progress records (0: none)
+ENV_SPARE = "ELASTIC_SPARE"  # "1": a warm spare (--spares), idle until a round includes it
 
 # -- tuning a user may set (inherited by every process of the job)
 ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"  # seconds of a worker registration's lease

@@ -18,7 +18,8 @@ The vocabulary by area, one module each:
   and the text helpers (``describe_code``);
 * ``job``: the job's start, its rounds, a long wait, its end;
 * ``health``: training progress and the store's reachability;
-* ``workers``: one worker started, exited, failed, stopped, reported, chaos-killed;
+* ``workers``: one worker started, exited, failed, stopped, reported, chaos-killed; a
+  spare ready, promoted or lost;
 * ``hosts``: hosts added, removed, resized, blacklisted, back, cut off; discovery errors;
 * ``ps``: the parameter-server shards and their checkpoints.
 
@@ -51,6 +52,9 @@ from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
 from driver.events.workers import (
     ChaosKill,
     FailureReported,
+    SpareLost,
+    SparePromoted,
+    SpareReady,
     WorkerExited,
     WorkerFailed,
     WorkerStarted,
@@ -85,6 +89,9 @@ __all__ = [
     "WorkerExited",
     "WorkerFailed",
     "WorkerStopping",
+    "SpareReady",
+    "SparePromoted",
+    "SpareLost",
     "WorkerStopped",
     "FailureReported",
     "ChaosKill",

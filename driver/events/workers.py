@@ -1,4 +1,5 @@
-"""The events of one worker: started, exited, failed, stopped, reported, chaos-killed.
+"""The events of one worker: started, exited, failed, stopped, reported, chaos-killed;
+a spare ready, promoted or lost.
 
 Each names the worker by id, host and slot (and its rank while it is a member of the
 round); ``code`` is an exit code (-N: killed by signal N).
@@ -18,11 +19,65 @@ class WorkerStarted(Event):
     quiet: ClassVar[bool] = True
     worker: str
     host: str
-    slot: int
+    slot: int  # a spare's: its index among its host's spares
     pid: int
+    spare: bool = False
 
     def __str__(self) -> str:
+        if self.spare:
+            return f"spare {self.host}#{self.slot} started (pid {self.pid})"
         return f"{worker_label(self.host, self.slot)} started (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class SpareReady(Event):
+    """A spare registered: it can be promoted at once (``took``: seconds since its start,
+    the process start and imports a promotion saves)."""
+
+    kind: ClassVar[str] = "spare_ready"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    took: float
+
+    def __str__(self) -> str:
+        return f"spare {self.worker} on {self.host} ready after {self.took:g}s"
+
+
+@dataclass(frozen=True)
+class SparePromoted(Event):
+    """The registered spare ``worker`` took slot ``slot`` of its host: it is a candidate
+    for the next round at once (``waited``: seconds it was idle)."""
+
+    kind: ClassVar[str] = "spare_promoted"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    waited: float
+
+    def __str__(self) -> str:
+        return f"spare {self.worker} takes {self.host}:{self.slot}"
+
+
+@dataclass(frozen=True)
+class SpareLost(Event):
+    """A spare exited before it was promoted (``code``; ``registered``: it had got as far
+    as ``elastic.init()``), or could not be started (``code`` None and a ``reason``). No
+    round changes; another spare is started in its place."""
+
+    kind: ClassVar[str] = "spare_lost"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    code: int | None
+    registered: bool
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        if self.code is None:
+            return f"spare {self.worker} on {self.host} could not start: {self.reason}"
+        return f"spare {self.worker} on {self.host} exited ({describe_code(self.code)})"
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Each function looks at the worker records (``driver.workers``), the current plan, the
 job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
 manager's answers), the config and ``now``, and returns what to do (``driver.decisions``):
-``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``Report`` (an event to
-emit), ``CountFailure``, ``Probe``, ``HostLost``, ``Succeed``, or nothing. None of them
+``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``LaunchSpare``,
+``Promote``, ``Report`` (an event to emit), ``CountFailure``, ``Probe``, ``HostLost``,
+``Succeed``, or nothing. None of them
 touches the store, a process or a clock; the main loop (``driver.job``) carries the
 decisions out. Functions that also update the book return a ``Step`` (the decisions and
 the new book).
@@ -21,7 +22,9 @@ The rules, by concern (each module's docstring lists its own, with its constants
 * ``reports``: what the job says while it waits on something outside it (no host
   listed, the store down) and how training progresses;
 * ``suspicion``: who is dead: failure reports and silent peers turned into host probes
-  and kills.
+  and kills;
+* ``spares``: warm spares (``--spares``): promoting one into a free slot, keeping each
+  host's pool, a spare's quiet exit.
 
 This file names every rule, so the loop (and a test) reads them as one vocabulary:
 ``policy.plan_round``, ``policy.outcome``, ``policy.FINISH_GRACE``.
@@ -66,6 +69,17 @@ from driver.policy.rounds import (
     plan_round,
     rounds_lost,
     script_fails,
+)
+from driver.policy.spares import (
+    SPARE_REFILL_DELAY,
+    SPARE_RETRY_DELAY,
+    fill_slots,
+    promotion_event,
+    spare_exited,
+    spare_launch_failed,
+    spare_promoted,
+    spares_to_launch,
+    spares_to_stop,
 )
 from driver.policy.suspicion import (
     CONFIRM_WINDOW,
@@ -112,6 +126,16 @@ __all__ = [
     "progress_report",
     "REPEAT_REPORT_EVERY",
     "STALLED_AFTER",
+    # spares
+    "fill_slots",
+    "promotion_event",
+    "spares_to_launch",
+    "spares_to_stop",
+    "spare_exited",
+    "spare_launch_failed",
+    "spare_promoted",
+    "SPARE_RETRY_DELAY",
+    "SPARE_REFILL_DELAY",
     # suspicion
     "CONFIRM_WINDOW",
     "accusations_due",

@@ -10,7 +10,7 @@ The rules:
 
 * Exits (``worker_exited``): a worker the driver stopped is stopped, whatever its code;
   else 0 is finished and anything else failed, counted against its host and the streak
-  unless the chaos killed it.
+  unless the chaos killed it. A spare's exit is quiet (``driver.policy.spares``).
 * Launch failures (``launch_failed``, and a shell's 126/127 from a worker that never
   registered, in ``worker_exited``): before any worker of the job registered, a program
   that cannot start ends the job at once with what failed; later it counts like a
@@ -33,6 +33,7 @@ from dataclasses import replace
 from driver import workers
 from driver.decisions import Book, CountFailure, Decision, Fail, Report, Step, Succeed
 from driver.events import WorkerExited, WorkerFailed, WorkerStopped, describe_code
+from driver.policy.spares import spare_exited
 from driver.workers import WorkerRecord, Workers, WorkerState
 from rendezvous.plan import Plan
 
@@ -62,7 +63,9 @@ def worker_exited(
     that never registered is a launch failure of ``command`` (``launch_failed``; it ends
     the job unless ``any_registered``, a worker of the job ever registered). A member that
     finished with ``trained_to_end`` (its ``@elastic.run`` function returned) marks the
-    training done."""
+    training done. A spare's exit is quiet (``spares.spare_exited``)."""
+    if rec.spare:
+        return spare_exited(rec, code, book, now)
     done = workers.exited(rec, code, now)
     member = plan.member(rec.worker_id) if plan is not None else None
     rank = member.rank if member is not None else None

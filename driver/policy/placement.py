@@ -8,9 +8,11 @@ the running workers in line with the usable hosts (``HostsView``); the round rul
 The rules:
 
 * Free slots (``slots_to_fill``): a launch for each free slot of a usable host (running
-  workers and finished slots occupy theirs), up to ``--max-np``.
+  workers and finished slots occupy theirs, spares none), up to ``--max-np``; a
+  registered spare of the slot's host takes it instead (``driver.policy.spares``).
 * Displaced workers (``workers_to_stop``): an active worker whose host or slot left the
-  job is stopped, and the stop is said.
+  job is stopped, and the stop is said (a spare's slot is no member slot: spares follow
+  their own rule, ``spares.spares_to_stop``).
 * Reregister grace (``workers_to_kill``, ``lapse_waits``): a worker whose registration
   lapsed and that has not registered again within ``REREGISTER_GRACE`` is killed (it
   is hung).
@@ -26,9 +28,21 @@ from collections.abc import Sequence
 
 from driver import planner
 from driver.config import JobConfig
-from driver.decisions import Book, Decision, Fail, HostsView, Kill, Launch, Report, Stop, Wait
+from driver.decisions import (
+    Book,
+    Decision,
+    Fail,
+    HostsView,
+    Kill,
+    Launch,
+    Promote,
+    Report,
+    Stop,
+    Wait,
+)
 from driver.events import ChaosKill, WorkerStopping
 from driver.hosts import HostSlots
+from driver.policy.spares import fill_slots
 from driver.workers import WorkerRecord, Workers, WorkerState
 from rendezvous.plan import Plan
 
@@ -39,23 +53,20 @@ REREGISTER_GRACE = 10.0
 
 def slots_to_fill(
     workers: Workers, usable: Sequence[HostSlots], book: Book, config: JobConfig
-) -> list[Launch]:
-    """A launch for each free slot (running workers and finished slots occupy theirs);
-    none once training is done (a newcomer would start it over)."""
+) -> list[Launch | Promote]:
+    """A launch, or a spare's promotion, for each free slot (running workers and
+    finished slots occupy theirs, spares none); none once training is done (a newcomer
+    would start it over)."""
     if book.training_done:
         return []
-    occupied = [(r.host, r.slot) for r in workers.values() if r.state.running]
-    return [
-        Launch(host, slot)
-        for host, slot in planner.slots_to_fill(
-            usable, occupied + sorted(book.done_slots), config.max_np
-        )
-    ]
+    occupied = [(r.host, r.slot) for r in workers.values() if r.state.running and not r.spare]
+    free = planner.slots_to_fill(usable, occupied + sorted(book.done_slots), config.max_np)
+    return fill_slots(free, workers)
 
 
 def workers_to_stop(workers: Workers, usable: Sequence[HostSlots]) -> list[Decision]:
-    """Stop the active workers whose host or slot left the job (and say so)."""
-    active = [r for r in workers.values() if r.state.active]
+    """Stop the active workers (not spares) whose host or slot left the job (and say so)."""
+    active = [r for r in workers.values() if r.state.active and not r.spare]
     reason = "its host or slot left the job"
     decisions: list[Decision] = []
     for r in planner.displaced_workers(active, usable):

@@ -10,7 +10,7 @@ The rules:
 
 * First round (``plan_round``): wait for ``-np`` registered workers, up to
   ``--start-timeout``; once there are, wait ``FIRST_ROUND_GRACE`` for the rest of those
-  launched, so a job on 8 slots forms one round of 8.
+  launched (spares aside), so a job on 8 slots forms one round of 8.
 * Training done: once a member exits 0 after its ``@elastic.run`` function returned (it
   says so in the store: ``JobKeys.finished``), no round forms again: the others finish
   as they are, whatever the time they take (a re-formed round at the end would hand a
@@ -18,7 +18,9 @@ The rules:
 * Finish grace: after a member exits 0 without saying so, no round for ``FINISH_GRACE`` (the others are
   most likely finishing too).
 * Join batch window: a bigger round waits while workers launched less than
-  ``JOIN_BATCH_WINDOW`` ago have not registered, if the current round still works.
+  ``JOIN_BATCH_WINDOW`` ago have not registered, if the current round still works
+  (spares are no joiners: a promoted one is registered already, one starting is for
+  later).
 * Broken round (``plan_round``): a round that lost members and cannot re-form is
   reported after ``WAITING_REPORT_AFTER`` and ends the job after ``--elastic-timeout``.
 * Reset limit: publishing a round beyond ``--reset-limit`` re-forms ends the job
@@ -92,7 +94,7 @@ def plan_round(
             return Step((Wait(book.started_at + config.start_timeout, "-np workers"),), book)
         registered_at = book.np_registered_at if book.np_registered_at is not None else now
         book = replace(book, np_registered_at=registered_at)
-        launched = sum(1 for r in workers.values() if r.state.active)
+        launched = sum(1 for r in workers.values() if r.state.active and not r.spare)
         grace_end = registered_at + FIRST_ROUND_GRACE
         if len(live) < launched and now < grace_end:
             return Step((Wait(grace_end, "the rest of the first workers"),), book)
@@ -106,7 +108,7 @@ def plan_round(
         joiners = [
             r.launched_at
             for r in workers.values()
-            if r.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED)
+            if r.state in (WorkerState.LAUNCHED, WorkerState.UNREGISTERED) and not r.spare
         ]
         if not planner.hold_growth_for_joiners(
             intact, [now - t for t in joiners], JOIN_BATCH_WINDOW

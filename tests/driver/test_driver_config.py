@@ -62,6 +62,7 @@ def test_defaults():
     assert config.ps_checkpoint_interval == DEFAULT_PS_CHECKPOINT_INTERVAL == 60.0
     assert (config.chaos_kill_interval, config.chaos_max_kills) == (None, None)
     assert (config.log_dir, config.events_file, config.verbosity) == (None, None, 0)
+    assert config.spares == 0
 
 
 def test_random_job_id_by_default():
@@ -154,6 +155,11 @@ def test_every_flag_sets_its_field(script):
         verbosity=2,
     )
     assert config.uses_discovery
+
+
+def test_spares_are_per_host_and_given_to_the_job():
+    assert parse("-np", "4", "--spares", "2", *CMD).spares == 2
+    assert parse("-np", "4", "--spares", "0", *CMD).spares == 0
 
 
 def test_blacklist_policy_takes_the_cooldown_range():
@@ -356,6 +362,9 @@ def test_command_is_the_remainder(argv, command):
         (["-H", "a:99999999999999999999999", *CMD], "-H", "at most 1024 per host"),
         (["-H", ",".join(f"h{i}:1024" for i in range(65)), *CMD], "-H", "at most 65536"),
         (["-H", "x" * 300, *CMD], "-H", "DNS allows 253"),
+        (["-np", "2", "--spares", "-1", *CMD], "--spares", ">= 0"),
+        (["-np", "2", "--spares", "one", *CMD], "--spares", "whole number"),
+        (["-np", "2", "--spares", "5000", *CMD], "--spares", "at most 1024"),
     ],
 )
 def test_bad_use_is_a_one_line_usage_error(argv, flag, problem):
@@ -429,6 +438,7 @@ def test_help_explains_every_flag(capsys):
         "-np",
         "--min-np",
         "--max-np",
+        "--spares",
         "-H",
         "--host-discovery-script",
         "--slots-per-host",

@@ -132,7 +132,7 @@ def _sample(cls):
 
 def test_every_kind_has_a_class_and_a_readable_text():
     vocabulary = ev.vocabulary()
-    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 27
+    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 30
     for kind, cls in vocabulary.items():
         assert cls.kind == kind
         event = _sample(cls)
@@ -161,6 +161,10 @@ def test_events_carry_the_fields_readers_rely_on():
     assert {"reporter", "round", "reason", "suspect"} <= fields["failure_reported"]
     assert {"host", "cooldown"} <= fields["host_blacklisted"]
     assert {"reason", "rounds", "seconds"} <= fields["job_failed"]
+    assert "spare" in fields["worker_started"]
+    assert {"worker", "host", "took"} <= fields["spare_ready"]
+    assert {"worker", "host", "slot", "waited"} <= fields["spare_promoted"]
+    assert {"worker", "host", "code", "registered"} <= fields["spare_lost"]
 
 
 def test_the_events_file_is_appended_to_never_truncated(tmp_path):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from driver import workers
+from driver import policy, workers
 from driver.config import parse_args
 from driver.errors import JobFailed, LaunchError
 from driver.job import Job
@@ -256,6 +256,57 @@ def test_a_signal_ends_the_job_with_its_name(harness):
     job.post(SignalReceived(signal.SIGTERM))
     with pytest.raises(JobFailed, match="stopped by SIGTERM"):
         job.turn(max_wait=0.02)
+
+
+def spares_of(job: Job) -> list[str]:
+    return [w for w, r in job.workers.items() if r.spare and r.state.running]
+
+
+def with_a_ready_spare(job: Job) -> tuple[str, str, str]:
+    """The first round of two, then its spare (started once the round formed), registered."""
+    first_round(job, 2)
+    assert job.plan is not None
+    a, b = job.plan.worker_ids
+    turn_until(job, lambda: spares_of(job), "the spare")
+    (s,) = spares_of(job)
+    register(job, s)
+    turn_until(job, lambda: job.workers[s].ready_spare, "the spare's registration")
+    return a, b, s
+
+
+def test_a_spare_takes_a_failed_members_slot_and_is_refilled_later(harness):
+    job, launcher, events, clock = harness("-np", "2", "--spares", "1")
+    a, b, s = with_a_ready_spare(job)
+    assert job.workers[s].spare and job.plan.worker_ids == (a, b)
+    assert launcher.by_worker(s).spec.env["ELASTIC_SPARE"] == "1"
+    assert "ELASTIC_SPARE" not in launcher.by_worker(a).spec.env
+    assert launcher.by_worker(s).spec.label == "localhost#0"
+    assert "spare_ready" in events.kinds()
+    clock.advance(5)
+    launcher.by_worker(b).exit(-9)
+    turn_until(job, lambda: job.plan.round_id == 2, "round 2")
+    assert job.plan.worker_ids == (a, s) and job.plan.member(s).slot == 1
+    assert published(job) == job.plan and job.book.resets == 1
+    promoted = next(e for e in events if e.kind == "spare_promoted")
+    assert (promoted.worker, promoted.slot) == (s, 1)
+    # Nothing was started for the slot; the new spare waits for the refill delay.
+    assert len(job.workers) == 3 and not spares_of(job)
+    clock.advance(policy.SPARE_REFILL_DELAY + 0.1)
+    turn_until(job, lambda: spares_of(job), "the new spare")
+    (new,) = spares_of(job)
+    assert job.workers[new].slot == 0 and job.plan.worker_ids == (a, s)
+
+
+def test_a_spare_dying_idle_is_replaced_without_a_round(harness):
+    job, launcher, events, _ = harness("-np", "2", "--spares", "1")
+    a, b, s = with_a_ready_spare(job)
+    launcher.by_worker(s).exit(-9)
+    turn_until(job, lambda: spares_of(job), "the new spare")
+    assert job.plan.round_id == 1 and job.plan.worker_ids == (a, b)
+    assert job.book.failure_streak == 0 and job.book.change_at is None
+    assert "worker_failed" not in events.kinds()
+    lost = next(e for e in events if e.kind == "spare_lost")
+    assert lost.worker == s and lost.registered
 
 
 # ----------------------------------------------------------------------------- bookkeeping
