@@ -1,63 +1,45 @@
-"""The round protocol at scale, simulated: N members against the embedded store and etcd.
+"""The round protocol at scale, simulated: N workers against the embedded store and etcd.
 
-What happens per round is what happens in a job whose worker leaves, without training:
-a member's registration lease is revoked (the membership change), every survivor
-reports the failure (a ring's abort reaches each of them: ``--reports all``), the driver
-sees the registration go, plans the next round and publishes it, and every member
-receives the plan through its watch of the round key. Then a replacement registers in
-the freed slot and a second round takes it in. Measured per (store, N):
+A round is what happens in a job whose worker leaves, without training: the worker's
+registration lease is revoked (the membership change), every survivor reports the
+failure (a ring's abort reaches each of them), the driver sees the registration go,
+plans the next round and publishes it, and every worker receives the plan through its
+watch of the round key. Then a replacement registers in the freed slot and a second
+round takes it in. Measured per (store, N):
 
 * ``leave_ms`` / ``join_ms``: from the change (t0 just before the lease revoke, or the
-  replacement's registration put) to each member holding the new plan (its watch
-  delivered the plan and it has parsed it): p50 and p99 over every (round, member),
-  ``max``, and ``all_median``, the median over rounds of the time until the last member
-  held it. ``publish_ms``: t0 to the driver's put of the plan returning (median).
-  Times are ``time.monotonic()``, one clock for every process on the machine.
-* ``writes_per_round`` (store revisions: one per write request that changed something),
-  ``key_changes_per_round`` (keys written or deleted under the job's prefix),
-  ``watch_events_per_round`` (events delivered to every watch of the members and the
-  driver; ``member_events_per_round`` and ``driver_events_per_round`` split it),
-  ``driver_turns_per_round`` (the driver loop's wake-ups: one per burst of messages).
-* ``cpu_ms_per_round``: CPU of the driver process, the store server process (the
-  embedded server run alone, ``python -m rendezvous.server``; etcd's process) and all
-  simulated members together (``clients``), from ``/proc`` over the measured rounds,
-  divided by the rounds; ``idle_cpu_ms_per_s``: the same processes' CPU per second
-  while nothing changes (lease keep-alives, watch heartbeats), measured before.
-* ``client``: per simulated member, threads, sockets and resident memory its host
-  process gained for it; ``server``: the store process's threads, sockets, memory.
+  replacement's registration put) to each worker holding the new plan (its watch
+  delivered it and it parsed it): p50 and p99 over every (round, worker), and
+  ``all_median``, the median over rounds of the time until the last worker held it.
+  ``publish_ms``: t0 to the driver's put of the plan (median). Times are
+  ``time.monotonic()``, one clock for every process on the machine.
+* ``writes_per_round``: store revisions (one per write that changed something);
+  ``watch_events_per_round``: events delivered to the workers' and the driver's
+  watches (``worker_events_per_round`` and ``driver_events_per_round`` split it);
+  ``driver_turns_per_round``: the driver loop's wake-ups (one per burst of messages).
+* ``cpu_ms_per_round``: CPU of the driver process, the store's process (the embedded
+  server run alone, ``python -m rendezvous.server``, or etcd) and every simulated
+  worker together (``workers``), from ``/proc`` over the measured rounds.
 
-Real: the store servers (a real ``EmbeddedServer`` process, a real etcd member on
-loopback via ``tests.support.etcd_cluster``), the store client of every member
-(``rendezvous.open_store``: each member its own client and connection, its own lease
-with the client's keep-alive thread, its own watch of the round key with a follower
-thread as ``elastic.runtime`` has, registrations and failure reports written as the
-runtime writes them), the driver's watches (``driver.watch.follow_prefix``: read, then
-every change), its messages (``driver.messages``), its planner (``driver.planner``) and
-the records (``rendezvous.plan``, ``rendezvous.keys``).
-
-Simulated: training and the data plane (no ring: a member's address is a label and a
-failure report is written when the benchmark says so); worker processes (members are
-threads of a few host processes, ``--members-per-process`` each, all of a host in one
-process); the driver (``DriverStandIn``: what ``driver.job`` does per round and nothing
-else: no launches, events or timers). Every process shares the machine's cores, so at
-large N the members' own work (decoding N copies of an O(N) plan) is part of the
-latency: ``client_cpu_ms_per_member_round`` is what one member spends per round, what
-it would cost on a machine of its own.
-
-The member's part is a ``Role``: what it registers and which plan it follows. Workers
-are ``WORKER``; a per-host agent is another ``Role`` (its registration key and record,
-the plan it holds) and a spec per host instead of per slot.
+Real: the store servers, every worker's own store client and connection (its lease
+kept alive by the client's thread, its watch of the round key with a follower thread
+as ``elastic.runtime`` has), the driver's watches (``driver.watch.follow_prefix``), its
+messages, its planner and the records. Simulated: training and the data plane (a
+worker's address is a label; failure reports are written when the benchmark says so);
+worker processes (workers are threads of a few host processes,
+``--members-per-process`` each, never a process per worker); the driver
+(``DriverStandIn``: what ``driver.job`` does per round and nothing else). Every process
+shares the machine's cores, so at large N the workers' own work (each decodes an O(N)
+plan) is part of the latency.
 
 One JSON line per (store, N) on stdout:
-    {"bench": "rendezvous_scale", "store", "workers", "hosts", "slots_per_host",
-     "host_processes", "rounds", "reports", "plan_bytes", "leave_ms", "join_ms",
-     "publish_ms", "writes_per_round", "key_changes_per_round", "watch_events_per_round",
-     "member_events_per_round", "driver_events_per_round", "driver_turns_per_round",
-     "cpu_ms_per_round", "idle_cpu_ms_per_s", "client_cpu_ms_per_member_round", "client",
-     "server", "seconds", "load_avg"[, "error"]}
+    {"bench": "rendezvous_scale", "store", "workers", "hosts", "host_processes",
+     "rounds", "plan_bytes", "leave_ms", "join_ms", "publish_ms", "writes_per_round",
+     "watch_events_per_round", "worker_events_per_round", "driver_events_per_round",
+     "driver_turns_per_round", "cpu_ms_per_round", "seconds", "load_avg"[, "error"]}
 
-    python benchmarks/rendezvous_scale_bench.py [--workers 16 64 256 1024]
-        [--stores embedded etcd] [--cycles 5] [--reports all|none]
+    nice -n 19 python benchmarks/rendezvous_scale_bench.py [--workers 16 64 256 1024]
+        [--stores embedded etcd] [--cycles 5]
 """
 
 from __future__ import annotations
@@ -82,7 +64,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -105,7 +87,7 @@ from rendezvous.errors import RendezvousError  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
 from rendezvous.plan import Plan, WorkerInfo  # noqa: E402
 from rendezvous.server import READY_PREFIX  # noqa: E402
-from rendezvous.store import PUT, KeyValue, KVStore, Lease, Watch  # noqa: E402
+from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
 
 #: a member's registration lease, as a worker's (``WorkerSettings.lease_ttl``)
@@ -113,12 +95,15 @@ LEASE_TTL = 10
 #: seconds a command to a process may take before the benchmark gives up on it; waits
 #: for a whole round grow with N (every member decodes an O(N) plan on shared cores)
 COMMAND_DEADLINE = 120.0
-#: seconds of quiet over which the idle CPU is measured
-IDLE_SECONDS = 3.0
 #: threads per host process that start members and write their failure reports (the
 #: members of a real job report at once, each from its own process)
-HOST_POOL = 32
+HOST_POOL = 8
+#: the workers' and the driver's store settings: at 1024 workers on two shared cores a
+#: first contact can take longer than the defaults allow
+PATIENT = StoreSettings(request_timeout=30.0, retry_deadline=120.0, connect_timeout=60.0)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: worker slots of each simulated host
+SLOTS_PER_HOST = 8
 
 
 def round_deadline(n: int) -> float:
@@ -137,77 +122,34 @@ class MemberSpec:
     slot: int
 
 
-class Role(Protocol):
-    """What a kind of member registers and which plan it follows."""
-
-    name: str
-
-    def registration_key(self, keys: JobKeys, spec: MemberSpec) -> str: ...
-
-    def registration(self, spec: MemberSpec, pid: int) -> bytes: ...
-
-    def watched_key(self, keys: JobKeys) -> str: ...
-
-    def holds(self, plan: Plan, spec: MemberSpec) -> bool:
-        """``plan`` is one this member takes part in."""
-        ...
-
-
-@dataclass(frozen=True)
-class WorkerRole:
-    """A training worker: registers ``WorkerInfo`` under ``workers/<id>`` and follows
-    the round key for plans that include it (``elastic.runtime``)."""
-
-    name: str = "worker"
-
-    def registration_key(self, keys: JobKeys, spec: MemberSpec) -> str:
-        return keys.worker(spec.member_id)
-
-    def registration(self, spec: MemberSpec, pid: int) -> bytes:
-        # A data-plane address of the usual length; nothing listens there.
-        address = f"10.{spec.slot}.{len(spec.host) % 256}.1:{20000 + spec.slot}"
-        return WorkerInfo(spec.member_id, spec.host, spec.slot, pid, address).to_json()
-
-    def watched_key(self, keys: JobKeys) -> str:
-        return keys.round
-
-    def holds(self, plan: Plan, spec: MemberSpec) -> bool:
-        return plan.member(spec.member_id) is not None
-
-
-WORKER = WorkerRole()
-
-
 class SimMember:
-    """One member speaking the store protocol with a client of its own: it watches the
-    round key (read, then every change, with a follower thread), registers under a
-    lease kept alive by the client, reports failures under that lease, and leaves by
-    revoking it. ``on_plan`` is called after each plan it holds."""
+    """One worker speaking the store protocol as ``elastic.runtime`` does, with a client
+    of its own: it watches the round key (read, then every change, with a follower
+    thread), registers its ``WorkerInfo`` under a lease kept alive by the client,
+    reports failures under that lease, and leaves by revoking it. ``on_plan`` is called
+    after each plan that includes it."""
 
     def __init__(
         self,
         spec: MemberSpec,
-        role: Role,
         keys: JobKeys,
         store_url: str,
         secret: str | None,
         on_plan: Callable[[], None],
     ):
         self.spec = spec
-        self._role = role
         self._keys = keys
         self._on_plan = on_plan
-        self._store: KVStore = open_store(store_url, secret)
+        self._store: KVStore = open_store(store_url, secret, PATIENT)
         self._lease: Lease | None = None
         self._closed = threading.Event()
         self.events = 0
         self.held: list[tuple[int, float]] = []  # (round id, monotonic time it was held)
         self.failed: str | None = None
         self._latest = 0
-        self._watched = role.watched_key(keys)
-        kvs, self._watch = self._store.read_and_watch(self._watched)
+        kvs, self._watch = self._store.read_and_watch(keys.round)
         for kv in kvs:
-            if kv.key == self._watched:
+            if kv.key == keys.round:
                 self._note(kv.value)
         self._follower = spawn(f"follow-{spec.member_id}", self._follow, self._watch)
 
@@ -221,12 +163,12 @@ class SimMember:
             if event is None:
                 continue
             self.events += 1
-            if event.type == PUT and event.key == self._watched:
+            if event.type == PUT and event.key == self._keys.round:
                 self._note(event.value)
 
     def _note(self, value: bytes) -> None:
         plan = Plan.from_json(value)
-        if plan.round_id > self._latest and self._role.holds(plan, self.spec):
+        if plan.round_id > self._latest and plan.member(self.spec.member_id) is not None:
             self._latest = plan.round_id
             self.held.append((plan.round_id, time.monotonic()))
             self._on_plan()
@@ -236,11 +178,11 @@ class SimMember:
         time just before the put (the change the driver will see)."""
         lease = self._store.grant_lease(LEASE_TTL)
         t0 = time.monotonic()
-        self._store.put(
-            self._role.registration_key(self._keys, self.spec),
-            self._role.registration(self.spec, os.getpid()),
-            lease=lease,
-        )
+        spec = self.spec
+        # A data-plane address of the usual length; nothing listens there.
+        address = f"10.{spec.slot}.{len(spec.host) % 256}.1:{20000 + spec.slot}"
+        info = WorkerInfo(spec.member_id, spec.host, spec.slot, os.getpid(), address)
+        self._store.put(self._keys.worker(spec.member_id), info.to_json(), lease=lease)
         lease.keep_alive(on_lost=self._lost)
         self._lease = lease
         return t0
@@ -289,11 +231,10 @@ class SimMember:
 class SimHost:
     """The members of one host process, and the commands the benchmark sends it."""
 
-    def __init__(self, store_url: str, secret: str | None, job_id: str, role: Role):
+    def __init__(self, store_url: str, secret: str | None, job_id: str):
         self._store_url = store_url
         self._secret = secret
         self._keys = JobKeys(job_id)
-        self._role = role
         self._cond = threading.Condition()
         self.members: dict[str, SimMember] = {}
         self._gone_events = 0  # events of members that left
@@ -304,7 +245,7 @@ class SimHost:
             self._cond.notify_all()
 
     def _open(self, spec: MemberSpec) -> SimMember:
-        member = SimMember(spec, self._role, self._keys, self._store_url, self._secret, self._notify)
+        member = SimMember(spec, self._keys, self._store_url, self._secret, self._notify)
         with self._cond:
             self.members[spec.member_id] = member
         return member
@@ -319,17 +260,17 @@ class SimHost:
         """A replacement: watch first, then register (as a worker does); the time of the put."""
         return self._open(spec).register()
 
-    def leave(self, member_id: str, round_id: int, reports: bool) -> float | None:
-        """The member ``member_id``, if it is here, leaves (its t0 is returned); with
-        ``reports``, every other member here reports the failure of ``round_id`` at the
-        same time. Returns once the reports are written.
+    def leave(self, member_id: str, round_id: int) -> float | None:
+        """The member ``member_id``, if it is here, leaves (its t0 is returned); every
+        other member here reports the failure of ``round_id`` at the same time. Returns
+        once the reports are written.
 
         Raises:
             RendezvousError: a report could not be written."""
         with self._cond:
             leaving = self.members.pop(member_id, None)
             others = list(self.members.values())
-        written = [self._pool.submit(m.report_failure, round_id) for m in others if reports]
+        written = [self._pool.submit(m.report_failure, round_id) for m in others]
         t0 = None
         if leaving is not None:
             t0 = leaving.leave()
@@ -395,7 +336,7 @@ def host_main(
     secret: str | None,
     job_id: str,
 ) -> None:
-    host = SimHost(store_url, secret, job_id, WORKER)
+    host = SimHost(store_url, secret, job_id)
     serve_commands(
         conn,
         {
@@ -516,7 +457,7 @@ def driver_main(
     hosts: list[tuple[str, int]],
     np: int,
 ) -> None:
-    store = open_store(store_url, secret)
+    store = open_store(store_url, secret, PATIENT)
     stop = threading.Event()
     stand_in = DriverStandIn(store, JobKeys(job_id), [HostSlots(h, s) for h, s in hosts], np)
     stand_in.follow(stop)
@@ -533,20 +474,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def resources(pid: int) -> dict[str, int]:
-    """Threads, sockets and resident KiB of process ``pid``."""
-    sockets = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):  # closed meanwhile
-            sockets += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-    rss = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-    return {"threads": len(os.listdir(f"/proc/{pid}/task")), "sockets": sockets, "rss_kib": rss}
 
 
 class Child:
@@ -652,18 +579,16 @@ STORES = {"embedded": embedded_store, "etcd": etcd_store}
 
 @dataclass
 class Observer:
-    """The benchmark's own watch of the job's prefix: counts key changes and keeps the
-    newest plan (one more watch beside the members' and the driver's)."""
+    """The benchmark's own watch of the round key: keeps the newest plan."""
 
     store: KVStore
     keys: JobKeys
-    changes: int = 0
     plan: Plan | None = None
     plan_bytes: int = 0
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     def start(self, stop: threading.Event) -> None:
-        watch = self.store.watch_prefix(self.keys.prefix)
+        watch = self.store.watch_prefix(self.keys.round)
         spawn("observer", self._run, watch, stop)
 
     def _run(self, watch: Watch, stop: threading.Event) -> None:
@@ -673,7 +598,6 @@ class Observer:
                 if event is None:
                     continue
                 with self.cond:
-                    self.changes += 1
                     if event.type == PUT and event.key == self.keys.round:
                         self.plan = Plan.from_json(event.value)
                         self.plan_bytes = len(event.value)
@@ -696,15 +620,12 @@ def quantile(xs: Sequence[float], q: float) -> float:
 
 
 def latency_summary(rounds: list[list[float]]) -> dict[str, float | None]:
-    """p50/p99/max over every (round, member) latency, and the median over rounds of
-    the slowest member's (milliseconds)."""
+    """p50/p99 over every (round, member) latency, and the median over rounds of the
+    slowest member's (milliseconds)."""
     pooled = [x for r in rounds for x in r]
-    if not pooled:
-        return {"p50": None, "p99": None, "max": None, "all_median": None}
     return {
         "p50": round(quantile(pooled, 0.5) * 1e3, 1),
         "p99": round(quantile(pooled, 0.99) * 1e3, 1),
-        "max": round(max(pooled) * 1e3, 1),
         "all_median": round(statistics.median(max(r) for r in rounds) * 1e3, 1),
     }
 
@@ -717,16 +638,14 @@ class Bench:
         self.args = args
         self.n = n
         self.keys = JobKeys(f"scale-{n}")
-        self.slots = args.slots_per_host
-        host_count = math.ceil(n / self.slots)
-        self.hosts = [(f"node{i:04d}", self.slots) for i in range(host_count)]
+        host_count = math.ceil(n / SLOTS_PER_HOST)
+        self.hosts = [(f"node{i:04d}", SLOTS_PER_HOST) for i in range(host_count)]
         processes = max(2, math.ceil(n / args.members_per_process))
         self.rng = random.Random(args.seed)
         self.ctx = multiprocessing.get_context("spawn")
         self.children: list[Child] = []
         self.hosts_of: dict[str, Child] = {}  # host name -> its process
         self.place: dict[str, MemberSpec] = {}  # the members now, by id
-        self.baseline: dict[int, dict[str, int]] = {}  # host process pid -> resources
         self.sequence = 0
         self.stop = threading.Event()
         secret = store.secret
@@ -765,7 +684,6 @@ class Bench:
                 spec = self.new_spec(host, slot)
                 self.place[spec.member_id] = spec
                 per_child[self.hosts_of[host]].append(spec)
-        self.baseline = {c.pid: resources(c.pid) for c in self.host_children}
         for child, specs in per_child.items():
             child.send("start", specs)
         for child in per_child:
@@ -783,12 +701,7 @@ class Bench:
         leaver = self.place.pop(self.rng.choice(plan.worker_ids))
         owner = self.hosts_of[leaver.host]
         t0s = call_all(
-            self.host_children,
-            "leave",
-            leaver.member_id,
-            plan.round_id,
-            self.args.reports == "all",
-            timeout=COMMAND_DEADLINE,
+            self.host_children, "leave", leaver.member_id, plan.round_id, timeout=COMMAND_DEADLINE
         )
         t0 = next(t for t in t0s if t is not None)
         left = self.observer.wait_plan(
@@ -826,14 +739,13 @@ class Bench:
         pids = {
             "driver": [self.driver.pid],
             "store": [self.store.pid],
-            "clients": [c.pid for c in self.host_children],
+            "workers": [c.pid for c in self.host_children],
         }
         return {
             "t": time.monotonic(),
             "cpu": {k: sum(cpu_seconds(p) for p in ps) for k, ps in pids.items()},
             "driver": self.driver.call("stats"),
             "members": sum(s["events"] for s in call_all(self.host_children, "stats", timeout=60)),
-            "changes": self.observer.changes,
             "revision": self.client.revision(),
         }
 
@@ -841,8 +753,6 @@ class Bench:
         started = time.monotonic()
         self.start_members()
         self.cycle()  # warm-up: every code path once
-        quiet = self.snapshot()
-        time.sleep(IDLE_SECONDS)  # measuring idle CPU over a quiet span
         before = self.snapshot()
         leaves, joins, publishes = [], [], []
         for _ in range(self.args.cycles):
@@ -852,40 +762,26 @@ class Bench:
             publishes += [published["leave"], published["join"]]
         after = self.snapshot()
         rounds = 2 * self.args.cycles
-        idle_s = before["t"] - quiet["t"]
 
         def per_round(get: Callable[[dict], float]) -> float:
             return round((get(after) - get(before)) / rounds, 1)
 
-        cpu_ms = {
-            k: round((after["cpu"][k] - before["cpu"][k]) * 1e3 / rounds, 1) for k in after["cpu"]
-        }
-        members = [resources(c.pid) for c in self.host_children]
-        gained = {
-            k: sum(m[k] - self.baseline[c.pid][k] for m, c in zip(members, self.host_children))
-            for k in ("threads", "sockets", "rss_kib")
-        }
         driver_events = per_round(lambda s: s["driver"]["events"])
-        member_events = per_round(lambda s: s["members"])
+        worker_events = per_round(lambda s: s["members"])
         return {
             "plan_bytes": self.observer.plan_bytes,
             "leave_ms": latency_summary(leaves),
             "join_ms": latency_summary(joins),
             "publish_ms": round(statistics.median(publishes) * 1e3, 1),
             "writes_per_round": per_round(lambda s: s["revision"]),
-            "key_changes_per_round": per_round(lambda s: s["changes"]),
-            "watch_events_per_round": round(driver_events + member_events, 1),
-            "member_events_per_round": member_events,
+            "watch_events_per_round": round(driver_events + worker_events, 1),
+            "worker_events_per_round": worker_events,
             "driver_events_per_round": driver_events,
             "driver_turns_per_round": per_round(lambda s: s["driver"]["turns"]),
-            "cpu_ms_per_round": cpu_ms,
-            "idle_cpu_ms_per_s": {
-                k: round((before["cpu"][k] - quiet["cpu"][k]) * 1e3 / idle_s, 1)
-                for k in before["cpu"]
+            "cpu_ms_per_round": {
+                k: round((after["cpu"][k] - before["cpu"][k]) * 1e3 / rounds, 1)
+                for k in after["cpu"]
             },
-            "client_cpu_ms_per_member_round": round(cpu_ms["clients"] / self.n, 3),
-            "client": {k: round(v / self.n, 2) for k, v in gained.items()},
-            "server": resources(self.store.pid),
             "seconds": round(time.monotonic() - started, 1),
         }
 
@@ -895,11 +791,9 @@ def run_config(store_name: str, n: int, args: argparse.Namespace) -> dict[str, A
         "bench": "rendezvous_scale",
         "store": store_name,
         "workers": n,
-        "hosts": math.ceil(n / args.slots_per_host),
-        "slots_per_host": args.slots_per_host,
+        "hosts": math.ceil(n / SLOTS_PER_HOST),
         "host_processes": max(2, math.ceil(n / args.members_per_process)),
         "rounds": 2 * args.cycles,
-        "reports": args.reports,
     }
     try:
         with STORES[store_name]() as store:
@@ -929,8 +823,6 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[16, 64, 256, 1024])
     parser.add_argument("--stores", nargs="+", choices=sorted(STORES), default=list(STORES))
     parser.add_argument("--cycles", type=int, default=5, help="leave+join cycles measured")
-    parser.add_argument("--reports", choices=("all", "none"), default="all")
-    parser.add_argument("--slots-per-host", type=int, default=8)
     parser.add_argument("--members-per-process", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
