@@ -156,7 +156,8 @@ class SimMember:
     def _follow(self, watch: Watch) -> None:
         while not self._closed.is_set():
             try:
-                event = watch.get(timeout=1.0)
+                # (long: close() ends the watch, which wakes this at once)
+                event = watch.get(timeout=30.0)
             except RendezvousError as exc:
                 self.failed = f"round watch ended: {exc}"
                 return
