@@ -16,7 +16,8 @@ round takes it in. Measured per (store, N):
 * ``writes_per_round``: store revisions (one per write that changed something);
   ``watch_events_per_round``: events delivered to the workers' and the driver's
   watches (``worker_events_per_round`` and ``driver_events_per_round`` split it);
-  ``driver_turns_per_round``: the driver loop's wake-ups (one per burst of messages).
+  ``driver_turns_per_round``: the driver's turns of its rules (one per burst of
+  messages that changes something).
 * ``cpu_ms_per_round``: CPU of the driver process, the store's process (the embedded
   server run alone, ``python -m rendezvous.server``, or etcd) and every simulated
   worker together (``workers``), from ``/proc`` over the measured rounds.
@@ -77,6 +78,7 @@ from driver.messages import (  # noqa: E402
     Message,
     RegistryChanged,
     RegistryResync,
+    changes_nothing,
 )
 from driver.threads import spawn  # noqa: E402
 from driver.watch import follow_prefix  # noqa: E402
@@ -359,9 +361,10 @@ class DriverStandIn:
     registrations and the failure reports (``driver.watch.follow_prefix``: a read, then
     every change; a fresh read if the watch is lost) as ``driver.messages`` on a queue,
     wakes once per burst of messages, reads each report, plans with
-    ``driver.planner.next_plan`` after every wake-up (as ``driver.job`` asks its round
-    rule after every turn), and publishes a new plan the way ``driver.job`` does: the
-    round key, then the failure reports cleared. The first round waits for ``np``."""
+    ``driver.planner.next_plan`` after every burst that changes something (as
+    ``driver.job`` runs its rules: ``driver.messages.changes_nothing``), and publishes
+    a new plan the way ``driver.job`` does: the round key, then the failure reports
+    cleared. The first round waits for ``np``."""
 
     def __init__(self, store: KVStore, keys: JobKeys, hosts: Sequence[HostSlots], np: int):
         self._store = store
@@ -406,15 +409,20 @@ class DriverStandIn:
                 message = self._queue.get(timeout=0.5)
             except queue.Empty:
                 continue
-            self._handle(message)
+            burst = [message]
             while True:  # one decision per burst, as driver.job's turn drains its queue
                 try:
-                    self._handle(self._queue.get_nowait())
+                    burst.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            # no decision for a burst that changes nothing (as driver.job's rules)
+            changed = not all(changes_nothing(m, self.plan) for m in burst)
+            for m in burst:
+                self._handle(m)
             with self.lock:
-                self.turns += 1
-            self._decide()
+                self.turns += changed
+            if changed:
+                self._decide()
 
     def _handle(self, message: Message) -> None:
         prefix = self._keys.workers
