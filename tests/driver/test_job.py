@@ -325,9 +325,14 @@ def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypat
     turn reads every worker), while a report about the current round does."""
     job, _, events, _ = harness("-np", "2")
     a, _ = first_round(job, 2)
-    turns = []
+    turns: list[int] = []
     reconcile = job._reconcile
-    monkeypatch.setattr(job, "_reconcile", lambda: (turns.append(1), reconcile())[1])
+
+    def counted() -> None:
+        turns.append(1)
+        reconcile()
+
+    monkeypatch.setattr(job, "_reconcile", counted)
 
     def report(round_id: int, reporter: str, kind: str = PUT) -> FailureReport:
         record = {"worker_id": reporter, "round_id": round_id, "reason": "peer lost"}
