@@ -105,6 +105,10 @@ class Job:
         self.plan: Plan | None = None
         self.book = dec.Book(started_at=clock())
         self._waits: list[dec.Wait] = []
+        # Whether the rules must run at the next turn: something they read changed, or a
+        # wait they asked for is due (``_due``: the clock time it is).
+        self._changed = True
+        self._due = 0.0
         self._services = JobServices(
             config,
             self.keys,
@@ -185,14 +189,18 @@ class Job:
         Raises:
             JobFailed: the job cannot succeed.
         """
-        self._reconcile()
-        code = self._settle()
-        if code is not None:
-            return code
-        wait = policy.next_wakeup(self._waits, self._clock())
+        if self._changed or self._clock() >= self._due:
+            self._reconcile()
+            code = self._settle()
+            if code is not None:
+                return code
+            self._changed = False
+            self._due = self._clock() + policy.next_wakeup(self._waits, self._clock())
+        wait = max(self._due - self._clock(), policy.MIN_SLEEP)
         try:
             message = self._queue.get(timeout=wait if max_wait is None else min(wait, max_wait))
         except queue.Empty:
+            self._changed = True  # a wake-up: the rules see the time move on
             return None
         self._handle(message)
         while True:  # drain what else arrived: one reconcile for a burst
@@ -336,6 +344,8 @@ class Job:
 
     # ------------------------------------------------------------------ messages
     def _handle(self, message: msg.Message) -> None:
+        if not msg.changes_nothing(message, self.plan):
+            self._changed = True
         _MESSAGES[type(message)](self, message)
 
     def _on_exit(self, message: msg.ProcessExited) -> None:

@@ -7,12 +7,14 @@ posts one of these to its queue, and the loop dispatches on the class.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Union
 
 from driver.hosts import HostSlots
-from rendezvous.store import Event, KeyValue
+from rendezvous.plan import Plan
+from rendezvous.store import PUT, Event, KeyValue
 
 
 @dataclass(frozen=True)
@@ -131,3 +133,24 @@ Message = Union[
     ChaosTick,
     Fatal,
 ]
+
+
+def changes_nothing(message: Message, plan: Plan | None) -> bool:
+    """A failure report's deletion, or a failure report about a round other than the
+    current one: the rules read nothing from it (``policy.failure_reported``), so it
+    asks for no turn of the rules. Every survivor of a round of thousands reports the
+    round's failure, mostly after the next round is out: a turn of the rules for each
+    report would read every worker once per worker."""
+    if not isinstance(message, FailureReport):
+        return False
+    if message.event.type != PUT:
+        return True
+    try:
+        report = json.loads(message.event.value)
+    except ValueError:
+        return False
+    return (
+        isinstance(report, dict)
+        and not report.get("silent")
+        and (plan is None or report.get("round_id") != plan.round_id)
+    )

@@ -76,6 +76,9 @@ _CHANNEL_OPTIONS = [
     # Fail fast on a dead endpoint so we can move to the next one.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # A client is a connection of its own, as with the embedded store (``rpc.CLIENT_OPTIONS``
+    # says why): etcd's --max-concurrent-streams is per connection too.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 

@@ -60,10 +60,11 @@ class MemoryKV:
         self,
         history_limit: int = 100_000,
         clock=time.monotonic,
-        on_commit: Callable[[], None] | None = None,
+        on_commit: Callable[[Sequence[str], int], None] | None = None,
     ):
         self._clock = clock
-        self._on_commit = on_commit  # told after every revision (it must not block)
+        # told the keys and the number of every revision (it must not block)
+        self._on_commit = on_commit
         self._cond = threading.Condition()
         self._data: dict[str, KeyValue] = {}
         self._sorted_keys: list[str] = []
@@ -156,7 +157,7 @@ class MemoryKV:
             del self._history[:excess], self._history_revisions[:excess]
         self._cond.notify_all()
         if self._on_commit is not None:
-            self._on_commit()
+            self._on_commit([ev.key for ev in events], rev)
 
     # ---- leases ----
     def grant(self, ttl: int) -> int:

@@ -54,6 +54,12 @@ log = logging.getLogger(__name__)
 CLIENT_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
+    # A client is a connection of its own. gRPC otherwise shares one connection among
+    # every channel of a process to the same address, and the server's per-connection
+    # stream limit (``ServerLimits.max_streams_per_connection``) then counts the open
+    # watches and calls of all of them together: past it, any client's next call waits
+    # for another's stream to end (a driver's health probe behind its own watches).
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 _ERROR_SEPARATOR = "|"
 #: seconds between log lines about refused or malformed calls (one line, not one per call)

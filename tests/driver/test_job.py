@@ -5,6 +5,7 @@ driven turn by turn. (Real processes and real signals: test_driver_jobs.py.)"""
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import threading
 import time
@@ -16,11 +17,11 @@ from driver.config import parse_args
 from driver.errors import JobFailed, LaunchError
 from driver.job import Job
 from driver.launch.launchers import Launcher
-from driver.messages import ChaosTick, RegistryResync, SignalReceived
+from driver.messages import ChaosTick, FailureReport, RegistryResync, SignalReceived
 from driver.wiring import job_env, worker_env
 from driver.workers import WorkerRecord, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
-from rendezvous.store import KeyValue, KVStore
+from rendezvous.store import DELETE, PUT, Event, KeyValue, KVStore
 from tests.support.jobs import wait_until
 
 _pids = itertools.count(40000)
@@ -367,3 +368,40 @@ def test_a_signal_ends_the_wait_for_the_ps_shards_at_once():
     finally:
         timer.cancel()
         job.close()
+
+
+def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypatch):
+    """A round of thousands ends with a report from every survivor, mostly after the
+    next round is out: those, and the reports' deletions, run no turn of the rules (each
+    turn reads every worker), while a report about the current round does."""
+    job, _, events, _ = harness("-np", "2")
+    a, _ = first_round(job, 2)
+    turns: list[int] = []
+    reconcile = job._reconcile
+
+    def counted() -> None:
+        turns.append(1)
+        reconcile()
+
+    monkeypatch.setattr(job, "_reconcile", counted)
+
+    def report(round_id: int, reporter: str, kind: str = PUT) -> FailureReport:
+        record = {"worker_id": reporter, "round_id": round_id, "reason": "peer lost"}
+        key = job.keys.failure(round_id, reporter)
+        return FailureReport(Event(kind, KeyValue(key, json.dumps(record).encode(), 1, 1, 1)))
+
+    job.turn(max_wait=0.02)  # a wake-up: the next turn runs the rules
+    job.post(report(job.plan.round_id - 1, "first"))
+    job.turn(max_wait=10.0)
+    turns.clear()
+    for i in range(100):  # one by one, as they arrive: a turn each
+        job.post(report(job.plan.round_id - 1, f"old{i}"))
+        job.turn(max_wait=10.0)
+        job.post(report(job.plan.round_id, f"gone{i}", DELETE))
+        job.turn(max_wait=10.0)
+    assert turns == []
+    assert sum(1 for e in events if e.kind == "failure_reported") >= 100  # each still said
+    job.post(report(job.plan.round_id, a))
+    job.turn(max_wait=10.0)
+    job.turn(max_wait=0.0)
+    assert turns == [1]

@@ -21,6 +21,7 @@ from rendezvous import StoreSettings, auth, open_store
 from rendezvous.embedded import SERVICE, _encode
 from rendezvous.errors import RendezvousAuthError
 from rendezvous.rpc import MalformedRequest, RpcClient
+from tests.support.hostile import never_sending_calls, proc_status
 from tests.support.jobs import wait_until
 from tests.support.paths import ROOT
 
@@ -49,11 +50,7 @@ class StoreProcess:
         self.address = self.url.split("://", 1)[1]
 
     def status(self, field: str) -> int:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-        raise KeyError(field)
+        return proc_status(self.proc.pid, field)
 
     @property
     def threads(self) -> int:
@@ -82,32 +79,6 @@ def _store(server: StoreProcess, secret: str | None = None):
     return open_store(server.url, secret or server.secret, QUICK)
 
 
-def _never_sending_calls(
-    address: str, count: int, connections: int, metadata=(), method: str = f"/{SERVICE}/Range"
-):
-    """``count`` calls of a unary ``method`` that send headers and never a body, spread
-    over ``connections`` connections; ``metadata`` is the same for every call, or a
-    function making each call's (a proof is good for one call). Returns (channels,
-    calls, release): ``release()`` ends the request streams."""
-    stop = threading.Event()
-
-    def never():
-        stop.wait(120)
-        return
-        yield  # a generator that yields nothing until released
-
-    channels = [
-        grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(connections)
-    ]
-    calls = []
-    for i in range(count):
-        call = channels[i % connections].stream_unary(method)
-        each = metadata() if callable(metadata) else metadata
-        calls.append(call.future(never(), metadata=each, timeout=60))
-    return channels, calls, stop.set
-
-
 @pytest.mark.parametrize("credentials", ["none", "wrong"])
 def test_calls_that_never_send_a_body_hold_no_thread(store_process, credentials):
     """600 calls that send headers and no body (70 KB over 3 connections did it before):
@@ -119,7 +90,7 @@ def test_calls_that_never_send_a_body_hold_no_thread(store_process, credentials)
     )
     store = _store(store_process)
     before = store_process.threads
-    channels, calls, release = _never_sending_calls(store_process.address, 600, 3, metadata)
+    channels, calls, release = never_sending_calls(store_process.address, 600, 3, metadata)
     try:
         # Refused at once from the headers, whatever the body would have been.
         codes = {c.exception(timeout=30).code() for c in calls}

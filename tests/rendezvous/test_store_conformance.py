@@ -317,7 +317,7 @@ def test_idle_embedded_watch_advances_past_history_it_does_not_need():
     """A watch on a quiet prefix must not fall behind compaction: heartbeats move its
     resume point, so a reconnect after much unrelated traffic still works."""
     from rendezvous.auth import make_secret
-    from rendezvous.embedded import EmbeddedServer
+    from rendezvous.embedded import WATCH_POLL_SECONDS, EmbeddedServer
     from tests.support.jobs import wait_until
 
     secret = make_secret()
@@ -329,7 +329,7 @@ def test_idle_embedded_watch_advances_past_history_it_does_not_need():
             for i in range(40):
                 s.put(f"/busy/{i}", b"x")
             current = s.revision()
-            wait_until(lambda: watch.next_revision > current, 10, "a heartbeat")
+            wait_until(lambda: watch.next_revision > current, 4 * WATCH_POLL_SECONDS, "a heartbeat")
             server.drop_watch_streams()
             s.put("/quiet/k", b"v")
             ev = drain(watch, 1)[0]

@@ -6,7 +6,6 @@ malformed requests gets one line back (and the shard logs one line, not a traceb
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import sys
@@ -25,7 +24,7 @@ from elastic.ps.settings import BulkLimits
 from rendezvous import auth
 from rendezvous.errors import ElasticError
 from rendezvous.rpc import MalformedRequest, RpcClient, frame
-from tests.rendezvous.test_rpc_hostile import _never_sending_calls
+from tests.support.hostile import close_all, fds, never_sending_calls, silent_connections, threads
 from tests.support.jobs import wait_until
 from tests.support.ps_harness import PSJob
 
@@ -36,45 +35,12 @@ VALUES = np.zeros((200, 50))  # 80 KB
 HANDSHAKE_THREADS = BulkLimits().max_handshakes
 
 
-def _status(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _threads(pid: int) -> int:
-    return _status(pid, "Threads")
-
-
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def _bulk_port(job: PSJob, index: int = 0) -> int:
     link = ShardLink(index, job.addresses[index], job.secret)
     try:
         return Hello.from_dict(link.request("Hello")[0]).bulk_port
     finally:
         link.close()
-
-
-def _silent_connections(port: int, count: int) -> list[socket.socket]:
-    """``count`` connections to ``port`` that never send a byte (connects in flight
-    beyond the listener's backlog complete as it accepts)."""
-    socks = []
-    for _ in range(count):
-        s = socket.socket()
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", port))
-        socks.append(s)
-    return socks
-
-
-def _close_all(socks) -> None:
-    for s in socks:
-        s.close()
 
 
 def _train(client, steps: int) -> None:
@@ -94,18 +60,18 @@ def test_held_calls_and_silent_connections_do_not_stop_training(embedded_server,
         client = job.client(chunk_bytes=CHUNK, lanes=2, retry_deadline=20.0, call_timeout=10.0)
         client.init({"v": VALUES}, optimizer="sgd", lr=1.0)
         _train(client, 2)
-        before = _threads(pid)
+        before = threads(pid)
         method = f"/{SERVICE}/Push"
         held = [
-            _never_sending_calls(job.addresses[0], 200, 2, (), method),
-            _never_sending_calls(
+            never_sending_calls(job.addresses[0], 200, 2, (), method),
+            never_sending_calls(
                 job.addresses[0],
                 200,
                 2,
                 auth.call_metadata(auth.make_secret(), method, b""),
                 method,
             ),
-            _never_sending_calls(
+            never_sending_calls(
                 job.addresses[0],
                 200,
                 2,
@@ -113,7 +79,7 @@ def test_held_calls_and_silent_connections_do_not_stop_training(embedded_server,
                 method,
             ),
         ]
-        silent = _silent_connections(_bulk_port(job), 300)
+        silent = silent_connections(_bulk_port(job), 300)
         try:
             for _channels, calls, _release in held[:2]:
                 codes = {c.exception(timeout=30).code() for c in calls}
@@ -124,12 +90,12 @@ def test_held_calls_and_silent_connections_do_not_stop_training(embedded_server,
             np.testing.assert_array_equal(fresh.pull()["v"], VALUES - 32)  # new connections
             assert time.monotonic() - t0 < 30
             # gRPC: no thread per held call; bulk: at most the handshake cap's threads
-            assert _threads(pid) <= before + HANDSHAKE_THREADS + 6
+            assert threads(pid) <= before + HANDSHAKE_THREADS + 6
             assert not any(c.done() for c in held[2][1])  # held, and harmless
             # the silent connections are closed by the shard once their time to prove
             # the secret is up, while their client still holds them open
             wait_until(
-                lambda: _threads(pid) <= before + 4,
+                lambda: threads(pid) <= before + 4,
                 3 * BulkLimits().handshake_timeout,
                 "the shard to drop the connections that never spoke",
             )
@@ -138,8 +104,8 @@ def test_held_calls_and_silent_connections_do_not_stop_training(embedded_server,
                 release()
                 for ch in channels:
                     ch.close()
-            _close_all(silent)
-        wait_until(lambda: _threads(pid) <= before + 4, 30, "the shard's threads to settle")
+            close_all(silent)
+        wait_until(lambda: threads(pid) <= before + 4, 30, "the shard's threads to settle")
         assert "Traceback" not in job.shard_log(0)
 
 
@@ -165,12 +131,12 @@ def test_bulk_listener_survives_running_out_of_file_descriptors(embedded_server,
         client = job.client(**settings)
         client.init({"v": VALUES}, optimizer="sgd", lr=1.0)
         _train(client, 1)
-        before = _threads(pid)
-        silent = _silent_connections(_bulk_port(job), 400)
+        before = threads(pid)
+        silent = silent_connections(_bulk_port(job), 400)
         try:
             wait_until(
                 lambda: (
-                    _fds(pid) >= FD_LIMIT - 2 or "cannot accept a connection" in job.shard_log(0)
+                    fds(pid) >= FD_LIMIT - 2 or "cannot accept a connection" in job.shard_log(0)
                 ),
                 30,
                 "the shard to run out of file descriptors",
@@ -178,13 +144,13 @@ def test_bulk_listener_survives_running_out_of_file_descriptors(embedded_server,
             _train(client, 5)
             during = job.client(**settings)
             np.testing.assert_array_equal(during.pull()["v"], VALUES - 6)
-            assert _threads(pid) <= before + HANDSHAKE_THREADS + 6
+            assert threads(pid) <= before + HANDSHAKE_THREADS + 6
         finally:
-            _close_all(silent)
+            close_all(silent)
         after = job.client(**settings)
         _train(after, 5)
         np.testing.assert_array_equal(after.pull()["v"], VALUES - 11)
-        wait_until(lambda: _threads(pid) <= before + 4, 30, "the shard's threads to settle")
+        wait_until(lambda: threads(pid) <= before + 4, 30, "the shard's threads to settle")
         assert job.shards[0].proc.poll() is None
         log = job.shard_log(0)
     assert "cannot accept a connection" in log  # it did run out

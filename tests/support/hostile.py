@@ -1,0 +1,205 @@
+"""What a hostile client sends, and how a server process is measured from outside, for
+the hostile tests (one server in ``tests/rendezvous`` and ``tests/elastic/ps``, a whole
+job in ``tests/system/test_hostile_job.py``).
+
+Probes speak to an address with no secret: gRPC calls with no proof or a wrong one
+(small, oversized, or headers that never send a body), raw bytes (garbage, a truncated
+or oversized frame, a fake handshake), and connections that never speak. Each returns
+what the server did, for the test to judge. Gauges read a process's threads, file
+descriptors and resident memory from /proc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import grpc
+
+from rendezvous import auth
+
+#: how long a probe waits for the server to end a connection it refused
+CLOSE_TIMEOUT = 20.0
+
+
+# ------------------------------------------------------------------------ /proc gauges
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A number of /proc/<pid>/status (``Threads``, ``VmRSS`` in KiB, ...)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_mib(pid: int) -> float:
+    return proc_status(pid, "VmRSS") / 1024
+
+
+@contextlib.contextmanager
+def rss_peaks(pids: Sequence[int], interval: float = 0.05) -> Iterator[dict[int, float]]:
+    """The highest resident memory (MiB) of each of ``pids`` while the block runs,
+    sampled every ``interval`` seconds by a thread (filled in as it goes)."""
+    peaks = {pid: rss_mib(pid) for pid in pids}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(interval):
+            for pid in pids:
+                with contextlib.suppress(OSError, KeyError):  # a process that ended
+                    peaks[pid] = max(peaks[pid], rss_mib(pid))
+
+    sampler = threading.Thread(target=sample, name="rss-peaks", daemon=True)
+    sampler.start()
+    try:
+        yield peaks
+    finally:
+        stop.set()
+        sampler.join(timeout=5)
+
+
+# ------------------------------------------------------------------------- gRPC probes
+
+
+def never_sending_calls(
+    address: str,
+    count: int,
+    connections: int,
+    metadata: Sequence | Callable[[], Sequence] = (),
+    method: str = "/elastic.rendezvous.KV/Range",
+):
+    """``count`` calls of a unary ``method`` that send headers and never a body, spread
+    over ``connections`` connections; ``metadata`` is the same for every call, or a
+    function making each call's (a proof is good for one call). Returns (channels,
+    calls, release): ``release()`` ends the request streams."""
+    stop = threading.Event()
+
+    def never():
+        stop.wait(120)
+        return
+        yield  # a generator that yields nothing until released
+
+    channels = [
+        grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(connections)
+    ]
+    calls = []
+    for i in range(count):
+        call = channels[i % connections].stream_unary(method)
+        each = metadata() if callable(metadata) else metadata
+        calls.append(call.future(never(), metadata=each, timeout=60))
+    return channels, calls, stop.set
+
+
+def unauthenticated_calls(address: str, methods: Sequence[str], body_bytes: int) -> list:
+    """One call of each of ``methods`` with no proof and one with a proof of a wrong
+    secret, each with a body of ``body_bytes``: the status code each got (``OK`` if one
+    was answered)."""
+    body = os.urandom(min(body_bytes, 1 << 16)) * max(1, body_bytes >> 16)
+    codes = []
+    options = [("grpc.max_send_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        for method in methods:
+            call = channel.unary_unary(method)
+            for metadata in ((), auth.call_metadata(auth.make_secret(), method, body)):
+                try:
+                    call(body, metadata=metadata, timeout=30)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+    return codes
+
+
+# -------------------------------------------------------------------------- raw probes
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def _until_closed(sock: socket.socket, timeout: float) -> bytes | None:
+    """What the server sent until it closed the connection, or None if it kept it open
+    for ``timeout`` seconds."""
+    sock.settimeout(timeout)
+    received = b""
+    try:
+        while True:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                return received
+            received += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        return received
+    except TimeoutError:
+        return None
+
+
+def sends_then_closed(address: str, payload: bytes, timeout: float = CLOSE_TIMEOUT) -> bool:
+    """Send ``payload`` (garbage, a truncated or oversized frame) and wait: True when
+    the server ended the connection within ``timeout`` (it refused what it read)."""
+    with socket.create_connection(_split(address), timeout=10) as sock:
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            sock.sendall(payload)
+        return _until_closed(sock, timeout) is not None
+
+
+def fake_handshake(
+    address: str, opening: bytes, reply_bytes: int, proof_bytes: int
+) -> bytes | None:
+    """A handshake with no secret: send ``opening`` (the client's first message, well
+    formed), read the server's ``reply_bytes`` challenge, answer ``proof_bytes`` random
+    bytes. What the server sent after that, once it closed (``b""`` when it sent
+    nothing: refused), or None if it kept the connection open."""
+    with socket.create_connection(_split(address), timeout=10) as sock:
+        sock.sendall(opening)
+        sock.settimeout(10)
+        challenge = b""
+        while len(challenge) < reply_bytes:
+            chunk = sock.recv(reply_bytes - len(challenge))
+            if not chunk:
+                return b""  # refused the opening itself
+            challenge += chunk
+        sock.sendall(os.urandom(proof_bytes))
+        return _until_closed(sock, CLOSE_TIMEOUT)
+
+
+def garbage_payloads(magic: bytes = b"") -> list[bytes]:
+    """Raw payloads for a port whose first message starts with ``magic``: random bytes,
+    a frame cut short, and one whose length prefix claims 4 GiB."""
+    return [
+        os.urandom(64 << 10),
+        magic + b"\x01",
+        magic + struct.pack("!I", 0xFFFFFFFF) + os.urandom(1024),
+    ]
+
+
+def silent_connections(port: int, count: int, host: str = "127.0.0.1") -> list[socket.socket]:
+    """``count`` connections to ``port`` that never send a byte (connects in flight
+    beyond the listener's backlog complete as it accepts)."""
+    socks = []
+    for _ in range(count):
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        socks.append(s)
+    return socks
+
+
+def close_all(socks: Sequence[socket.socket]) -> None:
+    for s in socks:
+        s.close()
