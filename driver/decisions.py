@@ -138,6 +138,13 @@ class Book:
     all_failed_rounds: frozenset[int] = frozenset()
     done_slots: frozenset[tuple[str, int]] = frozenset()
     probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
+    # A member exited 0 after its @elastic.run function returned: training is complete,
+    # so no new round forms and no slot is refilled (the others finish as they are).
+    training_done: bool = False
+    # Failure reports of the current round: who reported, and who stands accused since
+    # when and why (a kill waits for the accused's own silence: ``policy.suspicion``).
+    reporters: frozenset[str] = frozenset()
+    accused: tuple[tuple[str, float, str], ...] = ()
     lost_rounds: frozenset[int] = frozenset()
     no_hosts_since: float | None = None
     no_hosts_said_at: float | None = None
@@ -145,6 +152,10 @@ class Book:
     progress_at: float | None = None
     progress_rate: float | None = None
     progress_said_at: float | None = None
+
+    def new_round(self) -> Book:
+        """A round was published: the reports of the one before are settled."""
+        return replace(self, reporters=frozenset(), accused=())
 
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""

@@ -223,6 +223,7 @@ class Job:
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
         self._step(policy.no_hosts(self.book, view, cfg, now))
         self._step(policy.progress_report(self.book, self.plan, cfg, now))
+        self._step(policy.accusations_due(records, self.book, now))
         self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
 
     def _settle(self) -> int | None:
@@ -245,6 +246,7 @@ class Job:
         plan = decision.plan
         self._services.require_store().put(self.keys.round, plan.to_json())
         self.plan = plan
+        self.book = self.book.new_round()
         self._processes.assign_ranks(plan)
         members = list(plan.worker_ids)
         self.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
@@ -314,6 +316,8 @@ class Job:
         if rec.info is not None:
             # Do not wait for its lease: the process is gone.
             self._services.delete_quietly(self.keys.worker(rec.worker_id))
+        # An exit 0 after the worker's @elastic.run function returned: training is done.
+        trained = message.code == 0 and self._services.has_key(self.keys.finished(rec.worker_id))
         self.workers[rec.worker_id], (decisions, self.book) = policy.worker_exited(
             rec,
             message.code,
@@ -322,6 +326,7 @@ class Job:
             self._clock(),
             command=self.config.command,
             any_registered=self._any_registered(),
+            trained_to_end=trained,
         )
         self._apply(decisions)
 
@@ -360,7 +365,9 @@ class Job:
             )
             self._apply(decisions)
         else:
-            self._apply(policy.failure_reported(self.workers, self.plan, report))
+            self._step(
+                policy.failure_reported(self.workers, self.plan, self.book, report, self._clock())
+            )
 
     def _on_probe_answered(self, message: msg.ProbeAnswered) -> None:
         decisions, self.book = policy.probe_answered(

@@ -201,6 +201,14 @@ class JobServices:
         except RendezvousError as exc:
             log.debug("could not delete %s: %s", key, exc)
 
+    def has_key(self, key: str) -> bool:
+        """Whether ``key`` exists (False when the store cannot say: a failure is logged)."""
+        try:
+            return self.require_store().get(key) is not None
+        except RendezvousError as exc:
+            log.warning("could not read %s: %s", key, exc)
+            return False
+
     def stop(self) -> None:
         """Stop the chaos and the ps shards (the workers are the caller's)."""
         for component in (self.chaos, self._ps):

@@ -49,7 +49,11 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                     state.sync()
                 skip_sync = False
                 with active(state):
-                    return func(state, *args, **kwargs)
+                    result = func(state, *args, **kwargs)
+                finished = context.current_runtime()
+                if finished is not None:
+                    finished.mark_finished()  # training is complete: no new round for it
+                return result
             except HostsUpdatedInterrupt as exc:
                 skip_sync = exc.skip_sync
                 log.info("re-forming: %s", exc)

@@ -469,6 +469,19 @@ class WorkerRuntime:
         except (RendezvousError, LeaseNotFoundError) as exc:
             log.debug("could not report: %s", exc)
 
+    def mark_finished(self) -> None:
+        """Say in the store that this worker's training function returned: its training
+        is complete (the driver then forms no new round: see ``driver.policy``). Written
+        without a lease, so it outlives the process; best effort, never raises."""
+        store = self._store
+        if store is None or self._closed.is_set():
+            return
+        record = json.dumps({"round": self.round_id, "commits": self.committed}).encode()
+        try:
+            store.put(self.keys.finished(self.settings.worker_id), record)
+        except RendezvousError as exc:
+            log.warning("could not say that this worker finished: %s", exc)
+
     def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""
         if self._store is None or self._lease is None:

@@ -70,6 +70,11 @@ class JobKeys:
         shards learns it at once instead of waiting for shards that never come."""
         return f"{self.prefix}ps-config"
 
+    def finished(self, worker_id: str) -> str:
+        """Written (without a lease) by a worker whose ``@elastic.run`` function returned:
+        its training is complete (an exit 0 without it is a worker leaving early)."""
+        return f"{self.prefix}finished/{worker_id}"
+
     @property
     def ps_checkpoint(self) -> str:
         """The newest complete ps checkpoint (JSON of ``rendezvous.plan.CheckpointRecord``);

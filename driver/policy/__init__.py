@@ -67,7 +67,13 @@ from driver.policy.rounds import (
     rounds_lost,
     script_fails,
 )
-from driver.policy.suspicion import failure_reported, probe_answered, silence_reported
+from driver.policy.suspicion import (
+    CONFIRM_WINDOW,
+    accusations_due,
+    failure_reported,
+    probe_answered,
+    silence_reported,
+)
 
 __all__ = [
     # rounds
@@ -107,6 +113,8 @@ __all__ = [
     "REPEAT_REPORT_EVERY",
     "STALLED_AFTER",
     # suspicion
+    "CONFIRM_WINDOW",
+    "accusations_due",
     "failure_reported",
     "silence_reported",
     "probe_answered",

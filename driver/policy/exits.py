@@ -53,13 +53,16 @@ def worker_exited(
     *,
     command: Sequence[str] = (),
     any_registered: bool = True,
+    trained_to_end: bool = False,
 ) -> tuple[WorkerRecord, Step]:
     """The worker's process exited with ``code``: its new record, the event to report,
     and whether the failure counts (a chaos victim's does not: its host did nothing
     wrong). A member that finished starts the finish grace. A worker the driver killed
     says so, and why. A shell's "cannot run" code (``CANNOT_RUN_CODES``) from a worker
     that never registered is a launch failure of ``command`` (``launch_failed``; it ends
-    the job unless ``any_registered``, a worker of the job ever registered)."""
+    the job unless ``any_registered``, a worker of the job ever registered). A member that
+    finished with ``trained_to_end`` (its ``@elastic.run`` function returned) marks the
+    training done."""
     done = workers.exited(rec, code, now)
     member = plan.member(rec.worker_id) if plan is not None else None
     rank = member.rank if member is not None else None
@@ -68,6 +71,8 @@ def worker_exited(
     if done.state is WorkerState.FINISHED:
         decisions = [Report(WorkerExited(worker=wid, host=host, slot=slot, code=code, rank=rank))]
         book = book.finished(host, slot, member is not None, now)
+        if trained_to_end and member is not None:
+            book = replace(book, training_done=True)
     elif done.state is WorkerState.STOPPED:
         decisions = [Report(WorkerStopped(worker=wid, host=host, slot=slot, code=code))]
     elif code in CANNOT_RUN_CODES and not rec.ever_registered and rec.kill_reason is None:

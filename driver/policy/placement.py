@@ -40,7 +40,10 @@ REREGISTER_GRACE = 10.0
 def slots_to_fill(
     workers: Workers, usable: Sequence[HostSlots], book: Book, config: JobConfig
 ) -> list[Launch]:
-    """A launch for each free slot (running workers and finished slots occupy theirs)."""
+    """A launch for each free slot (running workers and finished slots occupy theirs);
+    none once training is done (a newcomer would start it over)."""
+    if book.training_done:
+        return []
     occupied = [(r.host, r.slot) for r in workers.values() if r.state.running]
     return [
         Launch(host, slot)

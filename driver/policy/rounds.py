@@ -11,7 +11,11 @@ The rules:
 * First round (``plan_round``): wait for ``-np`` registered workers, up to
   ``--start-timeout``; once there are, wait ``FIRST_ROUND_GRACE`` for the rest of those
   launched, so a job on 8 slots forms one round of 8.
-* Finish grace: after a member exits 0, no round for ``FINISH_GRACE`` (the others are
+* Training done: once a member exits 0 after its ``@elastic.run`` function returned (it
+  says so in the store: ``JobKeys.finished``), no round forms again: the others finish
+  as they are, whatever the time they take (a re-formed round at the end would hand a
+  finished job to a new world).
+* Finish grace: after a member exits 0 without saying so, no round for ``FINISH_GRACE`` (the others are
   most likely finishing too).
 * Join batch window: a bigger round waits while workers launched less than
   ``JOIN_BATCH_WINDOW`` ago have not registered, if the current round still works.
@@ -72,6 +76,8 @@ def plan_round(
     workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
 ) -> Step:
     """Whether to publish a round now, wait, or give up (see the module docstring)."""
+    if book.training_done:
+        return Step((), book)
     if book.member_finished_at is not None and now - book.member_finished_at < FINISH_GRACE:
         return Step((Wait(book.member_finished_at + FINISH_GRACE, "the others to finish"),), book)
     live = live_infos(workers)

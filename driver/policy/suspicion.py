@@ -1,8 +1,13 @@
 """Who is dead: the rules that turn workers' failure reports into kills (pure).
 
 A worker that sees a collective fail reports it, naming the peer it blames when it saw
-that peer stop answering itself (``failure_reported``): peers of the current round
-naming an active worker get it killed (it is alive but not answering: stopped, hung).
+that peer stop answering itself (``failure_reported``). Peers' word is not proof: two
+healthy workers kept apart (strangers crowding a listener, a one-way network fault)
+blame each other, and killing on the first report would kill a holder of the newest
+commit. So an accused worker of the current round is killed only when it stays silent
+itself for ``CONFIRM_WINDOW`` (``accusations_due``): a stopped or hung process cannot
+report, a live one in a broken round reports its own failure at about the same moment,
+and a worker that reported is never killed on its peers' word in that round.
 
 A silent peer (``silence_reported``, ``probe_answered``): a worker that a ring
 neighbour has not heard from for a moment is not killed on that word alone (a busy
@@ -18,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from driver.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step
+from driver.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step, Wait
 from driver.events import FailureReported, HostUnreachable
 from driver.workers import Workers
 from rendezvous.plan import Plan
@@ -36,18 +41,60 @@ def _report_event(report: Mapping[str, Any]) -> Report:
     )
 
 
+#: seconds an accused worker has to show it is alive by reporting itself before it is
+#: killed on its peers' word (reports of one broken round arrive within milliseconds of
+#: each other; a stopped process never reports)
+CONFIRM_WINDOW = 2.0
+
+
 def failure_reported(
-    workers: Workers, plan: Plan | None, report: Mapping[str, Any]
-) -> list[Decision]:
+    workers: Workers, plan: Plan | None, book: Book, report: Mapping[str, Any], now: float
+) -> Step:
     """A worker's failure report (``worker_id``, ``round_id``, ``reason``, ``suspect``):
-    say so, and when peers of the current round name an active worker, kill it (it is
-    alive but not answering: stopped, hung)."""
-    suspect, round_id = report.get("suspect"), report.get("round_id")
-    decisions: list[Decision] = [_report_event(report)]
+    say so. A report of the current round clears its reporter of any accusation (it is
+    alive); one naming an active worker that has not reported itself accuses it (see the
+    module docstring)."""
+    reporter, suspect, round_id = (
+        report.get("worker_id"),
+        report.get("suspect"),
+        report.get("round_id"),
+    )
+    decisions: tuple[Decision, ...] = (_report_event(report),)
+    if plan is None or round_id != plan.round_id:
+        return Step(decisions, book)
+    reporters = book.reporters | ({reporter} if isinstance(reporter, str) else set())
+    accused = tuple(a for a in book.accused if a[0] not in reporters)
     rec = workers.get(suspect) if isinstance(suspect, str) else None
-    if plan is not None and round_id == plan.round_id and rec is not None and rec.state.active:
-        decisions.append(Kill(rec.worker_id, "unresponsive (reported by its peers)"))
-    return decisions
+    if (
+        rec is not None
+        and rec.state.active
+        and rec.worker_id not in reporters
+        and all(a[0] != rec.worker_id for a in accused)
+    ):
+        accused += ((rec.worker_id, now, f"reported by {reporter}: {report.get('reason')}"),)
+    return Step(decisions, replace(book, reporters=frozenset(reporters), accused=accused))
+
+
+def accusations_due(workers: Workers, book: Book, now: float) -> Step:
+    """Kill each accused worker that stayed silent for ``CONFIRM_WINDOW`` and is still
+    active; wait for the others."""
+    decisions: list[Decision] = []
+    kept = []
+    for worker_id, since, why in book.accused:
+        rec = workers.get(worker_id)
+        if rec is None or not rec.state.active:
+            continue
+        if now - since >= CONFIRM_WINDOW:
+            decisions.append(
+                Kill(
+                    worker_id,
+                    f"unresponsive: {why}; it reported nothing itself for {CONFIRM_WINDOW:g} s",
+                )
+            )
+        else:
+            kept.append((worker_id, since, why))
+            decisions.append(Wait(since + CONFIRM_WINDOW, f"{worker_id} to show it is alive"))
+    return Step(tuple(decisions), replace(book, accused=tuple(kept)))
 
 
 def silence_reported(
