@@ -255,17 +255,30 @@ class ElasticSampler(torch.utils.data.Sampler):
         order = epoch_order(self.num_samples, self.epoch, self.shuffle, self.seed)
         return [order[lo:hi].tolist() for step in plan for lo, hi in step.pieces]
 
-    def steps(self, loader: Iterable | None = None) -> Iterator[Step]:
+    def steps(self, loader: Iterable | None = None, optimizer: Any = None) -> Iterator[Step]:
         """This worker's part of each remaining step of the epoch, drawing the
         micro-batches from ``loader`` (a ``DataLoader`` whose ``batch_sampler`` is this
         sampler), or index lists without one. Every worker gets every step, with or
         without micro-batches. A step counts as consumed once handed out: commit after
         it.
 
-        Raises ValueError without a global batch, or when ``loader`` does not draw its
-        batches from this sampler."""
+        ``optimizer``: a ``DistributedOptimizer(..., op="sum")``; before each step its
+        ``backward_passes_per_step`` is set to the step's micro-batches on this worker
+        (at least 1: an empty share runs no backward and its ``step()`` sends zeros), so
+        that ``step()`` applies the sum of the weighted gradients of the world, the one
+        process's update on the step's samples.
+
+        Raises ValueError without a global batch, when ``loader`` does not draw its
+        batches from this sampler, or for an optimizer that is not a
+        ``DistributedOptimizer`` summing gradients."""
         if self.global_batch_size is None:
             raise ValueError("steps() needs a sampler with global_batch_size")
+        if optimizer is not None and getattr(optimizer, "gradient_op", None) != "sum":
+            raise ValueError(
+                'steps(optimizer=...) needs DistributedOptimizer(..., op="sum"): the '
+                "weights of a step add up to 1 over the world, so the weighted gradients "
+                "are summed, not averaged"
+            )
         made = self._plans_made
         batches = iter(loader if loader is not None else self)
         if self._plans_made == made:
@@ -276,6 +289,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         for plan in self._plan:
             self.processed = plan.after
             step = Step(plan, batches)
+            if optimizer is not None:
+                optimizer.backward_passes_per_step = max(1, len(step))
             yield step
             step._drain()
 

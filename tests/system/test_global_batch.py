@@ -1,9 +1,11 @@
 """A constant global batch in real jobs: the same training whatever the world size does.
 
 ``workloads/global_batch.py`` trains linear least squares in float64 with the README's
-loop (``elastic.weighted_average`` of each worker's mean gradient); the weights it ends
-with are compared with ``linear_model.one_process``, one process taking the same steps
-on the same samples.
+loop (``elastic.weighted_average`` of each worker's mean gradient),
+``workloads/global_batch_torch.py`` the same model with the README's torch loop
+(``ElasticSampler(global_batch_size=...).steps(loader, optimizer)`` and a
+``DistributedOptimizer(op="sum")``); the weights they end with are compared with
+``linear_model.one_process``, one process taking the same steps on the same samples.
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ import pytest
 from tests.support.jobs import ROOT, WORKLOADS, ElasticRun
 from tests.support.linear_model import Problem, one_process
 
-SCRIPT = WORKLOADS / "global_batch.py"
+SCRIPTS = {"numpy": WORKLOADS / "global_batch.py", "torch": WORKLOADS / "global_batch_torch.py"}
 GLOBAL_BATCH = 30  # 302 samples: 10 steps of 30 and one of 2 per epoch
 MAX_MICRO = 8
 #: float64 rounding differs with the order of the sums across workers, and no more
 TOLERANCE = 1e-12
 
 
-def command(out: Path, *args: str) -> list[str]:
-    return ["python", str(SCRIPT), str(out), *args]
+def command(out: Path, *args: str, flavour: str = "numpy") -> list[str]:
+    return ["python", str(SCRIPTS[flavour]), str(out), *args]
 
 
 def global_batch_args(epochs: int) -> list[str]:
@@ -67,8 +69,9 @@ def check_final(out: Path, epochs: int, truth: np.ndarray) -> list[dict]:
     return found
 
 
-@pytest.mark.timeout(120)
-def test_same_weights_for_world_sizes_1_to_4(tmp_path):
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("flavour", ["numpy", "torch"])
+def test_same_weights_for_world_sizes_1_to_4(tmp_path, flavour):
     """Uneven shares (30 over 4: 8, 8, 7, 7), micro-batches (30 alone: 8, 8, 7, 7), and
     an epoch's last step of 2 samples (empty shares at 3 and 4 workers)."""
     epochs = 4
@@ -78,21 +81,22 @@ def test_same_weights_for_world_sizes_1_to_4(tmp_path):
         out = tmp_path / f"np{size}" / "out"
         out.mkdir(parents=True)
         runs[size] = ElasticRun(
-            ["-np", str(size), *command(out, *global_batch_args(epochs))], out.parent
+            ["-np", str(size), *command(out, *global_batch_args(epochs), flavour=flavour)],
+            out.parent,
         ).start()
     alone = tmp_path / "np1"
     alone.mkdir()
     try:
         subprocess.run(
-            [sys.executable, *command(alone, *global_batch_args(epochs))[1:]],
+            [sys.executable, *command(alone, *global_batch_args(epochs), flavour=flavour)[1:]],
             cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
             check=True,
-            timeout=60,
+            timeout=120,
             capture_output=True,
         )
         for run in runs.values():
-            assert run.wait(timeout=90) == 0, run.stderr_tail()
+            assert run.wait(timeout=180) == 0, run.stderr_tail()
     finally:
         for run in runs.values():
             run.stop()
@@ -103,8 +107,9 @@ def test_same_weights_for_world_sizes_1_to_4(tmp_path):
 
 
 @pytest.mark.chaos
-@pytest.mark.timeout(150)
-def test_same_weights_when_the_world_goes_4_3_4_3_4(tmp_path):
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("flavour", ["numpy", "torch"])
+def test_same_weights_when_the_world_goes_4_3_4_3_4(tmp_path, flavour):
     """SIGKILL a random member twice, each time with four workers training mid-epoch;
     the survivors go on at three at once, a replacement brings the world back to four."""
     epochs = 40
@@ -114,7 +119,11 @@ def test_same_weights_when_the_world_goes_4_3_4_3_4(tmp_path):
     rng = random.Random(14)
     args = ["-np", "4", "--min-np", "3"]
     with ElasticRun(
-        [*args, *command(out, *global_batch_args(epochs), "--step-time", "0.01")], tmp_path
+        [
+            *args,
+            *command(out, *global_batch_args(epochs), "--step-time", "0.01", flavour=flavour),
+        ],
+        tmp_path,
     ) as run:
         rounds = 0
         for _ in range(2):

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
 
 from elastic.torch import TorchState
 from elastic.torch._staging import HostStaging, from_transfer, transfer_view
@@ -144,7 +144,37 @@ def test_global_batch_sampler_errors():
     with pytest.raises(ValueError, match="steps\\(\\) records"):
         sampler.record_batch(0, 4)
     with pytest.raises(ValueError, match="batch_sampler=sampler"):
-        next(sampler.steps(DataLoader(torch.arange(10.0), batch_size=4)))
+        next(sampler.steps(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4)))
+
+
+def test_steps_set_the_optimizers_passes_and_want_a_sum():
+    import elastic
+    from elastic.torch import DistributedOptimizer
+
+    elastic.init()
+    data = TensorDataset(torch.arange(7.0, dtype=torch.float64).unsqueeze(1))
+
+    def optimizer(model, op):
+        return DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters(), op=op
+        )
+
+    sampler = ElasticSampler(data, shuffle=False, global_batch_size=5, max_micro_batch=2)
+    averaging = optimizer(torch.nn.Linear(1, 1), "average")
+    with pytest.raises(ValueError, match='op="sum"'):
+        next(sampler.steps(DataLoader(data, batch_sampler=sampler), averaging))
+    model = torch.nn.Linear(1, 1, bias=False).double()
+    opt = optimizer(model, "sum")
+    passes, grads = [], []
+    for step in sampler.steps(DataLoader(data, batch_sampler=sampler), opt):
+        passes.append(opt.backward_passes_per_step)
+        opt.zero_grad()
+        for (x,), weight in step:
+            (weight * model(x).mean()).backward()  # d/dw of the mean of w*x: the mean x
+        opt.step()
+        grads.append(float(model.weight.grad))  # type: ignore[arg-type]
+    assert passes == [3, 1]  # 5 samples in 3 micro-batches, then 2 in 1
+    assert grads == pytest.approx([2.0, 5.5])  # the mean x of each step: one process's
 
 
 def test_backward_passes_per_step_is_set_between_steps():
