@@ -34,6 +34,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Callable
 
 from driver import decisions as dec
@@ -55,7 +56,7 @@ from rendezvous.auth import make_secret
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Plan, ProgressRecord, WorkerInfo
-from rendezvous.store import PUT, KeyValue, KVStore
+from rendezvous.store import PUT, Compare, KeyValue, KVStore, Put
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,16 @@ class Job:
 
     def _publish(self, decision: dec.Publish) -> None:
         plan = decision.plan
-        self._services.require_store().put(self.keys.round, plan.to_json())
+        published = self._services.require_store().txn(
+            # Only while no worker has recorded that its training returned: a round formed
+            # after that would hand newcomers a finished training (JobKeys.training_finished).
+            [Compare(self.keys.training_finished, "version", "==", 0)],
+            [Put(self.keys.round, plan.to_json())],
+        )
+        if not published.succeeded:
+            log.info("round %d not formed: the training has finished", plan.round_id)
+            self.book = replace(self.book, training_done=True)
+            return
         self.plan = plan
         self.book = self.book.new_round()
         self._processes.assign_ranks(plan)
