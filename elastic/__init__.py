@@ -34,7 +34,13 @@ from elastic.context import (
     shutdown,
     size,
 )
-from elastic.errors import ElasticError, HostsUpdatedInterrupt, RendezvousError, WorkerLostError
+from elastic.errors import (
+    ElasticError,
+    HostsUpdatedInterrupt,
+    RendezvousError,
+    ReplacedStateWarning,
+    WorkerLostError,
+)
 from elastic.loop import run
 from elastic.sampler import ElasticSampler
 from elastic.state import NumpyState, ObjectState, State
@@ -74,6 +80,7 @@ __all__ = [
     "ElasticError",
     "HostsUpdatedInterrupt",
     "WorkerLostError",
+    "ReplacedStateWarning",
     "RendezvousError",
     "ps",
 ]

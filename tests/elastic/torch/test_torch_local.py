@@ -198,6 +198,23 @@ def test_backward_passes_per_step_is_set_between_steps():
         opt.backward_passes_per_step = 0
 
 
+def test_object_state_warns_of_torch_objects_and_torch_state_does_not():
+    import warnings
+
+    import elastic
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(elastic.ReplacedStateWarning) as caught:
+        elastic.ObjectState(model=model, optimizer=opt, scale=torch.ones(1), epoch=0)
+    named = sorted(str(w.message).split("'")[1] for w in caught)
+    assert named == ["model", "optimizer", "scale"]
+    assert all("elastic.torch.TorchState" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TorchState(model=model, optimizer=opt, epoch=0).commit()
+
+
 def test_sampler_progress_rides_through_state_dict():
     sampler = ElasticSampler(range(100), shuffle=True, seed=3, batch_size=4)
     sampler.set_epoch(2)
