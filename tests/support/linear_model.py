@@ -9,11 +9,14 @@ step taken on other samples, or weighted otherwise, shows.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from elastic.sampler import epoch_order
+from elastic.state import State
 
 #: the epoch order's seed in the workload and in the reference
 SAMPLER_SEED = 3
@@ -53,3 +56,22 @@ def one_process(problem: Problem, epochs: int, step_samples: int) -> np.ndarray:
             rows = order[lo : lo + step_samples]
             w -= problem.lr * gradient(w, x[rows], y[rows])
     return w
+
+
+#: how long a paused worker waits at most before it gives up (the test failed)
+PAUSE_LIMIT = 120.0
+
+
+def wait_while_paused(pause: Path | None, state: State) -> None:
+    """Before a step: while the test holds the file ``pause``, wait, and re-form when a
+    round is pending (``HostsUpdatedInterrupt``), so that a replacement slow to start
+    (importing torch) joins before the training ends. Raises TimeoutError after
+    PAUSE_LIMIT."""
+    if pause is None:
+        return
+    deadline = time.monotonic() + PAUSE_LIMIT
+    while pause.exists():
+        state.check_host_updates()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pause} still there after {PAUSE_LIMIT:.0f}s")
+        time.sleep(0.01)

@@ -116,22 +116,27 @@ def test_same_weights_when_the_world_goes_4_3_4_3_4(tmp_path, flavour):
     truth = one_process(Problem(), epochs, GLOBAL_BATCH)
     out = tmp_path / "out"
     out.mkdir()
+    pause = tmp_path / "pause"
     rng = random.Random(14)
     args = ["-np", "4", "--min-np", "3"]
+    extra = ["--step-time", "0.01", "--pause", str(pause)]
     with ElasticRun(
-        [
-            *args,
-            *command(out, *global_batch_args(epochs), "--step-time", "0.01", flavour=flavour),
-        ],
-        tmp_path,
+        [*args, *command(out, *global_batch_args(epochs), *extra, flavour=flavour)], tmp_path
     ) as run:
         rounds = 0
         for _ in range(2):
             run.wait_event("round_formed", lambda e: e["size"] == 4, timeout=60, after=rounds)
+            pause.unlink(missing_ok=True)
             run.wait_progress(run.progress + 20)
             rounds = len(run.events("round_formed"))
             run.kill_member(rng.randrange(4))
             run.wait_event("round_formed", lambda e: e["size"] == 3, timeout=60, after=rounds)
+            run.wait_progress(run.progress + 20)  # three train on
+            # ...until a replacement slow to start (importing torch) is back: the
+            # training must not end before the world is four again.
+            pause.write_text("")
+        run.wait_event("round_formed", lambda e: e["size"] == 4, timeout=60, after=rounds)
+        pause.unlink()
         assert run.wait(timeout=120) == 0, run.stderr_tail()
         assert len(run.events("worker_failed")) == 2
     found = check_final(out, epochs, truth)

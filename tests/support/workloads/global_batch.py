@@ -14,7 +14,7 @@ every sample was used exactly once per epoch. Each worker writes OUT_DIR/<worker
 rank 0 prints ``progress <steps>`` every 10 steps.
 
     global_batch.py OUT_DIR (--global-batch B | --batch B) [--max-micro M] [--epochs E]
-        [--step-time S] [--average-too]
+        [--step-time S] [--average-too] [--pause FILE]
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import elastic
-from tests.support.linear_model import SAMPLER_SEED, Problem, gradient
+from tests.support.linear_model import SAMPLER_SEED, Problem, gradient, wait_while_paused
 
 PROGRESS_EVERY = 10
 
@@ -43,6 +44,7 @@ def main() -> int:
     parser.add_argument("--max-micro", type=int)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute (s)")
+    parser.add_argument("--pause", type=Path, help="no step while this file exists")
     parser.add_argument("--average-too", action="store_true")
     args = parser.parse_args()
 
@@ -90,6 +92,7 @@ def main() -> int:
                 if not state.sizes or state.sizes[-1] != elastic.size():
                     state.sizes.append(elastic.size())
                 state.commit()
+                wait_while_paused(args.pause, state)  # live state == committed here
                 if elastic.rank() == 0 and state.steps % PROGRESS_EVERY == 0:
                     print(f"progress {state.steps}", flush=True)
             state.batch = 0

@@ -11,7 +11,7 @@ OUT_DIR/<worker id>.json as ``global_batch.py`` does; rank 0 prints ``progress <
 every 10 steps.
 
     global_batch_torch.py OUT_DIR --global-batch B [--max-micro M] [--epochs E]
-        [--step-time S]
+        [--step-time S] [--pause FILE]
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import elastic
 import elastic.torch as et
-from tests.support.linear_model import SAMPLER_SEED, Problem
+from tests.support.linear_model import SAMPLER_SEED, Problem, wait_while_paused
 
 PROGRESS_EVERY = 10
 
@@ -39,6 +40,7 @@ def main() -> int:
     parser.add_argument("--max-micro", type=int)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute (s)")
+    parser.add_argument("--pause", type=Path, help="no step while this file exists")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -90,6 +92,7 @@ def main() -> int:
                 if not state.sizes or state.sizes[-1] != elastic.size():
                     state.sizes.append(elastic.size())
                 state.commit()
+                wait_while_paused(args.pause, state)  # live state == committed here
                 if elastic.rank() == 0 and state.steps % PROGRESS_EVERY == 0:
                     print(f"progress {state.steps}", flush=True)
 
