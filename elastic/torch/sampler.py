@@ -134,10 +134,13 @@ class Step:
             self._taken += 1
             yield next(self._batches), weight
 
-    def _drain(self) -> None:
-        """Skip the micro-batches not taken, so the next step starts at its own."""
+    def _finish(self) -> None:
+        """Skip the micro-batches not taken, so the next step starts at its own, and let
+        go of the loader's iterator (a step the loop still names must not keep a
+        loader's worker processes alive)."""
         for _ in self:
             pass
+        self._batches = iter(())
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -292,7 +295,12 @@ class ElasticSampler(torch.utils.data.Sampler):
             if optimizer is not None:
                 optimizer.backward_passes_per_step = max(1, len(step))
             yield step
-            step._drain()
+            step._finish()
+        # Run the loader's iterator to its end (it has no batch left): a DataLoader
+        # with worker processes stops them there, not when the iterator is collected
+        # (which could be after the next epoch's workers were forked, or at exit).
+        for _ in batches:
+            raise RuntimeError("the loader yielded more batches than the sampler planned")
 
     # ---- iteration ----
     def _mine(self) -> np.ndarray:

@@ -130,6 +130,25 @@ def test_global_batch_steps_group_the_loaders_micro_batches():
     assert [b for step in sampler.steps() for b, _ in step][:1] == [[0, 1]]  # index lists
 
 
+def test_global_batch_steps_stop_the_loaders_workers_at_the_end_of_the_epoch():
+    import multiprocessing
+
+    import elastic
+
+    elastic.init()  # a world of one
+    data = TensorDataset(torch.arange(10.0))
+    sampler = ElasticSampler(data, shuffle=False, global_batch_size=4, max_micro_batch=2)
+    loader = DataLoader(data, batch_sampler=sampler, num_workers=2)
+    seen = []
+    for step in sampler.steps(loader):
+        seen += [float(x) for (batch,), _ in step for x in batch]
+        assert multiprocessing.active_children()  # the loader's workers
+    assert step is not None and seen == [float(i) for i in range(10)]
+    # The loop's last step is still named, and the loader's workers are gone: a next
+    # epoch would not fork new ones beside them, nor would exit wait for them.
+    assert multiprocessing.active_children() == []
+
+
 def test_global_batch_sampler_errors():
     data = range(10)
     with pytest.raises(ValueError, match="not both"):
