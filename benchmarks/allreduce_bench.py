@@ -19,6 +19,11 @@ One JSON line per configuration:
 gloo needs torch, the ``bench`` extra (imported only by its worker processes); MPI needs
 the ``mpi`` extra (mpiexec on PATH): ``./scripts/install bench,mpi``. A missing one is
 reported and skipped.
+
+``hier_bench.py`` runs the same workers on separate test hosts (``Group``'s ``spawn`` and
+``control_host``; each worker listens on its ``--bind`` address), with one more
+implementation, ``raw_tcp``: two ranks that only swap their arrays over one TCP
+connection, the network's own figure.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 ALL_IMPLS = ("ours", "ours_tcp", "gloo", "mpi")
+WORKER_IMPLS = (*ALL_IMPLS, "raw_tcp")
 
 
 # --- control channel (JSON lines over TCP), shared by parent and workers -----------
@@ -84,7 +90,7 @@ def worker_main(args) -> None:
     if impl in ("ours", "ours_tcp"):
         from elastic.comm import CommSettings, Membership, RingCommunicator, RingListener
 
-        listener = RingListener("127.0.0.1", secret=args.secret)
+        listener = RingListener(args.bind, secret=args.secret)
         ctl.send({"address": listener.address})
         msg = ctl.recv()
         settings = CommSettings(
@@ -110,9 +116,11 @@ def worker_main(args) -> None:
         import torch
         import torch.distributed as dist
 
+        # Rank 0 hosts gloo's store, on a port of its own address.
+        ctl.send({"master": f"{args.bind}:{free_port(args.bind)}" if rank == 0 else None})
         msg = ctl.recv()
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{msg['port']}", rank=rank, world_size=world
+            "gloo", init_method=f"tcp://{msg['master']}", rank=rank, world_size=world
         )
         ctl.send({"transport": "gloo"})
 
@@ -125,6 +133,11 @@ def worker_main(args) -> None:
         def allreduce(x, _out):
             dist.all_reduce(x)
             return x
+    elif impl == "raw_tcp":
+        barrier, allreduce = _raw_tcp_pair(ctl, args.bind, rank)
+
+        def make(n):
+            return np.full(n, rank + 1, dtype=np.float32)
     else:
         ctl.send({"transport": "mpi"})
 
@@ -168,28 +181,82 @@ def worker_main(args) -> None:
         dist.destroy_process_group()
 
 
+def _raw_tcp_pair(ctl: Line, bind: str, rank: int):
+    """``raw_tcp``: ranks 0 and 1 joined by one TCP connection; its "allreduce" sends this
+    rank's array and receives the peer's, both at once (what each link of a two-member
+    ring carries in an allreduce of the same array, in each direction). Returns
+    (barrier, allreduce)."""
+    import threading
+
+    from elastic.netio import recv_exact, recv_exact_into
+
+    srv = socket.create_server((bind, 0))
+    ctl.send({"address": f"{bind}:{srv.getsockname()[1]}"})
+    host, port = ctl.recv()["addresses"][1 - rank].rsplit(":", 1)
+    if rank == 0:
+        conn = socket.create_connection((host, int(port)), timeout=60)
+    else:
+        srv.settimeout(60)
+        conn, _ = srv.accept()
+    srv.close()
+    conn.settimeout(None)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ctl.send({"transport": "raw_tcp"})
+
+    def barrier():
+        conn.sendall(b"b")
+        recv_exact(conn, 1)
+
+    def allreduce(x, out):
+        sender = threading.Thread(target=conn.sendall, args=(memoryview(x).cast("B"),))
+        sender.start()
+        recv_exact_into(conn, memoryview(out).cast("B"))
+        sender.join()
+        return out
+
+    return barrier, allreduce
+
+
 # --- parent side -----------------------------------------------------------------------
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-class Group:
-    """One implementation's worker processes and their control connections."""
+Spawn = Callable[[list[str], int], subprocess.Popen]
+"""``spawn(argv, rank)``: start rank ``rank``'s worker (``argv`` without ``--bind``)."""
 
-    def __init__(self, impl: str, world: int, secret: str, ours_settings: str = "{}"):
+
+def spawn_here(argv: list[str], rank: int) -> subprocess.Popen:
+    return subprocess.Popen(argv, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+class Group:
+    """One implementation's worker processes and their control connections, started by
+    ``spawn`` (here by default); they reach this process at ``control_host``."""
+
+    def __init__(
+        self,
+        impl: str,
+        world: int,
+        secret: str,
+        ours_settings: str = "{}",
+        *,
+        spawn: Spawn = spawn_here,
+        control_host: str = "127.0.0.1",
+    ):
         self.impl = impl
         self.world = world
         self.procs: list[subprocess.Popen] = []
         self.lines: list[Line] = []
         srv = socket.socket()
-        srv.bind(("127.0.0.1", 0))
+        srv.bind((control_host, 0))
         srv.listen(world)
         srv.settimeout(120)
-        control = f"127.0.0.1:{srv.getsockname()[1]}"
+        control = f"{control_host}:{srv.getsockname()[1]}"
         me = [
             sys.executable,
             str(Path(__file__).resolve()),
@@ -212,9 +279,7 @@ class Group:
                 )
             else:
                 for r in range(world):
-                    self.procs.append(
-                        subprocess.Popen(me + ["--rank", str(r), "--world", str(world)], env=env)
-                    )
+                    self.procs.append(spawn(me + ["--rank", str(r), "--world", str(world)], r))
             by_rank: dict[int, Line] = {}
             for _ in range(world):
                 conn, _ = srv.accept()
@@ -224,14 +289,14 @@ class Group:
             self.lines = [by_rank[r] for r in range(world)]
         finally:
             srv.close()
-        if impl in ("ours", "ours_tcp"):
+        if impl in ("ours", "ours_tcp", "raw_tcp"):
             addresses = [ln.recv()["address"] for ln in self.lines]
             for ln in self.lines:
                 ln.send({"addresses": addresses})
         elif impl == "gloo":
-            port = free_port()
+            masters = [ln.recv()["master"] for ln in self.lines]  # every rank answers
             for ln in self.lines:
-                ln.send({"port": port})
+                ln.send({"master": masters[0]})
         transports = [ln.recv()["transport"] for ln in self.lines]  # every rank answers
         self.transport = transports[0]
 
@@ -273,10 +338,65 @@ def available(impl: str) -> str | None:
     return None
 
 
+def measure(
+    groups: dict[str, Group], mib: int, blocks: int, iters: int, warmup: int
+) -> dict[str, list[float]]:
+    """Every group's timed calls of ``mib`` MiB (the slowest rank's seconds each), taken in
+    ``blocks`` interleaved turns of ``iters`` calls (``warmup`` more in the first)."""
+    impls = list(groups)
+    samples: dict[str, list[float]] = {impl: [] for impl in impls}
+    for block in range(blocks):
+        # Rotate the order so no implementation always runs right after the same
+        # neighbour (cache and scheduler state).
+        order = impls[block % len(impls) :] + impls[: block % len(impls)]
+        for impl in order:
+            samples[impl] += groups[impl].run(mib, iters, warmup if block == 0 else 0)
+    return samples
+
+
+def summarize(
+    bench: str,
+    where: dict,
+    groups: dict[str, Group],
+    samples: dict[str, list[float]],
+    mib: int,
+    world: int,
+    args,
+) -> dict:
+    """One configuration's JSON row: ``where`` it ran, median times, the bus bandwidth of
+    every collective (``raw_tcp`` is none), and ours against gloo and MPI."""
+    nbytes = mib * (1 << 20)
+    med = {impl: statistics.median(ts) for impl, ts in samples.items()}
+    busbw = {
+        impl: 2 * (world - 1) / world * nbytes / t / 1e9
+        for impl, t in med.items()
+        if impl != "raw_tcp"
+    }
+    row: dict = {
+        "bench": bench,
+        **where,
+        "size_mib": mib,
+        "dtype": "float32",
+        "timed_calls": args.blocks * args.iters,
+        "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()},
+    }
+    if "gloo" in busbw:
+        for impl in ("ours", "ours_tcp"):
+            if impl in busbw:
+                row[f"ratio_{impl}_gloo"] = round(busbw[impl] / busbw["gloo"], 3)
+    if "mpi" in busbw and "ours" in busbw:
+        row["ratio_ours_mpi"] = round(busbw["ours"] / busbw["mpi"], 3)
+    if "ours" in groups:
+        row["ours_transport"] = groups["ours"].transport
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", choices=ALL_IMPLS)
+    ap.add_argument("--worker", choices=WORKER_IMPLS)
     ap.add_argument("--control")
+    ap.add_argument("--bind", default="127.0.0.1", help="worker: the address it listens on")
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--secret", default="bench-secret")
@@ -309,37 +429,10 @@ def main() -> None:
             for impl in impls:
                 groups[impl] = Group(impl, world, args.secret, args.ours_settings)
             for mib in args.sizes_mib:
-                samples: dict[str, list[float]] = {impl: [] for impl in impls}
-                for block in range(args.blocks):
-                    # Rotate the order so no implementation always runs right after
-                    # the same neighbour (cache and scheduler state).
-                    order = impls[block % len(impls) :] + impls[: block % len(impls)]
-                    for impl in order:
-                        samples[impl] += groups[impl].run(
-                            mib, args.iters, args.warmup if block == 0 else 0
-                        )
-                nbytes = mib * (1 << 20)
-                med = {impl: statistics.median(ts) for impl, ts in samples.items()}
-                busbw = {
-                    impl: 2 * (world - 1) / world * nbytes / t / 1e9 for impl, t in med.items()
-                }
-                row = {
-                    "bench": "allreduce",
-                    "world_size": world,
-                    "size_mib": mib,
-                    "dtype": "float32",
-                    "timed_calls": args.blocks * args.iters,
-                    "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
-                    "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()},
-                }
-                if "gloo" in busbw:
-                    for impl in ("ours", "ours_tcp"):
-                        if impl in busbw:
-                            row[f"ratio_{impl}_gloo"] = round(busbw[impl] / busbw["gloo"], 3)
-                if "mpi" in busbw and "ours" in busbw:
-                    row["ratio_ours_mpi"] = round(busbw["ours"] / busbw["mpi"], 3)
-                if "ours" in groups:
-                    row["ours_transport"] = groups["ours"].transport
+                samples = measure(groups, mib, args.blocks, args.iters, args.warmup)
+                row = summarize(
+                    "allreduce", {"world_size": world}, groups, samples, mib, world, args
+                )
                 row["load_avg"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(row), flush=True)
         finally:

@@ -14,14 +14,14 @@ secret itself (``rendezvous.auth.challenge_response``). Both proofs bind the who
 opening, so a recorded handshake cannot be replayed for another round, rank or request;
 the two labels (one pair per channel kind) stop either side being used as an oracle for
 the other direction, or one channel's answers for another channel. What follows the
-handshake (a verdict byte, requests) is the channel's business. (A channel whose proofs
-so far covered only the nonce gets new proof bytes from this helper: convert its client
-and server together.)
+handshake (a verdict byte, requests) is the channel's business. The ring builds its
+opening in ``comm.wire``; the ps bulk channel's is ``elastic.ps.bulk``'s ``MAGIC`` and a
+nonce.
 
-Example, both halves (``ps`` bulk style; the ring builds its opening in ``comm.wire``):
+Example, both halves, for a channel of one's own:
 
-    LABELS = HandshakeLabels(server=b"ps-bulk-shard", client=b"ps-bulk-client")
-    MAGIC = b"EPSBULK1"
+    LABELS = HandshakeLabels(server=b"my-server\x00", client=b"my-client\x00")
+    MAGIC = b"MYCHAN01"
 
     # client
     sock = socket.create_connection(address, timeout=5.0)

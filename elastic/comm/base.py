@@ -30,7 +30,7 @@ from rendezvous.errors import ElasticError
 
 from . import layout
 
-TRANSPORTS = ("auto", "tcp", "shm")
+TRANSPORTS = ("auto", "tcp", "shm", "hier")
 
 
 class PeerLostError(WorkerLostError):
@@ -51,8 +51,8 @@ class CollectiveMismatchError(ElasticError):
 
 
 class ShmUnavailableError(ElasticError):
-    """``transport="shm"`` was required but the members cannot share memory (different
-    hosts, no /proc access, or an unsupported platform)."""
+    """``transport="shm"`` (or "hier") was required but the members cannot share memory
+    as it needs (different hosts, no /proc access, or an unsupported platform)."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,12 @@ class CommSettings:
         its heartbeats going from the monitor thread; a false suspicion costs one probe.
     heartbeat_interval: seconds between heartbeats; None means
         ``min(0.1, suspect_after / 4, peer_timeout / 4)``.
-    transport: "auto" (shared memory when every member is on this host, else TCP),
-        "tcp" (always the TCP ring) or "shm" (shared memory or ``ShmUnavailableError``).
+    transport: "auto" (shared memory when every member is on this host; the TCP ring when
+        no two members share a host; otherwise hierarchical: shared memory inside each
+        host and a TCP ring among one leader per host), "tcp" (always the TCP ring),
+        "shm" (shared memory or ``ShmUnavailableError``) or "hier" (hierarchical whatever
+        the placement, or ``ShmUnavailableError`` when a host's members cannot share
+        memory). See ``selection.py``.
     chunk_bytes: pipelining unit of the TCP ring.
     shm_piece_bytes: size of each of the two shared-memory slots per rank; arrays
         larger than this stream through in pieces (each costs two barriers; 4 MiB beat
@@ -177,7 +181,7 @@ class Communicator(abc.ABC):
 
     @property
     def transport(self) -> str:
-        """How bytes move: "local" (world of one), "tcp", "shm" or "mpi"."""
+        """How bytes move: "local" (world of one), "tcp", "shm", "hier" or "mpi"."""
         return "local"
 
     def allreduce(self, x, op: str = "sum") -> np.ndarray:

@@ -86,6 +86,14 @@ def chunk_ranges(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
     return [(a, min(a + chunk, end)) for a in range(start, end, chunk)]
 
 
+def pieces(n_elems: int, piece_bytes: int, itemsize: int) -> list[tuple[int, int]]:
+    """``[0, n_elems)`` cut into the pieces a shared-memory collective streams through
+    its slots of ``piece_bytes``: at least one, so an empty array has one empty piece.
+    Members that work in pieces together (the hosts of a hierarchical round) cut alike."""
+    per_piece = elems_per_chunk(piece_bytes, itemsize)
+    return chunk_ranges(0, n_elems, per_piece) or [(0, 0)]
+
+
 def elems_per_chunk(chunk_bytes: int, itemsize: int) -> int:
     """How many elements of ``itemsize`` bytes fit in ``chunk_bytes`` (at least one)."""
     return max(1, chunk_bytes // max(1, itemsize))

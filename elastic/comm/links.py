@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Sequence
 from typing import Callable
 
 from . import wire
@@ -63,11 +64,26 @@ class Connector:
 
 
 class NeighbourLinks:
-    """The connections of rank ``rank`` of ``size`` (at least 2) to both neighbours."""
+    """The connections of rank ``rank`` of ``size`` (at least 2) to both neighbours.
 
-    def __init__(self, rank: int, size: int):
-        self.left = (rank - 1) % size
-        self.right = (rank + 1) % size
+    ``ring`` lists the members in ring order when the ring is not every rank in rank
+    order (the host leaders of a hierarchical round: ``rank`` must be one of them);
+    ``channels`` are the (data, control) channels the connections are made on.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        *,
+        ring: Sequence[int] | None = None,
+        channels: tuple[int, int] = (wire.CHANNEL_DATA, wire.CHANNEL_CTRL),
+    ):
+        members = list(ring) if ring is not None else list(range(size))
+        at = members.index(rank)
+        self.left = members[(at - 1) % len(members)]
+        self.right = members[(at + 1) % len(members)]
+        self._channels = channels
         # Re-entrant: shutdown() may run in a signal handler that interrupted a thread
         # inside one of the short locked sections.
         self._lock = threading.RLock()
@@ -98,8 +114,8 @@ class NeighbourLinks:
         self, rank: int, connect: Connect, failed: str, connect_timeout: float, check: Check
     ) -> tuple[socket.socket, socket.socket]:
         try:
-            data = self._hold(connect(rank, wire.CHANNEL_DATA), check)
-            return data, self._hold(connect(rank, wire.CHANNEL_CTRL), check, control=True)
+            data = self._hold(connect(rank, self._channels[0]), check)
+            return data, self._hold(connect(rank, self._channels[1]), check, control=True)
         except TimeoutError as e:
             raise PeerLostError(
                 f"rank {rank} did not {failed} within {connect_timeout:g} s ({e})",

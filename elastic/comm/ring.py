@@ -4,9 +4,10 @@ same-host shared memory, and the rules by which a failure anywhere ends it every
 Setup connects each member to both ring neighbours, with a data and a control
 connection each (``links.py``); the failure monitor watches them (``monitor.py``). Then
 every member agrees on a transport (``selection.py``): shared memory when every member
-is on this host (``shm.py``; the connections then only carry failure signals), else the
-TCP ring over the data connections (``tcp_ring.py``). Collectives call the transport
-through one interface (``transport.py``), whatever it is.
+is on this host (``shm.py``; the connections then only carry failure signals), shared
+memory inside each host and a TCP ring among host leaders when members share some hosts
+(``hier.py``), else the TCP ring over the data connections (``tcp_ring.py``).
+Collectives call the transport through one interface (``transport.py``), whatever it is.
 
 This class keeps setup, the broken state and dispatch. The guarantees (no collective
 ever waits out a dead peer):
@@ -79,7 +80,7 @@ class RingCommunicator(Communicator):
         PeerLostError: a neighbour did not connect in time, or died during setup.
         CommunicatorClosedError: closed, listener closed, or round superseded meanwhile.
         RendezvousAuthError: a peer's listener cannot prove the job secret.
-        ShmUnavailableError: ``transport="shm"`` is impossible.
+        ShmUnavailableError: ``transport="shm"`` (or "hier") is impossible.
     """
 
     def __init__(

@@ -1,18 +1,29 @@
 """Which transport a round's collectives use, agreed by every member during setup.
 
-``CommSettings.transport`` names the rule, and each rule is one opener here:
+``CommSettings.transport`` names the rule:
 
-* "tcp": the TCP ring the communicator has already connected (such a member offers no
-  segment but still takes part in the agreement);
-* "auto": shared memory when every member can map every other member's segment (all
-  on this host, under the same kernel boot, on a platform ``shm`` supports), else the
-  TCP ring;
-* "shm": shared memory, or ``ShmUnavailableError``.
+* "tcp": the TCP ring the communicator has already connected;
+* "auto": shared memory when every member is on this host; the TCP ring when no two
+  members share a host; otherwise hierarchical (shared memory inside each host, a TCP
+  ring among one leader per host: ``hier.py``);
+* "shm": shared memory, or ``ShmUnavailableError``;
+* "hier": hierarchical whatever the placement, or ``ShmUnavailableError`` when the
+  members of a host cannot share memory.
 
 Every member must end up with the same transport, so the decision is taken from what
-all members said in ``exchange`` rounds, never from local facts alone: first each
-member offers a segment (or nothing), then each says whether it could map all of them.
-A new transport is one more opener in ``OPENERS`` (and its name in ``base.TRANSPORTS``).
+all members said in ``exchange`` rounds, never from local facts alone. First each member
+offers its rule, its machine's identity and a shared-memory segment (``placement.Offer``;
+a member asked for "tcp" offers no segment but still takes part, so members given
+different rules agree too), and every member computes the same plan from the offers
+(``placement.choose``). Then each member maps the segments of the members its plan puts
+on its host (and leaders connect to each other), and says whether that worked: the plan
+is used only when it worked everywhere, which proves that members grouped as one host
+really share memory (the test hosts share a kernel and a boot id; their private
+/dev/shm and PID namespaces keep them apart). Otherwise "auto" falls back to the TCP
+ring. Setup ends with an exchange, so with a barrier, either way.
+
+A new transport is one more rule here (and its name in ``base.TRANSPORTS``): an opener
+in ``OPENERS`` with an agreement that every other opener follows too.
 """
 
 from __future__ import annotations
@@ -20,73 +31,144 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from . import shm
+from . import placement, shm
 from .base import ShmUnavailableError
-from .transport import Transport, TransportContext
+from .hier import HierTransport, LeaderLinks
+from .host_group import HostGroup
+from .placement import Offer, Plan
+from .transport import Mismatch, Transport, TransportContext
 
 log = logging.getLogger(__name__)
 
 
-def _open_ring_or_shared_memory(ctx: TransportContext) -> Transport:
-    """Shared memory when every member agrees it works, else the TCP ring.
-
-    Members asked for "tcp" offer no segment but still take part in the agreement, so
-    members with different settings agree too, and setup ends with a barrier either way.
+def _open_agreed(ctx: TransportContext) -> Transport:
+    """The transport every member agrees on (see the module docstring).
 
     Raises:
-        ShmUnavailableError: "shm" was required and the members cannot share memory.
+        ShmUnavailableError: "shm" or "hier" was required and the members cannot share
+            memory as it needs.
         TimeoutError: a member did not answer before ``ctx.deadline``.
+        PeerLostError: a host leader did not connect before ``ctx.deadline``.
         Interrupted, Mismatch, PeerGone: from ``ctx.exchange``.
     """
     settings = ctx.settings
     seg = None
-    group = None
-    agreed = False
     if settings.transport != "tcp" and shm.shm_supported():
         try:
             seg = shm.ShmSegment(settings.shm_piece_bytes)
         except OSError as e:
             log.info("no shared-memory segment (%s); using TCP", e)
+    candidate: Transport | None = None
+    agreed = False
     try:
-        infos = ctx.exchange(seg.info() if seg else b"")
-        if shm.same_host(infos) and seg is not None:
-            spin = (
-                settings.shm_spin_us
-                if settings.shm_spin_us is not None
-                else shm.default_spin_us(ctx.size)
-            )
-            try:
-                group = shm.ShmGroup(ctx.rank, ctx.size, seg, infos, spin, ctx.check)
-            except OSError as e:
-                log.info("cannot map the peers' shared memory (%s); using TCP", e)
-            oks = ctx.exchange(b"\x01" if group else b"\x00")
-            agreed = group is not None and all(b == b"\x01" for b in oks)
-        if agreed:
-            assert group is not None
-            return group
-        if settings.transport == "shm":
+        mine = Offer(
+            settings.transport,
+            placement.HostId.here(),
+            settings.shm_piece_bytes,
+            seg.info() if seg else b"",
+        )
+        offers = _decode(ctx.exchange(mine.encode()))
+        plan = placement.choose(offers)
+        why = f"members asked for {sorted({o.rule for o in offers})}"
+        if plan.kind != "tcp":
+            candidate = _build(ctx, plan, offers, seg)
+            oks = ctx.exchange(b"\x01" if candidate is not None else b"\x00")
+            agreed = candidate is not None and all(b == b"\x01" for b in oks)
+            if agreed:
+                assert candidate is not None
+                return candidate
+            why = "the members of a host could not map each other's shared memory"
+        if settings.transport in ("shm", "hier"):
             raise ShmUnavailableError(
-                "transport='shm' but the members cannot share memory "
-                f"(same host: {shm.same_host(infos)}, supported: {shm.shm_supported()})"
+                f"transport={settings.transport!r} but the members cannot share memory "
+                f"({why}; {len(placement.host_groups(offers))} host(s), shared memory "
+                f"supported here: {shm.shm_supported()})"
             )
         return ctx.ring
     finally:
         if seg is not None:
             seg.close_fd()  # every peer has mapped it (or will not)
         if not agreed:
-            if group is not None:
-                group.close()  # unmaps every segment, this rank's too
+            if candidate is not None:
+                candidate.close()  # unmaps every segment, this member's too
             if seg is not None:
                 seg.mm.close()  # idempotent
 
 
-# The three rules share one agreement (see above); a transport with its own agreement
-# (e.g. hierarchical: shared memory inside each host, a TCP ring among host leaders)
-# gets an opener of its own.
+def _decode(blobs: list[bytes]) -> list[Offer]:
+    offers = []
+    for rank, blob in enumerate(blobs):
+        try:
+            offers.append(Offer.decode(blob))
+        except ValueError as e:
+            raise Mismatch(f"rank {rank} sent a bad transport offer: {e}") from None
+    return offers
+
+
+def _build(
+    ctx: TransportContext, plan: Plan, offers: list[Offer], seg: shm.ShmSegment | None
+) -> Transport | None:
+    """This member's side of ``plan``, or None when it cannot map its host's segments.
+    A leader connects to the other leaders even then, so that none waits for it. (A
+    member without a segment is alone on its host in every plan with shared memory.)
+
+    Raises:
+        PeerLostError: a host leader did not connect in time.
+        whatever ``ctx.dial``, ``ctx.claim`` and ``ctx.check`` raise.
+    """
+    members = plan.groups[plan.group_of(ctx.rank)]
+    infos = [offers[m].segment for m in members]
+    settings = ctx.settings
+    spin = settings.shm_spin_us
+    if spin is None:
+        spin = shm.default_spin_us(len(members))
+    if plan.kind == "shm":
+        assert seg is not None
+        try:
+            return shm.ShmGroup(ctx.rank, ctx.size, seg, infos, spin, ctx.check)
+        except OSError as e:
+            log.info("cannot map the peers' shared memory (%s); using TCP", e)
+            return None
+    host = None
+    mapped = True
+    if len(members) > 1:
+        assert seg is not None
+        try:
+            host = HostGroup(members, ctx.rank, seg, infos, spin, ctx.check)
+        except OSError as e:
+            log.info("cannot map shared memory on host of rank %d (%s)", ctx.rank, e)
+            mapped = False
+    elif seg is not None:
+        seg.mm.close()  # alone on its host: nobody maps it
+    leaders = None
+    try:
+        if members[0] == ctx.rank and len(plan.groups) > 1:
+            leaders = LeaderLinks(
+                ctx.rank,
+                [g[0] for g in plan.groups],
+                ctx.dial,
+                ctx.claim,
+                settings.connect_timeout,
+                ctx.check,
+            )
+    except BaseException:
+        if host is not None:
+            host.close()
+        raise
+    transport = HierTransport(ctx.rank, ctx.size, plan, host, leaders, settings, ctx.check)
+    if mapped:
+        return transport
+    transport.close()
+    return None
+
+
+# Every rule follows the same agreement (see above), so members given different rules
+# still agree on one transport.
 OPENERS: dict[str, Callable[[TransportContext], Transport]] = {
-    "tcp": _open_ring_or_shared_memory,
-    "auto": _open_ring_or_shared_memory,
-    "shm": _open_ring_or_shared_memory,
+    "tcp": _open_agreed,
+    "auto": _open_agreed,
+    "shm": _open_agreed,
+    "hier": _open_agreed,
 }
 
 
@@ -94,8 +176,9 @@ def open_transport(ctx: TransportContext) -> Transport:
     """The transport every member of the round agreed on under ``ctx.settings.transport``.
 
     Raises:
-        ShmUnavailableError: "shm" was required and is impossible.
+        ShmUnavailableError: "shm" or "hier" was required and is impossible.
         TimeoutError: a member did not answer before ``ctx.deadline``.
+        PeerLostError: a host leader did not connect before ``ctx.deadline``.
         Interrupted, Mismatch, PeerGone: the setup exchange failed.
     """
     return OPENERS[ctx.settings.transport](ctx)

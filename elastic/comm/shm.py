@@ -49,6 +49,7 @@ import secrets
 import struct
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -66,15 +67,7 @@ _DESC_BYTES = 1024
 CLOSED_ORDERLY = 1
 CLOSED_ABORT = 2
 
-_INFO = struct.Struct("!36sIIQ16s")  # boot id, pid, fd, size, token
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()[:36]
-    except OSError:
-        return ""
+_INFO = struct.Struct("!IIQ16s")  # pid, fd, size, token
 
 
 def shm_supported() -> bool:
@@ -162,7 +155,7 @@ class ShmSegment:
         self.mm[_TOKEN_OFF : _TOKEN_OFF + 16] = self.token
 
     def info(self) -> bytes:
-        return _INFO.pack(_boot_id().encode(), os.getpid(), self.fd, self.size, self.token)
+        return _INFO.pack(os.getpid(), self.fd, self.size, self.token)
 
     def close_fd(self) -> None:
         if self.fd >= 0:
@@ -170,18 +163,12 @@ class ShmSegment:
             self.fd = -1
 
 
-def same_host(infos: list[bytes]) -> bool:
-    """True when every rank offered a segment and all run under the same kernel boot."""
-    if not infos or any(len(b) != _INFO.size for b in infos):
-        return False
-    boots = {_INFO.unpack(b)[0] for b in infos}
-    return len(boots) == 1 and boots != {b"\x00" * 36}
-
-
 def _map_peer(info: bytes, piece_bytes: int) -> mmap.mmap:
     """Map a peer's segment. Raises OSError when it cannot be opened or is not the
     segment the peer announced (wrong size or token)."""
-    _boot, pid, fd, size, token = _INFO.unpack(info)
+    if len(info) != _INFO.size:
+        raise OSError("not a segment description")
+    pid, fd, size, token = _INFO.unpack(info)
     if size != HEADER_BYTES + 2 * piece_bytes:
         raise OSError("segment size differs (shm_piece_bytes must match on every rank)")
     pfd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
@@ -201,7 +188,8 @@ class ShmGroup(Transport):
     ``infos`` are every rank's ``ShmSegment.info()``; ``check()`` raises ``Interrupted``
     when the owning communicator broke; ``spin_us`` is how long a wait spins before
     sleeping. A rank that marked its segment closed raises ``PeerGone`` in the ranks
-    waiting for it (``orderly`` when it closed on purpose).
+    waiting for it (``orderly`` when it closed on purpose). ``ranks`` names the members
+    in errors when they are part of a larger round (default: their index).
 
     Raises:
         OSError: a peer's segment cannot be mapped, or is not the one it announced.
@@ -217,9 +205,12 @@ class ShmGroup(Transport):
         infos: list[bytes],
         spin_us: float,
         check: Check,
+        *,
+        ranks: Sequence[int] | None = None,
     ):
         self.rank = rank
         self.size = size
+        self._names = tuple(ranks) if ranks is not None else tuple(range(size))
         self.piece_bytes = own.piece_bytes
         self.spin_s = spin_us / 1e6
         self._check = check
@@ -298,7 +289,7 @@ class ShmGroup(Transport):
             self._check()
             if closed[0]:
                 raise PeerGone(
-                    j,
+                    self._names[j],
                     "stopped taking part in the collective",
                     orderly=int(closed[0]) == CLOSED_ORDERLY,
                 )
@@ -332,7 +323,7 @@ class ShmGroup(Transport):
             if j != self.rank:
                 why = wire.header_mismatch(mine, self.read_header(j, slot))
                 if why:
-                    raise Mismatch(f"rank {j}: {why}")
+                    raise Mismatch(f"rank {self._names[j]}: {why}")
 
     # --- collectives (the caller validated arguments and owns the op lock) ----------
 

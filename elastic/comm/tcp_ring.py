@@ -28,8 +28,9 @@ import select
 import socket
 import time
 from collections import deque
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -121,7 +122,12 @@ class TcpRing(Transport):
     r-1) and ``right`` (send, to rank r+1), both non-blocking. ``settings.chunk_bytes``
     is the pipelining unit; ``settings.socket_buffer_bytes`` sets both sockets'
     SO_SNDBUF/SO_RCVBUF (None leaves them to the kernel's autotuning). The sockets stay
-    the caller's: ``close`` leaves them open."""
+    the caller's: ``close`` leaves them open.
+
+    A ring inside a larger round (the host leaders of a hierarchical one) gives
+    ``ranks``, the round rank of each ring position, to name members in ``PeerGone`` and
+    ``Mismatch``, and ``verdict(rank)``, whether a member whose connection failed had
+    closed on purpose (``PeerGone.orderly``)."""
 
     name = "tcp"
 
@@ -133,11 +139,16 @@ class TcpRing(Transport):
         right: socket.socket,
         settings: CommSettings,
         check: Check,
+        *,
+        ranks: Sequence[int] | None = None,
+        verdict: Callable[[int], bool | None] | None = None,
     ):
         self.rank = rank
         self.size = size
         self.left_rank = (rank - 1) % size
         self.right_rank = (rank + 1) % size
+        self._names = tuple(ranks) if ranks is not None else tuple(range(size))
+        self._verdict = verdict
         self._left = left
         self._right = right
         self._chunk_bytes = settings.chunk_bytes
@@ -149,17 +160,22 @@ class TcpRing(Transport):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, settings.socket_buffer_bytes)
 
     def _pump(self, sendq: deque, recvq: deque, deadline: float | None = None) -> None:
-        pump(
-            self._right,
-            self._left,
-            sendq,
-            recvq,
-            self._check,
-            self.right_rank,
-            self.left_rank,
-            self._poller,
-            deadline,
-        )
+        try:
+            pump(
+                self._right,
+                self._left,
+                sendq,
+                recvq,
+                self._check,
+                self._names[self.right_rank],
+                self._names[self.left_rank],
+                self._poller,
+                deadline,
+            )
+        except PeerGone as e:
+            if self._verdict is None:
+                raise
+            raise PeerGone(e.rank, e.detail, self._verdict(e.rank)) from None
 
     def _expect_header(self, mine: wire.OpHeader, recvq: deque) -> None:
         """Queue the left neighbour's header, to be checked against ``mine``."""
@@ -170,10 +186,11 @@ class TcpRing(Transport):
         try:
             theirs = wire.OpHeader.decode(bytes(buf))
         except wire.WireError as e:
-            raise Mismatch(f"rank {self.left_rank} sent bytes out of step ({e})") from None
+            left = self._names[self.left_rank]
+            raise Mismatch(f"rank {left} sent bytes out of step ({e})") from None
         why = wire.header_mismatch(mine, theirs)
         if why:
-            raise Mismatch(f"with rank {self.left_rank}: {why}")
+            raise Mismatch(f"with rank {self._names[self.left_rank]}: {why}")
 
     def exchange(
         self, mine: bytes, hdr: wire.OpHeader, deadline: float | None = None
@@ -281,7 +298,8 @@ class TcpRing(Transport):
             try:
                 dtype, shape = wire.decode_array_meta_body(bytes(body))
             except wire.WireError as e:
-                raise Mismatch(f"bad broadcast meta from rank {self.left_rank}: {e}") from None
+                left = self._names[self.left_rank]
+                raise Mismatch(f"bad broadcast meta from rank {left}: {e}") from None
             out = np.empty(shape, dtype=dtype)
             state["out"] = out
             if forward:
@@ -304,7 +322,7 @@ class TcpRing(Transport):
             try:
                 metas.append(wire.decode_array_meta_body(body))
             except wire.WireError as e:
-                raise Mismatch(f"bad allgather meta from rank {j}: {e}") from None
+                raise Mismatch(f"bad allgather meta from rank {self._names[j]}: {e}") from None
         dtype, shape, offsets = gather_layout(metas)
         out = np.empty(shape, dtype=dtype)
         ob = out.reshape(-1).view(np.uint8)

@@ -8,12 +8,12 @@ travel is its transport's job, chosen once at setup by every member together
 * ``TcpRing`` (``tcp_ring.py``): the pipelined TCP ring over the two neighbour
   connections, for members on different hosts (or ``transport="tcp"``);
 * ``ShmGroup`` (``shm.py``): shared memory, when every member is on this host;
+* ``HierTransport`` (``hier.py``): shared memory inside each host and a TCP ring among
+  one leader per host, when members share some hosts but not all;
 * ``LocalTransport`` (here): a world of one.
 
-A transport that combines them (shared memory inside a host, a TCP ring among one
-leader per host) is one more implementation, opened from a ``TransportContext`` by an
-opener registered in ``selection.OPENERS``; it reports members by their rank in the
-round (translating the ranks of any inner ring or group it runs).
+Each is opened from a ``TransportContext`` by the agreement in ``selection.py``; one
+that runs inner rings or groups reports members by their rank in the round.
 
 The communicator checks the arguments (``base.Communicator``), builds the ``OpHeader``
 that every rank checks against its peers', runs one collective at a time, and turns
@@ -76,7 +76,8 @@ class Transport(abc.ABC):
     """
 
     name: str
-    """How bytes move, reported as ``Communicator.transport``: "local", "tcp", "shm"."""
+    """How bytes move, reported as ``Communicator.transport``: "local", "tcp", "shm",
+    "hier"."""
 
     @abc.abstractmethod
     def allreduce(self, x: np.ndarray, out: np.ndarray, op: str, hdr: wire.OpHeader) -> None:

@@ -35,7 +35,16 @@ VERSION = 1
 
 CHANNEL_DATA = 0
 CHANNEL_CTRL = 1
-CHANNELS = (CHANNEL_DATA, CHANNEL_CTRL)
+# Between host leaders of a hierarchical round (``leaders.py``): the leaders' TCP ring,
+# and beside it a connection that only carries one verdict byte when a leader breaks.
+CHANNEL_LEADER_DATA = 2
+CHANNEL_LEADER_CTRL = 3
+CHANNELS = (CHANNEL_DATA, CHANNEL_CTRL, CHANNEL_LEADER_DATA, CHANNEL_LEADER_CTRL)
+
+# The verdict a host leader sends its neighbouring leaders when its communicator breaks:
+# closed on purpose, or broken by a failure (a crash sends nothing: the connection ends).
+LEADER_CLOSED_ORDERLY = b"\x01"
+LEADER_CLOSED_ABORT = b"\x02"
 
 _HELLO = struct.Struct("!4sBBQiiI")
 HELLO_SIZE = _HELLO.size + NONCE_BYTES

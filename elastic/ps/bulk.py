@@ -12,11 +12,9 @@ through HTTP/2 frames in Python-owned buffers. Here the client sends straight fr
 gradient arrays and receives straight into the result arrays, and the shard receives
 into its staging buffer and sends from the parameter arrays.
 
-Connections are authenticated both ways by challenge/response with the job secret
-(``rendezvous.auth``; like ring peers) before any request is read:
-
-    client: MAGIC, client nonce        shard: shard nonce, HMAC(secret, "shard" + client nonce)
-    client: HMAC(secret, "client" + shard nonce)
+Connections are authenticated both ways with the job secret before any request is read,
+by the handshake every worker channel uses (``elastic.netio``; the ring's too): the
+client's opening is ``MAGIC`` + its nonce, and ``HANDSHAKE`` holds this channel's labels.
 
 Then requests, one at a time per connection: 4-byte length + JSON header (a ``Part``),
 and for ``put`` the part's bytes; the reply is 4-byte length + JSON, and for ``get``
@@ -30,8 +28,11 @@ import json
 import socket
 import struct
 
-MAGIC = b"EPSBULK1"
-SHARD_ROLE, CLIENT_ROLE = b"ps-bulk-shard", b"ps-bulk-client"
+from elastic.netio import NONCE_BYTES, HandshakeLabels, recv_exact
+
+MAGIC = b"EPSBULK2"  # 2: the proofs bind the whole opening (elastic.netio)
+HANDSHAKE = HandshakeLabels(server=b"ps-bulk-shard\x00", client=b"ps-bulk-client\x00")
+OPENING_SIZE = len(MAGIC) + NONCE_BYTES
 _LEN = struct.Struct("!I")
 _MAX_HEADER = 1 << 20
 # A connection idle this long is closed by the shard (a client that vanished without
@@ -40,29 +41,24 @@ SERVER_IDLE = 600.0
 CLIENT_IDLE = 300.0
 
 
-def recv_into(sock: socket.socket, view: memoryview) -> None:
-    view = view.cast("B")
-    got = 0
-    while got < view.nbytes:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("connection closed by peer")
-        got += n
-
-
-def recv(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    recv_into(sock, memoryview(buf))
-    return bytes(buf)
-
-
 def send_json(sock: socket.socket, obj: dict) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
 def recv_json(sock: socket.socket) -> dict:
-    (n,) = _LEN.unpack(recv(sock, _LEN.size))
+    (n,) = _LEN.unpack(recv_exact(sock, _LEN.size))
     if n > _MAX_HEADER:
         raise ConnectionError(f"header of {n} bytes")
-    return json.loads(recv(sock, n))
+    return json.loads(recv_exact(sock, n))
+
+
+__all__ = [
+    "CLIENT_IDLE",
+    "HANDSHAKE",
+    "MAGIC",
+    "OPENING_SIZE",
+    "SERVER_IDLE",
+    "recv_json",
+    "send_json",
+]

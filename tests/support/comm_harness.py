@@ -1,7 +1,9 @@
 """Real worker processes for the communicator tests (see ``tests/support/comm_worker.py``).
 
-``Workers`` spawns them, forms rounds, and always reaps every process it started (kill
-and wait), even when a test fails half-way. Every wait has a deadline.
+``Workers`` spawns them, here or on a test host (``tests/support/netns_hosts.py``: the
+worker then listens on the host's address), forms rounds, and always reaps every
+process it started (kill and wait), even when a test fails half-way. Every wait has a
+deadline.
 """
 
 from __future__ import annotations
@@ -19,21 +21,30 @@ import time
 import pytest
 
 from rendezvous.auth import make_secret
+from tests.support.netns_hosts import NetnsHost
 from tests.support.paths import ROOT
 
 
 class Worker:
-    def __init__(self, secret: str):
+    """One worker process, here or on ``host``. ``pid`` is the worker's own id as seen
+    from here (on a host, ``proc`` is the ``nsenter`` that started it): signals and
+    kills go to it."""
+
+    def __init__(self, secret: str, host: NetnsHost | None = None):
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.comm_worker", "--secret", secret],
-            cwd=str(ROOT),
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.pid = self.proc.pid
+        argv = [sys.executable, "-m", "tests.support.comm_worker", "--secret", secret]
+        pipe = subprocess.PIPE
+        if host is None:
+            self.proc = subprocess.Popen(
+                argv, cwd=str(ROOT), env=env, stdin=pipe, stdout=pipe, stderr=pipe
+            )
+            self.pid = self.proc.pid
+        else:
+            self.proc = host.popen(
+                [*argv, "--bind", host.address], env=env, stdin=pipe, stdout=pipe, stderr=pipe
+            )
+            self.pid = host.process_of(self.proc)
+        self.host = host
         # All three are pipes (above).
         assert self.proc.stdin and self.proc.stdout and self.proc.stderr
         self._stdin, self._stdout, self._stderr = (
@@ -134,7 +145,8 @@ class Worker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
         if self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)  # the worker itself, not its nsenter
             self.proc.wait(10)
         for f in (self._stdout, self._stderr, self._stdin):
             with contextlib.suppress(OSError, ValueError):
@@ -148,8 +160,9 @@ class Workers:
         self.secret = make_secret()
         self.all: list[Worker] = []
 
-    def spawn(self, n: int) -> list[Worker]:
-        new = [Worker(self.secret) for _ in range(n)]
+    def spawn(self, n: int, host: NetnsHost | None = None) -> list[Worker]:
+        """``n`` new workers, here or on ``host``, once each is listening."""
+        new = [Worker(self.secret, host) for _ in range(n)]
         self.all += new
         for w in new:
             w.address = w.expect("listening", timeout=60)["address"]

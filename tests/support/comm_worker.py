@@ -1,14 +1,16 @@
 """A ring worker process for the tests, driven by JSON lines on stdin; it answers with
 JSON lines ("events") on stdout.
 
-    python -m tests.support.comm_worker --secret S
+    python -m tests.support.comm_worker --secret S [--bind ADDRESS]
 
-On start it opens a RingListener and prints {"event": "listening", "address", "pid"}.
+On start it opens a RingListener on ADDRESS (default loopback) and prints {"event": "listening", "address", "pid"}.
 Commands ({"cmd": ...}):
     form        round, rank, addresses, settings -> "formed" {transport} | "error"
     battery     seed, big -> "battery" {checks} | "error"
-    loop        nbytes: allreduce until one raises -> "looping" after the first call,
-                then "raised" {t, type, msg, calls, next_type, next_s}
+    loop        nbytes, close_after (optional, s): allreduce until one raises (another
+                thread closes the communicator close_after seconds after the first call)
+                -> "looping" after the first call, then "raised" {t, type, msg, calls,
+                next_type, next_s}
     allreduce   value, busy_s (pure-Python busy work first) -> "result" {sum} | "raised"
     close_blocked  allreduce that no peer joins; another thread closes the communicator
                 once the call is running -> "raised" {t, type, msg, close_to_raise_s}
@@ -55,8 +57,9 @@ def describe(e: BaseException) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--secret", required=True)
+    ap.add_argument("--bind", default="127.0.0.1")
     args = ap.parse_args()
-    listener = RingListener("127.0.0.1", secret=args.secret)
+    listener = RingListener(args.bind, secret=args.secret)
     emit("listening", address=listener.address, pid=__import__("os").getpid())
     comm: RingCommunicator | None = None
     failures = []
@@ -94,6 +97,10 @@ def main() -> None:
                         calls += 1
                         if calls == 1:
                             emit("looping")
+                            if msg.get("close_after") is not None:
+                                threading.Timer(
+                                    msg["close_after"], comm.close, args=("closed mid-loop",)
+                                ).start()
                 except Exception as e:  # noqa: BLE001 - reported to the test
                     info = describe(e)
                     t0 = time.perf_counter()

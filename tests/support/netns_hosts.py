@@ -202,6 +202,13 @@ class NetnsHost:
         kwargs.setdefault("env", {**os.environ, "PYTHONPATH": str(ROOT)})
         return subprocess.Popen(self.command(argv), **kwargs)
 
+    def process_of(self, proc: subprocess.Popen) -> int:
+        """The id (as seen from here) of the program a ``popen()`` started: the child of
+        its ``nsenter``, which is what a signal must reach."""
+        return _wait_for(
+            lambda: next(iter(_children(proc.pid)), None), 5.0, f"a process on host {self.name}"
+        )
+
     def run(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
         return subprocess.run(
             self.command(argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT

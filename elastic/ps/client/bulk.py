@@ -11,20 +11,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from elastic.ps.bulk import (
-    CLIENT_IDLE,
-    CLIENT_ROLE,
-    MAGIC,
-    SHARD_ROLE,
-    recv,
-    recv_into,
-    recv_json,
-    send_json,
-)
+from elastic.netio import client_handshake, make_nonce, recv_exact_into
+from elastic.ps.bulk import CLIENT_IDLE, HANDSHAKE, MAGIC, recv_json, send_json
 from elastic.ps.errors import PSTransferError
 from elastic.ps.protocol import GET, PUT, Part
-from rendezvous import auth
-from rendezvous.errors import RendezvousAuthError, RendezvousConnectionError, error_class
+from rendezvous.errors import RendezvousConnectionError, error_class
 from rendezvous.url import Endpoint
 
 
@@ -53,15 +44,14 @@ class BulkClient:
             raise RendezvousConnectionError(f"ps bulk port {self.address}: {exc}") from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = auth.make_nonce()
-            sock.sendall(MAGIC + nonce)
-            shard_nonce = recv(sock, auth.NONCE_BYTES)
-            proof = recv(sock, auth.RESPONSE_BYTES)
-            if not auth.check_challenge_response(self._secret, nonce, proof, SHARD_ROLE):
-                raise RendezvousAuthError(
-                    f"ps bulk port {self.address} does not know the job secret"
-                )
-            sock.sendall(auth.challenge_response(self._secret, shard_nonce, CLIENT_ROLE))
+            client_handshake(
+                sock,
+                self._secret,
+                MAGIC + make_nonce(),
+                HANDSHAKE,
+                deadline=time.monotonic() + self._timeout,
+                peer=f"ps bulk port {self.address}",
+            )
         except (OSError, ConnectionError) as exc:
             sock.close()
             raise RendezvousConnectionError(
@@ -106,7 +96,7 @@ class BulkClient:
                     cls = error_class(reply["error"]) or PSTransferError
                     raise cls(reply.get("message", ""))
                 for view in receive:
-                    recv_into(sock, view)
+                    recv_exact_into(sock, view)
             except (OSError, ConnectionError, ValueError) as exc:
                 self._drop(sock)
                 sock = None

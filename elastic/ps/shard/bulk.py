@@ -30,20 +30,12 @@ import socket
 import threading
 import time
 
-from elastic.ps.bulk import (
-    CLIENT_ROLE,
-    MAGIC,
-    SERVER_IDLE,
-    SHARD_ROLE,
-    recv_into,
-    recv_json,
-    send_json,
-)
+from elastic.netio import HandshakeRefused, recv_exact_into, server_handshake
+from elastic.ps.bulk import HANDSHAKE, MAGIC, OPENING_SIZE, SERVER_IDLE, recv_json, send_json
 from elastic.ps.errors import PSHeaderError, PSTransferError
 from elastic.ps.protocol import GET, PUT, Part
 from elastic.ps.settings import BulkLimits
 from elastic.ps.shard.staging import Staging
-from rendezvous import auth
 from rendezvous.errors import ElasticError
 from rendezvous.retry import Backoff
 from rendezvous.rpc import RateLimitedLog
@@ -193,39 +185,33 @@ class BulkServer:
 
     # ---------------------------------------------------------------- one connection
     def _handshake(self, conn: socket.socket) -> bool:
-        """Challenge and response with the client (``elastic.ps.bulk``) by the deadline.
+        """The client proves the job secret and the shard proves it back
+        (``elastic.ps.bulk``), by the deadline; False for a client that is not a bulk
+        client or does not know the secret.
 
         Raises:
             _Late: the deadline passed.
             OSError, ConnectionError: the connection broke or was pushed out."""
-        deadline = time.monotonic() + self._limits.handshake_timeout
-        if self._recv_by(conn, len(MAGIC), deadline) != MAGIC:
-            return False
-        self._began(conn)
-        client_nonce = self._recv_by(conn, auth.NONCE_BYTES, deadline)
-        nonce = auth.make_nonce()
-        conn.settimeout(max(deadline - time.monotonic(), 0.001))
-        conn.sendall(nonce + auth.challenge_response(self._secret, client_nonce, SHARD_ROLE))
-        answer = self._recv_by(conn, auth.RESPONSE_BYTES, deadline)
-        return auth.check_challenge_response(self._secret, nonce, answer, CLIENT_ROLE)
 
-    @staticmethod
-    def _recv_by(conn: socket.socket, n: int, deadline: float) -> bytes:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Late()
-            conn.settimeout(left)
-            try:
-                k = conn.recv_into(view[got:])
-            except socket.timeout:
-                raise _Late() from None
-            if k == 0:
-                raise ConnectionError("connection closed by peer")
-            got += k
-        return bytes(buf)
+        def bulk_opening(opening: bytes) -> None:
+            if not opening.startswith(MAGIC):
+                raise HandshakeRefused("not a ps bulk client")
+            self._began(conn)
+
+        try:
+            server_handshake(
+                conn,
+                self._secret,
+                HANDSHAKE,
+                OPENING_SIZE,
+                bulk_opening,
+                deadline=time.monotonic() + self._limits.handshake_timeout,
+            )
+        except HandshakeRefused:
+            return False
+        except TimeoutError:
+            raise _Late() from None
+        return True
 
     def _serve(self, conn: socket.socket) -> None:
         served = False
@@ -293,7 +279,7 @@ class BulkServer:
             send_json(conn, {"error": type(exc).__name__, "message": str(exc)})
             return True
         if part.op == PUT:
-            recv_into(conn, view)
+            recv_exact_into(conn, view)
             self._staging.upload_done(part)
             send_json(conn, {"ok": True})
         else:
@@ -308,7 +294,7 @@ class BulkServer:
         scratch = memoryview(bytearray(_DISCARD_CHUNK))
         while n > 0:
             k = min(n, _DISCARD_CHUNK)
-            recv_into(conn, scratch[:k])
+            recv_exact_into(conn, scratch[:k])
             n -= k
 
     def close(self) -> None:

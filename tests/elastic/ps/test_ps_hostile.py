@@ -16,7 +16,8 @@ import grpc
 import numpy as np
 import pytest
 
-from elastic.ps.bulk import CLIENT_ROLE, MAGIC, SHARD_ROLE, recv, recv_json, send_json
+from elastic.netio import client_handshake, make_nonce
+from elastic.ps.bulk import HANDSHAKE, MAGIC, recv_json, send_json
 from elastic.ps.client.link import ShardLink
 from elastic.ps.errors import PSConfigError, PSHeaderError, PSShapeError
 from elastic.ps.protocol import SERVICE, Hello
@@ -266,13 +267,7 @@ def test_malformed_bulk_requests_with_the_secret_allocate_nothing(embedded_serve
 
         def connect() -> socket.socket:
             sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-            nonce = auth.make_nonce()
-            sock.sendall(MAGIC + nonce)
-            shard_nonce = recv(sock, auth.NONCE_BYTES)
-            assert auth.check_challenge_response(
-                job.secret, nonce, recv(sock, auth.RESPONSE_BYTES), SHARD_ROLE
-            )
-            sock.sendall(auth.challenge_response(job.secret, shard_nonce, CLIENT_ROLE))
+            client_handshake(sock, job.secret, MAGIC + make_nonce(), HANDSHAKE)
             return sock
 
         with connect() as sock:  # absurd sizes in a well-formed header: an error reply
