@@ -135,11 +135,14 @@ class Step:
             yield next(self._batches), weight
 
     def _finish(self) -> None:
-        """Skip the micro-batches not taken, so the next step starts at its own, and let
-        go of the loader's iterator (a step the loop still names must not keep a
-        loader's worker processes alive)."""
+        """Skip the micro-batches not taken, so the next step starts at its own."""
         for _ in self:
             pass
+        self._release()
+
+    def _release(self) -> None:
+        """Let go of the loader's iterator: a step that the loop still names (in a frame
+        a traceback keeps, after a failure) must not keep a loader's workers alive."""
         self._batches = iter(())
 
 
@@ -289,18 +292,25 @@ class ElasticSampler(torch.utils.data.Sampler):
                 "the loader does not draw its batches from this sampler: "
                 "DataLoader(dataset, batch_sampler=sampler)"
             )
-        for plan in self._plan:
-            self.processed = plan.after
-            step = Step(plan, batches)
-            if optimizer is not None:
-                optimizer.backward_passes_per_step = max(1, len(step))
-            yield step
-            step._finish()
-        # Run the loader's iterator to its end (it has no batch left): a DataLoader
-        # with worker processes stops them there, not when the iterator is collected
-        # (which could be after the next epoch's workers were forked, or at exit).
-        for _ in batches:
-            raise RuntimeError("the loader yielded more batches than the sampler planned")
+        step: Step | None = None
+        try:
+            for plan in self._plan:
+                self.processed = plan.after
+                step = Step(plan, batches)
+                if optimizer is not None:
+                    optimizer.backward_passes_per_step = max(1, len(step))
+                yield step
+                step._finish()
+            # Run the loader's iterator to its end (it has no batch left): a DataLoader
+            # with worker processes stops them there, not when the iterator is collected
+            # (which could be after the next epoch's workers were forked, or at exit).
+            for _ in batches:
+                raise RuntimeError("the loader yielded more batches than the sampler planned")
+        finally:
+            # Also when the loop stopped early (a failure, a new round): the loader's
+            # iterator then goes with this generator, and its workers with it.
+            if step is not None:
+                step._release()
 
     # ---- iteration ----
     def _mine(self) -> np.ndarray:

@@ -147,6 +147,12 @@ def test_global_batch_steps_stop_the_loaders_workers_at_the_end_of_the_epoch():
     # The loop's last step is still named, and the loader's workers are gone: a next
     # epoch would not fork new ones beside them, nor would exit wait for them.
     assert multiprocessing.active_children() == []
+    # So too when the loop stops early (a failure, a new round), the step still named.
+    sampler.set_epoch(1)
+    for step in sampler.steps(loader):
+        assert multiprocessing.active_children()
+        break
+    assert step is not None and multiprocessing.active_children() == []
 
 
 def test_global_batch_sampler_errors():
