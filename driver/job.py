@@ -327,7 +327,7 @@ class Job:
             # Do not wait for its lease: the process is gone.
             self._services.delete_quietly(self.keys.worker(rec.worker_id))
         # An exit 0 after the worker's @elastic.run function returned: training is done.
-        trained = message.code == 0 and self._services.has_key(self.keys.finished(rec.worker_id))
+        returned = self._services.has_key(self.keys.finished(rec.worker_id))
         self.workers[rec.worker_id], (decisions, self.book) = policy.worker_exited(
             rec,
             message.code,
@@ -336,8 +336,15 @@ class Job:
             self._clock(),
             command=self.config.command,
             any_registered=self._any_registered(),
-            trained_to_end=trained,
+            trained_to_end=returned and message.code == 0,
         )
+        if returned and message.code != 0 and not self.book.done_slots:
+            # Its training returned, then it failed: a finish counts once its worker exits
+            # 0, so the job goes on as if it had not finished (relaunch, re-form, and the
+            # rules for workers failing at their end).
+            self._services.delete_quietly(self.keys.finished(rec.worker_id))
+            self._services.delete_quietly(self.keys.training_finished)
+            self.book = replace(self.book, training_done=False)
         self._apply(decisions)
 
     def _on_registry(self, message: msg.RegistryChanged) -> None:
