@@ -34,6 +34,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Callable
 
 from driver import decisions as dec
@@ -55,7 +56,7 @@ from rendezvous.auth import make_secret
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Plan, ProgressRecord, WorkerInfo
-from rendezvous.store import PUT, KeyValue, KVStore
+from rendezvous.store import PUT, Compare, KeyValue, KVStore, Put
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,16 @@ class Job:
 
     def _publish(self, decision: dec.Publish) -> None:
         plan = decision.plan
-        self._services.require_store().put(self.keys.round, plan.to_json())
+        published = self._services.require_store().txn(
+            # Only while no worker has recorded that its training returned: a round formed
+            # after that would hand newcomers a finished training (JobKeys.training_finished).
+            [Compare(self.keys.training_finished, "version", "==", 0)],
+            [Put(self.keys.round, plan.to_json())],
+        )
+        if not published.succeeded:
+            log.info("round %d not formed: the training has finished", plan.round_id)
+            self.book = replace(self.book, training_done=True)
+            return
         self.plan = plan
         self.book = self.book.new_round()
         self._processes.assign_ranks(plan)
@@ -354,7 +364,7 @@ class Job:
             # Do not wait for its lease: the process is gone.
             self._services.delete_quietly(self.keys.worker(rec.worker_id))
         # An exit 0 after the worker's @elastic.run function returned: training is done.
-        trained = message.code == 0 and self._services.has_key(self.keys.finished(rec.worker_id))
+        returned = self._services.has_key(self.keys.finished(rec.worker_id))
         self.workers[rec.worker_id], (decisions, self.book) = policy.worker_exited(
             rec,
             message.code,
@@ -363,8 +373,15 @@ class Job:
             self._clock(),
             command=self.config.command,
             any_registered=self._any_registered(),
-            trained_to_end=trained,
+            trained_to_end=returned and message.code == 0,
         )
+        if returned and message.code != 0 and not self.book.done_slots:
+            # Its training returned, then it failed: a finish counts once its worker exits
+            # 0, so the job goes on as if it had not finished (relaunch, re-form, and the
+            # rules for workers failing at their end).
+            self._services.delete_quietly(self.keys.finished(rec.worker_id))
+            self._services.delete_quietly(self.keys.training_finished)
+            self.book = replace(self.book, training_done=False)
         self._apply(decisions)
 
     def _on_registry(self, message: msg.RegistryChanged) -> None:

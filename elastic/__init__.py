@@ -8,6 +8,7 @@ This module only names the API; each part lives in its own module:
 - ``elastic.state``: ``State``, ``ObjectState``, ``NumpyState``;
 - ``elastic.loop``: ``@run``;
 - ``elastic.sampler``: ``ElasticSampler``;
+- ``elastic.average``: ``weighted_average``, the workers' means combined by sample count;
 - ``elastic.errors``: the exceptions;
 - ``elastic.ps``: ``elastic.ps.connect()``, the parameter-server client (cheap to import);
 - ``__version__``: the project's version (``rendezvous.version``).
@@ -16,6 +17,7 @@ This module only names the API; each part lives in its own module:
 from __future__ import annotations
 
 from elastic import ps
+from elastic.average import weighted_average
 from elastic.context import (
     allgather,
     allgather_object,
@@ -32,7 +34,13 @@ from elastic.context import (
     shutdown,
     size,
 )
-from elastic.errors import ElasticError, HostsUpdatedInterrupt, RendezvousError, WorkerLostError
+from elastic.errors import (
+    ElasticError,
+    HostsUpdatedInterrupt,
+    RendezvousError,
+    ReplacedStateWarning,
+    WorkerLostError,
+)
 from elastic.loop import run
 from elastic.sampler import ElasticSampler
 from elastic.state import NumpyState, ObjectState, State
@@ -63,6 +71,7 @@ __all__ = [
     "broadcast_object",
     "allgather_object",
     "barrier",
+    "weighted_average",
     "State",
     "ObjectState",
     "NumpyState",
@@ -71,6 +80,7 @@ __all__ = [
     "ElasticError",
     "HostsUpdatedInterrupt",
     "WorkerLostError",
+    "ReplacedStateWarning",
     "RendezvousError",
     "ps",
 ]

@@ -27,6 +27,13 @@ class WorkerExpelledError(RendezvousError):
     the process must end (a replacement has taken or will take its slot)."""
 
 
+class ReplacedStateWarning(UserWarning):
+    """An ``ObjectState`` holds an object that ``restore()`` and ``sync()`` replace with a
+    copy (a torch module, optimizer, scheduler, sampler, tensor: anything with
+    ``state_dict()``): references the training loop keeps to the original would go on
+    with a stale object. ``elastic.torch.TorchState`` loads such objects in place."""
+
+
 __all__ = [
     "ElasticError",
     "RendezvousError",
@@ -34,4 +41,5 @@ __all__ = [
     "WorkerLostError",
     "CommunicatorClosedError",
     "WorkerExpelledError",
+    "ReplacedStateWarning",
 ]

@@ -3,7 +3,10 @@
     sync(); fn(state)                       until it returns;
     on WorkerLostError:      restore the last commit, join the next round, sync, again;
     on HostsUpdatedInterrupt: join the next round, sync, again;
-    after every re-form:     the state's reset callbacks.
+    after every re-form:     the state's reset callbacks;
+    when fn returns:         record the finish in the store, unless a newer round that
+                             includes this worker formed first: then restore the last
+                             commit, join it, sync, again (its newcomers need the state).
 
 The function is called anew after each re-form, so objects built inside it (a sampler,
 an iterator) start from the synced state.
@@ -51,9 +54,13 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                 with active(state):
                     result = func(state, *args, **kwargs)
                 finished = context.current_runtime()
-                if finished is not None:
-                    finished.mark_finished()  # training is complete: no new round for it
-                return result
+                if finished is None or finished.mark_finished():
+                    return result  # training is complete: no new round for it
+                # A round formed as the function returned: its newcomers wait for the
+                # state. Join it from the last commit, as the others do, and run the
+                # function again from there (what it did after that commit, once more).
+                log.info("a new round formed as training ended; joining it")
+                state.restore()
             except HostsUpdatedInterrupt as exc:
                 skip_sync = exc.skip_sync
                 log.info("re-forming: %s", exc)

@@ -54,7 +54,7 @@ from rendezvous.errors import (
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo
 from rendezvous.retry import Backoff
-from rendezvous.store import PUT, KVStore, Lease, Watch
+from rendezvous.store import PUT, Compare, KVStore, Lease, Put, Watch
 from rendezvous.url import parse_store_url
 
 log = logging.getLogger(__name__)
@@ -490,18 +490,39 @@ class WorkerRuntime:
         except (RendezvousError, LeaseNotFoundError) as exc:
             log.debug("could not report: %s", exc)
 
-    def mark_finished(self) -> None:
-        """Say in the store that this worker's training function returned: its training
-        is complete (the driver then forms no new round: see ``driver.policy``). Written
-        without a lease, so it outlives the process; best effort, never raises."""
-        store = self._store
-        if store is None or self._closed.is_set():
-            return
-        record = json.dumps({"round": self.round_id, "commits": self.committed}).encode()
+    def mark_finished(self) -> bool:
+        """Say in the store that this worker's training function returned in its round:
+        the training is complete (the driver then forms no new round: see
+        ``driver.policy``). Written without a lease, so it outlives the process, and only
+        while the round key still holds this worker's round (one transaction; the driver
+        publishes only while no finish is recorded, ``JobKeys.training_finished``).
+
+        Returns True when the training may end here: the finish is recorded (or the
+        store cannot be reached: best effort). False when a newer round that includes
+        this worker was published first: its members wait for this worker, which must
+        join it with its last commit. Never raises."""
+        store, plan = self._store, self.plan
+        if store is None or plan is None or self._closed.is_set():
+            return True
+        me = self.settings.worker_id
+        record = json.dumps({"round": plan.round_id, "commits": self.committed}).encode()
         try:
-            store.put(self.keys.finished(self.settings.worker_id), record)
+            result = store.txn(
+                [Compare(self.keys.round, "value", "==", plan.to_json())],
+                [Put(self.keys.finished(me), record), Put(self.keys.training_finished, record)],
+            )
+            if result.succeeded:
+                return True
+            current = store.get(self.keys.round)
         except RendezvousError as exc:
             log.warning("could not say that this worker finished: %s", exc)
+            return True
+        newer = Plan.from_json(current.value) if current is not None else None
+        if newer is None or newer.member(me) is None:
+            return True  # a round without this worker: nobody waits for it
+        log.info("round %d formed as training ended here: joining it", newer.round_id)
+        self._note_plan(newer)  # join() need not wait for the watch to deliver it
+        return False
 
     def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""

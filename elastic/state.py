@@ -19,13 +19,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
 import elastic.context as context
-from elastic.errors import HostsUpdatedInterrupt
+from elastic.errors import HostsUpdatedInterrupt, ReplacedStateWarning
 
 #: a sampler's progress record and the (steps, indices consumed) of the steps taken since
 #: the last commit, which the next commit records in it (see ``elastic.sampler``)
@@ -164,11 +165,25 @@ _INTERNAL = (
     "_saved_commits",
     "_pending_progress",
     "_saved",
+    "_warned",
 )
 
 
+def replaced_behind_the_loop(value: Any) -> bool:
+    """Whether ``value`` is an object a training loop keeps references to, which
+    ``ObjectState`` would swap for a copy on restore and sync (pure): anything with
+    ``state_dict()`` and ``load_state_dict()`` (torch modules, optimizers, LR schedulers,
+    samplers, grad scalers), and any object of torch (a tensor, a parameter)."""
+    kind = type(value)
+    if kind.__module__ == "torch" or kind.__module__.startswith("torch."):
+        return True
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    )
+
+
 class ObjectState(State):
-    """State made of picklable attributes: ``ObjectState(epoch=0, model=...)``; read and
+    """State made of picklable attributes: ``ObjectState(epoch=0, history=[])``; read and
     assign them as ``state.epoch``. Synced with ``broadcast_object``. The world, if
     given, comes first and by position only, so every keyword stays an attribute."""
 
@@ -176,13 +191,34 @@ class ObjectState(State):
         super().__init__(world)
         self.__dict__.update(attrs)
         self._saved: dict[str, Any] = {}
+        self._warned: set[str] = set()
         self.save()
 
     def _values(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}
 
+    def _warn_of_replaced(self, values: dict) -> None:
+        """A ``ReplacedStateWarning`` (once per attribute) for each object that restore
+        and sync would replace behind the loop's back."""
+        for name, value in values.items():
+            if name not in self._warned and replaced_behind_the_loop(value):
+                self._warned.add(name)
+                kind = f"{type(value).__module__}.{type(value).__qualname__}"
+                warnings.warn(
+                    f"{type(self).__name__} attribute {name!r} holds a {kind}: restore() "
+                    "and sync() replace it with a copy, so the object your training loop "
+                    "holds (and anything built on it, e.g. an optimizer over a model's "
+                    "parameters) would go on training a stale replica. Use "
+                    f"elastic.torch.TorchState({name}=...), which restores and syncs it "
+                    "in place",
+                    ReplacedStateWarning,
+                    stacklevel=4,  # the user's line: its ObjectState(...) or commit()
+                )
+
     def save(self) -> None:
-        self._saved = copy.deepcopy(self._values())
+        values = self._values()
+        self._warn_of_replaced(values)
+        self._saved = copy.deepcopy(values)
 
     def restore(self) -> None:
         for name in list(self._values()):

@@ -76,6 +76,15 @@ class JobKeys:
         return f"{self.prefix}finished/{worker_id}"
 
     @property
+    def training_finished(self) -> str:
+        """Written with the first ``finished/<id>``, in a transaction that holds only while
+        the round key is still the finisher's round: the driver publishes a round only
+        while this key does not exist. So either the finisher's round stays the last one,
+        or the finisher sees the newer round and joins it (see ``elastic.loop``): a round
+        of newcomers is never handed a training that ended without them."""
+        return f"{self.prefix}training-finished"
+
+    @property
     def ps_checkpoint(self) -> str:
         """The newest complete ps checkpoint (JSON of ``rendezvous.plan.CheckpointRecord``);
         written by the coordinating shard, watched by the driver."""

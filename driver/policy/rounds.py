@@ -14,7 +14,9 @@ The rules:
 * Training done: once a member exits 0 after its ``@elastic.run`` function returned (it
   says so in the store: ``JobKeys.finished``), no round forms again: the others finish
   as they are, whatever the time they take (a re-formed round at the end would hand a
-  finished job to a new world).
+  finished job to a new world). The store enforces it: a round is published only while
+  ``JobKeys.training_finished`` does not exist, and a worker records its finish only
+  while the round key is still its round (else it joins the newer round).
 * Finish grace: after a member exits 0 without saying so, no round for ``FINISH_GRACE`` (the others are
   most likely finishing too).
 * Join batch window: a bigger round waits while workers launched less than

@@ -58,6 +58,24 @@ class _Distributed:
             )
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
 
+    @property
+    def backward_passes_per_step(self) -> int:
+        """Backward passes accumulated before each ``step()``; settable between steps
+        (e.g. to a global batch's micro-batches in this step, so that buckets leave
+        during the last backward pass).
+
+        Raises ValueError below 1, RuntimeError when set within a step."""
+        return self._elastic_reducer.passes
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes: int) -> None:
+        self._elastic_reducer.set_passes(passes)
+
+    @property
+    def gradient_op(self) -> str:
+        """How gradients combine over the world: "average" or "sum"."""
+        return self._elastic_reducer.op
+
     def reset_step(self) -> None:
         """Drop the step in flight (after a failure cut it short, or to skip a step on
         every rank); ``TorchState`` calls it on restore and sync."""
@@ -140,8 +158,7 @@ def DistributedOptimizer(
     (default 25 MiB).
 
     Raises TypeError when ``optimizer`` is not a torch optimizer or is already
-    distributed, ValueError for bad options.
-    options or an optimizer that is already distributed."""
+    distributed, ValueError for bad options."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, _Distributed):

@@ -145,6 +145,21 @@ class GradientReducer:
     def synchronized(self) -> bool:
         return self._synced
 
+    def set_passes(self, passes: int) -> None:
+        """Accumulate ``passes`` backward passes per step from the next step on (a
+        global batch's step may have fewer micro-batches than the last).
+
+        Raises ValueError below 1, RuntimeError within a step."""
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, not {passes}")
+        with self._lock:
+            if self.in_step:
+                raise RuntimeError(
+                    "backward_passes_per_step changed within a step; set it before its "
+                    "first backward()"
+                )
+            self.passes = int(passes)
+
     def _on_grad(self, index: int, param: torch.Tensor) -> None:
         now = self._clock()
         with self._lock:

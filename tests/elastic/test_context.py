@@ -4,6 +4,7 @@ the worker settings read from an elastic-run environment."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -178,3 +179,34 @@ def test_worker_settings_read_the_progress_interval():
     assert WorkerSettings.from_env(environ).progress_interval == 2.5
     with pytest.raises(RendezvousConfigError, match=env.ENV_PROGRESS_INTERVAL):
         WorkerSettings.from_env({**ELASTIC_RUN_ENV, env.ENV_PROGRESS_INTERVAL: "soon"})
+
+
+class Stateful:
+    """An object a loop keeps, with a state dict (as a torch module or optimizer)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_object_state_warns_of_objects_it_would_replace_behind_the_loop():
+    with pytest.warns(elastic.ReplacedStateWarning) as caught:
+        state = ObjectState(ScriptedWorld(1), epoch=0, model=Stateful())
+    (warning,) = caught
+    text = str(warning.message)
+    assert "'model'" in text and "Stateful" in text and "TorchState(model=...)" in text
+    assert warning.filename == __file__  # points at the user's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state.commit()  # once per attribute
+        state.history = [1, 2]  # plain values: copies are harmless
+        state.w = np.zeros(3)
+        state.commit()
+    state.optimizer = Stateful()  # assigned later: seen at the next commit
+    with pytest.warns(elastic.ReplacedStateWarning, match="'optimizer'"):
+        state.commit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NumpyState(ScriptedWorld(1), w=np.zeros(2), epoch=0, names=["a"])

@@ -13,11 +13,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
 
 from elastic.torch import TorchState
 from elastic.torch._staging import HostStaging, from_transfer, transfer_view
 from elastic.torch.buckets import ParamSpec, plan_buckets
-from elastic.torch.sampler import ElasticSampler, progress_after, rank_positions
+from elastic.torch.sampler import (
+    ElasticSampler,
+    plan_steps,
+    progress_after,
+    rank_positions,
+)
 from tests.support.jobs import ROOT
 
 
@@ -73,6 +79,165 @@ def test_sampler_shares_cover_the_rest_once_with_equal_steps(remaining, size, ba
         for s in shares:
             chunk = s[i * batch : (i + 1) * batch]
             assert all(lo <= p < hi for p in chunk.tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 200),
+    processed=st.integers(0, 200),
+    batch=st.integers(1, 40),
+    size=st.integers(1, 8),
+    micro=st.one_of(st.none(), st.integers(1, 16)),
+)
+def test_global_batch_plan_covers_the_rest_once_with_weights_adding_to_one(
+    n, processed, batch, size, micro
+):
+    processed = min(processed, n)
+    plans = [plan_steps(processed, n, batch, r, size, micro) for r in range(size)]
+    assert {len(p) for p in plans} == {-(-(n - processed) // batch)}  # steps: not the world's
+    before = processed
+    for steps in zip(*plans):
+        samples = steps[0].samples
+        assert {(s.after, s.samples) for s in steps} == {(before + samples, samples)}
+        assert steps[0].samples == min(batch, n - before)  # the global batch, or what is left
+        assert sum(sum(s.weights) for s in steps) == pytest.approx(1.0)
+        taken = sorted(i for s in steps for lo, hi in s.pieces for i in range(lo, hi))
+        assert taken == list(range(before, steps[0].after))
+        assert all(0 < hi - lo <= (micro or batch) for s in steps for lo, hi in s.pieces)
+        before = steps[0].after
+
+
+def test_global_batch_steps_group_the_loaders_micro_batches():
+    import elastic
+
+    elastic.init()  # a world of one
+    data = TensorDataset(torch.arange(23.0))
+    sampler = ElasticSampler(data, shuffle=False, global_batch_size=5, max_micro_batch=2)
+    assert len(sampler) == 14  # 4 steps of 3 micro-batches, and 3 samples in 2
+    seen, progress = [], []
+    for number, step in enumerate(sampler.steps(DataLoader(data, batch_sampler=sampler))):
+        progress.append(sampler.processed)  # counted when handed out
+        if number == 1:
+            continue  # a step left unread: the next one still starts at its own samples
+        seen.append([(batch[0].tolist(), weight) for batch, weight in step])
+        assert step.weight == 1.0 and step.samples == step.step_samples
+    assert progress == [5, 10, 15, 20, 23]
+    assert seen[0] == [([0.0, 1.0], 0.4), ([2.0, 3.0], 0.4), ([4.0], 0.2)]
+    assert seen[1][0] == ([10.0, 11.0], 0.4)
+    assert [[w for _, w in step] for step in seen[-1:]] == [[2 / 3, 1 / 3]]
+    assert [list(map(int, b)) for step in sampler.steps() for b, _ in step] == []  # epoch done
+    sampler.set_epoch(1)
+    assert [b for step in sampler.steps() for b, _ in step][:1] == [[0, 1]]  # index lists
+
+
+def test_global_batch_steps_stop_the_loaders_workers_at_the_end_of_the_epoch():
+    import multiprocessing
+
+    import elastic
+
+    elastic.init()  # a world of one
+    data = TensorDataset(torch.arange(10.0))
+    sampler = ElasticSampler(data, shuffle=False, global_batch_size=4, max_micro_batch=2)
+    loader = DataLoader(data, batch_sampler=sampler, num_workers=2)
+    seen = []
+    for step in sampler.steps(loader):
+        seen += [float(x) for (batch,), _ in step for x in batch]
+        assert multiprocessing.active_children()  # the loader's workers
+    assert step is not None and seen == [float(i) for i in range(10)]
+    # The loop's last step is still named, and the loader's workers are gone: a next
+    # epoch would not fork new ones beside them, nor would exit wait for them.
+    assert multiprocessing.active_children() == []
+    # So too when the loop stops early (a failure, a new round), the step still named.
+    sampler.set_epoch(1)
+    for step in sampler.steps(loader):
+        assert len(step) == 2 and multiprocessing.active_children()
+        break
+    assert step is not None and multiprocessing.active_children() == []
+
+
+def test_global_batch_sampler_errors():
+    data = range(10)
+    with pytest.raises(ValueError, match="not both"):
+        ElasticSampler(data, batch_size=2, global_batch_size=4)
+    with pytest.raises(ValueError, match="needs global_batch_size"):
+        ElasticSampler(data, max_micro_batch=2)
+    with pytest.raises(ValueError, match="global_batch_size must be >= 1"):
+        ElasticSampler(data, global_batch_size=0)
+    with pytest.raises(ValueError, match="steps\\(\\) needs"):
+        next(ElasticSampler(data).steps())
+    sampler = ElasticSampler(data, global_batch_size=4)
+    with pytest.raises(ValueError, match="steps\\(\\) records"):
+        sampler.record_batch(0, 4)
+    with pytest.raises(ValueError, match="batch_sampler=sampler"):
+        next(sampler.steps(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4)))
+
+
+def test_steps_set_the_optimizers_passes_and_want_a_sum():
+    import elastic
+    from elastic.torch import DistributedOptimizer
+
+    elastic.init()
+    data = TensorDataset(torch.arange(7.0, dtype=torch.float64).unsqueeze(1))
+
+    def optimizer(model, op):
+        return DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters(), op=op
+        )
+
+    sampler = ElasticSampler(data, shuffle=False, global_batch_size=5, max_micro_batch=2)
+    averaging = optimizer(torch.nn.Linear(1, 1), "average")
+    with pytest.raises(ValueError, match='op="sum"'):
+        next(sampler.steps(DataLoader(data, batch_sampler=sampler), averaging))
+    model = torch.nn.Linear(1, 1, bias=False).double()
+    opt = optimizer(model, "sum")
+    passes, grads = [], []
+    for step in sampler.steps(DataLoader(data, batch_sampler=sampler), opt):
+        passes.append(opt.backward_passes_per_step)
+        opt.zero_grad()
+        for (x,), weight in step:
+            (weight * model(x).mean()).backward()  # d/dw of the mean of w*x: the mean x
+        opt.step()
+        grads.append(float(model.weight.grad))  # type: ignore[arg-type]
+    assert passes == [3, 1]  # 5 samples in 3 micro-batches, then 2 in 1
+    assert grads == pytest.approx([2.0, 5.5])  # the mean x of each step: one process's
+
+
+def test_backward_passes_per_step_is_set_between_steps():
+    import elastic
+    from elastic.torch import DistributedOptimizer
+
+    elastic.init()
+    model = torch.nn.Linear(2, 1)
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    opt.backward_passes_per_step = 2
+    for _ in range(2):
+        model(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(RuntimeError, match="within a step"):
+        opt.backward_passes_per_step = 1
+    opt.step()
+    opt.backward_passes_per_step = 1
+    assert opt.backward_passes_per_step == 1
+    with pytest.raises(ValueError, match=">= 1"):
+        opt.backward_passes_per_step = 0
+
+
+def test_object_state_warns_of_torch_objects_and_torch_state_does_not():
+    import warnings
+
+    import elastic
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(elastic.ReplacedStateWarning) as caught:
+        elastic.ObjectState(model=model, optimizer=opt, scale=torch.ones(1), epoch=0)
+    named = sorted(str(w.message).split("'")[1] for w in caught)
+    assert named == ["model", "optimizer", "scale"]
+    assert all("elastic.torch.TorchState" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TorchState(model=model, optimizer=opt, epoch=0).commit()
 
 
 def test_sampler_progress_rides_through_state_dict():
