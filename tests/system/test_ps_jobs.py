@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import WORKLOADS, ElasticRun
+from tests.support.jobs import ROOT, WORKLOADS, ElasticRun
 
 PS_LINEAR = WORKLOADS / "ps_linear.py"
+PS_EXAMPLE = ROOT / "examples" / "train_ps_digits.py"
 
 
 def ps_results(out: Path) -> list[dict]:
@@ -101,3 +102,18 @@ def test_new_job_resumes_from_the_checkpoint_dir(tmp_path):
         assert run.wait(timeout=100) == 0, run.stderr_tail()
     results = check_converged(second, 300)
     assert all(r["first_step"] >= saved for r in results), (saved, results)
+
+
+@pytest.mark.timeout(120)
+def test_the_ps_example_trains_the_digits_through_a_killed_worker(tmp_path):
+    """The README's ps example as a user runs it (2 workers, 2 shards, sync): a worker
+    SIGKILLed mid-run is replaced, and the model still reaches its accuracy target
+    (the example exits 1 below it)."""
+    args = ["-np", "2", "--num-ps", "2", "--ps-mode", "sync", "python", str(PS_EXAMPLE)]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("round_formed")  # training has begun
+        run.kill_member(1)
+        assert run.wait(timeout=100) == 0, run.stderr_tail()
+        assert len(run.events("round_formed")) >= 2
+    done = [line for line in (tmp_path / "stdout.log").read_text().splitlines() if "done:" in line]
+    assert done and "test accuracy" in done[0], done
