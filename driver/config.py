@@ -81,6 +81,7 @@ class JobConfig:
     events_file: str | None
     verbosity: int
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
+    standby: bool = False  # wait while another driver leads the job, then take it over
 
     @property
     def uses_discovery(self) -> bool:
@@ -241,6 +242,12 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
                 f"{flag} needs --num-ps N (N >= 1): without shards it would do nothing"
             )
 
+    if args.standby and (args.job_id is None or rendezvous.scheme != "etcd"):
+        raise UsageError(
+            "--standby needs --rendezvous etcd://... and the --job-id of the job to stand "
+            "by for (with the embedded store the driver is the store: nothing outlives it)"
+        )
+
     if args.chaos_max_kills is not None and args.chaos_kill_interval is None:
         raise UsageError("--chaos-max-kills needs --chaos-kill-interval (chaos is off without it)")
 
@@ -272,4 +279,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         events_file=args.events_file,
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
+        standby=args.standby,
     )

@@ -107,7 +107,9 @@ examples:
 
 exit status: 0 when every worker of the final round exited 0; otherwise non-zero with a
 one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts,
-a program that cannot start, a job id that a live job holds)."""
+a program that cannot start, a job id that a live job holds); 3 when another driver
+took the job over (this one steers nothing more and leaves the workers to it); 0 for
+a --standby whose job ended under its leader."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,7 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--job-id",
         metavar="ID",
         help="names the job's keys in the store; letters, digits, '_', '.', '-'; "
-        "an id a live job holds is refused (default: a fresh random id)",
+        "an id a live driver leads is refused; with etcd, an id whose workers run "
+        "without a live driver is adopted: this driver leads them (default: a fresh "
+        "random id)",
+    )
+    store.add_argument(
+        "--standby",
+        action="store_true",
+        help="(etcd, with --job-id) while another driver leads the job, wait as its "
+        "standby and take the job over when that driver is gone (its workers keep "
+        "running); with no leader, lead at once. With the embedded store the driver is "
+        "the store: its death ends the job, so long jobs should use etcd",
     )
 
     store.add_argument(

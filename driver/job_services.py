@@ -33,14 +33,15 @@ from driver.errors import JobFailed
 from driver.hosts import HostSlots
 from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE
+from driver.leadership import ClaimAction, describe_leader
 from driver.ps_supervisor import PSSupervisor
 from driver.threads import spawn
 from driver.wiring import driver_address, job_env, open_job_store, quick_store, shard_commands
 from rendezvous.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import PSConfigRecord
-from rendezvous.store import KVStore
+from rendezvous.plan import DriverRecord, PSConfigRecord
+from rendezvous.store import Delete, KeyValue, KVStore, Put
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class JobServices:
         self._stop = stop
         self._signalled: list[int] = []  # SIGINT/SIGTERM received (``interrupt``)
         self._wake = threading.Event()  # a signal, or the ps shards' start is over
+        self._interrupted = threading.Event()  # SIGINT/SIGTERM: a standby stops waiting
         self._server: EmbeddedServer | None = None
         self._claim: DriverClaim | None = None
         self._probe: KVStore | None = None  # the store's health probe's own client
@@ -83,6 +85,7 @@ class JobServices:
         self.store: KVStore | None = None
         self.store_url = ""
         self.advertised_host = "127.0.0.1"  # how the hosts reach the driver (set by open)
+        self.snapshot: list[KeyValue] = []  # the job's keys when an adopting driver took over
 
     def open(self, hosts: Sequence[HostSlots]) -> None:
         """Open the store, claim the job id, say ``job_started``, publish the ps config
@@ -100,26 +103,69 @@ class JobServices:
             cfg, self._secret, self._all_local, self.advertised_host
         )
         self.store = store
-        # Refused (JobIdInUseError) while another driver leads a job of this id.
-        self._claim = DriverClaim.take(
-            store, self._keys, new_record(), on_taken=lambda reason: self._post(msg.Fatal(reason))
+        # Refused (JobIdInUseError) while another driver leads a job of this id, unless
+        # a standby: then it waits here until that driver is gone.
+        self._claim = claim = DriverClaim.take(
+            store,
+            self._keys,
+            new_record,
+            on_taken=lambda reason: self._post(msg.LeadLost(reason)),
+            standby=cfg.standby,
+            stop=self._interrupted,
+            on_wait=self._standing_by,
         )
         # First in the run's events (right after the store, whose URL it names): several
         # runs may append to one events file, and this line is where each begins.
         command = list(cfg.command)
         started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
         self._events.emit(started)
-        # Before any worker starts: a ps client of a job without shards fails at once.
-        store.put(self._keys.ps_config, PSConfigRecord(cfg.num_ps, cfg.ps_mode).to_json())
+        if claim.taken.action is ClaimAction.ADOPT:
+            # What the job is now, read once; the feeds follow every change after it.
+            self.snapshot, revision = store.get_prefix(self._keys.prefix)
+        else:
+            # Before any worker starts: a ps client of a job without shards fails at once.
+            ps_config = PSConfigRecord(cfg.num_ps, cfg.ps_mode).to_json()
+            revision = self.steer([Put(self._keys.ps_config, ps_config)])
         feeds.follow_workers_and_failures(
-            store, self._keys, self._post, self._stop, cfg.elastic_timeout, self._clock
+            store,
+            self._keys,
+            self._post,
+            self._stop,
+            cfg.elastic_timeout,
+            self._clock,
+            revision=revision,
         )
         self._probe = quick_store(self.store_url, self._secret)
         feeds.probe_store(self._probe, self._events.emit, self._stop)
 
+    def _standing_by(self, leader: DriverRecord) -> None:
+        self._events.emit(ev.StandingBy(self._config.job_id, describe_leader(leader), leader.term))
+
+    @property
+    def claim(self) -> DriverClaim:
+        """The lead of the job (after ``open``).
+
+        Raises:
+            JobFailed: the store is not open.
+        """
+        if self._claim is None:
+            raise JobFailed("the rendezvous store is not open")
+        return self._claim
+
+    def steer(self, ops: Sequence[Put | Delete]) -> int:
+        """Write ``ops`` fenced on this driver's lead (``DriverClaim.steer``).
+
+        Raises:
+            LeadershipLost: another driver leads.
+            RendezvousError: the store cannot be used.
+        """
+        return self.claim.steer(ops)
+
     def interrupt(self, signum: int) -> None:
-        """SIGINT or SIGTERM came (thread-safe): a wait for the ps shards ends at once."""
+        """SIGINT or SIGTERM came (thread-safe): a wait for the ps shards, or a standby's
+        wait for its leader, ends at once."""
         self._signalled.append(signum)
+        self._interrupted.set()
         self._wake.set()
 
     def start_shards(self) -> None:
@@ -191,13 +237,14 @@ class JobServices:
         return self.store
 
     def delete_quietly(self, key: str) -> None:
-        """Delete ``key`` (a prefix when it ends in ``/``); a failure is only logged."""
+        """Delete ``key`` (a prefix when it ends in ``/``), fenced on the lead; a failure
+        of the store is only logged.
+
+        Raises:
+            LeadershipLost: another driver leads.
+        """
         try:
-            store = self.require_store()
-            if key.endswith("/"):
-                store.delete_prefix(key)
-            else:
-                store.delete(key)
+            self.steer([Delete(key, prefix=key.endswith("/"))])
         except RendezvousError as exc:
             log.debug("could not delete %s: %s", key, exc)
 
@@ -209,16 +256,22 @@ class JobServices:
             log.warning("could not read %s: %s", key, exc)
             return False
 
+    @property
+    def leads(self) -> bool:
+        """This driver leads the job (or never got to lead it): its end is the job's."""
+        return self._claim is None or self._claim.lost is None
+
     def stop(self) -> None:
-        """Stop the chaos and the ps shards (the workers are the caller's)."""
-        for component in (self.chaos, self._ps):
+        """Stop the chaos and the ps shards (the workers are the caller's); a driver that
+        lost the lead leaves the shards to the new leader."""
+        for component in (self.chaos, self._ps if self.leads else None):
             if component is not None:
                 component.stop()
 
     def close(self) -> None:
-        """Delete the job's keys and end the driver's lease (when this driver holds the
-        job id); close the store's clients and stop the embedded server."""
-        if self._claim is not None:
+        """Delete the job's keys and end the driver's lease (when this driver still
+        leads the job); close the store's clients and stop the embedded server."""
+        if self._claim is not None and self._claim.lost is None:
             self._release_claim(self._claim)
         for client in (self._probe, self.store):
             if client is not None:

@@ -115,6 +115,14 @@ class Fatal:
     reason: str
 
 
+@dataclass(frozen=True)
+class LeadLost:
+    """Another driver took the job over: ``reason`` names it (this one must stop
+    steering at once)."""
+
+    reason: str
+
+
 Message = Union[
     ProcessExited,
     RegistryChanged,
@@ -130,4 +138,5 @@ Message = Union[
     KillRequested,
     ChaosTick,
     Fatal,
+    LeadLost,
 ]

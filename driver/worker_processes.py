@@ -37,6 +37,15 @@ class WorkerProcesses:
         self._launched += 1
         return worker_id_for(host, slot, self._launched)
 
+    @property
+    def launched(self) -> int:
+        """How many worker ids were made (the sequence a successor goes on from)."""
+        return self._launched
+
+    def continue_ids_after(self, launched: int) -> None:
+        """Make ids after ``launched`` (a driver taking over goes on with the job's ids)."""
+        self._launched = max(self._launched, launched)
+
     def start(self, worker_id: str, spec: LaunchSpec) -> int:
         """Start the worker ``spec`` describes, and follow its exit. Returns its pid.
 

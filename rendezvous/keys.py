@@ -24,6 +24,19 @@ class JobKeys:
         return f"{self.prefix}driver"
 
     @property
+    def term(self) -> str:
+        """The newest leader term (a decimal number, no lease): it outlives the leader
+        record, so a successor takes the next term even after the leader's key lapsed.
+        Written with the leader record, in the transaction that takes the lead."""
+        return f"{self.prefix}term"
+
+    @property
+    def driver_state(self) -> str:
+        """What a successor needs of the leader's policy state (JSON of
+        ``rendezvous.plan.DriverStateRecord``); written by the leader only, fenced."""
+        return f"{self.prefix}driver-state"
+
+    @property
     def round(self) -> str:
         """The current plan (JSON of ``rendezvous.plan.Plan``); written by the driver only."""
         return f"{self.prefix}round"

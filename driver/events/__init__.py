@@ -46,11 +46,21 @@ from driver.events.hosts import (
     HostSlotsChanged,
     HostUnreachable,
 )
-from driver.events.job import JobDone, JobFailure, JobStarted, RoundFormed, Waiting
+from driver.events.job import (
+    JobDone,
+    JobFailure,
+    JobStarted,
+    LeadershipLostEvent,
+    Leading,
+    RoundFormed,
+    StandingBy,
+    Waiting,
+)
 from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
 from driver.events.workers import (
     ChaosKill,
     FailureReported,
+    WorkerAdopted,
     WorkerExited,
     WorkerFailed,
     WorkerStarted,
@@ -72,7 +82,10 @@ __all__ = [
     "KINDS",
     # job
     "JobStarted",
+    "Leading",
+    "LeadershipLostEvent",
     "RoundFormed",
+    "StandingBy",
     "Waiting",
     "JobDone",
     "JobFailure",
@@ -82,6 +95,7 @@ __all__ = [
     "StoreBack",
     # workers
     "WorkerStarted",
+    "WorkerAdopted",
     "WorkerExited",
     "WorkerFailed",
     "WorkerStopping",
