@@ -1,0 +1,111 @@
+"""Driver failover on a real etcd: a standby takes a running job over, and a driver that
+lost the lead changes nothing.
+
+Both drivers of a job get the same ``ELASTIC_JOB_SECRET``: the standby launches
+replacements that must handshake with the workers the first driver started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+
+from rendezvous import open_store
+from rendezvous.keys import JobKeys
+from rendezvous.plan import DriverRecord, Plan, ProgressRecord
+from tests.support.jobs import ElasticRun, check_exact_sum, exact_sum_command, wait_until
+
+SAMPLES, EPOCHS = 400, 20
+
+
+def _args(etcd_server, job_id: str, out, *extra: str) -> list[str]:
+    return [
+        "-np",
+        "2",
+        "--progress-interval",
+        "0.5",
+        "--rendezvous",
+        etcd_server.url,
+        "--job-id",
+        job_id,
+        *extra,
+        *exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(out / "pause")),
+    ]
+
+
+def _read(etcd_server, key: str) -> bytes | None:
+    with open_store(etcd_server.url) as store:
+        kv = store.get(key)
+        return kv.value if kv is not None else None
+
+
+def _kill_rank(etcd_server, keys: JobKeys, run: ElasticRun, rank: int) -> str:
+    """SIGKILL the worker of ``rank`` in the store's current plan (``run`` knows its
+    pid: it started or adopted it); its worker id."""
+    plan = Plan.from_json(_read(etcd_server, keys.round) or b"")
+    victim = plan.members[rank].worker_id
+    os.kill(run.worker_pids()[victim], signal.SIGKILL)
+    return victim
+
+
+@pytest.mark.timeout(150)
+def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server):
+    """SIGSTOP the leader; its standby takes over and forms a round when a worker is
+    SIGKILLed; SIGCONT the old leader: its fence fails, it exits 3 naming the new
+    leader and writes nothing; the job finishes exact under the new leader."""
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret).start()
+    new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
+    try:
+        old.wait_progress(10)
+        (out / "pause").touch()  # hold training: the takeover happens at a known step
+        new.start()
+        new.wait_event("standing_by", timeout=30)
+        assert old.proc is not None
+        os.kill(old.proc.pid, signal.SIGSTOP)
+        leading = new.wait_event("leading", timeout=30)
+        assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        assert str(old.proc.pid) in leading["previous"]
+        rounds_before = len(old.events("round_formed"))
+
+        victim = _kill_rank(etcd_server, keys, new, 1)
+        formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
+        plan = Plan.from_json(_read(etcd_server, keys.round) or b"")
+        assert plan.term == 2 and plan.round_id == formed["round"]
+        (out / "pause").unlink()
+        # Training goes on in the new round (its rank 0 publishes progress).
+        start = ProgressRecord.from_json(_read(etcd_server, keys.progress) or b"").step
+        wait_until(
+            lambda: (
+                ProgressRecord.from_json(_read(etcd_server, keys.progress) or b"").step
+                >= start + 20
+            ),
+            40,
+            "training in the new leader's round",
+        )
+
+        os.kill(old.proc.pid, signal.SIGCONT)
+        assert old.wait(timeout=30) == 3, old.stderr_tail()
+        last = old.stderr_tail(1)
+        assert "no longer leads" in last and f"pid {new.proc.pid}" in last, last  # type: ignore[union-attr]
+        assert old.events("leadership_lost")
+        assert len(old.events("round_formed")) == rounds_before  # it published nothing
+        leader = DriverRecord.from_json(_read(etcd_server, keys.driver) or b"")
+        assert leader.term == 2 and leader.pid == new.proc.pid  # type: ignore[union-attr]
+        assert Plan.from_json(_read(etcd_server, keys.round) or b"").term == 2
+
+        assert new.wait(timeout=90) == 0, new.stderr_tail()
+        assert not new.events("job_failed")
+    finally:
+        if old.proc is not None and old.proc.poll() is None:
+            os.kill(old.proc.pid, signal.SIGCONT)
+        new.stop()
+        old.stop()
+    check_exact_sum(out, SAMPLES, EPOCHS)
