@@ -1,0 +1,134 @@
+"""Driver failover time: SIGKILL of the leading ``elastic-run`` to its standby leading.
+
+A job runs on a real etcd (``tests.support.etcd_cluster``): a leader with ``-np N``
+workers in a first round (training held by a pause file, so the job never ends under
+the benchmark), and a standby (``--standby``, same ``--job-id`` and job secret) waiting
+on it. The benchmark SIGKILLs the leader's process (t0 = ``time.time()`` just before)
+and reads the standby's events:
+
+* ``leading_s`` (the figure): t0 to the standby's ``leading`` event, emitted once it
+  holds the lead (term + 1), has rebuilt the job's view from the store and adopted the
+  workers: the next message its loop handles can form a round;
+* ``vacant_to_leading_s``: the standby's own share of it (the leader key seen deleted
+  to ``leading``); the rest is the leader's lease running out in etcd;
+* ``first_round_s``: t0 to the standby's first ``round_formed``. Without per-host
+  agents the killed leader's workers end themselves as orphans, so this round is the
+  standby replacing them (worker start-up included), not a figure of the failover.
+
+The leader's lease is ``driver.claim.DRIVER_LEASE_TTL``, raised by etcd to its minimum
+(1.5 x the election timeout, rounded up to a second): a configuration per etcd timing,
+the tests' fast one (50/500 ms: 1 s leases) and etcd's default (100/1000 ms: 2 s).
+
+One JSON line per configuration on stdout:
+    {"bench": "failover", "workers", "etcd_timing_ms", "samples", "median_s", "p90_s",
+     "max_s", "leading_s": [...], "vacant_to_leading_s_median", "first_round_s_median",
+     "load_avg"[, "error"]}
+
+    python benchmarks/failover_bench.py [--samples 5] [--workers 2] [--timing fast default]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
+from tests.support.jobs import ElasticRun, exact_sum_command, pid_alive  # noqa: E402
+
+TIMINGS = {"fast": (50, 500), "default": (100, 1000)}
+DEADLINE = 60.0
+
+
+def one_failover(url: str, workers: int, workdir: Path) -> dict:
+    """One leader SIGKILLed under its standby; the sample's times (seconds)."""
+    job_id = f"b{uuid.uuid4().hex[:10]}"
+    out = workdir / "out"
+    out.mkdir(parents=True)
+    (out / "pause").touch()  # training held: the job outlives the sample
+    command = exact_sum_command(out, 400, 1000, "--pause-while", str(out / "pause"))
+    args = ["-np", str(workers), "--rendezvous", url, "--job-id", job_id, *command]
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    leader = ElasticRun(args, workdir / "leader", env=secret)
+    standby = ElasticRun(["--standby", *args], workdir / "standby", env=secret)
+    try:
+        leader.start()
+        leader.wait_event("round_formed", timeout=DEADLINE)
+        standby.start()
+        standby.wait_event("standing_by", timeout=DEADLINE)
+        assert leader.proc is not None
+        t0 = time.time()
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leading = standby.wait_event("leading", timeout=DEADLINE)
+        first = standby.wait_event("round_formed", timeout=DEADLINE)
+        return {
+            "leading_s": round(leading["t"] - t0, 3),
+            "vacant_to_leading_s": leading["seconds"],
+            "first_round_s": round(first["t"] - t0, 3),
+        }
+    finally:
+        standby.stop()
+        leader.stop()
+        for pid in {**leader.worker_pids(), **standby.worker_pids()}.values():
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+def configuration(timing: str, workers: int, samples: int, workdir: Path) -> dict:
+    line: dict = {"bench": "failover", "workers": workers, "etcd_timing_ms": TIMINGS[timing]}
+    runs: list[dict] = []
+    try:
+        with EtcdCluster(1, workdir / "etcd", timing_ms=TIMINGS[timing]) as cluster:
+            for i in range(samples):
+                runs.append(one_failover(cluster.url, workers, workdir / f"s{i}"))
+    except (AssertionError, RuntimeError, OSError) as exc:
+        line["error"] = str(exc).splitlines()[0][:300]
+    leading = sorted(r["leading_s"] for r in runs)
+    if leading:
+        line.update(
+            samples=len(leading),
+            median_s=round(statistics.median(leading), 3),
+            p90_s=leading[min(len(leading) - 1, int(0.9 * len(leading)))],
+            max_s=leading[-1],
+            leading_s=[r["leading_s"] for r in runs],
+            vacant_to_leading_s_median=round(
+                statistics.median(r["vacant_to_leading_s"] for r in runs), 3
+            ),
+            first_round_s_median=round(statistics.median(r["first_round_s"] for r in runs), 3),
+        )
+    line["load_avg"] = round(os.getloadavg()[0], 2)
+    return line
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2])
+    parser.add_argument("--timing", nargs="+", choices=sorted(TIMINGS), default=["fast", "default"])
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
+    try:
+        for timing in args.timing:
+            for workers in args.workers:
+                line = configuration(timing, workers, args.samples, workdir / f"{timing}-{workers}")
+                print(json.dumps(line), flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
