@@ -28,6 +28,7 @@ from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
 from driver.flags import (
+    DEFAULT_DRIVER_TIMEOUT,
     DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
     DEFAULT_PS_MODE,
@@ -81,6 +82,7 @@ class JobConfig:
     events_file: str | None
     verbosity: int
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
+    driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
 
     @property
     def uses_discovery(self) -> bool:
@@ -272,4 +274,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         events_file=args.events_file,
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
+        driver_timeout=args.driver_timeout,
     )

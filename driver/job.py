@@ -40,6 +40,7 @@ from driver import decisions as dec
 from driver import events as ev
 from driver import feeds, job_defaults, policy, workers
 from driver import messages as msg
+from driver.agents import AgentLauncher
 from driver.config import JobConfig
 from driver.discovery import HostDiscovery
 from driver.errors import DiscoveryError, JobFailed, LauncherError, LaunchError
@@ -48,7 +49,7 @@ from driver.job_services import JobServices
 from driver.launch.launchers import Launcher
 from driver.probe import probe
 from driver.threads import spawn
-from driver.wiring import runs_all_local, worker_bind_host, worker_spec
+from driver.wiring import job_env, runs_all_local, worker_bind_host, worker_spec
 from driver.worker_processes import WorkerProcesses
 from driver.workers import WorkerRecord
 from rendezvous.auth import make_secret
@@ -84,8 +85,9 @@ class Job:
         job_defaults.make_log_dir(config)
         if events is None:
             events = job_defaults.event_log(config)
+        self._agents: AgentLauncher | None = None
         if launcher is None:
-            launcher = job_defaults.launcher(config)
+            launcher = self._agents = job_defaults.agent_launcher(config)
         if discovery is None:
             discovery = job_defaults.discovery(config)
         self.config = config
@@ -171,6 +173,15 @@ class Job:
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
         self._services.open(hosts)
+        if self._agents is not None:
+            self._agents.attach(
+                self._services.require_store(),
+                agent_env=job_env(cfg, self.secret, self.store_url),
+                term=self._services.leader_term,
+                on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
+                stop=self._stop,
+                patience=cfg.elastic_timeout,
+            )
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
@@ -208,6 +219,8 @@ class Job:
         self._services.stop()
         running = [r.worker_id for r in self.workers.values() if r.state.running]
         self._processes.stop_all(running)
+        if self._agents is not None:
+            self._agents.close()
         self._services.close()
 
     # ------------------------------------------------------------------ decisions
@@ -375,6 +388,11 @@ class Job:
         )
         self._apply(decisions)
 
+    def _on_agent_lost(self, message: msg.AgentLost) -> None:
+        """A host whose agent stopped answering is lost, as a host that does not answer
+        a probe: its workers are dropped at once and the host blacklisted."""
+        self._on_probe_answered(msg.ProbeAnswered(message.host, False, message.detail))
+
     def _on_progress(self, message: msg.ProgressReported) -> None:
         try:
             record = ProgressRecord.from_json(message.value)
@@ -427,6 +445,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
     msg.RegistryResync: Job._on_registry_resync,
     msg.FailureReport: Job._on_failure_report,
     msg.ProbeAnswered: Job._on_probe_answered,
+    msg.AgentLost: Job._on_agent_lost,
     # Missed reports are hints superseded by process exits: nothing to catch up on.
     msg.FailureResync: lambda job, m: None,
     msg.HostsFound: lambda job, m: job._emit_host_events(job.hosts.update(m.hosts, job._clock())),

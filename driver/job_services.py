@@ -117,6 +117,11 @@ class JobServices:
         self._probe = quick_store(self.store_url, self._secret)
         feeds.probe_store(self._probe, self._events.emit, self._stop)
 
+    def leader_term(self) -> int:
+        """The term of this driver's leadership (the claim's record), stamped on what
+        it writes for the agents."""
+        return self._claim.record.term if self._claim is not None else 1
+
     def interrupt(self, signum: int) -> None:
         """SIGINT or SIGTERM came (thread-safe): a wait for the ps shards ends at once."""
         self._signalled.append(signum)
