@@ -44,7 +44,7 @@ from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Plan
 from rendezvous.retry import Backoff
-from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
+from rendezvous.store import PUT, Compare, Event, KeyValue, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
 
@@ -350,26 +350,36 @@ class Agent:
         )
         return record.to_json()
 
-    def _register(self) -> None:
-        """Write the agent's record under a fresh lease, kept alive by a thread.
+    def _register(self, again: bool = False) -> bool:
+        """Write the agent's record under a fresh lease, kept alive by a thread. A first
+        registration replaces whatever record is there (the starter wants this agent);
+        ``again`` (after the lease lapsed) only writes into an empty key: a record there
+        is a newer agent's, which this one must leave the host to. False then.
 
         Raises:
             RendezvousError: the store cannot be used.
         """
+        key = self._keys.agent(self.host)
         lease = self._store.grant_lease(self._lease_ttl)
-        self._store.put(self._keys.agent(self.host), self._record(), lease.id)
+        guard = [Compare(key, "create", "==", 0)] if again else []
+        if not self._store.txn(guard, [Put(key, self._record(), lease.id)]).succeeded:
+            lease.revoke()
+            return False
         self._lease = lease
         lease.keep_alive(on_lost=self._lease_lost, interval=max(self._lease_ttl / 3.0, 0.2))
+        return True
 
     def _lease_lost(self, exc: Exception) -> None:
         """The lease lapsed while the agent lives (the store was away): register again
         until it works or the agent ends. The driver has taken the host as lost by
-        then; it tells this agent what to do with its processes."""
+        then; it tells this agent what to do with its processes. If another agent of
+        this host registered meanwhile, this one stops."""
         log.warning("agent of %s: its lease was lost (%s); registering again", self.host, exc)
         backoff = Backoff(None, initial=0.2, cap=2.0, stop=self._done)
         while not self._done.is_set():
             try:
-                self._register()
+                if not self._register(again=True):
+                    self.request_shutdown("another agent of this host took over")
                 return
             except RendezvousError as err:
                 log.debug("agent of %s: registering again failed: %s", self.host, err)
