@@ -113,7 +113,7 @@ def test_the_jobs_end_shuts_down():
 
 
 def test_records_round_trip_and_reject_nonsense():
-    a = Assignment("w1", "shard", 2, ["python", "-m", "x"], 3, env={"A": "1"}, want="kill")
+    a = Assignment("w1", "shard", 2, ("python", "-m", "x"), 3, env={"A": "1"}, want="kill")
     assert Assignment.from_json(a.to_json()) == a and a.command == ("python", "-m", "x")
     with pytest.raises(ValueError, match="kind"):
         Assignment("w1", "daemon", 0, ("x",), 1)
