@@ -113,3 +113,82 @@ def test_the_driver_sigkilled_training_goes_on_then_agents_stop_after_driver_tim
             "the agents to stop their workers and exit",
         )
         assert not agents(etcd_server.url, job_id)
+
+
+def agent_pids(host) -> list[int]:
+    """The agents running on a test host (ids as seen from here)."""
+    found = []
+    for pid in host.pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"driver.agent" in argv:
+            found.append(pid)
+    return found
+
+
+def hosts_workload(out):
+    return exact_sum_command(out, SAMPLES, 12)
+
+
+@pytest.mark.timeout(120)
+def test_on_separate_hosts_an_agent_sigkilled_makes_its_host_lost(three_hosts, tmp_path):
+    """Agents over ssh (embedded store): the agent of one host SIGKILLed, the host's
+    workers are dropped at once, they end with it (orphaned), the job finishes exact."""
+    a, b, _ = three_hosts
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-H", f"{a.address}:2,{b.address}:2", "-np", "4", "--min-np", "2"]
+    args += ["--launcher", "ssh"]
+    with ElasticRun([*args, *hosts_workload(out)], tmp_path, env=three_hosts.env()) as run:
+        run.wait_progress(40)
+        (victim,) = agent_pids(b)
+        os.kill(victim, signal.SIGKILL)
+        lost = run.wait_event("host_unreachable", timeout=20)
+        assert lost["host"] == b.address and len(lost["workers"]) == 2
+        after = run.wait_event("round_formed", lambda e: e["size"] == 2, timeout=20)
+        assert not set(after["members"]) & set(lost["workers"])
+        wait_until(lambda: not b.pids(), 20, "the lost host's workers to end")
+        assert run.wait(timeout=80) == 0, run.stderr_tail()
+    check_exact_sum(out, SAMPLES, 12, final_size=2)
+
+
+@pytest.mark.timeout(150)
+def test_on_separate_hosts_workers_outlive_a_sigkilled_driver_then_stop(three_hosts, tmp_path):
+    """etcd on its own host; agents over ssh leave their ssh session. The driver
+    SIGKILLed: the committed step keeps advancing; no driver returns: after
+    --driver-timeout nothing of the job runs on any host."""
+    from tests.support.etcd_cluster import EtcdCluster
+
+    a, b, c = three_hosts
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    cluster = EtcdCluster(1, tmp_path / "etcd", hosts=[c]).start()
+    try:
+        args = ["-H", f"{a.address}:1,{b.address}:1", "-np", "2", "--launcher", "ssh"]
+        args += ["--rendezvous", cluster.url, "--job-id", job_id, "--driver-timeout", "4"]
+        args += ["--progress-interval", "0.5"]
+        command = exact_sum_command(out, SAMPLES, 400)
+        with ElasticRun([*args, *command], tmp_path, env=three_hosts.env()) as run:
+            run.wait_progress(40)
+            assert agent_pids(a) and agent_pids(b)
+            run.proc.send_signal(signal.SIGKILL)
+            run.wait(timeout=10)
+            at_kill = wait_until(lambda: committed(cluster.url, job_id), 10, "a progress record")
+            wait_until(
+                lambda: committed(cluster.url, job_id) >= at_kill + 100,
+                20,
+                "training to go on without the driver",
+            )
+            assert agent_pids(a) and agent_pids(b)
+            wait_until(
+                lambda: not a.pids() and not b.pids(),
+                40,
+                "every process of the job to end on its host",
+            )
+            assert not agents(cluster.url, job_id)
+    finally:
+        cluster.stop()
