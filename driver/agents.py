@@ -102,6 +102,7 @@ class AssignedProcess(WorkerProcess):
         self._code: int | None = None
         self.error = ""
         self.permanent = False
+        self._presumed = False  # the exit was presumed, not reported
         self._reported = threading.Condition()
 
     @property
@@ -117,12 +118,16 @@ class AssignedProcess(WorkerProcess):
             self._pid = pid
             self._reported.notify_all()
 
-    def ended(self, code: int, error: str = "", permanent: bool = False) -> None:
-        """Its exit (from the agent's report, or -SIGKILL when its agent was lost);
-        the first one counts."""
+    def ended(
+        self, code: int, error: str = "", permanent: bool = False, presumed: bool = False
+    ) -> None:
+        """Its exit: from the agent's report, or ``presumed`` (-SIGKILL when its agent
+        was lost: the process may still run on a host cut off, and is killed by its
+        agent when that agent hears from the store again). The first one counts."""
         with self._reported:
             if self._code is None:
                 self._code, self.error, self.permanent = code, error, permanent
+                self._presumed = presumed
             self._reported.notify_all()
 
     def wait_reported(self, timeout: float) -> bool:
@@ -145,7 +150,7 @@ class AssignedProcess(WorkerProcess):
             self._want(self.id, "stop")
 
     def kill(self) -> None:
-        if self._code is None:
+        if self._code is None or self._presumed:
             self._want(self.id, "kill")
 
     def stop(self, grace: float = STOP_GRACE) -> int | None:
@@ -394,7 +399,7 @@ class AgentLauncher(Launcher):
         detail = f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
         self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
         for handle in handles:
-            handle.ended(-signal.SIGKILL)
+            handle.ended(-signal.SIGKILL, presumed=True)
         spawn(f"agent-lost-{host}", agent.process.kill)
 
     def _status_event(self, event: Event) -> None:
