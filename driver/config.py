@@ -28,6 +28,7 @@ from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
 from driver.flags import (
+    DEFAULT_DRIVER_TIMEOUT,
     DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
     DEFAULT_PS_MODE,
@@ -82,6 +83,7 @@ class JobConfig:
     verbosity: int
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
     standby: bool = False  # wait while another driver leads the job, then take it over
+    driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
 
     @property
     def uses_discovery(self) -> bool:
@@ -280,4 +282,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
         standby=args.standby,
+        driver_timeout=args.driver_timeout,
     )

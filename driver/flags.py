@@ -28,6 +28,7 @@ DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
 DEFAULT_PROGRESS_INTERVAL = 10.0
+DEFAULT_DRIVER_TIMEOUT = 300.0
 PS_MODES = ("async", "sync")
 
 
@@ -104,6 +105,11 @@ examples:
   elastic-run --min-np 2 --max-np 16 --host-discovery-script ./discover_hosts.sh \\
       --rendezvous etcd://10.0.0.5:2379,10.0.0.6:2379 python train.py
       grows and shrinks between 2 and 16 workers as the script's host list changes
+
+the driver and the store: with the default embedded store the driver *is* the store,
+so its death ends the job (every worker stops). With --rendezvous etcd://... an agent
+on each host runs that host's workers and keeps them training if the driver dies, for
+--driver-timeout; use etcd for long jobs.
 
 exit status: 0 when every worker of the final round exited 0; otherwise non-zero with a
 one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts,
@@ -251,6 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="fail the job after waiting this long for --min-np "
         "workers once training started (default: %(default)s)",
+    )
+    fault.add_argument(
+        "--driver-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_DRIVER_TIMEOUT,
+        metavar="SEC",
+        help="with an etcd store the job outlives its driver: each host's agent keeps "
+        "its workers training this long with no driver, then stops them cleanly and "
+        "exits (with the embedded store the driver is the store: its death ends the "
+        "job) (default: %(default)s)",
     )
     fault.add_argument(
         "--start-timeout",

@@ -42,6 +42,7 @@ from driver import decisions as dec
 from driver import events as ev
 from driver import messages as msg
 from driver.adopted import EXIT_UNKNOWN, AdoptedProcesses
+from driver.agents import AgentLauncher
 from driver.config import JobConfig
 from driver.discovery import HostDiscovery, is_local_host
 from driver.errors import (
@@ -54,10 +55,11 @@ from driver.errors import (
 from driver.hosts import HostManager
 from driver.job_services import JobServices
 from driver.launch.launchers import Launcher
+from driver.launch.process import WorkerProcess
 from driver.leadership import ClaimAction, describe_leader, secret_id
 from driver.probe import probe
 from driver.threads import spawn
-from driver.wiring import runs_all_local, worker_bind_host, worker_spec
+from driver.wiring import job_env, runs_all_local, worker_bind_host, worker_spec
 from driver.worker_processes import WorkerProcesses
 from driver.workers import WorkerRecord
 from rendezvous.auth import make_secret, secret_from_env
@@ -97,8 +99,9 @@ class Job:
         job_defaults.make_log_dir(config)
         if events is None:
             events = job_defaults.event_log(config)
+        self._agents: AgentLauncher | None = None
         if launcher is None:
-            launcher = job_defaults.launcher(config)
+            launcher = self._agents = job_defaults.agent_launcher(config)
         if discovery is None:
             discovery = job_defaults.discovery(config)
         self.config = config
@@ -192,20 +195,36 @@ class Job:
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
         self._services.open(hosts)
+        claim = self._services.claim
+        adopting = claim.taken.action is ClaimAction.ADOPT
+        handed_over: dict[str, WorkerProcess] = {}
+        if adopting and self._agents is not None:
+            handed_over = dict(self._agents.adopt(self._services.snapshot))
+        if self._agents is not None:
+            self._agents.attach(
+                self._services.require_store(),
+                agent_env=job_env(cfg, self.secret, self.store_url),
+                term=self._services.leader_term,
+                on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
+                stop=self._stop,
+                patience=cfg.elastic_timeout,
+                steer=self._services.steer,
+            )
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
-        claim = self._services.claim
-        if claim.taken.action is ClaimAction.ADOPT:
-            self._adopt()
+        if adopting:
+            self._adopt(handed_over)
         else:
             self._services.start_shards()
             self.events.emit(ev.Leading(claim.record.term, "started", 0, "", 0.0))
         self._services.start_chaos()
 
-    def _adopt(self) -> None:
+    def _adopt(self, handed_over: dict[str, WorkerProcess]) -> None:
         """Take the job over from the store's records (``driver.adoption``): its plan,
-        its registered workers (their processes adopted), the book and the blacklist.
+        its registered workers, the book and the blacklist. A worker's process is the
+        handle its agent's records gave (``handed_over``, by worker id), else known
+        from its registration alone (``driver.adopted``).
 
         Raises:
             JobFailed: this driver does not have the job's secret (it steps down first,
@@ -229,6 +248,11 @@ class Job:
         for worker_id, (host, pid) in view.pids.items():
             rec = self.workers[worker_id]
             if not rec.state.running:
+                continue
+            process = handed_over.get(worker_id)
+            if process is not None:
+                self.events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, process.pid))
+                self._processes.adopt(worker_id, process)
                 continue
             self.events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, pid))
             self._adopted.adopt(worker_id, pid, local=self.all_local or is_local_host(host))
@@ -279,6 +303,8 @@ class Job:
             running = [r.worker_id for r in self.workers.values() if r.state.running]
             self._adopted.stop_all([w for w in running if w in self._adopted])
             self._processes.stop_all([w for w in running if w not in self._adopted])
+            if self._agents is not None:
+                self._agents.close()
         self._services.close()
 
     # ------------------------------------------------------------------ decisions
@@ -467,6 +493,11 @@ class Job:
         )
         self._apply(decisions)
 
+    def _on_agent_lost(self, message: msg.AgentLost) -> None:
+        """A host whose agent stopped answering is lost, as a host that does not answer
+        a probe: its workers are dropped at once and the host blacklisted."""
+        self._on_probe_answered(msg.ProbeAnswered(message.host, False, message.detail))
+
     def _on_progress(self, message: msg.ProgressReported) -> None:
         try:
             record = ProgressRecord.from_json(message.value)
@@ -561,6 +592,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
     msg.RegistryResync: Job._on_registry_resync,
     msg.FailureReport: Job._on_failure_report,
     msg.ProbeAnswered: Job._on_probe_answered,
+    msg.AgentLost: Job._on_agent_lost,
     # Missed reports are hints superseded by process exits: nothing to catch up on.
     msg.FailureResync: lambda job, m: None,
     msg.HostsFound: lambda job, m: job._emit_host_events(job.hosts.update(m.hosts, job._clock())),

@@ -161,6 +161,11 @@ class JobServices:
         """
         return self.claim.steer(ops)
 
+    def leader_term(self) -> int:
+        """The term of this driver's leadership (the claim's record), stamped on what
+        it writes for the agents."""
+        return self._claim.record.term if self._claim is not None else 1
+
     def interrupt(self, signum: int) -> None:
         """SIGINT or SIGTERM came (thread-safe): a wait for the ps shards, or a standby's
         wait for its leader, ends at once."""

@@ -61,6 +61,14 @@ class FailureResync:
 
 
 @dataclass(frozen=True)
+class AgentLost:
+    """The agent of ``host`` stopped answering (its record's lease lapsed)."""
+
+    host: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class HostsFound:
     """A discovery run listed ``hosts``."""
 
@@ -130,6 +138,7 @@ Message = Union[
     FailureReport,
     FailureResync,
     ProbeAnswered,
+    AgentLost,
     HostsFound,
     DiscoveryFailed,
     SignalReceived,

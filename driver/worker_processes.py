@@ -57,6 +57,15 @@ class WorkerProcesses:
         spawn(f"wait-{worker_id}", self._wait_exit, worker_id, process)
         return process.pid
 
+    def adopt(self, worker_id: str, process: WorkerProcess) -> None:
+        """Take ``process`` (launched by a driver that led the job before, and handed
+        over by its agent's records) as this worker's, and follow its exit."""
+        self._processes[worker_id] = process
+        spawn(f"wait-{worker_id}", self._wait_exit, worker_id, process)
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._processes
+
     def _wait_exit(self, worker_id: str, process: WorkerProcess) -> None:
         code = process.wait(timeout=None)
         self._on_exit(worker_id, code if code is not None else -1)
