@@ -109,3 +109,75 @@ def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server
         new.stop()
         old.stop()
     check_exact_sum(out, SAMPLES, EPOCHS)
+
+
+def _progress(etcd_server, keys: JobKeys) -> int:
+    value = _read(etcd_server, keys.progress)
+    return ProgressRecord.from_json(value).step if value else 0
+
+
+@pytest.mark.timeout(150)
+def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, etcd_server):
+    """SIGKILL the leader: the agents keep its workers training, the standby adopts
+    them; a worker SIGKILLed under the new leader is replaced as if nothing happened."""
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret).start()
+    new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
+    try:
+        old.wait_progress(10)
+        (out / "pause").touch()
+        new.start()
+        new.wait_event("standing_by", timeout=30)
+        assert old.proc is not None
+        os.kill(old.proc.pid, signal.SIGKILL)
+        leading = new.wait_event("leading", timeout=30)
+        assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        (out / "pause").unlink()
+        start = _progress(etcd_server, keys)
+        wait_until(
+            lambda: _progress(etcd_server, keys) >= start + 20, 40, "training under the new leader"
+        )
+        victim = _kill_rank(etcd_server, keys, new, 1)
+        new.wait_event("worker_failed", lambda e: e["worker"] == victim, timeout=40)
+        formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
+        assert Plan.from_json(_read(etcd_server, keys.round) or b"").round_id >= formed["round"]
+        assert new.wait(timeout=90) == 0, new.stderr_tail()
+    finally:
+        new.stop()
+        old.stop()
+    check_exact_sum(out, SAMPLES, EPOCHS)
+
+
+@pytest.mark.timeout(150)
+def test_a_driver_sigkilled_mid_run_and_started_again_adopts_the_job(tmp_path, etcd_server):
+    """Training goes on while no driver runs; the same command started again adopts
+    the job (its workers keep their state) and it finishes exact."""
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    first = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "first", env=secret).start()
+    again = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "again", env=secret)
+    try:
+        first.wait_progress(10)
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        start = _progress(etcd_server, keys)
+        wait_until(
+            lambda: _progress(etcd_server, keys) >= start + 30, 40, "training with no driver"
+        )
+        again.start()
+        leading = again.wait_event("leading", timeout=30)
+        assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        assert again.wait(timeout=90) == 0, again.stderr_tail()
+        assert not again.events("round_formed")  # the round was whole: nothing re-formed
+    finally:
+        again.stop()
+        first.stop()
+    results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+    assert results[0]["sizes"] == [[2, 1]]  # one world from the first step to the last
