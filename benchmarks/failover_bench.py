@@ -1,19 +1,20 @@
 """Driver failover time: SIGKILL of the leading ``elastic-run`` to its standby leading.
 
-A job runs on a real etcd (``tests.support.etcd_cluster``): a leader with ``-np N``
-workers in a first round (training held by a pause file, so the job never ends under
-the benchmark), and a standby (``--standby``, same ``--job-id`` and job secret) waiting
-on it. The benchmark SIGKILLs the leader's process (t0 = ``time.time()`` just before)
-and reads the standby's events:
+A job runs on a real etcd (``tests.support.etcd_cluster``): a leader with ``-np N
+--min-np 1`` workers (run by the per-host agent, which outlives the driver) in a first
+round, training held by a pause file so the job never ends under the benchmark, and a
+standby (``--standby``, same ``--job-id`` and job secret) waiting on it. The benchmark
+SIGKILLs the leader's process (t0 = ``time.time()`` just before), and, as soon as the
+standby leads, SIGKILLs a worker; it reads the standby's events:
 
 * ``leading_s`` (the figure): t0 to the standby's ``leading`` event, emitted once it
   holds the lead (term + 1), has rebuilt the job's view from the store and adopted the
   workers: the next message its loop handles can form a round;
 * ``vacant_to_leading_s``: the standby's own share of it (the leader key seen deleted
   to ``leading``); the rest is the leader's lease running out in etcd;
-* ``first_round_s``: t0 to the standby's first ``round_formed``. Without per-host
-  agents the killed leader's workers end themselves as orphans, so this round is the
-  standby replacing them (worker start-up included), not a figure of the failover.
+* ``round_s``: t0 to the standby's first ``round_formed``: the round of the survivors
+  it forms once the agent reports the worker's death (proof that it steers);
+  ``kill_to_round_s`` is that round's share after the worker's SIGKILL.
 
 The leader's lease is ``driver.claim.DRIVER_LEASE_TTL``, raised by etcd to its minimum
 (1.5 x the election timeout, rounded up to a second): a configuration per etcd timing,
@@ -21,8 +22,8 @@ the tests' fast one (50/500 ms: 1 s leases) and etcd's default (100/1000 ms: 2 s
 
 One JSON line per configuration on stdout:
     {"bench": "failover", "workers", "etcd_timing_ms", "samples", "median_s", "p90_s",
-     "max_s", "leading_s": [...], "vacant_to_leading_s_median", "first_round_s_median",
-     "load_avg"[, "error"]}
+     "max_s", "leading_s": [...], "vacant_to_leading_s_median", "round_s_median",
+     "kill_to_round_s_median", "load_avg"[, "error"]}
 
     python benchmarks/failover_bench.py [--samples 5] [--workers 2] [--timing fast default]
 """
@@ -59,7 +60,8 @@ def one_failover(url: str, workers: int, workdir: Path) -> dict:
     out.mkdir(parents=True)
     (out / "pause").touch()  # training held: the job outlives the sample
     command = exact_sum_command(out, 400, 1000, "--pause-while", str(out / "pause"))
-    args = ["-np", str(workers), "--rendezvous", url, "--job-id", job_id, *command]
+    size = ["-np", str(workers), "--min-np", "1"]
+    args = [*size, "--rendezvous", url, "--job-id", job_id, *command]
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
     leader = ElasticRun(args, workdir / "leader", env=secret)
     standby = ElasticRun(["--standby", *args], workdir / "standby", env=secret)
@@ -72,11 +74,17 @@ def one_failover(url: str, workers: int, workdir: Path) -> dict:
         t0 = time.time()
         os.kill(leader.proc.pid, signal.SIGKILL)
         leading = standby.wait_event("leading", timeout=DEADLINE)
-        first = standby.wait_event("round_formed", timeout=DEADLINE)
+        victim, pid = sorted(standby.worker_pids().items())[-1]
+        t1 = time.time()
+        os.kill(pid, signal.SIGKILL)
+        formed = standby.wait_event(
+            "round_formed", lambda e: victim not in e["members"], timeout=DEADLINE
+        )
         return {
             "leading_s": round(leading["t"] - t0, 3),
             "vacant_to_leading_s": leading["seconds"],
-            "first_round_s": round(first["t"] - t0, 3),
+            "round_s": round(formed["t"] - t0, 3),
+            "kill_to_round_s": round(formed["t"] - t1, 3),
         }
     finally:
         standby.stop()
@@ -107,7 +115,8 @@ def configuration(timing: str, workers: int, samples: int, workdir: Path) -> dic
             vacant_to_leading_s_median=round(
                 statistics.median(r["vacant_to_leading_s"] for r in runs), 3
             ),
-            first_round_s_median=round(statistics.median(r["first_round_s"] for r in runs), 3),
+            round_s_median=round(statistics.median(r["round_s"] for r in runs), 3),
+            kill_to_round_s_median=round(statistics.median(r["kill_to_round_s"] for r in runs), 3),
         )
     line["load_avg"] = round(os.getloadavg()[0], 2)
     return line

@@ -33,8 +33,9 @@ class JobKeys:
     @property
     def driver_state(self) -> str:
         """What a successor needs of the leader's policy state (JSON of
-        ``rendezvous.plan.DriverStateRecord``); written by the leader only, fenced."""
-        return f"{self.prefix}driver-state"
+        ``rendezvous.plan.DriverStateRecord``); written by the leader only, fenced. (Not
+        under the leader key's name: agents watch that name as a prefix.)"""
+        return f"{self.prefix}state"
 
     @property
     def round(self) -> str:
