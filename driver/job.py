@@ -215,6 +215,10 @@ class Job:
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
         if adopting:
             self._adopt(handed_over)
+            workers_of = set(self.workers)
+            self._services.adopt_shards(
+                {k: p for k, p in handed_over.items() if k not in workers_of}
+            )
         else:
             self._services.start_shards()
             self.events.emit(ev.Leading(claim.record.term, "started", 0, "", 0.0))

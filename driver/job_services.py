@@ -20,7 +20,7 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from driver import events as ev
@@ -32,7 +32,7 @@ from driver.config import JobConfig
 from driver.errors import JobFailed
 from driver.hosts import HostSlots
 from driver.launch.launchers import Launcher
-from driver.launch.process import STOP_GRACE
+from driver.launch.process import STOP_GRACE, WorkerProcess
 from driver.leadership import ClaimAction, describe_leader
 from driver.ps_supervisor import PSSupervisor
 from driver.threads import spawn
@@ -186,19 +186,7 @@ class JobServices:
         cfg = self._config
         if not cfg.num_ps:
             return
-        store = self.require_store()
-        self._ps = supervisor = PSSupervisor(
-            shard_commands(cfg, "127.0.0.1" if self._all_local else self.advertised_host),
-            job_env(cfg, self._secret, self.store_url),
-            store=store,
-            keys=self._keys,
-            launcher=self._launcher,
-            events=self._events,
-            on_fatal=lambda reason: self._post(msg.Fatal(reason)),
-            ready_timeout=cfg.start_timeout,
-            store_patience=cfg.elastic_timeout,
-            clock=self._clock,
-        )
+        self._ps = supervisor = self._supervisor()
         ended: list[BaseException | None] = []
 
         def start() -> None:
@@ -222,6 +210,39 @@ class JobServices:
             raise JobFailed(f"ps shards not ready within {cfg.start_timeout:g}s")
         if ended[0] is not None:
             raise ended[0]
+
+    def adopt_shards(self, handed_over: Mapping[str, WorkerProcess]) -> None:
+        """Supervise the ps shards a driver that led the job before started (those among
+        ``handed_over``, the processes its agents' records gave, labelled ``psI``), and
+        start the missing ones.
+
+        Raises:
+            LauncherError: a missing shard cannot be started.
+        """
+        if not self._config.num_ps:
+            return
+        running = {
+            int(p.spec.label[2:]): p
+            for p in handed_over.values()
+            if p.spec.label.startswith("ps") and p.spec.label[2:].isdigit()
+        }
+        self._ps = self._supervisor()
+        self._ps.adopt(running)
+
+    def _supervisor(self) -> PSSupervisor:
+        cfg = self._config
+        return PSSupervisor(
+            shard_commands(cfg, "127.0.0.1" if self._all_local else self.advertised_host),
+            job_env(cfg, self._secret, self.store_url),
+            store=self.require_store(),
+            keys=self._keys,
+            launcher=self._launcher,
+            events=self._events,
+            on_fatal=lambda reason: self._post(msg.Fatal(reason)),
+            ready_timeout=cfg.start_timeout,
+            store_patience=cfg.elastic_timeout,
+            clock=self._clock,
+        )
 
     def start_chaos(self) -> None:
         """Start ``--chaos-kill-interval``'s timer (if set): it posts ``ChaosTick``."""

@@ -154,15 +154,7 @@ class PSSupervisor:
                 cannot go on (the ``on_fatal`` reason).
             LauncherError: a shard cannot be started.
         """
-        for name, prefix, take in (
-            ("ps-shards", self._keys.ps, self._take_shard_record),
-            ("ps-checkpoints", self._keys.ps_checkpoint, self._take_checkpoint),
-        ):
-            thread = threading.Thread(
-                target=self._follow, args=(prefix, take), name=name, daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+        self._follow_records()
         for index in range(self.num_shards):
             self._launch(index)
         deadline = self._clock() + self.ready_timeout
@@ -178,6 +170,40 @@ class PSSupervisor:
                         f"{self.ready_timeout:g}s (see their output above)"
                     )
                 self._lock.wait(min(remaining, 0.5))
+
+    def adopt(self, running: Mapping[int, WorkerProcess]) -> None:
+        """Supervise shards a driver that led the job before started (``running``, by
+        index: the handles their agent's records gave) as if this one had: follow their
+        records and checkpoints, restart them when they die; start the missing ones
+        (without waiting for them: clients retry until they serve).
+
+        Raises:
+            LauncherError: a missing shard cannot be started.
+        """
+        self._follow_records()
+        for index in range(self.num_shards):
+            proc = running.get(index)
+            if proc is None:
+                self._launch(index)
+                continue
+            with self._lock:
+                self._procs[index] = proc
+                self._ready[index] = proc.pid  # it served its predecessor
+            threading.Thread(
+                target=self._watch, args=(index, proc), daemon=True, name=f"ps{index}-wait"
+            ).start()
+
+    def _follow_records(self) -> None:
+        """Follow the shards' records and the checkpoints, each in a thread."""
+        for name, prefix, take in (
+            ("ps-shards", self._keys.ps, self._take_shard_record),
+            ("ps-checkpoints", self._keys.ps_checkpoint, self._take_checkpoint),
+        ):
+            thread = threading.Thread(
+                target=self._follow, args=(prefix, take), name=name, daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self, coordinator_grace: float = STOP_GRACE_COORDINATOR) -> None:
         """Stop every shard: shard 0 first (SIGTERM: its final checkpoint, SIGKILL after

@@ -171,6 +171,7 @@ def test_a_driver_sigkilled_mid_run_and_started_again_adopts_the_job(tmp_path, e
         wait_until(
             lambda: _progress(etcd_server, keys) >= start + 30, 40, "training with no driver"
         )
+        wait_until(lambda: _read(etcd_server, keys.driver) is None, 20, "the leader key to lapse")
         again.start()
         leading = again.wait_event("leading", timeout=30)
         assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
@@ -181,3 +182,59 @@ def test_a_driver_sigkilled_mid_run_and_started_again_adopts_the_job(tmp_path, e
         first.stop()
     results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
     assert results[0]["sizes"] == [[2, 1]]  # one world from the first step to the last
+
+
+@pytest.mark.timeout(150)
+def test_a_new_driver_supervises_the_ps_shards_it_adopted(tmp_path, etcd_server):
+    """The ps shards outlive their driver's SIGKILL (their agent runs them); the driver
+    started again supervises them: a shard SIGKILLed under it is restarted from its
+    checkpoint, and training converges."""
+    from tests.system.test_ps_jobs import PS_LINEAR, check_converged, shard_pid
+
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    out, ckpt, hold = tmp_path / "out", tmp_path / "ckpt", tmp_path / "hold"
+    out.mkdir()
+    args = [
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--num-ps",
+        "2",
+        "--ps-checkpoint-dir",
+        str(ckpt),
+        "--ps-checkpoint-interval",
+        "0.3",
+        "--rendezvous",
+        etcd_server.url,
+        "--job-id",
+        job_id,
+        "python",
+        str(PS_LINEAR),
+        str(out),
+        "--steps",
+        "300",
+        "--pause-while",
+        str(hold),
+    ]
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    first = ElasticRun(args, tmp_path / "first", env=secret).start()
+    again = ElasticRun(args, tmp_path / "again", env=secret)
+    try:
+        first.wait_event("checkpoint_written", timeout=60)
+        hold.write_text("")
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        keys = JobKeys(job_id)
+        wait_until(lambda: _read(etcd_server, keys.driver) is None, 20, "the leader key to lapse")
+        again.start()
+        again.wait_event("leading", lambda e: e["how"] == "adopted", timeout=30)
+        os.kill(shard_pid(first, 1), signal.SIGKILL)
+        again.wait_event("ps_restarted", lambda e: e["shard"] == 1, timeout=40)
+        again.wait_event("ps_started", lambda e: e["shard"] == 1, timeout=40)
+        hold.unlink()
+        assert again.wait(timeout=100) == 0, again.stderr_tail()
+    finally:
+        again.stop()
+        first.stop()
+    check_converged(out, 300)
