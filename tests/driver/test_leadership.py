@@ -256,3 +256,44 @@ def test_the_host_manager_takes_over_strikes_and_cooldowns():
     assert [e.host for e in hosts.release_expired(131.0)] == ["h2"]
     (event,) = hosts.host_lost("h3", 200.0)
     assert isinstance(event, HostBlacklisted) and event.strikes == 2  # strikes go on
+
+
+# ---------------------------------------------------------------- agents handed over
+
+
+def test_a_successor_takes_over_the_agents_and_what_they_run():
+    from driver.agents import AgentLauncher
+    from driver.launch.launchers import get_launcher
+    from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
+
+    local = get_launcher("local")
+    launcher = AgentLauncher(
+        local, local, job_id="j", driver_timeout=60, detach=True, use_agent=lambda h: True
+    )
+
+    def assigned(process_id: str, kind: str, label: str) -> KeyValue:
+        a = Assignment(process_id, kind, 0, ("python", "x.py"), term=1, label=label)
+        return kv(KEYS.assignment("h1", process_id), a.to_json())
+
+    def status(process_id: str, pid: int, state: str = "running") -> KeyValue:
+        s = ProcessStatus(process_id, "h1", pid, state, 1.0, term=1)
+        return kv(KEYS.process("h1", process_id), s.to_json())
+
+    kvs = [
+        kv(KEYS.agent("h1"), AgentRecord("h1", 11, 1.0, 1, "", "ag1").to_json(), lease=3),
+        assigned("h1-0-1", "worker", "h1:0"),
+        status("h1-0-1", 101),
+        assigned("h1-1-2", "worker", "h1:1"),
+        status("h1-1-2", 102, state="exited"),  # gone: nothing to hand over
+        assigned("ps0-1", "shard", "ps0"),
+        status("ps0-1", 201),
+        assigned("h1-2-3", "worker", "h1:2"),  # never reported: not running
+        # A host whose agent is gone: its processes are lost with it.
+        kv(KEYS.assignment("h2", "h2-0-4"), Assignment("h2-0-4", "worker", 0, ("x",), 1).to_json()),
+        kv(
+            KEYS.process("h2", "h2-0-4"), ProcessStatus("h2-0-4", "h2", 9, "running", 1.0).to_json()
+        ),
+    ]
+    handles = launcher.adopt(kvs)
+    assert {k: h.pid for k, h in handles.items()} == {"h1-0-1": 101, "ps0-1": 201}
+    assert handles["ps0-1"].spec.label == "ps0" and handles["h1-0-1"].poll() is None
