@@ -62,6 +62,7 @@ from driver.threads import spawn
 from driver.wiring import job_env, runs_all_local, worker_bind_host, worker_spec
 from driver.worker_processes import WorkerProcesses
 from driver.workers import WorkerRecord
+from rendezvous import env
 from rendezvous.auth import make_secret, secret_from_env
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -260,13 +261,21 @@ class Job:
                 continue
             self.events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, pid))
             self._adopted.adopt(worker_id, pid, local=self.all_local or is_local_host(host))
+        for worker_id, process in handed_over.items():
+            # Launched by the predecessor, running, not registered yet: it joins later.
+            if worker_id in self.workers or env.ENV_WORKER_ID not in process.spec.env:
+                continue
+            spec = process.spec
+            self.workers[worker_id] = WorkerRecord.launched(worker_id, spec.host, spec.slot, now)
+            self.events.emit(ev.WorkerAdopted(worker_id, spec.host, spec.slot, process.pid))
+            self._processes.adopt(worker_id, process)
         previous = claim.taken.previous
         vacant_at = claim.taken.vacant_at
         self.events.emit(
             ev.Leading(
                 claim.record.term,
                 "adopted",
-                len(view.pids),
+                sum(1 for r in self.workers.values() if r.state.running),
                 describe_leader(previous) if previous is not None else "",
                 round(time.monotonic() - vacant_at, 3) if vacant_at is not None else 0.0,
             )
