@@ -8,6 +8,7 @@ replacements that must handshake with the workers the first driver started.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import uuid
 
@@ -21,7 +22,7 @@ from tests.support.jobs import ElasticRun, check_exact_sum, exact_sum_command, w
 SAMPLES, EPOCHS = 400, 20
 
 
-def _args(etcd_server, job_id: str, out, *extra: str) -> list[str]:
+def _args(etcd_server, job_id: str, out, *extra: str, epochs: int = EPOCHS) -> list[str]:
     return [
         "-np",
         "2",
@@ -32,7 +33,7 @@ def _args(etcd_server, job_id: str, out, *extra: str) -> list[str]:
         "--job-id",
         job_id,
         *extra,
-        *exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(out / "pause")),
+        *exact_sum_command(out, SAMPLES, epochs, "--pause-while", str(out / "pause")),
     ]
 
 
@@ -238,3 +239,65 @@ def test_a_new_driver_supervises_the_ps_shards_it_adopted(tmp_path, etcd_server)
         again.stop()
         first.stop()
     check_converged(out, 300)
+
+
+def _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills: int, worker_kills: int):
+    """SIGKILL the leading driver ``driver_kills`` times (a fresh standby waits each
+    time) and workers ``worker_kills`` times (under whichever driver leads), each kill
+    after the job trained on; the job finishes exact under its last leader."""
+    rng = random.Random(driver_kills * 10 + worker_kills)
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    epochs = 200  # long enough for every kill; training is held while each is handled
+    args = _args(etcd_server, job_id, out, epochs=epochs)
+    args[1] = "3"  # -np 3
+    args[2:2] = ["--min-np", "2"]
+    kills = ["driver"] * driver_kills + ["worker"] * worker_kills
+    rng.shuffle(kills)
+    runs = [ElasticRun(args, tmp_path / "d0", env=secret).start()]
+    try:
+        for n, kind in enumerate(kills, start=1):
+            start = _progress(etcd_server, keys)
+            wait_until(
+                lambda s=start: _progress(etcd_server, keys) >= s + 30,
+                60,
+                f"training before kill {n}",
+            )
+            (out / "pause").touch()
+            leader = runs[-1]
+            if kind == "driver":
+                standby = ElasticRun(["--standby", *args], tmp_path / f"d{n}", env=secret)
+                runs.append(standby.start())
+                standby.wait_event("standing_by", timeout=30)
+                assert leader.proc is not None
+                leader.proc.kill()
+                standby.wait_event("leading", lambda e: e["how"] == "adopted", timeout=30)
+            else:
+                plan = Plan.from_json(_read(etcd_server, keys.round) or b"")
+                victim = _kill_rank(etcd_server, keys, leader, rng.randrange(plan.size))
+                leader.wait_event(
+                    "round_formed", lambda e, v=victim: v not in e["members"], timeout=40
+                )
+            (out / "pause").unlink()
+        last = runs[-1]
+        assert last.wait(timeout=120) == 0, last.stderr_tail()
+    finally:
+        for run in reversed(runs):
+            run.stop()
+    check_exact_sum(out, SAMPLES, epochs)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_chaos_kills_the_driver_and_workers_bounded(tmp_path, etcd_server):
+    _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills=2, worker_kills=2)
+
+
+@pytest.mark.chaos
+@pytest.mark.long
+@pytest.mark.timeout(900)
+def test_chaos_kills_the_driver_3_times_and_workers_5_times(tmp_path, etcd_server):
+    _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills=3, worker_kills=5)
