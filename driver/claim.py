@@ -269,7 +269,7 @@ class DriverClaim:
         """The lease ended while the job runs: take the claim again until it works, the
         job ends, or another driver turns out to hold it. (Runs in the lease's thread,
         which ends after this.)"""
-        if self._released.is_set():
+        if self._released.is_set() or self._lost is not None:
             return
         log.warning("the driver's lease on job %s was lost (%s); claiming it again", self.keys, exc)
         backoff = Backoff(None, initial=0.5, cap=2.0, stop=self._released)
@@ -297,6 +297,13 @@ class DriverClaim:
         """
         with self._lock:
             store, driver = self._store, self.keys.driver
+            current = store.get(driver)
+            if (
+                current is not None
+                and current.value == self.record.to_json()
+                and current.lease == self._lease.id
+            ):
+                return None  # another thread of ours took the seat again already
             lease = store.grant_lease(self._ttl)
             put = [Put(driver, self.record.to_json(), lease.id)]
             absent = [
@@ -307,8 +314,9 @@ class DriverClaim:
             if store.txn(absent, put).succeeded or store.txn(ours, put).succeeded:
                 old, self._lease = self._lease, lease
                 lease.keep_alive(on_lost=self._lease_lost)
+                # Its keep-alive stops first: the old lease's end is no news.
                 with contextlib.suppress(RendezvousError):
-                    store.revoke(old.id)
+                    old.revoke()
                 return None
             lease.revoke()
             kv = store.get(driver)

@@ -82,6 +82,11 @@ def test_a_leader_whose_own_lease_lapsed_takes_the_seat_again(etcd):
     claim.steer([Put(keys.round, b"still ours")])  # nobody took over: taken again
     assert etcd.get(keys.round).value == b"still ours"
     assert DriverRecord.from_json(etcd.get(keys.driver).value) == claim.record
+    # Two threads that both saw the lapse (the lease's own, a fenced write) take the
+    # seat once: the second finds it ours under the live lease and leaves it.
+    lease = claim.lease_id
+    assert claim._retake() is None and claim.lease_id == lease
+    assert etcd.get(keys.driver).lease == lease
     claim.release(etcd)
 
 
