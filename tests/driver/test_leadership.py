@@ -297,3 +297,21 @@ def test_a_successor_takes_over_the_agents_and_what_they_run():
     handles = launcher.adopt(kvs)
     assert {k: h.pid for k, h in handles.items()} == {"h1-0-1": 101, "ps0-1": 201}
     assert handles["ps0-1"].spec.label == "ps0" and handles["h1-0-1"].poll() is None
+
+
+# ---------------------------------------------------------------- the flag
+
+
+def test_standby_needs_etcd_and_the_job_id():
+    from driver.config import parse_args
+    from driver.errors import UsageError
+
+    etcd = ["--rendezvous", "etcd://127.0.0.1:2379"]
+    with pytest.raises(UsageError, match="--standby needs"):
+        parse_args(["--standby", "true"])
+    with pytest.raises(UsageError, match="--standby needs"):
+        parse_args(["--standby", *etcd, "true"])
+    with pytest.raises(UsageError, match="--standby needs"):
+        parse_args(["--standby", "--job-id", "j", "true"])
+    assert parse_args(["--standby", *etcd, "--job-id", "j", "true"]).standby
+    assert not parse_args([*etcd, "--job-id", "j", "true"]).standby
