@@ -306,12 +306,12 @@ def test_standby_needs_etcd_and_the_job_id():
     from driver.config import parse_args
     from driver.errors import UsageError
 
-    etcd = ["--rendezvous", "etcd://127.0.0.1:2379"]
+    etcd = ["-np", "1", "--rendezvous", "etcd://127.0.0.1:2379"]
     with pytest.raises(UsageError, match="--standby needs"):
-        parse_args(["--standby", "true"])
+        parse_args(["-np", "1", "--standby", "true"])
     with pytest.raises(UsageError, match="--standby needs"):
         parse_args(["--standby", *etcd, "true"])
     with pytest.raises(UsageError, match="--standby needs"):
-        parse_args(["--standby", "--job-id", "j", "true"])
+        parse_args(["-np", "1", "--standby", "--job-id", "j", "true"])
     assert parse_args(["--standby", *etcd, "--job-id", "j", "true"]).standby
     assert not parse_args([*etcd, "--job-id", "j", "true"]).standby
