@@ -269,6 +269,11 @@ class Job:
             self.workers[worker_id] = WorkerRecord.launched(worker_id, spec.host, spec.slot, now)
             self.events.emit(ev.WorkerAdopted(worker_id, spec.host, spec.slot, process.pid))
             self._processes.adopt(worker_id, process)
+        for rec in list(self.workers.values()):
+            # What the predecessor was stopping or killing is asked again in this term
+            # (an agent refuses its older term's request once it has seen ours).
+            if rec.state.running and not rec.state.active:
+                self._give_up_again(rec)
         previous = claim.taken.previous
         vacant_at = claim.taken.vacant_at
         self.events.emit(
@@ -534,6 +539,15 @@ class Job:
             self._apply(policy.chaos_kill(self.workers[victim], self.plan, pid, kills))
 
     # ------------------------------------------------------------------ the lead
+    def _give_up_again(self, rec: WorkerRecord) -> None:
+        """Stop (or kill) an adopted worker the predecessor had given up on."""
+        worker_id = rec.worker_id
+        stop = rec.state is workers.WorkerState.STOPPING
+        if worker_id in self._processes:
+            (self._processes.stop if stop else self._processes.kill)(worker_id)
+        elif worker_id in self._adopted:
+            (self._adopted.stop if stop else self._adopted.kill)(worker_id)
+
     def _adopted_gone(self, worker_id: str) -> None:
         """An adopted worker is gone (a helper thread): its exit, code unknown, unless
         it said it finished its training (then 0)."""
