@@ -254,6 +254,11 @@ class AgentLauncher(Launcher):
                 patience=patience,
             )
 
+    def lost_hosts(self) -> frozenset[str]:
+        """Hosts whose agent was lost (until a new agent is started there)."""
+        with self._lock:
+            return frozenset(h for h, a in self._agents.items() if a.lost)
+
     # ------------------------------------------------------------------ launching
     def launch(self, spec: LaunchSpec, prefix: PrefixFn | None = None) -> WorkerProcess:
         """See ``Launcher.launch``.

@@ -83,6 +83,7 @@ class JobConfig:
     verbosity: int
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
     driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
+    ps_placement: str = "driver"  # "driver" | "spread"
 
     @property
     def uses_discovery(self) -> bool:
@@ -237,6 +238,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         ("--ps-mode", args.ps_mode),
         ("--ps-checkpoint-dir", args.ps_checkpoint_dir),
         ("--ps-checkpoint-interval", args.ps_checkpoint_interval),
+        ("--ps-placement", args.ps_placement),
     ):
         if value is not None and not args.num_ps:
             raise UsageError(
@@ -275,4 +277,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
         driver_timeout=args.driver_timeout,
+        ps_placement=args.ps_placement or "driver",
     )

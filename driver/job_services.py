@@ -33,9 +33,18 @@ from driver.errors import JobFailed
 from driver.hosts import HostSlots
 from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE
+from driver.ps_placement import ShardPlacement
 from driver.ps_supervisor import PSSupervisor
 from driver.threads import spawn
-from driver.wiring import driver_address, job_env, open_job_store, quick_store, shard_commands
+from driver.wiring import (
+    driver_address,
+    job_env,
+    open_job_store,
+    quick_store,
+    shard_command_for,
+    shard_commands,
+    worker_bind_host,
+)
 from rendezvous.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -63,6 +72,7 @@ class JobServices:
         clock: Callable[[], float],
         post: Callable[[msg.Message], None],
         stop: threading.Event,
+        usable_hosts: Callable[[], Sequence[str]] = tuple,
     ):
         self._config = config
         self._keys = keys
@@ -73,6 +83,7 @@ class JobServices:
         self._clock = clock
         self._post = post
         self._stop = stop
+        self._usable_hosts = usable_hosts
         self._signalled: list[int] = []  # SIGINT/SIGTERM received (``interrupt``)
         self._wake = threading.Event()  # a signal, or the ps shards' start is over
         self._server: EmbeddedServer | None = None
@@ -141,8 +152,17 @@ class JobServices:
         if not cfg.num_ps:
             return
         store = self.require_store()
+        bind = "127.0.0.1" if self._all_local else self.advertised_host
+        placement = None
+        if cfg.ps_placement == "spread":
+
+            def command(index: int, host: str) -> tuple[str, ...]:
+                on_host = worker_bind_host(host, self._all_local, self.advertised_host)
+                return shard_command_for(cfg, index, on_host or host)
+
+            placement = ShardPlacement(command, self._usable_hosts)
         self._ps = supervisor = PSSupervisor(
-            shard_commands(cfg, "127.0.0.1" if self._all_local else self.advertised_host),
+            shard_commands(cfg, bind),
             job_env(cfg, self._secret, self.store_url),
             store=store,
             keys=self._keys,
@@ -152,6 +172,7 @@ class JobServices:
             ready_timeout=cfg.start_timeout,
             store_patience=cfg.elastic_timeout,
             clock=self._clock,
+            placement=placement,
         )
         ended: list[BaseException | None] = []
 
