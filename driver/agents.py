@@ -269,7 +269,6 @@ class AgentLauncher(Launcher):
         """
         if self._store is None or not self._use_agent(spec.host):
             return self._direct.launch(spec, prefix)
-        store = self._store
         self._ensure_agent(spec.host)
         worker_id = spec.env.get(env.ENV_WORKER_ID)
         if worker_id is None:
@@ -295,7 +294,7 @@ class AgentLauncher(Launcher):
             self._hosts_of[process_id] = spec.host
             self._assignments[process_id] = assignment
         try:
-            store.put(self._keys.assignment(spec.host, process_id), assignment.to_json())
+            self._steer(self._keys.assignment(spec.host, process_id), assignment.to_json())
         except RendezvousError as exc:
             raise LaunchError(f"cannot assign {spec.label} to its agent: {exc}") from exc
         if not handle.wait_reported(PROCESS_START_TIMEOUT):
@@ -308,6 +307,17 @@ class AgentLauncher(Launcher):
             raise LaunchError(handle.error, permanent=handle.permanent)
         return handle
 
+    def _steer(self, key: str, value: bytes) -> None:
+        """Every write of the leader to the agents (assignments, the job's end) goes
+        through here: the one place to fence them with the leader's claim.
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        if self._store is None:
+            raise RendezvousError("the agents' store is not attached")
+        self._store.put(key, value)
+
     def _want(self, process_id: str, want: str) -> None:
         """Rewrite the assignment of ``process_id`` to ``want`` (stop, kill)."""
         with self._lock:
@@ -319,7 +329,7 @@ class AgentLauncher(Launcher):
         with self._lock:
             self._assignments[process_id] = changed
         try:
-            self._store.put(self._keys.assignment(host, process_id), changed.to_json())
+            self._steer(self._keys.assignment(host, process_id), changed.to_json())
         except RendezvousError as exc:
             log.warning("cannot ask the agent of %s to %s %s: %s", host, want, process_id, exc)
 
@@ -444,7 +454,7 @@ class AgentLauncher(Launcher):
             return
         if self._store is not None:
             try:
-                self._store.put(self._keys.ended, b"1")
+                self._steer(self._keys.ended, b"1")
             except RendezvousError as exc:
                 log.warning("cannot tell the agents the job is over: %s", exc)
         deadline = time.monotonic() + timeout

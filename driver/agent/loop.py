@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Union
 
 from driver.agent import rules
@@ -213,9 +213,7 @@ class Agent:
         elif isinstance(item, _Round):
             self._take_round(item.value)
         elif isinstance(item, _Ended):
-            self._view = rules.AgentView(
-                self._view.highest_term, self._view.leader_gone_since, self._view.refused, True
-            )
+            self._view = replace(self._view, ended=True)
         elif isinstance(item, _Exited):
             self._report_exit(item.id, item.code)
 
