@@ -37,6 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Callable
 
 from driver.agent.loop import AGENT_LEASE_TTL
@@ -91,7 +92,7 @@ class AssignedProcess(WorkerProcess):
     pid is the agent's report (a pid on the agent's host), the exit code comes from the
     agent's status record, and signals are asked for by rewriting the assignment."""
 
-    def __init__(self, spec: LaunchSpec, process_id: str, want: Callable[[str, str], None]):
+    def __init__(self, spec: LaunchSpec, process_id: str, want: Callable[[str, str, float], None]):
         # Not WorkerProcess.__init__: there is no Popen here.
         self.spec = spec
         self.id = process_id
@@ -145,19 +146,19 @@ class AssignedProcess(WorkerProcess):
             self._reported.wait_for(lambda: self._code is not None, timeout)
             return self._code
 
-    def terminate(self) -> None:
+    def terminate(self, grace: float = STOP_GRACE) -> None:
         if self._code is None:
-            self._want(self.id, "stop")
+            self._want(self.id, "stop", grace)
 
     def kill(self) -> None:
         if self._code is None or self._presumed:
-            self._want(self.id, "kill")
+            self._want(self.id, "kill", 0.0)
 
     def stop(self, grace: float = STOP_GRACE) -> int | None:
         """Ask the agent to stop it (SIGTERM, SIGKILL after its own grace); SIGKILL when
         no exit is reported within ``grace`` and a few seconds."""
         if self._code is None:
-            self.terminate()
+            self.terminate(grace)
             if self.wait(grace + REAP_TIMEOUT) is None:
                 self.kill()
         return self.wait(REAP_TIMEOUT)
@@ -318,14 +319,15 @@ class AgentLauncher(Launcher):
             raise RendezvousError("the agents' store is not attached")
         self._store.put(key, value)
 
-    def _want(self, process_id: str, want: str) -> None:
-        """Rewrite the assignment of ``process_id`` to ``want`` (stop, kill)."""
+    def _want(self, process_id: str, want: str, grace: float) -> None:
+        """Rewrite the assignment of ``process_id`` to ``want`` (stop with ``grace``,
+        kill)."""
         with self._lock:
             assignment = self._assignments.get(process_id)
             host = self._hosts_of.get(process_id)
         if assignment is None or host is None or self._store is None:
             return
-        changed = Assignment(**{**assignment.__dict__, "want": want, "term": self._term()})
+        changed = replace(assignment, want=want, grace=grace or assignment.grace, term=self._term())
         with self._lock:
             self._assignments[process_id] = changed
         try:

@@ -243,7 +243,8 @@ class Agent:
             entry = self._table.get(action.id)
             if entry is not None and entry.process is not None:
                 self._table.set_state(action.id, ProcState.STOPPING)
-                spawn(f"stop-{action.id}", entry.process.stop, self._stop_grace)
+                grace = self._assignments.get(action.id, entry.assignment).grace
+                spawn(f"stop-{action.id}", entry.process.stop, grace)
         elif isinstance(action, rules.Kill):
             entry = self._table.get(action.id)
             if entry is not None and entry.process is not None:
