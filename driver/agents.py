@@ -219,6 +219,8 @@ class AgentLauncher(Launcher):
         self._on_host_lost: Callable[[str, str], None] = lambda host, detail: None
         self._closing = False
         self._shards = 0
+        self._following = False
+        self._follow: tuple[threading.Event, float] = (threading.Event(), 0.0)
 
     def attach(
         self,
@@ -231,13 +233,20 @@ class AgentLauncher(Launcher):
         patience: float,
     ) -> None:
         """Use ``store`` from now on; ``term()`` is the leader's term to stamp on
-        assignments; follow the agents' records and process reports until ``stop``.
-
-        Raises:
-            RendezvousError: the store's revision cannot be read.
+        assignments; follow the agents' records and process reports until ``stop``,
+        from the first launch through an agent on (a job with no agent, one machine on
+        the embedded store, watches nothing more than before).
         """
         self._store, self._term, self._on_host_lost = store, term, on_host_lost
         self._agent_env = dict(agent_env)
+        self._follow = (stop, patience)
+
+    def _start_following(self) -> None:
+        """Follow the agents' records and the process reports (once; under the lock)."""
+        if self._following or self._store is None:
+            return
+        self._following = True
+        stop, patience = self._follow
         for prefix, on_event, on_resync in (
             (self._keys.agents, self._agent_event, self._agents_resync),
             (self._keys.processes, self._status_event, self._statuses_resync),
@@ -245,7 +254,7 @@ class AgentLauncher(Launcher):
             spawn(
                 f"follow-{prefix}",
                 follow_prefix,
-                store,
+                self._store,
                 prefix,
                 None,
                 on_event=on_event,
@@ -342,6 +351,7 @@ class AgentLauncher(Launcher):
             LaunchError: it cannot be started or does not register in time.
         """
         with self._lock:
+            self._start_following()
             agent = self._agents.get(host)
             if agent is not None and not agent.lost and agent.process.poll() is None:
                 return
