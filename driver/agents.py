@@ -19,8 +19,8 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
   that host is taken as SIGKILLed;
 * ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
   the agents' own processes.
-* Every write (assignments, their ``want``, ``ended``) goes through ``steer`` when
-  ``attach`` is given one: the leader's fenced write (``driver.claim``), so a driver
+* Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
+  leader's fenced write (``driver.claim``) when ``attach`` was given one, so a driver
   that lost the lead writes nothing.
 * ``adopt``: a driver taking a job over takes its live agents (from their records)
   and the processes they run (from the assignments and process records) as its own:
@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Callable
 
 from driver.agent.loop import AGENT_LEASE_TTL
@@ -98,7 +99,7 @@ class AssignedProcess(WorkerProcess):
     pid is the agent's report (a pid on the agent's host), the exit code comes from the
     agent's status record, and signals are asked for by rewriting the assignment."""
 
-    def __init__(self, spec: LaunchSpec, process_id: str, want: Callable[[str, str], None]):
+    def __init__(self, spec: LaunchSpec, process_id: str, want: Callable[[str, str, float], None]):
         # Not WorkerProcess.__init__: there is no Popen here.
         self.spec = spec
         self.id = process_id
@@ -152,19 +153,19 @@ class AssignedProcess(WorkerProcess):
             self._reported.wait_for(lambda: self._code is not None, timeout)
             return self._code
 
-    def terminate(self) -> None:
+    def terminate(self, grace: float = STOP_GRACE) -> None:
         if self._code is None:
-            self._want(self.id, "stop")
+            self._want(self.id, "stop", grace)
 
     def kill(self) -> None:
         if self._code is None or self._presumed:
-            self._want(self.id, "kill")
+            self._want(self.id, "kill", 0.0)
 
     def stop(self, grace: float = STOP_GRACE) -> int | None:
         """Ask the agent to stop it (SIGTERM, SIGKILL after its own grace); SIGKILL when
         no exit is reported within ``grace`` and a few seconds."""
         if self._code is None:
-            self.terminate()
+            self.terminate(grace)
             if self.wait(grace + REAP_TIMEOUT) is None:
                 self.kill()
         return self.wait(REAP_TIMEOUT)
@@ -233,7 +234,9 @@ class AgentLauncher(Launcher):
         self._on_host_lost: Callable[[str, str], None] = lambda host, detail: None
         self._closing = False
         self._shards = 0
-        self._steer: Callable[[Sequence[Put | Delete]], int] | None = None
+        self._following = False
+        self._follow: tuple[threading.Event, float] = (threading.Event(), 0.0)
+        self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
 
     def attach(
         self,
@@ -247,43 +250,18 @@ class AgentLauncher(Launcher):
         steer: Callable[[Sequence[Put | Delete]], int] | None = None,
     ) -> None:
         """Use ``store`` from now on; ``term()`` is the leader's term to stamp on
-        assignments; ``steer``: the fenced write every write goes through (default: a
-        plain put); follow the agents' records and process reports until ``stop``.
-
-        Raises:
-            RendezvousError: the store's revision cannot be read.
+        assignments; ``steer``: the leader's fenced write (default: a plain put);
+        follow the agents' records and process reports until ``stop``, from the first
+        launch through an agent on (a job with no agent, one machine on the embedded
+        store, watches nothing more than before), or at once when agents were adopted.
         """
         self._store, self._term, self._on_host_lost = store, term, on_host_lost
-        self._steer = steer
+        self._fenced = steer
         self._agent_env = dict(agent_env)
-        for prefix, on_event, on_resync in (
-            (self._keys.agents, self._agent_event, self._agents_resync),
-            (self._keys.processes, self._status_event, self._statuses_resync),
-        ):
-            spawn(
-                f"follow-{prefix}",
-                follow_prefix,
-                store,
-                prefix,
-                None,
-                on_event=on_event,
-                on_resync=on_resync,
-                on_lost=lambda exc: None,  # the job's own feeds say the store is lost
-                stop=stop,
-                patience=patience,
-            )
-
-    def _write(self, key: str, value: bytes) -> None:
-        """Put ``key`` through the fenced write (a plain put without one).
-
-        Raises:
-            LeadershipLost: another driver leads.
-            RendezvousError: the store cannot be used.
-        """
-        if self._steer is not None:
-            self._steer([Put(key, value)])
-        elif self._store is not None:
-            self._store.put(key, value)
+        self._follow = (stop, patience)
+        with self._lock:
+            if self._agents:
+                self._start_following()
 
     def adopt(self, kvs: Sequence[KeyValue]) -> dict[str, AssignedProcess]:
         """Take over the agents and the processes of a job a predecessor led, from its
@@ -336,6 +314,34 @@ class AgentLauncher(Launcher):
                     self._shards += 1
         return handles
 
+    def _start_following(self) -> None:
+        """Follow the agents' records and the process reports (once; under the lock)."""
+        if self._following or self._store is None:
+            return
+        self._following = True
+        stop, patience = self._follow
+        for prefix, on_event, on_resync in (
+            (self._keys.agents, self._agent_event, self._agents_resync),
+            (self._keys.processes, self._status_event, self._statuses_resync),
+        ):
+            spawn(
+                f"follow-{prefix}",
+                follow_prefix,
+                self._store,
+                prefix,
+                None,
+                on_event=on_event,
+                on_resync=on_resync,
+                on_lost=lambda exc: None,  # the job's own feeds say the store is lost
+                stop=stop,
+                patience=patience,
+            )
+
+    def lost_hosts(self) -> frozenset[str]:
+        """Hosts whose agent was lost (until a new agent is started there)."""
+        with self._lock:
+            return frozenset(h for h, a in self._agents.items() if a.lost)
+
     # ------------------------------------------------------------------ launching
     def launch(self, spec: LaunchSpec, prefix: PrefixFn | None = None) -> WorkerProcess:
         """See ``Launcher.launch``.
@@ -371,7 +377,7 @@ class AgentLauncher(Launcher):
             self._hosts_of[process_id] = spec.host
             self._assignments[process_id] = assignment
         try:
-            self._write(self._keys.assignment(spec.host, process_id), assignment.to_json())
+            self._steer(self._keys.assignment(spec.host, process_id), assignment.to_json())
         except RendezvousError as exc:
             raise LaunchError(f"cannot assign {spec.label} to its agent: {exc}") from exc
         if not handle.wait_reported(PROCESS_START_TIMEOUT):
@@ -384,18 +390,33 @@ class AgentLauncher(Launcher):
             raise LaunchError(handle.error, permanent=handle.permanent)
         return handle
 
-    def _want(self, process_id: str, want: str) -> None:
-        """Rewrite the assignment of ``process_id`` to ``want`` (stop, kill)."""
+    def _steer(self, key: str, value: bytes) -> None:
+        """Every write of the leader to the agents (assignments, the job's end) goes
+        through here: the one place to fence them with the leader's claim.
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        if self._store is None:
+            raise RendezvousError("the agents' store is not attached")
+        if self._fenced is not None:
+            self._fenced([Put(key, value)])  # LeadershipLost: another driver leads
+        else:
+            self._store.put(key, value)
+
+    def _want(self, process_id: str, want: str, grace: float) -> None:
+        """Rewrite the assignment of ``process_id`` to ``want`` (stop with ``grace``,
+        kill)."""
         with self._lock:
             assignment = self._assignments.get(process_id)
             host = self._hosts_of.get(process_id)
         if assignment is None or host is None or self._store is None:
             return
-        changed = Assignment(**{**assignment.__dict__, "want": want, "term": self._term()})
+        changed = replace(assignment, want=want, grace=grace or assignment.grace, term=self._term())
         with self._lock:
             self._assignments[process_id] = changed
         try:
-            self._write(self._keys.assignment(host, process_id), changed.to_json())
+            self._steer(self._keys.assignment(host, process_id), changed.to_json())
         except (RendezvousError, LeadershipLost) as exc:
             log.warning("cannot ask the agent of %s to %s %s: %s", host, want, process_id, exc)
 
@@ -406,6 +427,7 @@ class AgentLauncher(Launcher):
             LaunchError: it cannot be started or does not register in time.
         """
         with self._lock:
+            self._start_following()
             agent = self._agents.get(host)
             if agent is not None and agent.alive:
                 return
@@ -520,10 +542,11 @@ class AgentLauncher(Launcher):
             agents = list(self._agents.values())
         if not agents:
             return
-        try:
-            self._write(self._keys.ended, b"1")
-        except (RendezvousError, LeadershipLost) as exc:
-            log.warning("cannot tell the agents the job is over: %s", exc)
+        if self._store is not None:
+            try:
+                self._steer(self._keys.ended, b"1")
+            except (RendezvousError, LeadershipLost) as exc:
+                log.warning("cannot tell the agents the job is over: %s", exc)
         deadline = time.monotonic() + timeout
         for agent in agents:
             if agent.process is None:

@@ -84,6 +84,7 @@ class JobConfig:
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
     standby: bool = False  # wait while another driver leads the job, then take it over
     driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
+    ps_placement: str = "driver"  # "driver" | "spread"
 
     @property
     def uses_discovery(self) -> bool:
@@ -238,6 +239,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         ("--ps-mode", args.ps_mode),
         ("--ps-checkpoint-dir", args.ps_checkpoint_dir),
         ("--ps-checkpoint-interval", args.ps_checkpoint_interval),
+        ("--ps-placement", args.ps_placement),
     ):
         if value is not None and not args.num_ps:
             raise UsageError(
@@ -283,4 +285,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         progress_interval=args.progress_interval,
         standby=args.standby,
         driver_timeout=args.driver_timeout,
+        ps_placement=args.ps_placement or "driver",
     )

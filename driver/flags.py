@@ -17,6 +17,7 @@ from typing import Callable
 from driver.errors import UsageError
 from driver.hosts import MAX_SLOTS_PER_HOST, MAX_WORKERS, BlacklistPolicy, quote_entry
 from driver.launch.launchers import LAUNCHER_NAMES
+from driver.ps_placement import PLACEMENTS
 from rendezvous.version import package_version
 
 DEFAULT_SLOTS_PER_HOST = 1
@@ -315,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="seconds between checkpoints; needs --num-ps, and is ignored without "
         f"--ps-checkpoint-dir (default: {DEFAULT_PS_CHECKPOINT_INTERVAL:g})",
+    )
+    ps.add_argument(
+        "--ps-placement",
+        choices=PLACEMENTS,
+        help="where the shards run: 'driver' (this machine) or 'spread' (shard I on the "
+        "I-th host, round robin; a shard whose host is lost restarts on another host "
+        "from the newest checkpoint, so --ps-checkpoint-dir must be shared by the "
+        "hosts); needs --num-ps (default: driver)",
     )
 
     chaos = p.add_argument_group("chaos testing")

@@ -127,6 +127,7 @@ class Job:
         self.plan: Plan | None = None
         self.book = dec.Book(started_at=clock())
         self._waits: list[dec.Wait] = []
+        self._usable: tuple[str, ...] = ()  # the usable hosts' names, as of the last reconcile
         self._services = JobServices(
             config,
             self.keys,
@@ -137,6 +138,7 @@ class Job:
             clock=clock,
             post=self.post,
             stop=self._stop,
+            usable_hosts=self._shard_hosts,
         )
 
     @property
@@ -214,6 +216,7 @@ class Job:
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
+        self._usable = tuple(h.host for h in self.hosts.usable_hosts)
         if adopting:
             self._adopt(handed_over)
             workers_of = set(self.workers)
@@ -330,6 +333,7 @@ class Job:
         now, records, cfg = self._clock(), self.workers, self.config
         self._emit_host_events(self.hosts.release_expired(now))
         view = dec.HostsView.of(self.hosts)
+        self._usable = tuple(h.host for h in view.usable)
         self._waits = []
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
         self._apply(policy.workers_to_stop(records, view.usable))
@@ -594,6 +598,13 @@ class Job:
             self.events.emit(host_event)
         if host_events:
             self.book = self.book.changed(self._clock())
+
+    def _shard_hosts(self) -> tuple[str, ...]:
+        """The hosts a ps shard may be started on now (read from the ps supervisor's
+        threads: a snapshot the loop replaces at each reconcile, minus the hosts whose
+        agent was just lost, which the loop may not have handled yet)."""
+        lost = self._agents.lost_hosts() if self._agents is not None else frozenset()
+        return tuple(h for h in self._usable if h not in lost)
 
     def _any_registered(self) -> bool:
         """A worker of this job has registered: its program can start."""

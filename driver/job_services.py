@@ -34,9 +34,18 @@ from driver.hosts import HostSlots
 from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess
 from driver.leadership import ClaimAction, describe_leader
+from driver.ps_placement import ShardPlacement
 from driver.ps_supervisor import PSSupervisor
 from driver.threads import spawn
-from driver.wiring import driver_address, job_env, open_job_store, quick_store, shard_commands
+from driver.wiring import (
+    driver_address,
+    job_env,
+    open_job_store,
+    quick_store,
+    shard_command_for,
+    shard_commands,
+    worker_bind_host,
+)
 from rendezvous.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -64,6 +73,7 @@ class JobServices:
         clock: Callable[[], float],
         post: Callable[[msg.Message], None],
         stop: threading.Event,
+        usable_hosts: Callable[[], Sequence[str]] = tuple,
     ):
         self._config = config
         self._keys = keys
@@ -74,6 +84,7 @@ class JobServices:
         self._clock = clock
         self._post = post
         self._stop = stop
+        self._usable_hosts = usable_hosts
         self._signalled: list[int] = []  # SIGINT/SIGTERM received (``interrupt``)
         self._wake = threading.Event()  # a signal, or the ps shards' start is over
         self._interrupted = threading.Event()  # SIGINT/SIGTERM: a standby stops waiting
@@ -230,9 +241,19 @@ class JobServices:
         self._ps.adopt(running)
 
     def _supervisor(self) -> PSSupervisor:
+        """The ps supervisor of this job (``--ps-placement`` spread: on the usable hosts)."""
         cfg = self._config
+        bind = "127.0.0.1" if self._all_local else self.advertised_host
+        placement = None
+        if cfg.ps_placement == "spread":
+
+            def command(index: int, host: str) -> tuple[str, ...]:
+                on_host = worker_bind_host(host, self._all_local, self.advertised_host)
+                return shard_command_for(cfg, index, on_host or host)
+
+            placement = ShardPlacement(command, self._usable_hosts)
         return PSSupervisor(
-            shard_commands(cfg, "127.0.0.1" if self._all_local else self.advertised_host),
+            shard_commands(cfg, bind),
             job_env(cfg, self._secret, self.store_url),
             store=self.require_store(),
             keys=self._keys,
@@ -242,6 +263,7 @@ class JobServices:
             ready_timeout=cfg.start_timeout,
             store_patience=cfg.elastic_timeout,
             clock=self._clock,
+            placement=placement,
         )
 
     def start_chaos(self) -> None:

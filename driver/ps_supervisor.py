@@ -43,6 +43,7 @@ from driver.events import CheckpointWritten, EventSink, PsExited, PsRestarted, P
 from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
+from driver.ps_placement import ShardPlacement
 from driver.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -101,7 +102,9 @@ def shard_command(
 
 
 class PSSupervisor:
-    """Runs shard ``i`` as ``commands[i]`` with ``env`` added to the driver's environment.
+    """Runs shard ``i`` as ``commands[i]`` with ``env`` added to the driver's environment,
+    on the driver's machine; or, with a ``placement``, on the host and with the command
+    line it says (``driver.ps_placement``: a shard whose host is lost moves).
 
     ``store``/``keys``: where the shards' records are; ``launcher`` starts them (as
     ``localhost`` slot ``i``, output prefixed ``[psI]``); ``events`` receives the ps
@@ -122,8 +125,11 @@ class PSSupervisor:
         ready_timeout: float,
         store_patience: float,
         clock: Callable[[], float] = time.monotonic,
+        placement: ShardPlacement | None = None,
     ):
         self.commands = list(commands)
+        self._placement = placement or ShardPlacement(lambda index, host: self.commands[index])
+        self._hosts: dict[int, str] = {}  # shard -> the host it was last started on
         self.env = dict(env)
         self.num_shards = len(self.commands)
         self.ready_timeout = ready_timeout
@@ -188,6 +194,7 @@ class PSSupervisor:
                 continue
             with self._lock:
                 self._procs[index] = proc
+                self._hosts[index] = proc.spec.host
                 self._ready[index] = proc.pid  # it served its predecessor
             threading.Thread(
                 target=self._watch, args=(index, proc), daemon=True, name=f"ps{index}-wait"
@@ -321,10 +328,11 @@ class PSSupervisor:
         Raises:
             LauncherError: the shard cannot be started.
         """
+        host = self._placement.host_for(index, self._hosts.get(index))
         spec = LaunchSpec(
-            host="localhost",
+            host=host,
             slot=index,
-            command=self.commands[index],
+            command=self._placement.command_for(index, host),
             env=self.env,
             cwd=os.getcwd(),
             label=f"ps{index}",
@@ -336,6 +344,7 @@ class PSSupervisor:
                 return False
             proc = self._launcher.launch(spec)
             self._procs[index] = proc
+            self._hosts[index] = host
             self._ready.pop(index, None)
             # Only a record written after this launch can make the new process ready.
             self._records.pop(index, None)

@@ -46,8 +46,8 @@ class Assignment:
     ``id`` is unique in the job (a replacement gets a new one); ``kind`` is "worker" or
     "shard"; ``env`` holds the job's own variables for it (never the job's secret: the
     agent has it and passes it on); ``cwd`` "" means the agent's; ``log_path`` "" means
-    none. ``want``: "run" (start it once), "stop" (SIGTERM, SIGKILL after a grace) or
-    "kill" (SIGKILL).
+    none. ``want``: "run" (start it once), "stop" (SIGTERM, SIGKILL after ``grace``
+    seconds) or "kill" (SIGKILL).
 
     Raises (when made):
         ValueError: an unknown ``kind`` or ``want``, or an empty command.
@@ -63,6 +63,7 @@ class Assignment:
     label: str = ""
     log_path: str = ""
     want: str = "run"
+    grace: float = 5.0
 
     def __post_init__(self):
         if self.kind not in KINDS:

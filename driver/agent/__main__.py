@@ -30,6 +30,12 @@ from driver.launch.launchers import LocalLauncher
 from rendezvous import env, open_store
 from rendezvous.errors import ElasticError
 from rendezvous.keys import JobKeys
+from rendezvous.store import StoreSettings
+
+AGENT_STORE = StoreSettings(request_timeout=1.0)
+"""The agent's calls give up an attempt after a second (and retry, or move to the next
+etcd member): its lease is short (``AGENT_LEASE_TTL``), and after an etcd member dies a
+refresh must reach another member well within it."""
 
 
 def _seconds(text: str) -> float:
@@ -85,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     out = cast(BinaryIO, Tee(sys.stdout.buffer, log_file))
     err = cast(BinaryIO, Tee(sys.stderr.buffer, log_file))
     try:
-        store = open_store(url, secret)
+        store = open_store(url, secret, AGENT_STORE)
     except ElasticError as exc:
         print(f"agent: cannot use the store: {exc}", file=sys.stderr)
         return 1

@@ -12,7 +12,8 @@ one, write its ``ProcessStatus`` when it starts and when it ends.
 The agent's record (``AgentRecord`` under ``JobKeys.agent(host)``) lives under the
 agent's own short lease (``AGENT_LEASE_TTL``), refreshed by a thread: when the agent
 dies, or is cut off, the record lapses within seconds and the driver takes the host as
-lost. A lease that lapsed while the agent lives (the store was away) is taken again.
+lost. An agent that finds its lease gone (it was cut off) stops everything and ends: the
+driver gave up on it and starts a fresh agent when it wants the host again.
 
 Output of the processes is forwarded, prefixed ``[rank]`` (the agent follows the round
 key for ranks) or ``[host:slot]`` before a rank, to the streams the launcher was given
@@ -27,7 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Union
 
 from driver.agent import rules
@@ -40,11 +41,11 @@ from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
 from driver.watch import follow_prefix
 from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus, leader_term
-from rendezvous.errors import RendezvousError
+from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Plan
 from rendezvous.retry import Backoff
-from rendezvous.store import PUT, Compare, Event, KeyValue, KVStore, Lease, Put
+from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
 
 log = logging.getLogger(__name__)
 
@@ -212,9 +213,7 @@ class Agent:
         elif isinstance(item, _Round):
             self._take_round(item.value)
         elif isinstance(item, _Ended):
-            self._view = rules.AgentView(
-                self._view.highest_term, self._view.leader_gone_since, self._view.refused, True
-            )
+            self._view = replace(self._view, ended=True)
         elif isinstance(item, _Exited):
             self._report_exit(item.id, item.code)
 
@@ -244,7 +243,8 @@ class Agent:
             entry = self._table.get(action.id)
             if entry is not None and entry.process is not None:
                 self._table.set_state(action.id, ProcState.STOPPING)
-                spawn(f"stop-{action.id}", entry.process.stop, self._stop_grace)
+                grace = self._assignments.get(action.id, entry.assignment).grace
+                spawn(f"stop-{action.id}", entry.process.stop, grace)
         elif isinstance(action, rules.Kill):
             entry = self._table.get(action.id)
             if entry is not None and entry.process is not None:
@@ -350,39 +350,39 @@ class Agent:
         )
         return record.to_json()
 
-    def _register(self, again: bool = False) -> bool:
-        """Write the agent's record under a fresh lease, kept alive by a thread. A first
-        registration replaces whatever record is there (the starter wants this agent);
-        ``again`` (after the lease lapsed) only writes into an empty key: a record there
-        is a newer agent's, which this one must leave the host to. False then.
+    def _register(self) -> None:
+        """Write the agent's record under a fresh lease, kept alive by a thread (it
+        replaces whatever record is there: the starter wants this agent).
 
         Raises:
             RendezvousError: the store cannot be used.
         """
-        key = self._keys.agent(self.host)
         lease = self._store.grant_lease(self._lease_ttl)
-        guard = [Compare(key, "create", "==", 0)] if again else []
-        if not self._store.txn(guard, [Put(key, self._record(), lease.id)]).succeeded:
-            lease.revoke()
-            return False
+        self._store.put(self._keys.agent(self.host), self._record(), lease.id)
         self._lease = lease
+        self._keep_alive(lease)
+
+    def _keep_alive(self, lease: Lease) -> None:
         lease.keep_alive(on_lost=self._lease_lost, interval=max(self._lease_ttl / 3.0, 0.2))
-        return True
 
     def _lease_lost(self, exc: Exception) -> None:
-        """The lease lapsed while the agent lives (the store was away): register again
-        until it works or the agent ends. The driver has taken the host as lost by
-        then; it tells this agent what to do with its processes. If another agent of
-        this host registered meanwhile, this one stops."""
-        log.warning("agent of %s: its lease was lost (%s); registering again", self.host, exc)
-        backoff = Backoff(None, initial=0.2, cap=2.0, stop=self._done)
-        while not self._done.is_set():
+        """The lease's refresh failed for longer than its TTL. If the store says the
+        lease is gone, the driver has taken this host as lost (and will start another
+        agent when it wants the host again): stop everything and end. If the store was
+        only unreachable (an etcd outage keeps leases), keep refreshing."""
+        lease = self._lease
+        backoff = Backoff(None, initial=0.2, cap=1.0, stop=self._done)
+        while lease is not None and not self._done.is_set():
             try:
-                if not self._register(again=True):
-                    self.request_shutdown("another agent of this host took over")
+                lease.refresh()
+            except LeaseNotFoundError:
+                self.request_shutdown(f"its lease lapsed ({exc}): the driver took the host as lost")
                 return
             except RendezvousError as err:
-                log.debug("agent of %s: registering again failed: %s", self.host, err)
+                log.debug("agent of %s: refreshing its lease failed: %s", self.host, err)
+            else:
+                self._keep_alive(lease)  # the same lease, refreshed again
+                return
             if not backoff.pause():
                 return
 

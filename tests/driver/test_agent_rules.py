@@ -138,3 +138,13 @@ def test_agent_keys_keep_a_host_or_id_in_one_segment():
     assert keys.assignment("h/x", "w1") == "/elastic/j/assign/h%2Fx/w1"
     assert keys.assignment("h", "w1").startswith(keys.assignments("h"))
     assert keys.process("h", "w1").startswith(keys.processes)
+
+
+def test_a_spread_shard_keeps_its_host_while_usable_and_moves_when_lost():
+    from driver.ps_placement import DRIVER_HOST, spread_host
+
+    assert spread_host(0, None, ["a", "b"]) == "a"
+    assert spread_host(3, None, ["a", "b"]) == "b"
+    assert spread_host(0, "b", ["a", "b"]) == "b"  # a restart stays while the host is usable
+    assert spread_host(0, "a", ["b", "c"]) == "b"  # its host lost: another usable host
+    assert spread_host(1, "a", []) == DRIVER_HOST

@@ -192,3 +192,32 @@ def test_on_separate_hosts_workers_outlive_a_sigkilled_driver_then_stop(three_ho
             assert not agents(cluster.url, job_id)
     finally:
         cluster.stop()
+
+
+@pytest.mark.timeout(150)
+def test_a_spread_ps_shard_whose_host_is_lost_restarts_on_another_host(three_hosts, tmp_path):
+    """--ps-placement spread: shard 0 runs on the first host. That host's agent
+    SIGKILLed: the shard restarts on the other host from the newest checkpoint (a
+    directory every host sees), the surviving worker goes on, and training converges."""
+    from tests.system.test_ps_jobs import PS_LINEAR, check_converged
+
+    a, b, _ = three_hosts
+    out, ckpt, hold = tmp_path / "out", tmp_path / "ckpt", tmp_path / "hold"
+    out.mkdir()
+    args = ["-H", f"{a.address}:1,{b.address}:1", "-np", "2", "--min-np", "1"]
+    args += ["--launcher", "ssh", "--num-ps", "1", "--ps-placement", "spread"]
+    args += ["--ps-checkpoint-dir", str(ckpt), "--ps-checkpoint-interval", "0.3"]
+    command = ["python", str(PS_LINEAR), str(out), "--steps", "300", "--pause-while", str(hold)]
+    with ElasticRun([*args, *command], tmp_path, env=three_hosts.env()) as run:
+        first = run.wait_event("ps_started", timeout=60)
+        assert first["address"].startswith(f"{a.address}:")
+        run.wait_event("checkpoint_written", timeout=60)
+        hold.write_text("")  # the kill lands before training ends
+        (victim,) = agent_pids(a)
+        os.kill(victim, signal.SIGKILL)
+        run.wait_event("host_unreachable", lambda e: e["host"] == a.address, timeout=20)
+        moved = run.wait_event("ps_started", after=1, timeout=60)
+        assert moved["shard"] == 0 and moved["address"].startswith(f"{b.address}:")
+        hold.unlink()
+        assert run.wait(timeout=100) == 0, run.stderr_tail()
+    check_converged(out, 300)
