@@ -47,6 +47,7 @@ from driver.leadership import (
     read_term,
     term_bytes,
 )
+from driver.threads import spawn
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord
@@ -61,8 +62,15 @@ cut from the store): how soon a standby may take over. etcd raises a shorter lea
 its own minimum (1.5 x its election timeout, rounded up: 2 s with etcd's defaults).
 A false alarm (a driver stalled past it) is harmless: fencing stops the stalled one."""
 
-STANDBY_POLL = 0.5
-"""Seconds between a standby's looks at its stop flag while it watches the leader key."""
+STANDBY_POLL = 0.05
+"""Seconds between a standby's looks at its stop flag and the leader's beat."""
+
+BEAT_INTERVAL = 0.25
+"""Seconds between two beats of the leader (``JobKeys.leader_beat``, etcd only)."""
+
+BEAT_SILENCE = 1.0
+"""Seconds without a beat after which a standby ends the leader's lease (a leader that
+is only slow loses the lead to it: fencing makes that harmless)."""
 
 
 @dataclass(frozen=True)
@@ -124,11 +132,13 @@ class DriverClaim:
         standby: bool = False,
         stop: threading.Event | None = None,
         on_wait: Callable[[DriverRecord], None] | None = None,
+        beats: bool = False,
     ) -> DriverClaim:
         """Take the lead of ``keys.job_id`` with the record ``make_record(term)`` (see the
         module docstring); ``standby``: wait while another driver leads (until ``stop``
-        is set; ``on_wait(leader)`` is called once each new leader waited on).
-        ``claim.taken`` says how it was taken.
+        is set; ``on_wait(leader)`` is called once each new leader waited on); ``beats``:
+        beat while leading (``JobKeys.leader_beat``), so that a standby can tell a dead
+        leader within ``BEAT_SILENCE``. ``claim.taken`` says how it was taken.
 
         Raises:
             JobIdInUseError: another driver leads (without ``standby``).
@@ -158,7 +168,10 @@ class DriverClaim:
                 if leader != waited_on and on_wait is not None:
                     on_wait(leader)
                 waited_on = leader
-                _wait_vacant(store, keys, revision, stop)
+                assert leader_kv is not None
+                beat = by_key.get(keys.leader_beat)
+                beating = beat is not None and beat.lease == leader_kv.lease
+                _wait_vacant(store, keys, revision, stop, leader_kv.lease, beating)
                 vacant_at = time.monotonic()
                 continue
             term = next_term(term_kv.value if term_kv else None)
@@ -181,8 +194,20 @@ class DriverClaim:
                 claim = cls(store, keys, record, lease, on_taken, ttl)
                 claim.taken = Taken(action, waited_on, vacant_at)
                 lease.keep_alive(on_lost=claim._lease_lost)
+                if beats:
+                    spawn("leader-beat", claim._beat)
                 return claim
             lease.revoke()  # another driver took the seat between our read and write
+
+    def _beat(self) -> None:
+        """Rewrite the beat under our lease every ``BEAT_INTERVAL`` while leading."""
+        beat = 0
+        while not self._released.wait(BEAT_INTERVAL) and self._lost is None:
+            beat += 1
+            try:
+                self._store.put(self.keys.leader_beat, str(beat).encode(), lease=self._lease.id)
+            except RendezvousError as exc:  # a lapsed lease: the claim takes it again
+                log.debug("leader beat failed: %s", exc)
 
     @property
     def lost(self) -> str | None:
@@ -327,22 +352,47 @@ class DriverClaim:
 
 
 def _wait_vacant(
-    store: KVStore, keys: JobKeys, revision: int, stop: threading.Event | None
+    store: KVStore,
+    keys: JobKeys,
+    revision: int,
+    stop: threading.Event | None,
+    lease: int,
+    beating: bool,
 ) -> None:
     """Watch the leader key from ``revision`` + 1 until it is deleted (the leader's
-    lease lapsed or it released the job).
+    lease lapsed, or it released the job). A leader that beats (``JobKeys.leader_beat``)
+    and falls silent for ``BEAT_SILENCE`` has its lease (``lease``) ended here
+    (``beating``: it beat as of ``revision``; the silence counts from now).
 
     Raises:
         JobFailed: ``stop`` was set first.
         RendezvousError: the watch failed for good.
     """
-    with store.watch_prefix(keys.driver, start_revision=revision + 1) as watch:
+    start = revision + 1
+    with contextlib.ExitStack() as watches:
+        watch = watches.enter_context(store.watch_prefix(keys.driver, start_revision=start))
+        beats = watches.enter_context(store.watch_prefix(keys.leader_beat, start_revision=start))
+        last_beat: float | None = time.monotonic() if beating else None
         while True:
             if stop is not None and stop.is_set():
                 raise JobFailed("stopped while standing by; this driver never led the job")
             event = watch.get(timeout=STANDBY_POLL)
-            if event is not None and event.key == keys.driver and event.type == "delete":
-                return
+            if event is not None and event.key == keys.driver:
+                if event.type == "delete":
+                    return
+                lease = event.kv.lease  # the leader took its seat again under a new lease
+            while (beat := beats.get(timeout=0)) is not None:
+                if beat.key == keys.leader_beat and beat.type != "delete":
+                    last_beat = time.monotonic()
+            if last_beat is not None and time.monotonic() - last_beat > BEAT_SILENCE:
+                log.warning(
+                    "the leader of job %s has not beaten for %.1fs: ending its lease",
+                    keys.job_id,
+                    time.monotonic() - last_beat,
+                )
+                with contextlib.suppress(RendezvousError):
+                    store.revoke(lease)
+                last_beat = None  # its record's deletion follows
 
 
 def _in_use(keys: JobKeys, holder_kv: KeyValue | None) -> str:

@@ -124,6 +124,7 @@ class JobServices:
             standby=cfg.standby,
             stop=self._interrupted,
             on_wait=self._standing_by,
+            beats=cfg.rendezvous.scheme == "etcd",  # (the embedded store has no standby)
         )
         # First in the run's events (right after the store, whose URL it names): several
         # runs may append to one events file, and this line is where each begins.

@@ -31,6 +31,13 @@ class JobKeys:
         return f"{self.prefix}term"
 
     @property
+    def leader_beat(self) -> str:
+        """A counter the leader rewrites every fraction of a second under its lease: a
+        standby that sees it stop takes the silent leader's lease away instead of
+        waiting for it to lapse (etcd's shortest lease is seconds)."""
+        return f"{self.prefix}leader-beat"
+
+    @property
     def driver_state(self) -> str:
         """What a successor needs of the leader's policy state (JSON of
         ``rendezvous.plan.DriverStateRecord``); written by the leader only, fenced. (Not

@@ -120,3 +120,29 @@ def test_a_standby_stops_waiting_when_told(etcd):
     with pytest.raises(JobFailed, match="never led"):
         take(etcd, keys, standby=True, stop=stop)
     leader.release(etcd)
+
+
+@pytest.mark.timeout(60)
+def test_a_standby_ends_the_lease_of_a_leader_that_stopped_beating(etcd):
+    """The leader's lease is still kept alive, but its beat stopped (a stalled
+    driver): the standby ends that lease and takes over within seconds."""
+    keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
+    leader = take(etcd, keys, beats=True)
+    worker_lease = etcd.grant_lease(10)
+    etcd.put(keys.worker("w1"), b"{}", lease=worker_lease)
+    wait_until(lambda: etcd.get(keys.leader_beat) is not None, 10, "the leader's beat")
+    waiting: list[DriverRecord] = []
+    result: list[DriverClaim] = []
+    standby = threading.Thread(
+        target=lambda: result.append(take(etcd, keys, standby=True, on_wait=waiting.append))
+    )
+    standby.start()
+    wait_until(lambda: waiting, 10, "the standby to wait on the leader")
+    leader._released.set()  # its beat stops; its lease's keep-alive goes on
+    standby.join(timeout=20)
+    assert result and result[0].record.term == 2
+    with pytest.raises(LeadershipLost):
+        leader.check()
+    leader._lease.stop_keep_alive()
+    result[0].release(etcd)
+    worker_lease.revoke()
