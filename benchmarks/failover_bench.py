@@ -17,8 +17,10 @@ standby leads, SIGKILLs a worker; it reads the standby's events:
   ``kill_to_round_s`` is that round's share after the worker's SIGKILL.
 
 The leader's lease is ``driver.claim.DRIVER_LEASE_TTL``, raised by etcd to its minimum
-(1.5 x the election timeout, rounded up to a second): a configuration per etcd timing,
-the tests' fast one (50/500 ms: 1 s leases) and etcd's default (100/1000 ms: 2 s).
+(1.5 x the election timeout, rounded up to a second); the standby ends it itself once
+the leader's beat has been silent for ``driver.claim.BEAT_SILENCE``. A configuration
+per etcd timing: the tests' fast one (50/500 ms: 1 s leases) and etcd's default
+(100/1000 ms: 2 s leases).
 
 One JSON line per configuration on stdout:
     {"bench": "failover", "workers", "etcd_timing_ms", "samples", "median_s", "p90_s",
