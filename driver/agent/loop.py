@@ -39,7 +39,7 @@ from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
-from driver.watch import follow_prefix
+from driver.watch import follow_in_thread
 from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus, leader_term
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
@@ -436,12 +436,10 @@ class Agent:
             ),
         ]
         for prefix, on_event, on_resync in feeds:
-            spawn(
+            follow_in_thread(
                 f"agent-watch-{prefix}",
-                follow_prefix,
                 self._store,
                 prefix,
-                None,
                 on_event=on_event,
                 on_resync=on_resync,
                 on_lost=lambda exc: post(_Leader(None)),

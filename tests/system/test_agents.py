@@ -33,23 +33,24 @@ pytestmark = pytest.mark.system
 SAMPLES, BATCH = 1200, 4
 
 
-def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
-    """The job's live agents by host, as their records say."""
+def read_store(url: str, read):
+    """``read(store)`` through a client of the job's etcd, closed after."""
     store = open_store(url)
     try:
-        kvs, _ = store.get_prefix(JobKeys(job_id).agents)
+        return read(store)
     finally:
         store.close()
+
+
+def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
+    """The job's live agents by host, as their records say."""
+    kvs, _ = read_store(url, lambda store: store.get_prefix(JobKeys(job_id).agents))
     return {r.host: r for r in (AgentRecord.from_json(kv.value) for kv in kvs)}
 
 
 def committed(url: str, job_id: str) -> int:
     """The job's newest committed step (rank 0's progress record), 0 before any."""
-    store = open_store(url)
-    try:
-        kv = store.get(JobKeys(job_id).progress)
-    finally:
-        store.close()
+    kv = read_store(url, lambda store: store.get(JobKeys(job_id).progress))
     return ProgressRecord.from_json(kv.value).step if kv is not None else 0
 
 
