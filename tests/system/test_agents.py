@@ -222,3 +222,22 @@ def test_a_spread_ps_shard_whose_host_is_lost_restarts_on_another_host(three_hos
         hold.unlink()
         assert run.wait(timeout=100) == 0, run.stderr_tail()
     check_converged(out, 300)
+
+
+@pytest.mark.timeout(120)
+def test_on_separate_hosts_the_embedded_stores_driver_sigkilled_ends_everything(
+    three_hosts, tmp_path
+):
+    """With the embedded store the driver is the store: SIGKILL it and the job ends on
+    every host (the agents' ssh sessions end, each agent stops its workers)."""
+    a, b, _ = three_hosts
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-H", f"{a.address}:1,{b.address}:1", "-np", "2", "--launcher", "ssh"]
+    command = exact_sum_command(out, SAMPLES, 400)
+    with ElasticRun([*args, *command], tmp_path, env=three_hosts.env()) as run:
+        run.wait_progress(40)
+        assert agent_pids(a) and agent_pids(b)
+        run.proc.send_signal(signal.SIGKILL)
+        run.wait(timeout=10)
+        wait_until(lambda: not a.pids() and not b.pids(), 30, "every process on the hosts to end")
