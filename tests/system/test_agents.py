@@ -116,6 +116,33 @@ def test_the_driver_sigkilled_training_goes_on_then_agents_stop_after_driver_tim
         assert not agents(etcd_server.url, job_id)
 
 
+@pytest.mark.timeout(90)
+def test_with_the_driver_and_its_store_both_gone_agents_stop_after_driver_timeout(
+    tmp_path, etcd_single
+):
+    """etcd itself dies with the driver: an agent that cannot see the store sees no
+    leader either, so the --driver-timeout clock starts then, and nothing is left."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    args = [
+        *("-H", "a:1,b:1", "-np", "2", "--launcher", "local"),
+        *("--rendezvous", etcd_single.url, "--job-id", job_id, "--driver-timeout", "3"),
+    ]
+    with ElasticRun([*args, *exact_sum_command(out, SAMPLES, 400)], tmp_path) as run:
+        run.wait_progress(40)
+        workers = list(run.worker_pids().values())
+        agent_pids = [r.pid for r in agents(etcd_single.url, job_id).values()]
+        run.proc.send_signal(signal.SIGKILL)
+        etcd_single.kill(0)
+        run.wait(timeout=10)
+        wait_until(
+            lambda: not any(pid_alive(p) for p in workers + agent_pids),
+            30,
+            "the agents to stop their workers and exit without a store",
+        )
+
+
 def agent_pids(host) -> list[int]:
     """The agents running on a test host (ids as seen from here)."""
     found = []
