@@ -54,7 +54,7 @@ from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
-from driver.watch import follow_prefix
+from driver.watch import follow_in_thread
 from rendezvous import env
 from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
 from rendezvous.errors import RendezvousError
@@ -324,12 +324,10 @@ class AgentLauncher(Launcher):
             (self._keys.agents, self._agent_event, self._agents_resync),
             (self._keys.processes, self._status_event, self._statuses_resync),
         ):
-            spawn(
+            follow_in_thread(
                 f"follow-{prefix}",
-                follow_prefix,
                 self._store,
                 prefix,
-                None,
                 on_event=on_event,
                 on_resync=on_resync,
                 on_lost=lambda exc: None,  # the job's own feeds say the store is lost

@@ -39,7 +39,7 @@ from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
-from driver.watch import follow_prefix
+from driver.watch import follow_in_thread
 from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus, leader_term
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
@@ -77,6 +77,11 @@ class _Leader:
 
 
 @dataclass(frozen=True)
+class _LeaderRecheck:
+    """The store is back after an outage: read the leader record afresh."""
+
+
+@dataclass(frozen=True)
 class _Round:
     value: bytes
 
@@ -97,7 +102,9 @@ class _ShutdownAsked:
     reason: str
 
 
-_News = Union[_Assigned, _AssignedAll, _Leader, _Round, _Ended, _Exited, _ShutdownAsked]
+_News = Union[
+    _Assigned, _AssignedAll, _Leader, _LeaderRecheck, _Round, _Ended, _Exited, _ShutdownAsked
+]
 
 
 class Agent:
@@ -134,6 +141,7 @@ class Agent:
         self._agent_id = agent_id
         self._queue: queue.Queue[_News] = queue.Queue()
         self._done = threading.Event()  # the feeds and the lease thread end
+        self._store_away = threading.Event()  # the lease could not be refreshed for a TTL
         self._assignments: dict[str, Assignment] = {}
         self._table = ProcessTable()
         self._view = AgentView()
@@ -210,6 +218,14 @@ class Agent:
                 self._set_assignment(kv.key[prefix:], kv.value)
         elif isinstance(item, _Leader):
             self._view = rules.leader_seen(self._view, item.term, self._clock())
+        elif isinstance(item, _LeaderRecheck):
+            try:
+                record = self._store.get(self._keys.driver)
+            except RendezvousError as exc:
+                log.debug("agent of %s: cannot read the leader record: %s", self.host, exc)
+                return
+            term = leader_term(record.value if record is not None else None)
+            self._view = rules.leader_seen(self._view, term, self._clock())
         elif isinstance(item, _Round):
             self._take_round(item.value)
         elif isinstance(item, _Ended):
@@ -334,6 +350,8 @@ class Agent:
         report each exit (best effort: the store may be gone)."""
         alive = self._table.alive()
         stop_all([e.process for e in alive if e.process is not None], self._stop_grace)
+        if self._store_away.is_set():
+            return  # each report would wait out the store's retry deadline: none is read
         for entry in alive:
             code = entry.process.returncode if entry.process is not None else None
             self._report_exit(entry.assignment.id, code if code is not None else -1)
@@ -371,6 +389,11 @@ class Agent:
         agent when it wants the host again): stop everything and end. If the store was
         only unreachable (an etcd outage keeps leases), keep refreshing."""
         lease = self._lease
+        if not isinstance(exc, LeaseNotFoundError):
+            # No leader can be seen while the store cannot: the --driver-timeout clock
+            # runs from now (not from when the watches give up).
+            self._store_away.set()
+            self._queue.put(_Leader(None))
         backoff = Backoff(None, initial=0.2, cap=1.0, stop=self._done)
         while lease is not None and not self._done.is_set():
             try:
@@ -381,6 +404,8 @@ class Agent:
             except RendezvousError as err:
                 log.debug("agent of %s: refreshing its lease failed: %s", self.host, err)
             else:
+                self._store_away.clear()
+                self._queue.put(_LeaderRecheck())  # the record may not have changed
                 self._keep_alive(lease)  # the same lease, refreshed again
                 return
             if not backoff.pause():
@@ -389,6 +414,9 @@ class Agent:
     def _unregister(self) -> None:
         lease = self._lease
         if lease is None:
+            return
+        if self._store_away.is_set():
+            lease.stop_keep_alive()  # it lapses by itself; a revoke would wait out the store
             return
         try:
             lease.revoke()
@@ -436,12 +464,10 @@ class Agent:
             ),
         ]
         for prefix, on_event, on_resync in feeds:
-            spawn(
+            follow_in_thread(
                 f"agent-watch-{prefix}",
-                follow_prefix,
                 self._store,
                 prefix,
-                None,
                 on_event=on_event,
                 on_resync=on_resync,
                 on_lost=lambda exc: post(_Leader(None)),

@@ -33,23 +33,24 @@ pytestmark = pytest.mark.system
 SAMPLES, BATCH = 1200, 4
 
 
-def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
-    """The job's live agents by host, as their records say."""
+def read_store(url: str, read):
+    """``read(store)`` through a client of the job's etcd, closed after."""
     store = open_store(url)
     try:
-        kvs, _ = store.get_prefix(JobKeys(job_id).agents)
+        return read(store)
     finally:
         store.close()
+
+
+def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
+    """The job's live agents by host, as their records say."""
+    kvs, _ = read_store(url, lambda store: store.get_prefix(JobKeys(job_id).agents))
     return {r.host: r for r in (AgentRecord.from_json(kv.value) for kv in kvs)}
 
 
 def committed(url: str, job_id: str) -> int:
     """The job's newest committed step (rank 0's progress record), 0 before any."""
-    store = open_store(url)
-    try:
-        kv = store.get(JobKeys(job_id).progress)
-    finally:
-        store.close()
+    kv = read_store(url, lambda store: store.get(JobKeys(job_id).progress))
     return ProgressRecord.from_json(kv.value).step if kv is not None else 0
 
 
@@ -113,6 +114,33 @@ def test_the_driver_sigkilled_training_goes_on_then_agents_stop_after_driver_tim
             "the agents to stop their workers and exit",
         )
         assert not agents(etcd_server.url, job_id)
+
+
+@pytest.mark.timeout(90)
+def test_with_the_driver_and_its_store_both_gone_agents_stop_after_driver_timeout(
+    tmp_path, etcd_single
+):
+    """etcd itself dies with the driver: an agent that cannot see the store sees no
+    leader either, so the --driver-timeout clock starts then, and nothing is left."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    args = [
+        *("-H", "a:1,b:1", "-np", "2", "--launcher", "local"),
+        *("--rendezvous", etcd_single.url, "--job-id", job_id, "--driver-timeout", "3"),
+    ]
+    with ElasticRun([*args, *exact_sum_command(out, SAMPLES, 400)], tmp_path) as run:
+        run.wait_progress(40)
+        workers = list(run.worker_pids().values())
+        agent_pids = [r.pid for r in agents(etcd_single.url, job_id).values()]
+        run.proc.send_signal(signal.SIGKILL)
+        etcd_single.kill(0)
+        run.wait(timeout=10)
+        wait_until(
+            lambda: not any(pid_alive(p) for p in workers + agent_pids),
+            30,
+            "the agents to stop their workers and exit without a store",
+        )
 
 
 def agent_pids(host) -> list[int]:
@@ -221,3 +249,22 @@ def test_a_spread_ps_shard_whose_host_is_lost_restarts_on_another_host(three_hos
         hold.unlink()
         assert run.wait(timeout=100) == 0, run.stderr_tail()
     check_converged(out, 300)
+
+
+@pytest.mark.timeout(120)
+def test_on_separate_hosts_the_embedded_stores_driver_sigkilled_ends_everything(
+    three_hosts, tmp_path
+):
+    """With the embedded store the driver is the store: SIGKILL it and the job ends on
+    every host (the agents' ssh sessions end, each agent stops its workers)."""
+    a, b, _ = three_hosts
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["-H", f"{a.address}:1,{b.address}:1", "-np", "2", "--launcher", "ssh"]
+    command = exact_sum_command(out, SAMPLES, 400)
+    with ElasticRun([*args, *command], tmp_path, env=three_hosts.env()) as run:
+        run.wait_progress(40)
+        assert agent_pids(a) and agent_pids(b)
+        run.proc.send_signal(signal.SIGKILL)
+        run.wait(timeout=10)
+        wait_until(lambda: not a.pids() and not b.pids(), 30, "every process on the hosts to end")
