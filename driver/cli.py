@@ -2,7 +2,9 @@
 
 Exit status: 0 when every worker of the final round exited 0; 1 with a one-line reason
 when the job failed (reset limit, elastic timeout, every host blacklisted, a worker of the
-final round failed, a discovery or store error); 2 for bad arguments (and a
+final round failed, a discovery or store error); 3 when another driver took the job
+over (this one steers nothing more; the job goes on under the new leader); 0 for a
+``--standby`` whose job ended under its leader; 2 for bad arguments (and a
 ``--log-dir`` that cannot be made, an ``--events`` file that cannot be opened).
 ``--version`` prints the version and exits 0.
 """
@@ -13,7 +15,7 @@ import logging
 import sys
 
 from driver.config import parse_args
-from driver.errors import DriverError, UsageError
+from driver.errors import DriverError, JobEnded, LeadershipLost, UsageError
 from driver.eventlog import line_prefix
 from driver.job import Job
 from rendezvous.errors import ElasticError
@@ -45,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return job.run()
+    except LeadershipLost as exc:
+        _say(str(exc))
+        return 3
+    except JobEnded as exc:
+        _say(str(exc))
+        return 0
     except (DriverError, ElasticError) as exc:
         _say(f"job failed: {exc}")
         return 1

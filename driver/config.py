@@ -28,6 +28,7 @@ from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
 from driver.flags import (
+    DEFAULT_DRIVER_TIMEOUT,
     DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
     DEFAULT_PS_MODE,
@@ -82,6 +83,9 @@ class JobConfig:
     verbosity: int
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # 0: no progress lines
     spares: int = 0  # warm spare workers kept on each usable host
+    standby: bool = False  # wait while another driver leads the job, then take it over
+    driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
+    ps_placement: str = "driver"  # "driver" | "spread"
 
     @property
     def uses_discovery(self) -> bool:
@@ -236,11 +240,18 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         ("--ps-mode", args.ps_mode),
         ("--ps-checkpoint-dir", args.ps_checkpoint_dir),
         ("--ps-checkpoint-interval", args.ps_checkpoint_interval),
+        ("--ps-placement", args.ps_placement),
     ):
         if value is not None and not args.num_ps:
             raise UsageError(
                 f"{flag} needs --num-ps N (N >= 1): without shards it would do nothing"
             )
+
+    if args.standby and (args.job_id is None or rendezvous.scheme != "etcd"):
+        raise UsageError(
+            "--standby needs --rendezvous etcd://... and the --job-id of the job to stand "
+            "by for (with the embedded store the driver is the store: nothing outlives it)"
+        )
 
     if args.chaos_max_kills is not None and args.chaos_kill_interval is None:
         raise UsageError("--chaos-max-kills needs --chaos-kill-interval (chaos is off without it)")
@@ -274,4 +285,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
         spares=args.spares,
+        standby=args.standby,
+        driver_timeout=args.driver_timeout,
+        ps_placement=args.ps_placement or "driver",
     )

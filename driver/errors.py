@@ -42,6 +42,17 @@ class JobIdInUseError(JobFailed):
     alive); the message names that driver (pid, host, since when)."""
 
 
+class LeadershipLost(DriverError):
+    """Another driver took over the job (a newer term holds the leader key): this one
+    steers nothing more. The message names the new leader; ``elastic-run`` exits with
+    status 3 and leaves the job's processes running for the new leader."""
+
+
+class JobEnded(DriverError):
+    """A ``--standby`` driver saw its leader go and nothing of the job is left: the job
+    ended under its leader, there is nothing to take over (``elastic-run`` exits 0)."""
+
+
 # ----------------------------------------------------------------------------- launching
 
 

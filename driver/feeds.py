@@ -59,14 +59,17 @@ def follow_workers_and_failures(
     stop: threading.Event,
     patience: float,
     clock: Callable[[], float] = time.monotonic,
+    revision: int | None = None,
 ) -> None:
-    """Watch the registrations, the failure reports and the progress record from the
-    store's current revision on, each in a daemon thread, until ``stop``.
+    """Watch the registrations, the failure reports and the progress record after
+    ``revision`` (default: the store's current one), each in a daemon thread, until
+    ``stop``.
 
     Raises:
         RendezvousError: the store's revision cannot be read or a watch cannot start.
     """
-    revision = store.revision()
+    if revision is None:
+        revision = store.revision()
 
     def lost(exc: Exception) -> None:
         post(StoreLost(f"{exc} (for more than --elastic-timeout {patience:g}s)"))

@@ -17,6 +17,7 @@ from typing import Callable
 from driver.errors import UsageError
 from driver.hosts import MAX_SLOTS_PER_HOST, MAX_WORKERS, BlacklistPolicy, quote_entry
 from driver.launch.launchers import LAUNCHER_NAMES
+from driver.ps_placement import PLACEMENTS
 from rendezvous.version import package_version
 
 DEFAULT_SLOTS_PER_HOST = 1
@@ -28,6 +29,7 @@ DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
 DEFAULT_PROGRESS_INTERVAL = 10.0
+DEFAULT_DRIVER_TIMEOUT = 300.0
 PS_MODES = ("async", "sync")
 
 
@@ -108,9 +110,16 @@ examples:
       --rendezvous etcd://10.0.0.5:2379,10.0.0.6:2379 python train.py
       grows and shrinks between 2 and 16 workers as the script's host list changes
 
+the driver and the store: with the default embedded store the driver *is* the store,
+so its death ends the job (every worker stops). With --rendezvous etcd://... an agent
+on each host runs that host's workers and keeps them training if the driver dies, for
+--driver-timeout; use etcd for long jobs.
+
 exit status: 0 when every worker of the final round exited 0; otherwise non-zero with a
 one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts,
-a program that cannot start, a job id that a live job holds)."""
+a program that cannot start, a job id that a live job holds); 3 when another driver
+took the job over (this one steers nothing more and leaves the workers to it); 0 for
+a --standby whose job ended under its leader."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,7 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--job-id",
         metavar="ID",
         help="names the job's keys in the store; letters, digits, '_', '.', '-'; "
-        "an id a live job holds is refused (default: a fresh random id)",
+        "an id a live driver leads is refused; with etcd, an id whose workers run "
+        "without a live driver is adopted: this driver leads them (default: a fresh "
+        "random id)",
+    )
+    store.add_argument(
+        "--standby",
+        action="store_true",
+        help="(etcd, with --job-id) while another driver leads the job, wait as its "
+        "standby and take the job over when that driver is gone (its workers keep "
+        "running); with no leader, lead at once. With the embedded store the driver is "
+        "the store: its death ends the job, so long jobs should use etcd",
     )
 
     store.add_argument(
@@ -254,6 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="fail the job after waiting this long for --min-np "
         "workers once training started (default: %(default)s)",
+    )
+    fault.add_argument(
+        "--driver-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_DRIVER_TIMEOUT,
+        metavar="SEC",
+        help="with an etcd store the job outlives its driver: each host's agent keeps "
+        "its workers training this long with no driver, then stops them cleanly and "
+        "exits (with the embedded store the driver is the store: its death ends the "
+        "job) (default: %(default)s)",
     )
     fault.add_argument(
         "--start-timeout",
@@ -302,6 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="seconds between checkpoints; needs --num-ps, and is ignored without "
         f"--ps-checkpoint-dir (default: {DEFAULT_PS_CHECKPOINT_INTERVAL:g})",
+    )
+    ps.add_argument(
+        "--ps-placement",
+        choices=PLACEMENTS,
+        help="where the shards run: 'driver' (this machine) or 'spread' (shard I on the "
+        "I-th host, round robin; a shard whose host is lost restarts on another host "
+        "from the newest checkpoint, so --ps-checkpoint-dir must be shared by the "
+        "hosts); needs --num-ps (default: driver)",
     )
 
     chaos = p.add_argument_group("chaos testing")

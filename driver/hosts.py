@@ -413,5 +413,21 @@ class HostManager:
         events.append(HostBlacklisted(host, 0, record.strikes, cooldown, now + cooldown))
         return tuple(events)
 
+    def cooldowns(self) -> tuple[tuple[str, int, float | None], ...]:
+        """Every host's ``(host, strikes, blacklisted_until)`` with a strike or a running
+        cooldown: what a successor driver needs to go on (``restore``)."""
+        return tuple(
+            (name, r.strikes, r.blacklisted_until)
+            for name, r in sorted(self._records.items())
+            if r.strikes or r.blacklisted_until is not None
+        )
+
+    def restore(self, host: str, strikes: int, until: float | None) -> None:
+        """Take over ``host``'s strikes and cooldown end (``until``, in this manager's
+        clock; None: not blacklisted) from a driver that led the job before."""
+        record = self._records.setdefault(host, _HostRecord())
+        record.strikes = max(record.strikes, strikes)
+        record.blacklisted_until = until
+
     def _is_listed(self, host: str) -> bool:
         return any(h.host == host for h in self._hosts)

@@ -37,28 +37,43 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Callable
 
+from driver import adoption, feeds, job_defaults, policy, workers
 from driver import decisions as dec
 from driver import events as ev
-from driver import feeds, job_defaults, policy, workers
 from driver import messages as msg
+from driver.adopted import EXIT_UNKNOWN, AdoptedProcesses
+from driver.agents import AgentLauncher
 from driver.config import JobConfig
-from driver.discovery import HostDiscovery
-from driver.errors import DiscoveryError, JobFailed, LauncherError, LaunchError
+from driver.discovery import HostDiscovery, is_local_host
+from driver.errors import (
+    DiscoveryError,
+    JobFailed,
+    LauncherError,
+    LaunchError,
+    LeadershipLost,
+)
 from driver.hosts import HostManager
 from driver.job_services import JobServices
 from driver.launch.launchers import Launcher
+from driver.launch.process import WorkerProcess
+from driver.leadership import ClaimAction, describe_leader, secret_id
 from driver.probe import probe
 from driver.threads import spawn
-from driver.wiring import runs_all_local, worker_bind_host, worker_spec
+from driver.wiring import job_env, runs_all_local, worker_bind_host, worker_spec
 from driver.worker_processes import WorkerProcesses
 from driver.workers import WorkerRecord
-from rendezvous.auth import make_secret
+from rendezvous import env
+from rendezvous.auth import make_secret, secret_from_env
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan, ProgressRecord, WorkerInfo
-from rendezvous.store import PUT, Compare, KeyValue, KVStore, Put
+from rendezvous.plan import DriverStateRecord, Plan, ProgressRecord, WorkerInfo
+from rendezvous.store import PUT, Delete, KeyValue, KVStore, Put
 
 log = logging.getLogger(__name__)
+
+STATE_WRITE_INTERVAL = 0.5
+"""Seconds between two writes of the driver's persisted state (``JobKeys.driver_state``)
+when it keeps changing; a change is written at most this late."""
 
 
 class Job:
@@ -85,15 +100,18 @@ class Job:
         job_defaults.make_log_dir(config)
         if events is None:
             events = job_defaults.event_log(config)
+        self._agents: AgentLauncher | None = None
         if launcher is None:
-            launcher = job_defaults.launcher(config)
+            launcher = self._agents = job_defaults.agent_launcher(config)
         if discovery is None:
             discovery = job_defaults.discovery(config)
         self.config = config
         self.events = events
         self.discovery = discovery
         self.keys = JobKeys(config.job_id)
-        self.secret = make_secret()
+        # A driver taking over a job launches with the job's secret: every driver of
+        # one job is given the same ELASTIC_JOB_SECRET (a fresh one otherwise).
+        self.secret = secret_from_env() or make_secret()
         self.hosts = HostManager(config.blacklist_policy, config.min_np, config.max_np)
         self.all_local = runs_all_local(config)
         self._clock = clock
@@ -103,6 +121,9 @@ class Job:
         self._processes = WorkerProcesses(
             launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
         )
+        self._adopted = AdoptedProcesses(self._adopted_gone)
+        self._state_written: DriverStateRecord | None = None
+        self._state_due = 0.0  # the next write of the persisted state, not before
         self.plan: Plan | None = None
         self.book = dec.Book(started_at=clock())
         self._waits: list[dec.Wait] = []
@@ -110,6 +131,7 @@ class Job:
         # wait they asked for is due (``_due``: the clock time it is).
         self._changed = True
         self._due = 0.0
+        self._usable: tuple[str, ...] = ()  # the usable hosts' names, as of the last reconcile
         self._services = JobServices(
             config,
             self.keys,
@@ -120,6 +142,7 @@ class Job:
             clock=clock,
             post=self.post,
             stop=self._stop,
+            usable_hosts=self._shard_hosts,
         )
 
     @property
@@ -154,6 +177,9 @@ class Job:
                     code = self.turn()
                     if code is not None:
                         return code
+        except LeadershipLost as exc:
+            self.events.emit(ev.LeadershipLostEvent(reason=str(exc)))
+            raise
         except (JobFailed, DiscoveryError, RendezvousError) as exc:
             rounds = self.plan.round_id if self.plan else 0
             seconds = round(self._clock() - self.book.started_at, 3)
@@ -176,11 +202,96 @@ class Job:
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
         self._services.open(hosts)
+        claim = self._services.claim
+        adopting = claim.taken.action is ClaimAction.ADOPT
+        handed_over: dict[str, WorkerProcess] = {}
+        if adopting and self._agents is not None:
+            handed_over = dict(self._agents.adopt(self._services.snapshot))
+        if self._agents is not None:
+            self._agents.attach(
+                self._services.require_store(),
+                agent_env=job_env(cfg, self.secret, self.store_url),
+                term=self._services.leader_term,
+                on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
+                stop=self._stop,
+                patience=cfg.elastic_timeout,
+                steer=self._services.steer,
+            )
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
-        self._services.start_shards()
+        self._usable = tuple(h.host for h in self.hosts.usable_hosts)
+        if adopting:
+            self._adopt(handed_over)
+            workers_of = set(self.workers)
+            self._services.adopt_shards(
+                {k: p for k, p in handed_over.items() if k not in workers_of}
+            )
+        else:
+            self._services.start_shards()
+            self.events.emit(ev.Leading(claim.record.term, "started", 0, "", 0.0))
         self._services.start_chaos()
+
+    def _adopt(self, handed_over: dict[str, WorkerProcess]) -> None:
+        """Take the job over from the store's records (``driver.adoption``): its plan,
+        its registered workers, the book and the blacklist. A worker's process is the
+        handle its agent's records gave (``handed_over``, by worker id), else known
+        from its registration alone (``driver.adopted``).
+
+        Raises:
+            JobFailed: this driver does not have the job's secret (it steps down first,
+                leaving the job as it is for a driver that has).
+        """
+        claim, now = self._services.claim, self._clock()
+        view = adoption.rebuild_view(
+            self._services.snapshot, self.keys, now=now, wall_now=time.time()
+        )
+        if view.secret_id and view.secret_id != secret_id(self.secret):
+            claim.step_down()
+            raise JobFailed(
+                f"cannot take over job {self.config.job_id!r}: this driver does not have the "
+                "job's secret; start it with ELASTIC_JOB_SECRET set as it was for the job's "
+                "first driver (the job was left as it is)"
+            )
+        self.plan, self.workers, self.book = view.plan, dict(view.workers), view.book
+        for c in view.cooldowns:
+            self.hosts.restore(c.host, c.strikes, c.until)
+        self._processes.continue_ids_after(view.launched)
+        for worker_id, (host, pid) in view.pids.items():
+            rec = self.workers[worker_id]
+            if not rec.state.running:
+                continue
+            process = handed_over.get(worker_id)
+            if process is not None:
+                self.events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, process.pid))
+                self._processes.adopt(worker_id, process)
+                continue
+            self.events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, pid))
+            self._adopted.adopt(worker_id, pid, local=self.all_local or is_local_host(host))
+        for worker_id, process in handed_over.items():
+            # Launched by the predecessor, running, not registered yet: it joins later.
+            if worker_id in self.workers or env.ENV_WORKER_ID not in process.spec.env:
+                continue
+            spec = process.spec
+            self.workers[worker_id] = WorkerRecord.launched(worker_id, spec.host, spec.slot, now)
+            self.events.emit(ev.WorkerAdopted(worker_id, spec.host, spec.slot, process.pid))
+            self._processes.adopt(worker_id, process)
+        for rec in list(self.workers.values()):
+            # What the predecessor was stopping or killing is asked again in this term
+            # (an agent refuses its older term's request once it has seen ours).
+            if rec.state.running and not rec.state.active:
+                self._give_up_again(rec)
+        previous = claim.taken.previous
+        vacant_at = claim.taken.vacant_at
+        self.events.emit(
+            ev.Leading(
+                claim.record.term,
+                "adopted",
+                sum(1 for r in self.workers.values() if r.state.running),
+                describe_leader(previous) if previous is not None else "",
+                round(time.monotonic() - vacant_at, 3) if vacant_at is not None else 0.0,
+            )
+        )
 
     def turn(self, max_wait: float | None = None) -> int | None:
         """One round of the loop: reconcile, check the outcome, then handle the next
@@ -195,6 +306,7 @@ class Job:
             code = self._settle()
             if code is not None:
                 return code
+            self._persist_state()
             self._changed = False
             self._due = self._clock() + policy.next_wakeup(self._waits, self._clock())
         wait = max(self._due - self._clock(), policy.MIN_SLEEP)
@@ -212,11 +324,16 @@ class Job:
 
     def close(self) -> None:
         """Stop the chaos, the shards and every worker; delete the job's keys and end
-        the driver's lease (when this driver holds the job id); close the store."""
+        the driver's lease (when this driver still leads the job: one that lost the
+        lead leaves the job's processes and keys to the new leader); close the store."""
         self._stop.set()
         self._services.stop()
-        running = [r.worker_id for r in self.workers.values() if r.state.running]
-        self._processes.stop_all(running)
+        if self._services.leads:
+            running = [r.worker_id for r in self.workers.values() if r.state.running]
+            self._adopted.stop_all([w for w in running if w in self._adopted])
+            self._processes.stop_all([w for w in running if w not in self._adopted])
+            if self._agents is not None:
+                self._agents.close()
         self._services.close()
 
     # ------------------------------------------------------------------ decisions
@@ -224,6 +341,7 @@ class Job:
         now, records, cfg = self._clock(), self.workers, self.config
         self._emit_host_events(self.hosts.release_expired(now))
         view = dec.HostsView.of(self.hosts)
+        self._usable = tuple(h.host for h in view.usable)
         self._waits = []
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
         self._apply(policy.workers_to_stop(records, view.usable))
@@ -257,31 +375,41 @@ class Job:
         raise JobFailed(reason)
 
     def _publish(self, decision: dec.Publish) -> None:
-        plan = decision.plan
-        published = self._services.require_store().txn(
-            # Only while no worker has recorded that its training returned: a round formed
-            # after that would hand newcomers a finished training (JobKeys.training_finished).
-            [Compare(self.keys.training_finished, "version", "==", 0)],
-            [Put(self.keys.round, plan.to_json())],
+        plan = replace(decision.plan, term=self._services.claim.record.term)
+        # One fenced write: the plan, the state that goes with it (its reset counted),
+        # and the reports about older rounds, which this one settles; only while no
+        # worker has recorded that its training returned: a round formed after that would
+        # hand newcomers a finished training (JobKeys.training_finished).
+        state = self._state_record()
+        published = self._services.steer_unless(
+            self.keys.training_finished,
+            [
+                Put(self.keys.round, plan.to_json()),
+                Put(self.keys.driver_state, state.to_json()),
+                Delete(self.keys.failures, prefix=True),
+            ],
         )
-        if not published.succeeded:
+        if published is None:
             log.info("round %d not formed: the training has finished", plan.round_id)
             self.book = replace(self.book, training_done=True)
             return
+        self._state_written = state
         self.plan = plan
         self.book = self.book.new_round()
         self._processes.assign_ranks(plan)
         members = list(plan.worker_ids)
         self.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
-        # Reports about older rounds are settled by this one.
-        self._services.delete_quietly(self.keys.failures)
 
     def _kill(self, decision: dec.Kill) -> None:
         rec = self.workers.get(decision.worker_id)
         if rec is None or not rec.state.running:
             return
         log.info("killing worker %s: %s", rec.worker_id, decision.reason)
-        self._processes.kill(rec.worker_id)
+        self._services.claim.check()
+        if rec.worker_id in self._adopted:
+            self._adopted.kill(rec.worker_id)
+        else:
+            self._processes.kill(rec.worker_id)
         now = self._clock()
         self.workers[rec.worker_id] = workers.killed(
             rec, now, chaos=decision.chaos, reason=decision.reason
@@ -291,8 +419,12 @@ class Job:
 
     def _stop_worker(self, decision: dec.Stop) -> None:
         rec = self.workers[decision.worker_id]
+        self._services.claim.check()
         self.workers[rec.worker_id] = workers.stopping(rec, self._clock())
-        self._processes.stop(rec.worker_id)
+        if rec.worker_id in self._adopted:
+            self._adopted.stop(rec.worker_id)
+        else:
+            self._processes.stop(rec.worker_id)
 
     def _launch(self, decision: dec.Launch) -> None:
         self._start_worker(decision.host, decision.slot, spare=False)
@@ -303,6 +435,7 @@ class Job:
     def _start_worker(self, host: str, slot: int, spare: bool) -> None:
         """Start a worker in ``slot`` of ``host``, or (``spare``) the host's spare number
         ``slot``: one route for both."""
+        self._services.claim.check()  # a driver that lost the lead starts nothing
         worker_id = self._processes.new_id(host, f"s{slot}" if spare else slot)
         bind = worker_bind_host(host, self.all_local, self._services.advertised_host)
         spec = worker_spec(
@@ -359,7 +492,9 @@ class Job:
         _MESSAGES[type(message)](self, message)
 
     def _on_exit(self, message: msg.ProcessExited) -> None:
-        rec = self.workers[message.worker_id]
+        rec = self.workers.get(message.worker_id)
+        if rec is None or not rec.state.running:
+            return  # an adopted worker's end, seen twice (its pid, a kill that gave it up)
         if rec.info is not None:
             # Do not wait for its lease: the process is gone.
             self._services.delete_quietly(self.keys.worker(rec.worker_id))
@@ -402,6 +537,8 @@ class Job:
         if rec is None or not rec.state.running:
             return
         now = self._clock()
+        if kv is None and self._adopted.lapsed(worker_id):
+            return  # an adopted worker on another host: its lapse is its end (posted)
         if kv is None:
             self.workers[worker_id] = workers.unregistered(rec, now)
         else:
@@ -433,6 +570,11 @@ class Job:
         )
         self._apply(decisions)
 
+    def _on_agent_lost(self, message: msg.AgentLost) -> None:
+        """A host whose agent stopped answering is lost, as a host that does not answer
+        a probe: its workers are dropped at once and the host blacklisted."""
+        self._on_probe_answered(msg.ProbeAnswered(message.host, False, message.detail))
+
     def _on_progress(self, message: msg.ProgressReported) -> None:
         try:
             record = ProgressRecord.from_json(message.value)
@@ -451,8 +593,59 @@ class Job:
         candidates = policy.chaos_candidates(self.workers, self.plan, self.book)
         victim = chaos.strike(candidates) if chaos and candidates else None
         if victim is not None and chaos is not None:
-            pid, kills = self._processes.pid(victim), chaos.kills
+            pid = self._adopted.pid(victim) if victim in self._adopted else None
+            pid, kills = pid or self._processes.pid(victim), chaos.kills
             self._apply(policy.chaos_kill(self.workers[victim], self.plan, pid, kills))
+
+    # ------------------------------------------------------------------ the lead
+    def _give_up_again(self, rec: WorkerRecord) -> None:
+        """Stop (or kill) an adopted worker the predecessor had given up on."""
+        worker_id = rec.worker_id
+        stop = rec.state is workers.WorkerState.STOPPING
+        if worker_id in self._processes:
+            (self._processes.stop if stop else self._processes.kill)(worker_id)
+        elif worker_id in self._adopted:
+            (self._adopted.stop if stop else self._adopted.kill)(worker_id)
+
+    def _adopted_gone(self, worker_id: str) -> None:
+        """An adopted worker is gone (a helper thread): its exit, code unknown, unless
+        it said it finished its training (then 0)."""
+        finished = self._services.has_key(self.keys.finished(worker_id))
+        self.post(msg.ProcessExited(worker_id, 0 if finished else EXIT_UNKNOWN))
+
+    def _state_record(self) -> DriverStateRecord:
+        now = self._clock()
+        cooldowns = [adoption.Cooldown(h, n, u) for h, n, u in self.hosts.cooldowns()]
+        return adoption.state_record(
+            self._services.claim.record.term,
+            self.book,
+            cooldowns,
+            self._processes.launched,
+            self.workers,
+            secret_id(self.secret),
+            now=now,
+            wall_now=time.time(),
+        )
+
+    def _persist_state(self) -> None:
+        """Write the persisted state when it changed, at most every
+        ``STATE_WRITE_INTERVAL`` (fenced: ``LeadershipLost`` if another driver leads)."""
+        record = self._state_record()
+        if not adoption.state_changed(self._state_written, record):
+            return
+        now = self._clock()
+        if now < self._state_due:
+            self._waits.append(dec.Wait(self._state_due, "the next write of the driver state"))
+            return
+        try:
+            self._services.steer([Put(self.keys.driver_state, record.to_json())])
+        except RendezvousError as exc:
+            log.warning("could not write the driver's state: %s", exc)
+            return
+        self._state_written, self._state_due = record, now + STATE_WRITE_INTERVAL
+
+    def _lead_lost(self, message: msg.LeadLost) -> None:
+        raise LeadershipLost(message.reason)
 
     # ------------------------------------------------------------------ helpers
     def _emit_host_events(self, host_events: Sequence[ev.HostEvent]) -> None:
@@ -460,6 +653,13 @@ class Job:
             self.events.emit(host_event)
         if host_events:
             self.book = self.book.changed(self._clock())
+
+    def _shard_hosts(self) -> tuple[str, ...]:
+        """The hosts a ps shard may be started on now (read from the ps supervisor's
+        threads: a snapshot the loop replaces at each reconcile, minus the hosts whose
+        agent was just lost, which the loop may not have handled yet)."""
+        lost = self._agents.lost_hosts() if self._agents is not None else frozenset()
+        return tuple(h for h in self._usable if h not in lost)
 
     def _any_registered(self) -> bool:
         """A worker of this job has registered: its program can start."""
@@ -487,6 +687,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
     msg.RegistryResync: Job._on_registry_resync,
     msg.FailureReport: Job._on_failure_report,
     msg.ProbeAnswered: Job._on_probe_answered,
+    msg.AgentLost: Job._on_agent_lost,
     # Missed reports are hints superseded by process exits: nothing to catch up on.
     msg.FailureResync: lambda job, m: None,
     msg.HostsFound: lambda job, m: job._emit_host_events(job.hosts.update(m.hosts, job._clock())),
@@ -499,4 +700,5 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
     msg.KillRequested: lambda job, m: job._kill(dec.Kill(m.worker_id, m.reason)),
     msg.ChaosTick: Job._on_chaos_tick,
     msg.Fatal: lambda job, m: job._end(m.reason),
+    msg.LeadLost: Job._lead_lost,
 }

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 
+from driver.agents import AgentLauncher, uses_agent
 from driver.config import JobConfig
-from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery
+from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
 from driver.errors import EventLogError, UsageError
 from driver.eventlog import EventLog
 from driver.launch.launchers import Launcher, get_launcher
@@ -50,6 +51,27 @@ def event_log(config: JobConfig) -> EventLog:
 def launcher(config: JobConfig) -> Launcher:
     """The launcher of ``--launcher``, with the ssh options of ``ELASTIC_SSH_OPTIONS``."""
     return get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
+
+
+def agent_launcher(config: JobConfig) -> AgentLauncher:
+    """The launcher of ``--launcher`` behind per-host agents: through agents for the
+    hosts ``driver.agents.uses_agent`` picks (every host with etcd, the ssh hosts with
+    the embedded store), directly for the others."""
+    base = launcher(config)
+    etcd = config.rendezvous.scheme == "etcd"
+
+    def use_agent(host: str) -> bool:
+        local = config.launcher == "local" or (config.launcher == "auto" and is_local_host(host))
+        return uses_agent(local, etcd)
+
+    return AgentLauncher(
+        base,
+        base,
+        job_id=config.job_id,
+        driver_timeout=config.driver_timeout,
+        detach=etcd,
+        use_agent=use_agent,
+    )
 
 
 def discovery(config: JobConfig) -> HostDiscovery:

@@ -63,6 +63,14 @@ class FailureResync:
 
 
 @dataclass(frozen=True)
+class AgentLost:
+    """The agent of ``host`` stopped answering (its record's lease lapsed)."""
+
+    host: str
+    detail: str
+
+
+@dataclass(frozen=True)
 class HostsFound:
     """A discovery run listed ``hosts``."""
 
@@ -117,6 +125,14 @@ class Fatal:
     reason: str
 
 
+@dataclass(frozen=True)
+class LeadLost:
+    """Another driver took the job over: ``reason`` names it (this one must stop
+    steering at once)."""
+
+    reason: str
+
+
 Message = Union[
     ProcessExited,
     RegistryChanged,
@@ -124,6 +140,7 @@ Message = Union[
     FailureReport,
     FailureResync,
     ProbeAnswered,
+    AgentLost,
     HostsFound,
     DiscoveryFailed,
     SignalReceived,
@@ -132,6 +149,7 @@ Message = Union[
     KillRequested,
     ChaosTick,
     Fatal,
+    LeadLost,
 ]
 
 

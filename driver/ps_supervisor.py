@@ -43,6 +43,7 @@ from driver.events import CheckpointWritten, EventSink, PsExited, PsRestarted, P
 from driver.launch.launchers import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
+from driver.ps_placement import ShardPlacement
 from driver.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -101,7 +102,9 @@ def shard_command(
 
 
 class PSSupervisor:
-    """Runs shard ``i`` as ``commands[i]`` with ``env`` added to the driver's environment.
+    """Runs shard ``i`` as ``commands[i]`` with ``env`` added to the driver's environment,
+    on the driver's machine; or, with a ``placement``, on the host and with the command
+    line it says (``driver.ps_placement``: a shard whose host is lost moves).
 
     ``store``/``keys``: where the shards' records are; ``launcher`` starts them (as
     ``localhost`` slot ``i``, output prefixed ``[psI]``); ``events`` receives the ps
@@ -122,8 +125,11 @@ class PSSupervisor:
         ready_timeout: float,
         store_patience: float,
         clock: Callable[[], float] = time.monotonic,
+        placement: ShardPlacement | None = None,
     ):
         self.commands = list(commands)
+        self._placement = placement or ShardPlacement(lambda index, host: self.commands[index])
+        self._hosts: dict[int, str] = {}  # shard -> the host it was last started on
         self.env = dict(env)
         self.num_shards = len(self.commands)
         self.ready_timeout = ready_timeout
@@ -154,15 +160,7 @@ class PSSupervisor:
                 cannot go on (the ``on_fatal`` reason).
             LauncherError: a shard cannot be started.
         """
-        for name, prefix, take in (
-            ("ps-shards", self._keys.ps, self._take_shard_record),
-            ("ps-checkpoints", self._keys.ps_checkpoint, self._take_checkpoint),
-        ):
-            thread = threading.Thread(
-                target=self._follow, args=(prefix, take), name=name, daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+        self._follow_records()
         for index in range(self.num_shards):
             self._launch(index)
         deadline = self._clock() + self.ready_timeout
@@ -178,6 +176,41 @@ class PSSupervisor:
                         f"{self.ready_timeout:g}s (see their output above)"
                     )
                 self._lock.wait(min(remaining, 0.5))
+
+    def adopt(self, running: Mapping[int, WorkerProcess]) -> None:
+        """Supervise shards a driver that led the job before started (``running``, by
+        index: the handles their agent's records gave) as if this one had: follow their
+        records and checkpoints, restart them when they die; start the missing ones
+        (without waiting for them: clients retry until they serve).
+
+        Raises:
+            LauncherError: a missing shard cannot be started.
+        """
+        self._follow_records()
+        for index in range(self.num_shards):
+            proc = running.get(index)
+            if proc is None:
+                self._launch(index)
+                continue
+            with self._lock:
+                self._procs[index] = proc
+                self._hosts[index] = proc.spec.host
+                self._ready[index] = proc.pid  # it served its predecessor
+            threading.Thread(
+                target=self._watch, args=(index, proc), daemon=True, name=f"ps{index}-wait"
+            ).start()
+
+    def _follow_records(self) -> None:
+        """Follow the shards' records and the checkpoints, each in a thread."""
+        for name, prefix, take in (
+            ("ps-shards", self._keys.ps, self._take_shard_record),
+            ("ps-checkpoints", self._keys.ps_checkpoint, self._take_checkpoint),
+        ):
+            thread = threading.Thread(
+                target=self._follow, args=(prefix, take), name=name, daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self, coordinator_grace: float = STOP_GRACE_COORDINATOR) -> None:
         """Stop every shard: shard 0 first (SIGTERM: its final checkpoint, SIGKILL after
@@ -295,10 +328,11 @@ class PSSupervisor:
         Raises:
             LauncherError: the shard cannot be started.
         """
+        host = self._placement.host_for(index, self._hosts.get(index))
         spec = LaunchSpec(
-            host="localhost",
+            host=host,
             slot=index,
-            command=self.commands[index],
+            command=self._placement.command_for(index, host),
             env=self.env,
             cwd=os.getcwd(),
             label=f"ps{index}",
@@ -310,6 +344,7 @@ class PSSupervisor:
                 return False
             proc = self._launcher.launch(spec)
             self._procs[index] = proc
+            self._hosts[index] = host
             self._ready.pop(index, None)
             # Only a record written after this launch can make the new process ready.
             self._records.pop(index, None)

@@ -83,3 +83,34 @@ def _read_and_watch(
             return None
         on_resync(kvs)
         return watch
+
+
+def follow_in_thread(
+    name: str,
+    store: KVStore,
+    prefix: str,
+    *,
+    on_event: Callable[[Event], None],
+    on_resync: Callable[[Sequence[KeyValue]], None],
+    on_lost: Callable[[Exception], None],
+    stop: threading.Event,
+    patience: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> threading.Thread:
+    """``follow_prefix`` from a fresh read, in a daemon thread called ``name``."""
+    thread = threading.Thread(
+        target=follow_prefix,
+        args=(store, prefix, None),
+        kwargs={
+            "on_event": on_event,
+            "on_resync": on_resync,
+            "on_lost": on_lost,
+            "stop": stop,
+            "patience": patience,
+            "clock": clock,
+        },
+        name=name,
+        daemon=True,
+    )
+    thread.start()
+    return thread

@@ -157,18 +157,20 @@ def worker_spec(
 
 def shard_commands(config: JobConfig, bind_host: str) -> list[tuple[str, ...]]:
     """The command line of each ps shard (checkpoint directory made absolute)."""
+    return [shard_command_for(config, i, bind_host) for i in range(config.num_ps)]
+
+
+def shard_command_for(config: JobConfig, index: int, bind_host: str) -> tuple[str, ...]:
+    """The command line of ps shard ``index`` binding ``bind_host``."""
     checkpoint_dir = os.path.abspath(config.ps_checkpoint_dir) if config.ps_checkpoint_dir else None
-    return [
-        shard_command(
-            i,
-            config.num_ps,
-            config.ps_mode,
-            bind_host,
-            checkpoint_dir,
-            config.ps_checkpoint_interval,
-        )
-        for i in range(config.num_ps)
-    ]
+    return shard_command(
+        index,
+        config.num_ps,
+        config.ps_mode,
+        bind_host,
+        checkpoint_dir,
+        config.ps_checkpoint_interval,
+    )
 
 
 def open_job_store(

@@ -4,7 +4,10 @@ The main loop (``driver.job``) keeps each worker's record (``driver.workers``), 
 facts the rules decide on; this class keeps the other half, the process behind each
 record, and does the I/O on it. It is given what it uses (the launcher, and a callback
 for an exit), so it knows nothing of the loop, the records or the rules: the loop asks
-it to act once a rule has decided.
+it to act once a rule has decided. With ``elastic-run``'s own launcher
+(``driver.agents.AgentLauncher``) a host's processes go through its agent: the launch
+writes an assignment, the exit comes from the agent's status record, and a kill or a
+stop rewrites the assignment; this class sees the same process handle either way.
 """
 
 from __future__ import annotations
@@ -38,6 +41,15 @@ class WorkerProcesses:
         self._launched += 1
         return worker_id_for(host, slot, self._launched)
 
+    @property
+    def launched(self) -> int:
+        """How many worker ids were made (the sequence a successor goes on from)."""
+        return self._launched
+
+    def continue_ids_after(self, launched: int) -> None:
+        """Make ids after ``launched`` (a driver taking over goes on with the job's ids)."""
+        self._launched = max(self._launched, launched)
+
     def start(self, worker_id: str, spec: LaunchSpec) -> int:
         """Start the worker ``spec`` describes, and follow its exit. Returns its pid.
 
@@ -48,6 +60,15 @@ class WorkerProcesses:
         self._processes[worker_id] = process
         spawn(f"wait-{worker_id}", self._wait_exit, worker_id, process)
         return process.pid
+
+    def adopt(self, worker_id: str, process: WorkerProcess) -> None:
+        """Take ``process`` (launched by a driver that led the job before, and handed
+        over by its agent's records) as this worker's, and follow its exit."""
+        self._processes[worker_id] = process
+        spawn(f"wait-{worker_id}", self._wait_exit, worker_id, process)
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._processes
 
     def _wait_exit(self, worker_id: str, process: WorkerProcess) -> None:
         code = process.wait(timeout=None)

@@ -16,6 +16,11 @@ however long that takes. The wait costs nothing: the thread sleeps on a conditio
 that the round watch wakes when a plan arrives (a plan that leaves it out puts it
 back to sleep), not on a poll of the store.
 
+Plans carry the leader term of the driver that wrote them: a worker remembers the
+newest term it has taken and refuses (logs and ignores) a plan of an older one, so a
+driver that lost the lead (paused, then woken up after a takeover) steers nothing even
+if a write of it slipped past its fence.
+
 A worker that sees a collective fail reports it under ``/elastic/<job>/failures/`` so the
 driver learns of it even when it cannot see the peer's process (a remote host). A ring
 neighbour that has gone silent (``CommSettings.suspect_after``) is reported there too,
@@ -52,7 +57,7 @@ from rendezvous.errors import (
     RendezvousError,
 )
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo
+from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo, plan_is_current
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, Compare, KVStore, Lease, Put, Watch
 from rendezvous.url import parse_store_url
@@ -139,6 +144,7 @@ class WorkerRuntime:
         self.keys = JobKeys(settings.job_id)
         self._cond = threading.Condition()
         self._latest: Plan | None = None  # newest plan seen (may not include us)
+        self.term_seen = 0  # the newest leader term of a plan taken: older ones are refused
         self.plan: Plan | None = None  # the round our communicator belongs to
         self.comm: Communicator | None = None
         self._store: KVStore | None = None
@@ -294,9 +300,18 @@ class WorkerRuntime:
 
     def _note_plan(self, plan: Plan) -> None:
         with self._cond:
-            if self._latest is not None and plan.round_id <= self._latest.round_id:
+            if not plan_is_current(plan, self._latest, self.term_seen):
+                if plan.term < self.term_seen:
+                    log.warning(
+                        "ignoring round %d of leader term %d: a driver of term %d leads "
+                        "the job now",
+                        plan.round_id,
+                        plan.term,
+                        self.term_seen,
+                    )
                 return
             self._latest = plan
+            self.term_seen = max(self.term_seen, plan.term)
             self._cond.notify_all()
             left_out = self.member is not None and plan.member(self.settings.worker_id) is None
         if left_out:

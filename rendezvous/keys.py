@@ -24,6 +24,27 @@ class JobKeys:
         return f"{self.prefix}driver"
 
     @property
+    def term(self) -> str:
+        """The newest leader term (a decimal number, no lease): it outlives the leader
+        record, so a successor takes the next term even after the leader's key lapsed.
+        Written with the leader record, in the transaction that takes the lead."""
+        return f"{self.prefix}term"
+
+    @property
+    def leader_beat(self) -> str:
+        """A counter the leader rewrites every fraction of a second under its lease: a
+        standby that sees it stop takes the silent leader's lease away instead of
+        waiting for it to lapse (etcd's shortest lease is seconds)."""
+        return f"{self.prefix}leader-beat"
+
+    @property
+    def driver_state(self) -> str:
+        """What a successor needs of the leader's policy state (JSON of
+        ``rendezvous.plan.DriverStateRecord``); written by the leader only, fenced. (Not
+        under the leader key's name: agents watch that name as a prefix.)"""
+        return f"{self.prefix}state"
+
+    @property
     def round(self) -> str:
         """The current plan (JSON of ``rendezvous.plan.Plan``); written by the driver only."""
         return f"{self.prefix}round"
@@ -89,3 +110,43 @@ class JobKeys:
         """The newest complete ps checkpoint (JSON of ``rendezvous.plan.CheckpointRecord``);
         written by the coordinating shard, watched by the driver."""
         return f"{self.prefix}ps-checkpoint"
+
+    # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
+    @property
+    def agents(self) -> str:
+        """Prefix of the agents' records, one key per host under the agent's own lease."""
+        return f"{self.prefix}agents/"
+
+    def agent(self, host: str) -> str:
+        """The agent of ``host`` (JSON of ``AgentRecord``): while it exists, the host's
+        agent is alive; its lease lapsing means the host is lost."""
+        return f"{self.agents}{_label(host)}"
+
+    def assignments(self, host: str) -> str:
+        """Prefix of what ``host`` should run, one ``Assignment`` per process; written by
+        the leader only."""
+        return f"{self.prefix}assign/{_label(host)}/"
+
+    def assignment(self, host: str, process_id: str) -> str:
+        return f"{self.assignments(host)}{_label(process_id)}"
+
+    @property
+    def processes(self) -> str:
+        """Prefix of the process statuses the agents write (``ProcessStatus``)."""
+        return f"{self.prefix}proc/"
+
+    def process(self, host: str, process_id: str) -> str:
+        """How process ``process_id`` of ``host`` runs or ended (written by its agent)."""
+        return f"{self.processes}{_label(host)}/{_label(process_id)}"
+
+    @property
+    def ended(self) -> str:
+        """Written by the leader when the job is over: every agent stops what it runs and
+        exits (a driver that dies leaves no such key: agents then wait for a successor
+        for ``--driver-timeout``)."""
+        return f"{self.prefix}ended"
+
+
+def _label(name: str) -> str:
+    """A host or process name as one key segment (a '/' would make it two)."""
+    return name.replace("/", "%2F")

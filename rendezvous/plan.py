@@ -51,10 +51,14 @@ class Member:
 
 @dataclass(frozen=True)
 class Plan:
-    """Round ``round_id``: its members in rank order. Rounds only grow."""
+    """Round ``round_id``: its members in rank order. Rounds only grow. ``term``: the
+    leader term of the driver that published it (0 in plans made outside a job); a
+    worker refuses a plan of a term older than the newest it has seen
+    (``plan_is_current``)."""
 
     round_id: int
     members: tuple[Member, ...] = field(default_factory=tuple)
+    term: int = 0
 
     @property
     def size(self) -> int:
@@ -72,7 +76,11 @@ class Plan:
 
     def to_json(self) -> bytes:
         return json.dumps(
-            {"round_id": self.round_id, "members": [asdict(m) for m in self.members]},
+            {
+                "round_id": self.round_id,
+                "members": [asdict(m) for m in self.members],
+                "term": self.term,
+            },
             sort_keys=True,
         ).encode()
 
@@ -80,8 +88,20 @@ class Plan:
     def from_json(cls, data: bytes) -> Plan:
         raw = json.loads(data)
         return cls(
-            round_id=int(raw["round_id"]), members=tuple(Member(**m) for m in raw["members"])
+            round_id=int(raw["round_id"]),
+            members=tuple(Member(**m) for m in raw["members"]),
+            term=int(raw.get("term", 0)),
         )
+
+
+def plan_is_current(plan: Plan, latest: Plan | None, highest_term: int) -> bool:
+    """Whether a worker takes ``plan``, having ``latest`` and the leader term
+    ``highest_term`` seen so far (pure): a plan of an older term comes from a driver
+    that has lost the lead (a paused old leader that woke up) and is refused; else only
+    a newer round counts."""
+    if plan.term < highest_term:
+        return False
+    return latest is None or plan.round_id > latest.round_id
 
 
 @dataclass(frozen=True)
@@ -180,3 +200,43 @@ class ProgressRecord(JsonRecord):
     step: int
     round_id: int
     worker_id: str = ""
+
+
+@dataclass(frozen=True)
+class BlacklistEntry(JsonRecord):
+    """A blacklisted host in ``DriverStateRecord``: its strikes so far and the unix time
+    its cooldown ends (wall clock: a successor on another host has its own monotonic
+    clock)."""
+
+    host: str
+    strikes: int
+    until: float
+
+
+@dataclass(frozen=True)
+class DriverStateRecord(JsonRecord):
+    """What the leader of ``term`` knows that the store does not otherwise say, under
+    ``JobKeys.driver_state`` (written by the leader when it changes, fenced): what a
+    successor needs to go on as if nothing happened.
+
+    ``resets``/``failure_streak``: the round rules' counters; ``blacklist``: hosts in
+    their cooldown, with strikes (``BlacklistEntry`` as lists ``[host, strikes, until]``);
+    ``strikes``: every host's strikes (``[host, n]``), cooldowns ended included;
+    ``done_slots``: ``[host, slot]`` whose worker finished; ``training_done``: a member's
+    training function returned; ``launched``: the worker-id sequence (ids are never
+    reused); ``given_up``: ``[worker_id, state]`` of workers the leader was stopping or
+    killing (a successor must not take them back); ``secret_id``: a fingerprint of the
+    job secret (never the secret), so a successor launching with another is refused;
+    ``written``: unix time."""
+
+    term: int
+    resets: int = 0
+    failure_streak: int = 0
+    blacklist: list = field(default_factory=list)
+    strikes: list = field(default_factory=list)
+    done_slots: list = field(default_factory=list)
+    training_done: bool = False
+    launched: int = 0
+    given_up: list = field(default_factory=list)
+    secret_id: str = ""
+    written: float = 0.0

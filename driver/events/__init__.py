@@ -47,7 +47,16 @@ from driver.events.hosts import (
     HostSlotsChanged,
     HostUnreachable,
 )
-from driver.events.job import JobDone, JobFailure, JobStarted, RoundFormed, Waiting
+from driver.events.job import (
+    JobDone,
+    JobFailure,
+    JobStarted,
+    LeadershipLostEvent,
+    Leading,
+    RoundFormed,
+    StandingBy,
+    Waiting,
+)
 from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
 from driver.events.workers import (
     ChaosKill,
@@ -55,6 +64,7 @@ from driver.events.workers import (
     SpareLost,
     SparePromoted,
     SpareReady,
+    WorkerAdopted,
     WorkerExited,
     WorkerFailed,
     WorkerStarted,
@@ -76,7 +86,10 @@ __all__ = [
     "KINDS",
     # job
     "JobStarted",
+    "Leading",
+    "LeadershipLostEvent",
     "RoundFormed",
+    "StandingBy",
     "Waiting",
     "JobDone",
     "JobFailure",
@@ -86,6 +99,7 @@ __all__ = [
     "StoreBack",
     # workers
     "WorkerStarted",
+    "WorkerAdopted",
     "WorkerExited",
     "WorkerFailed",
     "WorkerStopping",

@@ -83,3 +83,52 @@ class JobFailure(Event):
 
     def __str__(self) -> str:
         return f"job failed: {self.reason}"
+
+
+@dataclass(frozen=True)
+class StandingBy(Event):
+    """This driver is a standby of job ``job_id``, led by ``leader`` (its description)."""
+
+    kind: ClassVar[str] = "standing_by"
+    job_id: str
+    leader: str
+    term: int
+
+    def __str__(self) -> str:
+        return f"standing by for job {self.job_id}, led by {self.leader}"
+
+
+@dataclass(frozen=True)
+class Leading(Event):
+    """This driver leads the job in ``term``: ``how`` "started" (a fresh job) or
+    "adopted" (the job's workers ran without a leader: ``adopted`` of them taken over,
+    ``previous`` the leader waited on, "" when none). ``seconds``: from the seat seen
+    empty to this driver ready to form a round (0 for a fresh job)."""
+
+    kind: ClassVar[str] = "leading"
+    term: int
+    how: str
+    adopted: int
+    previous: str
+    seconds: float
+
+    def __str__(self) -> str:
+        if self.how != "adopted":
+            return f"leading the job (term {self.term})"
+        after = f" after {self.previous}" if self.previous else ""
+        return (
+            f"took over the job{after}: term {self.term}, {plural(self.adopted, 'worker')} "
+            f"adopted, ready in {format_seconds(self.seconds)}"
+        )
+
+
+@dataclass(frozen=True)
+class LeadershipLostEvent(Event):
+    """Another driver took the job over; this one steers nothing more."""
+
+    kind: ClassVar[str] = "leadership_lost"
+    quiet: ClassVar[bool] = True
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason

@@ -81,6 +81,22 @@ class SpareLost(Event):
 
 
 @dataclass(frozen=True)
+class WorkerAdopted(Event):
+    """A worker another driver launched, taken over with the job (known from its
+    registration: ``pid`` on its host)."""
+
+    kind: ClassVar[str] = "worker_adopted"
+    quiet: ClassVar[bool] = True
+    worker: str
+    host: str
+    slot: int
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{worker_label(self.host, self.slot)} adopted (pid {self.pid})"
+
+
+@dataclass(frozen=True)
 class WorkerExited(Event):
     """The worker finished on its own with code 0."""
 

@@ -47,9 +47,12 @@ def worker_prefix(rank: int | None, label: str) -> str:
 
 
 def format_line(prefix: str, line: bytes) -> bytes:
-    """One output line: ``prefix``, a space, the line, exactly one trailing newline."""
+    """One output line: ``prefix``, a space, the line, exactly one trailing newline
+    (an empty ``prefix``: the line as it is, for output prefixed already, an agent's)."""
     if not line.endswith(b"\n"):
         line += b"\n"
+    if not prefix:
+        return line
     return prefix.encode("utf-8", "replace") + b" " + line
 
 

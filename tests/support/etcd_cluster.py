@@ -48,11 +48,13 @@ class EtcdCluster:
         ready_timeout: float = 30.0,
         tls: dict | None = None,
         hosts: list | None = None,
+        timing_ms: tuple[int, int] = (50, 500),
     ):
         """``tls``: {"cert", "key", "ca"} file paths: clients must then speak TLS and show a
         certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env).
         ``hosts``: one test host per member (``tests.support.netns_hosts.NetnsHost``)."""
         self.tls = tls
+        self.timing_ms = timing_ms  # (heartbeat, election timeout): etcd's are (100, 1000)
         self.size = size
         self.workdir = Path(workdir)
         self.ready_timeout = ready_timeout
@@ -104,11 +106,12 @@ class EtcdCluster:
             "new",
             "--initial-cluster-token",
             f"tok-{self.peer_ports[0]}",
-            # Fast elections so failover tests stay short.
+            # Fast elections so failover tests stay short (this also makes etcd's shortest
+            # lease 1.5 x the election timeout: 1 s instead of its default 2 s).
             "--heartbeat-interval",
-            "50",
+            str(self.timing_ms[0]),
             "--election-timeout",
-            "500",
+            str(self.timing_ms[1]),
             "--logger",
             "zap",
             "--log-level",

@@ -155,7 +155,12 @@ class ElasticRun:
         return rounds[-1] if rounds else None
 
     def worker_pids(self) -> dict[str, int]:
-        return {e["worker"]: e["pid"] for e in self.events("worker_started")}
+        """Every worker this driver started or adopted (taking a job over), by id."""
+        return {
+            e["worker"]: e["pid"]
+            for e in self.events()
+            if e["kind"] in ("worker_started", "worker_adopted")
+        }
 
     def members(self) -> list[str]:
         current = self.current_round()

@@ -1,0 +1,124 @@
+"""``python -m driver.agent --job-id ID --host LABEL [--driver-timeout SEC] [--detach]``.
+
+The store's URL and the job's secret come from the environment (``ELASTIC_RENDEZVOUS``,
+``ELASTIC_JOB_SECRET``), as for every process of the job. ``--detach``: leave the
+session the agent was started in (its ssh session, the driver's process group), so
+that the driver's death does not end the agent: used with an etcd store, where the job
+can outlive its driver. Output of the processes goes to stdout and to ``--log-file``
+(default with ``--detach``: ``elastic-agent-JOB-HOST.log`` in the temporary
+directory), whose path is in the agent's record.
+
+Exit status: 0 once the agent stopped its processes (job over, SIGTERM, no driver for
+``--driver-timeout``); 2 for bad arguments or environment; 1 when the store cannot be
+used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from typing import BinaryIO, cast
+
+from driver.agent.loop import DEFAULT_DRIVER_TIMEOUT, Agent
+from driver.agent.output import Tee, close_quietly, open_log
+from driver.launch.launchers import LocalLauncher
+from rendezvous import env, open_store
+from rendezvous.errors import ElasticError
+from rendezvous.keys import JobKeys
+from rendezvous.store import StoreSettings
+
+AGENT_STORE = StoreSettings(request_timeout=1.0)
+"""The agent's calls give up an attempt after a second (and retry, or move to the next
+etcd member): its lease is short (``AGENT_LEASE_TTL``), and after an etcd member dies a
+refresh must reach another member well within it."""
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m driver.agent", description=__doc__.splitlines()[0])
+    p.add_argument("--job-id", required=True, metavar="ID")
+    p.add_argument("--host", required=True, metavar="LABEL", help="the host name the job uses")
+    p.add_argument(
+        "--driver-timeout",
+        type=_seconds,
+        default=DEFAULT_DRIVER_TIMEOUT,
+        metavar="SEC",
+        help="stop every process and exit after this long without a driver (default: %(default)s)",
+    )
+    p.add_argument("--detach", action="store_true", help="outlive the session started in")
+    p.add_argument("--log-file", metavar="PATH", help="also write the output here")
+    p.add_argument("--agent-id", default="", help="said in the agent's record")
+    return p
+
+
+def default_log_path(job_id: str, host: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in host)
+    return os.path.join(tempfile.gettempdir(), f"elastic-agent-{job_id}-{safe}.log")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"[agent {args.host}] %(levelname)s %(message)s",
+    )
+    url, secret = env.text(env.ENV_RENDEZVOUS), env.text(env.ENV_SECRET)
+    if not url or not secret:
+        print(f"agent: {env.ENV_RENDEZVOUS} and {env.ENV_SECRET} must be set", file=sys.stderr)
+        return 2
+    if args.detach:
+        # Out of the ssh wrapper's (or the driver's) process group; a session leader
+        # already (started locally in a new session) has nothing to leave.
+        with contextlib.suppress(OSError):
+            os.setsid()
+    log_path = args.log_file or (default_log_path(args.job_id, args.host) if args.detach else "")
+    log_file = open_log(log_path) if log_path else None
+    # Binary streams as far as the forwarders' write_line is concerned.
+    out = cast(BinaryIO, Tee(sys.stdout.buffer, log_file))
+    err = cast(BinaryIO, Tee(sys.stderr.buffer, log_file))
+    try:
+        store = open_store(url, secret, AGENT_STORE)
+    except ElasticError as exc:
+        print(f"agent: cannot use the store: {exc}", file=sys.stderr)
+        return 1
+    agent = Agent(
+        store,
+        JobKeys(args.job_id),
+        args.host,
+        launcher=LocalLauncher(out, err),
+        driver_timeout=args.driver_timeout,
+        log_path=log_path,
+        pid=os.getpid(),
+        agent_id=args.agent_id,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _f: agent.request_shutdown(signal.Signals(signum).name))
+    if args.detach:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        agent.run()
+    except ElasticError as exc:
+        print(f"agent: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+        close_quietly(log_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""The agent of one host: registers, follows what the leader assigns, runs it, reports.
+
+One thread (``Agent.run``) owns the state: the host's assignments, the process table
+(``driver.agent.table``) and the view of the leadership (``driver.agent.rules``).
+Other threads only post to its queue: the store feeds (the host's assignments, the
+leader record, the round, the job's end; each through ``driver.watch.follow_prefix``),
+the process waiters, a signal. After each burst of news the loop asks
+``rules.reconcile`` what to do and does it: start a process with the process layer
+(``driver.launch``: own process group, pidfd wait, stop with a grace), stop or kill
+one, write its ``ProcessStatus`` when it starts and when it ends.
+
+The agent's record (``AgentRecord`` under ``JobKeys.agent(host)``) lives under the
+agent's own short lease (``AGENT_LEASE_TTL``), refreshed by a thread: when the agent
+dies, or is cut off, the record lapses within seconds and the driver takes the host as
+lost. An agent that finds its lease gone (it was cut off) stops everything and ends: the
+driver gave up on it and starts a fresh agent when it wants the host again.
+
+Output of the processes is forwarded, prefixed ``[rank]`` (the agent follows the round
+key for ranks) or ``[host:slot]`` before a rank, to the streams the launcher was given
+(``driver.agent.output.Tee``: stdout and the per-host log file).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Union
+
+from driver.agent import rules
+from driver.agent.rules import AgentView, ProcState
+from driver.agent.table import ProcessTable, TableEntry
+from driver.errors import LauncherError, LaunchError
+from driver.launch.launchers import Launcher
+from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
+from driver.launch.spec import LaunchSpec
+from driver.threads import spawn
+from driver.watch import follow_in_thread
+from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus, leader_term
+from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.plan import Plan
+from rendezvous.retry import Backoff
+from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
+
+log = logging.getLogger(__name__)
+
+AGENT_LEASE_TTL = 3.0
+"""Seconds an agent's record outlives an agent that stopped refreshing it: how soon the
+driver knows a host whose agent died or was cut off is lost."""
+
+DEFAULT_DRIVER_TIMEOUT = 300.0
+"""``--driver-timeout``: seconds an agent keeps its processes with no leader."""
+
+TICK = 1.0
+"""Longest wait between two reconciles (the driver timeout is checked then)."""
+
+
+@dataclass(frozen=True)
+class _Assigned:
+    key: str
+    value: bytes | None  # None: deleted
+
+
+@dataclass(frozen=True)
+class _AssignedAll:
+    kvs: Sequence[KeyValue]
+
+
+@dataclass(frozen=True)
+class _Leader:
+    term: int | None
+
+
+@dataclass(frozen=True)
+class _LeaderRecheck:
+    """The store is back after an outage: read the leader record afresh."""
+
+
+@dataclass(frozen=True)
+class _Round:
+    value: bytes
+
+
+@dataclass(frozen=True)
+class _Ended:
+    pass
+
+
+@dataclass(frozen=True)
+class _Exited:
+    id: str
+    code: int
+
+
+@dataclass(frozen=True)
+class _ShutdownAsked:
+    reason: str
+
+
+_News = Union[
+    _Assigned, _AssignedAll, _Leader, _LeaderRecheck, _Round, _Ended, _Exited, _ShutdownAsked
+]
+
+
+class Agent:
+    """The agent of ``host`` in job ``keys``. ``launcher`` starts the processes on this
+    machine (a ``LocalLauncher`` whose output goes where the agent's goes);
+    ``driver_timeout``: seconds without a leader before everything is stopped;
+    ``log_path``: said in the agent's record; ``clock``: the monotonic time."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        keys: JobKeys,
+        host: str,
+        *,
+        launcher: Launcher,
+        driver_timeout: float = DEFAULT_DRIVER_TIMEOUT,
+        log_path: str = "",
+        stop_grace: float = STOP_GRACE,
+        lease_ttl: float = AGENT_LEASE_TTL,
+        clock: Callable[[], float] = time.monotonic,
+        pid: int = 0,
+        agent_id: str = "",
+    ):
+        self.host = host
+        self._store = store
+        self._keys = keys
+        self._launcher = launcher
+        self._driver_timeout = driver_timeout
+        self._log_path = log_path
+        self._stop_grace = stop_grace
+        self._lease_ttl = lease_ttl
+        self._clock = clock
+        self._pid = pid
+        self._agent_id = agent_id
+        self._queue: queue.Queue[_News] = queue.Queue()
+        self._done = threading.Event()  # the feeds and the lease thread end
+        self._store_away = threading.Event()  # the lease could not be refreshed for a TTL
+        self._assignments: dict[str, Assignment] = {}
+        self._table = ProcessTable()
+        self._view = AgentView()
+        self._plan: Plan | None = None
+        self._lease: Lease | None = None
+        self._started = time.time()
+
+    # ------------------------------------------------------------------ the run
+    def request_shutdown(self, reason: str) -> None:
+        """Stop every process and end ``run`` (thread-safe; from a signal handler too)."""
+        self._queue.put(_ShutdownAsked(reason))
+
+    def run(self) -> str:
+        """Register, follow the store, run what is assigned until told to stop or the
+        driver is gone for ``driver_timeout``; stop every process, unregister. Returns
+        why it ended.
+
+        Raises:
+            RendezvousError: the store cannot be used to register.
+        """
+        self._register()
+        try:
+            self._follow()
+            while True:
+                reason = self._turn()
+                if reason is not None:
+                    log.warning("agent of %s stops: %s", self.host, reason)
+                    return reason
+        finally:
+            self._done.set()
+            self._stop_everything()
+            self._unregister()
+
+    def _turn(self) -> str | None:
+        """Wait for news (up to ``TICK``), take every piece that came, reconcile."""
+        try:
+            news = [self._queue.get(timeout=TICK)]
+        except queue.Empty:
+            news = []
+        while True:
+            try:
+                news.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        for item in news:
+            if isinstance(item, _ShutdownAsked):
+                return item.reason
+            self._take(item)
+        actions, self._view = rules.reconcile(
+            self._assignments,
+            self._table.states(),
+            self._view,
+            self._clock(),
+            self._driver_timeout,
+        )
+        for action in actions:
+            if isinstance(action, rules.Shutdown):
+                return action.reason
+            self._act(action)
+        return None
+
+    # ------------------------------------------------------------------ news
+    def _take(self, item: _News) -> None:
+        if isinstance(item, _Assigned):
+            process_id = item.key[len(self._keys.assignments(self.host)) :]
+            if item.value is None:
+                self._assignments.pop(process_id, None)
+            else:
+                self._set_assignment(process_id, item.value)
+        elif isinstance(item, _AssignedAll):
+            self._assignments = {}
+            prefix = len(self._keys.assignments(self.host))
+            for kv in item.kvs:
+                self._set_assignment(kv.key[prefix:], kv.value)
+        elif isinstance(item, _Leader):
+            self._view = rules.leader_seen(self._view, item.term, self._clock())
+        elif isinstance(item, _LeaderRecheck):
+            try:
+                record = self._store.get(self._keys.driver)
+            except RendezvousError as exc:
+                log.debug("agent of %s: cannot read the leader record: %s", self.host, exc)
+                return
+            term = leader_term(record.value if record is not None else None)
+            self._view = rules.leader_seen(self._view, term, self._clock())
+        elif isinstance(item, _Round):
+            self._take_round(item.value)
+        elif isinstance(item, _Ended):
+            self._view = replace(self._view, ended=True)
+        elif isinstance(item, _Exited):
+            self._report_exit(item.id, item.code)
+
+    def _set_assignment(self, process_id: str, value: bytes) -> None:
+        try:
+            self._assignments[process_id] = Assignment.from_json(value)
+        except ValueError as exc:
+            log.warning("agent of %s: ignoring assignment %s: %s", self.host, process_id, exc)
+
+    def _take_round(self, value: bytes) -> None:
+        try:
+            plan = Plan.from_json(value)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("agent of %s: unreadable round: %s", self.host, exc)
+            return
+        self._plan = plan
+        for entry in self._table.alive():
+            member = plan.member(entry.assignment.id)
+            if entry.process is not None:
+                entry.process.rank = member.rank if member is not None else None
+
+    # ------------------------------------------------------------------ actions
+    def _act(self, action: rules.Action) -> None:
+        if isinstance(action, rules.Start):
+            self._start(action.assignment)
+        elif isinstance(action, rules.Stop):
+            entry = self._table.get(action.id)
+            if entry is not None and entry.process is not None:
+                self._table.set_state(action.id, ProcState.STOPPING)
+                grace = self._assignments.get(action.id, entry.assignment).grace
+                spawn(f"stop-{action.id}", entry.process.stop, grace)
+        elif isinstance(action, rules.Kill):
+            entry = self._table.get(action.id)
+            if entry is not None and entry.process is not None:
+                self._table.set_state(action.id, ProcState.KILLED)
+                entry.process.kill()
+        elif isinstance(action, rules.NeverStarted):
+            now = time.time()
+            self._table.add(TableEntry(action.assignment, None, ProcState.EXITED, now, None, now))
+            self._write_status(action.assignment.id, 0, now, code=-signal.SIGTERM)
+        elif isinstance(action, rules.Refuse):
+            log.warning(
+                "agent of %s: refusing assignment %s of term %d (a leader of term %d exists)",
+                self.host,
+                action.assignment.id,
+                action.assignment.term,
+                action.highest_term,
+            )
+
+    def _start(self, assignment: Assignment) -> None:
+        now = time.time()
+        try:
+            spec = LaunchSpec(
+                host=self.host,
+                slot=assignment.slot,
+                command=assignment.command,
+                env=assignment.env,
+                cwd=assignment.cwd or None,
+                label=assignment.label,
+                log_path=assignment.log_path or None,
+            )
+            process = self._launcher.launch(spec)
+        except LauncherError as exc:
+            permanent = isinstance(exc, LaunchError) and exc.permanent
+            log.warning("agent of %s: cannot start %s: %s", self.host, assignment.id, exc)
+            self._table.add(TableEntry(assignment, None, ProcState.EXITED, now, -1, now))
+            self._write_status(assignment.id, 0, now, code=-1, error=str(exc), permanent=permanent)
+            return
+        if self._plan is not None:
+            member = self._plan.member(assignment.id)
+            process.rank = member.rank if member is not None else None
+        self._table.add(TableEntry(assignment, process, ProcState.RUNNING, now))
+        self._write_status(assignment.id, process.pid, now)
+        spawn(f"wait-{assignment.id}", self._wait_exit, assignment.id, process)
+
+    def _wait_exit(self, process_id: str, process: WorkerProcess) -> None:
+        code = process.wait(timeout=None)
+        self._queue.put(_Exited(process_id, code if code is not None else -1))
+
+    def _report_exit(self, process_id: str, code: int) -> None:
+        entry = self._table.get(process_id)
+        if entry is None or entry.state is ProcState.EXITED:
+            return
+        ended = self._table.exited(process_id, code, time.time())
+        pid = ended.process.pid if ended.process is not None else 0
+        self._write_status(process_id, pid, ended.started, code=code, ended=ended.ended)
+
+    def _write_status(
+        self,
+        process_id: str,
+        pid: int,
+        started: float,
+        *,
+        code: int | None = None,
+        ended: float = 0.0,
+        error: str = "",
+        permanent: bool = False,
+    ) -> None:
+        status = ProcessStatus(
+            id=process_id,
+            host=self.host,
+            pid=pid,
+            state="running" if code is None else "exited",
+            started=started,
+            term=self._view.highest_term,
+            code=code,
+            ended=ended,
+            error=error,
+            permanent=permanent,
+        )
+        try:
+            self._store.put(self._keys.process(self.host, process_id), status.to_json())
+        except RendezvousError as exc:
+            log.warning("agent of %s: cannot report %s: %s", self.host, process_id, exc)
+
+    def _stop_everything(self) -> None:
+        """Stop every process still running (SIGTERM, SIGKILL after the grace, reap) and
+        report each exit (best effort: the store may be gone)."""
+        alive = self._table.alive()
+        stop_all([e.process for e in alive if e.process is not None], self._stop_grace)
+        if self._store_away.is_set():
+            return  # each report would wait out the store's retry deadline: none is read
+        for entry in alive:
+            code = entry.process.returncode if entry.process is not None else None
+            self._report_exit(entry.assignment.id, code if code is not None else -1)
+
+    # ------------------------------------------------------------------ the store
+    def _record(self) -> bytes:
+        record = AgentRecord(
+            self.host,
+            self._pid,
+            self._started,
+            self._view.highest_term,
+            self._log_path,
+            self._agent_id,
+        )
+        return record.to_json()
+
+    def _register(self) -> None:
+        """Write the agent's record under a fresh lease, kept alive by a thread (it
+        replaces whatever record is there: the starter wants this agent).
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        lease = self._store.grant_lease(self._lease_ttl)
+        self._store.put(self._keys.agent(self.host), self._record(), lease.id)
+        self._lease = lease
+        self._keep_alive(lease)
+
+    def _keep_alive(self, lease: Lease) -> None:
+        lease.keep_alive(on_lost=self._lease_lost, interval=max(self._lease_ttl / 3.0, 0.2))
+
+    def _lease_lost(self, exc: Exception) -> None:
+        """The lease's refresh failed for longer than its TTL. If the store says the
+        lease is gone, the driver has taken this host as lost (and will start another
+        agent when it wants the host again): stop everything and end. If the store was
+        only unreachable (an etcd outage keeps leases), keep refreshing."""
+        lease = self._lease
+        if not isinstance(exc, LeaseNotFoundError):
+            # No leader can be seen while the store cannot: the --driver-timeout clock
+            # runs from now (not from when the watches give up).
+            self._store_away.set()
+            self._queue.put(_Leader(None))
+        backoff = Backoff(None, initial=0.2, cap=1.0, stop=self._done)
+        while lease is not None and not self._done.is_set():
+            try:
+                lease.refresh()
+            except LeaseNotFoundError:
+                self.request_shutdown(f"its lease lapsed ({exc}): the driver took the host as lost")
+                return
+            except RendezvousError as err:
+                log.debug("agent of %s: refreshing its lease failed: %s", self.host, err)
+            else:
+                self._store_away.clear()
+                self._queue.put(_LeaderRecheck())  # the record may not have changed
+                self._keep_alive(lease)  # the same lease, refreshed again
+                return
+            if not backoff.pause():
+                return
+
+    def _unregister(self) -> None:
+        lease = self._lease
+        if lease is None:
+            return
+        if self._store_away.is_set():
+            lease.stop_keep_alive()  # it lapses by itself; a revoke would wait out the store
+            return
+        try:
+            lease.revoke()
+        except RendezvousError as exc:
+            log.debug("agent of %s: cannot revoke its lease: %s", self.host, exc)
+
+    def _follow(self) -> None:
+        """The four feeds, each in a daemon thread until the agent ends."""
+        keys, post = self._keys, self._queue.put
+        leader_key = keys.driver
+
+        def leader_event(event: Event) -> None:
+            if event.key == leader_key:
+                post(_Leader(leader_term(event.value) if event.type == PUT else None))
+
+        def leader_resync(kvs: Sequence[KeyValue]) -> None:
+            value = next((kv.value for kv in kvs if kv.key == leader_key), None)
+            post(_Leader(leader_term(value)))
+
+        def round_resync(kvs: Sequence[KeyValue]) -> None:
+            for kv in kvs:
+                if kv.key == keys.round:
+                    post(_Round(kv.value))
+
+        def ended_resync(kvs: Sequence[KeyValue]) -> None:
+            if any(kv.key == keys.ended for kv in kvs):
+                post(_Ended())
+
+        feeds: list[tuple[str, Callable[[Event], None], Callable[[Sequence[KeyValue]], None]]] = [
+            (
+                keys.assignments(self.host),
+                lambda e: post(_Assigned(e.key, e.value if e.type == PUT else None)),
+                lambda kvs: post(_AssignedAll(list(kvs))),
+            ),
+            (leader_key, leader_event, leader_resync),
+            (
+                keys.round,
+                lambda e: post(_Round(e.value)) if e.type == PUT and e.key == keys.round else None,
+                round_resync,
+            ),
+            (
+                keys.ended,
+                lambda e: post(_Ended()) if e.type == PUT and e.key == keys.ended else None,
+                ended_resync,
+            ),
+        ]
+        for prefix, on_event, on_resync in feeds:
+            follow_in_thread(
+                f"agent-watch-{prefix}",
+                self._store,
+                prefix,
+                on_event=on_event,
+                on_resync=on_resync,
+                on_lost=lambda exc: post(_Leader(None)),
+                stop=self._done,
+                patience=self._driver_timeout,
+                clock=self._clock,
+            )

@@ -1,0 +1,553 @@
+"""The driver's side of the per-host agents (``driver.agent``): start one per host,
+hand it processes through the store, learn their exits from its reports.
+
+``AgentLauncher`` is a ``Launcher``: the job's process bookkeeping
+(``driver.worker_processes``) and the ps supervisor launch through it as through any
+launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop`` and
+``kill`` go through the store:
+
+* ``launch(spec)`` makes sure ``spec.host`` has a live agent (starting one with the
+  ``starter`` launcher: over ssh for another host, a local process for this one, and
+  waiting for its record), writes an ``Assignment`` (stamped with the leader's term,
+  without the job's secret) and waits for the agent's first ``ProcessStatus``: the
+  process's pid, or why it could not start (``LaunchError``);
+* ``stop``/``kill`` rewrite the assignment with ``want`` "stop"/"kill"; the agent does
+  it and reports the exit, which ends the handle's ``wait``;
+* an agent whose record vanishes (its lease lapsed: the agent died or was cut off)
+  makes its host lost at once: ``on_host_lost(host, detail)`` is called first (the job
+  drops the host, as when a probe finds a host unreachable), then every process of
+  that host is taken as SIGKILLed;
+* ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
+  the agents' own processes.
+* Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
+  leader's fenced write (``driver.claim``) when ``attach`` was given one, so a driver
+  that lost the lead writes nothing.
+* ``adopt``: a driver taking a job over takes its live agents (from their records)
+  and the processes they run (from the assignments and process records) as its own:
+  a handle per running process, signalled and followed through the store as if this
+  driver had launched it.
+
+Which hosts go through agents is ``uses_agent``: with an etcd store every host (the job
+must outlive its driver, so no process may be the driver's child); with the embedded
+store the hosts reached over ssh, while this machine's processes stay the driver's own
+children (the driver is the store: its death ends the job anyway, and the single-machine
+path keeps its speed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Callable
+
+from driver.agent.loop import AGENT_LEASE_TTL
+from driver.errors import LaunchError, LeadershipLost
+from driver.launch.launchers import Launcher
+from driver.launch.output import PrefixFn, Stream
+from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
+from driver.launch.spec import LaunchSpec
+from driver.threads import spawn
+from driver.watch import follow_in_thread
+from rendezvous import env
+from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.store import PUT, Delete, Event, KeyValue, KVStore, Put
+
+log = logging.getLogger(__name__)
+
+AGENT_START_TIMEOUT = 30.0
+"""Seconds a new agent has to register (ssh connection and Python's start included)."""
+
+PROCESS_START_TIMEOUT = 30.0
+"""Seconds an agent has to report a process it was assigned as started (or failed)."""
+
+
+def uses_agent(host_is_local: bool, store_is_etcd: bool) -> bool:
+    """Whether a host's processes go through an agent (see the module docstring)."""
+    return store_is_etcd or not host_is_local
+
+
+def agent_command(job_id: str, host: str, agent_id: str, driver_timeout: float, detach: bool):
+    """The command line of the agent of ``host`` (the driver's Python, which every host
+    of a job shares, as for the ps shards)."""
+    command = [
+        sys.executable,
+        "-m",
+        "driver.agent",
+        "--job-id",
+        job_id,
+        "--host",
+        host,
+        "--agent-id",
+        agent_id,
+        "--driver-timeout",
+        f"{driver_timeout:g}",
+    ]
+    return tuple(command + (["--detach"] if detach else []))
+
+
+class AssignedProcess(WorkerProcess):
+    """A process an agent runs for the driver. No local process stands behind it: the
+    pid is the agent's report (a pid on the agent's host), the exit code comes from the
+    agent's status record, and signals are asked for by rewriting the assignment."""
+
+    def __init__(self, spec: LaunchSpec, process_id: str, want: Callable[[str, str, float], None]):
+        # Not WorkerProcess.__init__: there is no Popen here.
+        self.spec = spec
+        self.id = process_id
+        self.rank: int | None = None
+        self.forwarder = None
+        self._want = want
+        self._pid = 0
+        self._code: int | None = None
+        self.error = ""
+        self.permanent = False
+        self._presumed = False  # the exit was presumed, not reported
+        self._reported = threading.Condition()
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._code
+
+    def started(self, pid: int) -> None:
+        with self._reported:
+            self._pid = pid
+            self._reported.notify_all()
+
+    def ended(
+        self, code: int, error: str = "", permanent: bool = False, presumed: bool = False
+    ) -> None:
+        """Its exit: from the agent's report, or ``presumed`` (-SIGKILL when its agent
+        was lost: the process may still run on a host cut off, and is killed by its
+        agent when that agent hears from the store again). The first one counts."""
+        with self._reported:
+            if self._code is None:
+                self._code, self.error, self.permanent = code, error, permanent
+                self._presumed = presumed
+            self._reported.notify_all()
+
+    def wait_reported(self, timeout: float) -> bool:
+        """Wait until the agent said the process started or ended."""
+        with self._reported:
+            return self._reported.wait_for(
+                lambda: bool(self._pid) or self._code is not None, timeout
+            )
+
+    def poll(self) -> int | None:
+        return self._code
+
+    def wait(self, timeout: float | None) -> int | None:
+        with self._reported:
+            self._reported.wait_for(lambda: self._code is not None, timeout)
+            return self._code
+
+    def terminate(self, grace: float = STOP_GRACE) -> None:
+        if self._code is None:
+            self._want(self.id, "stop", grace)
+
+    def kill(self) -> None:
+        if self._code is None or self._presumed:
+            self._want(self.id, "kill", 0.0)
+
+    def stop(self, grace: float = STOP_GRACE) -> int | None:
+        """Ask the agent to stop it (SIGTERM, SIGKILL after its own grace); SIGKILL when
+        no exit is reported within ``grace`` and a few seconds."""
+        if self._code is None:
+            self.terminate(grace)
+            if self.wait(grace + REAP_TIMEOUT) is None:
+                self.kill()
+        return self.wait(REAP_TIMEOUT)
+
+    def join_output(self, timeout: float) -> bool:
+        return True  # the agent forwards it
+
+    def __del__(self):
+        pass
+
+
+class _AgentProcess:
+    """The driver's hold on one agent: its process (ssh, or local), its id, its state."""
+
+    def __init__(self, host: str, agent_id: str, process: WorkerProcess | None):
+        self.host = host
+        self.agent_id = agent_id
+        self.process = process  # None for an agent a predecessor started (adopted)
+        self.registered = threading.Event()
+        self.lost = False
+
+    @property
+    def alive(self) -> bool:
+        if self.lost:
+            return False
+        if self.process is None:
+            return self.registered.is_set()
+        return self.process.poll() is None
+
+
+class AgentLauncher(Launcher):
+    """Launches through agents the hosts ``uses_agent`` picks, directly (``direct``) the
+    others. ``starter`` starts the agents. Launches directly until ``attach`` gave it
+    the store and the variables agents start with (store URL, job id, secret)."""
+
+    name = "agents"
+
+    def __init__(
+        self,
+        starter: Launcher,
+        direct: Launcher,
+        *,
+        job_id: str,
+        driver_timeout: float,
+        detach: bool,
+        use_agent: Callable[[str], bool],
+        out: Stream | None = None,
+        err: Stream | None = None,
+    ):
+        super().__init__(out, err)
+        self._starter = starter
+        self._direct = direct
+        self._agent_env: dict[str, str] = {}
+        self._job_id = job_id
+        self._driver_timeout = driver_timeout
+        self._detach = detach
+        self._use_agent = use_agent
+        self._lock = threading.Lock()
+        self._agents: dict[str, _AgentProcess] = {}
+        self._handles: dict[str, AssignedProcess] = {}
+        self._hosts_of: dict[str, str] = {}  # process id -> host
+        self._assignments: dict[str, Assignment] = {}
+        self._store: KVStore | None = None
+        self._keys = JobKeys(job_id)
+        self._term: Callable[[], int] = lambda: 1
+        self._on_host_lost: Callable[[str, str], None] = lambda host, detail: None
+        self._closing = False
+        self._shards = 0
+        self._following = False
+        self._follow: tuple[threading.Event, float] = (threading.Event(), 0.0)
+        self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
+
+    def attach(
+        self,
+        store: KVStore,
+        *,
+        agent_env: Mapping[str, str],
+        term: Callable[[], int],
+        on_host_lost: Callable[[str, str], None],
+        stop: threading.Event,
+        patience: float,
+        steer: Callable[[Sequence[Put | Delete]], int] | None = None,
+    ) -> None:
+        """Use ``store`` from now on; ``term()`` is the leader's term to stamp on
+        assignments; ``steer``: the leader's fenced write (default: a plain put);
+        follow the agents' records and process reports until ``stop``, from the first
+        launch through an agent on (a job with no agent, one machine on the embedded
+        store, watches nothing more than before), or at once when agents were adopted.
+        """
+        self._store, self._term, self._on_host_lost = store, term, on_host_lost
+        self._fenced = steer
+        self._agent_env = dict(agent_env)
+        self._follow = (stop, patience)
+        with self._lock:
+            if self._agents:
+                self._start_following()
+
+    def adopt(self, kvs: Sequence[KeyValue]) -> dict[str, AssignedProcess]:
+        """Take over the agents and the processes of a job a predecessor led, from its
+        keys ``kvs`` (read at one revision): the live agents (their records), and a
+        handle for each assigned process that an agent reports running, by process id
+        (before ``attach``: its feeds then carry their later reports)."""
+        agents: dict[str, AgentRecord] = {}
+        assignments: dict[str, tuple[str, Assignment]] = {}
+        statuses: dict[str, ProcessStatus] = {}
+        assigned_prefix = f"{self._keys.prefix}assign/"
+        for kv in kvs:
+            try:
+                if kv.key.startswith(self._keys.agents):
+                    record = AgentRecord.from_json(kv.value)
+                    agents[record.host] = record
+                elif kv.key.startswith(assigned_prefix):
+                    assignment = Assignment.from_json(kv.value)
+                    host = kv.key[len(assigned_prefix) :].split("/", 1)[0].replace("%2F", "/")
+                    assignments[assignment.id] = (host, assignment)
+                elif kv.key.startswith(self._keys.processes):
+                    status = ProcessStatus.from_json(kv.value)
+                    statuses[status.id] = status
+            except (ValueError, TypeError) as exc:
+                log.warning("unreadable record %s: %s", kv.key, exc)
+        handles: dict[str, AssignedProcess] = {}
+        with self._lock:
+            for host, record in agents.items():
+                agent = _AgentProcess(host, record.agent_id, None)
+                agent.registered.set()
+                self._agents[host] = agent
+            for process_id, (host, assignment) in assignments.items():
+                reported = statuses.get(process_id)
+                if reported is None or reported.exited or host not in agents:
+                    continue
+                spec = LaunchSpec(
+                    host=host,
+                    slot=assignment.slot,
+                    command=assignment.command,
+                    env=dict(assignment.env),
+                    cwd=assignment.cwd or None,
+                    label=assignment.label or f"{host}:{assignment.slot}",
+                    log_path=assignment.log_path or None,
+                )
+                handle = AssignedProcess(spec, process_id, self._want)
+                handle.started(reported.pid)
+                self._handles[process_id] = handles[process_id] = handle
+                self._hosts_of[process_id] = host
+                self._assignments[process_id] = assignment
+                if assignment.kind == "shard":
+                    self._shards += 1
+        return handles
+
+    def _start_following(self) -> None:
+        """Follow the agents' records and the process reports (once; under the lock)."""
+        if self._following or self._store is None:
+            return
+        self._following = True
+        stop, patience = self._follow
+        for prefix, on_event, on_resync in (
+            (self._keys.agents, self._agent_event, self._agents_resync),
+            (self._keys.processes, self._status_event, self._statuses_resync),
+        ):
+            follow_in_thread(
+                f"follow-{prefix}",
+                self._store,
+                prefix,
+                on_event=on_event,
+                on_resync=on_resync,
+                on_lost=lambda exc: None,  # the job's own feeds say the store is lost
+                stop=stop,
+                patience=patience,
+            )
+
+    def lost_hosts(self) -> frozenset[str]:
+        """Hosts whose agent was lost (until a new agent is started there)."""
+        with self._lock:
+            return frozenset(h for h, a in self._agents.items() if a.lost)
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, spec: LaunchSpec, prefix: PrefixFn | None = None) -> WorkerProcess:
+        """See ``Launcher.launch``.
+
+        Raises:
+            LaunchError: the host's agent cannot be started, or it could not start the
+                process (``permanent`` as the agent says).
+        """
+        if self._store is None or not self._use_agent(spec.host):
+            return self._direct.launch(spec, prefix)
+        self._ensure_agent(spec.host)
+        worker_id = spec.env.get(env.ENV_WORKER_ID)
+        if worker_id is None:
+            with self._lock:
+                self._shards += 1
+                process_id = f"{spec.label}-{self._shards}"
+        else:
+            process_id = worker_id
+        assignment = Assignment(
+            id=process_id,
+            kind="worker" if worker_id is not None else "shard",
+            slot=spec.slot,
+            command=tuple(spec.command),
+            term=self._term(),
+            env={k: v for k, v in spec.env.items() if k != env.ENV_SECRET},
+            cwd=spec.cwd or os.getcwd(),
+            label=spec.label,
+            log_path=spec.log_path or "",
+        )
+        handle = AssignedProcess(spec, process_id, self._want)
+        with self._lock:
+            self._handles[process_id] = handle
+            self._hosts_of[process_id] = spec.host
+            self._assignments[process_id] = assignment
+        try:
+            self._steer(self._keys.assignment(spec.host, process_id), assignment.to_json())
+        except RendezvousError as exc:
+            raise LaunchError(f"cannot assign {spec.label} to its agent: {exc}") from exc
+        if not handle.wait_reported(PROCESS_START_TIMEOUT):
+            handle.kill()
+            raise LaunchError(
+                f"the agent of {spec.host} did not start {spec.label} "
+                f"within {PROCESS_START_TIMEOUT:g}s"
+            )
+        if not handle.pid and handle.error:
+            raise LaunchError(handle.error, permanent=handle.permanent)
+        return handle
+
+    def _steer(self, key: str, value: bytes) -> None:
+        """Every write of the leader to the agents (assignments, the job's end) goes
+        through here: the one place to fence them with the leader's claim.
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        if self._store is None:
+            raise RendezvousError("the agents' store is not attached")
+        if self._fenced is not None:
+            self._fenced([Put(key, value)])  # LeadershipLost: another driver leads
+        else:
+            self._store.put(key, value)
+
+    def _want(self, process_id: str, want: str, grace: float) -> None:
+        """Rewrite the assignment of ``process_id`` to ``want`` (stop with ``grace``,
+        kill)."""
+        with self._lock:
+            assignment = self._assignments.get(process_id)
+            host = self._hosts_of.get(process_id)
+        if assignment is None or host is None or self._store is None:
+            return
+        changed = replace(assignment, want=want, grace=grace or assignment.grace, term=self._term())
+        with self._lock:
+            self._assignments[process_id] = changed
+        try:
+            self._steer(self._keys.assignment(host, process_id), changed.to_json())
+        except (RendezvousError, LeadershipLost) as exc:
+            log.warning("cannot ask the agent of %s to %s %s: %s", host, want, process_id, exc)
+
+    def _ensure_agent(self, host: str) -> None:
+        """Start the agent of ``host`` unless a live one is there.
+
+        Raises:
+            LaunchError: it cannot be started or does not register in time.
+        """
+        with self._lock:
+            self._start_following()
+            agent = self._agents.get(host)
+            if agent is not None and agent.alive:
+                return
+            agent_id = uuid.uuid4().hex[:12]
+            command = agent_command(
+                self._job_id, host, agent_id, self._driver_timeout, self._detach
+            )
+            spec = LaunchSpec(
+                host=host,
+                slot=0,
+                command=command,
+                env=self._agent_env,
+                cwd=os.getcwd(),
+                label=f"agent@{host}",
+            )
+            process = self._starter.launch(spec, prefix=lambda: "")
+            agent = self._agents[host] = _AgentProcess(host, agent_id, process)
+        deadline = time.monotonic() + AGENT_START_TIMEOUT
+        while not agent.registered.wait(0.1):
+            assert agent.process is not None  # (an agent this driver started)
+            code = agent.process.poll()
+            if code is not None:
+                raise LaunchError(f"the agent of {host} exited with {code} before it registered")
+            if time.monotonic() > deadline:
+                agent.process.kill()
+                raise LaunchError(
+                    f"the agent of {host} did not register within {AGENT_START_TIMEOUT:g}s"
+                )
+
+    # ------------------------------------------------------------------ reports
+    def _agent_event(self, event: Event) -> None:
+        host = event.key[len(self._keys.agents) :]
+        if event.type == PUT:
+            self._agent_registered(event.kv)
+        else:
+            self._agent_gone(host)
+
+    def _agents_resync(self, kvs: Sequence[KeyValue]) -> None:
+        present = set()
+        for kv in kvs:
+            present.add(kv.key[len(self._keys.agents) :])
+            self._agent_registered(kv)
+        with self._lock:
+            hosts = [h for h, a in self._agents.items() if a.registered.is_set() and not a.lost]
+        for host in hosts:
+            if host not in present:
+                self._agent_gone(host)
+
+    def _agent_registered(self, kv: KeyValue) -> None:
+        try:
+            record = AgentRecord.from_json(kv.value)
+        except (ValueError, TypeError) as exc:
+            log.warning("unreadable agent record %s: %s", kv.key, exc)
+            return
+        with self._lock:
+            agent = self._agents.get(record.host)
+        if agent is not None and agent.agent_id == record.agent_id:
+            agent.registered.set()
+
+    def _agent_gone(self, host: str) -> None:
+        """The agent of ``host`` lost its record: the host is lost (unless the job is
+        ending, when agents leave on purpose)."""
+        with self._lock:
+            agent = self._agents.get(host)
+            if agent is None or agent.lost or not agent.registered.is_set() or self._closing:
+                return
+            agent.lost = True
+            handles = [
+                h
+                for pid, h in self._handles.items()
+                if self._hosts_of.get(pid) == host and h.returncode is None
+            ]
+        detail = f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
+        self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
+        for handle in handles:
+            handle.ended(-signal.SIGKILL, presumed=True)
+        if agent.process is not None:
+            spawn(f"agent-lost-{host}", agent.process.kill)
+
+    def _status_event(self, event: Event) -> None:
+        if event.type == PUT:
+            self._take_status(event.value)
+
+    def _statuses_resync(self, kvs: Sequence[KeyValue]) -> None:
+        for kv in kvs:
+            self._take_status(kv.value)
+
+    def _take_status(self, value: bytes) -> None:
+        try:
+            status = ProcessStatus.from_json(value)
+        except (ValueError, TypeError) as exc:
+            log.warning("unreadable process status: %s", exc)
+            return
+        with self._lock:
+            handle = self._handles.get(status.id)
+        if handle is None:
+            return
+        if status.exited:
+            handle.ended(
+                status.code if status.code is not None else -1, status.error, status.permanent
+            )
+        else:
+            handle.started(status.pid)
+
+    # ------------------------------------------------------------------ the end
+    def close(self, timeout: float = STOP_GRACE + REAP_TIMEOUT) -> None:
+        """The job is over: say so (``JobKeys.ended``: every agent stops what it runs
+        and exits) and wait up to ``timeout`` for the agents' processes; stop those
+        still running."""
+        with self._lock:
+            self._closing = True
+            agents = list(self._agents.values())
+        if not agents:
+            return
+        if self._store is not None:
+            try:
+                self._steer(self._keys.ended, b"1")
+            except (RendezvousError, LeadershipLost) as exc:
+                log.warning("cannot tell the agents the job is over: %s", exc)
+        deadline = time.monotonic() + timeout
+        for agent in agents:
+            if agent.process is None:
+                continue  # a predecessor's agent: it leaves on the job's end by itself
+            if agent.process.wait(max(0.0, deadline - time.monotonic())) is None:
+                agent.process.stop(STOP_GRACE)

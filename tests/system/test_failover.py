@@ -1,0 +1,303 @@
+"""Driver failover on a real etcd: a standby takes a running job over, and a driver that
+lost the lead changes nothing.
+
+Both drivers of a job get the same ``ELASTIC_JOB_SECRET``: the standby launches
+replacements that must handshake with the workers the first driver started.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import uuid
+
+import pytest
+
+from rendezvous import open_store
+from rendezvous.keys import JobKeys
+from rendezvous.plan import DriverRecord, Plan, ProgressRecord
+from tests.support.jobs import ElasticRun, check_exact_sum, exact_sum_command, wait_until
+
+SAMPLES, EPOCHS = 400, 20
+
+
+def _args(etcd_server, job_id: str, out, *extra: str, epochs: int = EPOCHS) -> list[str]:
+    return [
+        "-np",
+        "2",
+        "--progress-interval",
+        "0.5",
+        "--rendezvous",
+        etcd_server.url,
+        "--job-id",
+        job_id,
+        *extra,
+        *exact_sum_command(out, SAMPLES, epochs, "--pause-while", str(out / "pause")),
+    ]
+
+
+def _read(etcd_server, key: str) -> bytes | None:
+    with open_store(etcd_server.url) as store:
+        kv = store.get(key)
+        return kv.value if kv is not None else None
+
+
+def _kill_rank(etcd_server, keys: JobKeys, run: ElasticRun, rank: int) -> str:
+    """SIGKILL the worker of ``rank`` in the store's current plan (``run`` knows its
+    pid: it started or adopted it); its worker id."""
+    plan = Plan.from_json(_read(etcd_server, keys.round) or b"")
+    victim = plan.members[rank].worker_id
+    os.kill(run.worker_pids()[victim], signal.SIGKILL)
+    return victim
+
+
+@pytest.mark.timeout(150)
+def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server):
+    """SIGSTOP the leader; its standby takes over and forms a round when a worker is
+    SIGKILLed; SIGCONT the old leader: its fence fails, it exits 3 naming the new
+    leader and writes nothing; the job finishes exact under the new leader."""
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret).start()
+    new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
+    try:
+        old.wait_progress(10)
+        (out / "pause").touch()  # hold training: the takeover happens at a known step
+        new.start()
+        new.wait_event("standing_by", timeout=30)
+        assert old.proc is not None
+        os.kill(old.proc.pid, signal.SIGSTOP)
+        leading = new.wait_event("leading", timeout=30)
+        assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        assert str(old.proc.pid) in leading["previous"]
+        rounds_before = len(old.events("round_formed"))
+
+        victim = _kill_rank(etcd_server, keys, new, 1)
+        formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
+        plan = Plan.from_json(_read(etcd_server, keys.round) or b"")
+        assert plan.term == 2 and plan.round_id == formed["round"]
+        (out / "pause").unlink()
+        # Training goes on in the new round (its rank 0 publishes progress).
+        start = ProgressRecord.from_json(_read(etcd_server, keys.progress) or b"").step
+        wait_until(
+            lambda: (
+                ProgressRecord.from_json(_read(etcd_server, keys.progress) or b"").step
+                >= start + 20
+            ),
+            40,
+            "training in the new leader's round",
+        )
+
+        os.kill(old.proc.pid, signal.SIGCONT)
+        assert old.wait(timeout=30) == 3, old.stderr_tail()
+        last = old.stderr_tail(1)
+        assert "no longer leads" in last and f"pid {new.proc.pid}" in last, last  # type: ignore[union-attr]
+        assert old.events("leadership_lost")
+        assert len(old.events("round_formed")) == rounds_before  # it published nothing
+        leader = DriverRecord.from_json(_read(etcd_server, keys.driver) or b"")
+        assert leader.term == 2 and leader.pid == new.proc.pid  # type: ignore[union-attr]
+        assert Plan.from_json(_read(etcd_server, keys.round) or b"").term == 2
+
+        assert new.wait(timeout=90) == 0, new.stderr_tail()
+        assert not new.events("job_failed")
+    finally:
+        if old.proc is not None and old.proc.poll() is None:
+            os.kill(old.proc.pid, signal.SIGCONT)
+        new.stop()
+        old.stop()
+    check_exact_sum(out, SAMPLES, EPOCHS)
+
+
+def _progress(etcd_server, keys: JobKeys) -> int:
+    value = _read(etcd_server, keys.progress)
+    return ProgressRecord.from_json(value).step if value else 0
+
+
+@pytest.mark.timeout(150)
+def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, etcd_server):
+    """SIGKILL the leader: the agents keep its workers training, the standby adopts
+    them; a worker SIGKILLed under the new leader is replaced as if nothing happened."""
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret).start()
+    new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
+    try:
+        old.wait_progress(10)
+        (out / "pause").touch()
+        new.start()
+        new.wait_event("standing_by", timeout=30)
+        assert old.proc is not None
+        os.kill(old.proc.pid, signal.SIGKILL)
+        leading = new.wait_event("leading", timeout=30)
+        assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        (out / "pause").unlink()
+        start = _progress(etcd_server, keys)
+        wait_until(
+            lambda: _progress(etcd_server, keys) >= start + 20, 40, "training under the new leader"
+        )
+        victim = _kill_rank(etcd_server, keys, new, 1)
+        new.wait_event("worker_failed", lambda e: e["worker"] == victim, timeout=40)
+        formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
+        assert Plan.from_json(_read(etcd_server, keys.round) or b"").round_id >= formed["round"]
+        assert new.wait(timeout=90) == 0, new.stderr_tail()
+    finally:
+        new.stop()
+        old.stop()
+    check_exact_sum(out, SAMPLES, EPOCHS)
+
+
+@pytest.mark.timeout(150)
+def test_a_driver_sigkilled_mid_run_and_started_again_adopts_the_job(tmp_path, etcd_server):
+    """Training goes on while no driver runs; the same command started again adopts
+    the job (its workers keep their state) and it finishes exact."""
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    first = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "first", env=secret).start()
+    again = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "again", env=secret)
+    try:
+        first.wait_progress(10)
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        start = _progress(etcd_server, keys)
+        wait_until(
+            lambda: _progress(etcd_server, keys) >= start + 30, 40, "training with no driver"
+        )
+        wait_until(lambda: _read(etcd_server, keys.driver) is None, 20, "the leader key to lapse")
+        again.start()
+        leading = again.wait_event("leading", timeout=30)
+        assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        assert again.wait(timeout=90) == 0, again.stderr_tail()
+        assert not again.events("round_formed")  # the round was whole: nothing re-formed
+    finally:
+        again.stop()
+        first.stop()
+    results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+    assert results[0]["sizes"] == [[2, 1]]  # one world from the first step to the last
+
+
+@pytest.mark.timeout(150)
+def test_a_new_driver_supervises_the_ps_shards_it_adopted(tmp_path, etcd_server):
+    """The ps shards outlive their driver's SIGKILL (their agent runs them); the driver
+    started again supervises them: a shard SIGKILLed under it is restarted from its
+    checkpoint, and training converges."""
+    from tests.system.test_ps_jobs import PS_LINEAR, check_converged, shard_pid
+
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    out, ckpt, hold = tmp_path / "out", tmp_path / "ckpt", tmp_path / "hold"
+    out.mkdir()
+    args = [
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--num-ps",
+        "2",
+        "--ps-checkpoint-dir",
+        str(ckpt),
+        "--ps-checkpoint-interval",
+        "0.3",
+        "--rendezvous",
+        etcd_server.url,
+        "--job-id",
+        job_id,
+        "python",
+        str(PS_LINEAR),
+        str(out),
+        "--steps",
+        "300",
+        "--pause-while",
+        str(hold),
+    ]
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    first = ElasticRun(args, tmp_path / "first", env=secret).start()
+    again = ElasticRun(args, tmp_path / "again", env=secret)
+    try:
+        first.wait_event("checkpoint_written", timeout=60)
+        hold.write_text("")
+        assert first.proc is not None
+        os.kill(first.proc.pid, signal.SIGKILL)
+        keys = JobKeys(job_id)
+        wait_until(lambda: _read(etcd_server, keys.driver) is None, 20, "the leader key to lapse")
+        again.start()
+        again.wait_event("leading", lambda e: e["how"] == "adopted", timeout=30)
+        os.kill(shard_pid(first, 1), signal.SIGKILL)
+        again.wait_event("ps_restarted", lambda e: e["shard"] == 1, timeout=40)
+        again.wait_event("ps_started", lambda e: e["shard"] == 1, timeout=40)
+        hold.unlink()
+        assert again.wait(timeout=100) == 0, again.stderr_tail()
+    finally:
+        again.stop()
+        first.stop()
+    check_converged(out, 300)
+
+
+def _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills: int, worker_kills: int):
+    """SIGKILL the leading driver ``driver_kills`` times (a fresh standby waits each
+    time) and workers ``worker_kills`` times (under whichever driver leads), each kill
+    after the job trained on; the job finishes exact under its last leader."""
+    rng = random.Random(driver_kills * 10 + worker_kills)
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    epochs = 200  # long enough for every kill; training is held while each is handled
+    args = _args(etcd_server, job_id, out, epochs=epochs)
+    args[1] = "3"  # -np 3
+    args[2:2] = ["--min-np", "2"]
+    kills = ["driver"] * driver_kills + ["worker"] * worker_kills
+    rng.shuffle(kills)
+    runs = [ElasticRun(args, tmp_path / "d0", env=secret).start()]
+    try:
+        for n, kind in enumerate(kills, start=1):
+            start = _progress(etcd_server, keys)
+            wait_until(
+                lambda s=start: _progress(etcd_server, keys) >= s + 30,
+                60,
+                f"training before kill {n}",
+            )
+            (out / "pause").touch()
+            leader = runs[-1]
+            if kind == "driver":
+                standby = ElasticRun(["--standby", *args], tmp_path / f"d{n}", env=secret)
+                runs.append(standby.start())
+                standby.wait_event("standing_by", timeout=30)
+                assert leader.proc is not None
+                leader.proc.kill()
+                standby.wait_event("leading", lambda e: e["how"] == "adopted", timeout=30)
+            else:
+                plan = Plan.from_json(_read(etcd_server, keys.round) or b"")
+                victim = _kill_rank(etcd_server, keys, leader, rng.randrange(plan.size))
+                leader.wait_event(
+                    "round_formed", lambda e, v=victim: v not in e["members"], timeout=40
+                )
+            (out / "pause").unlink()
+        last = runs[-1]
+        assert last.wait(timeout=120) == 0, last.stderr_tail()
+    finally:
+        for run in reversed(runs):
+            run.stop()
+    check_exact_sum(out, SAMPLES, epochs)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_chaos_kills_the_driver_and_workers_bounded(tmp_path, etcd_server):
+    _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills=2, worker_kills=2)
+
+
+@pytest.mark.chaos
+@pytest.mark.long
+@pytest.mark.timeout(900)
+def test_chaos_kills_the_driver_3_times_and_workers_5_times(tmp_path, etcd_server):
+    _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills=3, worker_kills=5)
