@@ -13,7 +13,10 @@ out, one handler per kind of decision (and per kind of message). The rules are p
 functions; this module is the I/O they need: the store, the worker processes
 (``driver.worker_processes``), the event log, the clock. What runs beside the workers
 (the store itself, the claim on the job id, the feeds, the ps shards, the chaos) is
-started and stopped by ``driver.job_services``.
+started and stopped by ``driver.job_services``. The loop's parts share its state
+(``driver.job_state``): the takeover and the lead's writes (``driver.job_lead``), the
+workers' starts, stops and kills (``driver.job_workers``), the messages about workers
+(``driver.job_messages``).
 
 A dead worker is noticed by whichever comes first: its process exit (the launcher),
 its registration lease expiring, or a peer's failure report naming it.
@@ -42,11 +45,7 @@ from driver import messages as msg
 from driver.agents import AgentLauncher
 from driver.config import JobConfig
 from driver.discovery import HostDiscovery
-from driver.errors import (
-    DiscoveryError,
-    JobFailed,
-    LeadershipLost,
-)
+from driver.errors import DiscoveryError, JobFailed, LeadershipLost
 from driver.hosts import HostManager
 from driver.job_lead import JobLead
 from driver.job_messages import MessageHandlers
@@ -146,14 +145,14 @@ class Job:
             all_local=self.all_local,
             post=self.post,
         )
-        self._adopted = self._lead.adopted
+        adopted = self._lead.adopted
         self._actions = WorkerActions(
             self._state,
             self._services,
             config,
             self.secret,
             processes=self._processes,
-            adopted=self._adopted,
+            adopted=adopted,
             events=events,
             clock=clock,
             all_local=self.all_local,
@@ -165,7 +164,7 @@ class Job:
             self.keys,
             config.command,
             processes=self._processes,
-            adopted=self._adopted,
+            adopted=adopted,
             events=events,
             clock=clock,
             apply=self._apply,

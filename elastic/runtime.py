@@ -25,7 +25,8 @@ A worker that sees a collective fail reports it under ``/elastic/<job>/failures/
 driver learns of it even when it cannot see the peer's process (a remote host). A ring
 neighbour that has gone silent (``CommSettings.suspect_after``) is reported there too,
 at once, while the collective still waits: a host cut off the network sends nothing
-else, and the driver can ask that host whether it is still there.
+else, and the driver can ask that host whether it is still there. (The records and their
+writes: ``elastic.reports``.)
 
 Rank 0 publishes how many commits it holds (``committed``, set by ``State.commit``)
 under ``/elastic/<job>/progress`` from a thread of its own, at most every
