@@ -25,6 +25,7 @@ from typing import Any, Callable, TypeVar
 
 import elastic.context as context
 from elastic.errors import CommunicatorClosedError, HostsUpdatedInterrupt, WorkerLostError
+from elastic.reports import suspect_of
 from elastic.state import State, active
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                 )
                 if not superseded:
                     runtime.report_failure(
-                        runtime.round_id, str(exc), runtime.suspect_of(exc, runtime.plan)
+                        runtime.round_id, str(exc), suspect_of(exc, runtime.plan)
                     )
                 state.restore()
             runtime = context.current_runtime()

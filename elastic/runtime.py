@@ -25,7 +25,8 @@ A worker that sees a collective fail reports it under ``/elastic/<job>/failures/
 driver learns of it even when it cannot see the peer's process (a remote host). A ring
 neighbour that has gone silent (``CommSettings.suspect_after``) is reported there too,
 at once, while the collective still waits: a host cut off the network sends nothing
-else, and the driver can ask that host whether it is still there.
+else, and the driver can ask that host whether it is still there. (The records and their
+writes: ``elastic.reports``.)
 
 Rank 0 publishes how many commits it holds (``committed``, set by ``State.commit``)
 under ``/elastic/<job>/progress`` from a thread of its own, at most every
@@ -36,7 +37,6 @@ per job, never one per step, and nothing on the training thread.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import signal
@@ -46,12 +46,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from elastic import reports
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import CommunicatorClosedError, WorkerExpelledError, WorkerLostError
 from elastic.orphan import exit_when_orphaned
 from rendezvous import env, netaddr, open_store
 from rendezvous.errors import (
-    LeaseNotFoundError,
     RendezvousConfigError,
     RendezvousConnectionError,
     RendezvousError,
@@ -59,7 +59,7 @@ from rendezvous.errors import (
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo, plan_is_current
 from rendezvous.retry import Backoff
-from rendezvous.store import PUT, Compare, KVStore, Lease, Put, Watch
+from rendezvous.store import PUT, KVStore, Lease, Watch
 from rendezvous.url import parse_store_url
 
 log = logging.getLogger(__name__)
@@ -399,7 +399,7 @@ class WorkerRuntime:
             except WorkerLostError as exc:
                 log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
                 if not isinstance(exc, CommunicatorClosedError):
-                    self.report_failure(plan.round_id, str(exc), self.suspect_of(exc, plan))
+                    self.report_failure(plan.round_id, str(exc), reports.suspect_of(exc, plan))
                 after = plan.round_id
                 continue
             with self._cond:
@@ -455,62 +455,23 @@ class WorkerRuntime:
                     )
                 self._cond.wait(min(remaining, 1.0))
 
-    @staticmethod
-    def suspect_of(exc: Exception, plan: Plan | None) -> str | None:
-        """The worker to blame for ``exc``, when this worker saw it stop answering itself
-        (alive but silent: SIGSTOP, a hang, a peer that never connects to build the round).
-        A crash needs no suspect: the driver sees the
-        process exit, and the cascade of closed sockets would blame innocent neighbours."""
-        rank = getattr(exc, "rank", None)
-        silent = any(
-            sign in str(exc) for sign in ("no heartbeat", "did not answer", "did not connect")
-        )
-        if (
-            plan is None
-            or rank is None
-            or not getattr(exc, "direct", False)
-            or not silent
-            or not 0 <= rank < plan.size
-        ):
-            return None
-        return plan.members[rank].worker_id
-
     def report_silence(self, plan: Plan, rank: int, quiet: float) -> None:
         """Tell the driver that member ``rank`` of ``plan`` has sent nothing for ``quiet``
         seconds (best effort, never raises; runs on the ring's monitor thread, so it
         hands the write to a thread of its own and returns at once)."""
         if self._store is None or self._lease is None or not 0 <= rank < plan.size:
             return
-        suspect = plan.members[rank].worker_id
-        record = json.dumps(
-            {
-                "worker_id": self.settings.worker_id,
-                "round_id": plan.round_id,
-                "reason": f"silent for {quiet:.1f}s",
-                "suspect": suspect,
-                "silent": True,
-            }
-        ).encode()
-        key = self.keys.silence(plan.round_id, self.settings.worker_id, suspect)
+        key, record = reports.silence_report(self.keys, self.settings.worker_id, plan, rank, quiet)
         threading.Thread(
             target=self._put_report, args=(key, record), name="report-silence", daemon=True
         ).start()
 
     def _put_report(self, key: str, record: bytes) -> None:
-        store, lease = self._store, self._lease
-        if store is None or lease is None:
-            return
-        try:
-            store.put(key, record, lease=lease)
-        except (RendezvousError, LeaseNotFoundError) as exc:
-            log.debug("could not report: %s", exc)
+        reports.put_report(self._store, self._lease, key, record)
 
     def mark_finished(self) -> bool:
-        """Say in the store that this worker's training function returned in its round:
-        the training is complete (the driver then forms no new round: see
-        ``driver.policy``). Written without a lease, so it outlives the process, and only
-        while the round key still holds this worker's round (one transaction; the driver
-        publishes only while no finish is recorded, ``JobKeys.training_finished``).
+        """Say in the store that this worker's training function returned in its round
+        (``elastic.reports.record_finish``).
 
         Returns True when the training may end here: the finish is recorded (or the
         store cannot be reached: best effort). False when a newer round that includes
@@ -520,21 +481,9 @@ class WorkerRuntime:
         if store is None or plan is None or self._closed.is_set():
             return True
         me = self.settings.worker_id
-        record = json.dumps({"round": plan.round_id, "commits": self.committed}).encode()
-        try:
-            result = store.txn(
-                [Compare(self.keys.round, "value", "==", plan.to_json())],
-                [Put(self.keys.finished(me), record), Put(self.keys.training_finished, record)],
-            )
-            if result.succeeded:
-                return True
-            current = store.get(self.keys.round)
-        except RendezvousError as exc:
-            log.warning("could not say that this worker finished: %s", exc)
+        newer = reports.record_finish(store, self.keys, plan, me, self.committed)
+        if newer is None:
             return True
-        newer = Plan.from_json(current.value) if current is not None else None
-        if newer is None or newer.member(me) is None:
-            return True  # a round without this worker: nobody waits for it
         log.info("round %d formed as training ended here: joining it", newer.round_id)
         self._note_plan(newer)  # join() need not wait for the watch to deliver it
         return False
@@ -543,12 +492,5 @@ class WorkerRuntime:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""
         if self._store is None or self._lease is None:
             return
-        record = json.dumps(
-            {
-                "worker_id": self.settings.worker_id,
-                "round_id": round_id,
-                "reason": reason[:500],
-                "suspect": suspect,
-            }
-        ).encode()
+        record = reports.failure_record(self.settings.worker_id, round_id, reason, suspect)
         self._put_report(self.keys.failure(round_id, self.settings.worker_id), record)

@@ -335,7 +335,7 @@ def test_registry_resync_registers_and_unregisters():
     job.workers["b"] = workers.registered(
         job.workers["b"], WorkerInfo("b", "localhost", 1, 1, "x:1"), 1, 0.0
     )
-    job._on_registry_resync(RegistryResync([_kv(job, "a", 5), _kv(job, "c", 6)]))
+    job._messages.on_registry_resync(RegistryResync([_kv(job, "a", 5), _kv(job, "c", 6)]))
     assert job.workers["a"].info is not None and job.workers["c"].info is not None
     assert job.workers["b"].info is None and job.workers["b"].state is WorkerState.UNREGISTERED
     assert job.workers["a"].registered_seq < job.workers["c"].registered_seq

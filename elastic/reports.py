@@ -1,0 +1,106 @@
+"""What a worker tells the driver through the store: a collective's failure (with the
+peer to blame, when there is one), a peer's silence, and the end of its training.
+
+The records and the writes, apart from ``elastic.runtime`` (a worker's membership),
+which calls them with its store, lease and keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.plan import Plan
+from rendezvous.store import Compare, KVStore, Lease, Put
+
+log = logging.getLogger(__name__)
+
+
+def suspect_of(exc: Exception, plan: Plan | None) -> str | None:
+    """The worker to blame for ``exc``, when this worker saw it stop answering itself
+    (alive but silent: SIGSTOP, a hang, a peer that never connects to build the round).
+    A crash needs no suspect: the driver sees the
+    process exit, and the cascade of closed sockets would blame innocent neighbours."""
+    rank = getattr(exc, "rank", None)
+    silent = any(sign in str(exc) for sign in ("no heartbeat", "did not answer", "did not connect"))
+    if (
+        plan is None
+        or rank is None
+        or not getattr(exc, "direct", False)
+        or not silent
+        or not 0 <= rank < plan.size
+    ):
+        return None
+    return plan.members[rank].worker_id
+
+
+def failure_record(worker_id: str, round_id: int, reason: str, suspect: str | None) -> bytes:
+    """The failure report of ``worker_id``: a collective of ``round_id`` failed."""
+    return json.dumps(
+        {
+            "worker_id": worker_id,
+            "round_id": round_id,
+            "reason": reason[:500],
+            "suspect": suspect,
+        }
+    ).encode()
+
+
+def silence_report(
+    keys: JobKeys, worker_id: str, plan: Plan, rank: int, quiet: float
+) -> tuple[str, bytes]:
+    """The key and record of ``worker_id``'s report that member ``rank`` of ``plan`` has
+    sent nothing for ``quiet`` seconds."""
+    suspect = plan.members[rank].worker_id
+    record = json.dumps(
+        {
+            "worker_id": worker_id,
+            "round_id": plan.round_id,
+            "reason": f"silent for {quiet:.1f}s",
+            "suspect": suspect,
+            "silent": True,
+        }
+    ).encode()
+    return keys.silence(plan.round_id, worker_id, suspect), record
+
+
+def put_report(store: KVStore | None, lease: Lease | None, key: str, record: bytes) -> None:
+    """Write a report under the worker's lease (best effort, never raises)."""
+    if store is None or lease is None:
+        return
+    try:
+        store.put(key, record, lease=lease)
+    except (RendezvousError, LeaseNotFoundError) as exc:
+        log.debug("could not report: %s", exc)
+
+
+def record_finish(
+    store: KVStore, keys: JobKeys, plan: Plan, worker_id: str, commits: int
+) -> Plan | None:
+    """Say in the store that ``worker_id``'s training function returned in ``plan``'s
+    round: the training is complete (the driver then forms no new round: see
+    ``driver.policy``). Written without a lease, so it outlives the process, and only
+    while the round key still holds this round (one transaction; the driver publishes
+    only while no finish is recorded, ``JobKeys.training_finished``).
+
+    Returns the newer round that includes ``worker_id``, published first (its members
+    wait for this worker, which must join it), else None (the finish is recorded, or the
+    store cannot be reached: best effort). Never raises."""
+    record = json.dumps({"round": plan.round_id, "commits": commits}).encode()
+    try:
+        result = store.txn(
+            [Compare(keys.round, "value", "==", plan.to_json())],
+            [Put(keys.finished(worker_id), record), Put(keys.training_finished, record)],
+        )
+        if result.succeeded:
+            return None
+        current = store.get(keys.round)
+    except RendezvousError as exc:
+        log.warning("could not say that this worker finished: %s", exc)
+        return None
+    newer = Plan.from_json(current.value) if current is not None else None
+    if newer is None or newer.member(worker_id) is None:
+        return None  # a round without this worker: nobody waits for it
+    return newer
