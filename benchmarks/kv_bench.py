@@ -10,6 +10,7 @@ backend and operation: {"bench": "kv", "backend", "op", "n", "p50_ms", "p99_ms",
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,11 +93,13 @@ def measure(backend, url, secret, n):
     watcher.close()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=500, help="samples per operation")
-    args = parser.parse_args()
+@contextlib.contextmanager
+def embedded_store() -> Iterator[tuple[str, str, int]]:
+    """The embedded store alone in a process (``python -m rendezvous.server``), as the
+    driver would be: its (address, secret, pid). Stopped on the way out.
 
+    Raises:
+        RuntimeError: the server did not say it was ready."""
     secret = make_secret()
     server = subprocess.Popen(
         [sys.executable, "-m", "rendezvous.server"],
@@ -104,14 +108,28 @@ def main():
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert server.stdout is not None
+    assert server.stdout is not None  # stdout=PIPE
     try:
         line = server.stdout.readline()
-        assert line.startswith(READY_PREFIX), line
-        measure("embedded", line.split()[1], secret, args.n)
+        if not line.startswith(READY_PREFIX):
+            raise RuntimeError(f"the embedded store did not start: {line!r}")
+        yield line.split()[1], secret, server.pid
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=500, help="samples per operation")
+    args = parser.parse_args()
+
+    with embedded_store() as (address, secret, _pid):
+        measure("embedded", address, secret, args.n)
     with tempfile.TemporaryDirectory() as tmp, EtcdCluster(1, Path(tmp)) as cluster:
         measure("etcd", cluster.url, None, args.n)
 

@@ -56,7 +56,6 @@ import os
 import queue
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -69,6 +68,8 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import kv_bench  # noqa: E402  (this folder: the store benchmark's embedded server)
 
 from driver import planner  # noqa: E402
 from driver.hosts import HostSlots  # noqa: E402
@@ -84,11 +85,9 @@ from driver.threads import spawn  # noqa: E402
 from driver.watch import follow_prefix  # noqa: E402
 from driver.wiring import worker_id_for  # noqa: E402
 from rendezvous import open_store  # noqa: E402
-from rendezvous.auth import ENV_SECRET, make_secret  # noqa: E402
 from rendezvous.errors import RendezvousError  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
 from rendezvous.plan import Plan, WorkerInfo  # noqa: E402
-from rendezvous.server import READY_PREFIX  # noqa: E402
 from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
 
@@ -551,27 +550,8 @@ class StoreUnderTest:
 @contextlib.contextmanager
 def embedded_store() -> Iterator[StoreUnderTest]:
     """The embedded store alone in a process (``python -m rendezvous.server``)."""
-    secret = make_secret()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rendezvous.server"],
-        cwd=ROOT,
-        env={**os.environ, ENV_SECRET: secret},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdout is not None
-    try:
-        line = server.stdout.readline()
-        if not line.startswith(READY_PREFIX):
-            raise RuntimeError(f"the embedded store did not start: {line!r}")
-        yield StoreUnderTest("embedded", line.split()[1], secret, server.pid)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+    with kv_bench.embedded_store() as (address, secret, pid):
+        yield StoreUnderTest("embedded", address, secret, pid)
 
 
 @contextlib.contextmanager
