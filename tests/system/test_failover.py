@@ -82,12 +82,9 @@ def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server
         assert plan.term == 2 and plan.round_id == formed["round"]
         (out / "pause").unlink()
         # Training goes on in the new round (its rank 0 publishes progress).
-        start = ProgressRecord.from_json(_read(etcd_server, keys.progress) or b"").step
+        start = _progress(etcd_server, keys)
         wait_until(
-            lambda: (
-                ProgressRecord.from_json(_read(etcd_server, keys.progress) or b"").step
-                >= start + 20
-            ),
+            lambda: _progress(etcd_server, keys) >= start + 20,
             40,
             "training in the new leader's round",
         )
@@ -126,26 +123,31 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
     out = tmp_path / "out"
     out.mkdir()
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
-    old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret).start()
+    old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret)
     new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
+    # Training is held from its first step: however fast the machine, the takeover and
+    # the kill land mid-run (progress lines reach the test late through the agents).
+    (out / "pause").touch()
+    old.start()
     try:
-        old.wait_progress(10)
-        (out / "pause").touch()
+        old.wait_event("round_formed", timeout=60)
         new.start()
         new.wait_event("standing_by", timeout=30)
         assert old.proc is not None
         os.kill(old.proc.pid, signal.SIGKILL)
         leading = new.wait_event("leading", timeout=30)
         assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
-        (out / "pause").unlink()
         start = _progress(etcd_server, keys)
+        (out / "pause").unlink()
         wait_until(
             lambda: _progress(etcd_server, keys) >= start + 20, 40, "training under the new leader"
         )
+        (out / "pause").touch()  # held again: the kill lands before the end
         victim = _kill_rank(etcd_server, keys, new, 1)
         new.wait_event("worker_failed", lambda e: e["worker"] == victim, timeout=40)
         formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
         assert Plan.from_json(_read(etcd_server, keys.round) or b"").round_id >= formed["round"]
+        (out / "pause").unlink()
         assert new.wait(timeout=90) == 0, new.stderr_tail()
     finally:
         new.stop()
@@ -162,20 +164,26 @@ def test_a_driver_sigkilled_mid_run_and_started_again_adopts_the_job(tmp_path, e
     out = tmp_path / "out"
     out.mkdir()
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    # Training is held from its first step and between the phases below: however fast
+    # the machine, the driver dies mid-run and the job is still running when adopted.
+    (out / "pause").touch()
     first = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "first", env=secret).start()
     again = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "again", env=secret)
     try:
-        first.wait_progress(10)
+        first.wait_event("round_formed", timeout=60)
         assert first.proc is not None
         os.kill(first.proc.pid, signal.SIGKILL)
         start = _progress(etcd_server, keys)
+        (out / "pause").unlink()
         wait_until(
             lambda: _progress(etcd_server, keys) >= start + 30, 40, "training with no driver"
         )
+        (out / "pause").touch()
         wait_until(lambda: _read(etcd_server, keys.driver) is None, 20, "the leader key to lapse")
         again.start()
         leading = again.wait_event("leading", timeout=30)
         assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        (out / "pause").unlink()
         assert again.wait(timeout=90) == 0, again.stderr_tail()
         assert not again.events("round_formed")  # the round was whole: nothing re-formed
     finally:
