@@ -502,7 +502,9 @@ def train(state):
 
 train(state)
 if os.environ["ELASTIC_SLOT"] in sys.argv[1].split(","):
-    time.sleep(float(sys.argv[2]))  # the others have finished by then
+    # The thing under test: this worker fails only after a delay, when the others have
+    # finished (no condition to wait on inside the worker: the driver must cope).
+    time.sleep(float(sys.argv[2]))
     os.abort()
 """
 
@@ -533,7 +535,7 @@ def test_a_worker_failing_at_its_end_is_not_relaunched_again_and_again(
 SLOW_SHARD = """\
 import sys, time
 if "--num-shards" in sys.argv:  # a ps shard (python -m elastic.ps.server ...)
-    time.sleep(120)
+    time.sleep(120)  # the thing under test: a shard that never becomes ready
 """
 
 
