@@ -45,6 +45,15 @@ def wait_until(
         time.sleep(interval)  # polling a condition (a file, a process) with a deadline
 
 
+def hold_at(gate: Path, commits: int = 0) -> None:
+    """Hold ``exact_sum.py --pause-while gate`` at ``commits`` (0: where it is): training
+    goes on up to that commit count and waits there until the gate moves or is removed.
+    Written whole (rename), so a worker never reads half a number."""
+    partial = gate.with_name(gate.name + ".partial")
+    partial.write_text(str(commits))
+    partial.replace(gate)
+
+
 def hosts_file_discovery(workdir: Path, hosts: str) -> tuple[Path, Path]:
     """A discovery script that prints a hosts file, and that file (holding ``hosts``):
     a test changes the job's hosts by rewriting the file."""

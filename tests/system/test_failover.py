@@ -17,12 +17,18 @@ import pytest
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord, Plan, ProgressRecord
-from tests.support.jobs import ElasticRun, check_exact_sum, exact_sum_command, wait_until
+from tests.support.jobs import (
+    ElasticRun,
+    check_exact_sum,
+    exact_sum_command,
+    hold_at,
+    wait_until,
+)
 
 SAMPLES, EPOCHS = 400, 20
 
 
-def _args(etcd_server, job_id: str, out, *extra: str, epochs: int = EPOCHS) -> list[str]:
+def _args(etcd_server, job_id: str, out, *extra: str) -> list[str]:
     return [
         "-np",
         "2",
@@ -33,7 +39,7 @@ def _args(etcd_server, job_id: str, out, *extra: str, epochs: int = EPOCHS) -> l
         "--job-id",
         job_id,
         *extra,
-        *exact_sum_command(out, SAMPLES, epochs, "--pause-while", str(out / "pause")),
+        *exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(out / "pause")),
     ]
 
 
@@ -62,11 +68,11 @@ def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server
     out = tmp_path / "out"
     out.mkdir()
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    hold_at(out / "pause", 10)  # training holds at step 10: the takeover lands mid-run
     old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret).start()
     new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
     try:
-        old.wait_progress(10)
-        (out / "pause").touch()  # hold training: the takeover happens at a known step
+        _train_to(etcd_server, keys, out, 10, "training under the first leader")
         new.start()
         new.wait_event("standing_by", timeout=30)
         assert old.proc is not None
@@ -80,14 +86,8 @@ def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server
         formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
         plan = Plan.from_json(_read(etcd_server, keys.round) or b"")
         assert plan.term == 2 and plan.round_id == formed["round"]
-        (out / "pause").unlink()
         # Training goes on in the new round (its rank 0 publishes progress).
-        start = _progress(etcd_server, keys)
-        wait_until(
-            lambda: _progress(etcd_server, keys) >= start + 20,
-            40,
-            "training in the new leader's round",
-        )
+        _train_to(etcd_server, keys, out, 30, "training in the new leader's round")
 
         os.kill(old.proc.pid, signal.SIGCONT)
         assert old.wait(timeout=30) == 3, old.stderr_tail()
@@ -99,6 +99,7 @@ def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server
         assert leader.term == 2 and leader.pid == new.proc.pid  # type: ignore[union-attr]
         assert Plan.from_json(_read(etcd_server, keys.round) or b"").term == 2
 
+        (out / "pause").unlink()
         assert new.wait(timeout=90) == 0, new.stderr_tail()
         assert not new.events("job_failed")
     finally:
@@ -114,6 +115,13 @@ def _progress(etcd_server, keys: JobKeys) -> int:
     return ProgressRecord.from_json(value).step if value else 0
 
 
+def _train_to(etcd_server, keys: JobKeys, out, commits: int, what: str) -> None:
+    """Let the held job train up to ``commits`` and hold there; return once its rank 0
+    published that count. The job's speed does not matter: it cannot run past it."""
+    hold_at(out / "pause", commits)
+    wait_until(lambda: _progress(etcd_server, keys) >= commits, 40, what)
+
+
 @pytest.mark.timeout(150)
 def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, etcd_server):
     """SIGKILL the leader: the agents keep its workers training, the standby adopts
@@ -125,9 +133,9 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
     old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret)
     new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
-    # Training is held from its first step: however fast the machine, the takeover and
-    # the kill land mid-run (progress lines reach the test late through the agents).
-    (out / "pause").touch()
+    # Training is held at known steps: however fast the machine, the takeover and the
+    # kill land mid-run.
+    hold_at(out / "pause", 0)
     old.start()
     try:
         old.wait_event("round_formed", timeout=60)
@@ -137,12 +145,7 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
         os.kill(old.proc.pid, signal.SIGKILL)
         leading = new.wait_event("leading", timeout=30)
         assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
-        start = _progress(etcd_server, keys)
-        (out / "pause").unlink()
-        wait_until(
-            lambda: _progress(etcd_server, keys) >= start + 20, 40, "training under the new leader"
-        )
-        (out / "pause").touch()  # held again: the kill lands before the end
+        _train_to(etcd_server, keys, out, 20, "training under the new leader")
         victim = _kill_rank(etcd_server, keys, new, 1)
         new.wait_event("worker_failed", lambda e: e["worker"] == victim, timeout=40)
         formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
@@ -164,21 +167,16 @@ def test_a_driver_sigkilled_mid_run_and_started_again_adopts_the_job(tmp_path, e
     out = tmp_path / "out"
     out.mkdir()
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
-    # Training is held from its first step and between the phases below: however fast
-    # the machine, the driver dies mid-run and the job is still running when adopted.
-    (out / "pause").touch()
+    # Training is held at known steps: however fast the machine, the driver dies mid-run
+    # and the job is still running when adopted.
+    hold_at(out / "pause", 0)
     first = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "first", env=secret).start()
     again = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "again", env=secret)
     try:
         first.wait_event("round_formed", timeout=60)
         assert first.proc is not None
         os.kill(first.proc.pid, signal.SIGKILL)
-        start = _progress(etcd_server, keys)
-        (out / "pause").unlink()
-        wait_until(
-            lambda: _progress(etcd_server, keys) >= start + 30, 40, "training with no driver"
-        )
-        (out / "pause").touch()
+        _train_to(etcd_server, keys, out, 30, "training with no driver")
         wait_until(lambda: _read(etcd_server, keys.driver) is None, 20, "the leader key to lapse")
         again.start()
         leading = again.wait_event("leading", timeout=30)
@@ -259,22 +257,16 @@ def _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills: int, worker_ki
     out = tmp_path / "out"
     out.mkdir()
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
-    epochs = 200  # long enough for every kill; training is held while each is handled
-    args = _args(etcd_server, job_id, out, epochs=epochs)
+    args = _args(etcd_server, job_id, out)
     args[1] = "3"  # -np 3
     args[2:2] = ["--min-np", "2"]
     kills = ["driver"] * driver_kills + ["worker"] * worker_kills
     rng.shuffle(kills)
+    hold_at(out / "pause", 0)
     runs = [ElasticRun(args, tmp_path / "d0", env=secret).start()]
     try:
         for n, kind in enumerate(kills, start=1):
-            start = _progress(etcd_server, keys)
-            wait_until(
-                lambda s=start: _progress(etcd_server, keys) >= s + 30,
-                60,
-                f"training before kill {n}",
-            )
-            (out / "pause").touch()
+            _train_to(etcd_server, keys, out, 30 * n, f"training before kill {n}")
             leader = runs[-1]
             if kind == "driver":
                 standby = ElasticRun(["--standby", *args], tmp_path / f"d{n}", env=secret)
@@ -289,13 +281,13 @@ def _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills: int, worker_ki
                 leader.wait_event(
                     "round_formed", lambda e, v=victim: v not in e["members"], timeout=40
                 )
-            (out / "pause").unlink()
+        (out / "pause").unlink()
         last = runs[-1]
         assert last.wait(timeout=120) == 0, last.stderr_tail()
     finally:
         for run in reversed(runs):
             run.stop()
-    check_exact_sum(out, SAMPLES, epochs)
+    check_exact_sum(out, SAMPLES, EPOCHS)
 
 
 @pytest.mark.chaos

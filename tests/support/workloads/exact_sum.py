@@ -27,6 +27,18 @@ import elastic
 PROGRESS_EVERY = 10
 
 
+def held(gate: str, commits: int) -> bool:
+    """Whether the test holds training at ``commits``: the gate file exists and names a
+    commit count (empty: 0) the job has reached. Every rank holds at the same step, as
+    the count is the committed state's."""
+    try:
+        with open(gate) as f:
+            text = f.read().strip()
+    except FileNotFoundError:
+        return False
+    return commits >= int(text or 0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -44,8 +56,9 @@ def main() -> int:
     parser.add_argument("--fail-flag")
     parser.add_argument(
         "--pause-while",
-        help="before each step, wait while this file exists "
-        "(a test holds training back without changing its result)",
+        help="before each step, wait while this file exists and the job has reached the "
+        "commit count it holds (empty: 0): a test holds training at a known step without "
+        "changing its result",
     )
     parser.add_argument(
         "--crash-flag",
@@ -80,7 +93,7 @@ def main() -> int:
         for state.epoch in range(state.epoch, args.epochs):  # noqa: B020  (the README loop)
             sampler.set_epoch(state.epoch)
             for idx in sampler.batches(batch_size=args.batch, start=state.batch):
-                while args.pause_while and os.path.exists(args.pause_while):
+                while args.pause_while and held(args.pause_while, state.commits):
                     time.sleep(0.01)  # simulated slow compute, held by the test
                 np.linalg.matrix_power(work, 8)  # compute that does not touch the result
                 contribution = np.zeros(args.samples + 1)
