@@ -18,18 +18,20 @@ Then, ``--samples`` times, interleaved:
 
 Throughput of a window = the distinct global steps whose commit time (from the workers'
 own logs, not from anything routed through a driver) falls in the window, divided by
-its length. Reported per configuration: the medians of both phases and
-``ratio`` = median(without) / median(with).
+its length. Reported per configuration: the medians of both phases, ``ratio`` =
+median(without) / median(with), and ``paired_ratio_median``, the median of each
+sample's without / with (two adjacent windows: load that drifts over the run, on a
+machine shared with other work, cancels out of it).
 
-"Unchanged" means the ratio is within the noise of the measurement itself: ``noise`` is
-the relative spread of the with-driver samples ((max - min) / median), and
-``unchanged`` is ``abs(ratio - 1) <= noise``. On this 2-core machine, a second driver
-process (idle between membership changes, but beating its lease) is the only difference
-between the phases.
+"Unchanged" means the paired ratio is within the noise of the measurement itself:
+``noise`` is the relative spread of the with-driver samples ((max - min) / median: how
+much one condition varies from window to window), and ``unchanged`` is
+``abs(paired_ratio_median - 1) <= noise``. The driver process (idle between membership
+changes, but beating its lease) is the only difference between the phases.
 
 One JSON line per configuration on stdout:
     {"bench": "nodriver", "workers", "window_s", "samples", "with_steps_s_median",
-     "without_steps_s_median", "ratio", "noise", "unchanged", "with_steps_s": [...],
+     "without_steps_s_median", "ratio", "paired_ratio_median", "noise", "unchanged", "with_steps_s": [...],
      "without_steps_s": [...], "load_avg"[, "error"]}
 
     python benchmarks/nodriver_bench.py [--samples 5] [--workers 2 4] [--window 3]
@@ -184,14 +186,17 @@ def configuration(url: str, workers: int, samples: int, window: float, settle: f
         with_median = statistics.median(with_driver)
         without_median = statistics.median(without)
         ratio = without_median / with_median if with_median else None
+        pairs = [b / a for a, b in zip(with_driver[:n], without[:n], strict=True) if a]
+        paired = statistics.median(pairs) if pairs else None
         noise = (max(with_driver) - min(with_driver)) / with_median if with_median else None
         line.update(
             samples=n,
             with_steps_s_median=round(with_median, 2),
             without_steps_s_median=round(without_median, 2),
             ratio=round(ratio, 3) if ratio is not None else None,
+            paired_ratio_median=round(paired, 3) if paired is not None else None,
             noise=round(noise, 3) if noise is not None else None,
-            unchanged=ratio is not None and noise is not None and abs(ratio - 1) <= noise,
+            unchanged=paired is not None and noise is not None and abs(paired - 1) <= noise,
             with_steps_s=[round(x, 2) for x in with_driver],
             without_steps_s=[round(x, 2) for x in without],
         )
