@@ -24,9 +24,10 @@ sample's without / with (two adjacent windows: load that drifts over the run, on
 machine shared with other work, cancels out of it).
 
 "Unchanged" means the paired ratio is within the noise of the measurement itself:
-``noise`` is the relative spread of the with-driver samples ((max - min) / median: how
-much one condition varies from window to window), and ``unchanged`` is
-``abs(paired_ratio_median - 1) <= noise``. The driver process (idle between membership
+``noise`` is the relative median absolute deviation of the with-driver samples
+(median(|x - median|) / median: how much one condition varies from window to window,
+robust to a window that another process on the machine slowed down), and
+``unchanged`` is ``abs(paired_ratio_median - 1) <= noise``. The driver process (idle between membership
 changes, but beating its lease) is the only difference between the phases.
 
 One JSON line per configuration on stdout:
@@ -188,7 +189,8 @@ def configuration(url: str, workers: int, samples: int, window: float, settle: f
         ratio = without_median / with_median if with_median else None
         pairs = [b / a for a, b in zip(with_driver[:n], without[:n], strict=True) if a]
         paired = statistics.median(pairs) if pairs else None
-        noise = (max(with_driver) - min(with_driver)) / with_median if with_median else None
+        deviation = statistics.median(abs(x - with_median) for x in with_driver)
+        noise = deviation / with_median if with_median else None
         line.update(
             samples=n,
             with_steps_s_median=round(with_median, 2),
