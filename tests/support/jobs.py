@@ -4,6 +4,9 @@
 follows its stdout for ``progress N`` lines (printed by ``workloads/exact_sum.py``) and
 reads the events file. ``stop()`` (also on ``__exit__``) ends the driver and SIGKILLs any
 worker the events file names that is still alive, so nothing outlives a failed test.
+With ``host`` (a ``tests.support.netns_hosts.NetnsHost``) the driver runs on that test
+host; the pids its events name are then the hosts' own, and the hosts' teardown (not
+``stop()``) reaps its workers.
 """
 
 from __future__ import annotations
@@ -81,13 +84,18 @@ def pid_alive(pid: int) -> bool:
 
 
 class ElasticRun:
-    def __init__(self, args: list[str], workdir: Path, env: dict | None = None):
+    def __init__(self, args: list[str], workdir: Path, env: dict | None = None, host=None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.events_path = self.workdir / "events.jsonl"
         self.out_path = self.workdir / "stdout.log"
         self.err_path = self.workdir / "stderr.log"
         self.argv = [sys.executable, "-m", "driver.cli", "--events", str(self.events_path), *args]
+        self.host = host
+        if host is not None:
+            # nsenter (which waits for the driver and exits with its status) leads the
+            # process group: stop() reaches both.
+            self.argv = host.command(self.argv)
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.progress = 0
@@ -196,7 +204,8 @@ class ElasticRun:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
-        for pid in self.worker_pids().values():
+        # On a test host the events' pids are that host's: no pid of ours to signal.
+        for pid in self.worker_pids().values() if self.host is None else ():
             if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)

@@ -228,6 +228,23 @@ class NetnsHost:
                 found.append(int(entry))
         return sorted(found)
 
+    def pid_here(self, host_pid: int) -> int:
+        """The id as seen from here of the process this host knows as ``host_pid`` (an id
+        the host's own programs report, such as a worker's pid in the driver's events).
+
+        Raises:
+            HostsError: no process of this host has that id.
+        """
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    ids = next((ln.split()[1:] for ln in f if ln.startswith("NSpid:")), [])
+            except OSError:
+                continue
+            if ids and int(ids[-1]) == host_pid:
+                return pid
+        raise HostsError(f"host {self.name} has no process {host_pid}")
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

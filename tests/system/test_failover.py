@@ -7,16 +7,21 @@ replacements that must handshake with the workers the first driver started.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import signal
+import time
 import uuid
 
 import pytest
 
+from driver.claim import BEAT_INTERVAL, BEAT_SILENCE
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord, Plan, ProgressRecord
+from tests.support.etcd_cluster import EtcdCluster
 from tests.support.jobs import (
     ElasticRun,
     check_exact_sum,
@@ -245,6 +250,119 @@ def test_a_new_driver_supervises_the_ps_shards_it_adopted(tmp_path, etcd_server)
         again.stop()
         first.stop()
     check_converged(out, 300)
+
+
+TAKEOVER_BOUND_S = BEAT_SILENCE + BEAT_INTERVAL + 6.0
+"""Cut of the leader's host to its standby leading: the standby ends the leader's lease
+once its beat has been silent for ``BEAT_SILENCE`` (a beat every ``BEAT_INTERVAL``), then
+adopts the job (well under a second idle: ``benchmarks/failover_bench.py``); the 6 s
+are slack for a loaded 2-core machine running three test hosts and etcd."""
+
+
+def _kill_on_hosts(run: ElasticRun, hosts, worker: str) -> None:
+    """SIGKILL ``worker``, which ``run`` (a driver on a test host) started or adopted: its
+    events name the worker's host and its pid there."""
+    started = next(
+        e
+        for e in reversed(run.events())
+        if e["kind"] in ("worker_started", "worker_adopted") and e["worker"] == worker
+    )
+    host = next(h for h in hosts if h.address == started["host"])
+    os.kill(host.pid_here(started["pid"]), signal.SIGKILL)
+
+
+def _revision(cluster) -> int:
+    with open_store(cluster.url) as store:
+        return store.revision()
+
+
+def _terms_written_since(cluster, keys: JobKeys, since: int) -> list[tuple[str, int]]:
+    """``(key, term)`` of every value written under the job's keys after revision
+    ``since`` (up to now) that carries a leader term (plans, assignments, the leader's
+    record and state). The history is read through a watch, up to a marker put beside
+    the job's keys (outside its prefix: no process of the job sees it)."""
+    beside = keys.prefix.rstrip("/")
+    stamped = []
+    with open_store(cluster.url) as store:
+        end = store.put(f"{beside}~checked", b"")
+        with store.watch_prefix(beside, start_revision=since + 1) as watch:
+            while (event := watch.get(timeout=10)) is not None and event.revision < end:
+                record = None
+                if event.type != "delete":
+                    with contextlib.suppress(ValueError):
+                        record = json.loads(event.value)
+                if isinstance(record, dict) and "term" in record:
+                    stamped.append((event.key, record["term"]))
+            assert event is not None, "the store's history ended before the marker"
+    return stamped
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(150)
+def test_the_leaders_host_cut_a_standby_on_another_host_takes_over(three_hosts, tmp_path):
+    """The leading driver runs on host A, its agents and workers on B and C (over ssh),
+    etcd on C, a standby on B. A's link is cut (no FIN, no RST): the standby leads
+    within ``TAKEOVER_BOUND_S``, adopts both workers, training goes on; a worker
+    SIGKILLed under it is replaced. A's link restored: the old driver, alive all along,
+    finds it no longer leads and exits 3 having written nothing; the job finishes exact."""
+    a, b, c = three_hosts
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**three_hosts.env(), "ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    cluster = EtcdCluster(1, tmp_path / "etcd", hosts=[c]).start()
+    spread = ("-H", f"{b.address}:1,{c.address}:1", "--launcher", "ssh")
+    old = ElasticRun(_args(cluster, job_id, out, *spread), tmp_path / "old", env=env, host=a)
+    new = ElasticRun(
+        _args(cluster, job_id, out, *spread, "--standby"), tmp_path / "new", env=env, host=b
+    )
+    hold_at(out / "pause", 10)  # training holds at step 10: the cut lands mid-run
+    try:
+        old.start()
+        _train_to(cluster, keys, out, 10, "training under the first leader")
+        new.start()
+        new.wait_event("standing_by", timeout=30)
+        rounds_before = len(old.events("round_formed"))
+        cut_at = time.time()
+        a.cut()
+        leading = new.wait_event("leading", timeout=TAKEOVER_BOUND_S)
+        assert leading["t"] - cut_at <= TAKEOVER_BOUND_S, leading
+        assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        _train_to(cluster, keys, out, 30, "training under the new leader")
+
+        plan = Plan.from_json(_read(cluster, keys.round) or b"")
+        victim = plan.members[1].worker_id
+        _kill_on_hosts(new, three_hosts, victim)
+        formed = new.wait_event("round_formed", lambda e: victim not in e["members"], timeout=40)
+        assert Plan.from_json(_read(cluster, keys.round) or b"").round_id >= formed["round"]
+        _train_to(cluster, keys, out, 50, "training in the new leader's round")
+
+        assert old.proc is not None and old.proc.poll() is None  # alive, cut off
+        restored_at = _revision(cluster)
+        a.restore()
+        assert old.wait(timeout=30) == 3, old.stderr_tail()
+        # Nothing the old leader could write (all fenced) reached the store: every term
+        # stamped since its link came back is the new leader's.
+        stale = [(k, t) for k, t in _terms_written_since(cluster, keys, restored_at) if t != 2]
+        assert not stale, stale
+        leader = DriverRecord.from_json(_read(cluster, keys.driver) or b"")
+        assert leader.term == 2 and leader.host == b.name
+        last = old.stderr_tail(1)
+        assert "no longer leads" in last and f"on host {b.name}" in last, last
+        assert old.events("leadership_lost")
+        assert len(old.events("round_formed")) == rounds_before  # it published nothing
+        assert Plan.from_json(_read(cluster, keys.round) or b"").term == 2
+
+        (out / "pause").unlink()
+        assert new.wait(timeout=90) == 0, new.stderr_tail()
+        assert not new.events("job_failed")
+    finally:
+        a.restore()
+        new.stop()
+        old.stop()
+        cluster.stop()
+    check_exact_sum(out, SAMPLES, EPOCHS)
 
 
 def _chaos_with_driver_kills(tmp_path, etcd_server, driver_kills: int, worker_kills: int):
