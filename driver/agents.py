@@ -153,7 +153,10 @@ class AgentLauncher(Launcher):
         self._closing = False
         self._shards = 0
         self._following = False
-        self._follow: tuple[threading.Event, float] = (threading.Event(), 0.0)
+        # Its own stop, set by ``stop_following``: the exits of what the job's end stops
+        # come through these watches, after the job's loop and its feeds have stopped.
+        self._unfollow = threading.Event()
+        self._patience = 0.0
         self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
 
     def attach(
@@ -163,20 +166,21 @@ class AgentLauncher(Launcher):
         agent_env: Mapping[str, str],
         term: Callable[[], int],
         on_host_lost: Callable[[str, str], None],
-        stop: threading.Event,
         patience: float,
         steer: Callable[[Sequence[Put | Delete]], int] | None = None,
     ) -> None:
         """Use ``store`` from now on; ``term()`` is the leader's term to stamp on
         assignments; ``steer``: the leader's fenced write (default: a plain put);
-        follow the agents' records and process reports until ``stop``, from the first
-        launch through an agent on (a job with no agent, one machine on the embedded
-        store, watches nothing more than before), or at once when agents were adopted.
+        follow the agents' records and process reports until ``stop_following`` (after
+        ``close``: the exits of what the job's end stops are reports too), from the
+        first launch through an agent on (a job with no agent, one machine on the
+        embedded store, watches nothing more than before), or at once when agents were
+        adopted.
         """
         self._store, self._term, self._on_host_lost = store, term, on_host_lost
         self._fenced = steer
         self._agent_env = dict(agent_env)
-        self._follow = (stop, patience)
+        self._patience = patience
         with self._lock:
             if self._agents:
                 self._start_following()
@@ -237,7 +241,6 @@ class AgentLauncher(Launcher):
         if self._following or self._store is None:
             return
         self._following = True
-        stop, patience = self._follow
         for prefix, on_event, on_resync in (
             (self._keys.agents, self._agent_event, self._agents_resync),
             (self._keys.processes, self._status_event, self._statuses_resync),
@@ -249,8 +252,8 @@ class AgentLauncher(Launcher):
                 on_event=on_event,
                 on_resync=on_resync,
                 on_lost=lambda exc: None,  # the job's own feeds say the store is lost
-                stop=stop,
-                patience=patience,
+                stop=self._unfollow,
+                patience=self._patience,
             )
 
     def lost_hosts(self) -> frozenset[str]:
@@ -449,6 +452,10 @@ class AgentLauncher(Launcher):
             handle.started(status.pid)
 
     # ------------------------------------------------------------------ the end
+    def stop_following(self) -> None:
+        """Stop the watches of the agents' records and reports (the driver is done)."""
+        self._unfollow.set()
+
     def close(self, timeout: float = STOP_GRACE + REAP_TIMEOUT) -> None:
         """The job is over: say so (``JobKeys.ended``: every agent stops what it runs
         and exits) and wait up to ``timeout`` for the agents' processes; stop those

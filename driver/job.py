@@ -257,7 +257,6 @@ class Job:
                 agent_env=job_env(cfg, self.secret, self.store_url),
                 term=self._services.leader_term,
                 on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
-                stop=self._stop,
                 patience=cfg.elastic_timeout,
                 steer=self._services.steer,
             )
@@ -315,6 +314,8 @@ class Job:
             self._actions.stop_all()
             if self._agents is not None:
                 self._agents.close()
+        if self._agents is not None:
+            self._agents.stop_following()
         self._services.close()
 
     # ------------------------------------------------------------------ decisions

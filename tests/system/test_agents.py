@@ -24,6 +24,7 @@ from tests.support.jobs import (
     ElasticRun,
     check_exact_sum,
     exact_sum_command,
+    hold_at,
     pid_alive,
     wait_until,
 )
@@ -65,7 +66,10 @@ def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_e
         *("-H", "a:2,b:2", "-np", "4", "--min-np", "2", "--launcher", "local"),
         *("--rendezvous", etcd_server.url, "--job-id", job_id),
     ]
-    with ElasticRun([*args, *exact_sum_command(out, SAMPLES, 12)], tmp_path) as run:
+    gate = tmp_path / "gate"
+    hold_at(gate, 40)  # however fast the job, the agent dies mid-run
+    command = exact_sum_command(out, SAMPLES, 12, "--pause-while", str(gate))
+    with ElasticRun([*args, *command], tmp_path) as run:
         run.wait_progress(40)
         victims = [w for w, pid in run.worker_pids().items() if w.startswith("a-")]
         victim_pids = [run.worker_pids()[w] for w in victims]
@@ -77,6 +81,7 @@ def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_e
         assert not set(after["members"]) & set(victims)
         # The dead agent's workers end too (orphaned: their parent was the agent).
         wait_until(lambda: not any(pid_alive(p) for p in victim_pids), 15, "a's workers to end")
+        gate.unlink()
         assert run.wait(timeout=60) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, 12, final_size=2)
 
@@ -157,10 +162,6 @@ def agent_pids(host) -> list[int]:
     return found
 
 
-def hosts_workload(out):
-    return exact_sum_command(out, SAMPLES, 12)
-
-
 @pytest.mark.timeout(120)
 def test_on_separate_hosts_an_agent_sigkilled_makes_its_host_lost(three_hosts, tmp_path):
     """Agents over ssh (embedded store): the agent of one host SIGKILLed, the host's
@@ -170,7 +171,10 @@ def test_on_separate_hosts_an_agent_sigkilled_makes_its_host_lost(three_hosts, t
     out.mkdir()
     args = ["-H", f"{a.address}:2,{b.address}:2", "-np", "4", "--min-np", "2"]
     args += ["--launcher", "ssh"]
-    with ElasticRun([*args, *hosts_workload(out)], tmp_path, env=three_hosts.env()) as run:
+    gate = tmp_path / "gate"
+    hold_at(gate, 40)  # however fast the job, the agent dies mid-run
+    command = exact_sum_command(out, SAMPLES, 12, "--pause-while", str(gate))
+    with ElasticRun([*args, *command], tmp_path, env=three_hosts.env()) as run:
         run.wait_progress(40)
         (victim,) = agent_pids(b)
         os.kill(victim, signal.SIGKILL)
@@ -179,6 +183,7 @@ def test_on_separate_hosts_an_agent_sigkilled_makes_its_host_lost(three_hosts, t
         after = run.wait_event("round_formed", lambda e: e["size"] == 2, timeout=20)
         assert not set(after["members"]) & set(lost["workers"])
         wait_until(lambda: not b.pids(), 20, "the lost host's workers to end")
+        gate.unlink()
         assert run.wait(timeout=80) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, 12, final_size=2)
 

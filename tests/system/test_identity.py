@@ -11,11 +11,13 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 import elastic
+from driver.launch.process import STOP_GRACE
 from rendezvous import open_store
 from rendezvous.errors import LeaseNotFoundError
 from rendezvous.keys import JobKeys
@@ -157,9 +159,14 @@ def test_no_key_is_left_after_a_failed_or_stopped_job(tmp_path, etcd_server, end
             run.kill_member(1)  # a re-form beyond --reset-limit 0
         else:
             run.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         assert run.wait(timeout=40) == 1
         reason = run.events("job_failed")[0]["reason"]
         assert ("reset limit" if end == "failure" else "stopped by SIGTERM") in reason
+        if end == "sigterm":
+            # The workers' exits reach the ending driver through their agent's reports:
+            # it never waits out the grace it gives a worker that does not stop.
+            assert time.monotonic() - signalled < STOP_GRACE
     assert _left_in_etcd(etcd_server, job_id) == []
     assert _lease_gone(etcd_server, lease)
 
