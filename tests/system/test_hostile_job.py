@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,9 +148,17 @@ def _grpc_probes(address: str, methods: list[str], size: int) -> list:
     return codes
 
 
-def _raw_probes(address: str, magic: bytes) -> list[bool]:
-    """Garbage and malformed frames: True for each the server ended the connection on."""
-    return [hostile.sends_then_closed(address, p) for p in hostile.garbage_payloads(magic)]
+def _all_closed(probes: list[tuple[str, bytes]]) -> list[bool]:
+    """Send each (address, payload) on a connection of its own, all at once (a frame
+    cut short is held until the server's handshake deadline, seconds: one after the
+    other they would take minutes): True for each the server ended the connection on."""
+    with ThreadPoolExecutor(len(probes)) as pool:
+        return list(pool.map(lambda probe: hostile.sends_then_closed(*probe), probes))
+
+
+def _raw_probes(address: str, magic: bytes) -> list[tuple[str, bytes]]:
+    """Garbage and malformed frames for the port at ``address``."""
+    return [(address, payload) for payload in hostile.garbage_payloads(magic)]
 
 
 def _ring_opening() -> bytes:
@@ -181,8 +190,7 @@ def test_hostile_probes_are_refused_and_harmless(tmp_path):
         # its first connection (gRPC's own threads) is not a leak.
         for address in (ports.store, *ports.shards):
             hostile.unauthenticated_calls(address, ["/probe/Warm"], 16)
-        for address in (*ports.rings, *ports.bulks):
-            hostile.sends_then_closed(address, b"warm-up")
+        _all_closed([(address, b"warm-up") for address in (*ports.rings, *ports.bulks)])
         before = _settled(servers)
         rss_before = {pid: hostile.rss_mib(pid) for pid in servers}
 
@@ -192,13 +200,14 @@ def test_hostile_probes_are_refused_and_harmless(tmp_path):
             codes = _grpc_probes(ports.store, store_methods, OVERSIZED)
             for shard in ports.shards:
                 codes += _grpc_probes(shard, ps_methods, OVERSIZED)
-            closed = []
+            raw = []
             for address in (ports.store, *ports.shards):
-                closed += _raw_probes(address, b"PRI * HTTP/2.0")
+                raw += _raw_probes(address, b"PRI * HTTP/2.0")
             for address in ports.rings:
-                closed += _raw_probes(address, wire.MAGIC)
+                raw += _raw_probes(address, wire.MAGIC)
             for address in ports.bulks:
-                closed += _raw_probes(address, BULK_MAGIC)
+                raw += _raw_probes(address, BULK_MAGIC)
+            closed = _all_closed(raw)
             handshakes = [
                 hostile.fake_handshake(a, _ring_opening(), CHALLENGE_SIZE, PROOF_SIZE)
                 for a in ports.rings
