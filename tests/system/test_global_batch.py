@@ -73,11 +73,13 @@ def check_final(out: Path, epochs: int, truth: np.ndarray) -> list[dict]:
 @pytest.mark.parametrize("flavour", ["numpy", "torch"])
 def test_same_weights_for_world_sizes_1_to_4(tmp_path, flavour):
     """Uneven shares (30 over 4: 8, 8, 7, 7), micro-batches (30 alone: 8, 8, 7, 7), and
-    an epoch's last step of 2 samples (empty shares at 3 and 4 workers)."""
+    an epoch's last step of 2 samples (empty shares at 3 and 4 workers). The torch
+    flavour, whose workers take seconds each to import torch, runs alone and at 4 (every
+    case above); the weighting it shares with numpy is checked at every size."""
     epochs = 4
     truth = one_process(Problem(), epochs, GLOBAL_BATCH)
     runs = {}
-    for size in (2, 3, 4):  # the jobs run side by side
+    for size in (2, 3, 4) if flavour == "numpy" else (4,):  # the jobs run side by side
         out = tmp_path / f"np{size}" / "out"
         out.mkdir(parents=True)
         runs[size] = ElasticRun(
