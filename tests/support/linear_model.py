@@ -9,12 +9,15 @@ step taken on other samples, or weighted otherwise, shows.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+import elastic
 from elastic.sampler import epoch_order
 from elastic.state import State
 
@@ -75,3 +78,21 @@ def wait_while_paused(pause: Path | None, state: State) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{pause} still there after {PAUSE_LIMIT:.0f}s")
         time.sleep(0.01)
+
+
+def write_result(out_dir: str, state: State, w: list[float], **extra: object) -> None:
+    """What a worker of the global-batch workloads ends with, in ``OUT_DIR/<worker>.json``
+    for the test to compare: its world, its steps, its weights ``w`` and the visits."""
+    worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
+    result = {
+        "rank": elastic.rank(),
+        "size": elastic.size(),
+        "steps": state.steps,
+        "sizes": state.sizes,
+        "w": w,
+        **extra,
+        "visits_min": float(state.visits.min()),
+        "visits_max": float(state.visits.max()),
+    }
+    with open(os.path.join(out_dir, f"{worker}.json"), "w") as f:
+        json.dump(result, f)

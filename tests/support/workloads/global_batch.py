@@ -20,8 +20,6 @@ rank 0 prints ``progress <steps>`` every 10 steps.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,7 +28,13 @@ from typing import Any
 import numpy as np
 
 import elastic
-from tests.support.linear_model import SAMPLER_SEED, Problem, gradient, wait_while_paused
+from tests.support.linear_model import (
+    SAMPLER_SEED,
+    Problem,
+    gradient,
+    wait_while_paused,
+    write_result,
+)
 
 PROGRESS_EVERY = 10
 
@@ -98,21 +102,7 @@ def main() -> int:
             state.batch = 0
 
     train(state)
-    worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
-    with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
-        json.dump(
-            {
-                "rank": elastic.rank(),
-                "size": elastic.size(),
-                "steps": state.steps,
-                "sizes": state.sizes,
-                "w": state.w.tolist(),
-                "w_average": state.w_average.tolist(),
-                "visits_min": float(state.visits.min()),
-                "visits_max": float(state.visits.max()),
-            },
-            f,
-        )
+    write_result(args.out_dir, state, state.w.tolist(), w_average=state.w_average.tolist())
     elastic.shutdown()
     return 0
 

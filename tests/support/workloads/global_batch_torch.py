@@ -17,8 +17,6 @@ every 10 steps.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import elastic
 import elastic.torch as et
-from tests.support.linear_model import SAMPLER_SEED, Problem, wait_while_paused
+from tests.support.linear_model import SAMPLER_SEED, Problem, wait_while_paused, write_result
 
 PROGRESS_EVERY = 10
 
@@ -97,20 +95,7 @@ def main() -> int:
                     print(f"progress {state.steps}", flush=True)
 
     train(state)
-    worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
-    with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
-        json.dump(
-            {
-                "rank": elastic.rank(),
-                "size": elastic.size(),
-                "steps": state.steps,
-                "sizes": state.sizes,
-                "w": model.weight.detach().reshape(-1).tolist(),
-                "visits_min": float(state.visits.min()),
-                "visits_max": float(state.visits.max()),
-            },
-            f,
-        )
+    write_result(args.out_dir, state, model.weight.detach().reshape(-1).tolist())
     elastic.shutdown()
     return 0
 
