@@ -8,29 +8,35 @@ other hosts (``hier.py``). Besides the ``ShmGroup`` collectives it offers:
 * ``allreduce_via_leader``: the other members reduce the host's inputs into the
   leader's slot, the leader combines that with the other hosts' there (``across``), and
   every member copies the result out, piece by piece (``layout.pieces``; a leader alone
-  on its host cuts alike). The leader's network step on one piece runs while the others
-  reduce the next, so on a host that waits on the network the reduction costs no time.
+  on its host cuts alike). The leader's network step on piece p starts as soon as p is
+  reduced and runs (on a thread of its own, ``overlap.py``) while the host copies
+  piece p - 1 out and piece p + 1 in and reduces it, so the link between hosts stays
+  busy and the shared-memory steps cost no time on a host that waits on the network.
 * ``share`` / ``receive``: the leader's array to every member of the host, without the
   copy ``broadcast`` makes for its root.
 
 Per piece p, three barriers: A(p) once its inputs are in (the leader's whole piece, and
 what each other member's fellow reducers need of its own), X(p) once it is reduced (and
-the previous piece is final: the leader ran ``across`` on it meanwhile), Y(p - 1) once
+the previous piece is final: the leader waited for its ``across`` first), Y(p - 1) once
 the previous piece is copied out everywhere; a last barrier Z once the last piece is
 final. Piece p lives in slot (k + 1 + p) % 2, k being the barrier count before the call:
 shm.py's rule (what is written before barrier k goes to slot k % 2) holds at both ends,
 since the first writes precede barrier k + 1 and the last piece sits in slot Z % 2 while
 it is copied out. In between, a slot is written again only for the piece after next:
-after Y of the piece it held, and the reducers' inputs in it were read before X.
+after Y of the piece it held, and the reducers' inputs in it were read before X. The
+network step on piece p runs from X(p) to just before X(p + 1): it touches only piece
+p's slot, which nobody else writes meanwhile.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import numpy as np
 
 from . import layout, wire
+from .overlap import Overlap
 from .shm import ShmGroup, ShmSegment
 from .transport import Check
 
@@ -69,11 +75,13 @@ class HostGroup(ShmGroup):
         op: str,
         hdr: wire.OpHeader,
         across: Callable[[np.ndarray], None],
+        overlap: Overlap | None = None,
     ) -> None:
         """Reduce the members' flat ``x`` with ``op`` into flat ``out``, the leader calling
         ``across(piece)`` on each piece of the host's result (in place, in shared memory)
-        before the members copy it out. Raises ``Interrupted``, ``Mismatch`` or
-        ``PeerGone``, and what ``across`` raises."""
+        before the members copy it out; on ``overlap``'s thread when given (the leader's
+        owner closes it before unmapping: a job may outlive an error here). Raises
+        ``Interrupted``, ``Mismatch`` or ``PeerGone``, and what ``across`` raises."""
         n, r = self.size, self.rank
         fn = layout.reducer(op)
         dtype = x.dtype
@@ -85,6 +93,16 @@ class HostGroup(ShmGroup):
 
         def result(p: int) -> np.ndarray:
             return slot(0, p)[: pieces[p][1] - pieces[p][0]]
+
+        def start_across(p: int) -> None:
+            if overlap is None:
+                across(result(p))
+            else:
+                overlap.start(partial(across, result(p)))
+
+        def finish_across() -> None:
+            if overlap is not None:
+                overlap.wait(self._check)
 
         for p, (start, end) in enumerate(pieces):
             plen = end - start
@@ -101,7 +119,7 @@ class HostGroup(ShmGroup):
                 self._check_headers(base % 2, hdr)
             if r == 0:
                 if p > 0:
-                    across(result(p - 1))
+                    finish_across()  # piece p - 1, started after X(p - 1)
             elif b > a:
                 # In place in the leader's slot: only this member reads this segment.
                 dst = slot(0, p)[a:b]
@@ -110,11 +128,15 @@ class HostGroup(ShmGroup):
                     if j != r:
                         fn(dst, slot(j, p)[a:b], out=dst)
             self._step()  # X(p): piece p reduced, piece p - 1 final
+            if r == 0:
+                # Runs while this host copies piece p - 1 out and piece p + 1 in: the
+                # other slot, so never the bytes the network step reads and writes.
+                start_across(p)
             if p > 0:
                 out[pieces[p - 1][0] : pieces[p - 1][1]] = result(p - 1)
                 self._step()  # Y(p - 1): piece p - 1 copied out everywhere
         if r == 0:
-            across(result(len(pieces) - 1))
+            finish_across()
         self._step()  # Z: the last piece final
         out[pieces[-1][0] : pieces[-1][1]] = result(len(pieces) - 1)
 
