@@ -53,6 +53,11 @@ class Overlap:
             self._job, self._busy, self._error = job, True, None
             self._cv.notify_all()
 
+    @property
+    def busy(self) -> bool:
+        """Whether a job is running (it may end any moment)."""
+        return self._busy
+
     def wait(self, check: Check) -> None:
         """Wait until the running job (if any) is done; raise what it raised. ``check``
         runs every second meanwhile and may raise (the job then goes on: see ``close``)."""
