@@ -89,7 +89,7 @@ class HostGroup(ShmGroup):
         pieces = layout.pieces(x.size, self.piece_bytes, x.dtype.itemsize)
         at = _Pieces(self, pieces, x.dtype)
         if r == 0 and overlap is not None:
-            self._lead(x, out, hdr, at, partial(self._network, at, across, out), overlap)
+            self._lead(x, out, hdr, at, partial(self._network, at, across), overlap)
             return
         for p, (start, end) in enumerate(pieces):
             plen = end - start
@@ -155,7 +155,7 @@ class HostGroup(ShmGroup):
         self._arrive(self.k)  # Z
         at.copy_out(len(at.pieces) - 1, out)
 
-    def _network(self, at: _Pieces, across: Callable[[np.ndarray], None], out: np.ndarray) -> None:
+    def _network(self, at: _Pieces, across: Callable[[np.ndarray], None]) -> None:
         """The leader's second thread (see ``_lead``): for each piece, once this member
         arrived at A(p), arrive at X(p) and run ``across`` on the piece. Wakes the first
         thread when it fails."""
