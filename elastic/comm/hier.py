@@ -9,7 +9,8 @@ The plan (``placement.Plan``) lists each host's members in rank order; the first
 leader. Every collective is the same three steps on every host:
 
 * allreduce: reduce inside the host to the leader (``HostGroup.allreduce_via_leader``,
-  shared by every member), allreduce among the leaders (TCP ring, in place), and the
+  shared by every member), allreduce among the leaders (TCP ring, in place, on the
+  leader's second thread while its host works on the neighbouring pieces), and the
   leader's result back to every member, piece by piece ("average" sums, and the leader
   divides by the round's size once);
 * broadcast: on the root's host, shared-memory broadcast from the root; the root host's
@@ -48,6 +49,7 @@ from . import layout, wire
 from .base import CommSettings
 from .host_group import HostGroup
 from .links import Connect, NeighbourLinks
+from .overlap import Overlap
 from .placement import Plan
 from .tcp_ring import TcpRing
 from .transport import Check, Mismatch, Transport
@@ -148,7 +150,12 @@ class HierTransport(Transport):
         self.host = host
         self.links = leaders
         self.ring: TcpRing | None = None
+        # The leaders' network step on one piece runs beside the host's shared-memory
+        # steps on the next (``HostGroup.allreduce_via_leader``).
+        self.overlap: Overlap | None = None
         if leaders is not None:
+            if host is not None:
+                self.overlap = Overlap(f"elastic-hier-{rank}")
             grace = settings.close_grace
             self.ring = TcpRing(
                 self.host_index,
@@ -174,7 +181,7 @@ class HierTransport(Transport):
                 layout.finish_average(part, self.size)
 
         if self.host is not None:
-            self.host.allreduce_via_leader(x, out, inner, hdr, across)
+            self.host.allreduce_via_leader(x, out, inner, hdr, across, self.overlap)
         elif ring is not None:
             # Piece by piece, as the leaders of hosts with shared memory go.
             for a, b in layout.pieces(x.size, self.piece_bytes, x.dtype.itemsize):
@@ -266,6 +273,10 @@ class HierTransport(Transport):
             self.host.abort(orderly)
 
     def close(self) -> None:
+        if self.overlap is not None:
+            # A network step an error left running ends once ``abort`` shut its
+            # connections; it must before the shared memory it works in is unmapped.
+            self.overlap.close()
         if self.links is not None:
             self.links.close()
         if self.host is not None:

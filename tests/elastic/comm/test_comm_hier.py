@@ -63,6 +63,8 @@ LAYOUTS = {
     "2x2": ([2, 2], None),
     # uneven hosts with interleaved ranks: host 0 holds ranks 0 and 3, host 2 ranks 2, 4
     "2+1+2": ([2, 1, 2], [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1)]),
+    # three members on a host: two of them reduce each piece together
+    "3+2": ([3, 2], None),
 }
 
 

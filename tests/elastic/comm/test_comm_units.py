@@ -1,14 +1,16 @@
 """Pure logic of the data plane: layouts, wire formats, settings, MPI detection, the
-allgather layout and the world-of-one transport."""
+allgather layout, the world-of-one transport and the overlap thread."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
 
 from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
+from elastic.comm.overlap import Overlap
 from elastic.comm.transport import LocalTransport, Mismatch, PeerGone, gather_layout
 from rendezvous.auth import make_nonce
 from rendezvous.url import Endpoint
@@ -243,3 +245,51 @@ def test_local_transport_copies():
     t.abort(orderly=True)
     t.close()
     assert t.name == "local"
+
+
+@pytest.mark.timeout(10)
+def test_overlap_runs_jobs_one_at_a_time_and_raises_their_errors():
+    ran: list[int] = []
+    release = threading.Event()
+
+    def held() -> None:
+        release.wait(5)
+        ran.append(1)
+
+    overlap = Overlap("test-overlap")
+    overlap.start(held)
+    with pytest.raises(RuntimeError):  # a job at a time: wait before the next start
+        overlap.start(lambda: ran.append(2))
+    release.set()
+    overlap.wait(lambda: None)
+    assert ran == [1]
+
+    def fails() -> None:
+        raise PeerGone(3, "connection closed")
+
+    overlap.start(fails)
+    with pytest.raises(PeerGone) as e:
+        overlap.wait(lambda: None)
+    assert e.value.rank == 3
+    overlap.wait(lambda: None)  # nothing running: the error was raised once
+    overlap.close()
+    overlap.close()
+    with pytest.raises(RuntimeError):
+        overlap.start(lambda: None)
+
+
+@pytest.mark.timeout(10)
+def test_overlap_close_lets_a_running_job_finish():
+    release, done = threading.Event(), threading.Event()
+
+    def job() -> None:
+        release.wait(5)
+        done.set()
+
+    overlap = Overlap("test-overlap")
+    overlap.start(job)
+    closer = threading.Thread(target=overlap.close)
+    closer.start()
+    release.set()
+    closer.join(5)
+    assert done.is_set() and not closer.is_alive()
