@@ -15,8 +15,9 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
   it and reports the exit, which ends the handle's ``wait``;
 * an agent whose record vanishes (its lease lapsed: the agent died or was cut off)
   makes its host lost at once: ``on_host_lost(host, detail)`` is called first (the job
-  drops the host, as when a probe finds a host unreachable), then every process of
-  that host is taken as SIGKILLed;
+  drops the host, as when a probe finds a host unreachable), then the host's
+  assignments are withdrawn (deleted: a later agent there must not run them again) and
+  every process of that host is taken as SIGKILLed;
 * ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
   the agents' own processes.
 * Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
@@ -211,6 +212,8 @@ class AgentLauncher(Launcher):
                 agent.registered.set()
                 self._agents[host] = agent
             for process_id, (host, assignment) in assignments.items():
+                # Known by host even when not running: withdrawn with the host if lost.
+                self._hosts_of[process_id] = host
                 reported = statuses.get(process_id)
                 if reported is None or reported.exited or host not in agents:
                     continue
@@ -226,7 +229,6 @@ class AgentLauncher(Launcher):
                 handle = AssignedProcess(spec, process_id, self._want)
                 handle.started(reported.pid)
                 self._handles[process_id] = handles[process_id] = handle
-                self._hosts_of[process_id] = host
                 self._assignments[process_id] = assignment
                 if assignment.kind == "shard":
                     self._shards += 1
@@ -307,8 +309,17 @@ class AgentLauncher(Launcher):
         return handle
 
     def _steer(self, key: str, value: bytes) -> None:
-        """Every write of the leader to the agents (assignments, the job's end) goes
-        through here: the one place to fence them with the leader's claim.
+        """Write ``value`` under ``key`` for the agents (``_steer_ops``).
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        self._steer_ops([Put(key, value)])
+
+    def _steer_ops(self, ops: Sequence[Put | Delete]) -> None:
+        """Every write of the leader to the agents (assignments, their withdrawal, the
+        job's end) goes through here: the one place to fence them with the leader's
+        claim.
 
         Raises:
             RendezvousError: the store cannot be used.
@@ -316,9 +327,9 @@ class AgentLauncher(Launcher):
         if self._store is None:
             raise RendezvousError("the agents' store is not attached")
         if self._fenced is not None:
-            self._fenced([Put(key, value)])  # LeadershipLost: another driver leads
+            self._fenced(ops)  # LeadershipLost: another driver leads
         else:
-            self._store.put(key, value)
+            self._store.txn([], ops)
 
     def _want(self, process_id: str, want: str, grace: float) -> None:
         """Rewrite the assignment of ``process_id`` to ``want`` (stop with ``grace``,
@@ -416,12 +427,30 @@ class AgentLauncher(Launcher):
                 for pid, h in self._handles.items()
                 if self._hosts_of.get(pid) == host and h.returncode is None
             ]
+            withdrawn = [pid for pid, h in self._hosts_of.items() if h == host]
+            for process_id in withdrawn:
+                self._assignments.pop(process_id, None)
         detail = f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
         self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
+        self._withdraw(host, withdrawn)
         for handle in handles:
             handle.ended(-signal.SIGKILL, presumed=True)
         if agent.process is not None:
             spawn(f"agent-lost-{host}", agent.process.kill)
+
+    def _withdraw(self, host: str, process_ids: Sequence[str]) -> None:
+        """Delete the assignments of a lost host's processes, before its exits are
+        taken: they are dead to the job, and the next agent on that host (once it is
+        back) reads the host's assignments as what to run. Left in place, it would
+        start them again: a stale worker, or a second copy of a ps shard that already
+        serves elsewhere writing checkpoints into the same directory. Their old agent,
+        should it hear from the store again, stops what it runs for them."""
+        if not process_ids:
+            return
+        try:
+            self._steer_ops([Delete(self._keys.assignment(host, p)) for p in process_ids])
+        except (RendezvousError, LeadershipLost) as exc:
+            log.warning("cannot withdraw the assignments of lost host %s: %s", host, exc)
 
     def _status_event(self, event: Event) -> None:
         if event.type == PUT:
