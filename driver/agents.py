@@ -26,7 +26,8 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
 * ``adopt``: a driver taking a job over takes its live agents (from their records)
   and the processes they run (from the assignments and process records) as its own:
   a handle per running process, signalled and followed through the store as if this
-  driver had launched it.
+  driver had launched it; the assignments of a host with no live agent are withdrawn
+  (as for a host lost now).
 
 Which hosts go through agents is ``uses_agent``: with an etcd store every host (the job
 must outlive its driver, so no process may be the driver's child); with the embedded
@@ -156,6 +157,7 @@ class AgentLauncher(Launcher):
         self._following = False
         self._follow: tuple[threading.Event, float] = (threading.Event(), 0.0)
         self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
+        self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
 
     def attach(
         self,
@@ -173,6 +175,8 @@ class AgentLauncher(Launcher):
         follow the agents' records and process reports until ``stop``, from the first
         launch through an agent on (a job with no agent, one machine on the embedded
         store, watches nothing more than before), or at once when agents were adopted.
+        The adopted assignments of hosts that had no agent any more are withdrawn
+        (``_withdraw``).
         """
         self._store, self._term, self._on_host_lost = store, term, on_host_lost
         self._fenced = steer
@@ -181,6 +185,9 @@ class AgentLauncher(Launcher):
         with self._lock:
             if self._agents:
                 self._start_following()
+            agentless, self._agentless = self._agentless, {}
+        for host, process_ids in sorted(agentless.items()):
+            self._withdraw(host, process_ids)
 
     def adopt(self, kvs: Sequence[KeyValue]) -> dict[str, AssignedProcess]:
         """Take over the agents and the processes of a job a predecessor led, from its
@@ -214,6 +221,8 @@ class AgentLauncher(Launcher):
             for process_id, (host, assignment) in assignments.items():
                 # Known by host even when not running: withdrawn with the host if lost.
                 self._hosts_of[process_id] = host
+                if host not in agents:  # lost before the takeover: withdrawn at attach
+                    self._agentless.setdefault(host, []).append(process_id)
                 reported = statuses.get(process_id)
                 if reported is None or reported.exited or host not in agents:
                     continue

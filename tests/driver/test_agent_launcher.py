@@ -31,7 +31,8 @@ def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(s
     """The agent of h1 lost (its lease lapsed): the job hears of it, its processes are
     taken as SIGKILLed, and every assignment of h1 is deleted: a fresh agent on h1,
     once the host is back, must not start the lost worker or a second copy of the ps
-    shard. Another host's assignments stay."""
+    shard. Another host's assignments stay; those of a host whose agent was already
+    gone when this driver took the job over are withdrawn when it attaches."""
     keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
     lease = store.grant_lease(1)
     store.put(keys.agent("h1"), AgentRecord("h1", 11, 1.0, 1, "", "ag1").to_json(), lease=lease)
@@ -41,6 +42,7 @@ def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(s
         ("h1", "ps0-1", "shard"),
         ("h1", "h1-1-2", "worker"),  # exited long ago: no later agent may rerun it either
         ("h2", "h2-0-3", "worker"),
+        ("h3", "h3-0-4", "worker"),  # its agent was gone before the takeover
     ):
         assignment = Assignment(process_id, kind, 0, ("python", "x.py"), term=1, label=host)
         store.put(keys.assignment(host, process_id), assignment.to_json())
@@ -53,7 +55,7 @@ def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(s
     )
     kvs, _ = store.get_prefix(keys.prefix)
     handles = launcher.adopt(kvs)
-    assert set(handles) == {"h1-0-1", "ps0-1", "h2-0-3"}
+    assert set(handles) == {"h1-0-1", "ps0-1", "h2-0-3"}  # not h3's: no agent there
     lost: list[str] = []
     stop = threading.Event()
     launcher.attach(
@@ -65,6 +67,9 @@ def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(s
         patience=10.0,
     )
     try:
+        # h3's agent was lost under the predecessor: nothing of h3's is adopted, and its
+        # assignments are withdrawn as for a host lost now.
+        assert not store.get_prefix(keys.assignments("h3"))[0]
         lease.revoke()  # the agent of h1 stops refreshing its record: it is gone
         wait_until(lambda: lost, 10, "the driver to take h1 as lost")
         assert lost == ["h1"] and launcher.lost_hosts() == {"h1"}
