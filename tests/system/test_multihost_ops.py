@@ -10,7 +10,9 @@ however fast or slow the machine is.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 import pytest
 
@@ -49,6 +51,29 @@ def command_line(pid: int) -> str:
         return "(gone)"
 
 
+@contextlib.contextmanager
+def job_store(store: str, hosts, tmp_path) -> Iterator[list[str]]:
+    """``store_args`` for the test's life: the etcd member (if any) stops after it."""
+    extra, cluster = store_args(store, hosts, tmp_path)
+    try:
+        yield extra
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def fresh_member(run: ElasticRun, host, old: list[str]) -> dict:
+    """The ``worker_started`` of a worker on ``host`` that is none of ``old``, once it is a
+    member of a round (the host was taken back as fresh workers)."""
+    fresh = run.wait_event(
+        "worker_started",
+        lambda e: e["host"] == host.address and e["worker"] not in old,
+        timeout=60,
+    )
+    run.wait_event("round_formed", lambda e: fresh["worker"] in e["members"], timeout=60)
+    return fresh
+
+
 def shards_on(host) -> list[int]:
     """The ps shard processes running on ``host``."""
     return [p for p in host.pids() if "elastic.ps.server" in command_line(p)]
@@ -71,12 +96,11 @@ def test_a_remote_worker_sigkilled_is_replaced_and_the_job_finishes_exact(
     out, hold = tmp_path / "out", tmp_path / "hold"
     out.mkdir()
     hold_at(hold, 20)
-    extra, cluster = store_args(store, three_hosts, tmp_path)
-    args = [
-        *("-H", f"{a.address}:2,{b.address}:2", "-np", "4", "--min-np", "2"),
-        *("--launcher", "ssh", *extra),
-    ]
-    try:
+    with job_store(store, three_hosts, tmp_path) as extra:
+        args = [
+            *("-H", f"{a.address}:2,{b.address}:2", "-np", "4", "--min-np", "2"),
+            *("--launcher", "ssh", *extra),
+        ]
         with ElasticRun([*args, *workload(out, hold)], tmp_path, env=three_hosts.env()) as run:
             run.wait_progress(20)
             victim = members_on(run, b)[0]
@@ -92,9 +116,6 @@ def test_a_remote_worker_sigkilled_is_replaced_and_the_job_finishes_exact(
             assert run.wait(timeout=110) == 0, run.stderr_tail()
             assert not run.events("host_unreachable")  # a dead process is not a lost host
         nothing_left(a, b)
-    finally:
-        if cluster is not None:
-            cluster.stop()
     check_exact_sum(out, SAMPLES, EPOCHS)
 
 
@@ -111,12 +132,11 @@ def test_discovery_adds_then_removes_a_host_mid_run_and_the_job_finishes_exact(
     out.mkdir()
     script, hosts = hosts_file_discovery(tmp_path, f"{a.address}:2\n")
     hold_at(hold, 20)
-    extra, cluster = store_args(store, three_hosts, tmp_path)
-    args = [
-        *("-np", "2", "--min-np", "2", "--host-discovery-script", str(script)),
-        *("--discovery-interval", "0.2", "--launcher", "ssh", *extra),
-    ]
-    try:
+    with job_store(store, three_hosts, tmp_path) as extra:
+        args = [
+            *("-np", "2", "--min-np", "2", "--host-discovery-script", str(script)),
+            *("--discovery-interval", "0.2", "--launcher", "ssh", *extra),
+        ]
         with ElasticRun([*args, *workload(out, hold)], tmp_path, env=three_hosts.env()) as run:
             run.wait_progress(20)
             hosts.write_text(f"{a.address}:2\n{b.address}:2\n")
@@ -143,9 +163,6 @@ def test_discovery_adds_then_removes_a_host_mid_run_and_the_job_finishes_exact(
             stopped = {e["worker"] for e in run.events("worker_stopped")}
             assert set(first) <= stopped
         nothing_left(a, b)
-    finally:
-        if cluster is not None:
-            cluster.stop()
     results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
     assert [size for size, _ in results[0]["sizes"]] == [2, 4, 2]
 
@@ -189,12 +206,7 @@ def test_a_sync_ps_shards_host_cut_the_shard_moves_and_its_stale_self_never_serv
         wait_until(lambda: not set(stale) & set(a.pids()), 30, "the stale shard and worker to end")
         # After its cooldown the host gets a fresh worker through a fresh agent, which
         # runs what is assigned to it: that and nothing of the lost host's past.
-        fresh = run.wait_event(
-            "worker_started",
-            lambda e: e["host"] == a.address and e["worker"] not in lost["workers"],
-            timeout=60,
-        )
-        run.wait_event("round_formed", lambda e: fresh["worker"] in e["members"], timeout=60)
+        fresh_member(run, a, lost["workers"])
         assert not shards_on(a) and not set(lost["workers"]) & set(run.members())
         hold.unlink()
         assert run.wait(timeout=110) == 0, run.stderr_tail()
