@@ -15,9 +15,9 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
   it and reports the exit, which ends the handle's ``wait``;
 * an agent whose record vanishes (its lease lapsed: the agent died or was cut off)
   makes its host lost at once: ``on_host_lost(host, detail)`` is called first (the job
-  drops the host, as when a probe finds a host unreachable), then the host's
-  assignments are withdrawn (deleted: a later agent there must not run them again) and
-  every process of that host is taken as SIGKILLed;
+  drops the host, as when a probe finds a host unreachable), then every process of
+  that host is taken as SIGKILLed and the host's assignments are withdrawn (deleted: a
+  later agent there must not run them again);
 * ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
   the agents' own processes.
 * Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
@@ -441,15 +441,17 @@ class AgentLauncher(Launcher):
                 self._assignments.pop(process_id, None)
         detail = f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
         self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
-        self._withdraw(host, withdrawn)
         for handle in handles:
             handle.ended(-signal.SIGKILL, presumed=True)
+        # Off this thread: a slow store must not hold back the next agent's news. A
+        # fresh agent there comes after the host's cooldown, long after this write.
+        spawn(f"withdraw-{host}", self._withdraw, host, withdrawn)
         if agent.process is not None:
             spawn(f"agent-lost-{host}", agent.process.kill)
 
     def _withdraw(self, host: str, process_ids: Sequence[str]) -> None:
-        """Delete the assignments of a lost host's processes, before its exits are
-        taken: they are dead to the job, and the next agent on that host (once it is
+        """Delete the assignments of a lost host's processes: they are dead to the
+        job (their exits were taken), and the next agent on that host (once it is
         back) reads the host's assignments as what to run. Left in place, it would
         start them again: a stale worker, or a second copy of a ps shard that already
         serves elsewhere writing checkpoints into the same directory. Their old agent,
