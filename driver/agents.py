@@ -16,7 +16,8 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
 * an agent whose record vanishes (its lease lapsed: the agent died or was cut off)
   makes its host lost at once: ``on_host_lost(host, detail)`` is called first (the job
   drops the host, as when a probe finds a host unreachable), then every process of
-  that host is taken as SIGKILLed;
+  that host is taken as SIGKILLed and the host's assignments are withdrawn (deleted: a
+  later agent there must not run them again);
 * ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
   the agents' own processes.
 * Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
@@ -25,7 +26,8 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
 * ``adopt``: a driver taking a job over takes its live agents (from their records)
   and the processes they run (from the assignments and process records) as its own:
   a handle per running process, signalled and followed through the store as if this
-  driver had launched it.
+  driver had launched it; the assignments of a host with no live agent are withdrawn
+  (as for a host lost now).
 
 Which hosts go through agents is ``uses_agent``: with an etcd store every host (the job
 must outlive its driver, so no process may be the driver's child); with the embedded
@@ -158,6 +160,7 @@ class AgentLauncher(Launcher):
         self._unfollow = threading.Event()
         self._patience = 0.0
         self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
+        self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
 
     def attach(
         self,
@@ -175,7 +178,8 @@ class AgentLauncher(Launcher):
         ``close``: the exits of what the job's end stops are reports too), from the
         first launch through an agent on (a job with no agent, one machine on the
         embedded store, watches nothing more than before), or at once when agents were
-        adopted.
+        adopted. The adopted assignments of hosts that had no agent any more are
+        withdrawn (``_withdraw``).
         """
         self._store, self._term, self._on_host_lost = store, term, on_host_lost
         self._fenced = steer
@@ -184,6 +188,9 @@ class AgentLauncher(Launcher):
         with self._lock:
             if self._agents:
                 self._start_following()
+            agentless, self._agentless = self._agentless, {}
+        for host, process_ids in sorted(agentless.items()):
+            self._withdraw(host, process_ids)
 
     def adopt(self, kvs: Sequence[KeyValue]) -> dict[str, AssignedProcess]:
         """Take over the agents and the processes of a job a predecessor led, from its
@@ -215,6 +222,10 @@ class AgentLauncher(Launcher):
                 agent.registered.set()
                 self._agents[host] = agent
             for process_id, (host, assignment) in assignments.items():
+                # Known by host even when not running: withdrawn with the host if lost.
+                self._hosts_of[process_id] = host
+                if host not in agents:  # lost before the takeover: withdrawn at attach
+                    self._agentless.setdefault(host, []).append(process_id)
                 reported = statuses.get(process_id)
                 if reported is None or reported.exited or host not in agents:
                     continue
@@ -230,7 +241,6 @@ class AgentLauncher(Launcher):
                 handle = AssignedProcess(spec, process_id, self._want)
                 handle.started(reported.pid)
                 self._handles[process_id] = handles[process_id] = handle
-                self._hosts_of[process_id] = host
                 self._assignments[process_id] = assignment
                 if assignment.kind == "shard":
                     self._shards += 1
@@ -310,8 +320,17 @@ class AgentLauncher(Launcher):
         return handle
 
     def _steer(self, key: str, value: bytes) -> None:
-        """Every write of the leader to the agents (assignments, the job's end) goes
-        through here: the one place to fence them with the leader's claim.
+        """Write ``value`` under ``key`` for the agents (``_steer_ops``).
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        self._steer_ops([Put(key, value)])
+
+    def _steer_ops(self, ops: Sequence[Put | Delete]) -> None:
+        """Every write of the leader to the agents (assignments, their withdrawal, the
+        job's end) goes through here: the one place to fence them with the leader's
+        claim.
 
         Raises:
             RendezvousError: the store cannot be used.
@@ -319,9 +338,9 @@ class AgentLauncher(Launcher):
         if self._store is None:
             raise RendezvousError("the agents' store is not attached")
         if self._fenced is not None:
-            self._fenced([Put(key, value)])  # LeadershipLost: another driver leads
+            self._fenced(ops)  # LeadershipLost: another driver leads
         else:
-            self._store.put(key, value)
+            self._store.txn([], ops)
 
     def _want(self, process_id: str, want: str, grace: float) -> None:
         """Rewrite the assignment of ``process_id`` to ``want`` (stop with ``grace``,
@@ -419,12 +438,32 @@ class AgentLauncher(Launcher):
                 for pid, h in self._handles.items()
                 if self._hosts_of.get(pid) == host and h.returncode is None
             ]
+            withdrawn = [pid for pid, h in self._hosts_of.items() if h == host]
+            for process_id in withdrawn:
+                self._assignments.pop(process_id, None)
         detail = f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
         self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
         for handle in handles:
             handle.ended(-signal.SIGKILL, presumed=True)
+        # Off this thread: a slow store must not hold back the next agent's news. A
+        # fresh agent there comes after the host's cooldown, long after this write.
+        spawn(f"withdraw-{host}", self._withdraw, host, withdrawn)
         if agent.process is not None:
             spawn(f"agent-lost-{host}", agent.process.kill)
+
+    def _withdraw(self, host: str, process_ids: Sequence[str]) -> None:
+        """Delete the assignments of a lost host's processes: they are dead to the
+        job (their exits were taken), and the next agent on that host (once it is
+        back) reads the host's assignments as what to run. Left in place, it would
+        start them again: a stale worker, or a second copy of a ps shard that already
+        serves elsewhere writing checkpoints into the same directory. Their old agent,
+        should it hear from the store again, stops what it runs for them."""
+        if not process_ids:
+            return
+        try:
+            self._steer_ops([Delete(self._keys.assignment(host, p)) for p in process_ids])
+        except (RendezvousError, LeadershipLost) as exc:
+            log.warning("cannot withdraw the assignments of lost host %s: %s", host, exc)
 
     def _status_event(self, event: Event) -> None:
         if event.type == PUT:

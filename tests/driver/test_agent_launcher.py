@@ -1,0 +1,84 @@
+"""The driver's side of the agents (``driver.agents.AgentLauncher``) against a real
+embedded store: what it writes when a host's agent is lost."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+
+import pytest
+
+from driver.agents import AgentLauncher
+from driver.launch.launchers import get_launcher
+from rendezvous import open_store
+from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
+from rendezvous.keys import JobKeys
+from tests.support.jobs import wait_until
+
+
+@pytest.fixture
+def store(embedded_server):
+    client = open_store(f"embedded://{embedded_server.address}", embedded_server.secret)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(store):
+    """The agent of h1 lost (its lease lapsed): the job hears of it, its processes are
+    taken as SIGKILLed, and every assignment of h1 is deleted: a fresh agent on h1,
+    once the host is back, must not start the lost worker or a second copy of the ps
+    shard. Another host's assignments stay; those of a host whose agent was already
+    gone when this driver took the job over are withdrawn when it attaches."""
+    keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
+    lease = store.grant_lease(1)
+    store.put(keys.agent("h1"), AgentRecord("h1", 11, 1.0, 1, "", "ag1").to_json(), lease=lease)
+    store.put(keys.agent("h2"), AgentRecord("h2", 12, 1.0, 1, "", "ag2").to_json())
+    for host, process_id, kind in (
+        ("h1", "h1-0-1", "worker"),
+        ("h1", "ps0-1", "shard"),
+        ("h1", "h1-1-2", "worker"),  # exited long ago: no later agent may rerun it either
+        ("h2", "h2-0-3", "worker"),
+        ("h3", "h3-0-4", "worker"),  # its agent was gone before the takeover
+    ):
+        assignment = Assignment(process_id, kind, 0, ("python", "x.py"), term=1, label=host)
+        store.put(keys.assignment(host, process_id), assignment.to_json())
+        state = "exited" if process_id == "h1-1-2" else "running"
+        status = ProcessStatus(process_id, host, 100, state, 1.0, term=1)
+        store.put(keys.process(host, process_id), status.to_json())
+    local = get_launcher("local")
+    launcher = AgentLauncher(
+        local, local, job_id=keys.job_id, driver_timeout=60, detach=True, use_agent=lambda h: True
+    )
+    kvs, _ = store.get_prefix(keys.prefix)
+    handles = launcher.adopt(kvs)
+    assert set(handles) == {"h1-0-1", "ps0-1", "h2-0-3"}  # not h3's: no agent there
+    lost: list[str] = []
+    launcher.attach(
+        store,
+        agent_env={},
+        term=lambda: 1,
+        on_host_lost=lambda host, detail: lost.append(host),
+        patience=10.0,
+    )
+    try:
+        # h3's agent was lost under the predecessor: nothing of h3's is adopted, and its
+        # assignments are withdrawn as for a host lost now.
+        wait_until(lambda: not store.get_prefix(keys.assignments("h3"))[0], 10, "h3's withdrawal")
+        lease.revoke()  # the agent of h1 stops refreshing its record: it is gone
+        wait_until(lambda: lost, 10, "the driver to take h1 as lost")
+        assert lost == ["h1"] and launcher.lost_hosts() == {"h1"}
+        assert handles["h1-0-1"].wait(10) == -signal.SIGKILL
+        assert handles["ps0-1"].wait(10) == -signal.SIGKILL
+        assert handles["h2-0-3"].poll() is None
+        wait_until(lambda: not store.get_prefix(keys.assignments("h1"))[0], 10, "h1's withdrawal")
+        # Stopping a lost process writes nothing back for h1's next agent to run.
+        handles["h1-0-1"].kill()
+        assert not store.get_prefix(keys.assignments("h1"))[0]
+        assert [kv.key for kv in store.get_prefix(keys.assignments("h2"))[0]] == [
+            keys.assignment("h2", "h2-0-3")
+        ]
+    finally:
+        launcher.stop_following()
