@@ -57,11 +57,19 @@ def hold_at(gate: Path, commits: int = 0) -> None:
     partial.replace(gate)
 
 
+def write_hosts(hosts_file: Path, hosts: str) -> None:
+    """Replace the hosts file of ``hosts_file_discovery`` whole (rename): a discovery
+    run in the middle of a plain rewrite would read it empty and drop every host."""
+    partial = hosts_file.with_name(hosts_file.name + ".partial")
+    partial.write_text(hosts)
+    partial.replace(hosts_file)
+
+
 def hosts_file_discovery(workdir: Path, hosts: str) -> tuple[Path, Path]:
     """A discovery script that prints a hosts file, and that file (holding ``hosts``):
     a test changes the job's hosts by rewriting the file."""
     hosts_file = Path(workdir) / "hosts.txt"
-    hosts_file.write_text(hosts)
+    write_hosts(hosts_file, hosts)
     script = Path(workdir) / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
     script.chmod(0o755)

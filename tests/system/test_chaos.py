@@ -11,7 +11,13 @@ import random
 
 import pytest
 
-from tests.support.jobs import EXACT_SUM, ElasticRun, check_exact_sum, hosts_file_discovery
+from tests.support.jobs import (
+    EXACT_SUM,
+    ElasticRun,
+    check_exact_sum,
+    hosts_file_discovery,
+    write_hosts,
+)
 
 pytestmark = pytest.mark.chaos
 
@@ -149,7 +155,7 @@ def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_arg
         for layout, size in changes:
             run.wait_progress(run.progress + 30)
             hold.write_text("")  # however fast the job is, the change lands mid-epoch
-            hosts.write_text(layout)
+            write_hosts(hosts, layout)
             run.wait_event("round_formed", lambda e, size=size: e["size"] == size)
             hold.unlink()
         assert run.wait(timeout=90) == 0, run.stderr_tail()

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.support.jobs import ElasticRun, check_exact_sum, hosts_file_discovery
+from tests.support.jobs import ElasticRun, check_exact_sum, hosts_file_discovery, write_hosts
 from tests.system.test_chaos import SAMPLES, workload
 
 pytestmark = [pytest.mark.chaos, pytest.mark.long]
@@ -48,7 +48,7 @@ def test_long_chaos_with_changing_hosts(tmp_path, store_args, seed):
             run.wait_progress(run.progress + rng.randint(20, 60), timeout=120)
             action = rng.random()
             if action < 0.15:
-                hosts.write_text(rng.choice(layouts))
+                write_hosts(hosts, rng.choice(layouts))
             elif action < 0.2:
                 run.kill_member(rng.randrange(len(run.members())), signal.SIGSTOP)
             else:

@@ -21,6 +21,7 @@ from tests.support.jobs import (
     hosts_file_discovery,
     pid_alive,
     wait_until,
+    write_hosts,
 )
 
 SAMPLES = 800
@@ -277,7 +278,7 @@ def test_elastic_timeout_when_too_few_slots_remain(tmp_path):
         tmp_path,
     ) as run:
         run.wait_progress(20)
-        hosts.write_text("localhost:1\n")
+        write_hosts(hosts, "localhost:1\n")
         assert run.wait(timeout=40) == 1
         assert "--elastic-timeout" in run.stderr_tail()
 
@@ -384,7 +385,7 @@ def test_only_a_blacklisted_host_left_waits_for_its_cooldown(tmp_path):
     with ElasticRun(args, tmp_path) as run:
         run.wait_event("host_blacklisted", lambda e: e["host"] == "127.0.0.1")
         flag.unlink()
-        hosts.write_text("127.0.0.1:1\n")  # the good host leaves; only the cooling one stays
+        write_hosts(hosts, "127.0.0.1:1\n")  # the good host leaves; only the cooling one stays
         run.wait_event("host_back", lambda e: e["host"] == "127.0.0.1")
         run.wait_event("round_formed", lambda e: e["members"][0].startswith("127.0.0.1"))
         hold.unlink()

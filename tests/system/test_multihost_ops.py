@@ -23,6 +23,7 @@ from tests.support.jobs import (
     hold_at,
     hosts_file_discovery,
     wait_until,
+    write_hosts,
 )
 from tests.system.test_chaos import EPOCHS, SAMPLES
 from tests.system.test_multihost import store_args, workload
@@ -139,7 +140,7 @@ def test_discovery_adds_then_removes_a_host_mid_run_and_the_job_finishes_exact(
         ]
         with ElasticRun([*args, *workload(out, hold)], tmp_path, env=three_hosts.env()) as run:
             run.wait_progress(20)
-            hosts.write_text(f"{a.address}:2\n{b.address}:2\n")
+            write_hosts(hosts, f"{a.address}:2\n{b.address}:2\n")
             run.wait_event("host_added", lambda e: e["host"] == b.address, timeout=30)
             grown = run.wait_event("round_formed", lambda e: e["size"] == 4, timeout=60)
             assert len(members_on(run, b)) == 2, grown
@@ -147,7 +148,7 @@ def test_discovery_adds_then_removes_a_host_mid_run_and_the_job_finishes_exact(
             hold_at(hold, 40)
             run.wait_progress(40)
 
-            hosts.write_text(f"{b.address}:2\n")
+            write_hosts(hosts, f"{b.address}:2\n")
             run.wait_event("host_removed", lambda e: e["host"] == a.address, timeout=30)
             shrunk = run.wait_event("round_formed", lambda e: e["size"] == 2, after=1)
             assert not set(shrunk["members"]) & set(first)

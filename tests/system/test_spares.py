@@ -16,6 +16,7 @@ from tests.support.jobs import (
     check_exact_sum,
     exact_sum_command,
     hosts_file_discovery,
+    write_hosts,
 )
 
 SAMPLES = 800
@@ -72,7 +73,7 @@ def test_a_spare_takes_the_slot_discovery_adds(tmp_path):
         run.wait_event("round_formed", lambda e: e["size"] == 2)
         run.wait_event("spare_ready", after=1)  # both spares are ready
         ready = {e["worker"] for e in run.events("spare_ready")}
-        hosts_file.write_text("localhost:4\n")
+        write_hosts(hosts_file, "localhost:4\n")
         grown = run.wait_event("round_formed", lambda e: e["size"] == 4)
         promoted = {e["worker"] for e in run.events("spare_promoted")}
         assert promoted == ready and promoted <= set(grown["members"])
