@@ -41,7 +41,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from dataclasses import replace
 from typing import Callable
 
 from driver.agent.loop import AGENT_LEASE_TTL
+from driver.agent_process import AgentProcess, agent_command
 from driver.assigned_process import AssignedProcess
 from driver.errors import LaunchError, LeadershipLost
 from driver.launch.launchers import Launcher
@@ -71,49 +71,6 @@ AGENT_START_TIMEOUT = 30.0
 
 PROCESS_START_TIMEOUT = 30.0
 """Seconds an agent has to report a process it was assigned as started (or failed)."""
-
-
-def uses_agent(host_is_local: bool, store_is_etcd: bool) -> bool:
-    """Whether a host's processes go through an agent (see the module docstring)."""
-    return store_is_etcd or not host_is_local
-
-
-def agent_command(job_id: str, host: str, agent_id: str, driver_timeout: float, detach: bool):
-    """The command line of the agent of ``host`` (the driver's Python, which every host
-    of a job shares, as for the ps shards)."""
-    command = [
-        sys.executable,
-        "-m",
-        "driver.agent",
-        "--job-id",
-        job_id,
-        "--host",
-        host,
-        "--agent-id",
-        agent_id,
-        "--driver-timeout",
-        f"{driver_timeout:g}",
-    ]
-    return tuple(command + (["--detach"] if detach else []))
-
-
-class _AgentProcess:
-    """The driver's hold on one agent: its process (ssh, or local), its id, its state."""
-
-    def __init__(self, host: str, agent_id: str, process: WorkerProcess | None):
-        self.host = host
-        self.agent_id = agent_id
-        self.process = process  # None for an agent a predecessor started (adopted)
-        self.registered = threading.Event()
-        self.lost = False
-
-    @property
-    def alive(self) -> bool:
-        if self.lost:
-            return False
-        if self.process is None:
-            return self.registered.is_set()
-        return self.process.poll() is None
 
 
 class AgentLauncher(Launcher):
@@ -144,7 +101,7 @@ class AgentLauncher(Launcher):
         self._detach = detach
         self._use_agent = use_agent
         self._lock = threading.Lock()
-        self._agents: dict[str, _AgentProcess] = {}
+        self._agents: dict[str, AgentProcess] = {}
         self._handles: dict[str, AssignedProcess] = {}
         self._hosts_of: dict[str, str] = {}  # process id -> host
         self._assignments: dict[str, Assignment] = {}
@@ -218,7 +175,7 @@ class AgentLauncher(Launcher):
         handles: dict[str, AssignedProcess] = {}
         with self._lock:
             for host, record in agents.items():
-                agent = _AgentProcess(host, record.agent_id, None)
+                agent = AgentProcess(host, record.agent_id, None)
                 agent.registered.set()
                 self._agents[host] = agent
             for process_id, (host, assignment) in assignments.items():
@@ -382,7 +339,7 @@ class AgentLauncher(Launcher):
                 label=f"agent@{host}",
             )
             process = self._starter.launch(spec, prefix=lambda: "")
-            agent = self._agents[host] = _AgentProcess(host, agent_id, process)
+            agent = self._agents[host] = AgentProcess(host, agent_id, process)
         deadline = time.monotonic() + AGENT_START_TIMEOUT
         while not agent.registered.wait(0.1):
             assert agent.process is not None  # (an agent this driver started)

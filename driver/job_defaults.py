@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-from driver.agents import AgentLauncher, uses_agent
+from driver.agent_process import uses_agent
+from driver.agents import AgentLauncher
 from driver.config import JobConfig
 from driver.discovery import FixedDiscovery, HostDiscovery, ScriptDiscovery, is_local_host
 from driver.errors import EventLogError, UsageError
@@ -55,7 +56,7 @@ def launcher(config: JobConfig) -> Launcher:
 
 def agent_launcher(config: JobConfig) -> AgentLauncher:
     """The launcher of ``--launcher`` behind per-host agents: through agents for the
-    hosts ``driver.agents.uses_agent`` picks (every host with etcd, the ssh hosts with
+    hosts ``driver.agent_process.uses_agent`` picks (every host with etcd, the ssh hosts with
     the embedded store), directly for the others."""
     base = launcher(config)
     etcd = config.rendezvous.scheme == "etcd"
