@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from rendezvous import open_store
+from rendezvous.keys import JobKeys
+from rendezvous.plan import ProgressRecord
 from tests.support.paths import ROOT, WORKLOADS
 
 EXACT_SUM = WORKLOADS / "exact_sum.py"
@@ -48,21 +51,33 @@ def wait_until(
         time.sleep(interval)  # polling a condition (a file, a process) with a deadline
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` at once (rename): a process reading it meanwhile
+    sees the old text or the new, never a half-written or empty file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def hold_at(gate: Path, commits: int = 0) -> None:
     """Hold ``exact_sum.py --pause-while gate`` at ``commits`` (0: where it is): training
     goes on up to that commit count and waits there until the gate moves or is removed.
-    Written whole (rename), so a worker never reads half a number."""
-    partial = gate.with_name(gate.name + ".partial")
-    partial.write_text(str(commits))
-    partial.replace(gate)
+    Written whole, so a worker never reads half a number."""
+    write_whole(gate, str(commits))
 
 
 def write_hosts(hosts_file: Path, hosts: str) -> None:
-    """Replace the hosts file of ``hosts_file_discovery`` whole (rename): a discovery
-    run in the middle of a plain rewrite would read it empty and drop every host."""
-    partial = hosts_file.with_name(hosts_file.name + ".partial")
-    partial.write_text(hosts)
-    partial.replace(hosts_file)
+    """Replace the hosts file of ``hosts_file_discovery`` whole: a discovery run in the
+    middle of a plain rewrite would read it empty and drop every host."""
+    write_whole(hosts_file, hosts)
+
+
+def committed(url: str, job_id: str) -> int:
+    """The job's newest committed step (rank 0's progress record in the store at
+    ``url``), 0 before any."""
+    with open_store(url) as store:
+        kv = store.get(JobKeys(job_id).progress)
+    return ProgressRecord.from_json(kv.value).step if kv is not None else 0
 
 
 def hosts_file_discovery(workdir: Path, hosts: str) -> tuple[Path, Path]:

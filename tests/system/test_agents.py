@@ -19,10 +19,10 @@ import pytest
 from rendezvous import open_store
 from rendezvous.agent_records import AgentRecord
 from rendezvous.keys import JobKeys
-from rendezvous.plan import ProgressRecord
 from tests.support.jobs import (
     ElasticRun,
     check_exact_sum,
+    committed,
     exact_sum_command,
     hold_at,
     pid_alive,
@@ -47,12 +47,6 @@ def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
     """The job's live agents by host, as their records say."""
     kvs, _ = read_store(url, lambda store: store.get_prefix(JobKeys(job_id).agents))
     return {r.host: r for r in (AgentRecord.from_json(kv.value) for kv in kvs)}
-
-
-def committed(url: str, job_id: str) -> int:
-    """The job's newest committed step (rank 0's progress record), 0 before any."""
-    kv = read_store(url, lambda store: store.get(JobKeys(job_id).progress))
-    return ProgressRecord.from_json(kv.value).step if kv is not None else 0
 
 
 @pytest.mark.timeout(90)

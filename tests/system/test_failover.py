@@ -20,11 +20,12 @@ import pytest
 from driver.claim import BEAT_INTERVAL, BEAT_SILENCE
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverRecord, Plan, ProgressRecord
+from rendezvous.plan import DriverRecord, Plan
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.jobs import (
     ElasticRun,
     check_exact_sum,
+    committed,
     exact_sum_command,
     hold_at,
     wait_until,
@@ -115,16 +116,11 @@ def test_a_paused_old_leader_that_wakes_up_changes_nothing(tmp_path, etcd_server
     check_exact_sum(out, SAMPLES, EPOCHS)
 
 
-def _progress(etcd_server, keys: JobKeys) -> int:
-    value = _read(etcd_server, keys.progress)
-    return ProgressRecord.from_json(value).step if value else 0
-
-
 def _train_to(etcd_server, keys: JobKeys, out, commits: int, what: str) -> None:
     """Let the held job train up to ``commits`` and hold there; return once its rank 0
     published that count. The job's speed does not matter: it cannot run past it."""
     hold_at(out / "pause", commits)
-    wait_until(lambda: _progress(etcd_server, keys) >= commits, 40, what)
+    wait_until(lambda: committed(etcd_server.url, keys.job_id) >= commits, 40, what)
 
 
 @pytest.mark.timeout(150)
