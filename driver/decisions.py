@@ -238,7 +238,7 @@ class HostsView:
     all_blacklisted: bool = False
     next_release: float | None = None
     available_slots: int = 0
-    none_listed: bool = False  # discovery lists no host at all
+    none_listed: bool = False  # discovery's latest result lists no host (usable: kept ones)
 
     @classmethod
     def of(cls, hosts: HostManager) -> HostsView:
@@ -248,7 +248,7 @@ class HostsView:
             all_blacklisted=hosts.all_blacklisted,
             next_release=hosts.next_release_time(),
             available_slots=hosts.available_slots,
-            none_listed=not hosts.known_hosts,
+            none_listed=hosts.lists_none,
         )
 
 

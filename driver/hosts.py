@@ -21,6 +21,12 @@ Rules (docs/DESIGN.md leaves them to us):
   classes of the driver's event vocabulary, ``driver.events``.)
 * Blacklist state is kept per host name even while discovery no longer lists the host,
   so a flapping host cannot escape its cooldown by vanishing and coming back.
+* An empty result. Once the job has hosts, a discovery result that lists none changes
+  nothing (``lists_none`` says it came): taken literally it would stop every worker, and
+  the fresh workers of a later result would start training over, the committed state
+  lost with the last worker that held it. An empty list mid-run is far more often a
+  broken script or a cloud API's bad moment than a wish to drain every machine (to end
+  a job, stop it). The job's rules say so while it lasts (``driver.policy.reports``).
 """
 
 from __future__ import annotations
@@ -301,6 +307,7 @@ class HostManager:
         self._max_np = max_np
         self._hosts: tuple[HostSlots, ...] = ()  # discovered, in stable order
         self._records: dict[str, _HostRecord] = {}
+        self._lists_none = True  # the latest result listed no host (none came yet)
 
     # -- queries
 
@@ -308,6 +315,12 @@ class HostManager:
     def known_hosts(self) -> tuple[HostSlots, ...]:
         """Every host of the latest discovery result, blacklisted or not, in stable order."""
         return self._hosts
+
+    @property
+    def lists_none(self) -> bool:
+        """True when the latest discovery result listed no host (or none came yet); the
+        job may still have hosts: an empty result keeps them (module docstring)."""
+        return self._lists_none
 
     @property
     def usable_hosts(self) -> tuple[HostSlots, ...]:
@@ -349,8 +362,12 @@ class HostManager:
 
     def update(self, discovered: Sequence[HostSlots], now: float) -> tuple[HostEvent, ...]:
         """Take a new discovery result (distinct hosts). Returns cooldowns that ended by
-        ``now`` (``HostReturned``), then added, changed and removed hosts."""
+        ``now`` (``HostReturned``), then added, changed and removed hosts. An empty
+        result keeps the hosts the job has (module docstring)."""
         events = list(self.release_expired(now))
+        self._lists_none = not discovered
+        if not discovered:
+            return tuple(events)
         ordered = order_hosts([h.host for h in self._hosts], discovered)
         diff = diff_hosts(self._hosts, ordered)
         events += [HostAdded(h.host, h.slots) for h in diff.added]

@@ -7,7 +7,8 @@ reasons name an empty host list).
 The rules:
 
 * No hosts (``no_hosts``): while discovery lists no host, say so at once and every
-  ``REPEAT_REPORT_EVERY`` seconds.
+  ``REPEAT_REPORT_EVERY`` seconds, and, once the job has hosts, that it keeps them
+  meanwhile (``driver.hosts``: an empty result mid-run removes nothing).
 * The store (``store_health``, applied by the probe's own thread: the loop may be
   the one waiting for the store): a store that stops answering is said at once and
   every ``REPEAT_REPORT_EVERY`` seconds, and its return.
@@ -33,7 +34,8 @@ STALLED_AFTER = 2.5
 def no_hosts(book: Book, hosts: HostsView, config: JobConfig, now: float) -> Step:
     """Discovery lists no host at all: say so at once and every ``REPEAT_REPORT_EVERY``
     seconds while it lasts (an empty list is more often a broken script than a wait for
-    machines, and either way the user should know what the job waits for)."""
+    machines, and either way the user should know what the job waits for). A job that
+    has hosts keeps them meanwhile, and says that too."""
     if not hosts.none_listed:
         if book.no_hosts_since is None:
             return Step((), book)
@@ -44,6 +46,9 @@ def no_hosts(book: Book, hosts: HostsView, config: JobConfig, now: float) -> Ste
     if said is None or now - said >= REPEAT_REPORT_EVERY:
         source = "the discovery script" if config.uses_discovery else "the host list"
         what = f"a host: {source} lists none"
+        if hosts.usable:
+            count = len(hosts.usable)
+            what += f" (the job keeps its {count} host{'s' if count > 1 else ''} meanwhile)"
         decisions.append(Report(Waiting(what=what, waited=round(now - since, 3))))
         said = now
     decisions.append(Wait(said + REPEAT_REPORT_EVERY, "the next word on the empty host list"))

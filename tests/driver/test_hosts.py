@@ -268,6 +268,22 @@ def test_update_reports_changes_and_keeps_order():
     assert m.update(hs("b:1,c:3,a:2"), now=4) == ()
 
 
+def test_an_empty_result_keeps_the_hosts_the_job_has():
+    """Taken literally, an empty list mid-run would stop every worker and lose the
+    committed state with them: it changes nothing, and ``lists_none`` says it came."""
+    m = HostManager(POLICY, min_np=1)
+    assert m.lists_none and m.update((), now=0) == () and m.known_hosts == ()
+    m.update(hs("a:2,b:1"), now=1)
+    assert not m.lists_none
+    assert m.update((), now=2) == ()
+    assert m.lists_none and m.known_hosts == m.usable_hosts == hs("a:2,b:1")
+    # A later result is diffed against the kept hosts, and the cooldowns still end.
+    m.host_lost("a", now=3)
+    assert m.update((), now=3 + POLICY.cooldown_min) == (HostReturned("a"),)
+    assert m.update(hs("b:1"), now=9) == (HostRemoved("a", 2),)
+    assert not m.lists_none and m.known_hosts == hs("b:1")
+
+
 def test_available_slots_are_capped_by_max_np():
     assert manager("a:2,b:3").available_slots == 5
     assert manager("a:2,b:3", max_np=4).available_slots == 4

@@ -835,6 +835,15 @@ def test_no_hosts_is_said_at_once_and_every_few_seconds():
     assert decisions == () and book.no_hosts_since is None and book.no_hosts_said_at is None
 
 
+def test_an_empty_list_mid_run_says_the_job_keeps_its_hosts():
+    cfg = config("-np", "2", discovery_script="./discover")
+    kept = view("h:2", none_listed=True)
+    decisions, _ = policy.no_hosts(Book(0.0), kept, cfg, now=1.0)
+    assert waiting_of(decisions).what == (
+        "a host: the discovery script lists none (the job keeps its 1 host meanwhile)"
+    )
+
+
 def waiting_of(decisions) -> ev.Waiting:
     reports = [d for d in decisions if isinstance(d, Report)]
     assert len(reports) == 1 and isinstance(reports[0].event, ev.Waiting), decisions

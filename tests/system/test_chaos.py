@@ -163,3 +163,32 @@ def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_arg
     results = check_exact_sum(out, SAMPLES, 15, final_size=1)
     assert sizes == [1, 2, 4, 1]
     assert [size for size, _ in results[0]["sizes"]] == [1, 2, 4, 1]
+
+
+@pytest.mark.timeout(90)
+def test_discovery_listing_no_host_mid_run_keeps_the_workers_and_their_state(tmp_path):
+    """Taken literally, an empty discovery result mid-run would stop every worker, and
+    fresh workers would start training over, the committed state lost with the last
+    worker that held it. It removes nothing: the job says it keeps its hosts, and goes
+    on in its first round once the script lists them again."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:2\n")
+    hold = tmp_path / "hold"  # while it exists the workers wait between steps
+    args = ["-np", "2", "--host-discovery-script", str(script), "--discovery-interval", "0.2"]
+    with ElasticRun([*args, *workload(out, epochs=4), "--pause-while", str(hold)], tmp_path) as run:
+        run.wait_progress(run.progress + 30)
+        hold.write_text("")  # mid-epoch, however fast the job is
+        write_hosts(hosts, "# the cloud's API had a bad moment\n")
+        said = run.wait_event("waiting", lambda e: "lists none" in e["what"])
+        # The rule that keeps the hosts runs before the report in the same decision
+        # pass: had it dropped them, the stops would be in the log already.
+        assert "(the job keeps its 1 host meanwhile)" in said["what"], said
+        assert run.events("worker_stopping") == []
+        write_hosts(hosts, "localhost:2\n")
+        hold.unlink()
+        assert run.wait(timeout=60) == 0, run.stderr_tail()
+        assert [e["size"] for e in run.events("round_formed")] == [2]
+        assert run.events("worker_stopping") == []
+    results = check_exact_sum(out, SAMPLES, 4, final_size=2)
+    assert [size for size, _ in results[0]["sizes"]] == [2]
