@@ -55,6 +55,7 @@ from driver.events.job import (
     Leading,
     RoundFormed,
     StandingBy,
+    StateLost,
     Waiting,
 )
 from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
@@ -90,6 +91,7 @@ __all__ = [
     "LeadershipLostEvent",
     "RoundFormed",
     "StandingBy",
+    "StateLost",
     "Waiting",
     "JobDone",
     "JobFailure",

@@ -44,6 +44,24 @@ class RoundFormed(Event):
 
 
 @dataclass(frozen=True)
+class StateLost(Event):
+    """Round ``round`` has no member of round ``previous``: the state they committed
+    went with them, and the new members start from the script's initial state (or
+    whatever checkpoint the script loads itself). Said because it is never silent:
+    every worker of a round died at once, or every host running one left the job."""
+
+    kind: ClassVar[str] = "state_lost"
+    round: int
+    previous: int
+
+    def __str__(self) -> str:
+        return (
+            f"round {self.round} has no worker of round {self.previous}: the state they "
+            f"committed is lost, training starts from the script's initial state"
+        )
+
+
+@dataclass(frozen=True)
 class Waiting(Event):
     """A long wait, and what for (``waited``: seconds so far)."""
 

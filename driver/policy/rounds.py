@@ -32,6 +32,8 @@ The rules:
   round is replaced as usual (with -np 1 it is just a failed worker).
 * Lost rounds (``rounds_lost``): ``LOST_ROUNDS_LIMIT`` rounds in a row whose members
   all died on their own, by any code or signal, end the job.
+* State lost (``_publish``): a round with no member of the round before it is said
+  (``StateLost``): the state committed there went with its members.
 * Wake-up (``next_wakeup``): the earliest ``Wait``, at most ``MAX_SLEEP`` away.
 """
 
@@ -43,7 +45,7 @@ from dataclasses import replace
 from driver import planner
 from driver.config import JobConfig
 from driver.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
-from driver.events import Waiting, describe_code
+from driver.events import StateLost, Waiting, describe_code
 from driver.workers import Workers, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
 
@@ -141,7 +143,10 @@ def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig, 
             )
     took = now - (book.change_at if book.change_at is not None else now)
     book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
-    return Step((Publish(candidate, round(took, 3)),), book)
+    decisions: list[Decision] = [Publish(candidate, round(took, 3))]
+    if plan is not None and not set(plan.worker_ids) & set(candidate.worker_ids):
+        decisions.append(Report(StateLost(round=candidate.round_id, previous=plan.round_id)))
+    return Step(tuple(decisions), book)
 
 
 def _broken(

@@ -293,6 +293,21 @@ def test_publishing_a_round_ends_the_streak():
     assert kinds(decisions) == [Publish] and book.failure_streak == 0
 
 
+def test_a_round_with_no_member_of_the_round_before_says_the_state_is_lost():
+    cfg = config("-np", "1")
+    dead = rec("a", 0, state=S.FAILED, exit_code=-9)
+    decisions, _ = policy.plan_round(
+        table(dead, rec("b", 0)), plan_of(1, dead), Book(0.0), view(), cfg, 1.0
+    )
+    assert kinds(decisions) == [Publish, Report]
+    assert decisions[1] == Report(ev.StateLost(round=2, previous=1))
+    # A survivor carries the state: nothing to say.
+    cfg = config("-np", "2", "--min-np", "1")
+    t = table(dead, rec("b", 1), rec("c", 0))
+    decisions, _ = policy.plan_round(t, plan_of(1, dead, rec("b", 1)), Book(0.0), view(), cfg, 1.0)
+    assert only(decisions, Publish).plan.worker_ids == ("b", "c")
+
+
 # ----------------------------------------------------------------------------- first round
 
 

@@ -189,6 +189,6 @@ def test_discovery_listing_no_host_mid_run_keeps_the_workers_and_their_state(tmp
         hold.unlink()
         assert run.wait(timeout=60) == 0, run.stderr_tail()
         assert [e["size"] for e in run.events("round_formed")] == [2]
-        assert run.events("worker_stopping") == []
+        assert run.events("worker_stopping") == run.events("state_lost") == []
     results = check_exact_sum(out, SAMPLES, 4, final_size=2)
     assert [size for size, _ in results[0]["sizes"]] == [2]

@@ -311,6 +311,8 @@ def test_single_worker_crash_is_replaced(tmp_path):
     ) as run:
         assert run.wait(timeout=50) == 0, run.stderr_tail()
         assert [e["code"] for e in run.events("worker_failed")] == [5]
+        # Its replacement starts over (the workload's own restart), and the job says so.
+        assert [(e["round"], e["previous"]) for e in run.events("state_lost")] == [(2, 1)]
     check_exact_sum(out, SAMPLES, 5, final_size=1)
 
 
