@@ -222,6 +222,15 @@ class HostDiff:
         return bool(self.added or self.removed or self.changed)
 
 
+def hosts_in_use(placed: Iterable[tuple[str, int]]) -> tuple[HostSlots, ...]:
+    """The hosts of ``placed`` (``(host, slot)`` pairs), each with slots enough for its
+    highest slot, in the order first seen."""
+    top: dict[str, int] = {}
+    for host, slot in placed:
+        top[host] = max(top.get(host, 0), slot + 1)
+    return tuple(HostSlots(host, slots) for host, slots in top.items())
+
+
 def diff_hosts(old: Sequence[HostSlots], new: Sequence[HostSlots]) -> HostDiff:
     """The difference from ``old`` to ``new`` (each a list of distinct hosts)."""
     old_slots = {h.host: h.slots for h in old}
@@ -375,6 +384,16 @@ class HostManager:
         events += [HostRemoved(h.host, h.slots) for h in diff.removed]
         self._hosts = ordered
         return tuple(events)
+
+    def keep_in_use(self, in_use: Sequence[HostSlots]) -> tuple[HostEvent, ...]:
+        """Take ``in_use`` (the hosts the job's running workers are on) as the job's
+        hosts when it has none while discovery lists none: a driver that takes a job
+        over at such a moment must not drop what its workers run on (see the empty
+        result in the module docstring). Otherwise nothing changes."""
+        if self._hosts or not self._lists_none:
+            return ()
+        self._hosts = tuple(in_use)
+        return tuple(HostAdded(h.host, h.slots) for h in self._hosts)
 
     def release_expired(self, now: float) -> tuple[HostEvent, ...]:
         """End the cooldowns that are over by ``now``; one ``HostReturned`` per host."""

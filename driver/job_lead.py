@@ -22,7 +22,7 @@ from driver import messages as msg
 from driver.adopted import EXIT_UNKNOWN, AdoptedProcesses
 from driver.discovery import is_local_host
 from driver.errors import JobFailed
-from driver.hosts import HostManager
+from driver.hosts import HostManager, hosts_in_use
 from driver.job_services import JobServices
 from driver.job_state import JobState
 from driver.launch.process import WorkerProcess
@@ -122,6 +122,9 @@ class JobLead:
             state.workers[worker_id] = WorkerRecord.launched(worker_id, spec.host, spec.slot, now)
             self._events.emit(ev.WorkerAdopted(worker_id, spec.host, spec.slot, process.pid))
             self._processes.adopt(worker_id, process)
+        running = [(r.host, r.slot) for r in state.workers.values() if r.state.running]
+        for host_event in self._hosts.keep_in_use(hosts_in_use(running)):
+            self._events.emit(host_event)
         for rec in list(state.workers.values()):
             # What the predecessor was stopping or killing is asked again in this term
             # (an agent refuses its older term's request once it has seen ours).

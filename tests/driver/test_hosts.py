@@ -26,6 +26,7 @@ from driver.hosts import (
     available_slots,
     cooldown_for,
     diff_hosts,
+    hosts_in_use,
     order_hosts,
     parse_host_slots,
     split_host,
@@ -282,6 +283,17 @@ def test_an_empty_result_keeps_the_hosts_the_job_has():
     assert m.update((), now=3 + POLICY.cooldown_min) == (HostReturned("a"),)
     assert m.update(hs("b:1"), now=9) == (HostRemoved("a", 2),)
     assert not m.lists_none and m.known_hosts == hs("b:1")
+
+
+def test_a_driver_taking_over_while_discovery_lists_none_keeps_the_hosts_in_use():
+    in_use = hosts_in_use([("b", 0), ("a", 2), ("b", 1), ("a", 0)])
+    assert in_use == hs("b:2,a:3")
+    m = HostManager(POLICY, min_np=1)
+    m.update((), now=0)
+    assert m.keep_in_use(in_use) == (HostAdded("b", 2), HostAdded("a", 3))
+    assert m.usable_hosts == in_use and m.lists_none
+    # Hosts listed (or kept) already: discovery's word stands.
+    assert manager("c:1").keep_in_use(in_use) == () and m.keep_in_use(hs("d:1")) == ()
 
 
 def test_available_slots_are_capped_by_max_np():

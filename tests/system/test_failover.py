@@ -28,7 +28,9 @@ from tests.support.jobs import (
     committed,
     exact_sum_command,
     hold_at,
+    hosts_file_discovery,
     wait_until,
+    write_hosts,
 )
 
 SAMPLES, EPOCHS = 400, 20
@@ -157,6 +159,52 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
         new.stop()
         old.stop()
     check_exact_sum(out, SAMPLES, EPOCHS)
+
+
+@pytest.mark.timeout(150)
+def test_a_standby_taking_over_while_discovery_lists_no_host_keeps_the_workers(
+    tmp_path, etcd_server
+):
+    """A driver that takes the job over while its discovery script lists no host keeps
+    the hosts its adopted workers run on: dropping them would stop every worker and
+    lose the committed state (as the leader before it kept them)."""
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    keys = JobKeys(job_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
+    script, hosts = hosts_file_discovery(tmp_path, "localhost:2\n")
+    found = ("--host-discovery-script", str(script), "--discovery-interval", "0.2")
+    old = ElasticRun(_args(etcd_server, job_id, out, *found), tmp_path / "old", env=secret)
+    new = ElasticRun(
+        _args(etcd_server, job_id, out, *found, "--standby"), tmp_path / "new", env=secret
+    )
+    hold_at(out / "pause", 0)
+    old.start()
+    try:
+        old.wait_event("round_formed", timeout=60)
+        _train_to(etcd_server, keys, out, 20, "training under the first leader")
+        write_hosts(hosts, "")
+        old.wait_event("waiting", lambda e: "keeps its 1 host" in e["what"], timeout=30)
+        new.start()
+        new.wait_event("standing_by", timeout=30)
+        assert old.proc is not None
+        os.kill(old.proc.pid, signal.SIGKILL)
+        leading = new.wait_event("leading", timeout=30)
+        assert leading["how"] == "adopted" and leading["adopted"] == 2
+        said = new.wait_event("waiting", lambda e: "lists none" in e["what"], timeout=30)
+        assert "(the job keeps its 1 host meanwhile)" in said["what"], said
+        assert new.events("worker_stopping") == []
+        write_hosts(hosts, "localhost:2\n")
+        (out / "pause").unlink()
+        assert new.wait(timeout=90) == 0, new.stderr_tail()
+        assert new.events("worker_stopping") == new.events("state_lost") == []
+        assert not new.events("round_formed")  # the round was whole: nothing re-formed
+    finally:
+        new.stop()
+        old.stop()
+    results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+    assert results[0]["sizes"] == [[2, 1]]  # one world from the first step to the last
 
 
 @pytest.mark.timeout(150)
