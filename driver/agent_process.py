@@ -1,15 +1,16 @@
 """The driver's hold on the per-host agents as processes: which hosts run one
 (``uses_agent``), the command line that starts one (``agent_command``), and the handle
-on one started or adopted (``AgentProcess``). ``driver.agents`` does the talking."""
+on one started or adopted (``AgentProcess``), the reaping of a retired one
+(``reap_agent``). ``driver.agents`` does the talking."""
 
 from __future__ import annotations
 
 import sys
 import threading
 
-from driver.launch.process import WorkerProcess
+from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
 
-__all__ = ["AgentProcess", "agent_command", "uses_agent"]
+__all__ = ["AgentProcess", "agent_command", "reap_agent", "uses_agent"]
 
 
 def uses_agent(host_is_local: bool, store_is_etcd: bool) -> bool:
@@ -45,11 +46,18 @@ class AgentProcess:
         self.process = process  # None for an agent a predecessor started (adopted)
         self.registered = threading.Event()
         self.lost = False
+        self.retiring = False  # asked to exit (its host was removed): its leaving is no loss
 
     @property
     def alive(self) -> bool:
-        if self.lost:
+        if self.lost or self.retiring:
             return False
         if self.process is None:
             return self.registered.is_set()
         return self.process.poll() is None
+
+
+def reap_agent(process: WorkerProcess) -> None:
+    """Wait for a retired agent's process (its ssh) to end; stop it if it lingers."""
+    if process.wait(STOP_GRACE + REAP_TIMEOUT) is None:
+        process.stop(STOP_GRACE)

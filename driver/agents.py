@@ -18,6 +18,9 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
   drops the host, as when a probe finds a host unreachable), then every process of
   that host is taken as SIGKILLed and the host's assignments are withdrawn (deleted: a
   later agent there must not run them again);
+* ``retire(host)``: the job's rule found the host removed by discovery and idle: write
+  ``JobKeys.retire(host)`` naming its agent, which exits; its record's end is then no
+  lost host (a later agent there, with another id, is not touched);
 * ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
   the agents' own processes.
 * Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
@@ -49,7 +52,8 @@ from dataclasses import replace
 from typing import Callable
 
 from driver.agent.loop import AGENT_LEASE_TTL
-from driver.agent_process import AgentProcess, agent_command
+from driver.agent_process import AgentProcess, agent_command, reap_agent
+from driver.agent_snapshot import read_agent_keys
 from driver.assigned_process import AssignedProcess
 from driver.errors import LaunchError, LeadershipLost
 from driver.launch.launchers import Launcher
@@ -154,24 +158,7 @@ class AgentLauncher(Launcher):
         keys ``kvs`` (read at one revision): the live agents (their records), and a
         handle for each assigned process that an agent reports running, by process id
         (before ``attach``: its feeds then carry their later reports)."""
-        agents: dict[str, AgentRecord] = {}
-        assignments: dict[str, tuple[str, Assignment]] = {}
-        statuses: dict[str, ProcessStatus] = {}
-        assigned_prefix = f"{self._keys.prefix}assign/"
-        for kv in kvs:
-            try:
-                if kv.key.startswith(self._keys.agents):
-                    record = AgentRecord.from_json(kv.value)
-                    agents[record.host] = record
-                elif kv.key.startswith(assigned_prefix):
-                    assignment = Assignment.from_json(kv.value)
-                    host = kv.key[len(assigned_prefix) :].split("/", 1)[0].replace("%2F", "/")
-                    assignments[assignment.id] = (host, assignment)
-                elif kv.key.startswith(self._keys.processes):
-                    status = ProcessStatus.from_json(kv.value)
-                    statuses[status.id] = status
-            except (ValueError, TypeError) as exc:
-                log.warning("unreadable record %s: %s", kv.key, exc)
+        agents, assignments, statuses = read_agent_keys(self._keys, kvs)
         handles: dict[str, AssignedProcess] = {}
         with self._lock:
             for host, record in agents.items():
@@ -222,6 +209,33 @@ class AgentLauncher(Launcher):
                 stop=self._unfollow,
                 patience=self._patience,
             )
+
+    def live_hosts(self) -> frozenset[str]:
+        """Hosts with a registered agent that is neither lost nor retiring."""
+        with self._lock:
+            return frozenset(h for h, a in self._agents.items() if a.alive)
+
+    def busy_hosts(self) -> frozenset[str]:
+        """Hosts where a process assigned through an agent has not been reported ended."""
+        with self._lock:
+            return frozenset(
+                self._hosts_of[p] for p, h in self._handles.items() if h.returncode is None
+            )
+
+    def retire(self, host: str) -> None:
+        """Ask the agent of ``host`` to exit (``JobKeys.retire`` names it, through the
+        fenced write: the same route for an agent a predecessor started); its record's
+        end is then no lost host."""
+        with self._lock:
+            agent = self._agents.get(host)
+            if agent is None or not agent.alive:
+                return
+            agent.retiring = True
+        try:
+            self._steer(self._keys.retire(host), agent.agent_id.encode())
+        except (RendezvousError, LeadershipLost) as exc:
+            agent.retiring = False  # asked again at the next reconcile
+            log.warning("cannot ask the agent of removed host %s to exit: %s", host, exc)
 
     def lost_hosts(self) -> frozenset[str]:
         """Hosts whose agent was lost (until a new agent is started there)."""
@@ -326,6 +340,8 @@ class AgentLauncher(Launcher):
             agent = self._agents.get(host)
             if agent is not None and agent.alive:
                 return
+            if agent is not None and agent.retiring and agent.process is not None:
+                spawn(f"agent-retired-{host}", reap_agent, agent.process)  # the host is back
             agent_id = uuid.uuid4().hex[:12]
             command = agent_command(
                 self._job_id, host, agent_id, self._driver_timeout, self._detach
@@ -388,6 +404,11 @@ class AgentLauncher(Launcher):
         with self._lock:
             agent = self._agents.get(host)
             if agent is None or agent.lost or not agent.registered.is_set() or self._closing:
+                return
+            if agent.retiring:  # it left as asked: no host lost, and no agent there now
+                del self._agents[host]
+                if agent.process is not None:
+                    spawn(f"agent-retired-{host}", reap_agent, agent.process)
                 return
             agent.lost = True
             handles = [

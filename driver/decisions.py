@@ -129,6 +129,14 @@ class HostLost:
     detail: str
 
 
+@dataclass(frozen=True)
+class RetireAgent:
+    """Ask the agent of ``host`` to exit: discovery removed the host and nothing the
+    job assigned there still runs."""
+
+    host: str
+
+
 Decision = Union[
     Publish,
     Wait,
@@ -143,6 +151,7 @@ Decision = Union[
     Succeed,
     Probe,
     HostLost,
+    RetireAgent,
 ]
 
 
@@ -239,6 +248,7 @@ class HostsView:
     next_release: float | None = None
     available_slots: int = 0
     none_listed: bool = False  # discovery's latest result lists no host (usable: kept ones)
+    listed: tuple[str, ...] = ()  # every host of discovery's latest result, blacklisted too
 
     @classmethod
     def of(cls, hosts: HostManager) -> HostsView:
@@ -249,6 +259,7 @@ class HostsView:
             next_release=hosts.next_release_time(),
             available_slots=hosts.available_slots,
             none_listed=hosts.lists_none,
+            listed=tuple(h.host for h in hosts.known_hosts),
         )
 
 

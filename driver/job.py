@@ -328,6 +328,11 @@ class Job:
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
         self._apply(policy.workers_to_stop(records, view.usable))
         self._apply(policy.spares_to_stop(records, view.usable))
+        if self._agents is not None:
+            agents = self._agents
+            self._apply(
+                policy.agents_to_retire(agents.live_hosts(), agents.busy_hosts(), records, view)
+            )
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
@@ -416,6 +421,7 @@ _DECISIONS: dict[type, Callable[[Job, Any], object]] = {
     dec.CountFailure: Job._count_failure,
     dec.Probe: Job._probe_host,
     dec.HostLost: Job._host_lost,
+    dec.RetireAgent: lambda job, d: job._agents.retire(d.host) if job._agents else None,
 }
 
 _MESSAGES: dict[type, Callable[[Job, Any], object]] = {

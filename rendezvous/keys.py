@@ -139,6 +139,12 @@ class JobKeys:
         """How process ``process_id`` of ``host`` runs or ended (written by its agent)."""
         return f"{self.processes}{_label(host)}/{_label(process_id)}"
 
+    def retire(self, host: str) -> str:
+        """Written by the leader when discovery removed ``host`` and nothing of the job
+        runs there: the agent whose id it holds stops and exits (naming the agent, so
+        a later agent on the host, once discovery lists it again, is not touched)."""
+        return f"{self.prefix}retire/{_label(host)}"
+
     @property
     def ended(self) -> str:
         """Written by the leader when the job is over: every agent stops what it runs and

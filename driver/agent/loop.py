@@ -3,8 +3,8 @@
 One thread (``Agent.run``) owns the state: the host's assignments, the process table
 (``driver.agent.table``) and the view of the leadership (``driver.agent.rules``).
 Other threads only post to its queue: the store feeds (the host's assignments, the
-leader record, the round, the job's end; each through ``driver.watch.follow_prefix``),
-the process waiters, a signal. After each burst of news the loop asks
+leader record, the round, the job's end, its retirement; each through
+``driver.watch.follow_prefix``), the process waiters, a signal. After each burst of news the loop asks
 ``rules.reconcile`` what to do and does it: start a process with the process layer
 (``driver.launch``: own process group, pidfd wait, stop with a grace), stop or kill
 one, write its ``ProcessStatus`` when it starts and when it ends.
@@ -95,6 +95,10 @@ class _Ended:
 class _Exited:
     id: str
     code: int
+
+
+RETIRED = "retired: discovery removed its host"
+"""Why an agent the leader retired (``JobKeys.retire``) ends."""
 
 
 @dataclass(frozen=True)
@@ -424,7 +428,8 @@ class Agent:
             log.debug("agent of %s: cannot revoke its lease: %s", self.host, exc)
 
     def _follow(self) -> None:
-        """The four feeds, each in a daemon thread until the agent ends."""
+        """The feeds (assignments, leader, round, the job's end, this agent's retirement),
+        each in a daemon thread until the agent ends."""
         keys, post = self._keys, self._queue.put
         leader_key = keys.driver
 
@@ -440,6 +445,18 @@ class Agent:
             for kv in kvs:
                 if kv.key == keys.round:
                     post(_Round(kv.value))
+
+        retire_key, agent_id = keys.retire(self.host), self._agent_id.encode()
+
+        def retire_event(event: Event) -> None:
+            # Only a retirement naming this agent: one written for an agent before it
+            # on this host must not stop it.
+            if event.type == PUT and event.key == retire_key and event.value == agent_id:
+                post(_ShutdownAsked(RETIRED))
+
+        def retire_resync(kvs: Sequence[KeyValue]) -> None:
+            if any(kv.key == retire_key and kv.value == agent_id for kv in kvs):
+                post(_ShutdownAsked(RETIRED))
 
         def ended_resync(kvs: Sequence[KeyValue]) -> None:
             if any(kv.key == keys.ended for kv in kvs):
@@ -463,6 +480,8 @@ class Agent:
                 ended_resync,
             ),
         ]
+        if self._agent_id:  # an agent with no id cannot be named, so is never retired
+            feeds.append((retire_key, retire_event, retire_resync))
         for prefix, on_event, on_resync in feeds:
             follow_in_thread(
                 f"agent-watch-{prefix}",

@@ -41,6 +41,7 @@ from driver.policy.exits import (
 )
 from driver.policy.placement import (
     REREGISTER_GRACE,
+    agents_to_retire,
     chaos_candidates,
     chaos_kill,
     hosts_rule,
@@ -119,6 +120,7 @@ __all__ = [
     "chaos_candidates",
     "chaos_kill",
     "hosts_rule",
+    "agents_to_retire",
     "REREGISTER_GRACE",
     # reports
     "no_hosts",

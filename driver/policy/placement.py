@@ -18,13 +18,16 @@ The rules:
   is hung).
 * Chaos (``chaos_candidates``, ``chaos_kill``): ``--chaos-kill-interval`` picks among
   the active members of the round, none once a worker finished; the kill is said.
+* Removed hosts' agents (``agents_to_retire``): the agent of a host discovery removed
+  (not one blacklisted or lost: those may come back) is retired once nothing the job
+  assigned there runs, so a machine that left the job is free of it.
 * All hosts blacklisted (``hosts_rule``): with nothing running, wait for the first
   cooldown to end, unless that is later than the job may wait anyway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from driver import planner
 from driver.config import JobConfig
@@ -37,6 +40,7 @@ from driver.decisions import (
     Launch,
     Promote,
     Report,
+    RetireAgent,
     Stop,
     Wait,
 )
@@ -116,6 +120,18 @@ def chaos_kill(rec: WorkerRecord, plan: Plan | None, pid: int, kills: int) -> li
         kill=kills,
     )
     return [Report(event), Kill(rec.worker_id, "chaos", chaos=True)]
+
+
+def agents_to_retire(
+    agent_hosts: Iterable[str], busy_hosts: Iterable[str], workers: Workers, hosts: HostsView
+) -> list[RetireAgent]:
+    """A retirement for each live agent (``agent_hosts``) whose host discovery no longer
+    lists, that is not blacklisted (a cooldown ends: it may come back) and where nothing
+    the job assigned still runs: no running worker record (a stopped worker's exit was
+    reported) and no process its agent still runs (``busy_hosts``: ps shards too)."""
+    kept = set(hosts.listed) | {h.host for h in hosts.usable} | set(hosts.blacklisted)
+    busy = set(busy_hosts) | {r.host for r in workers.values() if r.state.running}
+    return [RetireAgent(h) for h in sorted(set(agent_hosts)) if h not in kept and h not in busy]
 
 
 def hosts_rule(

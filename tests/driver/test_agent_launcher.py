@@ -25,6 +25,24 @@ def store(embedded_server):
         client.close()
 
 
+def adopting(store, keys: JobKeys, lost: list[str]) -> tuple[AgentLauncher, dict]:
+    """A launcher that took over ``keys``' job from the store (its handles by process
+    id), attached; the hosts it takes as lost are appended to ``lost``."""
+    local = get_launcher("local")
+    launcher = AgentLauncher(
+        local, local, job_id=keys.job_id, driver_timeout=60, detach=True, use_agent=lambda h: True
+    )
+    handles = launcher.adopt(store.get_prefix(keys.prefix)[0])
+    launcher.attach(
+        store,
+        agent_env={},
+        term=lambda: 1,
+        on_host_lost=lambda host, detail: lost.append(host),
+        patience=10.0,
+    )
+    return launcher, handles
+
+
 @pytest.mark.timeout(30)
 def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(store):
     """The agent of h1 lost (its lease lapsed): the job hears of it, its processes are
@@ -48,21 +66,9 @@ def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(s
         state = "exited" if process_id == "h1-1-2" else "running"
         status = ProcessStatus(process_id, host, 100, state, 1.0, term=1)
         store.put(keys.process(host, process_id), status.to_json())
-    local = get_launcher("local")
-    launcher = AgentLauncher(
-        local, local, job_id=keys.job_id, driver_timeout=60, detach=True, use_agent=lambda h: True
-    )
-    kvs, _ = store.get_prefix(keys.prefix)
-    handles = launcher.adopt(kvs)
-    assert set(handles) == {"h1-0-1", "ps0-1", "h2-0-3"}  # not h3's: no agent there
     lost: list[str] = []
-    launcher.attach(
-        store,
-        agent_env={},
-        term=lambda: 1,
-        on_host_lost=lambda host, detail: lost.append(host),
-        patience=10.0,
-    )
+    launcher, handles = adopting(store, keys, lost)
+    assert set(handles) == {"h1-0-1", "ps0-1", "h2-0-3"}  # not h3's: no agent there
     try:
         # h3's agent was lost under the predecessor: nothing of h3's is adopted, and its
         # assignments are withdrawn as for a host lost now.
@@ -80,5 +86,29 @@ def test_a_lost_agents_assignments_are_withdrawn_so_no_later_agent_reruns_them(s
         assert [kv.key for kv in store.get_prefix(keys.assignments("h2"))[0]] == [
             keys.assignment("h2", "h2-0-3")
         ]
+    finally:
+        launcher.stop_following()
+
+
+@pytest.mark.timeout(30)
+def test_an_adopted_agent_is_retired_through_the_store_and_its_leaving_is_no_loss(store):
+    """A predecessor's agent (no process handle here) of a host discovery removed: the
+    retirement is a key naming that agent, and its record's end is no lost host."""
+    keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
+    lease = store.grant_lease(5)
+    store.put(keys.agent("h4"), AgentRecord("h4", 14, 1.0, 1, "", "ag4").to_json(), lease=lease)
+    lost: list[str] = []
+    launcher, _ = adopting(store, keys, lost)
+    try:
+        assert launcher.live_hosts() == {"h4"} and not launcher.busy_hosts()
+        launcher.retire("h4")
+        record = store.get(keys.retire("h4"))
+        assert record is not None and record.value == b"ag4"
+        assert not launcher.live_hosts()  # retiring: not asked twice, not reused
+        lease.revoke()  # the agent unregisters as it exits
+        wait_until(lambda: not store.get(keys.agent("h4")), 10, "h4's record to go")
+        # The driver's watch takes the deletion as the retirement's end, not a loss.
+        wait_until(lambda: "h4" not in launcher._agents, 10, "h4's agent to be forgotten")
+        assert not lost and not launcher.lost_hosts()
     finally:
         launcher.stop_following()

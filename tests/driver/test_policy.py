@@ -23,6 +23,7 @@ from driver.decisions import (
     Probe,
     Publish,
     Report,
+    RetireAgent,
     Stop,
     StoreHealth,
     Succeed,
@@ -526,6 +527,28 @@ def test_displaced_workers_are_stopped_once():
         Report(ev.WorkerStopping(worker="c", host="gone", slot=2, reason=why)),
         Stop("c", why),
     ]
+
+
+def test_the_agent_of_a_removed_idle_host_is_retired():
+    # "gone" left discovery and runs nothing; "cool" is blacklisted, not listed (it may
+    # come back after its cooldown); "h" is listed; "busy" still runs a stopping worker,
+    # "shard" a process its agent reports running (a ps shard).
+    hosts = view("h:1", blacklisted=("cool",), listed=("h", "cool2"))
+    agents = ("h", "gone", "cool", "cool2", "busy", "shard")
+    t = table(rec("a", 0), rec("s", 0, host="busy", state=S.STOPPING))
+    t["x"] = rec("x", 0, host="gone", state=S.STOPPED)  # its exit was reported
+    retire = policy.agents_to_retire(agents, ("shard",), t, hosts)
+    assert retire == [RetireAgent("gone")]
+    # Once the stopping worker's exit is reported, its host's agent goes too.
+    t["s"] = rec("s", 0, host="busy", state=S.STOPPED)
+    assert policy.agents_to_retire(agents, (), t, hosts) == [
+        RetireAgent("busy"),
+        RetireAgent("gone"),
+        RetireAgent("shard"),
+    ]
+    # A host discovery lists again keeps its agent.
+    again = view("h:1,gone:1,busy:1,shard:1", blacklisted=("cool",), listed=("cool2",))
+    assert policy.agents_to_retire(agents, (), t, again) == []
 
 
 def test_free_slots_are_filled_but_not_finished_ones():

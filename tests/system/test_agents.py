@@ -3,6 +3,9 @@ processes run under its agent, which outlives the driver).
 
 * an agent SIGKILLed: its host is lost at once (its lease lapses), its workers are
   dropped and the job finishes exact on the others;
+* a host discovery removes: its agent is retired once its workers are stopped (it
+  exits, and that is no lost host); listed again, the host gets a fresh agent that the
+  old retirement does not stop;
 * the driver SIGKILLed: training goes on without it (the committed step keeps
   advancing), then with no driver returning the agents stop their workers after
   ``--driver-timeout`` and exit: nothing of the job is left running.
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -25,8 +29,10 @@ from tests.support.jobs import (
     committed,
     exact_sum_command,
     hold_at,
+    hosts_file_discovery,
     pid_alive,
     wait_until,
+    write_hosts,
 )
 
 pytestmark = pytest.mark.system
@@ -49,21 +55,26 @@ def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
     return {r.host: r for r in (AgentRecord.from_json(kv.value) for kv in kvs)}
 
 
+def held_job(tmp_path, url: str, *host_args: str, hold: int) -> tuple[Path, Path, str, list]:
+    """An exact-sum job of 12 epochs on this machine (``host_args``: its hosts) with the
+    etcd store at ``url``, held at ``hold`` commits by its gate: its output directory,
+    the gate, the job id and the ``elastic-run`` arguments."""
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    out.mkdir()
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    hold_at(gate, hold)  # however fast the job, the change lands mid-run
+    command = exact_sum_command(out, SAMPLES, 12, "--pause-while", str(gate))
+    args = [*host_args, "--launcher", "local", "--rendezvous", url, "--job-id", job_id]
+    return out, gate, job_id, [*args, *command]
+
+
 @pytest.mark.timeout(90)
 def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_exact(
     tmp_path, etcd_server
 ):
-    out = tmp_path / "out"
-    out.mkdir()
-    job_id = f"t{uuid.uuid4().hex[:10]}"
-    args = [
-        *("-H", "a:2,b:2", "-np", "4", "--min-np", "2", "--launcher", "local"),
-        *("--rendezvous", etcd_server.url, "--job-id", job_id),
-    ]
-    gate = tmp_path / "gate"
-    hold_at(gate, 40)  # however fast the job, the agent dies mid-run
-    command = exact_sum_command(out, SAMPLES, 12, "--pause-while", str(gate))
-    with ElasticRun([*args, *command], tmp_path) as run:
+    hosts = ("-H", "a:2,b:2", "-np", "4", "--min-np", "2")
+    out, gate, job_id, argv = held_job(tmp_path, etcd_server.url, *hosts, hold=40)
+    with ElasticRun(argv, tmp_path) as run:
         run.wait_progress(40)
         victims = [w for w, pid in run.worker_pids().items() if w.startswith("a-")]
         victim_pids = [run.worker_pids()[w] for w in victims]
@@ -78,6 +89,35 @@ def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_e
         gate.unlink()
         assert run.wait(timeout=60) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, 12, final_size=2)
+
+
+@pytest.mark.timeout(120)
+def test_a_removed_hosts_agent_retires_and_a_fresh_one_serves_it_when_listed_again(
+    tmp_path, etcd_server
+):
+    script, hosts = hosts_file_discovery(tmp_path, "a:2\nb:2\n")
+    listed = ["-np", "4", "--min-np", "2", "--host-discovery-script", str(script)]
+    listed += ["--discovery-interval", "0.2"]
+    out, gate, job_id, argv = held_job(tmp_path, etcd_server.url, *listed, hold=20)
+    with ElasticRun(argv, tmp_path) as run:
+        run.wait_progress(20)
+        old = agents(etcd_server.url, job_id)["b"]
+        write_hosts(hosts, "a:2\n")
+        run.wait_event("round_formed", lambda e: e["size"] == 2, timeout=30)
+        wait_until(lambda: not pid_alive(old.pid), 20, "the removed host's agent to exit")
+        assert "b" not in agents(etcd_server.url, job_id)
+        assert run.proc is not None and run.proc.poll() is None, run.stderr_tail()
+        hold_at(gate, 40)
+        write_hosts(hosts, "a:2\nb:2\n")
+        run.wait_event("round_formed", lambda e: e["size"] == 4, after=2, timeout=60)
+        fresh = agents(etcd_server.url, job_id)["b"]
+        assert fresh.agent_id != old.agent_id and pid_alive(fresh.pid)
+        run.wait_progress(40)
+        assert pid_alive(fresh.pid)  # the old retirement names the old agent only
+        gate.unlink()
+        assert run.wait(timeout=60) == 0, run.stderr_tail()
+        assert not run.events("host_blacklisted") and not run.events("host_unreachable")
+    check_exact_sum(out, SAMPLES, 12)
 
 
 @pytest.mark.timeout(90)

@@ -152,17 +152,26 @@ def test_discovery_adds_then_removes_a_host_mid_run_and_the_job_finishes_exact(
             run.wait_event("host_removed", lambda e: e["host"] == a.address, timeout=30)
             shrunk = run.wait_event("round_formed", lambda e: e["size"] == 2, after=1)
             assert not set(shrunk["members"]) & set(first)
-            # Its workers were stopped, not left behind. (Its agent stays until the job
-            # ends, ready should discovery list the host again.)
+            # Its workers were stopped, not left behind; then its agent is retired
+            # while the job goes on (training is still held): the removed machine is
+            # free of the job. (A later listing would start a fresh agent there.)
             wait_until(
                 lambda: not [p for p in a.pids() if str(EXACT_SUM) in command_line(p)],
                 30,
                 "the removed host's workers to end",
             )
+            wait_until(
+                lambda: not [p for p in a.pids() if "driver.agent" in command_line(p)],
+                30,
+                "the removed host's agent to exit",
+            )
+            assert run.proc is not None and run.proc.poll() is None, run.stderr_tail()
             hold.unlink()
             assert run.wait(timeout=110) == 0, run.stderr_tail()
             stopped = {e["worker"] for e in run.events("worker_stopped")}
             assert set(first) <= stopped
+            # An agent that left as asked is no lost host.
+            assert not run.events("host_blacklisted") and not run.events("host_unreachable")
         nothing_left(a, b)
     results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
     assert [size for size, _ in results[0]["sizes"]] == [2, 4, 2]
