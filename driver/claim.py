@@ -62,6 +62,10 @@ cut from the store): how soon a standby may take over. etcd raises a shorter lea
 its own minimum (1.5 x its election timeout, rounded up: 2 s with etcd's defaults).
 A false alarm (a driver stalled past it) is harmless: fencing stops the stalled one."""
 
+RETAKE_PATIENCE = 30.0
+"""Seconds a steering write keeps taking the seat again while its fence fails on this
+driver's own lapsed lease (``DriverClaim._fenced``)."""
+
 STANDBY_POLL = 0.05
 """Seconds between a standby's looks at its stop flag and the leader's beat."""
 
@@ -236,8 +240,25 @@ class DriverClaim:
         return self._fenced(ops, key)
 
     def _fenced(self, ops: Sequence[Put | Delete], absent: str | None) -> int | None:
+        """``ops`` in one transaction that holds while this driver leads (and ``absent``
+        does not exist); the revision, or None when ``absent`` exists.
+
+        A fence that fails on our own lapsed lease (the seat empty at our term) is no
+        lost lead: the seat is taken again and the write tried again, for as long as
+        ``RETAKE_PATIENCE``. With a lease of ``DRIVER_LEASE_TTL`` a re-taken seat can
+        lapse again before the next try when the store's client is moving off a dead
+        member (its calls hang until they time out); giving up after one re-take once
+        made a driver that still held its term leave its job. Only another leader, or
+        a newer term, loses the lead.
+
+        Raises:
+            LeadershipLost: another driver leads (nothing was written).
+            RendezvousError: the store cannot be used, or the seat could not be held
+                for a whole ``RETAKE_PATIENCE``.
+        """
         condition = [Compare(absent, "version", "==", 0)] if absent is not None else []
-        for _ in range(2):
+        backoff = Backoff.within(RETAKE_PATIENCE, initial=0.05, cap=0.5, stop=self._released)
+        while True:
             if self._lost is not None:
                 raise LeadershipLost(self._lost)
             result = self._store.txn([*fence(self.keys, self.record), *condition], list(ops))
@@ -245,8 +266,12 @@ class DriverClaim:
                 return result.revision
             if absent is not None and self._store.get(absent) is not None:
                 return None  # the condition failed, not the fence
-            self._after_failed_fence()
-        raise LeadershipLost(self._lost or lost_reason(self.keys.job_id, None, self.record))
+            self._after_failed_fence()  # LeadershipLost, or the seat is ours again
+            if not backoff.pause():
+                raise RendezvousError(
+                    f"the lead of job {self.keys.job_id!r} lapsed again after each re-take "
+                    f"for {RETAKE_PATIENCE:g}s: the store does not keep this driver's lease"
+                )
 
     def check(self) -> None:
         """Raise ``LeadershipLost`` unless this driver still leads (one fenced

@@ -8,10 +8,12 @@ import uuid
 
 import pytest
 
+from driver import claim as claim_module
 from driver.claim import DriverClaim, new_record
 from driver.errors import JobEnded, JobFailed, JobIdInUseError, LeadershipLost
 from driver.leadership import ClaimAction
 from rendezvous import open_store
+from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord
 from rendezvous.store import Put
@@ -87,6 +89,56 @@ def test_a_leader_whose_own_lease_lapsed_takes_the_seat_again(etcd):
     lease = claim.lease_id
     assert claim._retake() is None and claim.lease_id == lease
     assert etcd.get(keys.driver).lease == lease
+    claim.release(etcd)
+
+
+def _lapsing_after_each_retake(etcd, claim: DriverClaim, times: int | None) -> list[int]:
+    """Make the seat lapse again right after each re-take (``times`` times; None:
+    always), as when the store's client hangs on a dead member past the 1 s lease
+    between the re-take and the next write. Returns the leases revoked so far."""
+    retake = claim._retake
+    revoked: list[int] = []
+
+    def retake_then_lapse():
+        holder = retake()
+        if times is None or len(revoked) < times:
+            claim._lease.stop_keep_alive()
+            etcd.revoke(claim.lease_id)
+            revoked.append(claim.lease_id)
+        return holder
+
+    claim._retake = retake_then_lapse  # type: ignore[method-assign]
+    return revoked
+
+
+@pytest.mark.timeout(60)
+def test_a_seat_that_lapses_again_after_each_retake_is_still_ours(etcd):
+    """A fence that fails on our own lapsed lease is no lost lead, however many times
+    in a row: once this gave up after one re-take, and a driver that still held its
+    term left its job (exit 3, "a driver of a newer term took over")."""
+    keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
+    claim = take(etcd, keys)
+    revoked = _lapsing_after_each_retake(etcd, claim, times=3)
+    claim._lease.stop_keep_alive()
+    etcd.revoke(claim.lease_id)
+    claim.steer([Put(keys.round, b"still ours")])
+    assert len(revoked) == 3 and claim.lost is None
+    assert etcd.get(keys.round).value == b"still ours"
+    assert DriverRecord.from_json(etcd.get(keys.driver).value) == claim.record
+    claim.release(etcd)
+
+
+@pytest.mark.timeout(60)
+def test_a_seat_the_store_never_keeps_is_a_store_error_not_a_lost_lead(etcd, monkeypatch):
+    monkeypatch.setattr(claim_module, "RETAKE_PATIENCE", 1.0)
+    keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
+    claim = take(etcd, keys)
+    _lapsing_after_each_retake(etcd, claim, times=None)
+    claim._lease.stop_keep_alive()
+    etcd.revoke(claim.lease_id)
+    with pytest.raises(RendezvousError, match="lapsed again after each re-take for 1s"):
+        claim.steer([Put(keys.round, b"never written")])
+    assert claim.lost is None and etcd.get(keys.round) is None
     claim.release(etcd)
 
 
