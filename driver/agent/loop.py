@@ -4,8 +4,8 @@ One thread (``Agent.run``) owns the state: the host's assignments, the process t
 (``driver.agent.table``) and the view of the leadership (``driver.agent.rules``).
 Other threads only post to its queue: the store feeds (the host's assignments, the
 leader record, the round, the job's end, its retirement; each through
-``driver.watch.follow_prefix``), the process waiters, a signal. After each burst of news the loop asks
-``rules.reconcile`` what to do and does it: start a process with the process layer
+``driver.watch.follow_prefix``), the process waiters, a signal. After each burst of
+news the loop asks ``rules.reconcile`` what to do and does it: start a process with the process layer
 (``driver.launch``: own process group, pidfd wait, stop with a grace), stop or kill
 one, write its ``ProcessStatus`` when it starts and when it ends.
 

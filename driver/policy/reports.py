@@ -23,6 +23,7 @@ from dataclasses import replace
 from driver.config import JobConfig
 from driver.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
 from driver.events import Event, Progress, StoreBack, StoreUnreachable, Waiting
+from driver.events.base import plural
 from rendezvous.plan import Plan
 
 #: how often a wait that may be a mistake is said again (discovery lists no host)
@@ -47,8 +48,7 @@ def no_hosts(book: Book, hosts: HostsView, config: JobConfig, now: float) -> Ste
         source = "the discovery script" if config.uses_discovery else "the host list"
         what = f"a host: {source} lists none"
         if hosts.usable:
-            count = len(hosts.usable)
-            what += f" (the job keeps its {count} host{'s' if count > 1 else ''} meanwhile)"
+            what += f" (the job keeps its {plural(len(hosts.usable), 'host')} meanwhile)"
         decisions.append(Report(Waiting(what=what, waited=round(now - since, 3))))
         said = now
     decisions.append(Wait(said + REPEAT_REPORT_EVERY, "the next word on the empty host list"))

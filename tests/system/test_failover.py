@@ -125,6 +125,19 @@ def _train_to(etcd_server, keys: JobKeys, out, commits: int, what: str) -> None:
     wait_until(lambda: committed(etcd_server.url, keys.job_id) >= commits, 40, what)
 
 
+def _finish_in_the_adopted_round(run: ElasticRun, out) -> None:
+    """Release the held job: it ends 0 in the round its new driver adopted."""
+    (out / "pause").unlink()
+    assert run.wait(timeout=90) == 0, run.stderr_tail()
+    assert not run.events("round_formed")  # the round was whole: nothing re-formed
+
+
+def _check_one_world(out) -> None:
+    """Exact, and one world of 2 from the first step to the last."""
+    results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+    assert results[0]["sizes"] == [[2, 1]]
+
+
 @pytest.mark.timeout(150)
 def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, etcd_server):
     """SIGKILL the leader: the agents keep its workers training, the standby adopts
@@ -196,15 +209,12 @@ def test_a_standby_taking_over_while_discovery_lists_no_host_keeps_the_workers(
         assert "(the job keeps its 1 host meanwhile)" in said["what"], said
         assert new.events("worker_stopping") == []
         write_hosts(hosts, "localhost:2\n")
-        (out / "pause").unlink()
-        assert new.wait(timeout=90) == 0, new.stderr_tail()
+        _finish_in_the_adopted_round(new, out)
         assert new.events("worker_stopping") == new.events("state_lost") == []
-        assert not new.events("round_formed")  # the round was whole: nothing re-formed
     finally:
         new.stop()
         old.stop()
-    results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
-    assert results[0]["sizes"] == [[2, 1]]  # one world from the first step to the last
+    _check_one_world(out)
 
 
 @pytest.mark.timeout(150)
@@ -230,14 +240,11 @@ def test_a_driver_sigkilled_mid_run_and_started_again_adopts_the_job(tmp_path, e
         again.start()
         leading = again.wait_event("leading", timeout=30)
         assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
-        (out / "pause").unlink()
-        assert again.wait(timeout=90) == 0, again.stderr_tail()
-        assert not again.events("round_formed")  # the round was whole: nothing re-formed
+        _finish_in_the_adopted_round(again, out)
     finally:
         again.stop()
         first.stop()
-    results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
-    assert results[0]["sizes"] == [[2, 1]]  # one world from the first step to the last
+    _check_one_world(out)
 
 
 @pytest.mark.timeout(150)
