@@ -2,8 +2,8 @@
 TCP transfer between the same two hosts, interleaved in one invocation.
 
 Two test hosts (``tests/support/netns_hosts.py``: network, UTS, PID and mount namespaces
-on one machine, joined by a bridge; needs root) with two worker slots each: ranks 0, 1
-on the first host, 2, 3 on the second. Every implementation runs as its own group of
+on one machine, joined by a bridge; needs root) with two worker slots each (``--slots``):
+ranks 0, 1 on the first host, 2, 3 on the second. Every implementation runs as its own group of
 real processes on those hosts, all alive at once (``allreduce_bench.Group``), and the
 groups take turns in blocks of timed calls (``allreduce_bench.measure``):
 
@@ -16,7 +16,7 @@ groups take turns in blocks of timed calls (``allreduce_bench.measure``):
   directions at once: what the leaders' link carries, in each direction, during a
   two-host allreduce of the same array, with nothing else to do.
 
-Bus bandwidth = 2(n-1)/n * bytes / time with n = 4 (the same formula for both
+Bus bandwidth = 2(n-1)/n * bytes / time with n = 2 x slots (the same formula for both
 collectives, so the ratio is the ratio of times); ``raw_tcp_GBps`` is bytes / time per
 direction, and ``ours_link_fraction`` = raw time / our time: how close our allreduce
 comes to the time the network alone needs to carry its bytes between the hosts.
@@ -27,7 +27,7 @@ One JSON line per configuration:
      "ours_link_fraction", "ours_transport", "load_avg"}
 
     sudo python benchmarks/hier_bench.py [--sizes-mib 16 64] [--blocks 5] [--iters 3]
-        [--impls ours gloo raw_tcp]
+        [--impls ours gloo raw_tcp] [--slots 2] [--ours-settings JSON]
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3, help="timed calls per turn")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--impls", nargs="+", default=["ours", "gloo", "raw_tcp"], choices=IMPLS)
+    ap.add_argument("--slots", type=int, default=SLOTS, help="workers per host")
     ap.add_argument("--secret", default="bench-secret")
     ap.add_argument(
         "--ours-settings", default="{}", help="JSON of extra CommSettings fields for ours"
@@ -98,10 +99,10 @@ def main() -> None:
                 else:
                     groups[impl] = Group(
                         impl,
-                        HOSTS * SLOTS,
+                        HOSTS * args.slots,
                         args.secret,
                         args.ours_settings,
-                        spawn=spawner(list(hosts), SLOTS),
+                        spawn=spawner(list(hosts), args.slots),
                         control_host=hosts.gateway,
                     )
             for mib in args.sizes_mib:
@@ -113,8 +114,8 @@ def main() -> None:
 
 
 def _row(groups: dict[str, Group], samples: dict[str, list[float]], mib: int, args) -> dict:
-    where = {"hosts": HOSTS, "slots": SLOTS}
-    row = summarize("hier_allreduce", where, groups, samples, mib, HOSTS * SLOTS, args)
+    where = {"hosts": HOSTS, "slots": args.slots}
+    row = summarize("hier_allreduce", where, groups, samples, mib, HOSTS * args.slots, args)
     if "raw_tcp" in samples:
         raw = statistics.median(samples["raw_tcp"])
         row["raw_tcp_GBps"] = round(mib * (1 << 20) / raw / 1e9, 3)

@@ -10,7 +10,8 @@ leader. Every collective is the same three steps on every host:
 
 * allreduce: reduce inside the host to the leader (``HostGroup.allreduce_via_leader``,
   shared by every member), allreduce among the leaders (TCP ring, in place, on the
-  leader's second thread while its host works on the neighbouring pieces), and the
+  leader's second thread while its host works on the neighbouring pieces, when the
+  host has a CPU to spare for it: ``CommSettings.leader_overlap``), and the
   leader's result back to every member, piece by piece ("average" sums, and the leader
   divides by the round's size once);
 * broadcast: on the root's host, shared-memory broadcast from the root; the root host's
@@ -126,7 +127,9 @@ class HierTransport(Transport):
     ``host`` is this host's shared memory (None when the member is alone on its host);
     ``leaders`` the leaders' connections (None unless this member is a leader and there
     are several hosts); ``settings.close_grace`` bounds the wait for a failed leader's
-    verdict. The transport owns both and releases them in ``close``."""
+    verdict; ``overlap``: whether a leader with a host runs its network steps on a
+    thread of its own (``CommSettings.leader_overlap``). The transport owns ``host`` and
+    ``leaders`` and releases them in ``close``."""
 
     name = "hier"
 
@@ -139,6 +142,8 @@ class HierTransport(Transport):
         leaders: LeaderLinks | None,
         settings: CommSettings,
         check: Check,
+        *,
+        overlap: bool = True,
     ):
         self.rank = rank
         self.size = size
@@ -151,10 +156,10 @@ class HierTransport(Transport):
         self.links = leaders
         self.ring: TcpRing | None = None
         # The leaders' network step on one piece runs beside the host's shared-memory
-        # steps on the next (``HostGroup.allreduce_via_leader``).
+        # steps on the next (``HostGroup.allreduce_via_leader``), given a CPU for it.
         self.overlap: Overlap | None = None
         if leaders is not None:
-            if host is not None:
+            if host is not None and overlap:
                 self.overlap = Overlap(f"elastic-hier-{rank}")
             grace = settings.close_grace
             self.ring = TcpRing(

@@ -8,10 +8,12 @@ other hosts (``hier.py``). Besides the ``ShmGroup`` collectives it offers:
 * ``allreduce_via_leader``: the other members reduce the host's inputs into the
   leader's slot, the leader combines that with the other hosts' there (``across``), and
   every member copies the result out, piece by piece (``layout.pieces``; a leader alone
-  on its host cuts alike). The leader's network step on piece p starts as soon as p is
-  reduced and runs (on a thread of its own, ``overlap.py``) while the host copies
-  piece p - 1 out and piece p + 1 in and reduces it, so the link between hosts stays
-  busy and the shared-memory steps cost no time on a host that waits on the network.
+  on its host cuts alike). Given a thread of its own (``overlap.py``; the transport
+  gives one when the host has a CPU to spare), the leader's network step on piece p
+  starts as soon as p is reduced and runs while the host copies piece p - 1 out and
+  piece p + 1 in and reduces it, so the link between hosts stays busy and the
+  shared-memory steps cost no time on a host that waits on the network. Without one,
+  the leader's step on piece p - 1 runs while the others reduce piece p.
 * ``share`` / ``receive``: the leader's array to every member of the host, without the
   copy ``broadcast`` makes for its root.
 

@@ -105,6 +105,13 @@ def _decode(blobs: list[bytes]) -> list[Offer]:
     return offers
 
 
+def leader_overlaps(setting: bool | None, host_members: int, cpus: int) -> bool:
+    """Whether a host leader runs its network steps on a thread of its own: as
+    ``setting`` says, or, when it is None, if its host of ``host_members`` has a CPU
+    for that thread besides one per member (of ``cpus``)."""
+    return setting if setting is not None else host_members + 1 <= cpus
+
+
 def _build(
     ctx: TransportContext, plan: Plan, offers: list[Offer], seg: shm.ShmSegment | None
 ) -> Transport | None:
@@ -119,9 +126,12 @@ def _build(
     members = plan.groups[plan.group_of(ctx.rank)]
     infos = [offers[m].segment for m in members]
     settings = ctx.settings
+    cpus = shm.usable_cpus()
+    overlap = leader_overlaps(settings.leader_overlap, len(members), cpus)
     spin = settings.shm_spin_us
     if spin is None:
-        spin = shm.default_spin_us(len(members))
+        network_thread = overlap and plan.kind != "shm" and len(plan.groups) > 1
+        spin = shm.default_spin_us(len(members) + network_thread, cpus)
     if plan.kind == "shm":
         assert seg is not None
         try:
@@ -155,7 +165,9 @@ def _build(
         if host is not None:
             host.close()
         raise
-    transport = HierTransport(ctx.rank, ctx.size, plan, host, leaders, settings, ctx.check)
+    transport = HierTransport(
+        ctx.rank, ctx.size, plan, host, leaders, settings, ctx.check, overlap=overlap
+    )
     if mapped:
         return transport
     transport.close()

@@ -126,14 +126,19 @@ def futex_wake(addr: int) -> None:
     _futex(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, ctypes.c_int(_INT_MAX), None, None, 0)
 
 
-def default_spin_us(local_ranks: int) -> float:
-    """Spin only when every local rank can have a CPU of its own: with more ranks than
-    CPUs a spinning waiter steals the time slice the rank it waits for needs."""
+def usable_cpus() -> int:
+    """How many CPUs this process may run on."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return 50.0 if local_ranks <= cpus else 0.0
+        return os.cpu_count() or 1
+
+
+def default_spin_us(busy_threads: int, cpus: int) -> float:
+    """Spin only when each of the ``busy_threads`` a collective keeps running on this
+    host can have one of its ``cpus``: with more threads than CPUs a spinning waiter
+    steals the time slice the thread it waits for needs."""
+    return 50.0 if busy_threads <= cpus else 0.0
 
 
 class ShmSegment:

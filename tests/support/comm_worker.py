@@ -17,7 +17,7 @@ Commands ({"cmd": ...}):
     burst       count, elems: back-to-back allreduces, a barrier, then close -> "burst" {ok}
     call        what (allreduce/broadcast/allgather/barrier), shape, dtype, op, root
                 -> "result" {shape} | "raised"
-    stats       -> "stats" {peer_failures}
+    stats       -> "stats" {peer_failures, network_threads (a hierarchical leader's)}
     exit        close everything and exit 0
 Asynchronously: "peer_failure" {t, type, msg, rank, direct} from on_peer_failure.
 """
@@ -81,7 +81,8 @@ def main() -> None:
                 )
                 emit("formed", transport=comm.transport, round=msg["round"])
             elif cmd == "stats":
-                emit("stats", peer_failures=len(failures))
+                threads = [t for t in threading.enumerate() if t.name.startswith("elastic-hier-")]
+                emit("stats", peer_failures=len(failures), network_threads=len(threads))
             elif cmd == "exit":
                 break
             elif comm is None:

@@ -61,6 +61,9 @@ def test_auto_picks_by_placement(workers, hosts):
 LAYOUTS = {
     # two hosts, two members each, ranks host by host
     "2x2": ([2, 2], None),
+    # the same, the leaders' network steps on a thread of their own (the default on a
+    # host with a CPU to spare: the battery sets it both ways, whatever the machine)
+    "2x2-overlap": ([2, 2], None),
     # uneven hosts with interleaved ranks: host 0 holds ranks 0 and 3, host 2 ranks 2, 4
     "2+1+2": ([2, 1, 2], [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1)]),
     # three members on a host: two of them reduce each piece together
@@ -73,7 +76,8 @@ LAYOUTS = {
 def test_battery_matches_numpy_across_hosts(workers, hosts, layout):
     counts, order = LAYOUTS[layout]
     members = _place(workers, hosts, counts, order)
-    formed = workers.form(members, **SMALL)
+    overlap = layout.endswith("-overlap")
+    formed = workers.form(members, **SMALL, leader_overlap=overlap)
     assert {f["transport"] for f in formed} == {"hier"}
     for w in members:
         w.send("battery", seed=len(members))
@@ -81,14 +85,22 @@ def test_battery_matches_numpy_across_hosts(workers, hosts, layout):
     assert len(set(checks)) == 1 and checks[0] > 200
     for w in members:
         w.send("stats")
-    assert [w.expect("stats")["peer_failures"] for w in members] == [0] * len(members)
+    stats = [w.expect("stats") for w in members]
+    assert [s["peer_failures"] for s in stats] == [0] * len(members)
+    # Each leader of a host with other members runs its network thread, or none does.
+    threads = [s["network_threads"] for s in stats]
+    assert threads == ([1, 0, 1, 0] if overlap else [0] * len(members))
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("victim", [2, 3], ids=["leader", "non-leader"])
-def test_sigkill_mid_collective_raises_on_every_survivor_within_1s(workers, hosts, victim):
+@pytest.mark.parametrize(
+    "victim, overlap",
+    [(2, False), (3, False), (2, True), (3, True)],
+    ids=["leader", "non-leader", "leader-overlap", "non-leader-overlap"],
+)
+def test_sigkill_mid_collective_raises_on_every_survivor_within_1s(workers, hosts, victim, overlap):
     members = _place(workers, hosts, [2, 2])
-    workers.form(members)
+    workers.form(members, leader_overlap=overlap)
     for w in members:
         w.send("loop", nbytes=1 << 20)
     for w in members:

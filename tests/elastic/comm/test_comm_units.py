@@ -1,5 +1,6 @@
 """Pure logic of the data plane: layouts, wire formats, settings, MPI detection, the
-allgather layout, the world-of-one transport and the overlap thread."""
+allgather layout, the world-of-one transport, the overlap thread and the rules that
+fit the shared-memory waits and the leader's network thread to the host's CPUs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
 from elastic.comm.overlap import Overlap
+from elastic.comm.selection import leader_overlaps
+from elastic.comm.shm import default_spin_us
 from elastic.comm.transport import LocalTransport, Mismatch, PeerGone, gather_layout
 from rendezvous.auth import make_nonce
 from rendezvous.url import Endpoint
@@ -293,3 +296,18 @@ def test_overlap_close_lets_a_running_job_finish():
     release.set()
     closer.join(5)
     assert done.is_set() and not closer.is_alive()
+
+
+def test_waits_spin_and_leaders_overlap_only_with_a_cpu_for_every_busy_thread():
+    # Two members and the leader's network thread on two CPUs: no thread to spare, so
+    # the leader works alone and the waits spin (one busy thread per CPU).
+    assert not leader_overlaps(None, host_members=2, cpus=2)
+    assert default_spin_us(2, cpus=2) > 0
+    # Three CPUs: the network thread gets one, and with it the waits still spin.
+    assert leader_overlaps(None, host_members=2, cpus=3)
+    assert default_spin_us(3, cpus=3) > 0
+    # More busy threads than CPUs: a spinning waiter would steal the time it waits for.
+    assert default_spin_us(3, cpus=2) == 0
+    # The setting wins over the rule, both ways.
+    assert leader_overlaps(True, host_members=4, cpus=1)
+    assert not leader_overlaps(False, host_members=1, cpus=64)
