@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from . import cpus as host_cpus
 from . import placement, shm
 from .base import ShmUnavailableError
 from .hier import HierTransport, LeaderLinks
@@ -126,7 +127,7 @@ def _build(
     members = plan.groups[plan.group_of(ctx.rank)]
     infos = [offers[m].segment for m in members]
     settings = ctx.settings
-    cpus = shm.usable_cpus()
+    cpus = host_cpus.usable_cpus()
     overlap = leader_overlaps(settings.leader_overlap, len(members), cpus)
     spin = settings.shm_spin_us
     if spin is None:

@@ -126,14 +126,6 @@ def futex_wake(addr: int) -> None:
     _futex(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, ctypes.c_int(_INT_MAX), None, None, 0)
 
 
-def usable_cpus() -> int:
-    """How many CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def default_spin_us(busy_threads: int, cpus: int) -> float:
     """Spin only when each of the ``busy_threads`` a collective keeps running on this
     host can have one of its ``cpus``: with more threads than CPUs a spinning waiter

@@ -5,12 +5,14 @@ fit the shared-memory waits and the leader's network thread to the host's CPUs."
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import numpy as np
 import pytest
 
 from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
+from elastic.comm.cpus import quota_cpus, quota_files, usable_cpus
 from elastic.comm.overlap import Overlap
 from elastic.comm.selection import leader_overlaps
 from elastic.comm.shm import default_spin_us
@@ -311,3 +313,31 @@ def test_waits_spin_and_leaders_overlap_only_with_a_cpu_for_every_busy_thread():
     # The setting wins over the rule, both ways.
     assert leader_overlaps(True, host_members=4, cpus=1)
     assert not leader_overlaps(False, host_members=1, cpus=64)
+
+
+def test_cgroup_quotas_read_as_cpus():
+    assert quota_cpus("150000", "100000") == 1.5
+    assert quota_cpus("max", "100000") is None  # v2: no limit
+    assert quota_cpus("-1", "100000") is None  # v1: no limit
+    assert quota_cpus("", "100000") is None
+    v2_and_v1 = "12:cpu,cpuacct:/pod7/ctr\n3:memory:/pod7\n0::/pod7/ctr\n"
+    assert quota_files(v2_and_v1) == [
+        ("cpu,cpuacct/pod7/ctr/cpu.cfs_quota_us", "cpu,cpuacct/pod7/ctr/cpu.cfs_period_us"),
+        ("cpu/pod7/ctr/cpu.cfs_quota_us", "cpu/pod7/ctr/cpu.cfs_period_us"),
+        ("pod7/ctr/cpu.max",),
+    ]
+    assert quota_files("garbage\n\n") == []
+
+
+def test_usable_cpus_are_capped_by_this_process_cgroup_quota(tmp_path):
+    # This process's own cgroup paths, under a stand-in root that holds a quota of 1.5
+    # CPUs for the first of them: two CPUs to keep busy at most (rounded up).
+    with open("/proc/self/cgroup") as f:
+        files = quota_files(f.read())
+    assert files, "this process belongs to no cgroup"
+    texts = ["150000 100000"] if len(files[0]) == 1 else ["150000", "100000"]
+    for name, text in zip(files[0], texts):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    assert usable_cpus(tmp_path) == min(2, len(os.sched_getaffinity(0)))
+    assert usable_cpus(tmp_path / "none") == len(os.sched_getaffinity(0))
