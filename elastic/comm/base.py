@@ -80,7 +80,8 @@ class CommSettings:
     shm_piece_bytes: size of each of the two shared-memory slots per rank; arrays
         larger than this stream through in pieces (each costs two barriers; 4 MiB beat
         1 MiB on the 2-core test VM under load, where every barrier may wait for a
-        descheduled rank).
+        descheduled rank). A hierarchical allreduce streams half-slot pieces
+        (``layout.hier_piece_bytes``).
     shm_spin_us: microseconds a shared-memory wait spins before sleeping in the
         kernel; None spins only when every thread a collective keeps busy on this host
         can have its own CPU.

@@ -151,7 +151,7 @@ class HierTransport(Transport):
         self.host_index = plan.group_of(rank)
         self.members = plan.groups[self.host_index]
         self.is_leader = self.members[0] == rank
-        self.piece_bytes = settings.shm_piece_bytes
+        self.piece_bytes = layout.hier_piece_bytes(settings.shm_piece_bytes)
         self.host = host
         self.links = leaders
         self.ring: TcpRing | None = None
@@ -186,7 +186,9 @@ class HierTransport(Transport):
                 layout.finish_average(part, self.size)
 
         if self.host is not None:
-            self.host.allreduce_via_leader(x, out, inner, hdr, across, self.overlap)
+            self.host.allreduce_via_leader(
+                x, out, inner, hdr, across, self.piece_bytes, self.overlap
+            )
         elif ring is not None:
             # Piece by piece, as the leaders of hosts with shared memory go.
             for a, b in layout.pieces(x.size, self.piece_bytes, x.dtype.itemsize):

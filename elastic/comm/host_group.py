@@ -79,16 +79,19 @@ class HostGroup(ShmGroup):
         op: str,
         hdr: wire.OpHeader,
         across: Callable[[np.ndarray], None],
+        piece_bytes: int,
         overlap: Overlap | None = None,
     ) -> None:
-        """Reduce the members' flat ``x`` with ``op`` into flat ``out``, the leader calling
+        """Reduce the members' flat ``x`` with ``op`` into flat ``out`` in pieces of
+        ``piece_bytes`` (at most a slot; every member cuts alike), the leader calling
         ``across(piece)`` on each piece of the host's result (in place, in shared memory)
         before the members copy it out; on ``overlap``'s thread when given (the leader's
         owner closes it before unmapping: that thread may outlive an error here). Raises
         ``Interrupted``, ``Mismatch`` or ``PeerGone``, and what ``across`` raises."""
         n, r = self.size, self.rank
         fn = layout.reducer(op)
-        pieces = layout.pieces(x.size, self.piece_bytes, x.dtype.itemsize)
+        piece_bytes = min(piece_bytes, self.piece_bytes)
+        pieces = layout.pieces(x.size, piece_bytes, x.dtype.itemsize)
         at = _Pieces(self, pieces, x.dtype)
         if r == 0 and overlap is not None:
             self._lead(x, out, hdr, at, partial(self._network, at, across), overlap)

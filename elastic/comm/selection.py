@@ -131,8 +131,11 @@ def _build(
     overlap = leader_overlaps(settings.leader_overlap, len(members), cpus)
     spin = settings.shm_spin_us
     if spin is None:
-        network_thread = overlap and plan.kind != "shm" and len(plan.groups) > 1
-        spin = shm.default_spin_us(len(members) + network_thread, cpus)
+        # Across hosts, the leader's network step keeps a CPU busy besides the members
+        # (its thread, or its kernel copies while its main thread waits in them), and
+        # the members' waits are mostly for that step: milliseconds, not a spin's worth.
+        network = plan.kind != "shm" and len(plan.groups) > 1
+        spin = shm.default_spin_us(len(members) + network, cpus)
     if plan.kind == "shm":
         assert seg is not None
         try:

@@ -341,3 +341,8 @@ def test_usable_cpus_are_capped_by_this_process_cgroup_quota(tmp_path):
         (tmp_path / name).write_text(text + "\n")
     assert usable_cpus(tmp_path) == min(2, len(os.sched_getaffinity(0)))
     assert usable_cpus(tmp_path / "none") == len(os.sched_getaffinity(0))
+
+
+def test_hierarchical_pieces_are_half_a_slot_and_never_tiny():
+    assert layout.hier_piece_bytes(4 << 20) == 2 << 20
+    assert layout.hier_piece_bytes(4096) == 4096  # the smallest slot allowed
