@@ -90,7 +90,7 @@ class CommSettings:
         piece. None does so only when the host has a CPU for that thread besides one
         per member: without a spare CPU the thread takes its time from the members'
         copies, and the allreduce gets slower (64 MiB on 2 test hosts x 2 members on 2
-        CPUs: 58 ms without, 62-65 ms with).
+        CPUs, 4 MiB pieces: a median 55-59 ms without, 61-67 ms with).
     close_grace: seconds a broken connection waits for the peer's reason (an orderly
         close vs a crash) before it is reported as a lost peer.
     socket_buffer_bytes: SO_SNDBUF/SO_RCVBUF of the data connections; None leaves
