@@ -123,6 +123,8 @@ class CommSettings:
             raise ValueError("chunk_bytes and shm_piece_bytes must be >= 4096")
         if self.shm_spin_us is not None and self.shm_spin_us < 0:
             raise ValueError("shm_spin_us must be >= 0")
+        if self.leader_overlap not in (None, True, False):
+            raise ValueError("leader_overlap must be True, False or None")
 
     @property
     def effective_heartbeat_interval(self) -> float:

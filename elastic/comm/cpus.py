@@ -26,33 +26,37 @@ def quota_cpus(quota: str, period: str) -> float | None:
         q, p = float(quota), float(period)
     except ValueError:
         return None
-    if q <= 0 or p <= 0:
+    if not (math.isfinite(q) and math.isfinite(p)) or q <= 0 or p <= 0:
         return None
     return q / p
 
 
 def quota_files(proc_cgroup: str) -> list[tuple[str, ...]]:
-    """Where this process's CPU quota may be, from the text of ``/proc/self/cgroup``:
-    the v2 ``cpu.max`` of its unified group, and the v1 quota and period files of its
-    ``cpu`` controller group, each as paths under ``CGROUP_ROOT``."""
+    """Where CPU quotas that bind this process may be, from the text of
+    ``/proc/self/cgroup``, as paths under ``CGROUP_ROOT``: for its group and every
+    ancestor (the kernel enforces the smallest quota up the tree), the v2 ``cpu.max``
+    of its unified group, and the v1 quota and period files of its ``cpu`` controller
+    group. The ancestors also find a container's own quota where its cgroup file
+    system is mounted at its group, which then sits at the mount's root."""
     found: list[tuple[str, ...]] = []
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _, controllers, path = parts
-        rel = path.lstrip("/")
+        names = [n for n in path.split("/") if n]
+        if ".." in names:  # a group outside this cgroup namespace: not ours to read
+            continue
+        groups = [Path(*names[:depth]) for depth in range(len(names), -1, -1)]
         if controllers == "":
-            found.append((str(Path(rel, "cpu.max")),))
+            found += [(str(g / "cpu.max"),) for g in groups]
         elif "cpu" in controllers.split(","):
             mount = ",".join(sorted(controllers.split(",")))
-            for base in (mount, "cpu"):
-                found.append(
-                    (
-                        str(Path(base, rel, "cpu.cfs_quota_us")),
-                        str(Path(base, rel, "cpu.cfs_period_us")),
-                    )
-                )
+            for base in dict.fromkeys((mount, "cpu")):
+                found += [
+                    (str(base / g / "cpu.cfs_quota_us"), str(base / g / "cpu.cfs_period_us"))
+                    for g in groups
+                ]
     return found
 
 
@@ -70,8 +74,8 @@ def _read_quota(files: tuple[str, ...], root: Path) -> float | None:
 
 
 def usable_cpus(root: Path = CGROUP_ROOT) -> int:
-    """The CPUs this process may keep busy: those it may run on, no more than its
-    cgroup's quota allows (rounded up; at least one)."""
+    """The CPUs this process may keep busy: those it may run on, no more than the
+    smallest CPU quota of its cgroups allows (rounded up; at least one)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -80,8 +84,6 @@ def usable_cpus(root: Path = CGROUP_ROOT) -> int:
         proc_cgroup = Path("/proc/self/cgroup").read_text()
     except OSError:
         return cpus
-    for files in quota_files(proc_cgroup):
-        quota = _read_quota(files, root)
-        if quota is not None:
-            return max(1, min(cpus, math.ceil(quota)))
-    return cpus
+    quotas = [_read_quota(files, root) for files in quota_files(proc_cgroup)]
+    limits = [q for q in quotas if q is not None]
+    return max(1, min(cpus, math.ceil(min(limits)))) if limits else cpus

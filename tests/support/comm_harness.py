@@ -169,12 +169,19 @@ class Workers:
         return new
 
     def form(
-        self, members: list[Worker], round_id: int = 1, timeout: float = 60.0, **settings
+        self,
+        members: list[Worker],
+        round_id: int = 1,
+        timeout: float = 60.0,
+        overrides: dict[int, dict] | None = None,
+        **settings,
     ) -> list[dict]:
-        """Build a communicator for ``members`` (in rank order) on every one of them."""
+        """Build a communicator for ``members`` (in rank order) on every one of them,
+        with ``settings`` and, for rank r, ``overrides[r]`` over them."""
         addresses = [w.address for w in members]
         for rank, w in enumerate(members):
-            w.send("form", round=round_id, rank=rank, addresses=addresses, settings=settings)
+            mine = {**settings, **(overrides or {}).get(rank, {})}
+            w.send("form", round=round_id, rank=rank, addresses=addresses, settings=mine)
         return [w.expect("formed", timeout) for w in members]
 
     def reap(self, timeout: float = 5.0) -> None:

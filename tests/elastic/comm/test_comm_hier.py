@@ -64,6 +64,9 @@ LAYOUTS = {
     # the same, the leaders' network steps on a thread of their own (the default on a
     # host with a CPU to spare: the battery sets it both ways, whatever the machine)
     "2x2-overlap": ([2, 2], None),
+    # the same, with only the first host's leader on a network thread: the decision
+    # is each leader's own (its host's CPUs), and the hosts must still agree
+    "2x2-mixed": ([2, 2], None),
     # uneven hosts with interleaved ranks: host 0 holds ranks 0 and 3, host 2 ranks 2, 4
     "2+1+2": ([2, 1, 2], [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1)]),
     # three members on a host: two of them reduce each piece together
@@ -77,7 +80,8 @@ def test_battery_matches_numpy_across_hosts(workers, hosts, layout):
     counts, order = LAYOUTS[layout]
     members = _place(workers, hosts, counts, order)
     overlap = layout.endswith("-overlap")
-    formed = workers.form(members, **SMALL, leader_overlap=overlap)
+    mixed = {0: {"leader_overlap": True}} if layout.endswith("-mixed") else None
+    formed = workers.form(members, **SMALL, leader_overlap=overlap, overrides=mixed)
     assert {f["transport"] for f in formed} == {"hier"}
     for w in members:
         w.send("battery", seed=len(members))
@@ -89,7 +93,8 @@ def test_battery_matches_numpy_across_hosts(workers, hosts, layout):
     assert [s["peer_failures"] for s in stats] == [0] * len(members)
     # Each leader of a host with other members runs its network thread, or none does.
     threads = [s["network_threads"] for s in stats]
-    assert threads == ([1, 0, 1, 0] if overlap else [0] * len(members))
+    expected = [1, 0, 1, 0] if overlap else [1, 0, 0, 0] if mixed else [0] * len(members)
+    assert threads == expected
 
 
 @pytest.mark.timeout(60)

@@ -162,6 +162,7 @@ def test_settings_validation_and_heartbeat_default():
         {"chunk_bytes": 10},
         {"heartbeat_interval": 5.0, "peer_timeout": 2.0},
         {"shm_spin_us": -1},
+        {"leader_overlap": "false"},
     ):
         with pytest.raises(ValueError):
             CommSettings(**bad)
@@ -301,15 +302,15 @@ def test_overlap_close_lets_a_running_job_finish():
 
 
 def test_waits_spin_and_leaders_overlap_only_with_a_cpu_for_every_busy_thread():
-    # Two members and the leader's network thread on two CPUs: no thread to spare, so
-    # the leader works alone and the waits spin (one busy thread per CPU).
+    # Two members on two CPUs: no CPU to spare for a leader's network thread.
     assert not leader_overlaps(None, host_members=2, cpus=2)
+    # Their waits spin alone on the host (one busy thread per CPU), not beside the
+    # leader's network step, which counts as a third busy thread (selection._build).
     assert default_spin_us(2, cpus=2) > 0
+    assert default_spin_us(2 + 1, cpus=2) == 0
     # Three CPUs: the network thread gets one, and with it the waits still spin.
     assert leader_overlaps(None, host_members=2, cpus=3)
-    assert default_spin_us(3, cpus=3) > 0
-    # More busy threads than CPUs: a spinning waiter would steal the time it waits for.
-    assert default_spin_us(3, cpus=2) == 0
+    assert default_spin_us(2 + 1, cpus=3) > 0
     # The setting wins over the rule, both ways.
     assert leader_overlaps(True, host_members=4, cpus=1)
     assert not leader_overlaps(False, host_members=1, cpus=64)
@@ -320,29 +321,43 @@ def test_cgroup_quotas_read_as_cpus():
     assert quota_cpus("max", "100000") is None  # v2: no limit
     assert quota_cpus("-1", "100000") is None  # v1: no limit
     assert quota_cpus("", "100000") is None
+    assert quota_cpus("inf", "100000") is None
+    # Its group and each ancestor, v1 under both names of the controller's mount.
     v2_and_v1 = "12:cpu,cpuacct:/pod7/ctr\n3:memory:/pod7\n0::/pod7/ctr\n"
-    assert quota_files(v2_and_v1) == [
-        ("cpu,cpuacct/pod7/ctr/cpu.cfs_quota_us", "cpu,cpuacct/pod7/ctr/cpu.cfs_period_us"),
-        ("cpu/pod7/ctr/cpu.cfs_quota_us", "cpu/pod7/ctr/cpu.cfs_period_us"),
-        ("pod7/ctr/cpu.max",),
+    v1 = [
+        (f"{mount}/{group}cpu.cfs_quota_us", f"{mount}/{group}cpu.cfs_period_us")
+        for mount in ("cpu,cpuacct", "cpu")
+        for group in ("pod7/ctr/", "pod7/", "")
     ]
+    v2 = [("pod7/ctr/cpu.max",), ("pod7/cpu.max",), ("cpu.max",)]
+    assert quota_files(v2_and_v1) == v1 + v2
     assert quota_files("garbage\n\n") == []
+    assert quota_files("0::/../elsewhere\n") == []  # outside this cgroup namespace
 
 
-def test_usable_cpus_are_capped_by_this_process_cgroup_quota(tmp_path):
-    # This process's own cgroup paths, under a stand-in root that holds a quota of 1.5
-    # CPUs for the first of them: two CPUs to keep busy at most (rounded up).
+def _write_quota(root, files: tuple[str, ...], cpus: float) -> None:
+    texts = (
+        [f"{cpus * 100000:.0f} 100000"] if len(files) == 1 else [f"{cpus * 100000:.0f}", "100000"]
+    )
+    for name, text in zip(files, texts):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text + "\n")
+
+
+def test_usable_cpus_take_the_smallest_quota_of_this_process_cgroups(tmp_path):
+    # This process's own cgroup paths, under stand-in roots.
     with open("/proc/self/cgroup") as f:
         files = quota_files(f.read())
     assert files, "this process belongs to no cgroup"
-    texts = ["150000 100000"] if len(files[0]) == 1 else ["150000", "100000"]
-    for name, text in zip(files[0], texts):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text + "\n")
-    assert usable_cpus(tmp_path) == min(2, len(os.sched_getaffinity(0)))
-    assert usable_cpus(tmp_path / "none") == len(os.sched_getaffinity(0))
-
-
-def test_hierarchical_pieces_are_half_a_slot_and_never_tiny():
-    assert layout.hier_piece_bytes(4 << 20) == 2 << 20
-    assert layout.hier_piece_bytes(4096) == 4096  # the smallest slot allowed
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cpus(tmp_path / "none") == affinity
+    # A quota of 1.5 CPUs on its own group: 2 CPUs to keep busy at most (rounded up).
+    _write_quota(tmp_path / "own", files[0], 1.5)
+    assert usable_cpus(tmp_path / "own") == min(2, affinity)
+    # A container's mount shows its own group at the root: found there too, and the
+    # smaller of two quotas binds.
+    top = [f for f in files if all("/" not in name for name in f)]
+    assert top, files
+    _write_quota(tmp_path / "nested", files[0], 3)
+    _write_quota(tmp_path / "nested", top[0], 0.5)
+    assert usable_cpus(tmp_path / "nested") == 1
