@@ -15,6 +15,14 @@ import os
 # anything imports protobuf (see docs/DESIGN.md, "Known trap"). The project's own services
 # use raw bytes, so only etcd's small messages pay for the slower runtime.
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+# gRPC's fork handlers (on in the Linux wheels) are skipped when another thread is inside
+# gRPC at the fork, and the child may then abort in gRPC's poller ("Check failed:
+# next_worker->state == KICKED", grpc/grpc#32758). A worker's store watches are always
+# inside gRPC, and training scripts fork all the time (torch DataLoader workers): 39 of
+# 300 such forks aborted. No child of ours uses gRPC after a fork (our own subprocesses
+# exec at once), so the handlers buy nothing; they are off unless the user says so.
+# Like the line above, this must run before anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from rendezvous.errors import (
     ElasticError,
