@@ -5,9 +5,9 @@ One thread (``Agent.run``) owns the state: the host's assignments, the process t
 Other threads only post to its queue: the store feeds (the host's assignments, the
 leader record, the round, the job's end, its retirement; each through
 ``driver.watch.follow_prefix``), the process waiters, a signal. After each burst of
-news the loop asks ``rules.reconcile`` what to do and does it: start a process with the process layer
-(``driver.launch``: own process group, pidfd wait, stop with a grace), stop or kill
-one, write its ``ProcessStatus`` when it starts and when it ends.
+news the loop asks ``rules.reconcile`` what to do and does it: start a process with the
+process layer (``driver.launch``: own process group, pidfd wait, stop with a grace),
+stop or kill one, write its ``ProcessStatus`` when it starts and when it ends.
 
 The agent's record (``AgentRecord`` under ``JobKeys.agent(host)``) lives under the
 agent's own short lease (``AGENT_LEASE_TTL``), refreshed by a thread: when the agent

@@ -143,7 +143,7 @@ class HierTransport(Transport):
         settings: CommSettings,
         check: Check,
         *,
-        overlap: bool = True,
+        overlap: bool,
     ):
         self.rank = rank
         self.size = size

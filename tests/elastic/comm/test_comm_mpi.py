@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.session import run_in_session
 
 
 @pytest.mark.timeout(120)
@@ -17,22 +18,15 @@ def test_battery_under_mpiexec_n2():
     mpiexec = shutil.which("mpiexec")
     assert mpiexec, "mpiexec is not on PATH (pip install -e .[mpi])"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
+    # mpiexec and every rank it started are killed together if it hangs
+    done = run_in_session(
         [mpiexec, "-n", "2", sys.executable, "-m", "tests.support.comm_mpi_script"],
-        cwd=str(ROOT),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        env,
+        100,
+        merge_stderr=True,
     )
-    try:
-        out, _ = proc.communicate(timeout=100)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)  # mpiexec and every rank it started
-            proc.wait()
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text
+    text = done.stdout
+    assert done.returncode == 0, text
     assert "MPI_OK" in text, text
 
 
