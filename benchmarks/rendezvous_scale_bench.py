@@ -29,7 +29,7 @@ messages, its planner and the records. Simulated: training and the data plane (a
 worker's address is a label; failure reports are written when the benchmark says so);
 worker processes (workers are threads of a few host processes,
 ``--members-per-process`` each, never a process per worker); the driver
-(``DriverStandIn``: what ``driver.job`` does per round and nothing else). Every process
+(``DriverStandIn``: what ``driver.job.loop`` does per round and nothing else). Every process
 shares the machine's cores, so at large N the workers' own work (each decodes an O(N)
 plan) is part of the latency.
 
@@ -71,9 +71,8 @@ sys.path.insert(0, str(ROOT))
 
 import kv_bench  # noqa: E402  (this folder: the store benchmark's embedded server)
 
-from driver import planner  # noqa: E402
-from driver.hosts import HostSlots  # noqa: E402
-from driver.messages import (  # noqa: E402
+from driver.hosts.slots import HostSlots  # noqa: E402
+from driver.job.messages import (  # noqa: E402
     FailureReport,
     FailureResync,
     Message,
@@ -81,9 +80,10 @@ from driver.messages import (  # noqa: E402
     RegistryResync,
     changes_nothing,
 )
+from driver.job.wiring import worker_id_for  # noqa: E402
+from driver.policy import planner  # noqa: E402
 from driver.threads import spawn  # noqa: E402
 from driver.watch import follow_prefix  # noqa: E402
-from driver.wiring import worker_id_for  # noqa: E402
 from rendezvous import open_store  # noqa: E402
 from rendezvous.errors import RendezvousError  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
@@ -361,11 +361,11 @@ def host_main(
 class DriverStandIn:
     """What the driver does per round, from the driver's own parts: it follows the
     registrations and the failure reports (``driver.watch.follow_prefix``: a read, then
-    every change; a fresh read if the watch is lost) as ``driver.messages`` on a queue,
+    every change; a fresh read if the watch is lost) as ``driver.job.messages`` on a queue,
     wakes once per burst of messages, reads each report, plans with
-    ``driver.planner.next_plan`` after every burst that changes something (as
-    ``driver.job`` runs its rules: ``driver.messages.changes_nothing``), and publishes
-    a new plan the way ``driver.job`` does: the round key, then the failure reports
+    ``driver.policy.planner.next_plan`` after every burst that changes something (as
+    ``driver.job.loop`` runs its rules: ``driver.job.messages.changes_nothing``), and publishes
+    a new plan the way ``driver.job.loop`` does: the round key, then the failure reports
     cleared. The first round waits for ``np``."""
 
     def __init__(self, store: KVStore, keys: JobKeys, hosts: Sequence[HostSlots], np: int):
@@ -412,12 +412,12 @@ class DriverStandIn:
             except queue.Empty:
                 continue
             burst = [message]
-            while True:  # one decision per burst, as driver.job's turn drains its queue
+            while True:  # one decision per burst, as driver.job.loop's turn drains its queue
                 try:
                     burst.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            # no decision for a burst that changes nothing (as driver.job's rules)
+            # no decision for a burst that changes nothing (as driver.job.loop's rules)
             changed = not all(changes_nothing(m, self.plan) for m in burst)
             for m in burst:
                 self._handle(m)

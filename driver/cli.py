@@ -16,8 +16,8 @@ import sys
 
 from driver.config import parse_args
 from driver.errors import DriverError, JobEnded, LeadershipLost, UsageError
-from driver.eventlog import line_prefix
-from driver.job import Job
+from driver.events.log import line_prefix
+from driver.job.loop import Job
 from rendezvous.errors import ElasticError
 
 PROG = "elastic-run"

@@ -35,9 +35,9 @@ from driver.flags import (
     DEFAULT_RENDEZVOUS,
     build_parser,
 )
-from driver.hosts import (
+from driver.hosts.manager import BlacklistPolicy
+from driver.hosts.slots import (
     MAX_SLOTS_PER_HOST,
-    BlacklistPolicy,
     HostSlots,
     check_listed_slots,
     parse_host_slots,

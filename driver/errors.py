@@ -33,6 +33,10 @@ class DiscoveryError(DriverError):
     or printed a line that does not parse. The message names the script (and the line)."""
 
 
+class UnknownDiscoveryError(DiscoveryError, ValueError):
+    """``make_discovery`` was given a source name it does not know."""
+
+
 class JobFailed(DriverError):
     """The job cannot succeed; the message is the one-line reason ``elastic-run`` prints."""
 

@@ -15,9 +15,10 @@ import math
 from typing import Callable
 
 from driver.errors import UsageError
-from driver.hosts import MAX_SLOTS_PER_HOST, MAX_WORKERS, BlacklistPolicy, quote_entry
-from driver.launch.launchers import LAUNCHER_NAMES
-from driver.ps_placement import PLACEMENTS
+from driver.hosts.manager import BlacklistPolicy
+from driver.hosts.slots import MAX_SLOTS_PER_HOST, MAX_WORKERS, quote_entry
+from driver.launch.registry import launcher_names
+from driver.ps.shard_hosts import PLACEMENTS
 from rendezvous.version import package_version
 
 DEFAULT_SLOTS_PER_HOST = 1
@@ -294,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fault.add_argument(
         "--launcher",
-        choices=LAUNCHER_NAMES,
+        choices=launcher_names(),
         default="auto",
         help="how workers start: 'local' runs every worker on this machine "
         "whatever its host name (handy to simulate hosts: the names are labels that "

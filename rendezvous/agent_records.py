@@ -18,6 +18,10 @@ from dataclasses import asdict, dataclass, field
 
 from rendezvous.plan import DriverRecord, JsonRecord
 
+AGENT_LEASE_TTL = 3.0
+"""Seconds an agent's record outlives an agent that stopped refreshing it: how soon the
+driver knows a host whose agent died or was cut off is lost."""
+
 KINDS = ("worker", "shard")
 WANTS = ("run", "stop", "kill")
 RUNNING = "running"

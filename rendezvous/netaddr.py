@@ -8,12 +8,15 @@ sends nothing). ``--network-interface NAME`` picks an interface's address instea
 (``interface_address``), ``--driver-address ADDR`` an explicit one.
 
 Every function here raises ``AddressError`` with a one-line reason naming the host,
-the interface or the address at fault.
+the interface or the address at fault, except ``is_local_host``, a question (does a host
+name this machine?) that the driver, its launchers and its agents all ask.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import ipaddress
 import socket
 import struct
@@ -160,3 +163,59 @@ def advertised_address(
             f"hosts ({', '.join(remote)}) cannot reach"
         )
     return address
+
+
+# ----------------------------------------------------------------------------- this machine
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+@functools.cache
+def _own_names() -> frozenset[str]:
+    """This machine's host name and fully qualified name (getfqdn may ask DNS: once)."""
+    names = {socket.gethostname()}
+    with contextlib.suppress(OSError):
+        names.add(socket.getfqdn())
+    return frozenset(n.lower() for n in names if n)
+
+
+def _is_own_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """True if this machine has ``address`` on an interface: binding to an address
+    succeeds only for the machine's own addresses (no packet is sent)."""
+    if address.is_loopback:
+        return True
+    if address.is_multicast:
+        return False  # binding to a multicast group succeeds on any machine
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((str(address), 0))
+        return True
+    except OSError:
+        return False
+
+
+def _resolve_all(name: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return []
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+
+
+@functools.lru_cache(maxsize=4096)
+def is_local_host(host: str) -> bool:
+    """True if ``host`` names this machine: localhost, a loopback address (127.x, ::1),
+    this machine's host name or FQDN, one of its own addresses, or a name that resolves to
+    one of those. A name that does not resolve is not local. Results are cached for the
+    life of the process (the lookups may ask DNS)."""
+    name = host.strip().strip("[]").lower()
+    if not name:
+        return False
+    if name in _LOOPBACK_NAMES or name in _own_names():
+        return True
+    try:
+        literal = ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return any(_is_own_address(address) for address in _resolve_all(name))
+    return _is_own_address(literal)

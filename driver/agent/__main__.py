@@ -26,7 +26,7 @@ from typing import BinaryIO, cast
 
 from driver.agent.loop import DEFAULT_DRIVER_TIMEOUT, Agent
 from driver.agent.output import Tee, close_quietly, open_log
-from driver.launch.launchers import LocalLauncher
+from driver.launch.local import LocalLauncher
 from rendezvous import env, open_store
 from rendezvous.errors import ElasticError
 from rendezvous.keys import JobKeys

@@ -35,12 +35,18 @@ from driver.agent import rules
 from driver.agent.rules import AgentView, ProcState
 from driver.agent.table import ProcessTable, TableEntry
 from driver.errors import LauncherError, LaunchError
-from driver.launch.launchers import Launcher
+from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
 from driver.watch import follow_in_thread
-from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus, leader_term
+from rendezvous.agent_records import (
+    AGENT_LEASE_TTL,
+    AgentRecord,
+    Assignment,
+    ProcessStatus,
+    leader_term,
+)
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import Plan
@@ -48,10 +54,6 @@ from rendezvous.retry import Backoff
 from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
 
 log = logging.getLogger(__name__)
-
-AGENT_LEASE_TTL = 3.0
-"""Seconds an agent's record outlives an agent that stopped refreshing it: how soon the
-driver knows a host whose agent died or was cut off is lost."""
 
 DEFAULT_DRIVER_TIMEOUT = 300.0
 """``--driver-timeout``: seconds an agent keeps its processes with no leader."""

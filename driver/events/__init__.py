@@ -1,7 +1,7 @@
 """The driver's event vocabulary: every event it records, as a typed value.
 
 Every event is a frozen dataclass: its ``kind`` (a class constant) names it in the
-events file, its fields are exactly what the file holds (``driver.eventlog`` writes
+events file, its fields are exactly what the file holds (``driver.events.log`` writes
 ``{"t", "elapsed", "kind", **fields}``), and ``str(event)`` is the readable line.
 Code that emits an event constructs one of these classes, so what is written cannot
 drift from what is documented: the class *is* the documentation. ``quiet`` events

@@ -1,5 +1,5 @@
 """The events of the parameter-server shards: started, exited, restarted, and each
-coordinated checkpoint written (``driver.ps_supervisor`` emits them).
+coordinated checkpoint written (``driver.ps.supervisor`` emits them).
 """
 
 from __future__ import annotations

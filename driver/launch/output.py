@@ -8,7 +8,7 @@ a rank, ``[host:slot]`` before), because a worker's rank changes between rounds.
 Guarantees:
 
 * a line is written with one ``write`` under ``WRITE_LOCK``, a single lock shared by
-  every forwarder (and by ``driver.eventlog``), so lines of different workers, or an
+  every forwarder (and by ``driver.events.log``), so lines of different workers, or an
   event line, never interleave inside a line;
 * bytes are forwarded as they are (written to the stream's binary buffer when it has
   one); a stream that only takes text gets them decoded with replacement characters,
@@ -31,8 +31,7 @@ import threading
 import time
 from typing import IO, BinaryIO, Callable, TextIO, Union, cast
 
-WRITE_LOCK = threading.Lock()
-"""Held around every write of a whole line to the driver's stdout/stderr."""
+from driver.threads import WRITE_LOCK
 
 MAX_LINE = 64 * 1024
 """Longest line forwarded in one piece, in bytes; longer lines are split."""

@@ -1,12 +1,12 @@
 """The job's rules, as pure functions that return decisions.
 
-Each function looks at the worker records (``driver.workers``), the current plan, the
+Each function looks at the worker records (``driver.policy.lifecycle``), the current plan, the
 job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
-manager's answers), the config and ``now``, and returns what to do (``driver.decisions``):
+manager's answers), the config and ``now``, and returns what to do (``driver.policy.decisions``):
 ``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``LaunchSpare``,
 ``Promote``, ``Report`` (an event to emit), ``CountFailure``, ``Probe``, ``HostLost``,
 ``Succeed``, or nothing. None of them
-touches the store, a process or a clock; the main loop (``driver.job``) carries the
+touches the store, a process or a clock; the main loop (``driver.job.loop``) carries the
 decisions out. Functions that also update the book return a ``Step`` (the decisions and
 the new book).
 
@@ -39,17 +39,6 @@ from driver.policy.exits import (
     outcome,
     worker_exited,
 )
-from driver.policy.placement import (
-    REREGISTER_GRACE,
-    agents_to_retire,
-    chaos_candidates,
-    chaos_kill,
-    hosts_rule,
-    lapse_waits,
-    slots_to_fill,
-    workers_to_kill,
-    workers_to_stop,
-)
 from driver.policy.reports import (
     REPEAT_REPORT_EVERY,
     STALLED_AFTER,
@@ -70,6 +59,17 @@ from driver.policy.rounds import (
     plan_round,
     rounds_lost,
     script_fails,
+)
+from driver.policy.slots import (
+    REREGISTER_GRACE,
+    agents_to_retire,
+    chaos_candidates,
+    chaos_kill,
+    hosts_rule,
+    lapse_waits,
+    slots_to_fill,
+    workers_to_kill,
+    workers_to_stop,
 )
 from driver.policy.spares import (
     SPARE_REFILL_DELAY,

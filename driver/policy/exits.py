@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from driver import workers
-from driver.decisions import Book, CountFailure, Decision, Fail, Report, Step, Succeed
 from driver.events import WorkerExited, WorkerFailed, WorkerStopped, describe_code
+from driver.policy import lifecycle
+from driver.policy.decisions import Book, CountFailure, Decision, Fail, Report, Step, Succeed
+from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.spares import spare_exited
-from driver.workers import WorkerRecord, Workers, WorkerState
 from rendezvous.plan import Plan
 
 #: worker failures in a row, with no round forming, that end the job (at least this many,
@@ -66,7 +66,7 @@ def worker_exited(
     training done. A spare's exit is quiet (``spares.spare_exited``)."""
     if rec.spare:
         return spare_exited(rec, code, book, now)
-    done = workers.exited(rec, code, now)
+    done = lifecycle.exited(rec, code, now)
     member = plan.member(rec.worker_id) if plan is not None else None
     rank = member.rank if member is not None else None
     wid, host, slot = rec.worker_id, rec.host, rec.slot

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from driver.config import JobConfig
-from driver.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
 from driver.events import Event, Progress, StoreBack, StoreUnreachable, Waiting
 from driver.events.base import plural
+from driver.policy.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
 from rendezvous.plan import Plan
 
 #: how often a wait that may be a mistake is said again (discovery lists no host)

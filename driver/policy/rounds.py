@@ -42,11 +42,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from driver import planner
 from driver.config import JobConfig
-from driver.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
 from driver.events import StateLost, Waiting, describe_code
-from driver.workers import Workers, WorkerState
+from driver.policy import planner
+from driver.policy.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
+from driver.policy.lifecycle import Workers, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
 
 #: after the first ``-np`` workers registered, how long to wait for the rest of those

@@ -37,8 +37,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
-from driver import workers
-from driver.decisions import (
+from driver.events import SpareLost, SparePromoted, WorkerStopped, WorkerStopping
+from driver.hosts.slots import HostSlots
+from driver.policy import lifecycle
+from driver.policy.decisions import (
     Book,
     CountFailure,
     Decision,
@@ -50,10 +52,8 @@ from driver.decisions import (
     Stop,
     Wait,
 )
-from driver.events import SpareLost, SparePromoted, WorkerStopped, WorkerStopping
-from driver.hosts import HostSlots
-from driver.planner import WorkerSlot
-from driver.workers import WorkerRecord, Workers, WorkerState
+from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
+from driver.policy.planner import WorkerSlot
 from rendezvous.plan import Plan
 
 #: after a spare died before it registered, how long its host gets no new spare
@@ -150,7 +150,7 @@ def spares_to_stop(workers: Workers, usable: Sequence[HostSlots]) -> list[Decisi
 def spare_exited(rec: WorkerRecord, code: int, book: Book, now: float) -> tuple[WorkerRecord, Step]:
     """The spare's process exited with ``code`` (see the module docstring): its new
     record, and the quiet decisions."""
-    done = workers.exited(rec, code, now)
+    done = lifecycle.exited(rec, code, now)
     wid, host = rec.worker_id, rec.host
     if done.state is WorkerState.STOPPED:
         stopped = WorkerStopped(worker=wid, host=host, slot=rec.slot, code=code)

@@ -12,7 +12,7 @@ and a worker that reported is never killed on its peers' word in that round.
 A silent peer (``silence_reported``, ``probe_answered``): a worker that a ring
 neighbour has not heard from for a moment is not killed on that word alone (a busy
 process is not dead, and a SIGSTOPped one is handled after ``peer_timeout``); its host
-is asked once, by a connection attempt (``driver.probe``). A host that does not answer
+is asked once, by a connection attempt (``driver.hosts.probe``). A host that does not answer
 is lost: its workers are killed (their slots refilled elsewhere, the round re-formed
 without them at once) and the host blacklisted for its cooldown.
 """
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from driver.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step, Wait
 from driver.events import FailureReported, HostUnreachable
-from driver.workers import Workers
+from driver.policy.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step, Wait
+from driver.policy.lifecycle import Workers
 from rendezvous.plan import Plan
 
 

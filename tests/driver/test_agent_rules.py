@@ -141,7 +141,7 @@ def test_agent_keys_keep_a_host_or_id_in_one_segment():
 
 
 def test_a_spread_shard_keeps_its_host_while_usable_and_moves_when_lost():
-    from driver.ps_placement import DRIVER_HOST, spread_host
+    from driver.ps.shard_hosts import DRIVER_HOST, spread_host
 
     assert spread_host(0, None, ["a", "b"]) == "a"
     assert spread_host(3, None, ["a", "b"]) == "b"

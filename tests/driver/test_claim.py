@@ -1,4 +1,4 @@
-"""The leader's claim on a real etcd (``driver.claim``): terms, fenced steering, a lapsed
+"""The leader's claim on a real etcd (``driver.lead.claim``): terms, fenced steering, a lapsed
 lease taken again, a standby that waits and takes over, adoption of a live job."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 
-from driver import claim as claim_module
-from driver.claim import DriverClaim, new_record
 from driver.errors import JobEnded, JobFailed, JobIdInUseError, LeadershipLost
-from driver.leadership import ClaimAction
+from driver.lead import claim as claim_module
+from driver.lead.claim import DriverClaim, new_record
+from driver.lead.terms import ClaimAction
 from rendezvous import open_store
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys

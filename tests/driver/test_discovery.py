@@ -10,15 +10,12 @@ import time
 
 import pytest
 
-from driver.discovery import (
-    FixedDiscovery,
-    HostDiscovery,
-    ScriptDiscovery,
-    is_local_host,
-    parse_discovery_output,
-)
 from driver.errors import DiscoveryError
-from driver.hosts import HostSlots
+from driver.hosts.discovery import HostDiscovery
+from driver.hosts.fixed import FixedDiscovery
+from driver.hosts.script import ScriptDiscovery, parse_discovery_output
+from driver.hosts.slots import HostSlots
+from rendezvous.netaddr import is_local_host
 
 SOURCE = "discovery script ./d.sh"
 

@@ -17,7 +17,8 @@ from driver.flags import (
     DEFAULT_START_TIMEOUT,
     build_parser,
 )
-from driver.hosts import BlacklistPolicy, HostSlots
+from driver.hosts.manager import BlacklistPolicy
+from driver.hosts.slots import HostSlots
 from rendezvous.errors import ElasticError
 from rendezvous.url import Endpoint, StoreURL
 

@@ -15,8 +15,8 @@ import pytest
 
 from driver import events as ev
 from driver.errors import EventError, EventLogError
-from driver.eventlog import EventLog
 from driver.events import describe_code
+from driver.events.log import EventLog
 
 # ----------------------------------------------------------------------------- EventLog
 

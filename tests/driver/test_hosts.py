@@ -11,20 +11,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from driver.errors import HostSpecError
-from driver.eventlog import EventLog
-from driver.hosts import (
-    BlacklistPolicy,
+from driver.events import (
     HostAdded,
     HostBlacklisted,
     HostBlacklistSkipped,
-    HostDiff,
-    HostManager,
     HostRemoved,
     HostReturned,
-    HostSlots,
     HostSlotsChanged,
+)
+from driver.events.log import EventLog
+from driver.hosts.manager import BlacklistPolicy, HostManager, cooldown_for
+from driver.hosts.slots import (
+    HostDiff,
+    HostSlots,
     available_slots,
-    cooldown_for,
     diff_hosts,
     hosts_in_use,
     order_hosts,

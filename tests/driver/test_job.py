@@ -12,14 +12,15 @@ import time
 
 import pytest
 
-from driver import policy, workers
+from driver import policy
 from driver.config import parse_args
 from driver.errors import JobFailed, LaunchError
-from driver.job import Job
-from driver.launch.launchers import Launcher
-from driver.messages import ChaosTick, FailureReport, RegistryResync, SignalReceived
-from driver.wiring import job_env, worker_env
-from driver.workers import WorkerRecord, WorkerState
+from driver.job.loop import Job
+from driver.job.messages import ChaosTick, FailureReport, RegistryResync, SignalReceived
+from driver.job.wiring import job_env, worker_env
+from driver.launch.base import Launcher
+from driver.policy import lifecycle
+from driver.policy.lifecycle import WorkerRecord, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
 from rendezvous.store import DELETE, PUT, Event, KeyValue, KVStore
 from tests.support.jobs import wait_until
@@ -332,7 +333,7 @@ def _kv(job, wid, revision):
 
 def test_registry_resync_registers_and_unregisters():
     job = _job_with("a", "b", "c")
-    job.workers["b"] = workers.registered(
+    job.workers["b"] = lifecycle.registered(
         job.workers["b"], WorkerInfo("b", "localhost", 1, 1, "x:1"), 1, 0.0
     )
     job._messages.on_registry_resync(RegistryResync([_kv(job, "a", 5), _kv(job, "c", 6)]))

@@ -21,8 +21,11 @@ from typing import Any
 import pytest
 
 from driver.errors import LaunchError, LaunchSpecError, UnknownLauncherError
-from driver.launch.launchers import AutoLauncher, LocalLauncher, SSHLauncher, get_launcher
+from driver.launch.auto import AutoLauncher
+from driver.launch.local import LocalLauncher
+from driver.launch.registry import get_launcher
 from driver.launch.spec import LaunchSpec, SSHSettings
+from driver.launch.ssh import SSHLauncher
 from driver.launch.ssh_wrapper import (
     CONTROL_KILL,
     CONTROL_TERM,

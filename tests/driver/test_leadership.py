@@ -1,23 +1,22 @@
 """Leadership and takeover as pure rules: what a starting driver does
-(``driver.leadership``), fencing and what a failed fence means, the worker's refusal of
+(``driver.lead.terms``), fencing and what a failed fence means, the worker's refusal of
 an older term's plan (``rendezvous.plan.plan_is_current``), the leader's persisted state
-and a successor's view rebuilt from the store's records (``driver.adoption``)."""
+and a successor's view rebuilt from the store's records (``driver.lead.persisted``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from driver.adoption import (
+from driver.events import HostBlacklisted
+from driver.hosts.manager import BlacklistPolicy, HostManager
+from driver.lead.persisted import (
     LOST_BEFORE_TAKEOVER,
     Cooldown,
     rebuild_view,
     state_changed,
     state_record,
 )
-from driver.decisions import Book
-from driver.events import HostBlacklisted
-from driver.hosts import BlacklistPolicy, HostManager
-from driver.leadership import (
+from driver.lead.terms import (
     ClaimAction,
     FenceFailure,
     after_failed_fence,
@@ -29,7 +28,8 @@ from driver.leadership import (
     read_term,
     secret_id,
 )
-from driver.workers import WorkerRecord, WorkerState
+from driver.policy.decisions import Book
+from driver.policy.lifecycle import WorkerRecord, WorkerState
 from rendezvous.keys import JobKeys
 from rendezvous.plan import (
     DriverRecord,
@@ -262,8 +262,8 @@ def test_the_host_manager_takes_over_strikes_and_cooldowns():
 
 
 def test_a_successor_takes_over_the_agents_and_what_they_run():
-    from driver.agents import AgentLauncher
-    from driver.launch.launchers import get_launcher
+    from driver.launch.agents.launcher import AgentLauncher
+    from driver.launch.registry import get_launcher
     from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
 
     local = get_launcher("local")

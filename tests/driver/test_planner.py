@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.hosts import HostSlots, parse_host_slots
-from driver.planner import (
+from driver.hosts.slots import HostSlots, parse_host_slots
+from driver.policy.planner import (
     WorkerSlot,
     allowed_slots,
     build_plan,
     displaced_workers,
+    free_slots,
     needs_new_round,
     next_plan,
     round_is_intact,
-    slots_to_fill,
 )
 from rendezvous.plan import Member, Plan, WorkerInfo
 
@@ -95,13 +95,13 @@ def test_displaced_workers():
         ("b:1,a:1", [], None, [("b", 0), ("a", 0)]),  # host order, not names
     ],
 )
-def test_slots_to_fill(hosts, occupied, max_np, expected):
-    result = slots_to_fill(hs(hosts), occupied, max_np)
+def test_free_slots(hosts, occupied, max_np, expected):
+    result = free_slots(hs(hosts), occupied, max_np)
     assert result == tuple(WorkerSlot(*s) for s in expected)
 
 
-def test_slots_to_fill_accepts_worker_slots():
-    assert slots_to_fill(hs("a:2"), [WorkerSlot("a", 0)], None) == (WorkerSlot("a", 1),)
+def test_free_slots_accepts_worker_slots():
+    assert free_slots(hs("a:2"), [WorkerSlot("a", 0)], None) == (WorkerSlot("a", 1),)
 
 
 # ----------------------------------------------------------------------------- build_plan
@@ -364,7 +364,7 @@ def test_replanning_with_the_same_inputs_changes_nothing(scenario):
 def test_filled_slots_reach_the_cap_and_plan(scenario):
     _, live, hosts, _, max_np = scenario
     occupied = [(w.host, w.slot) for w in live]
-    fill = slots_to_fill(hosts, occupied, max_np)
+    fill = free_slots(hosts, occupied, max_np)
     allowed = allowed_slots(hosts)
     occupied_allowed = set(occupied) & set(allowed)
     assert not set(fill) & occupied_allowed
@@ -393,6 +393,6 @@ def test_filled_slots_reach_the_cap_and_plan(scenario):
     ],
 )
 def test_hold_growth_for_joiners(intact, ages, holds):
-    from driver.planner import hold_growth_for_joiners
+    from driver.policy.planner import hold_growth_for_joiners
 
     assert hold_growth_for_joiners(intact, ages, 3.0) is holds

@@ -1,4 +1,4 @@
-"""The job's rules (``driver.policy``) and the worker lifecycle (``driver.workers``): pure
+"""The job's rules (``driver.policy``) and the worker lifecycle (``driver.policy.lifecycle``): pure
 functions of records, plan, book, hosts, config and time, checked decision by decision.
 Every exit rule, every timer and every limit the main loop obeys is here."""
 
@@ -10,9 +10,11 @@ from typing import TypeVar
 import pytest
 
 from driver import events as ev
-from driver import policy, workers
+from driver import policy
 from driver.config import parse_args
-from driver.decisions import (
+from driver.hosts.slots import HostSlots, parse_host_slots
+from driver.policy import lifecycle, suspicion
+from driver.policy.decisions import (
     Book,
     CountFailure,
     Fail,
@@ -29,10 +31,8 @@ from driver.decisions import (
     Succeed,
     Wait,
 )
-from driver.hosts import HostSlots, parse_host_slots
-from driver.planner import build_plan
-from driver.policy import suspicion
-from driver.workers import WorkerRecord, WorkerState
+from driver.policy.lifecycle import WorkerRecord, WorkerState
+from driver.policy.planner import build_plan
 from rendezvous.plan import Plan, WorkerInfo
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
@@ -108,17 +108,17 @@ def only(decisions, cls: type[D]) -> D:
 def test_registration_moves_a_worker_in_and_out_of_the_candidates():
     r = WorkerRecord.launched("w", "h", 0, now=1.0)
     assert r.state is S.LAUNCHED and r.since == 1.0 and not r.live
-    r = workers.registered(r, info("w"), created_revision=7, now=2.0)
+    r = lifecycle.registered(r, info("w"), created_revision=7, now=2.0)
     assert r.state is S.REGISTERED and r.live and r.registered_seq == 7 and r.since == 2.0
-    same = workers.registered(r, info("w"), created_revision=7, now=3.0)  # a lease refresh
+    same = lifecycle.registered(r, info("w"), created_revision=7, now=3.0)  # a lease refresh
     assert same.state is S.REGISTERED and same.since == 2.0
-    lapsed = workers.unregistered(r, now=4.0)
+    lapsed = lifecycle.unregistered(r, now=4.0)
     assert lapsed.state is S.UNREGISTERED and lapsed.info is None and lapsed.since == 4.0
-    back = workers.registered(lapsed, info("w"), created_revision=9, now=5.0)
+    back = lifecycle.registered(lapsed, info("w"), created_revision=9, now=5.0)
     assert back.state is S.REGISTERED and back.registered_seq == 9  # registered anew: later
-    going = workers.stopping(back, now=6.0)
-    assert workers.registered(going, info("w"), 9, 7.0).state is S.STOPPING
-    assert workers.unregistered(going, 7.0).state is S.STOPPING
+    going = lifecycle.stopping(back, now=6.0)
+    assert lifecycle.registered(going, info("w"), 9, 7.0).state is S.STOPPING
+    assert lifecycle.unregistered(going, 7.0).state is S.STOPPING
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ def test_registration_moves_a_worker_in_and_out_of_the_candidates():
     ],
 )
 def test_exit_states(before, code, after):
-    done = workers.exited(rec("w", state=before), code, now=5.0)
+    done = lifecycle.exited(rec("w", state=before), code, now=5.0)
     assert done.state is after and done.exit_code == code and done.info is None
     assert not done.state.running and not done.state.active
 
@@ -143,8 +143,8 @@ def test_exit_states(before, code, after):
 def test_running_and_active_states():
     assert {s for s in S if s.active} == {S.LAUNCHED, S.REGISTERED, S.UNREGISTERED}
     assert {s for s in S if not s.running} == {S.FINISHED, S.FAILED, S.STOPPED}
-    assert workers.killed(rec("w"), 1.0).state is S.KILLED
-    assert workers.killed(rec("w"), 1.0, chaos=True).state is S.CHAOS_KILLED
+    assert lifecycle.killed(rec("w"), 1.0).state is S.KILLED
+    assert lifecycle.killed(rec("w"), 1.0, chaos=True).state is S.CHAOS_KILLED
 
 
 def test_live_infos_in_registration_order():
@@ -792,7 +792,7 @@ def test_a_shell_that_cannot_run_the_command_is_a_launch_failure(code, says):
 
 
 def test_a_worker_the_driver_killed_says_who_and_why():
-    hung = workers.killed(rec("a", 1), 3.0, reason="unresponsive (reported by its peers)")
+    hung = lifecycle.killed(rec("a", 1), 3.0, reason="unresponsive (reported by its peers)")
     p = plan_of(2, rec("z", 0), rec("a", 1))
     done, (decisions, _) = policy.worker_exited(hung, -9, p, Book(0.0), now=4.0)
     event = failed_event(decisions)
@@ -843,7 +843,7 @@ def test_rounds_of_workers_dying_on_their_own_end_the_job_after_the_limit():
     assert policy.rounds_lost(aborted, plan_of(4, a, b), gap)[1] is None
     killed = table(
         rec("a", 0, state=S.FAILED, exit_code=-6),
-        workers.exited(workers.killed(rec("b", 1), 1.0, reason="hung"), -9, 2.0),
+        lifecycle.exited(lifecycle.killed(rec("b", 1), 1.0, reason="hung"), -9, 2.0),
     )
     after_two = Book(0.0, lost_rounds=frozenset({1, 2}))
     assert policy.rounds_lost(killed, plan_of(3, a, b), after_two) == (after_two, None)

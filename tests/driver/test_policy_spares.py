@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 
 from driver import events as ev
-from driver import policy, workers
-from driver.decisions import (
+from driver import policy
+from driver.policy import lifecycle
+from driver.policy.decisions import (
     Book,
     CountFailure,
     Launch,
@@ -22,8 +23,8 @@ from driver.decisions import (
     Succeed,
     Wait,
 )
-from driver.planner import WorkerSlot
-from driver.workers import WorkerRecord, WorkerState
+from driver.policy.lifecycle import WorkerRecord, WorkerState
+from driver.policy.planner import WorkerSlot
 from tests.driver.test_policy import config, hs, info, kinds, only, plan_of, rec, table, view
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
@@ -53,14 +54,14 @@ def spare(
 def test_a_spare_is_no_candidate_until_promoted_into_a_slot():
     s = WorkerRecord.launched("s", "h", 0, now=1.0, spare=True)
     assert s.spare and not s.live and not s.ready_spare
-    s = workers.registered(s, info("s", "h", 0), created_revision=7, now=2.0)
+    s = lifecycle.registered(s, info("s", "h", 0), created_revision=7, now=2.0)
     assert s.ready_spare and not s.live and s.state is S.REGISTERED
-    p = workers.promoted(s, slot=3, now=5.0)
+    p = lifecycle.promoted(s, slot=3, now=5.0)
     assert not p.spare and p.live and not p.ready_spare and p.info is not None
     assert (p.slot, p.info.slot, p.since, p.registered_seq) == (3, 3, 5.0, 7)
     # Registering again (a lease lost and renewed) keeps the slot the driver gave it.
-    lapsed = workers.unregistered(p, now=6.0)
-    again = workers.registered(lapsed, info("s", "h", 0), created_revision=9, now=7.0)
+    lapsed = lifecycle.unregistered(p, now=6.0)
+    again = lifecycle.registered(lapsed, info("s", "h", 0), created_revision=9, now=7.0)
     assert again.live and again.info is not None and (again.info.slot, again.slot) == (3, 3)
 
 
@@ -237,7 +238,7 @@ def test_a_spare_the_driver_stopped_or_killed_is_not_counted():
     done, (decisions, _) = policy.worker_exited(stopping, -15, None, Book(0.0), 5.0)
     assert done.state is S.STOPPED
     assert decisions == (Report(ev.WorkerStopped(worker="s", host="h", slot=0, code=-15)),)
-    killed = workers.killed(spare("k", 0, state=S.UNREGISTERED), 4.0, reason="hung")
+    killed = lifecycle.killed(spare("k", 0, state=S.UNREGISTERED), 4.0, reason="hung")
     _, (decisions, _) = policy.worker_exited(killed, -9, None, Book(0.0), 5.0)
     assert kinds(decisions) == [Report]
 
@@ -255,7 +256,7 @@ def test_the_first_round_does_not_wait_for_spares():
 def test_a_growth_does_not_wait_for_spares_starting_behind_it():
     a, p = rec("a", 0), plan_of(1, rec("a", 0))
     cfg = config("-np", "1", "-H", "h:2", "--min-np", "1", "--spares", "1")
-    promoted = workers.promoted(spare("s", 0), slot=1, now=9.0)
+    promoted = lifecycle.promoted(spare("s", 0), slot=1, now=9.0)
     t = table(a, promoted, spare("new", 0, state=S.LAUNCHED))
     decisions, _ = policy.plan_round(t, p, Book(0.0), view("h:2"), cfg, now=9.0)
     assert only(decisions, Publish).plan.worker_ids == ("a", "s")
@@ -267,7 +268,7 @@ def test_a_broken_round_re_forms_at_once_with_the_promoted_spare():
     cfg = config("-np", "2", "--spares", "1")
     (promote,) = policy.slots_to_fill(t, hs("h:2"), Book(0.0), cfg)
     assert promote == Promote("s", "h", 1)
-    t["s"] = workers.promoted(t["s"], promote.slot, now=5.0)
+    t["s"] = lifecycle.promoted(t["s"], promote.slot, now=5.0)
     decisions, _ = policy.plan_round(
         t, plan_of(1, a, b), Book(0.0, change_at=5.0), view(), cfg, 5.0
     )

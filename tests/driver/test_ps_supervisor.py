@@ -17,12 +17,12 @@ import uuid
 
 import pytest
 
-from driver import ps_supervisor
 from driver.config import parse_args
 from driver.errors import JobFailed
-from driver.launch.launchers import LocalLauncher
-from driver.ps_supervisor import PSSupervisor
-from driver.wiring import job_env
+from driver.job.wiring import job_env
+from driver.launch.local import LocalLauncher
+from driver.ps import supervisor as ps_supervisor
+from driver.ps.supervisor import PSSupervisor
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.plan import CheckpointRecord, ShardInfo

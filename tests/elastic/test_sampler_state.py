@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.chaos import next_kill_delay, pick_victim
+from driver.job.chaos import next_kill_delay, pick_victim
 from elastic.sampler import epoch_order, rank_share
 from elastic.state import NumpyState, ObjectState, sync_root
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from driver.planner import build_plan
+from driver.policy.planner import build_plan
 from elastic.runtime import WorkerRuntime, WorkerSettings
 from rendezvous import env, open_store
 from rendezvous.auth import make_secret

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from driver.claim import BEAT_INTERVAL, BEAT_SILENCE
+from driver.lead.claim import BEAT_INTERVAL, BEAT_SILENCE
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord, Plan

@@ -1,0 +1,41 @@
+"""Where the job's hosts come from: the ``HostDiscovery`` interface every source of hosts
+implements, and the settings sources are made from (``DiscoverySettings``).
+
+A source answers one question, ``find_hosts()``: the hosts available now, in its order.
+The job asks once at its start (an error there is fatal) and then, for a source that can
+change, every ``--discovery-interval`` seconds (an error is then logged and retried:
+``driver.job.feeds``); what the answers mean for the job (the host manager, the
+blacklist) is not the source's business. The sources, by name: ``driver.hosts.registry``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from driver.hosts.slots import HostSlots
+
+DEFAULT_SCRIPT_TIMEOUT = 30.0  # cloud inventory calls can be slow; a hang must still end
+
+
+class HostDiscovery(ABC):
+    """Where the job's hosts come from."""
+
+    @abstractmethod
+    def find_hosts(self) -> tuple[HostSlots, ...]:
+        """The hosts available now, in the source's order.
+
+        Raises:
+            DiscoveryError: the source cannot say (the message names it and why).
+        """
+
+
+@dataclass(frozen=True)
+class DiscoverySettings:
+    """What the sources are made from: the fixed ``hosts``, the discovery ``script``
+    ("" for none) and its ``timeout``, and the slots of a host listed without any."""
+
+    hosts: tuple[HostSlots, ...] = ()
+    script: str = ""
+    default_slots: int = 1
+    timeout: float = DEFAULT_SCRIPT_TIMEOUT

@@ -1,0 +1,58 @@
+"""The sources of a job's hosts, by name: ``make_discovery(name, settings)``.
+
+Each source registers in ``SOURCES`` with a creator that imports its module only when
+it is chosen:
+
+* ``fixed`` (``driver.hosts.fixed``): a list that never changes: ``-H``, or localhost;
+* ``script`` (``driver.hosts.script``): the user's ``--host-discovery-script``.
+
+A new source (a scheduler's allocation, a cluster's live nodes, nodes that joined the
+job) is a ``driver.hosts.discovery.HostDiscovery`` in a module of its own here, a
+creator in ``SOURCES``, and the setting that picks it (``source_name``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from driver.errors import UnknownDiscoveryError
+from driver.hosts.discovery import DiscoverySettings, HostDiscovery
+
+
+def _fixed(settings: DiscoverySettings) -> HostDiscovery:
+    from driver.hosts.fixed import FixedDiscovery
+
+    return FixedDiscovery(settings.hosts)
+
+
+def _script(settings: DiscoverySettings) -> HostDiscovery:
+    from driver.hosts.script import ScriptDiscovery
+
+    return ScriptDiscovery(settings.script, settings.default_slots, settings.timeout)
+
+
+SOURCES: dict[str, Callable[[DiscoverySettings], HostDiscovery]] = {
+    "fixed": _fixed,
+    "script": _script,
+}
+"""The sources of hosts by name, each with its creator."""
+
+
+def source_name(settings: DiscoverySettings) -> str:
+    """The source the settings ask for: ``script`` when a script is given, else ``fixed``."""
+    return "script" if settings.script else "fixed"
+
+
+def make_discovery(name: str, settings: DiscoverySettings) -> HostDiscovery:
+    """The source called ``name`` (one of ``SOURCES``), made from ``settings``.
+
+    Raises:
+        UnknownDiscoveryError: any other name.
+    """
+    try:
+        creator = SOURCES[name]
+    except KeyError:
+        raise UnknownDiscoveryError(
+            f"unknown host discovery {name!r} (choose from {', '.join(SOURCES)})"
+        ) from None
+    return creator(settings)

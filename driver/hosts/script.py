@@ -1,0 +1,147 @@
+"""The ``script`` source of hosts: the user's ``--host-discovery-script``.
+
+The parsing of a script's output is a pure function (``parse_discovery_output``);
+``ScriptDiscovery`` only adds the running of the script. What to do when discovery fails
+(fatal on the first call, logged and retried later, per docs/DESIGN.md) is the driver's
+policy, not this module's.
+
+Output format: one host per line, ``HOST`` or ``HOST:SLOTS``; blank lines and ``#``
+comments (whole-line or trailing) are ignored. A host listed twice is an error rather
+than merged: ``a:2`` then ``a:4`` could mean 6 or 4 slots, and guessing wrong places
+workers on slots that do not exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+
+from driver.errors import DiscoveryError, HostSpecError
+from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT, HostDiscovery
+from driver.hosts.slots import (
+    MAX_LISTED_SLOTS,
+    HostSlots,
+    check_listed_slots,
+    parse_host_slots,
+    quote_entry,
+)
+
+_STDERR_TAIL_LINES = 5
+_STDERR_TAIL_CHARS = 400
+_REAP_TIMEOUT = 5.0  # after SIGKILL to the group; only a stuck kernel call exceeds it
+
+
+def parse_discovery_output(text: str, default_slots: int, source: str) -> tuple[HostSlots, ...]:
+    """The hosts listed in ``text`` (a discovery script's stdout), in order.
+
+    ``default_slots`` is used for lines without ``:SLOTS``; ``source`` names the origin in
+    error messages. Raises ``DiscoveryError`` naming ``source``, the line number and the
+    line for a line that does not parse or a host listed twice."""
+    hosts: list[HostSlots] = []
+    first_line_of: dict[str, int] = {}
+    listed = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        where = f"{source}: line {number} {quote_entry(line.strip())}"
+        try:
+            host = parse_host_slots(entry, default_slots)
+        except HostSpecError as e:
+            raise DiscoveryError(f"{where}: {e}") from None
+        if host.host in first_line_of:
+            raise DiscoveryError(
+                f"{where}: host {host.host!r} already listed on line {first_line_of[host.host]}"
+            )
+        listed += host.slots
+        if listed > MAX_LISTED_SLOTS:  # stop at once: the rest could be millions of lines
+            try:
+                check_listed_slots((*hosts, host), f"{source} (up to line {number})")
+            except HostSpecError as e:
+                raise DiscoveryError(str(e)) from None
+        first_line_of[host.host] = number
+        hosts.append(host)
+    return tuple(hosts)
+
+
+def _tail(data: bytes) -> str:
+    """The last lines of a script's stderr, on one line (error messages are one line)."""
+    lines = data.decode("utf-8", errors="replace").strip().splitlines()
+    tail = " | ".join(line.strip() for line in lines[-_STDERR_TAIL_LINES:] if line.strip())
+    return tail if len(tail) <= _STDERR_TAIL_CHARS else "..." + tail[-_STDERR_TAIL_CHARS:]
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class ScriptDiscovery(HostDiscovery):
+    """Runs the user's discovery script (no arguments, the driver's environment) and
+    parses its output. The script runs in its own process group so that a timeout kills
+    whatever it started too; the script is always reaped before ``find_hosts`` returns."""
+
+    def __init__(self, path: str, default_slots: int = 1, timeout: float = DEFAULT_SCRIPT_TIMEOUT):
+        self.path = path
+        self.default_slots = default_slots
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"ScriptDiscovery({self.path!r}, default_slots={self.default_slots}, timeout={self.timeout})"
+
+    def find_hosts(self) -> tuple[HostSlots, ...]:
+        """Run the script once. Raises ``DiscoveryError`` if it cannot be started, exits
+        non-zero (message: status and the tail of its stderr), does not finish within
+        ``timeout`` seconds, or prints a line that does not parse."""
+        source = f"discovery script {self.path}"
+        try:
+            process = subprocess.Popen(
+                [self.path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise DiscoveryError(f"{source} could not be run: {e.strerror or e}") from None
+        try:
+            stdout, stderr = process.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_and_reap(process)
+            raise DiscoveryError(
+                f"{source} did not finish within {self.timeout:g} s "
+                f"(killed it and its process group)"
+            ) from None
+        except BaseException:
+            # Interrupted (e.g. KeyboardInterrupt): still leave no process behind.
+            self._kill_and_reap(process)
+            raise
+        if process.returncode != 0:
+            tail = _tail(stderr)
+            raise DiscoveryError(
+                f"{source} {_describe_exit(process.returncode)}"
+                + (f": {tail}" if tail else " (no stderr output)")
+            )
+        return parse_discovery_output(
+            stdout.decode("utf-8", errors="replace"), self.default_slots, source
+        )
+
+    @staticmethod
+    def _kill_and_reap(process: subprocess.Popen) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            process.communicate(timeout=_REAP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            # A descendant escaped the group (setsid) and still holds our pipes open:
+            # stop reading, but still reap the script itself, which SIGKILL has ended.
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
+            process.wait(timeout=_REAP_TIMEOUT)

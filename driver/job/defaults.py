@@ -1,0 +1,89 @@
+"""The parts a job is made of when its caller gives none: what ``elastic-run`` uses.
+
+``Job`` takes its launcher, event sink and host discovery as arguments, so that tests
+drive the whole loop with fakes; ``elastic-run`` gives none, and gets these: the
+launcher of ``--launcher`` (with ``ELASTIC_SSH_OPTIONS``), an ``EventLog`` of
+``--events``, the discovery of ``-H`` or ``--host-discovery-script``; and
+``--log-dir`` made. Apart from the loop because each is chosen once, from the config,
+before the job starts; a bad choice is the user's (``UsageError``), not the job's.
+"""
+
+from __future__ import annotations
+
+import os
+
+from driver.config import JobConfig
+from driver.errors import EventLogError, UsageError
+from driver.events.log import EventLog
+from driver.hosts.discovery import DiscoverySettings, HostDiscovery
+from driver.hosts.registry import make_discovery, source_name
+from driver.launch.agents.handle import uses_agent
+from driver.launch.agents.launcher import AgentLauncher
+from driver.launch.base import Launcher
+from driver.launch.registry import get_launcher
+from driver.launch.spec import ssh_settings_from_env
+from rendezvous.netaddr import is_local_host
+
+
+def make_log_dir(config: JobConfig) -> None:
+    """Create ``--log-dir`` (and its parents) if given.
+
+    Raises:
+        UsageError: it cannot be created.
+    """
+    if config.log_dir:
+        try:
+            os.makedirs(config.log_dir, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"--log-dir {config.log_dir}: cannot create it: {exc.strerror or exc}"
+            ) from None
+
+
+def event_log(config: JobConfig) -> EventLog:
+    """The event log of ``--events`` (stderr lines, timestamped; more with ``-v``).
+
+    Raises:
+        UsageError: the ``--events`` file cannot be opened.
+    """
+    try:
+        return EventLog(config.events_file, verbose=config.verbosity > 0, timestamps=True)
+    except EventLogError as exc:
+        raise UsageError(f"--events: {exc}") from None
+
+
+def launcher(config: JobConfig) -> Launcher:
+    """The launcher of ``--launcher``, with the ssh options of ``ELASTIC_SSH_OPTIONS``."""
+    return get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
+
+
+def agent_launcher(config: JobConfig) -> AgentLauncher:
+    """The launcher of ``--launcher`` behind per-host agents: through agents for the
+    hosts ``driver.launch.agents.handle.uses_agent`` picks (every host with etcd,
+    the ssh hosts with the embedded store), directly for the others."""
+    base = launcher(config)
+    etcd = config.rendezvous.scheme == "etcd"
+
+    def use_agent(host: str) -> bool:
+        local = config.launcher == "local" or (config.launcher == "auto" and is_local_host(host))
+        return uses_agent(local, etcd)
+
+    return AgentLauncher(
+        base,
+        base,
+        job_id=config.job_id,
+        driver_timeout=config.driver_timeout,
+        detach=etcd,
+        use_agent=use_agent,
+    )
+
+
+def discovery(config: JobConfig) -> HostDiscovery:
+    """The source of hosts the flags pick (``driver.hosts.registry``): the hosts of
+    ``--host-discovery-script``, else the fixed ones (``-H``, or localhost)."""
+    settings = DiscoverySettings(
+        hosts=tuple(config.hosts),
+        script=config.discovery_script or "",
+        default_slots=config.slots_per_host,
+    )
+    return make_discovery(source_name(settings), settings)

@@ -1,0 +1,177 @@
+"""The threads that feed the job's main loop: each posts ``driver.job.messages`` to it
+(the store's probe alone reports by itself, see ``probe_store``).
+
+* ``follow_workers_and_failures``: three store watches, registrations
+  (``RegistryChanged``, ``RegistryResync``), failure reports (``FailureReport``,
+  ``FailureResync``) and rank 0's progress (``ProgressReported``), kept alive through
+  outages by ``driver.watch.follow_prefix``; a store away for longer than
+  ``--elastic-timeout`` posts ``StoreLost``;
+* ``probe_store``: one read every ``PROBE_INTERVAL`` through a client whose calls give
+  up within seconds, and the events ``store_health`` says of it, emitted from the
+  probe's thread (the watches retry in silence; this is how the driver knows);
+* ``poll_discovery``: the discovery script every ``--discovery-interval`` (``HostsFound``
+  or ``DiscoveryFailed``);
+* ``posting_signals``: SIGINT and SIGTERM as ``SignalReceived``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable
+
+from driver.errors import DiscoveryError
+from driver.events import Event
+from driver.hosts.discovery import HostDiscovery
+from driver.job.messages import (
+    DiscoveryFailed,
+    FailureReport,
+    FailureResync,
+    HostsFound,
+    Message,
+    ProgressReported,
+    RegistryChanged,
+    RegistryResync,
+    SignalReceived,
+    StoreLost,
+)
+from driver.policy.decisions import StoreHealth
+from driver.policy.reports import store_health
+from driver.threads import spawn
+from driver.watch import follow_prefix
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.store import PUT, KeyValue, KVStore
+
+Post = Callable[[Message], None]
+
+PROBE_INTERVAL = 1.0
+"""Seconds between two looks at the store's health."""
+
+
+def follow_workers_and_failures(
+    store: KVStore,
+    keys: JobKeys,
+    post: Post,
+    stop: threading.Event,
+    patience: float,
+    clock: Callable[[], float] = time.monotonic,
+    revision: int | None = None,
+) -> None:
+    """Watch the registrations, the failure reports and the progress record after
+    ``revision`` (default: the store's current one), each in a daemon thread, until
+    ``stop``.
+
+    Raises:
+        RendezvousError: the store's revision cannot be read or a watch cannot start.
+    """
+    if revision is None:
+        revision = store.revision()
+
+    def lost(exc: Exception) -> None:
+        post(StoreLost(f"{exc} (for more than --elastic-timeout {patience:g}s)"))
+
+    feeds = (
+        (keys.workers, RegistryChanged, RegistryResync),
+        (keys.failures, FailureReport, FailureResync),
+    )
+    for prefix, on_event, on_resync in feeds:
+        watch = store.watch_prefix(prefix, start_revision=revision + 1)
+        spawn(
+            f"watch-{prefix}",
+            follow_prefix,
+            store,
+            prefix,
+            watch,
+            on_event=lambda e, m=on_event: post(m(e)),
+            on_resync=lambda kvs, m=on_resync: post(m(list(kvs))),
+            on_lost=lost,
+            stop=stop,
+            patience=patience,
+            clock=clock,
+        )
+
+    def progress(kvs: Sequence[KeyValue]) -> None:
+        for kv in kvs:  # (one key: a resync re-reads the newest record, if any)
+            post(ProgressReported(kv.value))
+
+    watch = store.watch_prefix(keys.progress, start_revision=revision + 1)
+    spawn(
+        "watch-progress",
+        follow_prefix,
+        store,
+        keys.progress,
+        watch,
+        on_event=lambda e: progress([e.kv]) if e.type == PUT else None,
+        on_resync=progress,
+        on_lost=lost,
+        stop=stop,
+        patience=patience,
+        clock=clock,
+    )
+
+
+def probe_store(
+    client: KVStore,
+    emit: Callable[[Event], object],
+    stop: threading.Event,
+    interval: float = PROBE_INTERVAL,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Read the store's revision every ``interval`` seconds through ``client`` (its calls
+    must give up within seconds) in a daemon thread until ``stop``, and ``emit`` what
+    ``driver.policy.reports.store_health`` says of it. The thread says it itself, not
+    through the loop: the loop may be the one waiting for the store. ``client`` is the
+    caller's."""
+
+    def probe() -> None:
+        health = StoreHealth()
+        while not stop.wait(interval):
+            try:
+                client.revision()
+                answered, error = True, ""
+            except RendezvousError as exc:
+                answered, error = False, str(exc)
+            if stop.is_set():
+                return
+            health, said = store_health(health, answered, error, clock())
+            for event in said:
+                emit(event)
+
+    spawn("store-probe", probe)
+
+
+def poll_discovery(
+    discovery: HostDiscovery, interval: float, post: Post, stop: threading.Event
+) -> None:
+    """Run ``discovery`` every ``interval`` seconds in a daemon thread, until ``stop``."""
+
+    def poll() -> None:
+        while not stop.wait(interval):
+            try:
+                post(HostsFound(discovery.find_hosts()))
+            except DiscoveryError as exc:
+                post(DiscoveryFailed(str(exc)))
+
+    spawn("discovery", poll)
+
+
+@contextmanager
+def posting_signals(post: Post) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM become ``SignalReceived`` messages handed to
+    ``post`` (the loop then stops the job in order); the previous handlers come back
+    after. A no-op outside the main thread, where Python cannot set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: post(SignalReceived(signum)))
+        yield
+    finally:
+        for old_sig, handler in previous.items():
+            signal.signal(old_sig, handler)

@@ -1,0 +1,449 @@
+"""The driver's main loop: launch workers, follow them, publish rounds, end the job.
+
+One thread owns all state (``Job.run``); everything else only posts messages
+(``driver.job.messages``) to its queue: worker exits (a waiter thread per process),
+registrations, failure reports and rank 0's progress (store watches), discovery
+results (a polling thread), signals, chaos ticks, a ps shard that cannot go on, a
+claim on the job id lost to another driver (``driver.job.feeds``, ``driver.lead.claim``). (The
+store's health probe alone reports by itself: the loop may be what waits on the
+store.) After each message the loop reconciles: it asks the rules of
+``driver.policy`` what to do (stop displaced workers, kill hung ones, fill free slots,
+publish the next round, wait, give up) and carries the decisions (``driver.policy.decisions``)
+out, one handler per kind of decision (and per kind of message). The rules are pure
+functions; this module is the I/O they need: the store, the worker processes
+(``driver.job.processes``), the event log, the clock. What runs beside the workers
+(the store itself, the claim on the job id, the feeds, the ps shards, the chaos) is
+started and stopped by ``driver.job.services``. The loop's parts share its state
+(``driver.job.state``): the takeover and the lead's writes (``driver.job.lead``), the
+workers' starts, stops and kills (``driver.job.actions``), the messages about workers
+(``driver.job.handlers``).
+
+A dead worker is noticed by whichever comes first: its process exit (the launcher),
+its registration lease expiring, or a peer's failure report naming it.
+
+``Job(config, launcher=..., events=..., clock=..., discovery=...)`` takes what it
+drives, so tests run the whole loop with fake processes and a fake clock (what it
+takes when given nothing: ``driver.job.defaults``); ``run()`` is ``open()``, ``turn()``
+until the job ends, ``close()``. ``open()`` claims the job id (``driver.lead.claim``);
+``close()`` leaves nothing of the job in the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from driver import events as ev
+from driver import policy
+from driver.config import JobConfig
+from driver.errors import DiscoveryError, JobFailed, LeadershipLost
+from driver.hosts.discovery import HostDiscovery
+from driver.hosts.manager import HostManager
+from driver.hosts.probe import probe
+from driver.job import defaults as job_defaults
+from driver.job import feeds
+from driver.job import messages as msg
+from driver.job.actions import WorkerActions
+from driver.job.handlers import MessageHandlers
+from driver.job.lead import JobLead
+from driver.job.processes import WorkerProcesses
+from driver.job.services import JobServices
+from driver.job.state import JobState
+from driver.job.wiring import job_env, runs_all_local
+from driver.launch.agents.launcher import AgentLauncher
+from driver.launch.base import Launcher
+from driver.launch.process import WorkerProcess
+from driver.lead.terms import ClaimAction
+from driver.policy import decisions as dec
+from driver.policy.lifecycle import WorkerRecord
+from driver.threads import spawn
+from rendezvous.auth import make_secret, secret_from_env
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.plan import Plan
+from rendezvous.store import KVStore
+
+log = logging.getLogger(__name__)
+
+
+class Job:
+    """One run of ``elastic-run``. ``run()`` returns the exit status.
+
+    ``launcher`` starts workers and shards (default: ``--launcher`` with
+    ``ELASTIC_SSH_OPTIONS``); ``events`` receives every event (default: an ``EventLog``
+    of ``--events``); ``clock`` is the monotonic time the rules see; ``discovery`` finds
+    the hosts (default: ``-H`` or ``--host-discovery-script``).
+
+    Raises (when made):
+        UsageError: ``--log-dir`` cannot be created or ``--events`` cannot be opened.
+    """
+
+    def __init__(
+        self,
+        config: JobConfig,
+        *,
+        launcher: Launcher | None = None,
+        events: ev.EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        discovery: HostDiscovery | None = None,
+    ):
+        job_defaults.make_log_dir(config)
+        if events is None:
+            events = job_defaults.event_log(config)
+        self._agents: AgentLauncher | None = None
+        if launcher is None:
+            launcher = self._agents = job_defaults.agent_launcher(config)
+        if discovery is None:
+            discovery = job_defaults.discovery(config)
+        self.config = config
+        self.events = events
+        self.discovery = discovery
+        self.keys = JobKeys(config.job_id)
+        # A driver taking over a job launches with the job's secret: every driver of
+        # one job is given the same ELASTIC_JOB_SECRET (a fresh one otherwise).
+        self.secret = secret_from_env() or make_secret()
+        self.hosts = HostManager(config.blacklist_policy, config.min_np, config.max_np)
+        self.all_local = runs_all_local(config)
+        self._clock = clock
+        self._queue: queue.Queue[msg.Message] = queue.Queue()
+        self._stop = threading.Event()  # the job is over: the helper threads end
+        self._state = JobState(book=dec.Book(started_at=clock()))
+        self._processes = WorkerProcesses(
+            launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
+        )
+        self._waits: list[dec.Wait] = []
+        # Whether the rules must run at the next turn: something they read changed, or a
+        # wait they asked for is due (``_due``: the clock time it is).
+        self._changed = True
+        self._due = 0.0
+        self._usable: tuple[str, ...] = ()  # the usable hosts' names, as of the last reconcile
+        self._services = JobServices(
+            config,
+            self.keys,
+            self.secret,
+            all_local=self.all_local,
+            launcher=launcher,
+            events=events,
+            clock=clock,
+            post=self.post,
+            stop=self._stop,
+            usable_hosts=self._shard_hosts,
+        )
+        self._lead = JobLead(
+            self._state,
+            self._services,
+            self.keys,
+            self.secret,
+            job_id=config.job_id,
+            hosts=self.hosts,
+            processes=self._processes,
+            events=events,
+            clock=clock,
+            all_local=self.all_local,
+            post=self.post,
+        )
+        adopted = self._lead.adopted
+        self._actions = WorkerActions(
+            self._state,
+            self._services,
+            config,
+            self.secret,
+            processes=self._processes,
+            adopted=adopted,
+            events=events,
+            clock=clock,
+            all_local=self.all_local,
+            apply=self._apply,
+        )
+        self._messages = MessageHandlers(
+            self._state,
+            self._services,
+            self.keys,
+            config.command,
+            processes=self._processes,
+            adopted=adopted,
+            events=events,
+            clock=clock,
+            apply=self._apply,
+        )
+
+    @property
+    def workers(self) -> dict[str, WorkerRecord]:
+        """The workers' records by id."""
+        return self._state.workers
+
+    @property
+    def plan(self) -> Plan | None:
+        """The round published (None before the first)."""
+        return self._state.plan
+
+    @property
+    def book(self) -> dec.Book:
+        """What the rules remember between two turns."""
+        return self._state.book
+
+    @book.setter
+    def book(self, book: dec.Book) -> None:
+        self._state.book = book
+
+    @property
+    def store(self) -> KVStore | None:
+        """The store's client (None until ``open``)."""
+        return self._services.store
+
+    @property
+    def store_url(self) -> str:
+        """The store URL the job's processes use ("" until ``open``)."""
+        return self._services.store_url
+
+    def post(self, message: msg.Message) -> None:
+        """Hand a message to the main loop (thread-safe)."""
+        if isinstance(message, msg.SignalReceived):
+            self._services.interrupt(message.signum)  # open() may wait for the ps shards
+        self._queue.put(message)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        """Run the job to its end. Returns 0 on success.
+
+        Raises:
+            JobFailed: the job cannot succeed (the one-line reason).
+            DiscoveryError: the first host discovery failed.
+            RendezvousError: the store could not be opened or used.
+        """
+        try:
+            with feeds.posting_signals(self.post):
+                self.open()
+                while True:
+                    code = self.turn()
+                    if code is not None:
+                        return code
+        except LeadershipLost as exc:
+            self.events.emit(ev.LeadershipLostEvent(reason=str(exc)))
+            raise
+        except (JobFailed, DiscoveryError, RendezvousError) as exc:
+            rounds = self.plan.round_id if self.plan else 0
+            seconds = round(self._clock() - self.book.started_at, 3)
+            self.events.emit(ev.JobFailure(reason=str(exc), rounds=rounds, seconds=seconds))
+            raise
+        finally:
+            self.close()
+
+    def open(self) -> None:
+        """Find the hosts, open the store, claim the job id, follow the store, start the
+        ps shards and the chaos (``driver.job.services``).
+
+        Raises:
+            DiscoveryError: the first host discovery failed.
+            RendezvousError: the store cannot be opened.
+            JobIdInUseError: another driver leads a job of this id.
+            JobFailed: the ps shards did not come up.
+            LauncherError: a ps shard cannot be started.
+        """
+        cfg = self.config
+        hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
+        self._services.open(hosts)
+        claim = self._services.claim
+        adopting = claim.taken.action is ClaimAction.ADOPT
+        handed_over: dict[str, WorkerProcess] = {}
+        if adopting and self._agents is not None:
+            handed_over = dict(self._agents.adopt(self._services.snapshot))
+        if self._agents is not None:
+            self._agents.attach(
+                self._services.require_store(),
+                agent_env=job_env(cfg, self.secret, self.store_url),
+                term=self._services.leader_term,
+                on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
+                patience=cfg.elastic_timeout,
+                steer=self._services.steer,
+            )
+        if cfg.uses_discovery:
+            feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
+        self._emit_host_events(self.hosts.update(hosts, self._clock()))
+        self._usable = tuple(h.host for h in self.hosts.usable_hosts)
+        if adopting:
+            self._lead.adopt(handed_over)
+            workers_of = set(self.workers)
+            self._services.adopt_shards(
+                {k: p for k, p in handed_over.items() if k not in workers_of}
+            )
+        else:
+            self._services.start_shards()
+            self.events.emit(ev.Leading(claim.record.term, "started", 0, "", 0.0))
+        self._services.start_chaos()
+
+    def turn(self, max_wait: float | None = None) -> int | None:
+        """One round of the loop: reconcile, check the outcome, then handle the next
+        message (waiting up to the next wake-up, or ``max_wait``) and any that follow it.
+        Returns the exit status once the job succeeded, else None.
+
+        Raises:
+            JobFailed: the job cannot succeed.
+        """
+        if self._changed or self._clock() >= self._due:
+            self._reconcile()
+            code = self._settle()
+            if code is not None:
+                return code
+            self._waits.extend(self._lead.persist())
+            self._changed = False
+            self._due = self._clock() + policy.next_wakeup(self._waits, self._clock())
+        wait = max(self._due - self._clock(), policy.MIN_SLEEP)
+        try:
+            message = self._queue.get(timeout=wait if max_wait is None else min(wait, max_wait))
+        except queue.Empty:
+            self._changed = True  # a wake-up: the rules see the time move on
+            return None
+        self._handle(message)
+        while True:  # drain what else arrived: one reconcile for a burst
+            try:
+                self._handle(self._queue.get_nowait())
+            except queue.Empty:
+                return None
+
+    def close(self) -> None:
+        """Stop the chaos, the shards and every worker; delete the job's keys and end
+        the driver's lease (when this driver still leads the job: one that lost the
+        lead leaves the job's processes and keys to the new leader); close the store."""
+        self._stop.set()
+        self._services.stop()
+        if self._services.leads:
+            self._actions.stop_all()
+            if self._agents is not None:
+                self._agents.close()
+        if self._agents is not None:
+            self._agents.stop_following()
+        self._services.close()
+
+    # ------------------------------------------------------------------ decisions
+    def _reconcile(self) -> None:
+        now, records, cfg = self._clock(), self.workers, self.config
+        self._emit_host_events(self.hosts.release_expired(now))
+        view = dec.HostsView.of(self.hosts)
+        self._usable = tuple(h.host for h in view.usable)
+        self._waits = []
+        self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
+        self._apply(policy.workers_to_stop(records, view.usable))
+        self._apply(policy.spares_to_stop(records, view.usable))
+        if self._agents is not None:
+            agents = self._agents
+            self._apply(
+                policy.agents_to_retire(agents.live_hosts(), agents.busy_hosts(), records, view)
+            )
+        self._apply(policy.workers_to_kill(records, now))
+        self._apply(policy.lapse_waits(records))
+        self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
+        self._step(policy.no_hosts(self.book, view, cfg, now))
+        self._step(policy.progress_report(self.book, self.plan, cfg, now))
+        self._step(policy.accusations_due(records, self.book, now))
+        self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
+        # Last: a new spare's start must not delay the round a promotion just formed.
+        self._apply(
+            policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
+        )
+
+    def _settle(self) -> int | None:
+        decision = policy.outcome(self.workers, self.plan, self.book)
+        if isinstance(decision, dec.Fail):
+            raise JobFailed(decision.reason)
+        if isinstance(decision, dec.Succeed):
+            self.events.emit(ev.JobDone(decision.round, decision.size, decision.resets))
+            return 0
+        return None
+
+    def _apply(self, decisions: Sequence[dec.Decision]) -> None:
+        for decision in decisions:
+            _DECISIONS[type(decision)](self, decision)
+
+    def _end(self, reason: str) -> None:
+        raise JobFailed(reason)
+
+    def _probe_host(self, decision: dec.Probe) -> None:
+        def ask() -> None:
+            result = probe(decision.address)
+            self.post(msg.ProbeAnswered(decision.host, result.reachable, result.detail))
+
+        spawn(f"probe-{decision.host}", ask)
+
+    def _host_lost(self, decision: dec.HostLost) -> None:
+        self._emit_host_events(self.hosts.host_lost(decision.host, self._clock()))
+
+    def _count_failure(self, decision: dec.CountFailure) -> None:
+        self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
+        slots = self.hosts.available_slots
+        if decision.streak:
+            decisions, self.book = policy.count_failure(
+                self.book, slots, decision.code, decision.reason
+            )
+            self._apply(decisions)
+
+    # ------------------------------------------------------------------ messages
+    def _handle(self, message: msg.Message) -> None:
+        if not msg.changes_nothing(message, self.plan):
+            self._changed = True
+        _MESSAGES[type(message)](self, message)
+
+    def _step(self, step: dec.Step) -> None:
+        """Carry out a rule's decisions and keep its book."""
+        self._apply(self._state.take(step))
+
+    def _lead_lost(self, message: msg.LeadLost) -> None:
+        raise LeadershipLost(message.reason)
+
+    # ------------------------------------------------------------------ helpers
+    def _emit_host_events(self, host_events: Sequence[ev.HostEvent]) -> None:
+        for host_event in host_events:
+            self.events.emit(host_event)
+        if host_events:
+            self.book = self.book.changed(self._clock())
+
+    def _shard_hosts(self) -> tuple[str, ...]:
+        """The hosts a ps shard may be started on now (read from the ps supervisor's
+        threads: a snapshot the loop replaces at each reconcile, minus the hosts whose
+        agent was just lost, which the loop may not have handled yet)."""
+        lost = self._agents.lost_hosts() if self._agents is not None else frozenset()
+        return tuple(h for h in self._usable if h not in lost)
+
+
+_DECISIONS: dict[type, Callable[[Job, Any], object]] = {
+    dec.Publish: lambda job, d: job._lead.publish(d),
+    dec.Wait: lambda job, d: job._waits.append(d),
+    dec.Fail: lambda job, d: job._end(d.reason),
+    dec.Kill: lambda job, d: job._actions.kill(d),
+    dec.Stop: lambda job, d: job._actions.stop(d),
+    dec.Launch: lambda job, d: job._actions.launch(d),
+    dec.LaunchSpare: lambda job, d: job._actions.launch_spare(d),
+    dec.Promote: lambda job, d: job._actions.promote(d),
+    dec.Report: lambda job, d: job.events.emit(d.event),
+    dec.CountFailure: Job._count_failure,
+    dec.Probe: Job._probe_host,
+    dec.HostLost: Job._host_lost,
+    dec.RetireAgent: lambda job, d: job._agents.retire(d.host) if job._agents else None,
+}
+
+_MESSAGES: dict[type, Callable[[Job, Any], object]] = {
+    msg.ProcessExited: lambda job, m: job._messages.on_exit(m),
+    msg.RegistryChanged: lambda job, m: job._messages.on_registry(m),
+    msg.RegistryResync: lambda job, m: job._messages.on_registry_resync(m),
+    msg.FailureReport: lambda job, m: job._messages.on_failure_report(m),
+    msg.ProbeAnswered: lambda job, m: job._messages.on_probe_answered(m),
+    msg.AgentLost: lambda job, m: job._messages.on_agent_lost(m),
+    # Missed reports are hints superseded by process exits: nothing to catch up on.
+    msg.FailureResync: lambda job, m: None,
+    msg.HostsFound: lambda job, m: job._emit_host_events(job.hosts.update(m.hosts, job._clock())),
+    msg.DiscoveryFailed: lambda job, m: job.events.emit(ev.HostDiscoveryFailed(m.error)),
+    msg.SignalReceived: lambda job, m: job._end(
+        f"stopped by {signal.Signals(m.signum).name}; all workers were stopped"
+    ),
+    msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
+    msg.ProgressReported: lambda job, m: job._messages.on_progress(m),
+    msg.KillRequested: lambda job, m: job._actions.kill(dec.Kill(m.worker_id, m.reason)),
+    msg.ChaosTick: lambda job, m: job._messages.on_chaos_tick(m),
+    msg.Fatal: lambda job, m: job._end(m.reason),
+    msg.LeadLost: Job._lead_lost,
+}

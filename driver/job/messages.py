@@ -1,0 +1,174 @@
+"""What the job's threads tell its main loop: one small frozen class per kind of news.
+
+Only the main loop (``driver.job.Job``) owns the job's state; every other thread (process
+waiters, store watches, discovery, signal handlers, the chaos timer, the ps supervisor)
+posts one of these to its queue, and the loop dispatches on the class.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from driver.hosts.slots import HostSlots
+from rendezvous.plan import Plan
+from rendezvous.store import PUT, Event, KeyValue
+
+
+@dataclass(frozen=True)
+class ProcessExited:
+    """The process of worker ``worker_id`` exited with ``code``."""
+
+    worker_id: str
+    code: int
+
+
+@dataclass(frozen=True)
+class RegistryChanged:
+    """A worker registration was written or vanished (a store watch event)."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class RegistryResync:
+    """Every registration, read afresh after the registry watch ended."""
+
+    kvs: Sequence[KeyValue]
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """A worker reported a failure it saw (a store watch event)."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class ProbeAnswered:
+    """The reachability probe of ``host`` came back."""
+
+    host: str
+    reachable: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class FailureResync:
+    """Every failure report, read afresh after that watch ended."""
+
+    kvs: Sequence[KeyValue]
+
+
+@dataclass(frozen=True)
+class AgentLost:
+    """The agent of ``host`` stopped answering (its record's lease lapsed)."""
+
+    host: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class HostsFound:
+    """A discovery run listed ``hosts``."""
+
+    hosts: tuple[HostSlots, ...]
+
+
+@dataclass(frozen=True)
+class DiscoveryFailed:
+    """A discovery run failed (after the first; the first is fatal)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    """``elastic-run`` got SIGINT or SIGTERM."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class StoreLost:
+    """The store stayed unreachable longer than the job may wait."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProgressReported:
+    """Rank 0 published its commit count: the record's JSON (a store watch event)."""
+
+    value: bytes
+
+
+@dataclass(frozen=True)
+class KillRequested:
+    """Kill worker ``worker_id`` (it is known to be hung)."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ChaosTick:
+    """The chaos timer fired: kill a member of the round."""
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """A component cannot go on (e.g. a ps shard keeps dying); ``reason`` ends the job."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class LeadLost:
+    """Another driver took the job over: ``reason`` names it (this one must stop
+    steering at once)."""
+
+    reason: str
+
+
+Message = Union[
+    ProcessExited,
+    RegistryChanged,
+    RegistryResync,
+    FailureReport,
+    FailureResync,
+    ProbeAnswered,
+    AgentLost,
+    HostsFound,
+    DiscoveryFailed,
+    SignalReceived,
+    StoreLost,
+    ProgressReported,
+    KillRequested,
+    ChaosTick,
+    Fatal,
+    LeadLost,
+]
+
+
+def changes_nothing(message: Message, plan: Plan | None) -> bool:
+    """A failure report's deletion, or a failure report about a round other than the
+    current one: the rules read nothing from it (``policy.failure_reported``), so it
+    asks for no turn of the rules. Every survivor of a round of thousands reports the
+    round's failure, mostly after the next round is out: a turn of the rules for each
+    report would read every worker once per worker."""
+    if not isinstance(message, FailureReport):
+        return False
+    if message.event.type != PUT:
+        return True
+    try:
+        report = json.loads(message.event.value)
+    except ValueError:
+        return False
+    return (
+        isinstance(report, dict)
+        and not report.get("silent")
+        and (plan is None or report.get("round_id") != plan.round_id)
+    )

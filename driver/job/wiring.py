@@ -1,0 +1,214 @@
+"""How a job is wired to its processes and its store (pure, except ``open_job_store``).
+
+* ``job_env``/``worker_env``: the variables every process of the job, and each worker,
+  is given on top of what it inherits (``rendezvous.env`` names them);
+* ``runs_all_local``: whether every process of the job runs on this machine;
+* ``worker_spec``: the ``LaunchSpec`` of one worker, with its id, its bind address and
+  its log file;
+* ``shard_commands``: the ps shards' command lines (``--num-ps``);
+* ``open_job_store``: the store the job's processes meet in: the driver's own embedded
+  server, or the etcd cluster of ``--rendezvous``;
+* ``quick_store``: a second client of it whose calls give up within seconds, for what
+  must not wait out an outage (the store's health probe, the cleanup at the end).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+from driver.config import JobConfig
+from driver.hosts.slots import HostSlots
+from driver.launch.spec import LaunchSpec
+from driver.ps.supervisor import shard_command
+from rendezvous import env, netaddr, open_store
+from rendezvous.embedded import EmbeddedServer
+from rendezvous.netaddr import is_local_host
+from rendezvous.store import KVStore, StoreSettings
+from rendezvous.url import Endpoint
+
+log = logging.getLogger(__name__)
+
+
+def job_env(config: JobConfig, secret: str, store_url: str) -> dict[str, str]:
+    """What every process of the job (worker or ps shard) is told about it (pure)."""
+    return {
+        env.ENV_RENDEZVOUS: store_url,
+        env.ENV_JOB_ID: config.job_id,
+        env.ENV_SECRET: secret,
+        # The etcd client needs it before protobuf loads, whatever the script imports first.
+        "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
+        # Output is forwarded line by line: do not let Python hold it back.
+        "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+    }
+
+
+def worker_env(
+    config: JobConfig,
+    secret: str,
+    store_url: str,
+    worker_id: str,
+    host: str,
+    slot: int,
+    bind_host: str,
+    spare: bool = False,
+) -> dict[str, str]:
+    """The job's own variables for one worker (pure); they are added to the inherited ones.
+    A spare is told so (its ``slot``: its index among its host's spares)."""
+    return {
+        **job_env(config, secret, store_url),
+        env.ENV_WORKER_ID: worker_id,
+        env.ENV_HOST: host,
+        env.ENV_SLOT: str(slot),
+        env.ENV_BIND_HOST: bind_host,
+        env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
+        env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
+        **({env.ENV_SPARE: "1"} if spare else {}),
+    }
+
+
+def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
+    """The address the driver's servers advertise to the job's hosts: ``--driver-address``,
+    else ``--network-interface``'s, else the local address of the route toward the remote
+    hosts (loopback when every host is this one). With a discovery script that lists only
+    this machine so far, hosts may come later: the address of the default route then
+    (loopback when there is none, with a warning to choose one).
+
+    Raises:
+        AddressError: an unusable choice, remote hosts without a route, or loopback
+            toward remote hosts (the message names both ends).
+    """
+    remote = [h.host for h in hosts if not is_local_host(h.host)]
+    if (
+        not remote
+        and config.uses_discovery
+        and not (config.driver_address or config.network_interface)
+    ):
+        try:
+            return netaddr.default_route_address()
+        except netaddr.AddressError:
+            log.warning(
+                "this machine has no default route: hosts discovered later will not reach "
+                "the driver at 127.0.0.1 (choose an address with --driver-address)"
+            )
+            return "127.0.0.1"
+    return netaddr.advertised_address(
+        remote, interface=config.network_interface, explicit=config.driver_address
+    )
+
+
+def runs_all_local(config: JobConfig) -> bool:
+    """Every process of the job runs on this machine: with ``--launcher local`` (host
+    names are then only labels, and need not resolve), or when every fixed host is this
+    machine. Everything then binds and advertises loopback."""
+    return config.launcher == "local" or (
+        not config.uses_discovery and all(is_local_host(h.host) for h in config.hosts)
+    )
+
+
+def worker_bind_host(host: str, all_local: bool, driver_address: str) -> str:
+    """What a worker on ``host`` binds its listener to and advertises: loopback in a
+    one-machine job, the driver's own address on the driver's machine, the host's address
+    when ``host`` is one; for a host known by name, nothing: the worker then uses its own
+    address toward the store (a name may not resolve on the other hosts)."""
+    if all_local:
+        return "127.0.0.1"
+    if is_local_host(host):
+        return driver_address
+    return host if netaddr.is_address(host) else ""
+
+
+def worker_id_for(host: str, slot: int | str, sequence: int) -> str:
+    """A worker id unique in the job: ``host-slot-N`` with the host made file-name safe
+    (a spare's ``slot`` is ``sI``, its spare index)."""
+    safe_host = "".join(c if c.isalnum() or c in "-." else "_" for c in host)
+    return f"{safe_host}-{slot}-{sequence}"
+
+
+def worker_spec(
+    config: JobConfig,
+    secret: str,
+    store_url: str,
+    worker_id: str,
+    host: str,
+    slot: int,
+    bind_host: str,
+    spare: bool = False,
+) -> LaunchSpec:
+    """The launch of one worker: the job's command in the driver's working directory,
+    labelled ``host:slot`` (a spare: ``host#I``, its spare index), logged to
+    ``--log-dir`` if given.
+
+    Raises:
+        LaunchSpecError: the command or an environment value is unusable.
+    """
+    log_path = os.path.join(config.log_dir, f"{worker_id}.log") if config.log_dir else None
+    return LaunchSpec(
+        host=host,
+        slot=slot,
+        command=tuple(config.command),
+        env=worker_env(config, secret, store_url, worker_id, host, slot, bind_host, spare),
+        cwd=os.getcwd(),
+        label=f"{host}#{slot}" if spare else f"{host}:{slot}",
+        log_path=log_path,
+    )
+
+
+def shard_commands(config: JobConfig, bind_host: str) -> list[tuple[str, ...]]:
+    """The command line of each ps shard (checkpoint directory made absolute)."""
+    return [shard_command_for(config, i, bind_host) for i in range(config.num_ps)]
+
+
+def shard_command_for(config: JobConfig, index: int, bind_host: str) -> tuple[str, ...]:
+    """The command line of ps shard ``index`` binding ``bind_host``."""
+    checkpoint_dir = os.path.abspath(config.ps_checkpoint_dir) if config.ps_checkpoint_dir else None
+    return shard_command(
+        index,
+        config.num_ps,
+        config.ps_mode,
+        bind_host,
+        checkpoint_dir,
+        config.ps_checkpoint_interval,
+    )
+
+
+def open_job_store(
+    config: JobConfig, secret: str, all_local: bool, advertised_host: str
+) -> tuple[EmbeddedServer | None, KVStore, str]:
+    """The embedded server the driver runs (None with etcd), a client of the store, and
+    the store URL workers use. (Keys an earlier job with the same id left are deleted
+    when the driver claims the job id: ``driver.lead.claim``.)
+
+    Raises:
+        RendezvousError: the store cannot be started or reached.
+    """
+    server = None
+    if config.rendezvous.scheme == "embedded":
+        server = EmbeddedServer(secret, bind="127.0.0.1:0" if all_local else "0.0.0.0:0")
+        port = Endpoint.parse(server.start(), "the embedded store's address").port
+        url = f"embedded://{Endpoint('127.0.0.1' if all_local else advertised_host, port)}"
+    else:
+        url = str(config.rendezvous)
+    try:
+        store = open_store(url, secret)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    return server, store, url
+
+
+QUICK_STORE = StoreSettings(request_timeout=2.0, retry_deadline=4.0, connect_timeout=2.0)
+"""A call of a ``quick_store`` client gives up after about this long (an attempt of
+``request_timeout``, retried until ``retry_deadline``)."""
+
+
+def quick_store(url: str, secret: str) -> KVStore:
+    """Another client of the job's store whose calls give up within seconds (see
+    ``QUICK_STORE``); it does no I/O until used.
+
+    Raises:
+        RendezvousConfigError: the URL is malformed.
+    """
+    return open_store(url, secret, QUICK_STORE, check=False)

@@ -1,0 +1,494 @@
+"""The driver's side of the per-host agents (``driver.agent``): start one per host,
+hand it processes through the store, learn their exits from its reports.
+
+``AgentLauncher`` is a ``Launcher``: the job's process bookkeeping
+(``driver.job.processes``) and the ps supervisor launch through it as through any
+launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop`` and
+``kill`` go through the store:
+
+* ``launch(spec)`` makes sure ``spec.host`` has a live agent (starting one with the
+  ``starter`` launcher: over ssh for another host, a local process for this one, and
+  waiting for its record), writes an ``Assignment`` (stamped with the leader's term,
+  without the job's secret) and waits for the agent's first ``ProcessStatus``: the
+  process's pid, or why it could not start (``LaunchError``);
+* ``stop``/``kill`` rewrite the assignment with ``want`` "stop"/"kill"; the agent does
+  it and reports the exit, which ends the handle's ``wait``;
+* an agent whose record vanishes (its lease lapsed: the agent died or was cut off)
+  makes its host lost at once: ``on_host_lost(host, detail)`` is called first (the job
+  drops the host, as when a probe finds a host unreachable), then every process of
+  that host is taken as SIGKILLed and the host's assignments are withdrawn (deleted: a
+  later agent there must not run them again);
+* ``retire(host)``: the job's rule found the host removed by discovery and idle: write
+  ``JobKeys.retire(host)`` naming its agent, which exits; its record's end is then no
+  lost host (a later agent there, with another id, is not touched);
+* ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
+  the agents' own processes.
+* Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
+  leader's fenced write (``driver.lead.claim``) when ``attach`` was given one, so a driver
+  that lost the lead writes nothing.
+* ``adopt``: a driver taking a job over takes its live agents (from their records)
+  and the processes they run (from the assignments and process records) as its own:
+  a handle per running process, signalled and followed through the store as if this
+  driver had launched it; the assignments of a host with no live agent are withdrawn
+  (as for a host lost now).
+
+Which hosts go through agents is ``uses_agent``: with an etcd store every host (the job
+must outlive its driver, so no process may be the driver's child); with the embedded
+store the hosts reached over ssh, while this machine's processes stay the driver's own
+children (the driver is the store: its death ends the job anyway, and the single-machine
+path keeps its speed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Callable
+
+from driver.errors import LaunchError, LeadershipLost
+from driver.launch.agents.assigned import AssignedProcess
+from driver.launch.agents.handle import AgentProcess, agent_command, reap_agent
+from driver.launch.agents.snapshot import read_agent_keys
+from driver.launch.base import Launcher
+from driver.launch.output import PrefixFn, Stream
+from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
+from driver.launch.spec import LaunchSpec
+from driver.threads import spawn
+from driver.watch import follow_in_thread
+from rendezvous import env
+from rendezvous.agent_records import AGENT_LEASE_TTL, AgentRecord, Assignment, ProcessStatus
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.store import PUT, Delete, Event, KeyValue, KVStore, Put
+
+log = logging.getLogger(__name__)
+
+AGENT_START_TIMEOUT = 30.0
+"""Seconds a new agent has to register (ssh connection and Python's start included)."""
+
+PROCESS_START_TIMEOUT = 30.0
+"""Seconds an agent has to report a process it was assigned as started (or failed)."""
+
+
+class AgentLauncher(Launcher):
+    """Launches through agents the hosts ``uses_agent`` picks, directly (``direct``) the
+    others. ``starter`` starts the agents. Launches directly until ``attach`` gave it
+    the store and the variables agents start with (store URL, job id, secret)."""
+
+    name = "agents"
+
+    def __init__(
+        self,
+        starter: Launcher,
+        direct: Launcher,
+        *,
+        job_id: str,
+        driver_timeout: float,
+        detach: bool,
+        use_agent: Callable[[str], bool],
+        out: Stream | None = None,
+        err: Stream | None = None,
+    ):
+        super().__init__(out, err)
+        self._starter = starter
+        self._direct = direct
+        self._agent_env: dict[str, str] = {}
+        self._job_id = job_id
+        self._driver_timeout = driver_timeout
+        self._detach = detach
+        self._use_agent = use_agent
+        self._lock = threading.Lock()
+        self._agents: dict[str, AgentProcess] = {}
+        self._handles: dict[str, AssignedProcess] = {}
+        self._hosts_of: dict[str, str] = {}  # process id -> host
+        self._assignments: dict[str, Assignment] = {}
+        self._store: KVStore | None = None
+        self._keys = JobKeys(job_id)
+        self._term: Callable[[], int] = lambda: 1
+        self._on_host_lost: Callable[[str, str], None] = lambda host, detail: None
+        self._closing = False
+        self._shards = 0
+        self._following = False
+        # Its own stop, set by ``stop_following``: the exits of what the job's end stops
+        # come through these watches, after the job's loop and its feeds have stopped.
+        self._unfollow = threading.Event()
+        self._patience = 0.0
+        self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
+        self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
+
+    def attach(
+        self,
+        store: KVStore,
+        *,
+        agent_env: Mapping[str, str],
+        term: Callable[[], int],
+        on_host_lost: Callable[[str, str], None],
+        patience: float,
+        steer: Callable[[Sequence[Put | Delete]], int] | None = None,
+    ) -> None:
+        """Use ``store`` from now on; ``term()`` is the leader's term to stamp on
+        assignments; ``steer``: the leader's fenced write (default: a plain put);
+        follow the agents' records and process reports until ``stop_following`` (after
+        ``close``: the exits of what the job's end stops are reports too), from the
+        first launch through an agent on (a job with no agent, one machine on the
+        embedded store, watches nothing more than before), or at once when agents were
+        adopted. The adopted assignments of hosts that had no agent any more are
+        withdrawn (``_withdraw``).
+        """
+        self._store, self._term, self._on_host_lost = store, term, on_host_lost
+        self._fenced = steer
+        self._agent_env = dict(agent_env)
+        self._patience = patience
+        with self._lock:
+            if self._agents:
+                self._start_following()
+            agentless, self._agentless = self._agentless, {}
+        for host, process_ids in sorted(agentless.items()):
+            self._withdraw(host, process_ids)
+
+    def adopt(self, kvs: Sequence[KeyValue]) -> dict[str, AssignedProcess]:
+        """Take over the agents and the processes of a job a predecessor led, from its
+        keys ``kvs`` (read at one revision): the live agents (their records), and a
+        handle for each assigned process that an agent reports running, by process id
+        (before ``attach``: its feeds then carry their later reports)."""
+        agents, assignments, statuses = read_agent_keys(self._keys, kvs)
+        handles: dict[str, AssignedProcess] = {}
+        with self._lock:
+            for host, record in agents.items():
+                agent = AgentProcess(host, record.agent_id, None)
+                agent.registered.set()
+                self._agents[host] = agent
+            for process_id, (host, assignment) in assignments.items():
+                # Known by host even when not running: withdrawn with the host if lost.
+                self._hosts_of[process_id] = host
+                if host not in agents:  # lost before the takeover: withdrawn at attach
+                    self._agentless.setdefault(host, []).append(process_id)
+                reported = statuses.get(process_id)
+                if reported is None or reported.exited or host not in agents:
+                    continue
+                spec = LaunchSpec(
+                    host=host,
+                    slot=assignment.slot,
+                    command=assignment.command,
+                    env=dict(assignment.env),
+                    cwd=assignment.cwd or None,
+                    label=assignment.label or f"{host}:{assignment.slot}",
+                    log_path=assignment.log_path or None,
+                )
+                handle = AssignedProcess(spec, process_id, self._want)
+                handle.started(reported.pid)
+                self._handles[process_id] = handles[process_id] = handle
+                self._assignments[process_id] = assignment
+                if assignment.kind == "shard":
+                    self._shards += 1
+        return handles
+
+    def _start_following(self) -> None:
+        """Follow the agents' records and the process reports (once; under the lock)."""
+        if self._following or self._store is None:
+            return
+        self._following = True
+        for prefix, on_event, on_resync in (
+            (self._keys.agents, self._agent_event, self._agents_resync),
+            (self._keys.processes, self._status_event, self._statuses_resync),
+        ):
+            follow_in_thread(
+                f"follow-{prefix}",
+                self._store,
+                prefix,
+                on_event=on_event,
+                on_resync=on_resync,
+                on_lost=lambda exc: None,  # the job's own feeds say the store is lost
+                stop=self._unfollow,
+                patience=self._patience,
+            )
+
+    def live_hosts(self) -> frozenset[str]:
+        """Hosts with a registered agent that is neither lost nor retiring."""
+        with self._lock:
+            return frozenset(h for h, a in self._agents.items() if a.alive)
+
+    def busy_hosts(self) -> frozenset[str]:
+        """Hosts where a process assigned through an agent has not been reported ended."""
+        with self._lock:
+            return frozenset(
+                self._hosts_of[p] for p, h in self._handles.items() if h.returncode is None
+            )
+
+    def retire(self, host: str) -> None:
+        """Ask the agent of ``host`` to exit (``JobKeys.retire`` names it, through the
+        fenced write: the same route for an agent a predecessor started); its record's
+        end is then no lost host."""
+        with self._lock:
+            agent = self._agents.get(host)
+            if agent is None or not agent.alive:
+                return
+            agent.retiring = True
+        try:
+            self._steer(self._keys.retire(host), agent.agent_id.encode())
+        except (RendezvousError, LeadershipLost) as exc:
+            agent.retiring = False  # asked again at the next reconcile
+            log.warning("cannot ask the agent of removed host %s to exit: %s", host, exc)
+
+    def lost_hosts(self) -> frozenset[str]:
+        """Hosts whose agent was lost (until a new agent is started there)."""
+        with self._lock:
+            return frozenset(h for h, a in self._agents.items() if a.lost)
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, spec: LaunchSpec, prefix: PrefixFn | None = None) -> WorkerProcess:
+        """See ``Launcher.launch``.
+
+        Raises:
+            LaunchError: the host's agent cannot be started, or it could not start the
+                process (``permanent`` as the agent says).
+        """
+        if self._store is None or not self._use_agent(spec.host):
+            return self._direct.launch(spec, prefix)
+        self._ensure_agent(spec.host)
+        worker_id = spec.env.get(env.ENV_WORKER_ID)
+        if worker_id is None:
+            with self._lock:
+                self._shards += 1
+                process_id = f"{spec.label}-{self._shards}"
+        else:
+            process_id = worker_id
+        assignment = Assignment(
+            id=process_id,
+            kind="worker" if worker_id is not None else "shard",
+            slot=spec.slot,
+            command=tuple(spec.command),
+            term=self._term(),
+            env={k: v for k, v in spec.env.items() if k != env.ENV_SECRET},
+            cwd=spec.cwd or os.getcwd(),
+            label=spec.label,
+            log_path=spec.log_path or "",
+        )
+        handle = AssignedProcess(spec, process_id, self._want)
+        with self._lock:
+            self._handles[process_id] = handle
+            self._hosts_of[process_id] = spec.host
+            self._assignments[process_id] = assignment
+        try:
+            self._steer(self._keys.assignment(spec.host, process_id), assignment.to_json())
+        except RendezvousError as exc:
+            raise LaunchError(f"cannot assign {spec.label} to its agent: {exc}") from exc
+        if not handle.wait_reported(PROCESS_START_TIMEOUT):
+            handle.kill()
+            raise LaunchError(
+                f"the agent of {spec.host} did not start {spec.label} "
+                f"within {PROCESS_START_TIMEOUT:g}s"
+            )
+        if not handle.pid and handle.error:
+            raise LaunchError(handle.error, permanent=handle.permanent)
+        return handle
+
+    def _steer(self, key: str, value: bytes) -> None:
+        """Write ``value`` under ``key`` for the agents (``_steer_ops``).
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        self._steer_ops([Put(key, value)])
+
+    def _steer_ops(self, ops: Sequence[Put | Delete]) -> None:
+        """Every write of the leader to the agents (assignments, their withdrawal, the
+        job's end) goes through here: the one place to fence them with the leader's
+        claim.
+
+        Raises:
+            RendezvousError: the store cannot be used.
+        """
+        if self._store is None:
+            raise RendezvousError("the agents' store is not attached")
+        if self._fenced is not None:
+            self._fenced(ops)  # LeadershipLost: another driver leads
+        else:
+            self._store.txn([], ops)
+
+    def _want(self, process_id: str, want: str, grace: float) -> None:
+        """Rewrite the assignment of ``process_id`` to ``want`` (stop with ``grace``,
+        kill)."""
+        with self._lock:
+            assignment = self._assignments.get(process_id)
+            host = self._hosts_of.get(process_id)
+        if assignment is None or host is None or self._store is None:
+            return
+        changed = replace(assignment, want=want, grace=grace or assignment.grace, term=self._term())
+        with self._lock:
+            self._assignments[process_id] = changed
+        try:
+            self._steer(self._keys.assignment(host, process_id), changed.to_json())
+        except (RendezvousError, LeadershipLost) as exc:
+            log.warning("cannot ask the agent of %s to %s %s: %s", host, want, process_id, exc)
+
+    def _ensure_agent(self, host: str) -> None:
+        """Start the agent of ``host`` unless a live one is there.
+
+        Raises:
+            LaunchError: it cannot be started or does not register in time.
+        """
+        with self._lock:
+            self._start_following()
+            agent = self._agents.get(host)
+            if agent is not None and agent.alive:
+                return
+            if agent is not None and agent.retiring and agent.process is not None:
+                spawn(f"agent-retired-{host}", reap_agent, agent.process)  # the host is back
+            agent_id = uuid.uuid4().hex[:12]
+            command = agent_command(
+                self._job_id, host, agent_id, self._driver_timeout, self._detach
+            )
+            spec = LaunchSpec(
+                host=host,
+                slot=0,
+                command=command,
+                env=self._agent_env,
+                cwd=os.getcwd(),
+                label=f"agent@{host}",
+            )
+            process = self._starter.launch(spec, prefix=lambda: "")
+            agent = self._agents[host] = AgentProcess(host, agent_id, process)
+        deadline = time.monotonic() + AGENT_START_TIMEOUT
+        while not agent.registered.wait(0.1):
+            assert agent.process is not None  # (an agent this driver started)
+            code = agent.process.poll()
+            if code is not None:
+                raise LaunchError(f"the agent of {host} exited with {code} before it registered")
+            if time.monotonic() > deadline:
+                agent.process.kill()
+                raise LaunchError(
+                    f"the agent of {host} did not register within {AGENT_START_TIMEOUT:g}s"
+                )
+
+    # ------------------------------------------------------------------ reports
+    def _agent_event(self, event: Event) -> None:
+        host = event.key[len(self._keys.agents) :]
+        if event.type == PUT:
+            self._agent_registered(event.kv)
+        else:
+            self._agent_gone(host)
+
+    def _agents_resync(self, kvs: Sequence[KeyValue]) -> None:
+        present = set()
+        for kv in kvs:
+            present.add(kv.key[len(self._keys.agents) :])
+            self._agent_registered(kv)
+        with self._lock:
+            hosts = [h for h, a in self._agents.items() if a.registered.is_set() and not a.lost]
+        for host in hosts:
+            if host not in present:
+                self._agent_gone(host)
+
+    def _agent_registered(self, kv: KeyValue) -> None:
+        try:
+            record = AgentRecord.from_json(kv.value)
+        except (ValueError, TypeError) as exc:
+            log.warning("unreadable agent record %s: %s", kv.key, exc)
+            return
+        with self._lock:
+            agent = self._agents.get(record.host)
+        if agent is not None and agent.agent_id == record.agent_id:
+            agent.registered.set()
+
+    def _agent_gone(self, host: str) -> None:
+        """The agent of ``host`` lost its record: the host is lost (unless the job is
+        ending, when agents leave on purpose)."""
+        with self._lock:
+            agent = self._agents.get(host)
+            if agent is None or agent.lost or not agent.registered.is_set() or self._closing:
+                return
+            if agent.retiring:  # it left as asked: no host lost, and no agent there now
+                del self._agents[host]
+                if agent.process is not None:
+                    spawn(f"agent-retired-{host}", reap_agent, agent.process)
+                return
+            agent.lost = True
+            handles = [
+                h
+                for pid, h in self._handles.items()
+                if self._hosts_of.get(pid) == host and h.returncode is None
+            ]
+            withdrawn = [pid for pid, h in self._hosts_of.items() if h == host]
+            for process_id in withdrawn:
+                self._assignments.pop(process_id, None)
+        detail = f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
+        self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
+        for handle in handles:
+            handle.ended(-signal.SIGKILL, presumed=True)
+        # Off this thread: a slow store must not hold back the next agent's news. A
+        # fresh agent there comes after the host's cooldown, long after this write.
+        spawn(f"withdraw-{host}", self._withdraw, host, withdrawn)
+        if agent.process is not None:
+            spawn(f"agent-lost-{host}", agent.process.kill)
+
+    def _withdraw(self, host: str, process_ids: Sequence[str]) -> None:
+        """Delete the assignments of a lost host's processes: they are dead to the
+        job (their exits were taken), and the next agent on that host (once it is
+        back) reads the host's assignments as what to run. Left in place, it would
+        start them again: a stale worker, or a second copy of a ps shard that already
+        serves elsewhere writing checkpoints into the same directory. Their old agent,
+        should it hear from the store again, stops what it runs for them."""
+        if not process_ids:
+            return
+        try:
+            self._steer_ops([Delete(self._keys.assignment(host, p)) for p in process_ids])
+        except (RendezvousError, LeadershipLost) as exc:
+            log.warning("cannot withdraw the assignments of lost host %s: %s", host, exc)
+
+    def _status_event(self, event: Event) -> None:
+        if event.type == PUT:
+            self._take_status(event.value)
+
+    def _statuses_resync(self, kvs: Sequence[KeyValue]) -> None:
+        for kv in kvs:
+            self._take_status(kv.value)
+
+    def _take_status(self, value: bytes) -> None:
+        try:
+            status = ProcessStatus.from_json(value)
+        except (ValueError, TypeError) as exc:
+            log.warning("unreadable process status: %s", exc)
+            return
+        with self._lock:
+            handle = self._handles.get(status.id)
+        if handle is None:
+            return
+        if status.exited:
+            handle.ended(
+                status.code if status.code is not None else -1, status.error, status.permanent
+            )
+        else:
+            handle.started(status.pid)
+
+    # ------------------------------------------------------------------ the end
+    def stop_following(self) -> None:
+        """Stop the watches of the agents' records and reports (the driver is done)."""
+        self._unfollow.set()
+
+    def close(self, timeout: float = STOP_GRACE + REAP_TIMEOUT) -> None:
+        """The job is over: say so (``JobKeys.ended``: every agent stops what it runs
+        and exits) and wait up to ``timeout`` for the agents' processes; stop those
+        still running."""
+        with self._lock:
+            self._closing = True
+            agents = list(self._agents.values())
+        if not agents:
+            return
+        if self._store is not None:
+            try:
+                self._steer(self._keys.ended, b"1")
+            except (RendezvousError, LeadershipLost) as exc:
+                log.warning("cannot tell the agents the job is over: %s", exc)
+        deadline = time.monotonic() + timeout
+        for agent in agents:
+            if agent.process is None:
+                continue  # a predecessor's agent: it leaves on the job's end by itself
+            if agent.process.wait(max(0.0, deadline - time.monotonic())) is None:
+                agent.process.stop(STOP_GRACE)

@@ -1,0 +1,271 @@
+"""What the job's rules decide, and what they remember: plain values, no behaviour.
+
+``driver.policy`` returns these; ``driver.job.loop`` carries them out, one handler per class.
+A ``Step`` pairs decisions with the ``Book`` after them (the loop's memory between
+decisions, replaced, never changed); a ``HostsView`` is what the rules ask of the host
+manager, as of one moment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple, Union
+
+from driver.events import Event
+from driver.hosts.manager import HostManager
+from driver.hosts.slots import HostSlots
+from rendezvous.plan import Plan
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish ``plan`` as the next round; ``seconds`` since the change it answers."""
+
+    plan: Plan
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do about ``why`` before ``until`` (unless a message comes first)."""
+
+    until: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """End the job; ``reason`` is the one line ``elastic-run`` prints."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    """SIGKILL the worker (it is hung or unresponsive); its exit counts as a failure,
+    unless the ``chaos`` killed it (then it is not its host's fault)."""
+
+    worker_id: str
+    reason: str
+    chaos: bool = False
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the worker (SIGTERM, SIGKILL after the grace); its exit is no failure."""
+
+    worker_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start a worker in slot ``slot`` of ``host``."""
+
+    host: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class LaunchSpare:
+    """Start a spare worker on ``host`` (``index``: its place among the host's spares):
+    it loads the script up to ``elastic.init()``, registers and waits, in no round."""
+
+    host: str
+    index: int
+
+
+@dataclass(frozen=True)
+class Promote:
+    """The registered spare ``worker_id`` takes slot ``slot`` of ``host`` (its own host):
+    from now on it is a worker like any other, a candidate for the next round."""
+
+    worker_id: str
+    host: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class Report:
+    """Emit ``event``."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class CountFailure:
+    """A worker on ``host`` failed on its own (exit ``code``; or could not start, then
+    ``reason`` says why): count it against the host (blacklisting) and then, unless
+    ``streak`` is False (a spare: it held no work), against the failure streak
+    (``count_failure``)."""
+
+    host: str
+    code: int | None
+    reason: str | None = None
+    streak: bool = True
+
+
+@dataclass(frozen=True)
+class Succeed:
+    """The job is done: every member of round ``round`` (of ``size``) exited 0."""
+
+    round: int
+    size: int
+    resets: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Ask whether ``host`` still answers, at ``address`` (a silent worker's listener)."""
+
+    host: str
+    address: str
+
+
+@dataclass(frozen=True)
+class HostLost:
+    """``host`` is unreachable: take it out of the job for its cooldown."""
+
+    host: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class RetireAgent:
+    """Ask the agent of ``host`` to exit: discovery removed the host and nothing the
+    job assigned there still runs."""
+
+    host: str
+
+
+Decision = Union[
+    Publish,
+    Wait,
+    Fail,
+    Kill,
+    Stop,
+    Launch,
+    LaunchSpare,
+    Promote,
+    Report,
+    CountFailure,
+    Succeed,
+    Probe,
+    HostLost,
+    RetireAgent,
+]
+
+
+@dataclass(frozen=True)
+class Book:
+    """What the loop remembers between decisions; replaced, never changed.
+
+    ``change_at``: when the membership first changed since the last round (the next
+    round's formation time counts from it). ``done_slots``: slots whose worker finished
+    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed with
+    an error code of their own; ``lost_rounds``: rounds whose members all died on their
+    own, whatever the code or signal. ``no_hosts_since``/``no_hosts_said_at``: since
+    when discovery lists no host, and when that was last said. ``progress_step``,
+    ``progress_at``, ``progress_rate``: the newest step rank 0
+    published, when it came, and the steps per second since the one before;
+    ``progress_said_at``: when the last progress line was said."""
+
+    started_at: float
+    resets: int = 0
+    failure_streak: int = 0
+    np_registered_at: float | None = None
+    broken_since: float | None = None
+    waiting_reported: bool = False
+    member_finished_at: float | None = None
+    change_at: float | None = None
+    all_failed_rounds: frozenset[int] = frozenset()
+    done_slots: frozenset[tuple[str, int]] = frozenset()
+    probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
+    # A member exited 0 after its @elastic.run function returned: training is complete,
+    # so no new round forms and no slot is refilled (the others finish as they are).
+    training_done: bool = False
+    # Failure reports of the current round: who reported, and who stands accused since
+    # when and why (a kill waits for the accused's own silence: ``policy.suspicion``).
+    reporters: frozenset[str] = frozenset()
+    accused: tuple[tuple[str, float, str], ...] = ()
+    lost_rounds: frozenset[int] = frozenset()
+    no_hosts_since: float | None = None
+    no_hosts_said_at: float | None = None
+    progress_step: int | None = None
+    progress_at: float | None = None
+    progress_rate: float | None = None
+    progress_said_at: float | None = None
+    # Hosts where no spare is started before a time (``policy.spares``): one of their
+    # spares was just promoted, or died before it registered.
+    spare_holds: tuple[tuple[str, float], ...] = ()
+
+    def new_round(self) -> Book:
+        """A round was published: the reports of the one before are settled."""
+        return replace(self, reporters=frozenset(), accused=())
+
+    def changed(self, now: float) -> Book:
+        """The membership changed at ``now``."""
+        return self if self.change_at is not None else replace(self, change_at=now)
+
+    def progressed(self, step: int, now: float) -> Book:
+        """Rank 0 published at ``now`` that it holds ``step`` commits. (The rate is taken
+        between publications, not between progress lines: the two clocks drift apart.)"""
+        rate = None
+        if (
+            self.progress_step is not None
+            and self.progress_at is not None
+            and now > self.progress_at
+        ):
+            rate = round((step - self.progress_step) / (now - self.progress_at), 3)
+        return replace(self, progress_step=step, progress_at=now, progress_rate=rate)
+
+    def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
+        """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""
+        return replace(
+            self,
+            done_slots=self.done_slots | {(host, slot)},
+            member_finished_at=now if in_round else self.member_finished_at,
+        )
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """What the store's health probe remembers (``driver.job.feeds.probe_store``): since
+    when the store has not answered (None: it answers), when that was last said, and
+    the last error."""
+
+    down_since: float | None = None
+    said_at: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class HostsView:
+    """What the rules ask of the host manager, as of one moment."""
+
+    usable: tuple[HostSlots, ...]
+    blacklisted: tuple[str, ...] = ()
+    all_blacklisted: bool = False
+    next_release: float | None = None
+    available_slots: int = 0
+    none_listed: bool = False  # discovery's latest result lists no host (usable: kept ones)
+    listed: tuple[str, ...] = ()  # every host of discovery's latest result, blacklisted too
+
+    @classmethod
+    def of(cls, hosts: HostManager) -> HostsView:
+        return cls(
+            usable=hosts.usable_hosts,
+            blacklisted=hosts.blacklisted_hosts,
+            all_blacklisted=hosts.all_blacklisted,
+            next_release=hosts.next_release_time(),
+            available_slots=hosts.available_slots,
+            none_listed=hosts.lists_none,
+            listed=tuple(h.host for h in hosts.known_hosts),
+        )
+
+
+class Step(NamedTuple):
+    """Decisions, and the book after them."""
+
+    decisions: tuple[Decision, ...]
+    book: Book
