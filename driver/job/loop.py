@@ -13,10 +13,12 @@ out, one handler per kind of decision (and per kind of message). The rules are p
 functions; this module is the I/O they need: the store, the worker processes
 (``driver.job.processes``), the event log, the clock. What runs beside the workers
 (the store itself, the claim on the job id, the feeds, the ps shards, the chaos) is
-started and stopped by ``driver.job.services``. The loop's parts share its state
-(``driver.job.state``): the takeover and the lead's writes (``driver.job.lead``), the
-workers' starts, stops and kills (``driver.job.actions``), the messages about workers
-(``driver.job.handlers``).
+started and stopped by ``driver.job.services``. The loop's parts share one context
+(``driver.job.context``: the state, the services, the processes, the agents, ...): the
+takeover and the lead's writes (``driver.job.lead``), the workers' starts, stops and
+kills (``driver.job.actions``), the messages about workers (``driver.job.handlers``).
+Each part returns the decisions it leads to and the loop carries them out: no part
+calls back into the loop.
 
 A dead worker is noticed by whichever comes first: its process exit (the launcher),
 its registration lease expiring, or a peer's failure report naming it.
@@ -35,8 +37,8 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, NoReturn
 
 from driver import events as ev
 from driver import policy
@@ -49,15 +51,17 @@ from driver.job import defaults as job_defaults
 from driver.job import feeds
 from driver.job import messages as msg
 from driver.job.actions import WorkerActions
+from driver.job.context import JobContext
 from driver.job.handlers import MessageHandlers
 from driver.job.lead import JobLead
 from driver.job.processes import WorkerProcesses
 from driver.job.services import JobServices
 from driver.job.state import JobState
 from driver.job.wiring import job_env, runs_all_local
-from driver.launch.agents.launcher import AgentLauncher
+from driver.launch.agents.service import AgentService, NoAgents
 from driver.launch.base import Launcher
 from driver.launch.process import WorkerProcess
+from driver.lead.adopted_pids import AdoptedProcesses
 from driver.lead.terms import ClaimAction
 from driver.policy import decisions as dec
 from driver.policy.lifecycle import WorkerRecord
@@ -75,9 +79,10 @@ class Job:
     """One run of ``elastic-run``. ``run()`` returns the exit status.
 
     ``launcher`` starts workers and shards (default: ``--launcher`` with
-    ``ELASTIC_SSH_OPTIONS``); ``events`` receives every event (default: an ``EventLog``
-    of ``--events``); ``clock`` is the monotonic time the rules see; ``discovery`` finds
-    the hosts (default: ``-H`` or ``--host-discovery-script``).
+    ``ELASTIC_SSH_OPTIONS``, behind the per-host agents); ``events`` receives every
+    event (default: an ``EventLog`` of ``--events``); ``clock`` is the monotonic time the
+    rules see; ``discovery`` finds the hosts (default: ``-H`` or
+    ``--host-discovery-script``).
 
     Raises (when made):
         UsageError: ``--log-dir`` cannot be created or ``--events`` cannot be opened.
@@ -95,9 +100,10 @@ class Job:
         job_defaults.make_log_dir(config)
         if events is None:
             events = job_defaults.event_log(config)
-        self._agents: AgentLauncher | None = None
+        # A job given its own launcher runs no agents (tests drive the loop with fakes).
+        agents: AgentService = NoAgents()
         if launcher is None:
-            launcher = self._agents = job_defaults.agent_launcher(config)
+            launcher = agents = job_defaults.agent_launcher(config)
         if discovery is None:
             discovery = job_defaults.discovery(config)
         self.config = config
@@ -112,10 +118,6 @@ class Job:
         self._clock = clock
         self._queue: queue.Queue[msg.Message] = queue.Queue()
         self._stop = threading.Event()  # the job is over: the helper threads end
-        self._state = JobState(book=dec.Book(started_at=clock()))
-        self._processes = WorkerProcesses(
-            launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
-        )
         self._waits: list[dec.Wait] = []
         # Whether the rules must run at the next turn: something they read changed, or a
         # wait they asked for is due (``_due``: the clock time it is).
@@ -134,43 +136,29 @@ class Job:
             stop=self._stop,
             usable_hosts=self._shard_hosts,
         )
-        self._lead = JobLead(
-            self._state,
-            self._services,
-            self.keys,
-            self.secret,
-            job_id=config.job_id,
+        self._ctx = JobContext(
+            config=config,
+            keys=self.keys,
+            secret=self.secret,
+            state=JobState(book=dec.Book(started_at=clock())),
+            services=self._services,
             hosts=self.hosts,
-            processes=self._processes,
+            processes=WorkerProcesses(
+                launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
+            ),
+            # (late-bound: the lead that reports an adopted worker's end is made below)
+            adopted=AdoptedProcesses(lambda worker_id: self._lead.adopted_gone(worker_id)),
+            agents=agents,
             events=events,
             clock=clock,
             all_local=self.all_local,
             post=self.post,
         )
-        adopted = self._lead.adopted
-        self._actions = WorkerActions(
-            self._state,
-            self._services,
-            config,
-            self.secret,
-            processes=self._processes,
-            adopted=adopted,
-            events=events,
-            clock=clock,
-            all_local=self.all_local,
-            apply=self._apply,
-        )
-        self._messages = MessageHandlers(
-            self._state,
-            self._services,
-            self.keys,
-            config.command,
-            processes=self._processes,
-            adopted=adopted,
-            events=events,
-            clock=clock,
-            apply=self._apply,
-        )
+        self._state = self._ctx.state
+        self._agents = agents
+        self._lead = JobLead(self._ctx)
+        self._actions = WorkerActions(self._ctx)
+        self._messages = MessageHandlers(self._ctx)
 
     @property
     def workers(self) -> dict[str, WorkerRecord]:
@@ -251,17 +239,16 @@ class Job:
         claim = self._services.claim
         adopting = claim.taken.action is ClaimAction.ADOPT
         handed_over: dict[str, WorkerProcess] = {}
-        if adopting and self._agents is not None:
+        if adopting:
             handed_over = dict(self._agents.adopt(self._services.snapshot))
-        if self._agents is not None:
-            self._agents.attach(
-                self._services.require_store(),
-                agent_env=job_env(cfg, self.secret, self.store_url),
-                term=self._services.leader_term,
-                on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
-                patience=cfg.elastic_timeout,
-                steer=self._services.steer,
-            )
+        self._agents.attach(
+            self._services.require_store(),
+            agent_env=job_env(cfg, self.secret, self.store_url),
+            term=self._services.leader_term,
+            on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
+            patience=cfg.elastic_timeout,
+            steer=self._services.steer,
+        )
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
         self._emit_host_events(self.hosts.update(hosts, self._clock()))
@@ -314,10 +301,8 @@ class Job:
         self._services.stop()
         if self._services.leads:
             self._actions.stop_all()
-            if self._agents is not None:
-                self._agents.close()
-        if self._agents is not None:
-            self._agents.stop_following()
+            self._agents.close()
+        self._agents.stop_following()
         self._services.close()
 
     # ------------------------------------------------------------------ decisions
@@ -330,11 +315,10 @@ class Job:
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
         self._apply(policy.workers_to_stop(records, view.usable))
         self._apply(policy.spares_to_stop(records, view.usable))
-        if self._agents is not None:
-            agents = self._agents
-            self._apply(
-                policy.agents_to_retire(agents.live_hosts(), agents.busy_hosts(), records, view)
-            )
+        agents = self._agents
+        self._apply(
+            policy.agents_to_retire(agents.live_hosts(), agents.busy_hosts(), records, view)
+        )
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
@@ -356,43 +340,57 @@ class Job:
             return 0
         return None
 
-    def _apply(self, decisions: Sequence[dec.Decision]) -> None:
-        for decision in decisions:
-            _DECISIONS[type(decision)](self, decision)
+    def _apply(self, decisions: Iterable[dec.Decision]) -> None:
+        """Carry ``decisions`` out in order; what carrying one out leads to (a launch
+        that failed, a failure counted) is carried out before the next one."""
+        pending = list(decisions)[::-1]
+        while pending:
+            decision = pending.pop()
+            pending.extend(reversed(_DECISIONS[type(decision)](self, decision)))
 
-    def _end(self, reason: str) -> None:
+    def _end(self, reason: str) -> NoReturn:
         raise JobFailed(reason)
 
-    def _probe_host(self, decision: dec.Probe) -> None:
+    def _wait(self, decision: dec.Wait) -> Sequence[dec.Decision]:
+        self._waits.append(decision)
+        return ()
+
+    def _probe_host(self, decision: dec.Probe) -> Sequence[dec.Decision]:
         def ask() -> None:
             result = probe(decision.address)
             self.post(msg.ProbeAnswered(decision.host, result.reachable, result.detail))
 
         spawn(f"probe-{decision.host}", ask)
+        return ()
 
-    def _host_lost(self, decision: dec.HostLost) -> None:
+    def _host_lost(self, decision: dec.HostLost) -> Sequence[dec.Decision]:
         self._emit_host_events(self.hosts.host_lost(decision.host, self._clock()))
+        return ()
 
-    def _count_failure(self, decision: dec.CountFailure) -> None:
+    def _count_failure(self, decision: dec.CountFailure) -> Sequence[dec.Decision]:
         self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
         slots = self.hosts.available_slots
-        if decision.streak:
-            decisions, self.book = policy.count_failure(
-                self.book, slots, decision.code, decision.reason
-            )
-            self._apply(decisions)
+        if not decision.streak:
+            return ()
+        return self._state.take(
+            policy.count_failure(self.book, slots, decision.code, decision.reason)
+        )
 
     # ------------------------------------------------------------------ messages
     def _handle(self, message: msg.Message) -> None:
         if not msg.changes_nothing(message, self.plan):
             self._changed = True
-        _MESSAGES[type(message)](self, message)
+        self._apply(_MESSAGES[type(message)](self, message))
 
     def _step(self, step: dec.Step) -> None:
         """Carry out a rule's decisions and keep its book."""
         self._apply(self._state.take(step))
 
-    def _lead_lost(self, message: msg.LeadLost) -> None:
+    def _hosts_found(self, message: msg.HostsFound) -> Sequence[dec.Decision]:
+        self._emit_host_events(self.hosts.update(message.hosts, self._clock()))
+        return ()
+
+    def _lead_lost(self, message: msg.LeadLost) -> NoReturn:
         raise LeadershipLost(message.reason)
 
     # ------------------------------------------------------------------ helpers
@@ -406,27 +404,34 @@ class Job:
         """The hosts a ps shard may be started on now (read from the ps supervisor's
         threads: a snapshot the loop replaces at each reconcile, minus the hosts whose
         agent was just lost, which the loop may not have handled yet)."""
-        lost = self._agents.lost_hosts() if self._agents is not None else frozenset()
+        lost = self._agents.lost_hosts()
         return tuple(h for h in self._usable if h not in lost)
 
 
-_DECISIONS: dict[type, Callable[[Job, Any], object]] = {
+def _none(_: object = None) -> Sequence[dec.Decision]:
+    """What a handler that only does something leads to: no further decision."""
+    return ()
+
+
+# What carries out each kind of decision, and each kind of message: a handler returns the
+# decisions it leads to, and ``Job._apply`` carries them out in turn.
+_DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     dec.Publish: lambda job, d: job._lead.publish(d),
-    dec.Wait: lambda job, d: job._waits.append(d),
+    dec.Wait: Job._wait,
     dec.Fail: lambda job, d: job._end(d.reason),
     dec.Kill: lambda job, d: job._actions.kill(d),
     dec.Stop: lambda job, d: job._actions.stop(d),
     dec.Launch: lambda job, d: job._actions.launch(d),
     dec.LaunchSpare: lambda job, d: job._actions.launch_spare(d),
     dec.Promote: lambda job, d: job._actions.promote(d),
-    dec.Report: lambda job, d: job.events.emit(d.event),
+    dec.Report: lambda job, d: _none(job.events.emit(d.event)),
     dec.CountFailure: Job._count_failure,
     dec.Probe: Job._probe_host,
     dec.HostLost: Job._host_lost,
-    dec.RetireAgent: lambda job, d: job._agents.retire(d.host) if job._agents else None,
+    dec.RetireAgent: lambda job, d: _none(job._agents.retire(d.host)),
 }
 
-_MESSAGES: dict[type, Callable[[Job, Any], object]] = {
+_MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.ProcessExited: lambda job, m: job._messages.on_exit(m),
     msg.RegistryChanged: lambda job, m: job._messages.on_registry(m),
     msg.RegistryResync: lambda job, m: job._messages.on_registry_resync(m),
@@ -434,9 +439,9 @@ _MESSAGES: dict[type, Callable[[Job, Any], object]] = {
     msg.ProbeAnswered: lambda job, m: job._messages.on_probe_answered(m),
     msg.AgentLost: lambda job, m: job._messages.on_agent_lost(m),
     # Missed reports are hints superseded by process exits: nothing to catch up on.
-    msg.FailureResync: lambda job, m: None,
-    msg.HostsFound: lambda job, m: job._emit_host_events(job.hosts.update(m.hosts, job._clock())),
-    msg.DiscoveryFailed: lambda job, m: job.events.emit(ev.HostDiscoveryFailed(m.error)),
+    msg.FailureResync: lambda job, m: _none(),
+    msg.HostsFound: Job._hosts_found,
+    msg.DiscoveryFailed: lambda job, m: _none(job.events.emit(ev.HostDiscoveryFailed(m.error))),
     msg.SignalReceived: lambda job, m: job._end(
         f"stopped by {signal.Signals(m.signum).name}; all workers were stopped"
     ),

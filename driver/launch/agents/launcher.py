@@ -54,6 +54,7 @@ from typing import Callable
 from driver.errors import LaunchError, LeadershipLost
 from driver.launch.agents.assigned import AssignedProcess
 from driver.launch.agents.handle import AgentProcess, agent_command, reap_agent
+from driver.launch.agents.service import AgentService
 from driver.launch.agents.snapshot import read_agent_keys
 from driver.launch.base import Launcher
 from driver.launch.output import PrefixFn, Stream
@@ -76,9 +77,9 @@ PROCESS_START_TIMEOUT = 30.0
 """Seconds an agent has to report a process it was assigned as started (or failed)."""
 
 
-class AgentLauncher(Launcher):
-    """Launches through agents the hosts ``uses_agent`` picks, directly (``direct``) the
-    others. ``starter`` starts the agents. Launches directly until ``attach`` gave it
+class AgentLauncher(Launcher, AgentService):
+    """The ``AgentService`` of ``elastic-run``: launches through agents the hosts
+    ``uses_agent`` picks, directly (``direct``) the others. ``starter`` starts the agents. Launches directly until ``attach`` gave it
     the store and the variables agents start with (store URL, job id, secret)."""
 
     name = "agents"

@@ -1,0 +1,104 @@
+"""What the job's loop asks of the per-host agents (``AgentService``), and the service of a
+job that runs none (``NoAgents``).
+
+``elastic-run``'s own launcher is an ``AgentService`` too
+(``driver.launch.agents.launcher.AgentLauncher``): it starts the agents and talks to them
+through the store. A job given a launcher of its own (tests drive the loop with fake
+processes) has no agents: it gets ``NoAgents``, which adopts nothing, follows nothing
+and knows no host, so the loop asks the same questions either way.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Callable
+
+from driver.launch.process import WorkerProcess
+from rendezvous.store import Delete, KeyValue, KVStore, Put
+
+
+class AgentService(abc.ABC):
+    """The per-host agents, as the job's loop uses them."""
+
+    @abc.abstractmethod
+    def adopt(self, kvs: Sequence[KeyValue]) -> Mapping[str, WorkerProcess]:
+        """Take over the agents and processes a predecessor left (its job's keys
+        ``kvs``); returns a handle for each process still running, by process id."""
+
+    @abc.abstractmethod
+    def attach(
+        self,
+        store: KVStore,
+        *,
+        agent_env: Mapping[str, str],
+        term: Callable[[], int],
+        on_host_lost: Callable[[str, str], None],
+        patience: float,
+        steer: Callable[[Sequence[Put | Delete]], int] | None = None,
+    ) -> None:
+        """Use ``store`` from now on: agents start with ``agent_env``, assignments carry
+        ``term()``, every write goes through ``steer`` (the leader's fenced write), and
+        a host whose agent is lost is ``on_host_lost(host, detail)``."""
+
+    @abc.abstractmethod
+    def live_hosts(self) -> frozenset[str]:
+        """Hosts with a registered agent that is neither lost nor retiring."""
+
+    @abc.abstractmethod
+    def busy_hosts(self) -> frozenset[str]:
+        """Hosts where a process assigned through an agent has not been reported ended."""
+
+    @abc.abstractmethod
+    def lost_hosts(self) -> frozenset[str]:
+        """Hosts whose agent was lost (until a new agent is started there)."""
+
+    @abc.abstractmethod
+    def retire(self, host: str) -> None:
+        """Ask the agent of ``host`` to exit (discovery removed the host, nothing runs
+        there)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """The job is over: every agent stops what it runs and exits."""
+
+    @abc.abstractmethod
+    def stop_following(self) -> None:
+        """Stop following the agents' records and reports (the driver is done)."""
+
+
+class NoAgents(AgentService):
+    """The agents of a job that runs none: nothing to adopt, follow, retire or close."""
+
+    def adopt(self, kvs: Sequence[KeyValue]) -> Mapping[str, WorkerProcess]:
+        return {}
+
+    def attach(
+        self,
+        store: KVStore,
+        *,
+        agent_env: Mapping[str, str],
+        term: Callable[[], int],
+        on_host_lost: Callable[[str, str], None],
+        patience: float,
+        steer: Callable[[Sequence[Put | Delete]], int] | None = None,
+    ) -> None:
+        pass
+
+    def live_hosts(self) -> frozenset[str]:
+        return frozenset()
+
+    def busy_hosts(self) -> frozenset[str]:
+        return frozenset()
+
+    def lost_hosts(self) -> frozenset[str]:
+        return frozenset()
+
+    def retire(self, host: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def stop_following(self) -> None:
+        pass
