@@ -384,7 +384,7 @@ class DriverStandIn:
     def follow(self, stop: threading.Event) -> None:
         feeds = (
             (self._keys.workers, RegistryChanged, RegistryResync),
-            (self._keys.failures, FailureReport, FailureResync),
+            (self._keys.failures, FailureReport.from_event, FailureResync),
         )
         for prefix, on_event, on_resync in feeds:
             spawn(
@@ -440,8 +440,6 @@ class DriverStandIn:
                 kv.key[len(prefix) :]: (kv.create_revision, WorkerInfo.from_json(kv.value))
                 for kv in message.kvs
             }
-        elif isinstance(message, FailureReport) and message.event.type == PUT:
-            json.loads(message.event.value)  # the driver reads each report
 
     def _decide(self) -> None:
         live = [info for _, info in sorted(self._registered.values(), key=lambda r: r[0])]

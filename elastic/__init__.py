@@ -1,6 +1,7 @@
 """The worker API: ``import elastic`` (contract in docs/DESIGN.md).
 
-This module only names the API; each part lives in its own module:
+This module only names the API: each part lives in its own module, and each module's
+``__all__`` says what of it is public, so the face below repeats no name by hand:
 
 - ``elastic.context``: ``init()``/``shutdown()``, the layout (``rank()``, ``size()``, ...)
   and the collectives, over the world the process was started in (``elastic-run``,
@@ -9,41 +10,20 @@ This module only names the API; each part lives in its own module:
 - ``elastic.loop``: ``@run``;
 - ``elastic.sampler``: ``ElasticSampler``;
 - ``elastic.average``: ``weighted_average``, the workers' means combined by sample count;
-- ``elastic.errors``: the exceptions;
+- ``elastic.errors``: every exception a training script may catch;
 - ``elastic.ps``: ``elastic.ps.connect()``, the parameter-server client (cheap to import);
 - ``__version__``: the project's version (``rendezvous.version``).
 """
 
 from __future__ import annotations
 
-from elastic import ps
-from elastic.average import weighted_average
-from elastic.context import (
-    allgather,
-    allgather_object,
-    allreduce,
-    barrier,
-    broadcast,
-    broadcast_object,
-    cross_rank,
-    cross_size,
-    init,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
-from elastic.errors import (
-    ElasticError,
-    HostsUpdatedInterrupt,
-    RendezvousError,
-    ReplacedStateWarning,
-    WorkerLostError,
-)
-from elastic.loop import run
-from elastic.sampler import ElasticSampler
-from elastic.state import NumpyState, ObjectState, State
+from elastic import average, context, errors, loop, ps, sampler, state
+from elastic.average import *  # noqa: F403  (the face: each module's __all__)
+from elastic.context import *  # noqa: F403
+from elastic.errors import *  # noqa: F403
+from elastic.loop import *  # noqa: F403
+from elastic.sampler import *  # noqa: F403
+from elastic.state import *  # noqa: F403
 
 
 def __getattr__(name: str) -> str:
@@ -56,31 +36,10 @@ def __getattr__(name: str) -> str:
     raise AttributeError(f"module 'elastic' has no attribute {name!r}")
 
 
-__all__ = [
-    "init",
-    "shutdown",
-    "rank",
-    "size",
-    "local_rank",
-    "local_size",
-    "cross_rank",
-    "cross_size",
-    "allreduce",
-    "broadcast",
-    "allgather",
-    "broadcast_object",
-    "allgather_object",
-    "barrier",
-    "weighted_average",
-    "State",
-    "ObjectState",
-    "NumpyState",
-    "run",
-    "ElasticSampler",
-    "ElasticError",
-    "HostsUpdatedInterrupt",
-    "WorkerLostError",
-    "ReplacedStateWarning",
-    "RendezvousError",
-    "ps",
-]
+__all__ = ["ps"]
+__all__ += context.__all__
+__all__ += average.__all__
+__all__ += state.__all__
+__all__ += loop.__all__
+__all__ += sampler.__all__
+__all__ += errors.__all__

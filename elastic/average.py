@@ -94,3 +94,6 @@ def weighted_average(value: Values, count: int) -> Any:
         WorkerLostError: the round broke during the allreduce (as ``allreduce``).
     """
     return unpack(context.allreduce(pack(value, count), op="sum"), value)
+
+
+__all__ = ["weighted_average"]

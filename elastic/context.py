@@ -259,13 +259,12 @@ def barrier() -> None:
     _comm().barrier()
 
 
+# The worker API this module gives the package face (``elastic/__init__.py`` exports
+# exactly these); ``Layout``, ``current_runtime``, ``pending_round`` and ``note_commit``
+# are the worker library's own (``elastic.state``, ``elastic.loop``, ``elastic.ps``).
 __all__ = [
-    "Layout",
     "init",
     "shutdown",
-    "current_runtime",
-    "pending_round",
-    "note_commit",
     "rank",
     "size",
     "local_rank",

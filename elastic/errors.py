@@ -1,4 +1,9 @@
-"""The worker API's exceptions (contract names: see docs/DESIGN.md)."""
+"""The worker API's exceptions (contract names: see docs/DESIGN.md), in one place: what a
+training script may catch, whichever part of the worker raises it."""
+
+from __future__ import annotations
+
+import enum
 
 from rendezvous.errors import ElasticError, RendezvousError
 
@@ -15,6 +20,42 @@ class HostsUpdatedInterrupt(ElasticError):
 class WorkerLostError(ElasticError):
     """A peer of the current round died or stopped answering, or the communicator was
     closed under a blocked call. ``@elastic.run`` restores the last commit and re-forms."""
+
+
+class LossCause(enum.Enum):
+    """Why a member of the round counts as lost (``PeerLostError.cause``), as a value:
+    what the driver is told depends on it, never on the words of a message.
+
+    ``SILENT``: it stopped answering (no heartbeat for ``peer_timeout``, or it did not
+    answer or connect in time): alive but stopped or hung, or its host cut off;
+    ``CLOSED``: its connection closed or broke (the process died, or its host reset the
+    connection); ``RELAYED``: another member said so (not seen here);
+    ``UNKNOWN``: nobody can tell (the failure monitor itself failed)."""
+
+    SILENT = "silent"
+    CLOSED = "closed"
+    RELAYED = "relayed"
+    UNKNOWN = "unknown"
+
+
+class PeerLostError(WorkerLostError):
+    """A member of the round is gone (killed, stopped, partitioned).
+
+    ``rank`` is the lost member's rank when known; ``direct`` is True when this process
+    saw the failure itself (a neighbour) rather than hearing of it from a peer; ``cause``
+    says how it was seen (``LossCause``)."""
+
+    def __init__(
+        self,
+        message: str = "peer lost",
+        rank: int | None = None,
+        direct: bool = False,
+        cause: LossCause = LossCause.UNKNOWN,
+    ):
+        super().__init__(message)
+        self.rank = rank
+        self.direct = direct
+        self.cause = cause
 
 
 class CommunicatorClosedError(WorkerLostError):
@@ -39,6 +80,8 @@ __all__ = [
     "RendezvousError",
     "HostsUpdatedInterrupt",
     "WorkerLostError",
+    "PeerLostError",
+    "LossCause",
     "CommunicatorClosedError",
     "WorkerExpelledError",
     "ReplacedStateWarning",

@@ -88,3 +88,6 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
             state.on_reset()
 
     return wrapper
+
+
+__all__ = ["run"]

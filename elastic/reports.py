@@ -7,12 +7,12 @@ which calls them with its store, lease and keys.
 
 from __future__ import annotations
 
-import json
 import logging
 
+from elastic.errors import LossCause, PeerLostError
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan
+from rendezvous.plan import FailureRecord, FinishRecord, Plan
 from rendezvous.store import Compare, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
@@ -20,32 +20,22 @@ log = logging.getLogger(__name__)
 
 def suspect_of(exc: Exception, plan: Plan | None) -> str | None:
     """The worker to blame for ``exc``, when this worker saw it stop answering itself
-    (alive but silent: SIGSTOP, a hang, a peer that never connects to build the round).
-    A crash needs no suspect: the driver sees the
-    process exit, and the cascade of closed sockets would blame innocent neighbours."""
-    rank = getattr(exc, "rank", None)
-    silent = any(sign in str(exc) for sign in ("no heartbeat", "did not answer", "did not connect"))
-    if (
-        plan is None
-        or rank is None
-        or not getattr(exc, "direct", False)
-        or not silent
-        or not 0 <= rank < plan.size
-    ):
+    (``PeerLostError`` with ``direct`` and ``LossCause.SILENT``: SIGSTOP, a hang, a peer
+    that never connects to build the round). A crash needs no suspect: the driver sees
+    the process exit, and the cascade of closed sockets would blame innocent neighbours."""
+    if not isinstance(exc, PeerLostError) or plan is None:
+        return None
+    rank = exc.rank
+    if rank is None or not exc.direct or exc.cause is not LossCause.SILENT:
+        return None
+    if not 0 <= rank < plan.size:
         return None
     return plan.members[rank].worker_id
 
 
 def failure_record(worker_id: str, round_id: int, reason: str, suspect: str | None) -> bytes:
     """The failure report of ``worker_id``: a collective of ``round_id`` failed."""
-    return json.dumps(
-        {
-            "worker_id": worker_id,
-            "round_id": round_id,
-            "reason": reason[:500],
-            "suspect": suspect,
-        }
-    ).encode()
+    return FailureRecord(worker_id, round_id, reason, suspect).to_json()
 
 
 def silence_report(
@@ -54,15 +44,8 @@ def silence_report(
     """The key and record of ``worker_id``'s report that member ``rank`` of ``plan`` has
     sent nothing for ``quiet`` seconds."""
     suspect = plan.members[rank].worker_id
-    record = json.dumps(
-        {
-            "worker_id": worker_id,
-            "round_id": plan.round_id,
-            "reason": f"silent for {quiet:.1f}s",
-            "suspect": suspect,
-            "silent": True,
-        }
-    ).encode()
+    reason = f"silent for {quiet:.1f}s"
+    record = FailureRecord(worker_id, plan.round_id, reason, suspect, silent=True).to_json()
     return keys.silence(plan.round_id, worker_id, suspect), record
 
 
@@ -88,7 +71,7 @@ def record_finish(
     Returns the newer round that includes ``worker_id``, published first (its members
     wait for this worker, which must join it), else None (the finish is recorded, or the
     store cannot be reached: best effort). Never raises."""
-    record = json.dumps({"round": plan.round_id, "commits": commits}).encode()
+    record = FinishRecord(plan.round_id, commits).to_json()
     try:
         result = store.txn(
             [Compare(keys.round, "value", "==", plan.to_json())],

@@ -205,3 +205,6 @@ class ElasticSampler:
         for an empty share. Accumulate a gradient over them, weighting each by its share of
         ``len(indices)``."""
         return [indices[lo:hi] for lo, hi in micro_pieces(len(indices), self.max_micro_batch)]
+
+
+__all__ = ["ElasticSampler"]

@@ -21,7 +21,7 @@ import copy
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
 import numpy as np
 
@@ -92,7 +92,11 @@ class State:
         def __setattr__(self, name: str, value: Any) -> None: ...
 
     def _world_in_use(self) -> World:
-        return self._world if self._world is not None else context
+        if self._world is not None:
+            return self._world
+        # The module is a World; a type checker sees only its __all__, the worker API,
+        # which leaves out ``pending_round`` (the library's own).
+        return cast(World, context)
 
     # ---- to implement ----
     def save(self) -> None:
@@ -254,3 +258,6 @@ class NumpyState(ObjectState):
                 buffer = np.zeros(shape, dtype=np.dtype(dtype))
             self.__dict__[name] = world.broadcast(buffer, root=root)
         self.__dict__.update(objects)
+
+
+__all__ = ["State", "ObjectState", "NumpyState"]

@@ -1,7 +1,9 @@
-"""The records that travel through the store: worker registrations and round plans.
+"""The records that travel through the store: worker registrations, round plans, the
+workers' failure reports, and the driver's and the ps shards' records.
 
 The driver is the only writer of plans; workers read them. Both sides share these
-classes so the JSON schema is defined once.
+classes so the JSON schema is defined once: every record is written with ``to_json``
+and read with ``from_json``, never as a bare dict.
 """
 
 from __future__ import annotations
@@ -200,6 +202,52 @@ class ProgressRecord(JsonRecord):
     step: int
     round_id: int
     worker_id: str = ""
+
+
+@dataclass(frozen=True)
+class FailureRecord(JsonRecord):
+    """A worker's report to the driver, under ``JobKeys.failure`` (written by worker
+    ``worker_id`` under its lease): a collective of round ``round_id`` failed
+    (``reason``), or (``silent``) member ``suspect`` has sent nothing for a moment
+    (under ``JobKeys.silence``: not a failure yet). ``suspect``: the worker it blames,
+    when it saw that peer stop answering itself (None: a crash needs no suspect, the
+    driver sees the process exit).
+
+    Raises (when made, and so when read):
+        TypeError: a field of the wrong type (a report is taken whole or not at all).
+    """
+
+    worker_id: str
+    round_id: int
+    reason: str
+    suspect: str | None = None
+    silent: bool = False
+
+    MAX_REASON = 500  # characters of ``reason`` kept: one line in the driver's events
+
+    def __post_init__(self):
+        checks = (
+            ("worker_id", isinstance(self.worker_id, str)),
+            ("round_id", isinstance(self.round_id, int) and not isinstance(self.round_id, bool)),
+            ("reason", isinstance(self.reason, str)),
+            ("suspect", self.suspect is None or isinstance(self.suspect, str)),
+            ("silent", isinstance(self.silent, bool)),
+        )
+        bad = [name for name, ok in checks if not ok]
+        if bad:
+            raise TypeError(f"failure report: bad {', '.join(bad)}")
+        if len(self.reason) > self.MAX_REASON:
+            object.__setattr__(self, "reason", self.reason[: self.MAX_REASON])
+
+
+@dataclass(frozen=True)
+class FinishRecord(JsonRecord):
+    """Under ``JobKeys.finished(worker)`` and ``JobKeys.training_finished``: a worker's
+    training function returned in round ``round`` after ``commits`` commits (the driver
+    only asks whether it exists)."""
+
+    round: int
+    commits: int
 
 
 @dataclass(frozen=True)

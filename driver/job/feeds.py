@@ -76,7 +76,7 @@ def follow_workers_and_failures(
 
     feeds = (
         (keys.workers, RegistryChanged, RegistryResync),
-        (keys.failures, FailureReport, FailureResync),
+        (keys.failures, FailureReport.from_event, FailureResync),
     )
     for prefix, on_event, on_resync in feeds:
         watch = store.watch_prefix(prefix, start_revision=revision + 1)

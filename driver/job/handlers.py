@@ -10,7 +10,6 @@ the rules' decisions, which the loop carries out (no handler calls back into the
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -103,11 +102,10 @@ class MessageHandlers:
             ctx.events.emit(ev.SpareReady(worker=worker_id, host=rec.host, took=took))
 
     def on_failure_report(self, message: msg.FailureReport) -> Decisions:
-        if message.event.type != PUT:
-            return ()
-        state = self._ctx.state
-        report = json.loads(message.event.value)
-        if report.get("silent"):
+        report, state = message.record, self._ctx.state
+        if report is None:
+            return ()  # deleted (a new round settles the old reports) or unreadable
+        if report.silent:
             return state.take(
                 policy.silence_reported(state.workers, state.plan, state.book, report)
             )

@@ -1,20 +1,22 @@
 """What the job's threads tell its main loop: one small frozen class per kind of news.
 
-Only the main loop (``driver.job.Job``) owns the job's state; every other thread (process
+Only the main loop (``driver.job.loop.Job``) owns the job's state; every other thread (process
 waiters, store watches, discovery, signal handlers, the chaos timer, the ps supervisor)
 posts one of these to its queue, and the loop dispatches on the class.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Union
 
 from driver.hosts.slots import HostSlots
-from rendezvous.plan import Plan
+from rendezvous.plan import FailureRecord, Plan
 from rendezvous.store import PUT, Event, KeyValue
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,23 @@ class RegistryResync:
 
 @dataclass(frozen=True)
 class FailureReport:
-    """A worker reported a failure it saw (a store watch event)."""
+    """A worker reported a failure it saw, or a silent peer (a store watch event, read
+    on the watch's thread): its ``record``, None when the report was deleted or could
+    not be read (``from_event``)."""
 
-    event: Event
+    record: FailureRecord | None
+
+    @classmethod
+    def from_event(cls, event: Event) -> FailureReport:
+        """The report a store event carries (None for a deletion; an unreadable report
+        is logged and read as None: one bad writer must not stop the loop)."""
+        if event.type != PUT:
+            return cls(None)
+        try:
+            return cls(FailureRecord.from_json(event.value))
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable failure report %s: %s", event.key, exc)
+            return cls(None)
 
 
 @dataclass(frozen=True)
@@ -154,21 +170,14 @@ Message = Union[
 
 
 def changes_nothing(message: Message, plan: Plan | None) -> bool:
-    """A failure report's deletion, or a failure report about a round other than the
-    current one: the rules read nothing from it (``policy.failure_reported``), so it
-    asks for no turn of the rules. Every survivor of a round of thousands reports the
-    round's failure, mostly after the next round is out: a turn of the rules for each
-    report would read every worker once per worker."""
+    """A failure report's deletion (or an unreadable one), or a failure report about a
+    round other than the current one: the rules read nothing from it
+    (``policy.failure_reported``), so it asks for no turn of the rules. Every survivor
+    of a round of thousands reports the round's failure, mostly after the next round is
+    out: a turn of the rules for each report would read every worker once per worker."""
     if not isinstance(message, FailureReport):
         return False
-    if message.event.type != PUT:
+    record = message.record
+    if record is None:
         return True
-    try:
-        report = json.loads(message.event.value)
-    except ValueError:
-        return False
-    return (
-        isinstance(report, dict)
-        and not report.get("silent")
-        and (plan is None or report.get("round_id") != plan.round_id)
-    )
+    return not record.silent and (plan is None or record.round_id != plan.round_id)

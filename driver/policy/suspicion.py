@@ -19,24 +19,22 @@ without them at once) and the host blacklisted for its cooldown.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from driver.events import FailureReported, HostUnreachable
 from driver.policy.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step, Wait
 from driver.policy.lifecycle import Workers
-from rendezvous.plan import Plan
+from rendezvous.plan import FailureRecord, Plan
 
 
-def _report_event(report: Mapping[str, Any]) -> Report:
+def _report_event(report: FailureRecord) -> Report:
     """The ``failure_reported`` event of a worker's report, to emit."""
     return Report(
         FailureReported(
-            reporter=report.get("worker_id"),
-            round=report.get("round_id"),
-            reason=report.get("reason"),
-            suspect=report.get("suspect"),
+            reporter=report.worker_id,
+            round=report.round_id,
+            reason=report.reason,
+            suspect=report.suspect,
         )
     )
 
@@ -48,30 +46,25 @@ CONFIRM_WINDOW = 2.0
 
 
 def failure_reported(
-    workers: Workers, plan: Plan | None, book: Book, report: Mapping[str, Any], now: float
+    workers: Workers, plan: Plan | None, book: Book, report: FailureRecord, now: float
 ) -> Step:
-    """A worker's failure report (``worker_id``, ``round_id``, ``reason``, ``suspect``):
-    say so. A report of the current round clears its reporter of any accusation (it is
-    alive); one naming an active worker that has not reported itself accuses it (see the
-    module docstring)."""
-    reporter, suspect, round_id = (
-        report.get("worker_id"),
-        report.get("suspect"),
-        report.get("round_id"),
-    )
+    """A worker's failure report: say so. A report of the current round clears its
+    reporter of any accusation (it is alive); one naming an active worker that has not
+    reported itself accuses it (see the module docstring)."""
+    reporter = report.worker_id
     decisions: tuple[Decision, ...] = (_report_event(report),)
-    if plan is None or round_id != plan.round_id:
+    if plan is None or report.round_id != plan.round_id:
         return Step(decisions, book)
-    reporters = book.reporters | ({reporter} if isinstance(reporter, str) else set())
+    reporters = book.reporters | {reporter}
     accused = tuple(a for a in book.accused if a[0] not in reporters)
-    rec = workers.get(suspect) if isinstance(suspect, str) else None
+    rec = workers.get(report.suspect) if report.suspect is not None else None
     if (
         rec is not None
         and rec.state.active
         and rec.worker_id not in reporters
         and all(a[0] != rec.worker_id for a in accused)
     ):
-        accused += ((rec.worker_id, now, f"reported by {reporter}: {report.get('reason')}"),)
+        accused += ((rec.worker_id, now, f"reported by {reporter}: {report.reason}"),)
     return Step(decisions, replace(book, reporters=frozenset(reporters), accused=accused))
 
 
@@ -98,16 +91,15 @@ def accusations_due(workers: Workers, book: Book, now: float) -> Step:
 
 
 def silence_reported(
-    workers: Workers, plan: Plan | None, book: Book, report: Mapping[str, Any]
+    workers: Workers, plan: Plan | None, book: Book, report: FailureRecord
 ) -> Step:
     """A member of the current round reports a neighbour it has not heard from for a
-    moment (``report["silent"]``): probe that neighbour's host once, unless a probe of
-    it is already under way. Reports about older rounds or inactive workers are noted
+    moment (``report.silent``): probe that neighbour's host once, unless a probe of it
+    is already under way. Reports about older rounds or inactive workers are noted
     only."""
-    suspect, round_id = report.get("suspect"), report.get("round_id")
     decisions: list[Decision] = [_report_event(report)]
-    rec = workers.get(suspect) if isinstance(suspect, str) else None
-    current = plan is not None and round_id == plan.round_id
+    rec = workers.get(report.suspect) if report.suspect is not None else None
+    current = plan is not None and report.round_id == plan.round_id
     if not current or rec is None or not rec.state.active or rec.info is None:
         return Step(tuple(decisions), book)
     if rec.host in book.probing:

@@ -7,14 +7,13 @@ round builds ``RingCommunicator(Membership(...), listener, CommSettings(...))``.
 a fixed world.
 """
 
-from elastic.errors import CommunicatorClosedError, WorkerLostError
+from elastic.errors import CommunicatorClosedError, PeerLostError, WorkerLostError
 
 from .base import (
     CollectiveMismatchError,
     CommSettings,
     Communicator,
     Membership,
-    PeerLostError,
     ShmUnavailableError,
 )
 from .listener import RingListener

@@ -25,24 +25,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from elastic.errors import CommunicatorClosedError, WorkerLostError
+from elastic.errors import CommunicatorClosedError, PeerLostError, WorkerLostError
 from rendezvous.errors import ElasticError
 
 from . import layout
 
 TRANSPORTS = ("auto", "tcp", "shm", "hier")
-
-
-class PeerLostError(WorkerLostError):
-    """A member of the round is gone (killed, stopped, partitioned).
-
-    ``rank`` is the lost member's rank when known; ``direct`` is True when this process
-    saw the failure itself (a neighbour) rather than hearing of it from a peer."""
-
-    def __init__(self, message: str = "peer lost", rank: int | None = None, direct: bool = False):
-        super().__init__(message)
-        self.rank = rank
-        self.direct = direct
 
 
 class CollectiveMismatchError(ElasticError):

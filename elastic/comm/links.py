@@ -18,8 +18,10 @@ import threading
 from collections.abc import Sequence
 from typing import Callable
 
+from elastic.errors import LossCause, PeerLostError
+
 from . import wire
-from .base import Membership, PeerLostError
+from .base import Membership
 from .listener import RingListener, StopCheck, dial
 from .transport import Check
 
@@ -121,6 +123,7 @@ class NeighbourLinks:
                 f"rank {rank} did not {failed} within {connect_timeout:g} s ({e})",
                 rank=rank,
                 direct=True,
+                cause=LossCause.SILENT,
             ) from None
 
     def _hold(self, sock: socket.socket, check: Check, control: bool = False) -> socket.socket:

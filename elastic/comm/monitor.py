@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from elastic.errors import LossCause
 from elastic.netio import POLL_DEAD, POLLRDHUP, wake_pipe
 
 from . import wire
@@ -79,7 +80,7 @@ class AbortNotice:
         return wire.encode_ctrl(wire.CTRL_ABORT, self.payload)
 
 
-LostCallback = Callable[["int | None", str], None]
+LostCallback = Callable[["int | None", str, LossCause], None]
 SilentCallback = Callable[[int, float], None]
 ClosingCallback = Callable[[int, str, bool], bool]
 AbortCallback = Callable[[AbortNotice], None]
@@ -92,7 +93,8 @@ class FailureMonitor:
     caller owns and closes them). Callbacks run on the monitor thread, and the thread
     exits after any callback that ended the communicator:
 
-    * ``lost(rank, why)``: a neighbour is gone (``rank`` None: the monitor itself failed);
+    * ``lost(rank, why, cause)``: a neighbour is gone, ``cause`` says how it was seen
+      (``rank`` None: the monitor itself failed);
     * ``closing(origin, reason, settled)``: a neighbour closed on purpose (``origin`` is
       the member that closed first); ``settled`` is True when a collective here already
       found that neighbour gone, so the close must take effect now. Returns True when
@@ -188,7 +190,7 @@ class FailureMonitor:
             self._watch()
         except Exception as e:  # a bug here must not leave collectives blocked forever
             log.exception("ring monitor failed")
-            self._report_lost(None, f"failure monitor crashed: {e!r}")
+            self._report_lost(None, f"failure monitor crashed: {e!r}", LossCause.UNKNOWN)
         finally:
             with self._lock:
                 r, w = self._wake_r, self._wake_w
@@ -253,7 +255,7 @@ class FailureMonitor:
                     if eof or ev & POLL_DEAD:
                         poller.unregister(fd)
                         if link.rank not in closed and not self._stopped:
-                            self._report_lost(link.rank, "connection closed")
+                            self._report_lost(link.rank, "connection closed", LossCause.CLOSED)
                             return
                 elif fd in data:
                     poller.unregister(fd)
@@ -272,7 +274,7 @@ class FailureMonitor:
                 hung_up.setdefault(rank, now)
             for rank, since in hung_up.items():
                 if rank not in closed and now - since >= grace:
-                    self._report_lost(rank, "connection broken")
+                    self._report_lost(rank, "connection broken", LossCause.CLOSED)
                     return
             for link in control.values():
                 quiet = now - link.last_heard
@@ -293,6 +295,7 @@ class FailureMonitor:
                     self._report_lost(
                         link.rank,
                         f"no heartbeat for {now - link.last_heard:.1f} s (stopped or unreachable)",
+                        LossCause.SILENT,
                     )
                     return
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from elastic.errors import CommunicatorClosedError, WorkerLostError
+from elastic.errors import CommunicatorClosedError, LossCause, PeerLostError, WorkerLostError
 from rendezvous.errors import RendezvousAuthError
 
 from . import layout, wire
@@ -44,7 +44,6 @@ from .base import (
     Communicator,
     FailureCallback,
     Membership,
-    PeerLostError,
     ShmUnavailableError,
 )
 from .links import Connector, NeighbourLinks
@@ -179,7 +178,7 @@ class RingCommunicator(Communicator):
             [(ctrl_left, links.left), (ctrl_right, links.right)],
             [(data_left, links.left), (data_right, links.right)],
             settings,
-            lost=lambda rank, why: self._lost(rank, why, direct=rank is not None),
+            lost=lambda rank, why, cause: self._lost(rank, why, cause, direct=rank is not None),
             closing=self._on_peer_closing,
             aborted=self._on_abort,
             silent=self._on_peer_silent,
@@ -217,13 +216,11 @@ class RingCommunicator(Communicator):
         if self._error is not None:
             return self._new_error()
         if isinstance(e, PeerGone):
-            return PeerLostError(
-                f"rank {e.rank} failed during setup: {e.detail}", rank=e.rank, direct=True
-            )
+            msg = f"rank {e.rank} failed during setup: {e.detail}"
+            return PeerLostError(msg, rank=e.rank, direct=True, cause=LossCause.CLOSED)
         if isinstance(e, TimeoutError):
-            return PeerLostError(
-                f"setup did not finish within {self._settings.connect_timeout:g} s: {e}"
-            )
+            msg = f"setup did not finish within {self._settings.connect_timeout:g} s: {e}"
+            return PeerLostError(msg, cause=LossCause.SILENT)
         if isinstance(e, Mismatch):
             return CollectiveMismatchError(str(e))
         return e
@@ -326,11 +323,13 @@ class RingCommunicator(Communicator):
             if why is not None:
                 self._break_closed(*(self._pending_close or (rank, why)))
             else:
-                self._lost(rank, detail, direct=rank in (self._links.left, self._links.right))
+                neighbour = rank in (self._links.left, self._links.right)
+                self._lost(rank, detail, LossCause.CLOSED, direct=neighbour)
 
-    def _lost(self, rank: int | None, detail: str, direct: bool = True) -> None:
+    def _lost(self, rank: int | None, detail: str, cause: LossCause, direct: bool = True) -> None:
         msg = f"rank {rank} lost: {detail} (seen by rank {self._rank}, round {self.round_id})"
-        kw, relay = {"rank": rank, "direct": direct}, wire.encode_abort(wire.ABORT_LOST, rank, msg)
+        kw = {"rank": rank, "direct": direct, "cause": cause}
+        relay = wire.encode_abort(wire.ABORT_LOST, rank, msg)
         self._break(PeerLostError, msg, kw=kw, relay=relay, callback=True)
 
     # --- what the failure monitor reports ----------------------------------------------
@@ -352,7 +351,7 @@ class RingCommunicator(Communicator):
         if notice.kind == wire.ABORT_MISMATCH:
             self._break(CollectiveMismatchError, notice.message, relay=notice.relay())
             return
-        kw = {"rank": notice.lost_rank, "direct": False}
+        kw = {"rank": notice.lost_rank, "direct": False, "cause": LossCause.RELAYED}
         if notice.lost_rank == self._rank:  # the others went on without this worker
             msg = f"this worker was declared lost by rank {notice.neighbour}: {notice.message}"
             self._break(PeerLostError, msg, kw=kw)
@@ -383,7 +382,8 @@ class RingCommunicator(Communicator):
         except PeerGone as e:
             self._peer_failed(e.rank, e.detail, orderly=e.orderly)
             if self._error is None:  # pragma: no cover - _peer_failed always breaks
-                self._lost(None, f"rank {e.rank} left the collective: {e.detail}", direct=False)
+                left = f"rank {e.rank} left the collective: {e.detail}"
+                self._lost(None, left, LossCause.CLOSED, direct=False)
             raise self._new_error() from None
         except Interrupted:
             raise self._new_error() from None
@@ -443,7 +443,7 @@ def _break_args(err: BaseException) -> tuple[type, str, dict]:
     """The error a failed construction breaks the communicator with: a typed one as it
     is, anything else as CommunicatorClosedError."""
     if isinstance(err, PeerLostError):
-        return type(err), str(err), {"rank": err.rank, "direct": err.direct}
+        return type(err), str(err), {"rank": err.rank, "direct": err.direct, "cause": err.cause}
     if isinstance(err, _TYPED_ERRORS):
         return type(err), str(err), {}
     return CommunicatorClosedError, f"setup failed: {err!r}", {}

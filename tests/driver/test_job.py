@@ -5,7 +5,6 @@ driven turn by turn. (Real processes and real signals: test_driver_jobs.py.)"""
 from __future__ import annotations
 
 import itertools
-import json
 import signal
 import threading
 import time
@@ -16,12 +15,18 @@ from driver import policy
 from driver.config import parse_args
 from driver.errors import JobFailed, LaunchError
 from driver.job.loop import Job
-from driver.job.messages import ChaosTick, FailureReport, RegistryResync, SignalReceived
+from driver.job.messages import (
+    ChaosTick,
+    FailureReport,
+    RegistryResync,
+    SignalReceived,
+    changes_nothing,
+)
 from driver.job.wiring import job_env, worker_env
 from driver.launch.base import Launcher
 from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord, WorkerState
-from rendezvous.plan import Plan, WorkerInfo
+from rendezvous.plan import FailureRecord, Plan, WorkerInfo
 from rendezvous.store import DELETE, PUT, Event, KeyValue, KVStore
 from tests.support.jobs import wait_until
 
@@ -387,9 +392,9 @@ def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypat
     monkeypatch.setattr(job, "_reconcile", counted)
 
     def report(round_id: int, reporter: str, kind: str = PUT) -> FailureReport:
-        record = {"worker_id": reporter, "round_id": round_id, "reason": "peer lost"}
+        record = FailureRecord(reporter, round_id, "peer lost").to_json()
         key = job.keys.failure(round_id, reporter)
-        return FailureReport(Event(kind, KeyValue(key, json.dumps(record).encode(), 1, 1, 1)))
+        return FailureReport.from_event(Event(kind, KeyValue(key, record, 1, 1, 1)))
 
     job.turn(max_wait=0.02)  # a wake-up: the next turn runs the rules
     job.post(report(job.plan.round_id - 1, "first"))
@@ -406,3 +411,18 @@ def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypat
     job.turn(max_wait=10.0)
     job.turn(max_wait=0.0)
     assert turns == [1]
+
+
+def test_an_unreadable_failure_report_is_ignored_and_the_job_goes_on(harness, caplog):
+    """A report the codec refuses (a field of the wrong type, or not JSON at all) is
+    logged and dropped on the watch's side: no turn of the rules, no event, no crash."""
+    job, _, events, _ = harness("-np", "2")
+    first_round(job, 2)
+    key = job.keys.failure(job.plan.round_id, "w")
+    for value in (b"not json", b'{"worker_id": 7, "round_id": "x", "reason": null}'):
+        message = FailureReport.from_event(Event(PUT, KeyValue(key, value, 1, 1, 1)))
+        assert message.record is None and changes_nothing(message, job.plan)
+        job.post(message)
+        assert job.turn(max_wait=0.05) is None
+    assert not [e for e in events if e.kind == "failure_reported"]
+    assert "ignoring an unreadable failure report" in caplog.text

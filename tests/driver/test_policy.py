@@ -33,7 +33,7 @@ from driver.policy.decisions import (
 )
 from driver.policy.lifecycle import WorkerRecord, WorkerState
 from driver.policy.planner import build_plan
-from rendezvous.plan import Plan, WorkerInfo
+from rendezvous.plan import FailureRecord, Plan, WorkerInfo
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
@@ -582,12 +582,7 @@ def test_an_accused_member_silent_itself_is_killed_after_the_confirm_window():
     window = suspicion.CONFIRM_WINDOW
 
     def report(suspect, round_id, reporter="a"):
-        return {
-            "worker_id": reporter,
-            "round_id": round_id,
-            "reason": "timeout",
-            "suspect": suspect,
-        }
+        return FailureRecord(reporter, round_id, "timeout", suspect)
 
     said = Report(ev.FailureReported(reporter="a", round=3, reason="timeout", suspect="b"))
     decisions, book = suspicion.failure_reported(t, p, Book(0.0), report("b", 3), 10.0)
@@ -602,10 +597,6 @@ def test_an_accused_member_silent_itself_is_killed_after_the_confirm_window():
     for other in (report("b", 2), report("c", 3), report("zz", 3), report(None, 3)):
         assert suspicion.failure_reported(t, p, Book(0.0), other, 10.0)[1].accused == ()
     assert suspicion.failure_reported(t, None, Book(0.0), report("b", 3), 10.0)[1] == Book(0.0)
-    empty = suspicion.failure_reported(t, p, Book(0.0), {}, 10.0)[0]
-    assert empty == (
-        Report(ev.FailureReported(reporter=None, round=None, reason=None, suspect=None)),
-    )
 
 
 def test_two_live_members_blaming_each_other_are_both_spared():
@@ -614,8 +605,8 @@ def test_two_live_members_blaming_each_other_are_both_spared():
     a, b = rec("a", 0), rec("b", 1)
     p = plan_of(3, a, b)
     t = table(a, b)
-    a_blames_b = {"worker_id": "a", "round_id": 3, "reason": "did not connect", "suspect": "b"}
-    b_blames_a = {"worker_id": "b", "round_id": 3, "reason": "did not connect", "suspect": "a"}
+    a_blames_b = FailureRecord("a", 3, "did not connect", "b")
+    b_blames_a = FailureRecord("b", 3, "did not connect", "a")
     _, book = suspicion.failure_reported(t, p, Book(0.0), a_blames_b, 10.0)
     _, book = suspicion.failure_reported(t, p, book, b_blames_a, 10.1)
     assert book.reporters == {"a", "b"} and book.accused == ()
@@ -629,13 +620,7 @@ def test_a_silent_member_gets_its_host_probed_once_never_killed_on_that_word():
     t = table(a, b, rec("c", 2, host="h2", state=S.STOPPING))
 
     def silent(suspect, round_id=3, reporter="a"):
-        return {
-            "worker_id": reporter,
-            "round_id": round_id,
-            "reason": "silent for 0.9s",
-            "suspect": suspect,
-            "silent": True,
-        }
+        return FailureRecord(reporter, round_id, "silent for 0.9s", suspect, silent=True)
 
     decisions, book = suspicion.silence_reported(t, p, Book(0.0), silent("b"))
     assert decisions[1:] == (Probe("h2", "h2:7001"),) and book.probing == {"h2"}

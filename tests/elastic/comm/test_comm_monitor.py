@@ -13,6 +13,7 @@ import pytest
 
 from elastic.comm import CommSettings, wire
 from elastic.comm.monitor import FailureMonitor
+from elastic.errors import LossCause
 
 LEFT, RIGHT = 3, 5
 SETTINGS = CommSettings(peer_timeout=0.6, heartbeat_interval=0.1, close_grace=0.15)
@@ -38,7 +39,7 @@ class Harness:
             [(ours["ctrl_left"], LEFT), (ours["ctrl_right"], RIGHT)],
             [(ours["data_left"], LEFT), (ours["data_right"], RIGHT)],
             settings,
-            lost=lambda rank, why: self.reports.put(("lost", rank, why)),
+            lost=lambda rank, why, cause: self.reports.put(("lost", rank, (why, cause))),
             closing=self._closing,
             aborted=lambda notice: self.reports.put(("aborted", notice)),
             silent=(lambda rank, secs: self.reports.put(("silent", rank, secs)))
@@ -101,7 +102,7 @@ def test_heartbeats_go_out_and_a_killed_neighbour_is_reported_at_once(harness):
     t_close = time.monotonic()
     h.peer["ctrl_left"].close()  # what the kernel does for a killed process
     kind, rank, why = h.next()
-    assert (kind, rank, why) == ("lost", LEFT, "connection closed")
+    assert (kind, rank, why) == ("lost", LEFT, ("connection closed", LossCause.CLOSED))
     assert time.monotonic() - t_close < 1.0
 
 
@@ -118,7 +119,8 @@ def test_silent_neighbour_is_lost_after_peer_timeout_and_not_before(harness):
         except queue.Empty:
             continue
     elapsed = time.monotonic() - h.t0
-    assert (kind, rank) == ("lost", LEFT) and "no heartbeat" in why
+    assert (kind, rank) == ("lost", LEFT) and why[1] is LossCause.SILENT
+    assert "no heartbeat" in why[0]
     assert SETTINGS.peer_timeout * 0.9 <= elapsed < SETTINGS.peer_timeout + 2.0
 
 
@@ -153,7 +155,7 @@ def test_data_hang_up_alone_waits_for_the_close_grace(harness):
     t_close = time.monotonic()
     h.peer["data_right"].close()
     kind, rank, why = h.next()
-    assert (kind, rank, why) == ("lost", RIGHT, "connection broken")
+    assert (kind, rank, why) == ("lost", RIGHT, ("connection broken", LossCause.CLOSED))
     assert time.monotonic() - t_close >= SETTINGS.close_grace * 0.9
 
 
@@ -175,7 +177,7 @@ def test_suspects_are_lost_after_the_grace_unless_they_closed_on_purpose(harness
     h = harness()
     h.monitor.suspect(RIGHT)
     kind, rank, why = h.next()
-    assert (kind, rank, why) == ("lost", RIGHT, "connection broken")
+    assert (kind, rank, why) == ("lost", RIGHT, ("connection broken", LossCause.CLOSED))
     g = harness()
     g.peer["ctrl_left"].sendall(wire.encode_closing(LEFT, "bye"))
     assert g.next() == ("closing", LEFT, "bye", False)

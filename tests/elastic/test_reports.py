@@ -1,0 +1,69 @@
+"""What a worker tells the driver about a failure (``elastic.reports``): whom it blames
+is decided by the loss's cause as a value (``LossCause``), never by the words of the
+exception's message."""
+
+from __future__ import annotations
+
+import pytest
+
+import elastic
+from elastic import errors
+from elastic.errors import LossCause, PeerLostError, WorkerLostError
+from elastic.reports import failure_record, silence_report, suspect_of
+from rendezvous.keys import JobKeys
+from rendezvous.plan import FailureRecord, Member, Plan
+
+pytestmark = pytest.mark.unit  # pure logic: no process, no socket
+
+
+def plan_of(*ids: str) -> Plan:
+    members = tuple(
+        Member(w, "h", i, f"127.0.0.1:{7000 + i}", i, i, len(ids), 0, 1) for i, w in enumerate(ids)
+    )
+    return Plan(5, members)
+
+
+PLAN = plan_of("a", "b", "c")
+
+
+def test_a_neighbour_seen_silent_is_the_suspect_whatever_the_message_says():
+    for message in ("rank 1 lost: no heartbeat for 30.0 s", "rank 1 went quiet (reworded)", ""):
+        exc = PeerLostError(message, rank=1, direct=True, cause=LossCause.SILENT)
+        assert suspect_of(exc, PLAN) == "b"
+
+
+@pytest.mark.parametrize("cause", [LossCause.CLOSED, LossCause.RELAYED, LossCause.UNKNOWN])
+def test_a_crash_or_hearsay_blames_nobody_even_with_silent_words(cause):
+    exc = PeerLostError("rank 1 lost: no heartbeat (did not answer)", 1, True, cause)
+    assert suspect_of(exc, PLAN) is None
+
+
+def test_only_a_loss_seen_here_of_a_member_of_the_plan_names_a_suspect():
+    silent = LossCause.SILENT
+    assert suspect_of(PeerLostError("x", rank=1, direct=False, cause=silent), PLAN) is None
+    assert suspect_of(PeerLostError("x", rank=None, direct=True, cause=silent), PLAN) is None
+    assert suspect_of(PeerLostError("x", rank=9, direct=True, cause=silent), PLAN) is None
+    assert suspect_of(PeerLostError("x", rank=1, direct=True, cause=silent), None) is None
+    assert suspect_of(WorkerLostError("rank 1 lost: no heartbeat"), PLAN) is None
+
+
+def test_the_reports_are_the_typed_records_the_driver_reads():
+    record = FailureRecord.from_json(failure_record("a", 5, "rank 1 lost", "b"))
+    assert record == FailureRecord("a", 5, "rank 1 lost", "b")
+    key, data = silence_report(JobKeys("j"), "a", PLAN, 2, 1.25)
+    assert key == JobKeys("j").silence(5, "a", "c")
+    assert FailureRecord.from_json(data) == FailureRecord("a", 5, "silent for 1.2s", "c", True)
+
+
+def test_every_public_error_is_on_the_package_face_and_defined_in_errors():
+    for name in errors.__all__:
+        assert getattr(elastic, name) is getattr(errors, name)
+        assert name in elastic.__all__
+    assert elastic.PeerLostError.__module__ == "elastic.errors"
+    assert issubclass(elastic.PeerLostError, elastic.WorkerLostError)
+
+
+def test_the_face_exports_what_it_names_and_nothing_it_lacks():
+    assert len(set(elastic.__all__)) == len(elastic.__all__)
+    for name in elastic.__all__:
+        assert hasattr(elastic, name), name
