@@ -1,6 +1,6 @@
 """Time from SIGKILL (or SIGSTOP) of a member to WorkerLostError on every survivor.
 
-Real worker processes (``tests/support/comm_worker.py``) form a round, then one member, chosen
+Real worker processes (``tests/support/comm/worker.py``) form a round, then one member, chosen
 at random, is killed. ``busy``: every member loops on 256 KiB allreduces, and the time
 is until each survivor's pending collective raises. ``idle``: members sit between
 collectives, and the time is until each survivor's communicator is broken (its
@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.comm_harness import Workers  # noqa: E402
+from tests.support.comm.harness import Workers  # noqa: E402
 
 
 def quantile(xs, q):

@@ -17,7 +17,7 @@ most a silent report and a probe, never a worker. ``elastic-run -np 4 --min-np 2
 Placement: ``--placement test-hosts`` (the default; **needs root**: the hosts are network
 and PID namespaces, so run it with sudo and the project's Python; without root it ends
 with a one-line error) runs 2 workers on each
-of 2 test hosts (``tests/support/netns_hosts.py``) over ssh, so the ring, its heartbeats
+of 2 test hosts (``tests/support/hosts/netns.py``) over ssh, so the ring, its heartbeats
 and the driver's probes cross the hosts' network; ``--placement local`` runs the 4 workers
 on this machine.
 
@@ -79,8 +79,8 @@ from recovery_bench import (  # noqa: E402
     wait_for,
 )
 
+from tests.support.hosts.netns import HostsError, NetnsHosts, running_hosts  # noqa: E402
 from tests.support.jobs import wait_until  # noqa: E402
-from tests.support.netns_hosts import HostsError, NetnsHosts, running_hosts  # noqa: E402
 
 WORKERS = 4
 SLOTS = 2  # workers per test host

@@ -6,7 +6,7 @@ installs them), ``etcd`` for the ``etcd`` configuration and torch for ``torchrun
 ends with a one-line error when one is missing. Nothing else: it runs from a fresh
 checkout (the workers run this checkout's code through ``PYTHONPATH``).
 
-Three test hosts (``tests/support/netns_hosts.py``: each its own network, UTS, PID and
+Three test hosts (``tests/support/hosts/netns.py``: each its own network, UTS, PID and
 mount namespace and its own sshd). A and B run the workers, two each; C
 runs the single etcd member of the ``etcd`` configuration. The benchmark, and with it
 ours' driver and embedded store, runs here, on the hosts' bridge. Training is
@@ -104,7 +104,7 @@ from recovery_bench import (  # noqa: E402
 )
 
 from tests.support.etcd_cluster import ETCD, EtcdCluster  # noqa: E402
-from tests.support.netns_hosts import HostsError, NetnsHost, NetnsHosts, running_hosts  # noqa: E402
+from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts  # noqa: E402
 
 CONFIGS = ("embedded", "etcd", "torchrun")
 SLOTS = 2  # workers per host

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rendezvous import open_store  # noqa: E402
-from rendezvous.auth import ENV_SECRET, make_secret  # noqa: E402
+from rendezvous.net.auth import ENV_SECRET, make_secret  # noqa: E402
 from rendezvous.server import READY_PREFIX  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
 

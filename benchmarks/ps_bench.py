@@ -39,9 +39,10 @@ if ROOT not in sys.path:
 import numpy as np  # noqa: E402
 
 from elastic.ps.client import PSClient  # noqa: E402
-from rendezvous import auth, env, open_store  # noqa: E402
-from rendezvous.embedded import EmbeddedServer  # noqa: E402
+from rendezvous import env, open_store  # noqa: E402
+from rendezvous.backends.embedded import EmbeddedServer  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
+from rendezvous.net import auth  # noqa: E402
 from rendezvous.plan import CheckpointRecord, ShardInfo  # noqa: E402
 
 MiB = 1 << 20

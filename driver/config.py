@@ -43,8 +43,8 @@ from driver.hosts.slots import (
     parse_host_slots,
     total_slots,
 )
+from rendezvous.net.url import StoreURL, parse_store_url
 from rendezvous.private_dir import InsecureDirectoryError, check_private_dir
-from rendezvous.url import StoreURL, parse_store_url
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")

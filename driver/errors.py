@@ -24,7 +24,7 @@ class UsageError(DriverError, ValueError):
 class HostSpecError(DriverError, ValueError):
     """A ``HOST[:SLOTS]`` entry does not parse (empty host, bad name, bad slot count).
 
-    Raised by ``driver.hosts.parse_host_slots``. Callers re-raise it as ``UsageError``
+    Raised by ``driver.hosts.slots.parse_host_slots``. Callers re-raise it as ``UsageError``
     (``-H``) or ``DiscoveryError`` (script output) with where the entry came from."""
 
 

@@ -155,7 +155,7 @@ def _mpi_world() -> tuple[Communicator, Layout]:
 def _world_of_one() -> tuple[Communicator, Layout]:
     """A script run without elastic-run or mpiexec trains alone: a ring of one member."""
     from elastic.comm import Membership, RingCommunicator, RingListener
-    from rendezvous.auth import make_secret
+    from rendezvous.net.auth import make_secret
 
     secret = make_secret()
     listener = RingListener(secret=secret)

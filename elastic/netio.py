@@ -10,7 +10,7 @@ The handshake (one per connection, before anything else is read):
     client -> server           HMAC(secret, label_client + OPENING + nonce_s)
 
 Each side proves the job secret by answering the other's nonce, and nothing sends the
-secret itself (``rendezvous.auth.challenge_response``). Both proofs bind the whole
+secret itself (``rendezvous.net.auth.challenge_response``). Both proofs bind the whole
 opening, so a recorded handshake cannot be replayed for another round, rank or request;
 the two labels (one pair per channel kind) stop either side being used as an oracle for
 the other direction, or one channel's answers for another channel. What follows the
@@ -53,14 +53,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from rendezvous.auth import (
+from rendezvous.errors import RendezvousAuthError
+from rendezvous.net.auth import (
     NONCE_BYTES,
     RESPONSE_BYTES,
     challenge_response,
     check_challenge_response,
     make_nonce,
 )
-from rendezvous.errors import RendezvousAuthError
 
 T = TypeVar("T")
 

@@ -50,17 +50,18 @@ from elastic import reports
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import CommunicatorClosedError, WorkerExpelledError, WorkerLostError
 from elastic.orphan import exit_when_orphaned
-from rendezvous import env, netaddr, open_store
+from rendezvous import env, open_store
 from rendezvous.errors import (
     RendezvousConfigError,
     RendezvousConnectionError,
     RendezvousError,
 )
 from rendezvous.keys import JobKeys
+from rendezvous.net import addresses
+from rendezvous.net.url import parse_store_url
 from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo, plan_is_current
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
-from rendezvous.url import parse_store_url
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def own_address(store_url: str) -> str:
     if not endpoints:
         return "127.0.0.1"
     host = endpoints[0].host
-    return "127.0.0.1" if netaddr.is_loopback(host) else netaddr.address_toward(host)
+    return "127.0.0.1" if addresses.is_loopback(host) else addresses.address_toward(host)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from rendezvous.errors import (
     RendezvousConnectionError,
     RendezvousError,
 )
+from rendezvous.net.url import StoreURL, parse_store_url
 from rendezvous.store import (
     Compare,
     Delete,
@@ -42,11 +43,10 @@ from rendezvous.store import (
     TxnResult,
     Watch,
 )
-from rendezvous.url import StoreURL, parse_store_url
 
 
 def _embedded(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVStore:
-    from rendezvous.embedded import EmbeddedStore
+    from rendezvous.backends.embedded import EmbeddedStore
 
     if not url.endpoints:
         raise RendezvousConfigError(
@@ -61,7 +61,7 @@ def _embedded(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVS
 
 
 def _etcd(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVStore:
-    from rendezvous.etcd import EtcdCredentials, EtcdStore
+    from rendezvous.backends.etcd import EtcdCredentials, EtcdStore
 
     return EtcdStore(url.endpoints, settings, EtcdCredentials.from_env(os.environ))
 

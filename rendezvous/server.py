@@ -12,9 +12,9 @@ import signal
 import sys
 import threading
 
-from rendezvous import auth
-from rendezvous.embedded import EmbeddedServer
+from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
+from rendezvous.net import auth
 
 READY_PREFIX = "ELASTIC_STORE_READY"
 

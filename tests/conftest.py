@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from rendezvous import StoreSettings, open_store
-from rendezvous.auth import make_secret
-from rendezvous.embedded import EmbeddedServer
+from rendezvous.backends.embedded import EmbeddedServer
+from rendezvous.net.auth import make_secret
 from tests.support.etcd_cluster import EtcdCluster
 
 # Fixtures that live in their own modules (the real sshd, the comm workers).
-pytest_plugins = ["tests.support.sshd_fixture", "tests.support.comm_harness"]
+pytest_plugins = ["tests.support.hosts.sshd", "tests.support.comm.harness"]
 
 FAST = StoreSettings(
     request_timeout=2.0, retry_deadline=10.0, connect_timeout=5.0, watch_reconnect_deadline=20.0
@@ -113,8 +113,8 @@ def store_args(request) -> list[str]:
 @pytest.fixture
 def three_hosts(tmp_path):
     """Three separate test hosts (network, UTS, PID and mount namespaces, own sshd):
-    see ``tests/support/netns_hosts.py``."""
-    from tests.support.netns_hosts import running_hosts
+    see ``tests/support/hosts/netns.py``."""
+    from tests.support.hosts.netns import running_hosts
 
     with running_hosts(3, tmp_path / "hosts") as hosts:
         yield hosts

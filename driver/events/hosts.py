@@ -1,7 +1,7 @@
 """The events of the hosts: added, removed, resized, blacklisted, kept, back, cut off;
 and a failed discovery run.
 
-``driver.hosts.HostManager`` makes the ``HostEvent``s as its answers to changes; the
+``driver.hosts.manager.HostManager`` makes the ``HostEvent``s as its answers to changes; the
 driver's probe of a silent host makes ``HostUnreachable``.
 """
 
@@ -15,7 +15,7 @@ from driver.events.base import Event
 
 @dataclass(frozen=True)
 class HostEvent(Event):
-    """Something that changed about a host (``driver.hosts.HostManager`` makes these)."""
+    """Something that changed about a host (``driver.hosts.manager.HostManager`` makes these)."""
 
     host: str
 

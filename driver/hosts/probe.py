@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 
 from rendezvous.errors import RendezvousConfigError
-from rendezvous.url import Endpoint
+from rendezvous.net.url import Endpoint
 
 #: seconds a host has to answer a connection attempt (a live one answers in well under
 #: a millisecond on a LAN, even when its CPUs are saturated: the kernel answers)

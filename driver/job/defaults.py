@@ -22,7 +22,7 @@ from driver.launch.agents.launcher import AgentLauncher
 from driver.launch.base import Launcher
 from driver.launch.registry import get_launcher
 from driver.launch.spec import ssh_settings_from_env
-from rendezvous.netaddr import is_local_host
+from rendezvous.net.addresses import is_local_host
 
 
 def make_log_dir(config: JobConfig) -> None:

@@ -30,7 +30,7 @@ from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord
 from rendezvous import env
 from rendezvous.errors import RendezvousError
-from rendezvous.netaddr import is_local_host
+from rendezvous.net.addresses import is_local_host
 from rendezvous.plan import DriverStateRecord
 from rendezvous.store import Delete, Put
 

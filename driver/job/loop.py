@@ -47,8 +47,7 @@ from driver.errors import DiscoveryError, JobFailed, LeadershipLost
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.manager import HostManager
 from driver.hosts.probe import probe
-from driver.job import defaults as job_defaults
-from driver.job import feeds
+from driver.job import defaults, feeds
 from driver.job import messages as msg
 from driver.job.actions import WorkerActions
 from driver.job.context import JobContext
@@ -66,9 +65,9 @@ from driver.lead.terms import ClaimAction
 from driver.policy import decisions as dec
 from driver.policy.lifecycle import WorkerRecord
 from driver.threads import spawn
-from rendezvous.auth import make_secret, secret_from_env
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
+from rendezvous.net.auth import make_secret, secret_from_env
 from rendezvous.plan import Plan
 from rendezvous.store import KVStore
 
@@ -97,15 +96,15 @@ class Job:
         clock: Callable[[], float] = time.monotonic,
         discovery: HostDiscovery | None = None,
     ):
-        job_defaults.make_log_dir(config)
+        defaults.make_log_dir(config)
         if events is None:
-            events = job_defaults.event_log(config)
+            events = defaults.event_log(config)
         # A job given its own launcher runs no agents (tests drive the loop with fakes).
         agents: AgentService = NoAgents()
         if launcher is None:
-            launcher = agents = job_defaults.agent_launcher(config)
+            launcher = agents = defaults.agent_launcher(config)
         if discovery is None:
-            discovery = job_defaults.discovery(config)
+            discovery = defaults.discovery(config)
         self.config = config
         self.events = events
         self.discovery = discovery

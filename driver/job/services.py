@@ -46,7 +46,7 @@ from driver.lead.terms import ClaimAction, describe_leader
 from driver.ps.shard_hosts import ShardPlacement
 from driver.ps.supervisor import PSSupervisor
 from driver.threads import spawn
-from rendezvous.embedded import EmbeddedServer
+from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord, PSConfigRecord

@@ -22,11 +22,12 @@ from driver.config import JobConfig
 from driver.hosts.slots import HostSlots
 from driver.launch.spec import LaunchSpec
 from driver.ps.supervisor import shard_command
-from rendezvous import env, netaddr, open_store
-from rendezvous.embedded import EmbeddedServer
-from rendezvous.netaddr import is_local_host
+from rendezvous import env, open_store
+from rendezvous.backends.embedded import EmbeddedServer
+from rendezvous.net import addresses
+from rendezvous.net.addresses import is_local_host
+from rendezvous.net.url import Endpoint
 from rendezvous.store import KVStore, StoreSettings
-from rendezvous.url import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,14 @@ def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
         and not (config.driver_address or config.network_interface)
     ):
         try:
-            return netaddr.default_route_address()
-        except netaddr.AddressError:
+            return addresses.default_route_address()
+        except addresses.AddressError:
             log.warning(
                 "this machine has no default route: hosts discovered later will not reach "
                 "the driver at 127.0.0.1 (choose an address with --driver-address)"
             )
             return "127.0.0.1"
-    return netaddr.advertised_address(
+    return addresses.advertised_address(
         remote, interface=config.network_interface, explicit=config.driver_address
     )
 
@@ -116,7 +117,7 @@ def worker_bind_host(host: str, all_local: bool, driver_address: str) -> str:
         return "127.0.0.1"
     if is_local_host(host):
         return driver_address
-    return host if netaddr.is_address(host) else ""
+    return host if addresses.is_address(host) else ""
 
 
 def worker_id_for(host: str, slot: int | str, sequence: int) -> str:

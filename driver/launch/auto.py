@@ -11,13 +11,13 @@ from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import WorkerProcess
 from driver.launch.spec import LaunchSpec, SSHSettings
 from driver.launch.ssh import SSHLauncher
-from rendezvous.netaddr import is_local_host
+from rendezvous.net.addresses import is_local_host
 
 
 class AutoLauncher(Launcher):
     """Local for hosts that name this machine, ssh for the others.
 
-    ``is_local(host) -> bool`` decides (default: ``rendezvous.netaddr.is_local_host``)."""
+    ``is_local(host) -> bool`` decides (default: ``rendezvous.net.addresses.is_local_host``)."""
 
     name = "auto"
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class LauncherOptions:
     """What a launcher is made from: the ssh settings, where the processes' output goes
     (``out``/``err``; None: the driver's stdout/stderr at each line), and the rule that
-    tells this machine's hosts (``is_local``; None: ``rendezvous.netaddr.is_local_host``)."""
+    tells this machine's hosts (``is_local``; None: ``rendezvous.net.addresses.is_local_host``)."""
 
     ssh_settings: SSHSettings = field(default_factory=SSHSettings)
     out: Stream | None = None

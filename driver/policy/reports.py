@@ -8,7 +8,7 @@ The rules:
 
 * No hosts (``no_hosts``): while discovery lists no host, say so at once and every
   ``REPEAT_REPORT_EVERY`` seconds, and, once the job has hosts, that it keeps them
-  meanwhile (``driver.hosts``: an empty result mid-run removes nothing).
+  meanwhile (``driver.hosts.manager``: an empty result mid-run removes nothing).
 * The store (``store_health``, applied by the probe's own thread: the loop may be
   the one waiting for the store): a store that stops answering is said at once and
   every ``REPEAT_REPORT_EVERY`` seconds, and its return.

@@ -5,20 +5,26 @@ A worker opens one ``RingListener`` at init, publishes its ``address``, and for 
 round builds ``RingCommunicator(Membership(...), listener, CommSettings(...))``. Under
 ``mpiexec`` (``detect_mpi(os.environ)``), ``MpiCommunicator()`` offers the same calls on
 a fixed world.
+
+The parts: ``base`` (the ``Communicator`` interface, its settings and errors), ``ring``
+(one round's communicator), ``mpi``; ``peers/`` (the listener, the links to both ring
+neighbours, the failure monitor); ``transports/`` (how the bytes move: TCP ring, shared
+memory, hierarchical, and the rule that picks one); ``layout`` (segments, chunks,
+reductions), ``wire`` (byte formats) and ``outbuf`` (recycled result buffers), shared by
+all.
 """
 
-from elastic.errors import CommunicatorClosedError, PeerLostError, WorkerLostError
-
-from .base import (
+from elastic.comm.base import (
     CollectiveMismatchError,
     CommSettings,
     Communicator,
     Membership,
     ShmUnavailableError,
 )
-from .listener import RingListener
-from .mpi import MpiCommunicator, detect_mpi
-from .ring import RingCommunicator
+from elastic.comm.mpi import MpiCommunicator, detect_mpi
+from elastic.comm.peers.listener import RingListener
+from elastic.comm.ring import RingCommunicator
+from elastic.errors import CommunicatorClosedError, PeerLostError, WorkerLostError
 
 __all__ = [
     "CommSettings",

@@ -25,10 +25,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from elastic.comm import layout
 from elastic.errors import CommunicatorClosedError, PeerLostError, WorkerLostError
 from rendezvous.errors import ElasticError
-
-from . import layout
 
 TRANSPORTS = ("auto", "tcp", "shm", "hier")
 
@@ -63,7 +62,7 @@ class CommSettings:
         host and a TCP ring among one leader per host), "tcp" (always the TCP ring),
         "shm" (shared memory or ``ShmUnavailableError``) or "hier" (hierarchical whatever
         the placement, or ``ShmUnavailableError`` when a host's members cannot share
-        memory). See ``selection.py``.
+        memory). See ``elastic.comm.transports.selection``.
     chunk_bytes: pipelining unit of the TCP ring.
     shm_piece_bytes: size of each of the two shared-memory slots per rank; arrays
         larger than this stream through in pieces (each costs two barriers; 4 MiB beat

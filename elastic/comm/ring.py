@@ -1,16 +1,10 @@
 """``RingCommunicator``: one round's collectives among its members, over TCP (a ring) or
 same-host shared memory, and the rules by which a failure anywhere ends it everywhere.
 
-Setup connects each member to both ring neighbours, with a data and a control
-connection each (``links.py``); the failure monitor watches them (``monitor.py``). Then
-every member agrees on a transport (``selection.py``): shared memory when every member
-is on this host (``shm.py``; the connections then only carry failure signals), shared
-memory inside each host and a TCP ring among host leaders when members share some hosts
-(``hier.py``), else the TCP ring over the data connections (``tcp_ring.py``).
-Collectives call the transport through one interface (``transport.py``), whatever it is.
-
-This class keeps setup, the broken state and dispatch. The guarantees (no collective
-ever waits out a dead peer):
+Setup connects each member to both neighbours and starts the failure monitor
+(``elastic.comm.peers``); the members then agree on a transport
+(``elastic.comm.transports``). This class keeps setup, the broken state and dispatch.
+The guarantees (no collective ever waits out a dead peer):
 
 * A lost neighbour is noticed by the monitor within milliseconds when its process dies,
   and after ``peer_timeout`` without heartbeats when it is stopped or unreachable.
@@ -34,11 +28,8 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from elastic.errors import CommunicatorClosedError, LossCause, PeerLostError, WorkerLostError
-from rendezvous.errors import RendezvousAuthError
-
-from . import layout, wire
-from .base import (
+from elastic.comm import layout, wire
+from elastic.comm.base import (
     CollectiveMismatchError,
     CommSettings,
     Communicator,
@@ -46,13 +37,22 @@ from .base import (
     Membership,
     ShmUnavailableError,
 )
-from .links import Connector, NeighbourLinks
-from .listener import RingListener
-from .monitor import AbortNotice, FailureMonitor
-from .outbuf import OutputCache
-from .selection import open_transport
-from .tcp_ring import TcpRing
-from .transport import Interrupted, LocalTransport, Mismatch, PeerGone, Transport, TransportContext
+from elastic.comm.outbuf import OutputCache
+from elastic.comm.peers.links import Connector, NeighbourLinks
+from elastic.comm.peers.listener import RingListener
+from elastic.comm.peers.monitor import AbortNotice, FailureMonitor
+from elastic.comm.transports.base import (
+    Interrupted,
+    LocalTransport,
+    Mismatch,
+    PeerGone,
+    Transport,
+    TransportContext,
+)
+from elastic.comm.transports.selection import open_transport
+from elastic.comm.transports.tcp_ring import TcpRing
+from elastic.errors import CommunicatorClosedError, LossCause, PeerLostError, WorkerLostError
+from rendezvous.errors import RendezvousAuthError
 
 log = logging.getLogger(__name__)
 

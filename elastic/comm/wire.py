@@ -35,7 +35,7 @@ VERSION = 1
 
 CHANNEL_DATA = 0
 CHANNEL_CTRL = 1
-# Between host leaders of a hierarchical round (``leaders.py``): the leaders' TCP ring,
+# Between host leaders of a hierarchical round (``transports.hier``): the leaders' TCP ring,
 # and beside it a connection that only carries one verdict byte when a leader breaks.
 CHANNEL_LEADER_DATA = 2
 CHANNEL_LEADER_CTRL = 3

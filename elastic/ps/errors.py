@@ -1,7 +1,7 @@
 """Typed errors of the parameter-server client and shards.
 
 Every class registers by name (``rendezvous.errors.ElasticError``), so a shard that
-raises one makes the client raise the same class (``rendezvous.rpc`` transport).
+raises one makes the client raise the same class (``rendezvous.net.rpc`` transport).
 Names start with ``PS`` to stay unique in that registry.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from elastic.errors import HostsUpdatedInterrupt
 from rendezvous.errors import ElasticError, RendezvousConnectionError
-from rendezvous.rpc import MalformedRequest
+from rendezvous.net.rpc import MalformedRequest
 
 
 class PSError(ElasticError):

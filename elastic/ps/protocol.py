@@ -1,6 +1,6 @@
 """The request and reply headers of the ps protocol, shared by the client and the shards.
 
-A request is one ``rendezvous.rpc`` frame over gRPC: a JSON header and a payload
+A request is one ``rendezvous.net.rpc`` frame over gRPC: a JSON header and a payload
 (``wire``-encoded tensors). The header is an ``Envelope`` (the shard the caller meant,
 the upload holding a large payload, how large a reply may come inline) merged with the
 method's arguments; a reply header is the method's reply record, plus a ``Staged``

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from elastic.ps.errors import PSConfigError
 from rendezvous.errors import RendezvousConfigError
-from rendezvous.url import Endpoint
+from rendezvous.net.url import Endpoint
 
 MODES = ("async", "sync")
 MiB = 1 << 20

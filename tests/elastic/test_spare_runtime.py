@@ -11,10 +11,10 @@ import pytest
 from driver.policy.planner import build_plan
 from elastic.runtime import WorkerRuntime, WorkerSettings
 from rendezvous import env, open_store
-from rendezvous.auth import make_secret
-from rendezvous.embedded import EmbeddedServer
+from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousConnectionError, RendezvousError
 from rendezvous.keys import JobKeys
+from rendezvous.net.auth import make_secret
 from rendezvous.plan import WorkerInfo
 from tests.support.jobs import wait_until
 

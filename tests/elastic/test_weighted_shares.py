@@ -1,7 +1,7 @@
 """Pure-logic tests of a step's shares and their weighted combination: the global batch's
 split, micro-batches, ``weighted_average``'s packing, and training simulated over any
 sequence of world sizes against one process (the whole-job versions are in
-``tests/system/test_global_batch.py``)."""
+``tests/system/jobs/test_global_batch.py``)."""
 
 from __future__ import annotations
 

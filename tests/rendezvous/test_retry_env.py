@@ -9,8 +9,8 @@ import pytest
 
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
+from rendezvous.net.url import Endpoint
 from rendezvous.retry import Backoff
-from rendezvous.url import Endpoint
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -316,8 +316,8 @@ def test_watch_delivers_every_event_of_one_revision(store_backend):
 def test_idle_embedded_watch_advances_past_history_it_does_not_need():
     """A watch on a quiet prefix must not fall behind compaction: heartbeats move its
     resume point, so a reconnect after much unrelated traffic still works."""
-    from rendezvous.auth import make_secret
-    from rendezvous.embedded import WATCH_POLL_SECONDS, EmbeddedServer
+    from rendezvous.backends.embedded import WATCH_POLL_SECONDS, EmbeddedServer
+    from rendezvous.net.auth import make_secret
     from tests.support.jobs import wait_until
 
     secret = make_secret()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from rendezvous.backends.memory import MemoryKV, prefix_end
 from rendezvous.errors import LeaseNotFoundError, RendezvousConfigError, WatchCompactedError
-from rendezvous.memory import MemoryKV, prefix_end
+from rendezvous.net.url import Endpoint, parse_store_url
 from rendezvous.plan import Member, Plan, WorkerInfo
 from rendezvous.store import Compare, Delete, Put
-from rendezvous.url import Endpoint, parse_store_url
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from rendezvous import StoreSettings, open_store
+from rendezvous.backends.etcd import EtcdStore
 from rendezvous.errors import RendezvousConnectionError
-from rendezvous.etcd import EtcdStore
 from tests.conftest import FAST
 from tests.rendezvous.test_store_conformance import drain
 

@@ -2,7 +2,7 @@
 
 ``EtcdCluster(n, workdir)`` starts ``n`` members (temp data dirs, never port 2379),
 can SIGKILL and restart any member on its own data dir, and reaps everything on
-``stop()``. With ``hosts`` (``tests.support.netns_hosts`` hosts, one per member), member ``i``
+``stop()``. With ``hosts`` (``tests.support.hosts.netns`` hosts, one per member), member ``i``
 runs on host ``i`` at its own address, ports 2379/2380, as on separate machines. Raises RuntimeError (with the tail of the member's log) when a member
 does not become healthy within the deadline.
 """
@@ -52,7 +52,7 @@ class EtcdCluster:
     ):
         """``tls``: {"cert", "key", "ca"} file paths: clients must then speak TLS and show a
         certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env).
-        ``hosts``: one test host per member (``tests.support.netns_hosts.NetnsHost``)."""
+        ``hosts``: one test host per member (``tests.support.hosts.netns.NetnsHost``)."""
         self.tls = tls
         self.timing_ms = timing_ms  # (heartbeat, election timeout): etcd's are (100, 1000)
         self.size = size

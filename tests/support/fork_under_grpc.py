@@ -19,7 +19,7 @@ import sys
 import threading
 
 import rendezvous  # sets gRPC's defaults before anything imports grpc
-from rendezvous.embedded import EmbeddedServer
+from rendezvous.backends.embedded import EmbeddedServer
 
 
 def _child() -> None:

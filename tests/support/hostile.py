@@ -1,6 +1,6 @@
 """What a hostile client sends, and how a server process is measured from outside, for
 the hostile tests (one server in ``tests/rendezvous`` and ``tests/elastic/ps``, a whole
-job in ``tests/system/test_hostile_job.py``).
+job in ``tests/system/faults/test_hostile_job.py``).
 
 Probes speak to an address with no secret: gRPC calls with no proof or a wrong one
 (small, oversized, or headers that never send a body), raw bytes (garbage, a truncated
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
-from rendezvous import auth
+from rendezvous.net import auth
 
 #: how long a probe waits for the server to end a connection it refused
 CLOSE_TIMEOUT = 20.0

@@ -4,7 +4,7 @@
 follows its stdout for ``progress N`` lines (printed by ``workloads/exact_sum.py``) and
 reads the events file. ``stop()`` (also on ``__exit__``) ends the driver and SIGKILLs any
 worker the events file names that is still alive, so nothing outlives a failed test.
-With ``host`` (a ``tests.support.netns_hosts.NetnsHost``) the driver runs on that test
+With ``host`` (a ``tests.support.hosts.netns.NetnsHost``) the driver runs on that test
 host; the pids its events name are then the hosts' own, and the hosts' teardown (not
 ``stop()``) reaps its workers.
 """

@@ -16,7 +16,7 @@ from elastic.ps.bulk import CLIENT_IDLE, HANDSHAKE, MAGIC, recv_json, send_json
 from elastic.ps.errors import PSTransferError
 from elastic.ps.protocol import GET, PUT, Part
 from rendezvous.errors import RendezvousConnectionError, error_class
-from rendezvous.url import Endpoint
+from rendezvous.net.url import Endpoint
 
 
 class BulkClient:

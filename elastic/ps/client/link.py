@@ -1,6 +1,6 @@
 """Requests to one shard: gRPC for every request, the shard's bulk port for large payloads.
 
-Every request and reply is one ``rendezvous.rpc`` frame: a JSON header (``protocol``:
+Every request and reply is one ``rendezvous.net.rpc`` frame: a JSON header (``protocol``:
 an ``Envelope`` naming the shard index the caller meant, so a stale address that now
 belongs to another shard is refused, merged with the method's arguments) and a
 payload.
@@ -28,8 +28,8 @@ from elastic.ps.client.bulk import BulkClient
 from elastic.ps.memory import buffer
 from elastic.ps.protocol import SERVICE, Empty, Envelope, Hello, Part, Record, ReleaseArgs, Staged
 from elastic.ps.wire import as_pieces, cut, size_of
-from rendezvous.rpc import RpcClient, frame, unframe
-from rendezvous.url import Endpoint
+from rendezvous.net.rpc import RpcClient, frame, unframe
+from rendezvous.net.url import Endpoint
 
 log = logging.getLogger("elastic.ps.client.link")
 

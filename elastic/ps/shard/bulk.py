@@ -37,8 +37,8 @@ from elastic.ps.protocol import GET, PUT, Part
 from elastic.ps.settings import BulkLimits
 from elastic.ps.shard.staging import Staging
 from rendezvous.errors import ElasticError
+from rendezvous.net.rpc import RateLimitedLog
 from rendezvous.retry import Backoff
-from rendezvous.rpc import RateLimitedLog
 
 log = logging.getLogger("elastic.ps.shard.bulk")
 

@@ -75,13 +75,13 @@ from elastic.ps.shard.control import Peers, ShardControl
 from elastic.ps.shard.coordinator import Coordinator
 from elastic.ps.shard.staging import Staging
 from elastic.ps.shard.state import ShardState, initial_generation
-from rendezvous import auth
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous.errors import RendezvousError
+from rendezvous.net import auth
+from rendezvous.net.rpc import RpcServer, ServerLimits, frame, unframe
+from rendezvous.net.url import Endpoint
 from rendezvous.plan import CheckpointRecord, ShardInfo
 from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
-from rendezvous.rpc import RpcServer, ServerLimits, frame, unframe
-from rendezvous.url import Endpoint
 
 log = logging.getLogger("elastic.ps.shard.server")
 #: the largest gRPC request a shard accepts (payloads above chunk_bytes use the bulk port)

@@ -20,7 +20,7 @@ from elastic.ps.errors import PSTransferError
 from elastic.ps.memory import BufferPool
 from elastic.ps.protocol import Part, Staged
 from elastic.ps.wire import as_pieces, cut, size_of
-from rendezvous.rpc import frame
+from rendezvous.net.rpc import frame
 
 
 @dataclass

@@ -20,7 +20,7 @@ def test_battery_under_mpiexec_n2():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     # mpiexec and every rank it started are killed together if it hangs
     done = run_in_session(
-        [mpiexec, "-n", "2", sys.executable, "-m", "tests.support.comm_mpi_script"],
+        [mpiexec, "-n", "2", sys.executable, "-m", "tests.support.comm.mpi_script"],
         env,
         100,
         merge_stderr=True,

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from elastic.comm import CommSettings, Membership, detect_mpi, layout, wire
-from elastic.comm.cpus import quota_cpus, quota_files, usable_cpus
-from elastic.comm.overlap import Overlap
-from elastic.comm.selection import leader_overlaps
-from elastic.comm.shm import default_spin_us
-from elastic.comm.transport import LocalTransport, Mismatch, PeerGone, gather_layout
-from rendezvous.auth import make_nonce
-from rendezvous.url import Endpoint
-from tests.support.comm_oracle import reduce_reference
+from elastic.comm.transports.base import LocalTransport, Mismatch, PeerGone, gather_layout
+from elastic.comm.transports.cpus import quota_cpus, quota_files, usable_cpus
+from elastic.comm.transports.overlap import Overlap
+from elastic.comm.transports.selection import leader_overlaps
+from elastic.comm.transports.shm import default_spin_us
+from rendezvous.net.auth import make_nonce
+from rendezvous.net.url import Endpoint
+from tests.support.comm.oracle import reduce_reference
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -21,7 +21,7 @@ from rendezvous.private_dir import InsecureDirectoryError, check_private_dir, ma
 from tests.elastic.ps.test_ps_checkpoint_files import _huge_rows, _parsed_file, write_crafted
 from tests.elastic.ps.test_ps_failures import run_shard_to_its_end
 from tests.support.paths import ROOT
-from tests.support.ps_harness import PSJob
+from tests.support.ps.harness import PSJob
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 

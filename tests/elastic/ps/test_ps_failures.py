@@ -18,9 +18,9 @@ from elastic.ps.errors import PSConfigError, PSUnavailableError
 from elastic.ps.settings import ClientSettings
 from elastic.ps.shard import checkpoint as ck
 from rendezvous.errors import RendezvousAuthError
-from tests.support import ps_worker as pw
 from tests.support.jobs import wait_until
-from tests.support.ps_harness import ROOT, PSJob
+from tests.support.ps import worker as pw
+from tests.support.ps.harness import ROOT, PSJob
 
 
 def _result(path):

@@ -21,12 +21,12 @@ from elastic.ps.client.link import ShardLink
 from elastic.ps.errors import PSConfigError, PSHeaderError, PSShapeError
 from elastic.ps.protocol import SERVICE, Hello
 from elastic.ps.settings import BulkLimits
-from rendezvous import auth
 from rendezvous.errors import ElasticError
-from rendezvous.rpc import MalformedRequest, RpcClient, frame
+from rendezvous.net import auth
+from rendezvous.net.rpc import MalformedRequest, RpcClient, frame
 from tests.support.hostile import close_all, fds, never_sending_calls, silent_connections, threads
 from tests.support.jobs import wait_until
-from tests.support.ps_harness import PSJob
+from tests.support.ps.harness import PSJob
 
 # Payloads above the client's chunk size travel over the bulk port.
 CHUNK = 16 << 10

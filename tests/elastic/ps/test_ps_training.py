@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 
-from tests.support import ps_worker as pw
-from tests.support.ps_harness import PSJob, wait_for
+from tests.support.ps import worker as pw
+from tests.support.ps.harness import PSJob, wait_for
 
 
 def _result(path):

@@ -16,7 +16,7 @@ from elastic.ps.partition import Slice, assemble, home_shard, place, row_ranges,
 from elastic.ps.protocol import Part
 from elastic.ps.settings import ClientSettings, ServerSettings
 from elastic.ps.shard.staging import Staging
-from rendezvous.rpc import frame
+from rendezvous.net.rpc import frame
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
@@ -247,7 +247,7 @@ def test_staging_downloads_expire():
     clock = [0.0]
     st = Staging(ttl=10, clock=lambda: clock[0])
     reply = st.reply({"a": 1}, b"x" * 100, inline_max=10)
-    from rendezvous.rpc import unframe
+    from rendezvous.net.rpc import unframe
 
     header, _ = unframe(reply)
     assert header["total"] == 100

@@ -1,0 +1,430 @@
+"""Raw-bytes gRPC services with job-secret checks, shared by the embedded store and ps shards.
+
+No protobuf: handlers take and return ``bytes`` (gRPC generic handlers with identity
+serializers), so large tensors travel without per-element encoding and the project's
+services never touch the protobuf runtime that etcd's client needs in pure-Python mode.
+
+Serving. ``RpcServer`` runs gRPC's asyncio server on an event loop thread of its own:
+a call costs a coroutine, not a thread, while it waits for its message, so clients
+that open calls and never send a body (or send it slowly) hold no thread and starve
+nobody. Every call is checked before its body is read: the router sees the method and
+the metadata first and answers a call without a valid proof of the job secret with
+UNAUTHENTICATED at once, through a handler that never reads the request. Messages are
+bounded (``ServerLimits.max_message_bytes``; gRPC refuses a larger one from its length
+prefix, before buffering it), and so are concurrent streams per connection. A handler
+that may block (``add_unary(..., blocking=True)``, the default) runs on a bounded thread
+pool; a quick one runs on the loop itself. Stream handlers are async generators.
+
+Errors: a handler that raises an ``ElasticError`` subclass is re-raised on the client
+as the same class (by registered name). A request that does not parse (a client with
+the secret but a bug) gets INVALID_ARGUMENT with one line, and the server logs one
+line, never a traceback per call. Transport failures become ``RendezvousConnectionError``;
+a refused secret becomes ``RendezvousAuthError``. ``frame``/``unframe`` pack a JSON
+header and binary blobs into one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from rendezvous.errors import (
+    ElasticError,
+    NotSentError,
+    RendezvousAuthError,
+    RendezvousConnectionError,
+    RendezvousError,
+    error_class,
+)
+from rendezvous.net import auth
+from rendezvous.net.url import Endpoint
+
+log = logging.getLogger(__name__)
+
+CLIENT_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    # A client is a connection of its own. gRPC otherwise shares one connection among
+    # every channel of a process to the same address, and the server's per-connection
+    # stream limit (``ServerLimits.max_streams_per_connection``) then counts the open
+    # watches and calls of all of them together: past it, any client's next call waits
+    # for another's stream to end (a driver's health probe behind its own watches).
+    ("grpc.use_local_subchannel_pool", 1),
+]
+_ERROR_SEPARATOR = "|"
+#: seconds between log lines about refused or malformed calls (one line, not one per call)
+_REFUSAL_LOG_INTERVAL = 10.0
+
+UnaryHandler = Callable[[bytes], bytes]
+StreamHandler = Callable[[bytes, "grpc.aio.ServicerContext"], AsyncIterator[bytes]]
+
+
+def frame(header: dict, blobs: Iterable[bytes | memoryview] = ()) -> bytes:
+    """One message: 4-byte header length, the JSON header, then the blobs back to back.
+
+    The header should say how long each blob is (the caller's schema decides how)."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([struct.pack("!I", len(head)), head, *blobs])
+
+
+def unframe(message: bytes) -> tuple[dict, memoryview]:
+    """Inverse of ``frame``: the header and a zero-copy view of the blob bytes.
+
+    Raises:
+        MalformedRequest: the message is shorter than its header says, or the header is
+            not a JSON object."""
+    view = memoryview(message)
+    try:
+        (head_len,) = struct.unpack_from("!I", view, 0)
+        if 4 + head_len > len(view):
+            raise ValueError(f"header of {head_len} bytes in a message of {len(view)}")
+        header = json.loads(bytes(view[4 : 4 + head_len]))
+    except (struct.error, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
+        raise MalformedRequest(f"malformed message: {exc}") from None
+    if not isinstance(header, dict):
+        raise MalformedRequest("malformed message: the header is not an object")
+    return header, view[4 + head_len :]
+
+
+class MalformedRequest(RendezvousError, ValueError):
+    """A request that does not parse; the server answers INVALID_ARGUMENT."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Bounds an ``RpcServer`` keeps whatever its clients do.
+
+    ``max_message_bytes``: the largest request accepted (protocol messages are small:
+    tensors travel in pieces or on the bulk channel). ``max_streams_per_connection``:
+    concurrent calls one connection may hold. ``max_workers``: threads for blocking
+    handlers (calls beyond wait as coroutines, not threads). ``handshake_timeout``:
+    seconds a new connection may take to start speaking HTTP/2. ``max_pending_calls``:
+    calls arrived but not yet taken up by the event loop; gRPC's default (1000, with
+    random early drops up to 3000) cancels calls when thousands of workers call at once
+    (a round change), so it is raised well above the job sizes the store serves."""
+
+    max_message_bytes: int = 4 << 20
+    max_streams_per_connection: int = 128
+    max_workers: int = 64
+    handshake_timeout: float = 10.0
+    max_pending_calls: int = 20_000
+
+    def __post_init__(self):
+        if (
+            self.max_message_bytes < 1024
+            or self.max_streams_per_connection < 1
+            or self.max_workers < 1
+            or not self.handshake_timeout > 0
+        ):
+            raise ValueError(f"unusable server limits: {self}")
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout * 1000)),
+            ("grpc.server.max_pending_requests", self.max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * self.max_pending_calls),
+        ]
+
+
+class RateLimitedLog:
+    """One warning per interval for a kind of refusal, with the count since the last
+    (thread-safe; servers other than ``RpcServer`` use it too, with their ``logger``)."""
+
+    def __init__(self, interval: float = _REFUSAL_LOG_INTERVAL, logger: logging.Logger = log):
+        self._interval = interval
+        self._log = logger
+        self._lock = threading.Lock()
+        self._next: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            count = self._count[kind] = self._count.get(kind, 0) + 1
+            if now < self._next.get(kind, 0.0):
+                return
+            self._count[kind] = 0
+            self._next[kind] = now + self._interval
+        self._log.warning("%s (%d such calls since the last line)", message, count)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, MalformedRequest):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, ElasticError):
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, f"{type(exc).__name__}{_ERROR_SEPARATOR}{exc}"
+        )
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(exc).__name__}: {exc}"
+    )
+
+
+class _Router(grpc.GenericRpcHandler):
+    """Chooses each call's handler from its method and metadata, before any body is read."""
+
+    def __init__(self, server: RpcServer):
+        self._server = server
+
+    def service(self, handler_call_details):
+        method = handler_call_details.method
+        handler = self._server._handlers.get(method)
+        if handler is None:
+            return None  # gRPC answers UNIMPLEMENTED
+        token = dict(handler_call_details.invocation_metadata or ()).get(auth.RPC_METADATA_KEY)
+        try:
+            self._server._verifier.check_head(method, token)
+        except auth.ProofRefused as exc:
+            self._server._refusals.warn("auth", f"refused a call of {method}: {exc}")
+            reason = f"request refused: {exc}"
+
+            async def deny(_requests, context):  # never reads the request
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+            if handler.response_streaming:
+                return grpc.stream_stream_rpc_method_handler(deny)
+            return grpc.stream_unary_rpc_method_handler(deny)
+        return handler
+
+
+class RpcServer:
+    """A gRPC server for one service name whose methods take and return bytes.
+
+    Register handlers with ``add_unary``/``add_stream`` before ``start``."""
+
+    def __init__(
+        self,
+        service: str,
+        secret: str,
+        bind: str = "127.0.0.1:0",
+        limits: ServerLimits | None = None,
+    ):
+        self.service = service
+        self._bind = bind
+        self._limits = limits or ServerLimits()
+        self._verifier = auth.CallVerifier(secret)
+        self._refusals = RateLimitedLog()
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._pool: futures.ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: grpc.aio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.address: str | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The server's event loop (for handlers that wake stream handlers from threads)."""
+        return self._loop
+
+    def _check_body(self, context, request: bytes) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        token = metadata.get(auth.RPC_METADATA_KEY, "")
+        try:
+            self._verifier.check_body(token.split(".")[1], request, metadata.get(auth.RPC_BODY_KEY))
+        except (auth.ProofRefused, IndexError) as exc:
+            raise _BodyRefused(str(exc)) from None
+
+    def add_unary(self, name: str, fn: UnaryHandler, *, blocking: bool = True) -> None:
+        """Serve ``fn(request) -> reply``. ``blocking`` handlers run on the thread pool;
+        others (quick, never waiting) run on the event loop itself."""
+
+        async def handler(request: bytes, context):
+            try:
+                self._check_body(context, request)
+                if blocking:
+                    return await asyncio.get_running_loop().run_in_executor(self._pool, fn, request)
+                return fn(request)
+            except _BodyRefused as exc:
+                self._refusals.warn("auth", f"refused a call of {name}: {exc}")
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"request refused: {exc}")
+            except ElasticError as exc:
+                if isinstance(exc, MalformedRequest):
+                    self._refusals.warn("malformed", f"malformed {name} request: {exc}")
+                await _abort(context, exc)
+            except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+                self._refusals.warn("malformed", f"malformed {name} request: {exc!r}")
+                await _abort(context, exc)
+
+        self._handlers[f"/{self.service}/{name}"] = grpc.unary_unary_rpc_method_handler(handler)
+
+    def add_stream(self, name: str, fn: StreamHandler) -> None:
+        """Serve ``fn(request, context)``, an async generator of replies (it runs on the
+        event loop: it must await, never block)."""
+
+        async def handler(request: bytes, context):
+            try:
+                self._check_body(context, request)
+                async for reply in fn(request, context):
+                    yield reply
+            except _BodyRefused as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"request refused: {exc}")
+            except ElasticError as exc:
+                await _abort(context, exc)
+            except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+                self._refusals.warn("malformed", f"malformed {name} request: {exc!r}")
+                await _abort(context, exc)
+
+        self._handlers[f"/{self.service}/{name}"] = grpc.unary_stream_rpc_method_handler(handler)
+
+    def start(self, timeout: float = 10.0) -> str:
+        """Bind and serve; returns ``host:port`` (the real port when ``bind`` asked for 0).
+
+        Raises:
+            RendezvousError: the address cannot be bound (the message names it)."""
+        bind = Endpoint.parse(self._bind, f"{self.service} bind address", allow_port_zero=True)
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=self._limits.max_workers, thread_name_prefix=f"rpc-{self.service}"
+        )
+        started: futures.Future[int] = futures.Future()
+        self._thread = threading.Thread(
+            target=self._serve, args=(started,), daemon=True, name=f"rpc-{self.service}"
+        )
+        self._thread.start()
+        try:
+            port = started.result(timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.address = str(Endpoint(bind.host, port))
+        return self.address
+
+    def _serve(self, started: futures.Future) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._start(started))
+        except BaseException as exc:  # noqa: BLE001  (reported to start(), which raises it)
+            if not started.done():
+                started.set_exception(exc)
+        if started.exception() is None:
+            loop.run_forever()
+        # Calls the server's stop left behind (a stream waiting for news) end here, before
+        # the loop closes: cancelled and awaited, so none is destroyed while pending.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+    async def _start(self, started: futures.Future) -> None:
+        server = grpc.aio.server(options=self._limits.grpc_options())
+        server.add_generic_rpc_handlers([_Router(self)])
+        try:
+            port = server.add_insecure_port(self._bind)
+        except RuntimeError as exc:
+            raise RendezvousError(f"cannot bind {self.service} to {self._bind}: {exc}") from exc
+        if port == 0:
+            raise RendezvousError(f"cannot bind {self.service} to {self._bind}")
+        await server.start()
+        self._server = server
+        started.set_result(port)
+
+    def stop(self, grace: float | None = 0.5) -> None:
+        """End every call (after ``grace`` seconds for those running) and the loop thread."""
+        loop, server, self._server = self._loop, self._server, None
+        if loop is not None and loop.is_running():
+            if server is not None:
+                done = asyncio.run_coroutine_threadsafe(server.stop(grace), loop)
+                try:
+                    done.result(timeout=(grace or 0) + 5)
+                except (futures.TimeoutError, RuntimeError) as exc:
+                    log.debug("stopping %s: %s", self.service, exc)
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class _BodyRefused(Exception):
+    """Internal: the body proof of an otherwise authenticated call failed."""
+
+
+def translate_rpc_error(exc: grpc.RpcError, what: str) -> ElasticError:
+    """The typed error for a failed call (``what`` names the target for the message)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = (exc.details() if hasattr(exc, "details") else "") or ""
+    if code == grpc.StatusCode.FAILED_PRECONDITION and _ERROR_SEPARATOR in details:
+        name, message = details.split(_ERROR_SEPARATOR, 1)
+        cls = error_class(name) or RendezvousError
+        return cls(message)
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
+        return NotSentError(f"{what}: unavailable: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return RendezvousAuthError(f"{what}: {details}")
+    if code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+    ):
+        return RendezvousConnectionError(f"{what}: {code.name.lower()}: {details}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return MalformedRequest(f"{what}: {details}")
+    return RendezvousError(f"{what}: {code.name if code else 'error'}: {details}")
+
+
+class RpcClient:
+    """Calls one ``RpcServer`` service; every call has a deadline and carries the secret proof."""
+
+    def __init__(self, address: str, service: str, secret: str, timeout: float = 10.0):
+        self.address = address
+        self.service = service
+        self.timeout = timeout
+        self._secret = secret
+        self._channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+        self._lock = threading.Lock()
+        self._unary: dict[str, Callable] = {}
+        self._stream: dict[str, Callable] = {}
+
+    def _method(self, table: dict, kind: str, name: str):
+        with self._lock:
+            if name not in table:
+                factory = getattr(self._channel, kind)
+                table[name] = factory(f"/{self.service}/{name}")
+            return table[name]
+
+    def metadata(self, name: str, payload: bytes):
+        """The proof of the secret for one call of ``name`` with ``payload``."""
+        return auth.call_metadata(self._secret, f"/{self.service}/{name}", payload)
+
+    def call(
+        self, name: str, payload: bytes, timeout: float | None = None, wait_for_ready: bool = False
+    ) -> bytes:
+        """One unary call. Raises the handler's typed error, RendezvousAuthError or
+        RendezvousConnectionError (unreachable or past the deadline)."""
+        method = self._method(self._unary, "unary_unary", name)
+        try:
+            return method(
+                payload,
+                timeout=timeout if timeout is not None else self.timeout,
+                metadata=self.metadata(name, payload),
+                wait_for_ready=wait_for_ready,
+            )
+        except grpc.RpcError as exc:
+            raise translate_rpc_error(exc, f"{self.service}.{name} at {self.address}") from None
+
+    def stream(self, name: str, payload: bytes, timeout: float | None = None):
+        """A server stream: returns the gRPC call object (iterate it; ``cancel()`` ends it).
+        Iteration raises ``grpc.RpcError``; pass it to ``translate_rpc_error``."""
+        method = self._method(self._stream, "unary_stream", name)
+        return method(payload, timeout=timeout, metadata=self.metadata(name, payload))
+
+    def close(self) -> None:
+        self._channel.close()

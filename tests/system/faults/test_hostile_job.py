@@ -1,0 +1,242 @@
+"""A hostile client against every listening port of a running job (3 workers, 2 ps
+shards, sync mode): the driver's embedded store, each worker's ring listener, each
+shard's gRPC and bulk ports, found from the job's records in the store. With no
+secret it sends garbage, truncated and oversized frames, fake handshakes, silent
+connections, and gRPC calls with no proof or a wrong one (small, oversized, and headers
+that never send a body). Every such request is refused, no server's resident memory
+grows by 64 MiB, the servers' threads and file descriptors come back to what they were,
+and the job then finishes exact: every worker saw every step once, in order.
+
+Training is held (``ps_linear.py --pause-while``) while the job is probed, so the
+threads and descriptors measured before and after are those of the same quiet state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from elastic.comm import wire
+from elastic.netio import CHALLENGE_SIZE, NONCE_BYTES, PROOF_SIZE
+from elastic.ps.bulk import MAGIC as BULK_MAGIC
+from elastic.ps.protocol import SERVICE as PS_SERVICE
+from rendezvous import open_store
+from rendezvous.backends.embedded import SERVICE as STORE_SERVICE
+from rendezvous.env import ENV_JOB_ID, ENV_RENDEZVOUS, ENV_SECRET
+from rendezvous.keys import JobKeys
+from rendezvous.plan import ShardInfo, WorkerInfo
+from tests.support import hostile
+from tests.support.jobs import WORKLOADS, ElasticRun, wait_until
+
+PS_LINEAR = WORKLOADS / "ps_linear.py"
+STEPS = 40
+#: what a server may gain in resident memory while it is probed
+RSS_BOUND_MIB = 64
+#: the body of an oversized call (a server that buffered it would grow past the bound)
+OVERSIZED = 128 << 20
+#: calls with headers and no body per gRPC port, and silent connections per port
+HELD_CALLS = 200
+SILENT = 40
+#: what a refused gRPC call may end with (an oversized body may be cut off in flight)
+REFUSED = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+@dataclass(frozen=True)
+class JobPorts:
+    """Where the job listens, from its records in the store (read with the job's
+    secret, taken from a worker's environment, as its operator could)."""
+
+    store: str
+    rings: list[str]
+    shards: list[str]
+    bulks: list[str]
+
+    @classmethod
+    def find(cls, worker_pid: int, workers: int, shards: int) -> JobPorts:
+        env = _environ(worker_pid)
+        keys = JobKeys(env[ENV_JOB_ID])
+        store = open_store(env[ENV_RENDEZVOUS], env[ENV_SECRET])
+        try:
+
+            def records():
+                ring = [WorkerInfo.from_json(kv.value) for kv in store.get_prefix(keys.workers)[0]]
+                ps = [ShardInfo.from_json(kv.value) for kv in store.get_prefix(keys.ps)[0]]
+                ready = len(ring) == workers and len(ps) == shards and all(s.ready for s in ps)
+                return (ring, ps) if ready else None
+
+            ring, ps = wait_until(records, 60, "every worker and ready shard in the store")
+        finally:
+            store.close()
+        return cls(
+            env[ENV_RENDEZVOUS].split("://", 1)[1],
+            [w.address for w in ring],
+            [s.address for s in ps],
+            [s.bulk_address for s in ps],
+        )
+
+
+def _counts(pids: list[int]) -> dict[int, tuple[int, int]]:
+    return {pid: (hostile.threads(pid), hostile.fds(pid)) for pid in pids}
+
+
+def _settled(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """Threads and descriptors of ``pids`` once three readings a second apart agree
+    (on a loaded machine a process may still be starting something)."""
+    readings: list[dict] = []
+
+    def same() -> dict | None:
+        readings.append(_counts(pids))
+        recent = readings[-3:]
+        return recent[0] if len(recent) == 3 and all(r == recent[0] for r in recent) else None
+
+    return wait_until(same, 30, "the job's threads and descriptors to settle", interval=1.0)
+
+
+#: threads a server may keep after the probes: worker pools that grow once to their
+#: bound and keep their threads (asyncio's default executor: min(32, cpus + 4)). A leak
+#: per probe would leave hundreds (hundreds of held calls and connections per port).
+POOL_THREADS = 4
+
+
+def _no_leak(before: dict[int, tuple[int, int]]) -> None:
+    """Wait until no process of ``before`` has more descriptors than then, nor more
+    threads than then and ``POOL_THREADS``.
+
+    Raises:
+        AssertionError: some still have more after a minute (named with their counts)."""
+    now: dict[int, tuple[int, int]] = {}
+
+    def back() -> bool:
+        now.update(_counts(list(before)))
+        return all(
+            now[p][0] <= before[p][0] + POOL_THREADS and now[p][1] <= before[p][1] for p in before
+        )
+
+    try:
+        wait_until(back, 60, "the threads and descriptors of the servers to come back")
+    except AssertionError:
+        raise AssertionError(f"threads, descriptors before {before}, after {now}") from None
+
+
+def _grpc_probes(address: str, methods: list[str], size: int) -> list:
+    """Small and ``size`` bodies with no proof or a wrong one, and held calls."""
+    codes = hostile.unauthenticated_calls(address, methods, 1024)
+    codes += hostile.unauthenticated_calls(address, methods[:1], size)
+    channels, calls, release = hostile.never_sending_calls(address, HELD_CALLS, 2, (), methods[0])
+    try:
+        codes += [c.exception(timeout=30).code() for c in calls]
+    finally:
+        release()
+        for channel in channels:
+            channel.close()
+    return codes
+
+
+def _all_closed(probes: list[tuple[str, bytes]]) -> list[bool]:
+    """Send each (address, payload) on a connection of its own, all at once (a frame
+    cut short is held until the server's handshake deadline, seconds: one after the
+    other they would take minutes): True for each the server ended the connection on."""
+    with ThreadPoolExecutor(len(probes)) as pool:
+        return list(pool.map(lambda probe: hostile.sends_then_closed(*probe), probes))
+
+
+def _raw_probes(address: str, magic: bytes) -> list[tuple[str, bytes]]:
+    """Garbage and malformed frames for the port at ``address``."""
+    return [(address, payload) for payload in hostile.garbage_payloads(magic)]
+
+
+def _ring_opening() -> bytes:
+    return wire.encode_hello(wire.Hello(wire.CHANNEL_DATA, 1, 0, 1, 3, os.urandom(NONCE_BYTES)))
+
+
+def _steps_seen(out: Path) -> dict[str, list[int]]:
+    return {p.stem: [int(line) for line in p.read_text().split()] for p in out.glob("*.steps")}
+
+
+@pytest.mark.timeout(300)
+def test_hostile_probes_are_refused_and_harmless(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = tmp_path / "hold"  # while it exists the workers wait before each step
+    hold.write_text("")
+    args = [
+        *("-np", "3", "--num-ps", "2", "--ps-mode", "sync"),
+        *("python", str(PS_LINEAR), str(out), "--steps", str(STEPS)),
+        *("--record-steps", "--pause-while", str(hold)),
+    ]
+    with ElasticRun(args, tmp_path / "run") as run:
+        run.wait_event("round_formed", lambda e: e["size"] == 3, timeout=120)
+        workers = sorted(run.worker_pids().values())
+        shard_pids = [e["pid"] for e in run.events("ps_started")]
+        ports = JobPorts.find(workers[0], 3, 2)
+        servers = [run.proc.pid, *workers, *shard_pids]
+        # One refused call and connection each first: what a server starts lazily for
+        # its first connection (gRPC's own threads) is not a leak.
+        for address in (ports.store, *ports.shards):
+            hostile.unauthenticated_calls(address, ["/probe/Warm"], 16)
+        _all_closed([(address, b"warm-up") for address in (*ports.rings, *ports.bulks)])
+        before = _settled(servers)
+        rss_before = {pid: hostile.rss_mib(pid) for pid in servers}
+
+        store_methods = [f"/{STORE_SERVICE}/{m}" for m in ("Range", "Txn", "Grant")]
+        ps_methods = [f"/{PS_SERVICE}/{m}" for m in ("Push", "Pull", "Hello")]
+        with hostile.rss_peaks(servers) as peaks:
+            codes = _grpc_probes(ports.store, store_methods, OVERSIZED)
+            for shard in ports.shards:
+                codes += _grpc_probes(shard, ps_methods, OVERSIZED)
+            raw = []
+            for address in (ports.store, *ports.shards):
+                raw += _raw_probes(address, b"PRI * HTTP/2.0")
+            for address in ports.rings:
+                raw += _raw_probes(address, wire.MAGIC)
+            for address in ports.bulks:
+                raw += _raw_probes(address, BULK_MAGIC)
+            closed = _all_closed(raw)
+            handshakes = [
+                hostile.fake_handshake(a, _ring_opening(), CHALLENGE_SIZE, PROOF_SIZE)
+                for a in ports.rings
+            ] + [
+                hostile.fake_handshake(
+                    a, BULK_MAGIC + os.urandom(NONCE_BYTES), CHALLENGE_SIZE, PROOF_SIZE
+                )
+                for a in ports.bulks
+            ]
+            silent = []
+            for address in (ports.store, *ports.rings, *ports.shards, *ports.bulks):
+                host, port = address.rsplit(":", 1)
+                silent += hostile.silent_connections(int(port), SILENT, host)
+            hostile.close_all(silent)
+
+        # every request without the secret was refused
+        assert codes and set(codes) <= REFUSED, sorted({c.name for c in codes})
+        assert codes.count(grpc.StatusCode.UNAUTHENTICATED) >= len(codes) - 6
+        assert all(closed), closed
+        assert handshakes == [b""] * len(handshakes), handshakes
+        # no server's memory grew by the bound
+        grown = {pid: round(peaks[pid] - rss_before[pid], 1) for pid in servers}
+        assert max(grown.values()) < RSS_BOUND_MIB, grown
+        # and no thread or descriptor is left behind
+        _no_leak(before)
+        hold.unlink()
+        assert run.wait(timeout=120) == 0, run.stderr_tail()
+        assert not run.events("worker_failed") and not run.events("ps_restarted")
+    seen = _steps_seen(out)
+    assert len(seen) == 3 and all(s == list(range(1, STEPS + 1)) for s in seen.values()), seen
+    results = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert len(results) == 3 and {r["step"] for r in results} == {STEPS}, results
