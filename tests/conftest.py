@@ -1,8 +1,11 @@
 """Shared fixtures: real etcd servers, the embedded store server, and both backends;
 the test kinds.
 
-The tree mirrors the code (``tests/rendezvous``, ``tests/driver``, ``tests/elastic/...``),
-with whole jobs in ``tests/system`` and harnesses in ``tests/support``. Every test is one
+The tree mirrors the code, package by package (``tests/driver/job`` tests
+``driver/job``, ``tests/elastic/comm/peers`` tests ``elastic/comm/peers``, ...), with whole
+jobs in ``tests/system`` (by concern: ``jobs``, ``faults``, ``hosts``, ``ps``) and
+harnesses in ``tests/support`` (``comm``, ``ps``, ``hosts``: the test hosts and their
+sshd). Every test is one
 kind, by marker: ``unit`` (pure logic, no process, no socket: the module says so with
 ``pytestmark``), ``system`` (whole jobs: everything under ``tests/system``), and
 ``integration`` (the rest: real servers and processes). ``-m unit`` runs in seconds.

@@ -252,7 +252,7 @@ def test_a_new_driver_supervises_the_ps_shards_it_adopted(tmp_path, etcd_server)
     """The ps shards outlive their driver's SIGKILL (their agent runs them); the driver
     started again supervises them: a shard SIGKILLed under it is restarted from its
     checkpoint, and training converges."""
-    from tests.system.ps.test_ps_jobs import PS_LINEAR, check_converged, shard_pid
+    from tests.system.ps.test_jobs import PS_LINEAR, check_converged, shard_pid
 
     job_id = f"t{uuid.uuid4().hex[:10]}"
     out, ckpt, hold = tmp_path / "out", tmp_path / "ckpt", tmp_path / "hold"

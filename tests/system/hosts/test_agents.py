@@ -266,7 +266,7 @@ def test_a_spread_ps_shard_whose_host_is_lost_restarts_on_another_host(three_hos
     """--ps-placement spread: shard 0 runs on the first host. That host's agent
     SIGKILLed: the shard restarts on the other host from the newest checkpoint (a
     directory every host sees), the surviving worker goes on, and training converges."""
-    from tests.system.ps.test_ps_jobs import PS_LINEAR, check_converged
+    from tests.system.ps.test_jobs import PS_LINEAR, check_converged
 
     a, b, _ = three_hosts
     out, ckpt, hold = tmp_path / "out", tmp_path / "ckpt", tmp_path / "hold"

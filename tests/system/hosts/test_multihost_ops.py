@@ -27,7 +27,7 @@ from tests.support.jobs import (
 )
 from tests.system.faults.test_chaos import EPOCHS, SAMPLES
 from tests.system.hosts.test_multihost import store_args, workload
-from tests.system.ps.test_ps_jobs import PS_LINEAR, check_converged
+from tests.system.ps.test_jobs import PS_LINEAR, check_converged
 
 pytestmark = pytest.mark.chaos
 

@@ -18,8 +18,8 @@ import pytest
 
 from elastic.ps.shard import checkpoint as ck
 from rendezvous.private_dir import InsecureDirectoryError, check_private_dir, make_private_dir
-from tests.elastic.ps.test_ps_checkpoint_files import _huge_rows, _parsed_file, write_crafted
-from tests.elastic.ps.test_ps_failures import run_shard_to_its_end
+from tests.elastic.ps.test_checkpoint_files import _huge_rows, _parsed_file, write_crafted
+from tests.elastic.ps.test_failures import run_shard_to_its_end
 from tests.support.paths import ROOT
 from tests.support.ps.harness import PSJob
 

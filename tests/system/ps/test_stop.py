@@ -18,7 +18,7 @@ import pytest
 from elastic.ps.client import PSClient
 from elastic.ps.settings import ClientSettings
 from elastic.ps.shard import checkpoint as ck
-from tests.elastic.ps.test_ps_failures import _shard_alone, check_gd, full_data_sync_workers
+from tests.elastic.ps.test_failures import _shard_alone, check_gd, full_data_sync_workers
 from tests.support.jobs import WORKLOADS, ElasticRun, wait_until
 from tests.support.ps.harness import PSJob
 
