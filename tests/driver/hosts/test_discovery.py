@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from driver.errors import DiscoveryError
-from driver.hosts.discovery import HostDiscovery
+from driver.errors import DiscoveryError, UnknownDiscoveryError
+from driver.hosts import registry
+from driver.hosts.discovery import DiscoverySettings, HostDiscovery
 from driver.hosts.fixed import FixedDiscovery
 from driver.hosts.script import ScriptDiscovery, parse_discovery_output
 from driver.hosts.slots import HostSlots
@@ -331,3 +332,33 @@ def test_discovery_listing_too_many_slots_stops_at_once():
     with pytest.raises(DiscoveryError, match=r"lists 66560 slots in all; at most 65536"):
         parse_discovery_output(text, 1, SOURCE)
     assert time.monotonic() - started < 5
+
+
+# ----------------------------------------------------------------------------- sources by name
+
+
+def test_the_flags_pick_a_source_of_hosts_by_name():
+    fixed = DiscoverySettings(hosts=(HostSlots("a", 2),))
+    assert registry.source_name(fixed) == "fixed"
+    assert registry.make_discovery("fixed", fixed).find_hosts() == (HostSlots("a", 2),)
+    script = DiscoverySettings(script="/bin/true", default_slots=3)
+    assert registry.source_name(script) == "script"
+    made = registry.make_discovery("script", script)
+    assert isinstance(made, ScriptDiscovery) and made.default_slots == 3
+    with pytest.raises(UnknownDiscoveryError, match="unknown host discovery 'ray'"):
+        registry.make_discovery("ray", fixed)
+
+
+def test_a_source_registered_by_name_is_made_from_the_settings(monkeypatch):
+    """The seam a new source of hosts plugs into: a creator under a name in ``SOURCES``."""
+
+    class Joined(HostDiscovery):
+        def __init__(self, slots: int):
+            self.slots = slots
+
+        def find_hosts(self) -> tuple[HostSlots, ...]:
+            return (HostSlots("joined-1", self.slots),)
+
+    monkeypatch.setitem(registry.SOURCES, "joined", lambda s: Joined(s.default_slots))
+    made = registry.make_discovery("joined", DiscoverySettings(default_slots=4))
+    assert made.find_hosts() == (HostSlots("joined-1", 4),)

@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
+from driver.config import parse_args
 from driver.errors import LaunchError, LaunchSpecError, UnknownLauncherError
+from driver.launch import registry
 from driver.launch.auto import AutoLauncher
 from driver.launch.local import LocalLauncher
 from driver.launch.registry import get_launcher
@@ -246,6 +248,19 @@ def test_get_launcher_by_name():
     assert isinstance(get_launcher("auto", is_local=lambda h: True), AutoLauncher)
     with pytest.raises(UnknownLauncherError, match="unknown launcher 'mpi'"):
         get_launcher("mpi")
+
+
+def test_a_launcher_registered_by_name_is_offered_by_the_flags(monkeypatch):
+    """The seam a new launcher plugs into: a creator under a name in ``LAUNCHERS``,
+    and ``--launcher`` offers it with no other change."""
+
+    class Recorder(LocalLauncher):
+        name = "recorder"
+
+    monkeypatch.setitem(registry.LAUNCHERS, "recorder", lambda options: Recorder(options.out))
+    assert registry.launcher_names() == ("auto", "local", "ssh", "recorder")
+    assert isinstance(get_launcher("recorder"), Recorder)
+    assert parse_args(["-np", "1", "--launcher", "recorder", "true"]).launcher == "recorder"
 
 
 # ----------------------------------------------------------------------------- local
