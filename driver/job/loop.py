@@ -57,7 +57,7 @@ from driver.job.processes import WorkerProcesses
 from driver.job.services import JobServices
 from driver.job.state import JobState
 from driver.job.wiring import job_env, runs_all_local
-from driver.launch.agents.service import AgentService, NoAgents
+from driver.launch.agents.service import AgentService, AgentWiring, NoAgents
 from driver.launch.base import Launcher
 from driver.launch.process import WorkerProcess
 from driver.lead.adopted_pids import AdoptedProcesses
@@ -241,12 +241,14 @@ class Job:
         if adopting:
             handed_over = dict(self._agents.adopt(self._services.snapshot))
         self._agents.attach(
-            self._services.require_store(),
-            agent_env=job_env(cfg, self.secret, self.store_url),
-            term=self._services.leader_term,
-            on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
-            patience=cfg.elastic_timeout,
-            steer=self._services.steer,
+            AgentWiring(
+                self._services.require_store(),
+                agent_env=job_env(cfg, self.secret, self.store_url),
+                term=self._services.leader_term,
+                on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
+                patience=cfg.elastic_timeout,
+                steer=self._services.steer,
+            )
         )
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)

@@ -47,14 +47,14 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Callable
 
 from driver.errors import LaunchError, LeadershipLost
 from driver.launch.agents.assigned import AssignedProcess
 from driver.launch.agents.handle import AgentProcess, agent_command, reap_agent
-from driver.launch.agents.service import AgentService
+from driver.launch.agents.service import AgentService, AgentWiring
 from driver.launch.agents.snapshot import read_agent_keys
 from driver.launch.base import Launcher
 from driver.launch.output import PrefixFn, Stream
@@ -123,29 +123,21 @@ class AgentLauncher(Launcher, AgentService):
         self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
         self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
 
-    def attach(
-        self,
-        store: KVStore,
-        *,
-        agent_env: Mapping[str, str],
-        term: Callable[[], int],
-        on_host_lost: Callable[[str, str], None],
-        patience: float,
-        steer: Callable[[Sequence[Put | Delete]], int] | None = None,
-    ) -> None:
-        """Use ``store`` from now on; ``term()`` is the leader's term to stamp on
-        assignments; ``steer``: the leader's fenced write (default: a plain put);
-        follow the agents' records and process reports until ``stop_following`` (after
+    def attach(self, wiring: AgentWiring) -> None:
+        """Use the job's store from now on (``AgentWiring``: ``term()`` is the leader's
+        term to stamp on assignments; ``steer``: the leader's fenced write, default a
+        plain put); follow the agents' records and process reports until ``stop_following`` (after
         ``close``: the exits of what the job's end stops are reports too), from the
         first launch through an agent on (a job with no agent, one machine on the
         embedded store, watches nothing more than before), or at once when agents were
         adopted. The adopted assignments of hosts that had no agent any more are
         withdrawn (``_withdraw``).
         """
-        self._store, self._term, self._on_host_lost = store, term, on_host_lost
-        self._fenced = steer
-        self._agent_env = dict(agent_env)
-        self._patience = patience
+        self._store, self._term = wiring.store, wiring.term
+        self._on_host_lost = wiring.on_host_lost
+        self._fenced = wiring.steer
+        self._agent_env = dict(wiring.agent_env)
+        self._patience = wiring.patience
         with self._lock:
             if self._agents:
                 self._start_following()

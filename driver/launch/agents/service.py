@@ -12,10 +12,27 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Callable
 
 from driver.launch.process import WorkerProcess
 from rendezvous.store import Delete, KeyValue, KVStore, Put
+
+
+@dataclass(frozen=True)
+class AgentWiring:
+    """What the agents need of the job once its store is open: the ``store``, the
+    variables agents start with (``agent_env``: store URL, job id, secret), the leader's
+    term to stamp on assignments (``term()``), what to do when a host's agent is lost
+    (``on_host_lost(host, detail)``), how long a watch may go without the store
+    (``patience``), and the leader's fenced write (``steer``; None: a plain put)."""
+
+    store: KVStore
+    agent_env: Mapping[str, str]
+    term: Callable[[], int]
+    on_host_lost: Callable[[str, str], None]
+    patience: float
+    steer: Callable[[Sequence[Put | Delete]], int] | None = None
 
 
 class AgentService(abc.ABC):
@@ -27,19 +44,8 @@ class AgentService(abc.ABC):
         ``kvs``); returns a handle for each process still running, by process id."""
 
     @abc.abstractmethod
-    def attach(
-        self,
-        store: KVStore,
-        *,
-        agent_env: Mapping[str, str],
-        term: Callable[[], int],
-        on_host_lost: Callable[[str, str], None],
-        patience: float,
-        steer: Callable[[Sequence[Put | Delete]], int] | None = None,
-    ) -> None:
-        """Use ``store`` from now on: agents start with ``agent_env``, assignments carry
-        ``term()``, every write goes through ``steer`` (the leader's fenced write), and
-        a host whose agent is lost is ``on_host_lost(host, detail)``."""
+    def attach(self, wiring: AgentWiring) -> None:
+        """Use the job's store from now on, as ``wiring`` says."""
 
     @abc.abstractmethod
     def live_hosts(self) -> frozenset[str]:
@@ -73,16 +79,7 @@ class NoAgents(AgentService):
     def adopt(self, kvs: Sequence[KeyValue]) -> Mapping[str, WorkerProcess]:
         return {}
 
-    def attach(
-        self,
-        store: KVStore,
-        *,
-        agent_env: Mapping[str, str],
-        term: Callable[[], int],
-        on_host_lost: Callable[[str, str], None],
-        patience: float,
-        steer: Callable[[Sequence[Put | Delete]], int] | None = None,
-    ) -> None:
+    def attach(self, wiring: AgentWiring) -> None:
         pass
 
     def live_hosts(self) -> frozenset[str]:

@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from driver.launch.agents.launcher import AgentLauncher
+from driver.launch.agents.service import AgentWiring
 from driver.launch.registry import get_launcher
 from rendezvous import open_store
 from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
@@ -34,11 +35,13 @@ def adopting(store, keys: JobKeys, lost: list[str]) -> tuple[AgentLauncher, dict
     )
     handles = launcher.adopt(store.get_prefix(keys.prefix)[0])
     launcher.attach(
-        store,
-        agent_env={},
-        term=lambda: 1,
-        on_host_lost=lambda host, detail: lost.append(host),
-        patience=10.0,
+        AgentWiring(
+            store,
+            agent_env={},
+            term=lambda: 1,
+            on_host_lost=lambda host, detail: lost.append(host),
+            patience=10.0,
+        )
     )
     return launcher, handles
 
