@@ -62,6 +62,17 @@ class CommunicatorClosedError(WorkerLostError):
     """The communicator was closed (a new round arrived) while a collective was pending."""
 
 
+class CollectiveMismatchError(ElasticError):
+    """Ranks disagree on the collective being run (kind, op, dtype, shape, root or call
+    order): a programming error, not mended by re-forming. The communicator is broken
+    afterwards."""
+
+
+class ShmUnavailableError(ElasticError):
+    """``transport="shm"`` (or "hier") was required but the members cannot share memory
+    as it needs (different hosts, no /proc access, or an unsupported platform)."""
+
+
 class WorkerExpelledError(RendezvousError):
     """The driver took this worker out of the job (its host stopped answering, or it
     hung): a newer round left it out and its registration is gone. Its state is stale;
@@ -83,6 +94,8 @@ __all__ = [
     "PeerLostError",
     "LossCause",
     "CommunicatorClosedError",
+    "CollectiveMismatchError",
+    "ShmUnavailableError",
     "WorkerExpelledError",
     "ReplacedStateWarning",
 ]

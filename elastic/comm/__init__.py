@@ -14,17 +14,17 @@ reductions), ``wire`` (byte formats) and ``outbuf`` (recycled result buffers), s
 all.
 """
 
-from elastic.comm.base import (
-    CollectiveMismatchError,
-    CommSettings,
-    Communicator,
-    Membership,
-    ShmUnavailableError,
-)
+from elastic.comm.base import CommSettings, Communicator, Membership
 from elastic.comm.mpi import MpiCommunicator, detect_mpi
 from elastic.comm.peers.listener import RingListener
 from elastic.comm.ring import RingCommunicator
-from elastic.errors import CommunicatorClosedError, PeerLostError, WorkerLostError
+from elastic.errors import (
+    CollectiveMismatchError,
+    CommunicatorClosedError,
+    PeerLostError,
+    ShmUnavailableError,
+    WorkerLostError,
+)
 
 __all__ = [
     "CommSettings",

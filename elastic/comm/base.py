@@ -26,20 +26,15 @@ from typing import Any, Callable
 import numpy as np
 
 from elastic.comm import layout
-from elastic.errors import CommunicatorClosedError, PeerLostError, WorkerLostError
-from rendezvous.errors import ElasticError
+from elastic.errors import (
+    CollectiveMismatchError,
+    CommunicatorClosedError,
+    PeerLostError,
+    ShmUnavailableError,
+    WorkerLostError,
+)
 
 TRANSPORTS = ("auto", "tcp", "shm", "hier")
-
-
-class CollectiveMismatchError(ElasticError):
-    """Ranks disagree on the collective being run (kind, op, dtype, shape, root or call
-    order). The communicator is broken afterwards."""
-
-
-class ShmUnavailableError(ElasticError):
-    """``transport="shm"`` (or "hier") was required but the members cannot share memory
-    as it needs (different hosts, no /proc access, or an unsupported platform)."""
 
 
 @dataclass(frozen=True)

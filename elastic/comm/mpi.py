@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from elastic.comm import layout
-from elastic.comm.base import CollectiveMismatchError, Communicator
+from elastic.comm.base import Communicator
 from elastic.comm.outbuf import OutputCache
-from elastic.errors import CommunicatorClosedError
+from elastic.errors import CollectiveMismatchError, CommunicatorClosedError
 
 # Variables set by the common launchers for each process they start (MPICH/Hydra and
 # Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*; PMIx-based launchers: PMIX_RANK).

@@ -29,14 +29,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from elastic.comm import layout, wire
-from elastic.comm.base import (
-    CollectiveMismatchError,
-    CommSettings,
-    Communicator,
-    FailureCallback,
-    Membership,
-    ShmUnavailableError,
-)
+from elastic.comm.base import CommSettings, Communicator, FailureCallback, Membership
 from elastic.comm.outbuf import OutputCache
 from elastic.comm.peers.links import Connector, NeighbourLinks
 from elastic.comm.peers.listener import RingListener
@@ -51,7 +44,14 @@ from elastic.comm.transports.base import (
 )
 from elastic.comm.transports.selection import open_transport
 from elastic.comm.transports.tcp_ring import TcpRing
-from elastic.errors import CommunicatorClosedError, LossCause, PeerLostError, WorkerLostError
+from elastic.errors import (
+    CollectiveMismatchError,
+    CommunicatorClosedError,
+    LossCause,
+    PeerLostError,
+    ShmUnavailableError,
+    WorkerLostError,
+)
 from rendezvous.errors import RendezvousAuthError
 
 log = logging.getLogger(__name__)

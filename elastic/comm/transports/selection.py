@@ -31,13 +31,13 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from elastic.comm.base import ShmUnavailableError
 from elastic.comm.transports import cpus as host_cpus
 from elastic.comm.transports import shm, topology
 from elastic.comm.transports.base import Mismatch, Transport, TransportContext
 from elastic.comm.transports.hier import HierTransport, LeaderLinks
 from elastic.comm.transports.host_group import HostGroup
 from elastic.comm.transports.topology import Offer, Plan
+from elastic.errors import ShmUnavailableError
 
 log = logging.getLogger(__name__)
 
