@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument(
         "--launcher",
         choices=launcher_names(),
-        default="auto",
+        default=launcher_names()[0],
         help="how workers start: 'local' runs every worker on this machine "
         "whatever its host name (handy to simulate hosts: the names are labels that "
         "need not resolve, and every process talks over loopback), 'ssh' runs "

@@ -5,7 +5,7 @@
 ``ElasticError`` and catchable by code that only knows the store.
 
 Every error class registers itself by name so that a server can send a typed
-error over the wire and the client raises the same class (see ``rpc.py``).
+error over the wire and the client raises the same class (see ``rendezvous.net.rpc``).
 """
 
 from __future__ import annotations

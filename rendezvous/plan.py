@@ -213,8 +213,11 @@ class FailureRecord(JsonRecord):
     when it saw that peer stop answering itself (None: a crash needs no suspect, the
     driver sees the process exit).
 
-    Raises (when made, and so when read):
-        TypeError: a field of the wrong type (a report is taken whole or not at all).
+    Raises (when made):
+        TypeError: a field of the wrong type, or one missing (a report is taken whole
+            or not at all).
+    Raises (``from_json``, besides those):
+        ValueError: the bytes are not JSON (or not UTF-8).
     """
 
     worker_id: str
@@ -223,7 +226,7 @@ class FailureRecord(JsonRecord):
     suspect: str | None = None
     silent: bool = False
 
-    MAX_REASON = 500  # characters of ``reason`` kept: one line in the driver's events
+    MAX_REASON = 500  # characters of ``reason`` kept (a report is a hint, not a log)
 
     def __post_init__(self):
         checks = (

@@ -31,7 +31,14 @@ Decisions = Sequence[dec.Decision]
 
 
 class WorkerActions:
-    """Start, promote, stop and kill workers, for the main loop (``driver.job.loop``)."""
+    """Start, promote, stop and kill workers, for the main loop (``driver.job.loop``).
+
+    Each action but ``promote`` is fenced on the lead first.
+
+    Raises (``launch``, ``launch_spare``, ``kill``, ``stop``):
+        LeadershipLost: another driver leads the job (this one starts, stops and kills
+            nothing more).
+    """
 
     def __init__(self, ctx: JobContext):
         self._ctx = ctx

@@ -4,8 +4,9 @@ loop (``driver.job.loop``) and handed to each part (``driver.job.lead``,
 itself, and each reads from it only what it uses.
 
 Everything in it is touched from the loop's thread only, except what says otherwise
-(``post`` and the event sink are thread-safe; the services and the processes run
-helper threads of their own).
+(``post`` and the event sink are thread-safe; the services, the processes, the adopted
+pids and the agents run helper threads of their own, which report to the loop through
+``post``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from rendezvous.keys import JobKeys
 class JobContext:
     """The job's collaborators.
 
-    ``state``: what the loop knows (records, plan, book); ``services``: the store, the
+    ``config``: the job's validated flags; ``keys``: its key layout in the store;
+    ``secret``: the job's secret (handed to every process it starts); ``state``: what the loop knows (records, plan, book); ``services``: the store, the
     claim, the shards, the chaos; ``hosts``: the host manager; ``processes``: the worker
     processes this driver holds; ``adopted``: workers a predecessor launched, known by
     pid; ``agents``: the per-host agents (``NoAgents`` when the job runs none);

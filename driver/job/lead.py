@@ -5,8 +5,9 @@ predecessor's records (``driver.lead.persisted``).
 ``JobLead`` works over the job's context (``driver.job.context``): its state, services
 and keys, the hosts, the worker processes, the event sink, the clock, ``post``. The main
 loop (``driver.job.loop``) calls it for a ``Publish`` decision, after each reconcile
-(``persist``) and once at ``open`` when the claim adopts the job (``adopt``); an adopted
-worker's end comes back through ``adopted_gone``.
+(``persist``) and once at ``open`` when the claim adopts the job (``adopt``). The end of
+a worker adopted by its pid alone comes back to the loop as an exit, through
+``adopted_exit_reporter``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Callable
 
 from driver import events as ev
 from driver.errors import JobFailed
 from driver.hosts.slots import hosts_in_use
 from driver.job import messages as msg
 from driver.job.context import JobContext
+from driver.job.services import JobServices
 from driver.launch.process import WorkerProcess
 from driver.lead import persisted
 from driver.lead.adopted_pids import EXIT_UNKNOWN
@@ -30,11 +33,27 @@ from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord
 from rendezvous import env
 from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
 from rendezvous.net.addresses import is_local_host
 from rendezvous.plan import DriverStateRecord
 from rendezvous.store import Delete, Put
 
 log = logging.getLogger(__name__)
+
+
+def adopted_exit_reporter(
+    services: JobServices, keys: JobKeys, post: Callable[[msg.Message], None]
+) -> Callable[[str], None]:
+    """What tells the loop that a worker adopted by its pid alone is gone (called from a
+    helper thread, ``driver.lead.adopted_pids``): its exit, code unknown, unless it said
+    it finished its training (then 0)."""
+
+    def gone(worker_id: str) -> None:
+        finished = services.has_key(keys.finished(worker_id))
+        post(msg.ProcessExited(worker_id, 0 if finished else EXIT_UNKNOWN))
+
+    return gone
+
 
 STATE_WRITE_INTERVAL = 0.5
 """Seconds between two writes of the driver's persisted state (``JobKeys.driver_state``)
@@ -174,13 +193,6 @@ class JobLead:
             (ctx.processes.stop if stop else ctx.processes.kill)(worker_id)
         elif worker_id in ctx.adopted:
             (ctx.adopted.stop if stop else ctx.adopted.kill)(worker_id)
-
-    def adopted_gone(self, worker_id: str) -> None:
-        """An adopted worker is gone (a helper thread): its exit, code unknown, unless
-        it said it finished its training (then 0)."""
-        ctx = self._ctx
-        finished = ctx.services.has_key(ctx.keys.finished(worker_id))
-        ctx.post(msg.ProcessExited(worker_id, 0 if finished else EXIT_UNKNOWN))
 
     def _state_record(self) -> DriverStateRecord:
         ctx = self._ctx

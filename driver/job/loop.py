@@ -52,7 +52,7 @@ from driver.job import messages as msg
 from driver.job.actions import WorkerActions
 from driver.job.context import JobContext
 from driver.job.handlers import MessageHandlers
-from driver.job.lead import JobLead
+from driver.job.lead import JobLead, adopted_exit_reporter
 from driver.job.processes import WorkerProcesses
 from driver.job.services import JobServices
 from driver.job.state import JobState
@@ -145,8 +145,7 @@ class Job:
             processes=WorkerProcesses(
                 launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
             ),
-            # (late-bound: the lead that reports an adopted worker's end is made below)
-            adopted=AdoptedProcesses(lambda worker_id: self._lead.adopted_gone(worker_id)),
+            adopted=AdoptedProcesses(adopted_exit_reporter(self._services, self.keys, self.post)),
             agents=agents,
             events=events,
             clock=clock,
@@ -352,6 +351,14 @@ class Job:
     def _end(self, reason: str) -> NoReturn:
         raise JobFailed(reason)
 
+    def _report(self, decision: dec.Report) -> Sequence[dec.Decision]:
+        self.events.emit(decision.event)
+        return ()
+
+    def _retire_agent(self, decision: dec.RetireAgent) -> Sequence[dec.Decision]:
+        self._agents.retire(decision.host)
+        return ()
+
     def _wait(self, decision: dec.Wait) -> Sequence[dec.Decision]:
         self._waits.append(decision)
         return ()
@@ -391,6 +398,10 @@ class Job:
         self._emit_host_events(self.hosts.update(message.hosts, self._clock()))
         return ()
 
+    def _discovery_failed(self, message: msg.DiscoveryFailed) -> Sequence[dec.Decision]:
+        self.events.emit(ev.HostDiscoveryFailed(message.error))
+        return ()
+
     def _lead_lost(self, message: msg.LeadLost) -> NoReturn:
         raise LeadershipLost(message.reason)
 
@@ -409,11 +420,6 @@ class Job:
         return tuple(h for h in self._usable if h not in lost)
 
 
-def _none(_: object = None) -> Sequence[dec.Decision]:
-    """What a handler that only does something leads to: no further decision."""
-    return ()
-
-
 # What carries out each kind of decision, and each kind of message: a handler returns the
 # decisions it leads to, and ``Job._apply`` carries them out in turn.
 _DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
@@ -425,11 +431,11 @@ _DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     dec.Launch: lambda job, d: job._actions.launch(d),
     dec.LaunchSpare: lambda job, d: job._actions.launch_spare(d),
     dec.Promote: lambda job, d: job._actions.promote(d),
-    dec.Report: lambda job, d: _none(job.events.emit(d.event)),
+    dec.Report: Job._report,
     dec.CountFailure: Job._count_failure,
     dec.Probe: Job._probe_host,
     dec.HostLost: Job._host_lost,
-    dec.RetireAgent: lambda job, d: _none(job._agents.retire(d.host)),
+    dec.RetireAgent: Job._retire_agent,
 }
 
 _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
@@ -440,9 +446,9 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.ProbeAnswered: lambda job, m: job._messages.on_probe_answered(m),
     msg.AgentLost: lambda job, m: job._messages.on_agent_lost(m),
     # Missed reports are hints superseded by process exits: nothing to catch up on.
-    msg.FailureResync: lambda job, m: _none(),
+    msg.FailureResync: lambda job, m: (),
     msg.HostsFound: Job._hosts_found,
-    msg.DiscoveryFailed: lambda job, m: _none(job.events.emit(ev.HostDiscoveryFailed(m.error))),
+    msg.DiscoveryFailed: Job._discovery_failed,
     msg.SignalReceived: lambda job, m: job._end(
         f"stopped by {signal.Signals(m.signum).name}; all workers were stopped"
     ),

@@ -57,7 +57,7 @@ class FailureReport:
             return cls(None)
         try:
             return cls(FailureRecord.from_json(event.value))
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # (JSON nested too deep)
             log.warning("ignoring an unreadable failure report %s: %s", event.key, exc)
             return cls(None)
 

@@ -5,9 +5,10 @@ facts the rules decide on; this class keeps the other half, the process behind e
 record, and does the I/O on it. It is given what it uses (the launcher, and a callback
 for an exit), so it knows nothing of the loop, the records or the rules: the loop asks
 it to act once a rule has decided. With ``elastic-run``'s own launcher
-(``driver.launch.agents.launcher.AgentLauncher``) a host's processes go through its agent: the launch
-writes an assignment, the exit comes from the agent's status record, and a kill or a
-stop rewrites the assignment; this class sees the same process handle either way.
+(``driver.launch.agents.launcher.AgentLauncher``) a host's processes go through its
+agent: the launch writes an assignment, the exit comes from the agent's status record,
+and a kill or a stop rewrites the assignment; this class sees the same process handle
+either way.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Starting the job's processes (workers and ps shards) on a host, locally or over ssh.
+"""How a host's processes start (workers, ps shards, the per-host agents): the
+``Launcher`` interface, one module per way of starting them, chosen by name.
 
 The package is in layers, each module using only the ones above it:
 
@@ -9,8 +10,13 @@ The package is in layers, each module using only the ones above it:
 * ``output``: forwarding of a process's output, line by line and prefixed;
 * ``process``: a started process's life: exit, signals to its process group, stop with
   a grace period (``WorkerProcess``, ``SSHWorkerProcess``, ``stop_all``, ``STOP_GRACE``);
-* ``launchers``: ``Launcher.launch(spec)``, the one launch signature for workers and
-  shards, and ``get_launcher(name)`` over ``LAUNCHER_NAMES``.
+* ``base``: the ``Launcher`` interface, ``launch(spec)``, the one launch signature for
+  workers, shards and agents;
+* ``local``, ``ssh``, ``auto``: the launchers, one module each;
+* ``registry``: the launchers by name (``LAUNCHERS``, ``get_launcher``), which
+  ``--launcher`` offers: a new launcher is a module here and a name there;
+* ``agents/``: the driver's side of the per-host agents, behind the same interface
+  (``AgentLauncher``), and what the job's loop asks of them (``AgentService``).
 
 Errors are in ``driver.errors`` (``LauncherError`` and its subclasses). This file
 imports nothing, so any layer can be imported without loading the ones below it.

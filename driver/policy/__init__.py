@@ -1,4 +1,6 @@
-"""The job's rules, as pure functions that return decisions.
+"""The job's rules, as pure functions that return decisions, and the values they speak:
+the decisions and the ``Book`` (``decisions``), the worker records (``lifecycle``) and
+the round planner (``planner``).
 
 Each function looks at the worker records (``driver.policy.lifecycle``), the current plan, the
 job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
@@ -17,8 +19,8 @@ The rules, by concern (each module's docstring lists its own, with its constants
   limit, a script that fails everywhere, rounds lost in a row; the loop's next wake-up;
 * ``exits``: what a worker's exit means (finished, failed, stopped, cannot start), the
   failure streak, and the job's outcome;
-* ``placement``: which workers run where: free slots, displaced and hung workers, the
-  chaos's victims, every host blacklisted;
+* ``occupancy``: which workers occupy which slots: free slots, displaced and hung
+  workers, the chaos's victims, removed hosts' agents, every host blacklisted;
 * ``reports``: what the job says while it waits on something outside it (no host
   listed, the store down) and how training progresses;
 * ``suspicion``: who is dead: failure reports and silent peers turned into host probes
@@ -38,6 +40,17 @@ from driver.policy.exits import (
     launch_failed,
     outcome,
     worker_exited,
+)
+from driver.policy.occupancy import (
+    REREGISTER_GRACE,
+    agents_to_retire,
+    chaos_candidates,
+    chaos_kill,
+    hosts_rule,
+    lapse_waits,
+    slots_to_fill,
+    workers_to_kill,
+    workers_to_stop,
 )
 from driver.policy.reports import (
     REPEAT_REPORT_EVERY,
@@ -59,17 +72,6 @@ from driver.policy.rounds import (
     plan_round,
     rounds_lost,
     script_fails,
-)
-from driver.policy.slots import (
-    REREGISTER_GRACE,
-    agents_to_retire,
-    chaos_candidates,
-    chaos_kill,
-    hosts_rule,
-    lapse_waits,
-    slots_to_fill,
-    workers_to_kill,
-    workers_to_stop,
 )
 from driver.policy.spares import (
     SPARE_REFILL_DELAY,
@@ -112,7 +114,7 @@ __all__ = [
     "outcome",
     "FAILURE_STREAK_MIN",
     "CANNOT_RUN_CODES",
-    # placement
+    # occupancy
     "slots_to_fill",
     "workers_to_stop",
     "workers_to_kill",

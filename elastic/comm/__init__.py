@@ -6,7 +6,8 @@ round builds ``RingCommunicator(Membership(...), listener, CommSettings(...))``.
 ``mpiexec`` (``detect_mpi(os.environ)``), ``MpiCommunicator()`` offers the same calls on
 a fixed world.
 
-The parts: ``base`` (the ``Communicator`` interface, its settings and errors), ``ring``
+The parts: ``base`` (the ``Communicator`` interface and its settings; the errors it
+raises are the worker's public ones, ``elastic.errors``), ``ring``
 (one round's communicator), ``mpi``; ``peers/`` (the listener, the links to both ring
 neighbours, the failure monitor); ``transports/`` (how the bytes move: TCP ring, shared
 memory, hierarchical, and the rule that picks one); ``layout`` (segments, chunks,

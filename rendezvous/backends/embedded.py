@@ -1,8 +1,9 @@
 """The embedded backend: a gRPC server over ``MemoryKV`` (run in the driver) and its client.
 
-Every call carries proof of the job secret (``rpc.RpcServer`` refuses others).
-Messages are JSON headers framed by ``rpc.frame``; values travel base64-encoded,
-which is fine for a store whose values are small records (the size limit applies).
+Every call carries proof of the job secret (``rendezvous.net.rpc.RpcServer`` refuses
+others). Messages are JSON headers framed by ``rendezvous.net.rpc.frame``; values travel
+base64-encoded, which is fine for a store whose values are small records (the size limit
+applies).
 """
 
 from __future__ import annotations

@@ -79,8 +79,9 @@ PROCESS_START_TIMEOUT = 30.0
 
 class AgentLauncher(Launcher, AgentService):
     """The ``AgentService`` of ``elastic-run``: launches through agents the hosts
-    ``uses_agent`` picks, directly (``direct``) the others. ``starter`` starts the agents. Launches directly until ``attach`` gave it
-    the store and the variables agents start with (store URL, job id, secret)."""
+    ``uses_agent`` picks, directly (``direct``) the others. ``starter`` starts the
+    agents. Launches directly until ``attach`` gave it the store and the variables
+    agents start with (store URL, job id, secret)."""
 
     name = "agents"
 

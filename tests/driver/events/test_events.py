@@ -1,5 +1,6 @@
 """The event vocabulary (typed events, their fields and readable text) and the event log
-(JSON lines + readable stderr lines). The picture drawn from the log: test_runplot.py."""
+(JSON lines + readable stderr lines). The picture drawn from the log:
+tests/runplot/test_runplot.py."""
 
 from __future__ import annotations
 

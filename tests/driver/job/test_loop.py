@@ -1,6 +1,7 @@
-"""The job's main loop (``driver.job.loop.Job``) with fake worker processes, a fake clock and a
-real embedded store: launches, registrations, rounds, exits, timers and the end of a job,
-driven turn by turn. (Real processes and real signals: test_driver_jobs.py.)"""
+"""The job's main loop (``driver.job.loop.Job``) with fake worker processes, a fake clock
+and a real embedded store: launches, registrations, rounds, exits, timers and the end of
+a job, driven turn by turn. (Real processes and real signals:
+tests/system/jobs/test_driver_jobs.py.)"""
 
 from __future__ import annotations
 

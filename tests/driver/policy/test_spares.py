@@ -1,6 +1,7 @@
 """The warm-spare rules (``driver.policy.spares``) and how the other rules leave spares
 alone: pure functions of records, book, hosts and time, checked decision by decision.
-(The loop with fake processes: test_job.py; real processes: tests/system/jobs/test_spares.py.)"""
+(The loop with fake processes: tests/driver/job/test_loop.py; real processes:
+tests/system/jobs/test_spares.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Checks of ``elastic.torch`` inside real workers (one process pays for the torch import
 and runs them all). Each worker writes ``OUT_DIR/<worker>.json`` with what it saw; the
-test (``tests/test_torch_jobs.py``) compares workers with each other and with the truth.
+test (``tests/system/jobs/test_torch_jobs.py``) compares workers with each other and with the truth.
 
     torch_checks.py OUT_DIR collectives   # tensor collectives, parameter and optimizer
                                           # broadcast, TorchState, overlap, equality with
