@@ -97,6 +97,11 @@ def never_sending_calls(
         grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(connections)
     ]
+    # Each connection made (and the server's settings known) before its calls start: a
+    # call that finds its channel still connecting after a failed first attempt fails
+    # fast with UNAVAILABLE, which says nothing about how the server treats the call.
+    for channel in channels:
+        grpc.channel_ready_future(channel).result(timeout=30)
     calls = []
     for i in range(count):
         call = channels[i % connections].stream_unary(method)
