@@ -31,10 +31,11 @@ class JobContext:
     """The job's collaborators.
 
     ``config``: the job's validated flags; ``keys``: its key layout in the store;
-    ``secret``: the job's secret (handed to every process it starts); ``state``: what the loop knows (records, plan, book); ``services``: the store, the
-    claim, the shards, the chaos; ``hosts``: the host manager; ``processes``: the worker
-    processes this driver holds; ``adopted``: workers a predecessor launched, known by
-    pid; ``agents``: the per-host agents (``NoAgents`` when the job runs none);
+    ``secret``: the job's secret (handed to every process it starts); ``state``: what
+    the loop knows (records, plan, book); ``services``: the store, the claim, the shards,
+    the chaos; ``hosts``: the host manager; ``processes``: the worker processes this
+    driver holds; ``adopted``: workers a predecessor launched, known by pid; ``agents``:
+    the per-host agents (``NoAgents`` when the job runs none);
     ``events``: where events go; ``clock``: the monotonic time the rules see;
     ``all_local``: every process of the job runs on this machine; ``post``: hand a
     message to the loop (thread-safe)."""
