@@ -24,7 +24,7 @@ round takes it in. Measured per (store, N):
 
 Real: the store servers, every worker's own store client and connection (its lease
 kept alive by the client's thread, its watch of the round key with a follower thread
-as ``elastic.runtime`` has), the driver's watches (``driver.watch.follow_prefix``), its
+as ``elastic.runtime`` has), the driver's watches (``rendezvous.watch.follow_prefix``), its
 messages, its planner and the records. Simulated: training and the data plane (a
 worker's address is a label; failure reports are written when the benchmark says so);
 worker processes (workers are threads of a few host processes,
@@ -83,12 +83,12 @@ from driver.job.messages import (  # noqa: E402
 from driver.job.wiring import worker_id_for  # noqa: E402
 from driver.policy import planner  # noqa: E402
 from driver.threads import spawn  # noqa: E402
-from driver.watch import follow_prefix  # noqa: E402
 from rendezvous import open_store  # noqa: E402
 from rendezvous.errors import RendezvousError  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
 from rendezvous.plan import Plan, WorkerInfo  # noqa: E402
 from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch  # noqa: E402
+from rendezvous.watch import follow_prefix  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
 
 #: a member's registration lease. A worker's is 10 s (``WorkerSettings.lease_ttl``), but
@@ -360,7 +360,7 @@ def host_main(
 
 class DriverStandIn:
     """What the driver does per round, from the driver's own parts: it follows the
-    registrations and the failure reports (``driver.watch.follow_prefix``: a read, then
+    registrations and the failure reports (``rendezvous.watch.follow_prefix``: a read, then
     every change; a fresh read if the watch is lost) as ``driver.job.messages`` on a queue,
     wakes once per burst of messages, reads each report, plans with
     ``driver.policy.planner.next_plan`` after every burst that changes something (as

@@ -28,6 +28,7 @@ from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
 from driver.flags import (
+    DEFAULT_CHECKPOINT_INTERVAL,
     DEFAULT_DRIVER_TIMEOUT,
     DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
@@ -43,6 +44,8 @@ from driver.hosts.slots import (
     parse_host_slots,
     total_slots,
 )
+from rendezvous import env
+from rendezvous.errors import RendezvousConfigError
 from rendezvous.net.url import StoreURL, parse_store_url
 from rendezvous.private_dir import InsecureDirectoryError, check_private_dir
 
@@ -86,6 +89,10 @@ class JobConfig:
     standby: bool = False  # wait while another driver leads the job, then take it over
     driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
     ps_placement: str = "driver"  # "driver" | "spread"
+    checkpoint_dir: str | None = None  # snapshots of the workers' state (absolute)
+    checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
+    on_state_lost: str = "fail"  # "fail" | "restart"
+    chaos_below_min_np: bool = False  # the chaos may take the round below --min-np
 
     @property
     def uses_discovery(self) -> bool:
@@ -153,6 +160,39 @@ def _check_checkpoint_dir(path: str | None) -> str | None:
         except InsecureDirectoryError as e:
             raise UsageError(str(e)) from None
     return path
+
+
+def _snapshot_settings(directory: str | None, interval: float | None) -> tuple[str | None, float]:
+    """``--checkpoint-dir`` and ``--checkpoint-interval``, each from its environment
+    variable when not given (a scheduler's script may set those instead); the directory
+    absolute, made when missing (private), and refused when others may write in it.
+
+    Raises:
+        UsageError: an interval without a directory, a bad value, or a directory that is
+            not private or cannot be made (the message names the flag).
+    """
+    try:
+        interval_env = env.number(env.ENV_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_INTERVAL)
+    except RendezvousConfigError as exc:
+        raise UsageError(str(exc)) from None
+    directory = directory or env.text(env.ENV_CHECKPOINT_DIR)
+    if not directory:
+        if interval is not None:
+            raise UsageError(
+                "--checkpoint-interval needs --checkpoint-dir (no snapshots without it)"
+            )
+        return None, DEFAULT_CHECKPOINT_INTERVAL
+    directory = os.path.abspath(directory)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        check_private_dir(directory, "--checkpoint-dir")
+    except InsecureDirectoryError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(
+            f"--checkpoint-dir {directory}: cannot make it: {exc.strerror or exc}"
+        ) from None
+    return directory, interval if interval is not None else interval_env
 
 
 def _resolve_sizes(
@@ -255,6 +295,13 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
 
     if args.chaos_max_kills is not None and args.chaos_kill_interval is None:
         raise UsageError("--chaos-max-kills needs --chaos-kill-interval (chaos is off without it)")
+    if args.chaos_below_min_np and args.chaos_kill_interval is None:
+        raise UsageError(
+            "--chaos-below-min-np needs --chaos-kill-interval (chaos is off without it)"
+        )
+    checkpoint_dir, checkpoint_interval = _snapshot_settings(
+        args.checkpoint_dir, args.checkpoint_interval
+    )
 
     return JobConfig(
         command=tuple(command),
@@ -288,4 +335,8 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         standby=args.standby,
         driver_timeout=args.driver_timeout,
         ps_placement=args.ps_placement or "driver",
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_interval=checkpoint_interval,
+        on_state_lost=args.on_state_lost,
+        chaos_below_min_np=args.chaos_below_min_np,
     )

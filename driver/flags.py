@@ -31,7 +31,9 @@ DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
 DEFAULT_PROGRESS_INTERVAL = 10.0
 DEFAULT_DRIVER_TIMEOUT = 300.0
+DEFAULT_CHECKPOINT_INTERVAL = 30.0
 PS_MODES = ("async", "sync")
+STATE_LOST_ACTIONS = ("fail", "restart")
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -116,11 +118,17 @@ so its death ends the job (every worker stops). With --rendezvous etcd://... an 
 on each host runs that host's workers and keeps them training if the driver dies, for
 --driver-timeout; use etcd for long jobs.
 
-exit status: 0 when every worker of the final round exited 0; otherwise non-zero with a
-one-line reason (bad arguments, reset limit exceeded, elastic timeout, no usable hosts,
-a program that cannot start, a job id that a live job holds); 3 when another driver
-took the job over (this one steers nothing more and leaves the workers to it); 0 for
-a --standby whose job ended under its leader."""
+keeping the trained state: --checkpoint-dir DIR snapshots it every --checkpoint-interval;
+the same command started again (after a crash, a preemption, a requeue) resumes from the
+newest snapshot. SIGTERM or SIGINT writes a final snapshot first.
+
+exit status: 0 when every worker of the final round exited 0; 1 with a one-line reason
+when the job failed (reset limit exceeded, elastic timeout, no usable hosts, a program
+that cannot start, a job id that a live job holds, the committed state lost); 2 for bad
+arguments; 3 when another driver took the job over (this one steers nothing more and
+leaves the workers to it); 128+N when stopped by signal N (143: SIGTERM, 130: SIGINT),
+after a final snapshot with --checkpoint-dir: a stopped job is not a failed one, and
+the same command resumes it; 0 for a --standby whose job ended under its leader."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -342,6 +350,36 @@ def build_parser() -> argparse.ArgumentParser:
         "hosts); needs --num-ps (default: driver)",
     )
 
+    state = p.add_argument_group("training state")
+    state.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="write snapshots of the workers' committed state (every State: numpy, "
+        "objects, torch, the samplers' progress) to DIR every --checkpoint-interval, "
+        "from a committed copy, off the training path, each worker writing a part; "
+        "keeps the newest 3. A job started (again) with a DIR that holds one resumes "
+        "from the newest. DIR must be this user's own, not writable by others; one "
+        "DIR per training. On storage every host sees, or host-local: each host then "
+        "keeps its own copy (default: $ELASTIC_CHECKPOINT_DIR, else none)",
+    )
+    state.add_argument(
+        "--checkpoint-interval",
+        type=_positive_seconds,
+        metavar="SEC",
+        help="seconds between two snapshots: at most this much training is lost when "
+        "every worker is; needs --checkpoint-dir (default: "
+        f"$ELASTIC_CHECKPOINT_INTERVAL, else {DEFAULT_CHECKPOINT_INTERVAL:g})",
+    )
+    state.add_argument(
+        "--on-state-lost",
+        choices=STATE_LOST_ACTIONS,
+        default=STATE_LOST_ACTIONS[0],
+        help="when no worker holding the committed state survived and no snapshot "
+        "holds it: 'fail' ends the job, naming the last committed step lost; "
+        "'restart' starts over from the script's initial state (as torchrun does) and "
+        "says so (default: %(default)s)",
+    )
+
     chaos = p.add_argument_group("chaos testing")
     chaos.add_argument(
         "--chaos-kill-interval",
@@ -354,6 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         metavar="N",
         help="stop the chaos after N kills; needs --chaos-kill-interval (default: unlimited)",
+    )
+    chaos.add_argument(
+        "--chaos-below-min-np",
+        action="store_true",
+        help="let the chaos kill a member even when the round would fall below "
+        "--min-np (default: it never does: a world below --min-np is one you did not "
+        "declare survivable); needs --chaos-kill-interval",
     )
 
     out = p.add_argument_group("output")

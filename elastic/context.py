@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from elastic.comm import Communicator
     from elastic.runtime import WorkerRuntime
+    from elastic.snapshots.snapshotter import SnapshotState, Snapshotter
 
 
 class Layout(NamedTuple):
@@ -49,6 +50,7 @@ class Layout(NamedTuple):
 
 _lock = threading.RLock()
 _runtime: WorkerRuntime | None = None  # under elastic-run
+_snapshots: Snapshotter | None = None  # with a checkpoint directory (--checkpoint-dir)
 _static_comm: Communicator | None = None  # a static world's communicator (MPI, or alone)
 _static_layout: Layout | None = None  # a static world's layout
 
@@ -63,26 +65,31 @@ def init() -> None:
             the variable).
         ImportError: started by mpiexec, but mpi4py is missing.
     """
-    global _runtime, _static_comm, _static_layout
+    global _runtime, _static_comm, _static_layout, _snapshots
     with _lock:
         if _runtime is not None or _static_comm is not None:
             return
         if env.text(env.ENV_RENDEZVOUS):
             _runtime = _join_elastic_job()
+            _snapshots = _job_snapshots(_runtime)
         elif _started_by_mpi():
             _static_comm, _static_layout = _mpi_world()
         else:
             _static_comm, _static_layout = _world_of_one()
+            _snapshots = _snapshots_alone()
         atexit.register(shutdown)
 
 
 def shutdown() -> None:
     """Leave the job and release everything (idempotent; also runs at exit)."""
-    global _runtime, _static_comm, _static_layout
+    global _runtime, _static_comm, _static_layout, _snapshots
     with _lock:
         runtime, _runtime = _runtime, None
         comm, _static_comm = _static_comm, None
+        snapshots, _snapshots = _snapshots, None
         _static_layout = None
+    if snapshots is not None:
+        snapshots.close()
     if runtime is not None:
         runtime.shutdown()
     if comm is not None:
@@ -103,13 +110,22 @@ def pending_round() -> int | None:
     return runtime.pending_round() if runtime is not None else None
 
 
-def note_commit(commits: int) -> None:
+def note_commit(commits: int, state: SnapshotState | None = None) -> None:
     """This worker now holds ``commits`` commits (``State.commit`` says so): the runtime
-    publishes it from its own thread when this worker is rank 0. No I/O; a no-op in a
-    static world."""
-    runtime = _runtime
+    publishes it from its own thread when this worker is rank 0, and the snapshots of
+    ``state`` (the one ``@elastic.run`` runs) take it when it is the one asked for. No
+    I/O on this thread."""
+    runtime, snapshots = _runtime, _snapshots
     if runtime is not None:
         runtime.committed = commits
+    if snapshots is not None and state is not None:
+        snapshots.on_commit(state, commits)
+
+
+def snapshots() -> Snapshotter | None:
+    """This process's snapshots (``elastic.snapshots``): None without a checkpoint
+    directory, before ``init()``, and under mpiexec (not supported there)."""
+    return _snapshots
 
 
 # ---- the three worlds (each creator imports its backend: see the module docstring) ----
@@ -127,6 +143,20 @@ def _join_elastic_job() -> WorkerRuntime:
         runtime.shutdown()
         raise
     return runtime
+
+
+def _job_snapshots(runtime: WorkerRuntime) -> Snapshotter | None:
+    """The snapshots of a worker of an elastic-run job, when it has a checkpoint directory."""
+    from elastic.snapshots.worlds import snapshots_of_job
+
+    return snapshots_of_job(runtime)
+
+
+def _snapshots_alone() -> Snapshotter | None:
+    """The snapshots of a script that trains alone, when ``ELASTIC_CHECKPOINT_DIR`` is set."""
+    from elastic.snapshots.worlds import snapshots_alone
+
+    return snapshots_alone()
 
 
 def _started_by_mpi() -> bool:

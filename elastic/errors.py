@@ -73,6 +73,11 @@ class ShmUnavailableError(ElasticError):
     as it needs (different hosts, no /proc access, or an unsupported platform)."""
 
 
+class SnapshotError(ElasticError):
+    """A snapshot of the state cannot be written or read: the state does not pickle, a
+    file of the snapshot is missing, torn or corrupt (the message names it)."""
+
+
 class WorkerExpelledError(RendezvousError):
     """The driver took this worker out of the job (its host stopped answering, or it
     hung): a newer round left it out and its registration is gone. Its state is stale;
@@ -96,6 +101,7 @@ __all__ = [
     "CommunicatorClosedError",
     "CollectiveMismatchError",
     "ShmUnavailableError",
+    "SnapshotError",
     "WorkerExpelledError",
     "ReplacedStateWarning",
 ]

@@ -1,6 +1,6 @@
 """``@elastic.run``: run a training function so that it survives failures and re-forms.
 
-    sync(); fn(state)                       until it returns;
+    sync(); [a snapshot the round asks]; fn(state)    until it returns;
     on WorkerLostError:      restore the last commit, join the next round, sync, again;
     on HostsUpdatedInterrupt: join the next round, sync, again;
     after every re-form:     the state's reset callbacks;
@@ -9,7 +9,10 @@
                              commit, join it, sync, again (its newcomers need the state).
 
 The function is called anew after each re-form, so objects built inside it (a sampler,
-an iterator) start from the synced state.
+an iterator) start from the synced state. With snapshots (``--checkpoint-dir``), the
+sync may resume from one (``elastic.snapshots``), and a round the driver publishes to
+take one (``Plan.snapshot``) has every member write its part before it trains on; when
+the job is being stopped, the worker exits once its part is durable.
 
 The loop's collaborators: the state it is given (sync, restore, reset callbacks; made
 the current state for samplers while the function runs) and this process's runtime
@@ -27,6 +30,7 @@ import elastic.context as context
 from elastic.errors import CommunicatorClosedError, HostsUpdatedInterrupt, WorkerLostError
 from elastic.reports import suspect_of
 from elastic.state import State, active
+from rendezvous.plan import SNAPSHOT_FINAL
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +53,13 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
         skip_sync = False
         while True:
             try:
-                if not skip_sync:
-                    state.sync()
-                skip_sync = False
-                with active(state):
+                with active(state):  # (the state snapshots follow: its sync included)
+                    if not skip_sync:
+                        state.sync()
+                    skip_sync = False
+                    if _snapshot_asked(state):
+                        log.warning("the job is stopping; this worker's state is written")
+                        raise SystemExit(0)
                     result = func(state, *args, **kwargs)
                 finished = context.current_runtime()
                 if finished is None or finished.mark_finished():
@@ -88,6 +95,17 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
             state.on_reset()
 
     return wrapper
+
+
+def _snapshot_asked(state: State) -> bool:
+    """Write the snapshot this round's plan asks for, if any (``Plan.snapshot``); True
+    when the plan asks the workers to stop after it."""
+    snapshots, runtime = context.snapshots(), context.current_runtime()
+    if snapshots is not None:
+        return snapshots.take_requested(state)
+    return (
+        runtime is not None and runtime.plan is not None and runtime.plan.snapshot == SNAPSHOT_FINAL
+    )
 
 
 __all__ = ["run"]

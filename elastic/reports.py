@@ -1,5 +1,6 @@
 """What a worker tells the driver through the store: a collective's failure (with the
-peer to blame, when there is one), a peer's silence, and the end of its training.
+peer to blame, when there is one), a peer's silence, rank 0's progress, and the end of
+its training.
 
 The records and the writes, apart from ``elastic.runtime`` (a worker's membership),
 which calls them with its store, lease and keys.
@@ -8,14 +9,57 @@ which calls them with its store, lease and keys.
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Protocol
 
 from elastic.errors import LossCause, PeerLostError
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, FinishRecord, Plan
+from rendezvous.plan import FailureRecord, FinishRecord, Member, Plan, ProgressRecord
 from rendezvous.store import Compare, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
+
+
+class Progressing(Protocol):
+    """What ``publish_progress`` reads of a worker's runtime."""
+
+    keys: JobKeys
+    committed: int
+
+    @property
+    def store(self) -> KVStore | None: ...
+
+    @property
+    def member(self) -> Member | None: ...
+
+    @property
+    def round_id(self) -> int: ...
+
+
+#: while this worker has published nothing, it looks for its first commit this often: the
+#: driver learns at once that the workers commit a state (what a round that lost every
+#: holder of it would lose)
+FIRST_COMMIT_LOOK = 0.2
+
+
+def publish_progress(
+    runtime: Progressing, worker_id: str, interval: float, closed: threading.Event
+) -> None:
+    """While rank 0: write the commit count to ``JobKeys.progress`` when it changed, as
+    soon as it first commits and then every ``interval`` seconds, until ``closed`` (a
+    thread of the runtime's own)."""
+    published = 0
+    while not closed.wait(min(interval, FIRST_COMMIT_LOOK) if not published else interval):
+        committed, member, store = runtime.committed, runtime.member, runtime.store
+        if member is None or member.rank != 0 or committed == published or store is None:
+            continue
+        record = ProgressRecord(committed, runtime.round_id, worker_id)
+        try:
+            store.put(runtime.keys.progress, record.to_json())
+            published = committed
+        except RendezvousError as exc:  # progress is a report: the next one will do
+            log.debug("could not publish progress: %s", exc)
 
 
 def suspect_of(exc: Exception, plan: Plan | None) -> str | None:

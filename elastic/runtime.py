@@ -59,7 +59,7 @@ from rendezvous.errors import (
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
 from rendezvous.net.url import parse_store_url
-from rendezvous.plan import Member, Plan, ProgressRecord, WorkerInfo, plan_is_current
+from rendezvous.plan import Member, Plan, WorkerInfo, plan_is_current
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
 
@@ -177,7 +177,10 @@ class WorkerRuntime:
         self._register()
         if s.progress_interval > 0:
             threading.Thread(
-                target=self._publish_progress, name="elastic-progress", daemon=True
+                target=reports.publish_progress,
+                args=(self, s.worker_id, s.progress_interval, self._closed),
+                name="elastic-progress",
+                daemon=True,
             ).start()
 
     def _started(self) -> tuple[KVStore, RingListener, WorkerInfo]:
@@ -254,19 +257,15 @@ class WorkerRuntime:
         if self._store is not None:
             self._store.close()
 
-    def _publish_progress(self) -> None:
-        """While rank 0: write the commit count when it changed, every interval."""
-        published = 0
-        while not self._closed.wait(self.settings.progress_interval):
-            committed, member, store = self.committed, self.member, self._store
-            if member is None or member.rank != 0 or committed == published or store is None:
-                continue
-            record = ProgressRecord(committed, self.round_id, self.settings.worker_id)
-            try:
-                store.put(self.keys.progress, record.to_json())
-                published = committed
-            except RendezvousError as exc:  # progress is a report: the next one will do
-                log.debug("could not publish progress: %s", exc)
+    @property
+    def store(self) -> KVStore | None:
+        """The worker's client of the job's store (None before ``start``)."""
+        return self._store
+
+    @property
+    def lease(self) -> Lease | None:
+        """The worker's registration lease (None while it has none)."""
+        return self._lease
 
     # ---- rounds ----
     def _follow_rounds(self) -> None:

@@ -111,6 +111,23 @@ class State:
         """Replace the current values with ``root``'s (a collective)."""
         raise NotImplementedError
 
+    # ---- what a snapshot of the state uses (``elastic.snapshots``); underscored, as the
+    #      public names of a state are its user's attributes ----
+    def _snapshot_payload(self) -> Any:
+        """The values of the last commit, handed to a snapshot that reads them from
+        another thread: they must not change until ``_snapshot_returned`` gives them
+        back (a subclass that cannot say: NotImplementedError, and no snapshots)."""
+        raise NotImplementedError
+
+    def _snapshot_returned(self, payload: Any) -> None:
+        """The snapshot is done with ``payload`` (from the snapshot's thread)."""
+
+    def _load_snapshot(self, values: Any, commits: int) -> None:
+        """Take ``values`` (a ``_snapshot_payload`` written to disk and read back) as the
+        last commit, ``commits`` commits into the training, and restore it. Attributes
+        the snapshot does not hold keep the values the script gave them."""
+        raise NotImplementedError
+
     # ---- the contract ----
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Functions called (no arguments) after every re-form, e.g. to rescale a learning rate."""
@@ -133,7 +150,7 @@ class State:
         self._saved_commits = self._commits
         self.save()
         if self._world is None:  # the process's own world: its runtime reports progress
-            context.note_commit(self._commits)
+            context.note_commit(self._commits, self if current_state() is self else None)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -144,12 +161,17 @@ class State:
             raise HostsUpdatedInterrupt(f"round {pending} is pending")
 
     def sync(self) -> None:
-        """Every worker adopts the newest commit of the round (collective).
+        """Every worker adopts the newest commit of the round (collective): with
+        snapshots (``--checkpoint-dir``), the newest snapshot a member can read counts
+        as a commit its reader holds (``elastic.snapshots``).
 
         Raises WorkerLostError if the round breaks meanwhile."""
         world = self._world_in_use()
         self._pending_progress = None
-        if world.size() > 1:
+        snapshots = context.snapshots() if self._world is None and current_state() is self else None
+        if snapshots is not None:
+            self._commits = snapshots.adopt_newest(self, world, context.rank())
+        elif world.size() > 1:
             counts = world.allgather_object(self._commits)
             root = sync_root(counts)
             self._broadcast_from(root)
@@ -230,6 +252,14 @@ class ObjectState(State):
                 delattr(self, name)
         self.__dict__.update(copy.deepcopy(self._saved))
         self._restore_commits()
+
+    def _snapshot_payload(self) -> dict:
+        return self._saved  # a fresh copy at every save, never changed in place
+
+    def _load_snapshot(self, values: Any, commits: int) -> None:
+        self._saved = {**self._saved, **values}
+        self.restore()
+        self._commits = self._saved_commits = commits
 
     def _broadcast_from(self, root: int) -> None:
         self.__dict__.update(self._world_in_use().broadcast_object(self._values(), root=root))

@@ -27,6 +27,12 @@ ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"  # seconds a worker waits for a roun
 ENV_PROGRESS_INTERVAL = "ELASTIC_PROGRESS_INTERVAL"  # seconds between progress records (0: none)
 ENV_SPARE = "ELASTIC_SPARE"  # "1": a warm spare (--spares), idle until a round includes it
 
+# -- durable snapshots of the workers' state (--checkpoint-dir): elastic-run passes its
+#    flags on to every worker through these; a user may set them instead of the flags, and
+#    a script run alone (no elastic-run) takes them too
+ENV_CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where snapshots go ("" or unset: none)
+ENV_CHECKPOINT_INTERVAL = "ELASTIC_CHECKPOINT_INTERVAL"  # seconds between two snapshots
+
 # -- tuning a user may set (inherited by every process of the job)
 ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"  # seconds of a worker registration's lease
 ENV_PEER_TIMEOUT = "ELASTIC_PEER_TIMEOUT"  # seconds before a silent ring peer is lost

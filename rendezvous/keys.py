@@ -111,6 +111,39 @@ class JobKeys:
         written by the coordinating shard, watched by the driver."""
         return f"{self.prefix}ps-checkpoint"
 
+    # ---- durable snapshots of the workers' state (``elastic.snapshots``)
+    @property
+    def snapshot_at(self) -> str:
+        """The next snapshot: the round and the commit every member writes its part of
+        (JSON of ``rendezvous.plan.SnapshotAt``); written by rank 0, watched by every
+        member, so all of them snapshot the same commit without a collective."""
+        return f"{self.prefix}snapshot-at"
+
+    def snapshot_parts(self, group: str, step: int) -> str:
+        """Prefix of the parts written of the snapshot of commit ``step`` by ``group``
+        (``all``, or a host's label when each host keeps its own copy): one
+        ``SnapshotPart`` per writer, under its lease; the part 0 writer waits for all."""
+        return f"{self.prefix}snapshot-parts/{_label(group)}/{step:012d}/"
+
+    def snapshot_part(self, group: str, step: int, part: int) -> str:
+        return f"{self.snapshot_parts(group, step)}{part:05d}"
+
+    @property
+    def snapshots(self) -> str:
+        """Prefix of what the snapshots say to the driver (``SnapshotRecord``s): the
+        newest complete one of each group (``done/<group>``), a failed one
+        (``failed/<group>``), and the one a round resumed from (``loaded/<round>``)."""
+        return f"{self.prefix}snapshots/"
+
+    def snapshot_done(self, group: str) -> str:
+        return f"{self.snapshots}done/{_label(group)}"
+
+    def snapshot_failed(self, group: str) -> str:
+        return f"{self.snapshots}failed/{_label(group)}"
+
+    def snapshot_loaded(self, round_id: int) -> str:
+        return f"{self.snapshots}loaded/{round_id:012d}"
+
     # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
     @property
     def agents(self) -> str:

@@ -36,6 +36,10 @@ class WorkerInfo:
         return cls(**json.loads(data))
 
 
+SNAPSHOT_NOW = "now"
+SNAPSHOT_FINAL = "final"
+
+
 @dataclass(frozen=True)
 class Member:
     """One worker's place in a round."""
@@ -56,11 +60,15 @@ class Plan:
     """Round ``round_id``: its members in rank order. Rounds only grow. ``term``: the
     leader term of the driver that published it (0 in plans made outside a job); a
     worker refuses a plan of a term older than the newest it has seen
-    (``plan_is_current``)."""
+    (``plan_is_current``). ``snapshot``: what the members do with their state once the
+    round formed, before they train: nothing (""), write a snapshot of it and train on
+    (``SNAPSHOT_NOW``: a host is about to go), or write one and stop
+    (``SNAPSHOT_FINAL``: the job is being stopped)."""
 
     round_id: int
     members: tuple[Member, ...] = field(default_factory=tuple)
     term: int = 0
+    snapshot: str = ""
 
     @property
     def size(self) -> int:
@@ -82,6 +90,7 @@ class Plan:
                 "round_id": self.round_id,
                 "members": [asdict(m) for m in self.members],
                 "term": self.term,
+                **({"snapshot": self.snapshot} if self.snapshot else {}),
             },
             sort_keys=True,
         ).encode()
@@ -93,6 +102,7 @@ class Plan:
             round_id=int(raw["round_id"]),
             members=tuple(Member(**m) for m in raw["members"]),
             term=int(raw.get("term", 0)),
+            snapshot=str(raw.get("snapshot", "")),
         )
 
 
@@ -251,6 +261,48 @@ class FinishRecord(JsonRecord):
 
     round: int
     commits: int
+
+
+@dataclass(frozen=True)
+class SnapshotAt(JsonRecord):
+    """Under ``JobKeys.snapshot_at``: every member of round ``round_id`` writes its part of
+    the state it committed at commit ``step`` (written by rank 0); ``token`` names this
+    attempt (its folder), apart from a torn one of an earlier run at the same step."""
+
+    round_id: int
+    step: int
+    token: str = ""
+
+
+@dataclass(frozen=True)
+class SnapshotPart(JsonRecord):
+    """Under ``JobKeys.snapshot_part``: part ``part`` of the snapshot of commit ``step`` is
+    durable (``bytes``, ``sha256`` of the file); ``error`` instead when its writer could
+    not write it (a full disk) or missed the commit: the snapshot is then abandoned."""
+
+    part: int
+    sha256: str = ""
+    bytes: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class SnapshotRecord(JsonRecord):
+    """What a snapshot says to the driver, under ``JobKeys.snapshots``: the snapshot of
+    commit ``step`` (taken in round ``round_id``) by ``group`` is complete in ``path``
+    (``done``), could not be written (``failed``: ``error`` says why), or round
+    ``round_id`` resumed from it (``loaded``). ``host``: the label of the host whose
+    disk holds it ("" when every member sees ``path``); ``final``: the snapshot a stop
+    asked for; ``seconds``: from the commit to the manifest; ``bytes``: its size."""
+
+    step: int
+    round_id: int
+    path: str
+    host: str = ""
+    final: bool = False
+    seconds: float = 0.0
+    bytes: int = 0
+    error: str = ""
 
 
 @dataclass(frozen=True)

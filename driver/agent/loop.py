@@ -4,7 +4,7 @@ One thread (``Agent.run``) owns the state: the host's assignments, the process t
 (``driver.agent.table``) and the view of the leadership (``driver.agent.rules``).
 Other threads only post to its queue: the store feeds (the host's assignments, the
 leader record, the round, the job's end, its retirement; each through
-``driver.watch.follow_prefix``), the process waiters, a signal. After each burst of
+``rendezvous.watch.follow_prefix``), the process waiters, a signal. After each burst of
 news the loop asks ``rules.reconcile`` what to do and does it: start a process with the
 process layer (``driver.launch``: own process group, pidfd wait, stop with a grace),
 stop or kill one, write its ``ProcessStatus`` when it starts and when it ends.
@@ -39,7 +39,6 @@ from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
-from driver.watch import follow_in_thread
 from rendezvous.agent_records import (
     AGENT_LEASE_TTL,
     AgentRecord,
@@ -52,6 +51,7 @@ from rendezvous.keys import JobKeys
 from rendezvous.plan import Plan
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
+from rendezvous.watch import follow_in_thread
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ The vocabulary by area, one module each:
 * ``workers``: one worker started, exited, failed, stopped, reported, chaos-killed; a
   spare ready, promoted or lost;
 * ``hosts``: hosts added, removed, resized, blacklisted, back, cut off; discovery errors;
-* ``ps``: the parameter-server shards and their checkpoints.
+* ``ps``: the parameter-server shards and their checkpoints;
+* ``snapshots``: the workers' snapshots: written, not usable, resumed from.
 
 This file names every event class, so emitters and readers import one vocabulary
 (``from driver import events as ev``; ``ev.RoundFormed``).
@@ -59,6 +60,7 @@ from driver.events.job import (
     Waiting,
 )
 from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
+from driver.events.snapshots import SnapshotFailed, SnapshotResumed, SnapshotWritten
 from driver.events.workers import (
     ChaosKill,
     FailureReported,
@@ -126,4 +128,8 @@ __all__ = [
     "PsExited",
     "PsRestarted",
     "CheckpointWritten",
+    # snapshots
+    "SnapshotWritten",
+    "SnapshotFailed",
+    "SnapshotResumed",
 ]

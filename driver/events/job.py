@@ -45,19 +45,23 @@ class RoundFormed(Event):
 
 @dataclass(frozen=True)
 class StateLost(Event):
-    """Round ``round`` has no member of round ``previous``: the state they committed
-    went with them, and the new members start from the script's initial state (or
-    whatever checkpoint the script loads itself). Said because it is never silent:
-    every worker of a round died at once, or every host running one left the job."""
+    """Round ``round`` has no member of round ``previous``, and no snapshot holds the
+    state they committed (up to step ``step``, as rank 0 last said): it is lost, and
+    the new members start from the script's initial state, as ``--on-state-lost
+    restart`` asked (without it the job ends instead). Never silent: every worker of a
+    round died at once, or every host running one left the job."""
 
     kind: ClassVar[str] = "state_lost"
     round: int
     previous: int
+    step: int | None = None
 
     def __str__(self) -> str:
+        upto = f" (up to step {self.step})" if self.step is not None else ""
         return (
             f"round {self.round} has no worker of round {self.previous}: the state they "
-            f"committed is lost, training starts from the script's initial state"
+            f"committed{upto} is lost; as --on-state-lost restart asks, training starts "
+            "over from the script's initial state"
         )
 
 

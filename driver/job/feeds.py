@@ -1,10 +1,11 @@
 """The threads that feed the job's main loop: each posts ``driver.job.messages`` to it
 (the store's probe alone reports by itself, see ``probe_store``).
 
-* ``follow_workers_and_failures``: three store watches, registrations
+* ``follow_workers_and_failures``: four store watches, registrations
   (``RegistryChanged``, ``RegistryResync``), failure reports (``FailureReport``,
-  ``FailureResync``) and rank 0's progress (``ProgressReported``), kept alive through
-  outages by ``driver.watch.follow_prefix``; a store away for longer than
+  ``FailureResync``), rank 0's progress (``ProgressReported``) and the workers'
+  snapshots (``SnapshotReported``), kept alive through
+  outages by ``rendezvous.watch.follow_prefix``; a store away for longer than
   ``--elastic-timeout`` posts ``StoreLost``;
 * ``probe_store``: one read every ``PROBE_INTERVAL`` through a client whose calls give
   up within seconds, and the events ``store_health`` says of it, emitted from the
@@ -36,15 +37,17 @@ from driver.job.messages import (
     RegistryChanged,
     RegistryResync,
     SignalReceived,
+    SnapshotReported,
     StoreLost,
 )
 from driver.policy.decisions import StoreHealth
 from driver.policy.reports import store_health
 from driver.threads import spawn
-from driver.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.store import PUT, KeyValue, KVStore
+from rendezvous.store import Event as StoreEvent
+from rendezvous.watch import follow_prefix
 
 Post = Callable[[Message], None]
 
@@ -61,9 +64,9 @@ def follow_workers_and_failures(
     clock: Callable[[], float] = time.monotonic,
     revision: int | None = None,
 ) -> None:
-    """Watch the registrations, the failure reports and the progress record after
-    ``revision`` (default: the store's current one), each in a daemon thread, until
-    ``stop``.
+    """Watch the registrations, the failure reports, the progress record and what the
+    workers' snapshots say after ``revision`` (default: the store's current one), each
+    in a daemon thread, until ``stop``.
 
     Raises:
         RendezvousError: the store's revision cannot be read or a watch cannot start.
@@ -74,11 +77,11 @@ def follow_workers_and_failures(
     def lost(exc: Exception) -> None:
         post(StoreLost(f"{exc} (for more than --elastic-timeout {patience:g}s)"))
 
-    feeds = (
-        (keys.workers, RegistryChanged, RegistryResync),
-        (keys.failures, FailureReport.from_event, FailureResync),
-    )
-    for prefix, on_event, on_resync in feeds:
+    def follow(
+        prefix: str,
+        on_event: Callable[[StoreEvent], object],
+        on_resync: Callable[[Sequence[KeyValue]], object],
+    ) -> None:
         watch = store.watch_prefix(prefix, start_revision=revision + 1)
         spawn(
             f"watch-{prefix}",
@@ -86,32 +89,32 @@ def follow_workers_and_failures(
             store,
             prefix,
             watch,
-            on_event=lambda e, m=on_event: post(m(e)),
-            on_resync=lambda kvs, m=on_resync: post(m(list(kvs))),
+            on_event=on_event,
+            on_resync=on_resync,
             on_lost=lost,
             stop=stop,
             patience=patience,
             clock=clock,
         )
 
-    def progress(kvs: Sequence[KeyValue]) -> None:
-        for kv in kvs:  # (one key: a resync re-reads the newest record, if any)
-            post(ProgressReported(kv.value))
-
-    watch = store.watch_prefix(keys.progress, start_revision=revision + 1)
-    spawn(
-        "watch-progress",
-        follow_prefix,
-        store,
-        keys.progress,
-        watch,
-        on_event=lambda e: progress([e.kv]) if e.type == PUT else None,
-        on_resync=progress,
-        on_lost=lost,
-        stop=stop,
-        patience=patience,
-        clock=clock,
+    follow(keys.workers, lambda e: post(RegistryChanged(e)), lambda kvs: post(RegistryResync(kvs)))
+    follow(
+        keys.failures,
+        lambda e: post(FailureReport.from_event(e)),
+        lambda kvs: post(FailureResync(kvs)),
     )
+
+    def records(prefix: str, message: Callable[[KeyValue], Message]) -> None:
+        """Follow records each told as one message (a resync re-reads the newest)."""
+
+        def each(kvs: Sequence[KeyValue]) -> None:
+            for kv in kvs:
+                post(message(kv))
+
+        follow(prefix, lambda e: each([e.kv]) if e.type == PUT else None, each)
+
+    records(keys.progress, lambda kv: ProgressReported(kv.value))
+    records(keys.snapshots, lambda kv: SnapshotReported.from_kv(keys, kv))
 
 
 def probe_store(

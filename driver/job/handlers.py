@@ -138,10 +138,38 @@ class MessageHandlers:
         state.book = state.book.progressed(record.step, self._ctx.clock())
         return ()
 
+    def on_snapshot(self, message: msg.SnapshotReported) -> Decisions:
+        """What a worker's snapshot said: say it, and keep the newest complete one of
+        each host (the round rules resume from it when the state's holders are lost)."""
+        record, state = message.record, self._ctx.state
+        if record is None:
+            return ()
+        if message.kind == "done":
+            state.book = state.book.snapshot_complete(record.host, record.step)
+            event: ev.Event = ev.SnapshotWritten(
+                record.step,
+                record.round_id,
+                record.path,
+                record.host,
+                record.seconds,
+                record.bytes,
+                record.final,
+            )
+        elif message.kind == "loaded":
+            state.book = state.book.snapshot_complete(record.host, record.step)
+            event = ev.SnapshotResumed(record.step, record.round_id, record.path, record.host)
+        else:
+            event = ev.SnapshotFailed(record.step, record.path, record.host, record.error)
+        self._ctx.events.emit(event)
+        return ()
+
     def on_chaos_tick(self, message: msg.ChaosTick) -> Decisions:
         ctx = self._ctx
         state, chaos = ctx.state, ctx.services.chaos
-        candidates = policy.chaos_candidates(state.workers, state.plan, state.book)
+        cfg = ctx.config
+        candidates = policy.chaos_candidates(
+            state.workers, state.plan, state.book, cfg.min_np, cfg.chaos_below_min_np
+        )
         victim = chaos.strike(candidates) if chaos and candidates else None
         if victim is None or chaos is None:
             return ()

@@ -454,6 +454,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     ),
     msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
     msg.ProgressReported: lambda job, m: job._messages.on_progress(m),
+    msg.SnapshotReported: lambda job, m: job._messages.on_snapshot(m),
     msg.KillRequested: lambda job, m: job._actions.kill(dec.Kill(m.worker_id, m.reason)),
     msg.ChaosTick: lambda job, m: job._messages.on_chaos_tick(m),
     msg.Fatal: lambda job, m: job._end(m.reason),

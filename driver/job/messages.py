@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Union
 
 from driver.hosts.slots import HostSlots
-from rendezvous.plan import FailureRecord, Plan
+from rendezvous.keys import JobKeys
+from rendezvous.plan import FailureRecord, Plan, SnapshotRecord
 from rendezvous.store import PUT, Event, KeyValue
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,25 @@ class ProgressReported:
 
 
 @dataclass(frozen=True)
+class SnapshotReported:
+    """What a worker's snapshot said (``JobKeys.snapshots``): ``kind`` "done" (the newest
+    complete one of a group), "failed" or "loaded" (a round resumed from it), and its
+    ``record``; None when it could not be read (logged)."""
+
+    kind: str
+    record: SnapshotRecord | None
+
+    @classmethod
+    def from_kv(cls, keys: JobKeys, kv: KeyValue) -> SnapshotReported:
+        kind = kv.key[len(keys.snapshots) :].split("/", 1)[0]
+        try:
+            return cls(kind, SnapshotRecord.from_json(kv.value))
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable snapshot record %s: %s", kv.key, exc)
+            return cls(kind, None)
+
+
+@dataclass(frozen=True)
 class KillRequested:
     """Kill worker ``worker_id`` (it is known to be hung)."""
 
@@ -162,6 +182,7 @@ Message = Union[
     SignalReceived,
     StoreLost,
     ProgressReported,
+    SnapshotReported,
     KillRequested,
     ChaosTick,
     Fatal,

@@ -66,6 +66,18 @@ def worker_env(
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
         env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
         **({env.ENV_SPARE: "1"} if spare else {}),
+        **snapshot_env(config),
+    }
+
+
+def snapshot_env(config: JobConfig) -> dict[str, str]:
+    """Where the workers write their snapshots and how often (``--checkpoint-dir``);
+    nothing without a directory (pure)."""
+    if not config.checkpoint_dir:
+        return {}
+    return {
+        env.ENV_CHECKPOINT_DIR: config.checkpoint_dir,
+        env.ENV_CHECKPOINT_INTERVAL: f"{config.checkpoint_interval:g}",
     }
 
 

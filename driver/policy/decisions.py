@@ -198,6 +198,9 @@ class Book:
     # Hosts where no spare is started before a time (``policy.spares``): one of their
     # spares was just promoted, or died before it registered.
     spare_holds: tuple[tuple[str, float], ...] = ()
+    # The newest snapshot of the workers' state known to be complete, per host whose disk
+    # holds it ("": in a folder every worker sees), as (host, step).
+    snapshots: tuple[tuple[str, int], ...] = ()
 
     def new_round(self) -> Book:
         """A round was published: the reports of the one before are settled."""
@@ -218,6 +221,13 @@ class Book:
         ):
             rate = round((step - self.progress_step) / (now - self.progress_at), 3)
         return replace(self, progress_step=step, progress_at=now, progress_rate=rate)
+
+    def snapshot_complete(self, host: str, step: int) -> Book:
+        """A snapshot of ``step`` is complete on ``host``'s disk ("": every worker's)."""
+        kept = tuple((h, s) for h, s in self.snapshots if h != host or s > step)
+        if any(h == host for h, _ in kept):
+            return self if kept == self.snapshots else replace(self, snapshots=kept)
+        return replace(self, snapshots=(*kept, (host, step)))
 
     def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
         """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""

@@ -17,7 +17,8 @@ The rules:
   lapsed and that has not registered again within ``REREGISTER_GRACE`` is killed (it
   is hung).
 * Chaos (``chaos_candidates``, ``chaos_kill``): ``--chaos-kill-interval`` picks among
-  the active members of the round, none once a worker finished; the kill is said.
+  the active members of the round, none once a worker finished and none that would take
+  the round below ``--min-np`` (unless ``--chaos-below-min-np``); the kill is said.
 * Removed hosts' agents (``agents_to_retire``): the agent of a host discovery removed
   (not one blacklisted or lost: those may come back) is retired once nothing the job
   assigned there runs, so a machine that left the job is free of it.
@@ -100,12 +101,21 @@ def lapse_waits(workers: Workers) -> list[Wait]:
     ]
 
 
-def chaos_candidates(workers: Workers, plan: Plan | None, book: Book) -> list[str]:
-    """Members of the round the chaos may kill (none once a worker finished: the end of
-    training is not the time to test recovery)."""
+def chaos_candidates(
+    workers: Workers, plan: Plan | None, book: Book, min_np: int, below_min_np: bool = False
+) -> list[str]:
+    """Members of the round the chaos may kill: none once a worker finished (the end of
+    training is not the time to test recovery), and none when the kill would take the
+    round below ``min_np``, nor, in a job whose ``min_np`` is the round's size (a fixed
+    size), more than one worker short of it: the world the chaos tests is one the user
+    declared survivable (``below_min_np``: ``--chaos-below-min-np`` lifts this)."""
     if plan is None or book.done_slots:
         return []
-    return [m.worker_id for m in plan.members if workers[m.worker_id].state.active]
+    active = [m.worker_id for m in plan.members if workers[m.worker_id].state.active]
+    floor = max(1, min(min_np, plan.size - 1))
+    if not below_min_np and len(active) - 1 < floor:
+        return []
+    return active
 
 
 def chaos_kill(rec: WorkerRecord, plan: Plan | None, pid: int, kills: int) -> list[Decision]:

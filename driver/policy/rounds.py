@@ -32,8 +32,12 @@ The rules:
   round is replaced as usual (with -np 1 it is just a failed worker).
 * Lost rounds (``rounds_lost``): ``LOST_ROUNDS_LIMIT`` rounds in a row whose members
   all died on their own, by any code or signal, end the job.
-* State lost (``_publish``): a round with no member of the round before it is said
-  (``StateLost``): the state committed there went with its members.
+* State lost (``_publish``): a round with no member of the round before it, once the
+  workers commit a state (rank 0's progress says so), finds that state only in a
+  snapshot. One its members can read (``--checkpoint-dir``: a snapshot every member
+  sees, or one on a member's host) carries it on: the round resumes from it. Without
+  one the job ends, naming the last committed step lost, unless
+  ``--on-state-lost restart`` asked to start over (then ``StateLost`` says so).
 * Wake-up (``next_wakeup``): the earliest ``Wait``, at most ``MAX_SLEEP`` away.
 """
 
@@ -145,8 +149,33 @@ def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig, 
     book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
     decisions: list[Decision] = [Publish(candidate, round(took, 3))]
     if plan is not None and not set(plan.worker_ids) & set(candidate.worker_ids):
-        decisions.append(Report(StateLost(round=candidate.round_id, previous=plan.round_id)))
+        lost = _state_lost(candidate, plan, book, config)
+        if isinstance(lost, Fail):
+            return Step((lost,), book)
+        decisions += lost
     return Step(tuple(decisions), book)
+
+
+def _state_lost(
+    candidate: Plan, plan: Plan, book: Book, config: JobConfig
+) -> Fail | list[Decision]:
+    """``candidate`` has no member of ``plan``: what becomes of the state they committed
+    (see the module docstring)."""
+    if book.progress_step is None:
+        return []  # nothing committed that anyone knows of: nothing to lose
+    hosts = {m.host for m in candidate.members}
+    if any(host == "" or host in hosts for host, _ in book.snapshots):
+        return []  # the round's sync resumes from the snapshot (its reader says so)
+    step = book.progress_step
+    if config.on_state_lost == "restart":
+        return [Report(StateLost(round=candidate.round_id, previous=plan.round_id, step=step))]
+    where = "no snapshot holds it" if config.checkpoint_dir else "there is no --checkpoint-dir"
+    return Fail(
+        f"the committed training state was lost: no worker of round {plan.round_id} is left "
+        f"to hand it on (last committed step {step}) and {where}; start it again with "
+        "--checkpoint-dir to keep it, or with --on-state-lost restart to train from the "
+        "script's initial state"
+    )
 
 
 def _broken(

@@ -44,11 +44,11 @@ from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.ps.shard_hosts import ShardPlacement
-from driver.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import CheckpointRecord, ShardInfo
 from rendezvous.store import PUT, KeyValue, KVStore
+from rendezvous.watch import follow_prefix
 
 log = logging.getLogger(__name__)
 

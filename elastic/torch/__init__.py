@@ -23,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("elastic.torch needs PyTorch: pip install 'elastic-training[torch]'") from exc
 
 from elastic.errors import ElasticError, HostsUpdatedInterrupt, WorkerLostError
+from elastic.torch import snapshot_codec  # noqa: F401  (tensors in snapshots)
 from elastic.torch.collectives import (
     allgather,
     allgather_object,

@@ -13,11 +13,16 @@ Attributes are handled by what they are:
 ``commit()`` costs a memory copy: no collective, no disk. ``sync()`` follows the
 ``State`` protocol (the worker holding the most commits broadcasts); modules travel as
 fused tensor broadcasts, optimizer state likewise, the rest as one pickled object.
+
+A snapshot (``--checkpoint-dir``) reads the committed copy from its own thread: while
+it is lent, the next commit copies into a spare copy (the one the snapshot before gave
+back) instead of into the lent one, so a snapshot costs no copy on the training thread.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any
 
 import torch
@@ -74,9 +79,12 @@ class TorchState(State):
     def __init__(self, **attrs: Any) -> None:
         super().__init__()
         # What the State machinery keeps on the instance is not training state.
-        self._own = frozenset(self.__dict__) | {"_own", "_saved"}
+        self._own = frozenset(self.__dict__) | {"_own", "_saved", "_lent", "_spare", "_loan"}
         self.__dict__.update(attrs)
         self._saved: dict[str, Any] = {}
+        self._loan = threading.Lock()  # _lent and _spare change on the snapshot's thread too
+        self._lent: dict[str, Any] | None = None  # the committed copy a snapshot reads
+        self._spare: dict[str, Any] = {}  # a copy a snapshot gave back, to copy into next
         self.save()
 
     def _values(self) -> dict[str, Any]:
@@ -84,7 +92,10 @@ class TorchState(State):
 
     # ---- State ----
     def save(self) -> None:
-        saved = self._saved
+        with self._loan:
+            saved = self._saved
+            if saved is self._lent:  # a snapshot still reads it: copy into the spare
+                saved, self._spare = self._spare, {}
         self._saved = {}
         for name, value in self._values().items():
             if isinstance(value, torch.Tensor):
@@ -125,6 +136,24 @@ class TorchState(State):
     def sync(self) -> None:
         self._reset_optimizers()
         super().sync()
+
+    def _snapshot_payload(self) -> dict[str, Any]:
+        with self._loan:
+            self._lent = self._saved
+        return self._saved
+
+    def _snapshot_returned(self, payload: Any) -> None:
+        with self._loan:
+            lent = self._lent
+            if lent is not None and payload is lent:
+                self._lent = None
+                if lent is not self._saved:
+                    self._spare = lent
+
+    def _load_snapshot(self, values: Any, commits: int) -> None:
+        self._saved = {**self._saved, **values}
+        self.restore()
+        self._commits = self._saved_commits = commits
 
     def _broadcast_from(self, root: int) -> None:
         values = self._values()

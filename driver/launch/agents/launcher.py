@@ -61,12 +61,12 @@ from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
-from driver.watch import follow_in_thread
 from rendezvous import env
 from rendezvous.agent_records import AGENT_LEASE_TTL, AgentRecord, Assignment, ProcessStatus
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.store import PUT, Delete, Event, KeyValue, KVStore, Put
+from rendezvous.watch import follow_in_thread
 
 log = logging.getLogger(__name__)
 

@@ -133,7 +133,7 @@ def _sample(cls):
 
 def test_every_kind_has_a_class_and_a_readable_text():
     vocabulary = ev.vocabulary()
-    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 35
+    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 38
     for kind, cls in vocabulary.items():
         assert cls.kind == kind
         event = _sample(cls)
@@ -166,6 +166,10 @@ def test_events_carry_the_fields_readers_rely_on():
     assert {"worker", "host", "took"} <= fields["spare_ready"]
     assert {"worker", "host", "slot", "waited"} <= fields["spare_promoted"]
     assert {"worker", "host", "code", "registered"} <= fields["spare_lost"]
+    assert {"step", "round", "path", "host", "seconds", "final"} <= fields["snapshot_written"]
+    assert {"step", "path", "error"} <= fields["snapshot_failed"]
+    assert {"step", "round", "path"} <= fields["snapshot_resumed"]
+    assert {"round", "previous", "step"} <= fields["state_lost"]
 
 
 def test_the_events_file_is_appended_to_never_truncated(tmp_path):

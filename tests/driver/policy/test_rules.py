@@ -295,13 +295,31 @@ def test_publishing_a_round_ends_the_streak():
 
 
 def test_a_round_with_no_member_of_the_round_before_says_the_state_is_lost():
-    cfg = config("-np", "1")
     dead = rec("a", 0, state=S.FAILED, exit_code=-9)
-    decisions, _ = policy.plan_round(
-        table(dead, rec("b", 0)), plan_of(1, dead), Book(0.0), view(), cfg, 1.0
-    )
+    t, before = table(dead, rec("b", 0)), plan_of(1, dead)
+    committed = Book(0.0, progress_step=120)
+    # Nothing was ever committed (a script without State): nothing to lose.
+    decisions, _ = policy.plan_round(t, before, Book(0.0), view(), config("-np", "1"), 1.0)
+    assert kinds(decisions) == [Publish]
+    # Committed, no snapshot: the job ends, naming the step lost and the way out.
+    decisions, _ = policy.plan_round(t, before, committed, view(), config("-np", "1"), 1.0)
+    reason = only(decisions, Fail).reason
+    assert "state was lost" in reason and "step 120" in reason and "--checkpoint-dir" in reason
+    assert "--on-state-lost restart" in reason
+    # Asked to start over: it does, and says so.
+    cfg = config("-np", "1", "--on-state-lost", "restart")
+    decisions, _ = policy.plan_round(t, before, committed, view(), cfg, 1.0)
     assert kinds(decisions) == [Publish, Report]
-    assert decisions[1] == Report(ev.StateLost(round=2, previous=1))
+    assert decisions[1] == Report(ev.StateLost(round=2, previous=1, step=120))
+    # A snapshot the new round can read carries the state on: nothing lost.
+    for where in ("", "h"):
+        book = dataclasses.replace(committed, snapshots=((where, 100),))
+        decisions, _ = policy.plan_round(t, before, book, view(), config("-np", "1"), 1.0)
+        assert kinds(decisions) == [Publish]
+    # One on the disk of a host the new round does not run on does not.
+    book = dataclasses.replace(committed, snapshots=(("other-host", 100),))
+    decisions, _ = policy.plan_round(t, before, book, view(), config("-np", "1"), 1.0)
+    assert kinds(decisions) == [Fail]
     # A survivor carries the state: nothing to say.
     cfg = config("-np", "2", "--min-np", "1")
     t = table(dead, rec("b", 1), rec("c", 0))
@@ -651,13 +669,34 @@ def test_an_unreachable_host_is_lost_with_every_worker_running_there():
     )
 
 
+def test_chaos_never_takes_the_round_below_min_np():
+    """The world the chaos tests is one the user declared survivable: never below
+    --min-np, and in a job of fixed size never more than one worker short."""
+    a, b, c, d = rec("a", 0), rec("b", 1), rec("c", 2), rec("d", 3)
+    p = plan_of(1, a, b, c, d)
+    full, one_down = table(a, b, c, d), table(a, b, c, rec("d", 3, state=S.CHAOS_KILLED))
+    two_down = table(a, b, rec("c", 2, state=S.FAILED), rec("d", 3, state=S.CHAOS_KILLED))
+    # -np 4 --min-np 2: down to 2, never to 1.
+    assert policy.chaos_candidates(one_down, p, Book(0.0), min_np=2) == ["a", "b", "c"]
+    assert policy.chaos_candidates(two_down, p, Book(0.0), min_np=2) == []
+    # -np 4 (min 4): one short at a time, while the round is whole.
+    assert policy.chaos_candidates(full, p, Book(0.0), min_np=4) == ["a", "b", "c", "d"]
+    assert policy.chaos_candidates(one_down, p, Book(0.0), min_np=4) == []
+    # -np 1: its only worker holds the state: never, unless asked.
+    solo = plan_of(1, a)
+    assert policy.chaos_candidates(table(a), solo, Book(0.0), min_np=1) == []
+    assert policy.chaos_candidates(table(a), solo, Book(0.0), 1, below_min_np=True) == ["a"]
+    assert policy.chaos_candidates(two_down, p, Book(0.0), 2, below_min_np=True) == ["a", "b"]
+
+
 def test_chaos_picks_active_members_and_spares_the_end():
     a, b, c = rec("a", 0), rec("b", 1), rec("c", 2)
     p = plan_of(1, a, b, c)
     t = table(a, rec("b", 1, state=S.CHAOS_KILLED), c)
-    assert policy.chaos_candidates(t, p, Book(0.0)) == ["a", "c"]
-    assert policy.chaos_candidates(t, p, Book(0.0, done_slots=frozenset({("h", 2)}))) == []
-    assert policy.chaos_candidates(t, None, Book(0.0)) == []
+    assert policy.chaos_candidates(t, p, Book(0.0), min_np=1) == ["a", "c"]
+    done = Book(0.0, done_slots=frozenset({("h", 2)}))
+    assert policy.chaos_candidates(t, p, done, min_np=1) == []
+    assert policy.chaos_candidates(t, None, Book(0.0), min_np=1) == []
     assert policy.chaos_kill(c, p, pid=77, kills=2) == [
         Report(ev.ChaosKill(worker="c", host="h", slot=2, rank=2, pid=77, kill=2)),
         Kill("c", "chaos", chaos=True),

@@ -5,7 +5,8 @@ ends for good (the store was away longer than the watch waits, or its history wa
 compacted), it reads the prefix afresh (``on_resync`` gets every key) and watches on
 from there, retrying with ``rendezvous.retry.Backoff``; only a store unreachable for
 ``patience`` seconds ends it (``on_lost``). Used by the job (registrations, failure
-reports) and by the ps supervisor (shard records, checkpoints).
+reports), by the ps supervisor (shard records, checkpoints), by the agents and by
+the workers' snapshots (their requests and parts).
 """
 
 from __future__ import annotations

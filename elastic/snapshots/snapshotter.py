@@ -1,0 +1,471 @@
+"""A process's snapshots (``Snapshotter``): the commit hook, the writer thread, what a
+member offers and loads when a round syncs, and the snapshot a round asks for.
+
+* **Periodic.** Rank 0 asks for a snapshot of a commit a little ahead
+  (``schedule.ask``); when a member makes that commit, the state hands over its
+  committed copy (``_snapshot_payload``: no copy on the training thread) and a writer
+  thread of this process writes this member's part of it: the arrays are cut into as
+  many parts as there are writers (``parts.cut``), so a large state is written by
+  every member at once. The writer of part 0 also writes the skeleton, waits for the
+  other parts (``coordination``), writes the manifest and prunes the oldest.
+* **Where.** Every member of a round writes into one folder when every member sees the
+  files every other one writes (a shared file system: the check is a probe file per
+  host at each round's sync); otherwise each host writes a whole copy into its own
+  folder (``host-<label>``), cut among the members on that host.
+* **Sync.** When a round syncs, each member offers its live commit and the newest
+  complete snapshot it can read; the newest of all wins (``schedule.choose_source``).
+  When that is a snapshot, its holder loads it (every checksum checked: a torn or
+  corrupt one is said and skipped for the one before) and broadcasts it as a live
+  commit would be.
+* **On request.** A round the driver publishes with a snapshot to take
+  (``Plan.snapshot``: a stop, or a host about to go) makes every member write its part
+  of the commit they just synced, and wait until it is durable.
+
+Nothing here raises into training: a snapshot that cannot be written (a full disk, a
+member that died) is abandoned, said to the driver, and the previous one stays whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from elastic.errors import SnapshotError
+from elastic.snapshots import codec, files, parts, schedule
+from elastic.snapshots.coordination import Coordination
+from elastic.snapshots.settings import SnapshotSettings
+from rendezvous.keys import JobKeys
+from rendezvous.plan import SNAPSHOT_FINAL, SnapshotAt, SnapshotPart, SnapshotRecord
+
+log = logging.getLogger(__name__)
+
+ALL = "all"
+"""The group of a snapshot every member writes into one folder."""
+
+PROBES = ".probes"
+
+
+@dataclass(frozen=True)
+class Round:
+    """What a snapshot needs of the round this process is in: its id, this member's
+    rank among ``size`` and among the ``local_size`` members of its ``host``, and what
+    the round's plan asks (``Plan.snapshot``)."""
+
+    round_id: int
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    host: str
+    asks: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Who writes which part of a round's snapshots, and where: ``group`` (``ALL``, or
+    the host's label), its ``root`` folder, this writer's part ``index`` of ``parts``."""
+
+    group: str
+    root: str
+    index: int
+    parts: int
+    host: str = ""  # the host whose disk holds the group's snapshots ("": every member's)
+
+
+class SnapshotState(Protocol):
+    """What a ``State`` gives its snapshots (underscored: a state's public names are the
+    user's attributes)."""
+
+    _commits: int
+
+    def _snapshot_payload(self) -> Any: ...
+
+    def _snapshot_returned(self, payload: Any) -> None: ...
+
+    def _load_snapshot(self, values: Any, commits: int) -> None: ...
+
+    def _broadcast_from(self, root: int) -> None: ...
+
+
+class SyncWorld(Protocol):
+    """The collectives a round's sync uses."""
+
+    def size(self) -> int: ...
+
+    def allgather_object(self, obj: Any) -> list: ...
+
+    def broadcast_object(self, obj: Any = None, root: int = 0) -> Any: ...
+
+
+@dataclass
+class _Job:
+    """One part to write: ``payload`` (a state's committed values) of commit ``step``."""
+
+    state: SnapshotState
+    payload: Any
+    at: SnapshotAt
+    layout: Layout
+    asked: float  # when the commit was made (monotonic)
+    final: bool = False
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+class Snapshotter:
+    """The snapshots of this process's state (see the module docstring).
+
+    ``round_info()``: the round this process is in (None before its first);
+    ``coordination``: how it agrees with the other writers; ``job_id``: recorded in each
+    manifest; ``clock``: monotonic time.
+    """
+
+    def __init__(
+        self,
+        settings: SnapshotSettings,
+        coordination: Coordination,
+        round_info: Callable[[], Round | None],
+        keys: JobKeys,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.settings = settings
+        self._coordination = coordination
+        self._round_info = round_info
+        self._keys = keys
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._layout: Layout | None = None
+        self._timer = schedule.StepTimer()
+        self._since: float | None = None  # the last snapshot (monotonic), or the first round
+        self._asked: tuple[int, int] | None = None  # (round, step) this process asked for
+        self._handled: set[tuple[int, int]] = set()  # (round, step) captured or missed
+        self._unreadable: set[str] = set()  # folders that failed to load
+        self._disabled = ""  # why this state cannot be snapshotted ("" while it can)
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._writer = threading.Thread(
+            target=self._write_jobs, name="elastic-snapshots", daemon=True
+        )
+        self._writer.start()
+
+    # ------------------------------------------------------------------ the training thread
+    def on_commit(self, state: SnapshotState, commits: int) -> None:
+        """The state committed ``commits`` commits: ask for a snapshot when one is due
+        (rank 0), and hand over the committed copy when this commit is the one asked
+        for. Cheap; never raises."""
+        now, where = self._clock(), self._round_info()
+        layout = self._layout
+        if where is None or layout is None or self._disabled:
+            return
+        self._timer = self._timer.observe(commits, now)
+        since = self._since if self._since is not None else now
+        if self._coordination.alone:
+            if now >= since + self.settings.interval:
+                self._capture(state, SnapshotAt(where.round_id, commits, _token()), layout, now)
+            return
+        if where.rank == 0 and (
+            self._asked is None or self._asked[0] != where.round_id or self._asked[1] < commits
+        ):
+            step = schedule.ask(
+                commits, now, since, self._timer.seconds, self.settings.interval, self.settings.lead
+            )
+            if step is not None:
+                self._asked = (where.round_id, step)
+                self._coordination.ask(SnapshotAt(where.round_id, step, _token()))
+        at = self._coordination.target()
+        if at is None or at.round_id != where.round_id or (at.round_id, at.step) in self._handled:
+            return
+        if at.step == commits:
+            self._capture(state, at, layout, now)
+        elif at.step < commits:
+            # Heard of it too late (the store was slow): the snapshot cannot be whole.
+            self._handled.add((at.round_id, at.step))
+            missed = SnapshotPart(layout.index, error=f"commit {at.step} was past when asked")
+            self._coordination.part_written(layout.group, at.step, missed)
+
+    def _capture(
+        self, state: SnapshotState, at: SnapshotAt, layout: Layout, now: float, final: bool = False
+    ) -> _Job | None:
+        self._handled.add((at.round_id, at.step))
+        self._since = now
+        try:
+            payload = state._snapshot_payload()
+        except NotImplementedError:
+            self._disabled = f"{type(state).__name__} does not say what to snapshot"
+            log.warning("snapshots are off: %s", self._disabled)
+            return None
+        job = _Job(state, payload, at, layout, now, final)
+        self._jobs.put(job)
+        return job
+
+    # ------------------------------------------------------------------ a round's sync
+    def adopt_newest(self, state: SnapshotState, world: SyncWorld, rank: int) -> int:
+        """The sync of a round (collective): the newest state any member holds, a live
+        commit or a snapshot, becomes every member's. Returns its commit count.
+
+        Raises:
+            WorkerLostError: the round breaks meanwhile.
+        """
+        where = self._round_info()
+        size = world.size()
+        probe = self._write_probe(where)
+        offered = self._readable()
+        while True:
+            mine = (state._commits, offered[0].step if offered else 0, where.host if where else "")
+            everyone = world.allgather_object(mine) if size > 1 else [mine]
+            source = schedule.choose_source([(c, s) for c, s, _ in everyone])
+            if source.snapshot:
+                loaded = True
+                if rank == source.rank:
+                    loaded = offered is not None and self._load(
+                        state, offered[1], offered[0], where
+                    )
+                if size > 1:
+                    loaded = world.broadcast_object(
+                        loaded if rank == source.rank else None, root=source.rank
+                    )
+                if not loaded:
+                    if rank == source.rank:
+                        offered = self._readable()
+                    continue
+            if size > 1:
+                state._broadcast_from(source.rank)
+            break
+        self._layout = self._decide_layout(world, where, {h for _, _, h in everyone}, probe)
+        if self._since is None:
+            self._since = self._clock()
+        return source.step
+
+    def _readable(self) -> tuple[files.Manifest, str] | None:
+        """The newest complete snapshot this member can read (not one that failed)."""
+        found = [
+            item
+            for root in files.roots(self.settings.directory)
+            for item in files.complete(root)
+            if item[1] not in self._unreadable
+        ]
+        found.sort(key=lambda item: (item[0].step, item[0].written), reverse=True)
+        return found[0] if found else None
+
+    def _load(
+        self, state: SnapshotState, path: str, manifest: files.Manifest, where: Round | None
+    ) -> bool:
+        """Load the snapshot in ``path`` into ``state``; False (said to the driver) when a
+        file of it is torn or corrupt."""
+        try:
+            skeleton, buffers = files.read(path, manifest, parts.cut)
+            values = codec.join(
+                skeleton,
+                [leaf.kind for leaf in manifest.leaves],
+                [leaf.meta for leaf in manifest.leaves],
+                buffers,
+            )
+        except SnapshotError as exc:
+            self._unreadable.add(path)
+            log.warning(
+                "snapshot of commit %d is unusable, trying the one before: %s", manifest.step, exc
+            )
+            record = SnapshotRecord(
+                manifest.step, manifest.round_id, path, host=_host_of(path, where), error=str(exc)
+            )
+            self._coordination.say(self._keys.snapshot_failed(ALL), record)
+            return False
+        state._load_snapshot(values, manifest.step)
+        round_id = where.round_id if where else 0
+        log.warning("resumed from the snapshot of commit %d in %s", manifest.step, path)
+        record = SnapshotRecord(
+            manifest.step, round_id, path, host=_host_of(path, where), bytes=manifest.nbytes
+        )
+        self._coordination.say(self._keys.snapshot_loaded(round_id), record)
+        return True
+
+    def _write_probe(self, where: Round | None) -> str:
+        """A file that tells the members of this round whether they share the checkpoint
+        directory (``_decide_layout`` looks for every host's)."""
+        if where is None:
+            return ""
+        folder = os.path.join(self.settings.directory, PROBES)
+        path = os.path.join(folder, _probe_name(self._keys.job_id, where.round_id, where.host))
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(where.host)
+        except OSError as exc:
+            log.warning(
+                "cannot write in the checkpoint directory %s: %s", self.settings.directory, exc
+            )
+            return ""
+        return path
+
+    def _decide_layout(
+        self, world: SyncWorld, where: Round | None, hosts: set[str], probe: str
+    ) -> Layout:
+        """One folder for every member when each sees every host's probe; else a folder
+        per host (collective when the round has several members)."""
+        if where is None:
+            where = Round(0, 0, 1, 0, 1, "")
+        folder = os.path.join(self.settings.directory, PROBES)
+        sees_all = all(
+            os.path.exists(os.path.join(folder, _probe_name(self._keys.job_id, where.round_id, h)))
+            for h in hosts
+        )
+        shared = all(world.allgather_object(sees_all)) if world.size() > 1 else sees_all
+        if probe:
+            with contextlib.suppress(OSError):  # another member of this host removed it first
+                os.unlink(probe)
+        if shared:
+            return Layout(ALL, self.settings.directory, where.rank, where.size)
+        root = os.path.join(self.settings.directory, files.HOST_PREFIX + _safe(where.host))
+        return Layout(where.host, root, where.local_rank, where.local_size, host=where.host)
+
+    # ------------------------------------------------------------------ on request
+    def take_requested(self, state: SnapshotState) -> bool:
+        """When the round's plan asks for a snapshot (right after its sync), write this
+        member's part of the commit every member now holds and wait until it is
+        durable (and, for the part 0 writer, the whole snapshot). Returns True when the
+        plan asks the workers to stop after it."""
+        where, layout = self._round_info(), self._layout
+        if where is None or not where.asks or layout is None or self._disabled:
+            return bool(where and where.asks == SNAPSHOT_FINAL)
+        at = SnapshotAt(
+            where.round_id, state._commits, f"r{where.round_id}-{_safe(self._keys.job_id)}"
+        )
+        job = self._capture(state, at, layout, self._clock(), final=where.asks == SNAPSHOT_FINAL)
+        if job is not None and not job.done.wait(self.settings.part_deadline + 10.0):
+            log.warning("the requested snapshot of commit %d did not finish in time", at.step)
+        return where.asks == SNAPSHOT_FINAL
+
+    # ------------------------------------------------------------------ the writer thread
+    def _write_jobs(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._write(job)
+            except Exception:  # a bug here must not stop later snapshots (nor training)
+                log.exception("snapshot of commit %d failed", job.at.step)
+                job.done.set()
+
+    def _write(self, job: _Job) -> None:
+        at, layout = job.at, job.layout
+        folder = files.folder(layout.root, at.step, at.token)
+        leaves: list[codec.Leaf] = []
+        skeleton_entry: files.FileEntry | None = None
+        try:
+            skeleton, leaves = codec.split(job.payload)
+            pieces = parts.cut([leaf.nbytes for leaf in leaves], layout.parts)[layout.index]
+            written = files.write_part(folder, layout.index, layout.parts, pieces, leaves)
+            if layout.index == 0:
+                skeleton_entry = files.write_skeleton(folder, skeleton)
+            part = SnapshotPart(layout.index, written.sha256, written.bytes)
+        except (OSError, SnapshotError) as exc:
+            why = f"{folder}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+            log.warning(
+                "cannot write part %d of the snapshot of commit %d: %s", layout.index, at.step, why
+            )
+            part = SnapshotPart(layout.index, error=why)
+        finally:
+            job.state._snapshot_returned(job.payload)
+        self._coordination.part_written(layout.group, at.step, part)
+        if layout.index != 0:
+            job.done.set()
+            return
+        entries = tuple(files.LeafEntry(leaf.kind, leaf.meta, leaf.nbytes) for leaf in leaves)
+        threading.Thread(
+            target=self._finish,
+            args=(job, folder, skeleton_entry, entries),
+            name="elastic-snapshot-finish",
+            daemon=True,
+        ).start()
+
+    def _finish(
+        self,
+        job: _Job,
+        folder: str,
+        skeleton: files.FileEntry | None,
+        leaves: tuple[files.LeafEntry, ...],
+    ) -> None:
+        """Part 0's writer: wait for every part, then write the manifest (the snapshot is
+        complete), prune the oldest and say so; or abandon it and say why."""
+        at, layout = job.at, job.layout
+        try:
+            got = self._coordination.wait_parts(
+                layout.group, at.step, layout.parts, self._clock() + self.settings.part_deadline
+            )
+            if isinstance(got, str) or skeleton is None:
+                self._abandon(
+                    job, folder, got if isinstance(got, str) else "part 0 was not written"
+                )
+                return
+            manifest = files.Manifest(
+                step=at.step,
+                round_id=at.round_id,
+                job_id=self._keys.job_id,
+                written=files.now(),
+                chunk=parts.DEFAULT_CHUNK,
+                skeleton=skeleton,
+                leaves=leaves,
+                parts=tuple(
+                    files.FileEntry(files.part_name(p.part, layout.parts), p.bytes, p.sha256)
+                    for p in got
+                ),
+            )
+            try:
+                files.write_manifest(folder, manifest)
+            except OSError as exc:
+                self._abandon(job, folder, f"{folder}: {exc.strerror or exc}")
+                return
+            files.prune(layout.root, self.settings.keep)
+            seconds = round(self._clock() - job.asked, 3)
+            record = SnapshotRecord(
+                at.step,
+                at.round_id,
+                folder,
+                host=layout.host,
+                final=job.final,
+                seconds=seconds,
+                bytes=manifest.nbytes,
+            )
+            self._coordination.say(self._keys.snapshot_done(layout.group), record)
+        finally:
+            self._coordination.forget_parts(layout.group, at.step)
+            job.done.set()
+
+    def _abandon(self, job: _Job, folder: str, why: str) -> None:
+        files.remove(folder)
+        log.warning("snapshot of commit %d abandoned: %s", job.at.step, why)
+        record = SnapshotRecord(
+            job.at.step, job.at.round_id, folder, host=job.layout.host, final=job.final, error=why
+        )
+        self._coordination.say(self._keys.snapshot_failed(job.layout.group), record)
+
+    def close(self) -> None:
+        """Stop the writer after the part it may be writing (in-flight snapshots that
+        depend on others are abandoned: the previous complete one stands)."""
+        self._coordination.close()
+        self._jobs.put(None)
+
+
+def _token() -> str:
+    return secrets.token_hex(4)
+
+
+def _safe(name: str) -> str:
+    """A host label or job id as part of a file name."""
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
+
+
+def _probe_name(job_id: str, round_id: int, host: str) -> str:
+    return f"{_safe(job_id)}-r{round_id}-{_safe(host)}"
+
+
+def _host_of(path: str, where: Round | None) -> str:
+    """The host whose disk holds ``path``: "" for the shared folder, else this one."""
+    return where.host if where and f"/{files.HOST_PREFIX}" in path else ""
