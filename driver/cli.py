@@ -2,9 +2,11 @@
 
 Exit status: 0 when every worker of the final round exited 0; 1 with a one-line reason
 when the job failed (reset limit, elastic timeout, every host blacklisted, a worker of the
-final round failed, a discovery or store error); 3 when another driver took the job
-over (this one steers nothing more; the job goes on under the new leader); 0 for a
-``--standby`` whose job ended under its leader; 2 for bad arguments (and a
+final round failed, a discovery or store error, the committed state lost); 3 when another
+driver took the job over (this one steers nothing more; the job goes on under the new
+leader); 128 + N when signal N stopped it (143 for SIGTERM, 130 for SIGINT), after its
+final snapshot with ``--checkpoint-dir``: a stopped job is resumable, not failed; 0 for
+a ``--standby`` whose job ended under its leader; 2 for bad arguments (and a
 ``--log-dir`` that cannot be made, an ``--events`` file that cannot be opened).
 ``--version`` prints the version and exits 0.
 """
@@ -15,7 +17,7 @@ import logging
 import sys
 
 from driver.config import parse_args
-from driver.errors import DriverError, JobEnded, LeadershipLost, UsageError
+from driver.errors import DriverError, JobEnded, JobStopped, LeadershipLost, UsageError
 from driver.events.log import line_prefix
 from driver.job.loop import Job
 from rendezvous.errors import ElasticError
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except JobEnded as exc:
         _say(str(exc))
         return 0
+    except JobStopped as exc:
+        _say(str(exc))
+        return 128 + exc.signum
     except (DriverError, ElasticError) as exc:
         _say(f"job failed: {exc}")
         return 1

@@ -52,6 +52,16 @@ class LeadershipLost(DriverError):
     status 3 and leaves the job's processes running for the new leader."""
 
 
+class JobStopped(DriverError):
+    """SIGTERM or SIGINT stopped the job (after its final snapshot, with
+    ``--checkpoint-dir``): no failure, the same command resumes it. ``signum``: the
+    signal; ``elastic-run`` exits with 128 + it."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
 class JobEnded(DriverError):
     """A ``--standby`` driver saw its leader go and nothing of the job is left: the job
     ended under its leader, there is nothing to take over (``elastic-run`` exits 0)."""

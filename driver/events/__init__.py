@@ -52,11 +52,13 @@ from driver.events.job import (
     JobDone,
     JobFailure,
     JobStarted,
+    JobStop,
     LeadershipLostEvent,
     Leading,
     RoundFormed,
     StandingBy,
     StateLost,
+    Stopping,
     Waiting,
 )
 from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
@@ -97,6 +99,8 @@ __all__ = [
     "Waiting",
     "JobDone",
     "JobFailure",
+    "Stopping",
+    "JobStop",
     # health
     "Progress",
     "StoreUnreachable",

@@ -66,6 +66,41 @@ class StateLost(Event):
 
 
 @dataclass(frozen=True)
+class Stopping(Event):
+    """``signal`` asked the job to stop: round ``round`` (its ``size`` members) was asked
+    for a final snapshot of the newest commit, after which its workers stop."""
+
+    kind: ClassVar[str] = "stopping"
+    signal: str
+    round: int
+    size: int
+
+    def __str__(self) -> str:
+        return (
+            f"stopping on {self.signal}: round {self.round} ({plural(self.size, 'worker')}) "
+            "writes a final snapshot first"
+        )
+
+
+@dataclass(frozen=True)
+class JobStop(Event):
+    """The job was stopped by ``signal``; ``step`` and ``path``: the snapshot the same
+    command resumes from (None: there is none). (``elastic-run`` prints the reason
+    itself, so it is quiet here.)"""
+
+    kind: ClassVar[str] = "job_stopped"
+    quiet: ClassVar[bool] = True
+    signal: str
+    reason: str
+    step: int | None = None
+    path: str | None = None
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+@dataclass(frozen=True)
 class Waiting(Event):
     """A long wait, and what for (``waited``: seconds so far)."""
 

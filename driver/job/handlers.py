@@ -65,6 +65,13 @@ class MessageHandlers:
             state.book = replace(state.book, training_done=False)
         return decisions
 
+    def note_exit(self, message: msg.ProcessExited) -> None:
+        """A worker's exit while the job stops: its record follows, no rule runs."""
+        state = self._ctx.state
+        rec = state.workers.get(message.worker_id)
+        if rec is not None and rec.state.running:
+            state.workers[rec.worker_id] = lifecycle.exited(rec, message.code, self._ctx.clock())
+
     def on_registry(self, message: msg.RegistryChanged) -> Decisions:
         event = message.event
         worker_id = event.key[len(self._ctx.keys.workers) :]

@@ -35,7 +35,7 @@ from rendezvous import env
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.net.addresses import is_local_host
-from rendezvous.plan import DriverStateRecord
+from rendezvous.plan import DriverStateRecord, Plan
 from rendezvous.store import Delete, Put
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,21 @@ class JobLead:
         members = list(plan.worker_ids)
         ctx.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
         return ()
+
+    def publish_final(self, plan: Plan) -> bool:
+        """Publish the final round of a stop (``driver.job.stopping``: a snapshot, then
+        the workers stop), fenced like any round; False when the training finished
+        first (no round is published after that)."""
+        ctx = self._ctx
+        plan = replace(plan, term=ctx.services.claim.record.term)
+        published = ctx.services.steer_unless(
+            ctx.keys.training_finished, [Put(ctx.keys.round, plan.to_json())]
+        )
+        if published is None:
+            return False
+        ctx.state.plan = plan
+        ctx.processes.assign_ranks(plan)
+        return True
 
     def persist(self) -> tuple[dec.Wait, ...]:
         """Write the persisted state when it changed, at most every

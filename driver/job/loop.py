@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import signal
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -43,11 +42,11 @@ from typing import Any, Callable, NoReturn
 from driver import events as ev
 from driver import policy
 from driver.config import JobConfig
-from driver.errors import DiscoveryError, JobFailed, LeadershipLost
+from driver.errors import DiscoveryError, JobFailed, JobStopped, LeadershipLost
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.manager import HostManager
 from driver.hosts.probe import probe
-from driver.job import defaults, feeds
+from driver.job import defaults, feeds, stopping
 from driver.job import messages as msg
 from driver.job.actions import WorkerActions
 from driver.job.context import JobContext
@@ -157,6 +156,7 @@ class Job:
         self._lead = JobLead(self._ctx)
         self._actions = WorkerActions(self._ctx)
         self._messages = MessageHandlers(self._ctx)
+        self._stops = stopping.StopControl(self._ctx, self._lead, self._messages)
 
     @property
     def workers(self) -> dict[str, WorkerRecord]:
@@ -229,6 +229,7 @@ class Job:
             RendezvousError: the store cannot be opened.
             JobIdInUseError: another driver leads a job of this id.
             JobFailed: the ps shards did not come up.
+            JobStopped: SIGINT or SIGTERM came while they started.
             LauncherError: a ps shard cannot be started.
         """
         cfg = self.config
@@ -260,7 +261,10 @@ class Job:
                 {k: p for k, p in handed_over.items() if k not in workers_of}
             )
         else:
-            self._services.start_shards()
+            try:
+                self._services.start_shards()
+            except JobStopped as exc:  # a signal while they started: said like any stop
+                self._stops.end(str(exc), exc.signum)
             self.events.emit(ev.Leading(claim.record.term, "started", 0, "", 0.0))
         self._services.start_chaos()
 
@@ -271,7 +275,11 @@ class Job:
 
         Raises:
             JobFailed: the job cannot succeed.
+            JobStopped: SIGTERM or SIGINT stopped it (after its final snapshot).
         """
+        if self._stops.active:
+            self._stops.turn(self._queue, max_wait, self._handle)
+            return None
         if self._changed or self._clock() >= self._due:
             self._reconcile()
             code = self._settle()
@@ -402,6 +410,10 @@ class Job:
         self.events.emit(ev.HostDiscoveryFailed(message.error))
         return ()
 
+    def _signalled(self, message: msg.SignalReceived) -> Sequence[dec.Decision]:
+        self._stops.signalled(message.signum)  # a stop starts, or the job ends now
+        return ()
+
     def _lead_lost(self, message: msg.LeadLost) -> NoReturn:
         raise LeadershipLost(message.reason)
 
@@ -449,9 +461,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.FailureResync: lambda job, m: (),
     msg.HostsFound: Job._hosts_found,
     msg.DiscoveryFailed: Job._discovery_failed,
-    msg.SignalReceived: lambda job, m: job._end(
-        f"stopped by {signal.Signals(m.signum).name}; all workers were stopped"
-    ),
+    msg.SignalReceived: Job._signalled,
     msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
     msg.ProgressReported: lambda job, m: job._messages.on_progress(m),
     msg.SnapshotReported: lambda job, m: job._messages.on_snapshot(m),

@@ -25,7 +25,7 @@ from typing import Callable
 
 from driver import events as ev
 from driver.config import JobConfig
-from driver.errors import JobFailed
+from driver.errors import JobFailed, JobStopped
 from driver.hosts.slots import HostSlots
 from driver.job import feeds
 from driver.job import messages as msg
@@ -201,7 +201,8 @@ class JobServices:
         run yet.
 
         Raises:
-            JobFailed: the shards did not come up, or a signal came first.
+            JobFailed: the shards did not come up.
+            JobStopped: SIGINT or SIGTERM came first.
             LauncherError: a shard cannot be started.
         """
         cfg = self._config
@@ -223,9 +224,10 @@ class JobServices:
         # The supervisor has its own deadline; this one only guards against a bug there.
         self._wake.wait(cfg.start_timeout + 2 * STOP_GRACE)
         if self._signalled:
-            raise JobFailed(
+            raise JobStopped(
                 f"stopped by {signal.Signals(self._signalled[0]).name} while the ps shards "
-                "started; all workers were stopped"
+                "started; all workers were stopped",
+                self._signalled[0],
             )
         if not ended:
             raise JobFailed(f"ps shards not ready within {cfg.start_timeout:g}s")

@@ -172,9 +172,9 @@ def _state_lost(
     where = "no snapshot holds it" if config.checkpoint_dir else "there is no --checkpoint-dir"
     return Fail(
         f"the committed training state was lost: no worker of round {plan.round_id} is left "
-        f"to hand it on (last committed step {step}) and {where}; start it again with "
-        "--checkpoint-dir to keep it, or with --on-state-lost restart to train from the "
-        "script's initial state"
+        f"to hand it on (it had committed step {step} at least, as rank 0 last said) and "
+        f"{where}; start it again with --checkpoint-dir to keep it, or with "
+        "--on-state-lost restart to train from the script's initial state"
     )
 
 

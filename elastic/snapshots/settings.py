@@ -19,8 +19,9 @@ class SnapshotSettings:
     """``directory``: where snapshots go (absolute); ``interval``: seconds between two;
     ``keep``: complete snapshots kept (older ones are deleted once a newer is whole);
     ``lead``: seconds ahead of its commit that a snapshot is asked for (every member
-    must hear of it before it commits that step); ``part_deadline``: seconds the part
-    0 writer waits for the other parts before it abandons a snapshot.
+    must hear of it before it commits that step; at most a quarter of the interval,
+    ``ask_ahead``); ``part_deadline``: seconds the part 0 writer waits for the other
+    parts before it abandons a snapshot.
 
     Raises (when made):
         ValueError: a value out of range.
@@ -39,6 +40,11 @@ class SnapshotSettings:
             raise ValueError(f"unusable snapshot settings: {self}")
         if not self.part_deadline > 0:
             raise ValueError(f"unusable snapshot settings: {self}")
+
+    @property
+    def ask_ahead(self) -> float:
+        """Seconds ahead of its commit that a snapshot is asked for."""
+        return min(self.lead, self.interval / 4)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SnapshotSettings | None:

@@ -173,7 +173,12 @@ class Snapshotter:
             self._asked is None or self._asked[0] != where.round_id or self._asked[1] < commits
         ):
             step = schedule.ask(
-                commits, now, since, self._timer.seconds, self.settings.interval, self.settings.lead
+                commits,
+                now,
+                since,
+                self._timer.seconds,
+                self.settings.interval,
+                self.settings.ask_ahead,
             )
             if step is not None:
                 self._asked = (where.round_id, step)

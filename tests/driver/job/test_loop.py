@@ -14,7 +14,7 @@ import pytest
 
 from driver import policy
 from driver.config import parse_args
-from driver.errors import JobFailed, LaunchError
+from driver.errors import JobFailed, JobStopped, LaunchError
 from driver.job.loop import Job
 from driver.job.messages import (
     ChaosTick,
@@ -260,10 +260,14 @@ def test_a_launch_failure_is_a_failure_of_its_host(harness):
 
 
 def test_a_signal_ends_the_job_with_its_name(harness):
-    job, _, _, _ = harness("-np", "1")
+    """Without a checkpoint directory a signal stops the job at once: a stop, not a
+    failure (``elastic-run`` exits 128 + the signal), saying the state is not kept."""
+    job, _, events, _ = harness("-np", "1")
     job.post(SignalReceived(signal.SIGTERM))
-    with pytest.raises(JobFailed, match="stopped by SIGTERM"):
+    with pytest.raises(JobStopped, match="stopped by SIGTERM") as stopped:
         job.turn(max_wait=0.02)
+    assert stopped.value.signum == signal.SIGTERM and "--checkpoint-dir" in str(stopped.value)
+    assert [e.kind for e in events if e.kind in ("job_stopped", "job_failed")] == ["job_stopped"]
 
 
 def spares_of(job: Job) -> list[str]:
@@ -369,7 +373,7 @@ def test_a_signal_ends_the_wait_for_the_ps_shards_at_once():
     timer.start()
     started = time.monotonic()
     try:
-        with pytest.raises(JobFailed, match="stopped by SIGTERM while the ps shards started"):
+        with pytest.raises(JobStopped, match="stopped by SIGTERM while the ps shards started"):
             job.open()
         assert time.monotonic() - started < 4
     finally:

@@ -160,8 +160,8 @@ def test_no_key_is_left_after_a_failed_or_stopped_job(tmp_path, etcd_server, end
         else:
             run.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        assert run.wait(timeout=40) == 1
-        reason = run.events("job_failed")[0]["reason"]
+        assert run.wait(timeout=40) == (1 if end == "failure" else 128 + signal.SIGTERM)
+        reason = run.events("job_failed" if end == "failure" else "job_stopped")[0]["reason"]
         assert ("reset limit" if end == "failure" else "stopped by SIGTERM") in reason
         if end == "sigterm":
             # The workers' exits reach the ending driver through their agent's reports:
