@@ -1,0 +1,111 @@
+"""The files of a snapshot on disk: written whole or not at all, complete only with
+its manifest, read back checked, pruned to the newest few."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from elastic.errors import SnapshotError
+from elastic.snapshots import codec, files
+from elastic.snapshots.parts import cut
+
+
+def write_snapshot(root, step: int, values: dict, writers: int = 2, token: str = "t") -> str:
+    """Write ``values`` as a snapshot of ``step`` by ``writers`` writers, as the writer
+    threads do (each its part; part 0 the skeleton and the manifest)."""
+    folder = files.folder(str(root), step, token)
+    skeleton, leaves = codec.split(values)
+    plan = cut([leaf.nbytes for leaf in leaves], writers, chunk=1 << 16)
+    entries = [files.write_part(folder, k, writers, plan[k], leaves) for k in range(writers)]
+    manifest = files.Manifest(
+        step=step,
+        round_id=1,
+        job_id="j",
+        written=files.now(),
+        chunk=1 << 16,
+        skeleton=files.write_skeleton(folder, skeleton),
+        leaves=tuple(files.LeafEntry(leaf.kind, leaf.meta, leaf.nbytes) for leaf in leaves),
+        parts=tuple(entries),
+    )
+    files.write_manifest(folder, manifest)
+    return folder
+
+
+def load(folder: str) -> dict:
+    manifest = files.read_manifest(folder)
+    assert manifest is not None
+    skeleton, buffers = files.read(folder, manifest, lambda s, p, c: cut(s, p, c))
+    kinds = [leaf.kind for leaf in manifest.leaves]
+    return codec.join(skeleton, kinds, [leaf.meta for leaf in manifest.leaves], buffers)
+
+
+def values(n: int) -> dict:
+    return {"w": np.arange(n, dtype=np.float64), "epoch": n}
+
+
+def test_a_snapshot_written_in_parts_reads_back_whole(tmp_path):
+    folder = write_snapshot(tmp_path, 7, values(50_000), writers=3)
+    back = load(folder)
+    assert np.array_equal(back["w"], values(50_000)["w"]) and back["epoch"] == 50_000
+    assert [m.step for m, _ in files.complete(str(tmp_path))] == [7]
+
+
+def test_only_a_folder_with_its_manifest_is_complete(tmp_path):
+    write_snapshot(tmp_path, 7, values(20_000))
+    folder = files.folder(str(tmp_path), 9, "x")
+    _, leaves = codec.split(values(20_000))
+    files.write_part(folder, 0, 1, cut([leaf.nbytes for leaf in leaves], 1)[0], leaves)
+    assert [m.step for m, _ in files.complete(str(tmp_path))] == [7]
+    assert not [n for n in os.listdir(folder) if ".tmp" in n]  # no temporary file left
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "remove"])
+def test_a_torn_or_corrupt_file_is_found_before_anything_is_built(tmp_path, damage):
+    folder = write_snapshot(tmp_path, 7, values(30_000))
+    part = os.path.join(folder, files.part_name(1, 2))
+    if damage == "flip":
+        with open(part, "r+b") as f:
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    elif damage == "truncate":
+        os.truncate(part, 10)
+    else:
+        os.unlink(part)
+    with pytest.raises(SnapshotError, match=files.part_name(1, 2)):
+        load(folder)
+
+
+def test_a_manifest_naming_a_file_outside_its_folder_is_no_snapshot(tmp_path):
+    folder = write_snapshot(tmp_path, 7, values(20_000))
+    path = os.path.join(folder, files.MANIFEST)
+    with open(path) as f:
+        raw = json.load(f)
+    raw["parts"][0]["file"] = "../../etc/passwd"
+    with open(path, "w") as f:
+        json.dump(raw, f)
+    assert files.read_manifest(folder) is None and files.complete(str(tmp_path)) == []
+
+
+def test_pruning_keeps_the_newest_and_drops_older_torn_folders(tmp_path):
+    for step in (3, 5, 8, 13):
+        write_snapshot(tmp_path, step, values(10), token=f"t{step}")
+    torn_old = files.folder(str(tmp_path), 4, "torn")
+    torn_new = files.folder(str(tmp_path), 20, "writing")
+    os.makedirs(torn_old)
+    os.makedirs(torn_new)
+    files.prune(str(tmp_path), keep=2)
+    assert [m.step for m, _ in files.complete(str(tmp_path))] == [13, 8]
+    assert not os.path.exists(torn_old)  # older than the newest complete: debris
+    assert os.path.exists(torn_new)  # newer: a snapshot may still be writing it
+
+
+def test_the_roots_are_the_directory_and_each_hosts_own_folder(tmp_path):
+    (tmp_path / "host-a").mkdir()
+    (tmp_path / "other").mkdir()
+    assert files.roots(str(tmp_path)) == [str(tmp_path), str(tmp_path / "host-a")]
