@@ -172,6 +172,16 @@ class JobKeys:
         """How process ``process_id`` of ``host`` runs or ended (written by its agent)."""
         return f"{self.processes}{_label(host)}/{_label(process_id)}"
 
+    @property
+    def preemptions(self) -> str:
+        """Prefix of the hosts whose agent got SIGTERM (the scheduler's preemption): the
+        agent writes ``preempted(host)`` and keeps its processes until the driver has
+        had a snapshot written and stopped them, or its grace is over."""
+        return f"{self.prefix}preempted/"
+
+    def preempted(self, host: str) -> str:
+        return f"{self.preemptions}{_label(host)}"
+
     def retire(self, host: str) -> str:
         """Written by the leader when discovery removed ``host`` and nothing of the job
         runs there: the agent whose id it holds stops and exits (naming the agent, so

@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         pid=os.getpid(),
         agent_id=args.agent_id,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _f: agent.request_shutdown(signal.Signals(signum).name))
+    # SIGTERM is how a scheduler takes a host back (a preemption): the job gets to snapshot
+    # its state first. SIGINT stops at once.
+    signal.signal(signal.SIGTERM, lambda _s, _f: agent.request_drain("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda _s, _f: agent.request_shutdown("SIGINT"))
     if args.detach:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:

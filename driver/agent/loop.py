@@ -28,10 +28,10 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Callable, Union
+from dataclasses import replace
+from typing import Callable
 
-from driver.agent import rules
+from driver.agent import news, rules
 from driver.agent.rules import AgentView, ProcState
 from driver.agent.table import ProcessTable, TableEntry
 from driver.errors import LauncherError, LaunchError
@@ -62,55 +62,13 @@ TICK = 1.0
 """Longest wait between two reconciles (the driver timeout is checked then)."""
 
 
-@dataclass(frozen=True)
-class _Assigned:
-    key: str
-    value: bytes | None  # None: deleted
-
-
-@dataclass(frozen=True)
-class _AssignedAll:
-    kvs: Sequence[KeyValue]
-
-
-@dataclass(frozen=True)
-class _Leader:
-    term: int | None
-
-
-@dataclass(frozen=True)
-class _LeaderRecheck:
-    """The store is back after an outage: read the leader record afresh."""
-
-
-@dataclass(frozen=True)
-class _Round:
-    value: bytes
-
-
-@dataclass(frozen=True)
-class _Ended:
-    pass
-
-
-@dataclass(frozen=True)
-class _Exited:
-    id: str
-    code: int
-
-
 RETIRED = "retired: discovery removed its host"
 """Why an agent the leader retired (``JobKeys.retire``) ends."""
 
 
-@dataclass(frozen=True)
-class _ShutdownAsked:
-    reason: str
-
-
-_News = Union[
-    _Assigned, _AssignedAll, _Leader, _LeaderRecheck, _Round, _Ended, _Exited, _ShutdownAsked
-]
+DRAIN_GRACE = 25.0
+"""Seconds a preempted agent keeps its processes for the job to snapshot their state
+and stop them, before it stops them itself (within Kubernetes' 30 s default grace)."""
 
 
 class Agent:
@@ -145,7 +103,7 @@ class Agent:
         self._clock = clock
         self._pid = pid
         self._agent_id = agent_id
-        self._queue: queue.Queue[_News] = queue.Queue()
+        self._queue: queue.Queue[news.News] = queue.Queue()
         self._done = threading.Event()  # the feeds and the lease thread end
         self._store_away = threading.Event()  # the lease could not be refreshed for a TTL
         self._assignments: dict[str, Assignment] = {}
@@ -154,11 +112,19 @@ class Agent:
         self._plan: Plan | None = None
         self._lease: Lease | None = None
         self._started = time.time()
+        self._drain_until: float | None = None  # preempted: ends by then at the latest
 
     # ------------------------------------------------------------------ the run
     def request_shutdown(self, reason: str) -> None:
         """Stop every process and end ``run`` (thread-safe; from a signal handler too)."""
-        self._queue.put(_ShutdownAsked(reason))
+        self._queue.put(news.ShutdownAsked(reason))
+
+    def request_drain(self, reason: str) -> None:
+        """The scheduler takes this host back (SIGTERM): tell the job
+        (``JobKeys.preempted``), which has a snapshot written and then stops this
+        host's processes; end ``run`` once none runs, or after ``DRAIN_GRACE``. A
+        second request ends it at once (thread-safe; from a signal handler too)."""
+        self._queue.put(news.ShutdownAsked(reason, drain=True))
 
     def run(self) -> str:
         """Register, follow the store, run what is assigned until told to stop or the
@@ -184,18 +150,25 @@ class Agent:
     def _turn(self) -> str | None:
         """Wait for news (up to ``TICK``), take every piece that came, reconcile."""
         try:
-            news = [self._queue.get(timeout=TICK)]
+            arrived = [self._queue.get(timeout=TICK)]
         except queue.Empty:
-            news = []
+            arrived = []
         while True:
             try:
-                news.append(self._queue.get_nowait())
+                arrived.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        for item in news:
-            if isinstance(item, _ShutdownAsked):
-                return item.reason
+        for item in arrived:
+            if isinstance(item, news.ShutdownAsked):
+                if not item.drain or self._drain_until is not None or not self._table.alive():
+                    return item.reason
+                self._start_drain(item.reason)
+                continue
             self._take(item)
+        if self._drain_until is not None and (
+            self._clock() >= self._drain_until or not self._table.alive()
+        ):
+            return "preempted; its processes were stopped"
         actions, self._view = rules.reconcile(
             self._assignments,
             self._table.states(),
@@ -209,22 +182,37 @@ class Agent:
             self._act(action)
         return None
 
+    def _start_drain(self, reason: str) -> None:
+        """Say the host is preempted; keep its processes for the job to stop."""
+        self._drain_until = self._clock() + DRAIN_GRACE
+        log.warning(
+            "agent of %s preempted (%s): the job snapshots its state, then stops this "
+            "host's processes (within %.0fs)",
+            self.host,
+            reason,
+            DRAIN_GRACE,
+        )
+        try:
+            self._store.put(self._keys.preempted(self.host), self.host.encode())
+        except RendezvousError as exc:
+            log.warning("cannot tell the job that %s is preempted: %s", self.host, exc)
+
     # ------------------------------------------------------------------ news
-    def _take(self, item: _News) -> None:
-        if isinstance(item, _Assigned):
+    def _take(self, item: news.News) -> None:
+        if isinstance(item, news.Assigned):
             process_id = item.key[len(self._keys.assignments(self.host)) :]
             if item.value is None:
                 self._assignments.pop(process_id, None)
             else:
                 self._set_assignment(process_id, item.value)
-        elif isinstance(item, _AssignedAll):
+        elif isinstance(item, news.AssignedAll):
             self._assignments = {}
             prefix = len(self._keys.assignments(self.host))
             for kv in item.kvs:
                 self._set_assignment(kv.key[prefix:], kv.value)
-        elif isinstance(item, _Leader):
+        elif isinstance(item, news.LeaderSeen):
             self._view = rules.leader_seen(self._view, item.term, self._clock())
-        elif isinstance(item, _LeaderRecheck):
+        elif isinstance(item, news.LeaderRecheck):
             try:
                 record = self._store.get(self._keys.driver)
             except RendezvousError as exc:
@@ -232,11 +220,11 @@ class Agent:
                 return
             term = leader_term(record.value if record is not None else None)
             self._view = rules.leader_seen(self._view, term, self._clock())
-        elif isinstance(item, _Round):
+        elif isinstance(item, news.RoundChanged):
             self._take_round(item.value)
-        elif isinstance(item, _Ended):
+        elif isinstance(item, news.Ended):
             self._view = replace(self._view, ended=True)
-        elif isinstance(item, _Exited):
+        elif isinstance(item, news.Exited):
             self._report_exit(item.id, item.code)
 
     def _set_assignment(self, process_id: str, value: bytes) -> None:
@@ -313,7 +301,7 @@ class Agent:
 
     def _wait_exit(self, process_id: str, process: WorkerProcess) -> None:
         code = process.wait(timeout=None)
-        self._queue.put(_Exited(process_id, code if code is not None else -1))
+        self._queue.put(news.Exited(process_id, code if code is not None else -1))
 
     def _report_exit(self, process_id: str, code: int) -> None:
         entry = self._table.get(process_id)
@@ -399,7 +387,7 @@ class Agent:
             # No leader can be seen while the store cannot: the --driver-timeout clock
             # runs from now (not from when the watches give up).
             self._store_away.set()
-            self._queue.put(_Leader(None))
+            self._queue.put(news.LeaderSeen(None))
         backoff = Backoff(None, initial=0.2, cap=1.0, stop=self._done)
         while lease is not None and not self._done.is_set():
             try:
@@ -411,7 +399,7 @@ class Agent:
                 log.debug("agent of %s: refreshing its lease failed: %s", self.host, err)
             else:
                 self._store_away.clear()
-                self._queue.put(_LeaderRecheck())  # the record may not have changed
+                self._queue.put(news.LeaderRecheck())  # the record may not have changed
                 self._keep_alive(lease)  # the same lease, refreshed again
                 return
             if not backoff.pause():
@@ -437,16 +425,16 @@ class Agent:
 
         def leader_event(event: Event) -> None:
             if event.key == leader_key:
-                post(_Leader(leader_term(event.value) if event.type == PUT else None))
+                post(news.LeaderSeen(leader_term(event.value) if event.type == PUT else None))
 
         def leader_resync(kvs: Sequence[KeyValue]) -> None:
             value = next((kv.value for kv in kvs if kv.key == leader_key), None)
-            post(_Leader(leader_term(value)))
+            post(news.LeaderSeen(leader_term(value)))
 
         def round_resync(kvs: Sequence[KeyValue]) -> None:
             for kv in kvs:
                 if kv.key == keys.round:
-                    post(_Round(kv.value))
+                    post(news.RoundChanged(kv.value))
 
         retire_key, agent_id = keys.retire(self.host), self._agent_id.encode()
 
@@ -454,31 +442,35 @@ class Agent:
             # Only a retirement naming this agent: one written for an agent before it
             # on this host must not stop it.
             if event.type == PUT and event.key == retire_key and event.value == agent_id:
-                post(_ShutdownAsked(RETIRED))
+                post(news.ShutdownAsked(RETIRED))
 
         def retire_resync(kvs: Sequence[KeyValue]) -> None:
             if any(kv.key == retire_key and kv.value == agent_id for kv in kvs):
-                post(_ShutdownAsked(RETIRED))
+                post(news.ShutdownAsked(RETIRED))
 
         def ended_resync(kvs: Sequence[KeyValue]) -> None:
             if any(kv.key == keys.ended for kv in kvs):
-                post(_Ended())
+                post(news.Ended())
 
         feeds: list[tuple[str, Callable[[Event], None], Callable[[Sequence[KeyValue]], None]]] = [
             (
                 keys.assignments(self.host),
-                lambda e: post(_Assigned(e.key, e.value if e.type == PUT else None)),
-                lambda kvs: post(_AssignedAll(list(kvs))),
+                lambda e: post(news.Assigned(e.key, e.value if e.type == PUT else None)),
+                lambda kvs: post(news.AssignedAll(list(kvs))),
             ),
             (leader_key, leader_event, leader_resync),
             (
                 keys.round,
-                lambda e: post(_Round(e.value)) if e.type == PUT and e.key == keys.round else None,
+                lambda e: (
+                    post(news.RoundChanged(e.value))
+                    if e.type == PUT and e.key == keys.round
+                    else None
+                ),
                 round_resync,
             ),
             (
                 keys.ended,
-                lambda e: post(_Ended()) if e.type == PUT and e.key == keys.ended else None,
+                lambda e: post(news.Ended()) if e.type == PUT and e.key == keys.ended else None,
                 ended_resync,
             ),
         ]
@@ -491,7 +483,7 @@ class Agent:
                 prefix,
                 on_event=on_event,
                 on_resync=on_resync,
-                on_lost=lambda exc: post(_Leader(None)),
+                on_lost=lambda exc: post(news.LeaderSeen(None)),
                 stop=self._done,
                 patience=self._driver_timeout,
                 clock=self._clock,

@@ -1,5 +1,5 @@
-"""The events of the hosts: added, removed, resized, blacklisted, kept, back, cut off;
-and a failed discovery run.
+"""The events of the hosts: added, removed, resized, blacklisted, kept, back, cut off,
+preempted; and a failed discovery run.
 
 ``driver.hosts.manager.HostManager`` makes the ``HostEvent``s as its answers to changes; the
 driver's probe of a silent host makes ``HostUnreachable``.
@@ -80,6 +80,22 @@ class HostUnreachable(HostEvent):
             f"host {self.host} is unreachable ({self.detail}): dropping its workers "
             f"{', '.join(self.workers) or '(none)'}"
         )
+
+
+@dataclass(frozen=True)
+class HostPreempted(HostEvent):
+    """The agent of ``host`` got SIGTERM (the scheduler takes the host back): its
+    ``workers`` stop once a snapshot of the newest commit is written (``snapshot``), or
+    at once when there is nothing to write one to."""
+
+    kind: ClassVar[str] = "host_preempted"
+    workers: list[str]
+    snapshot: bool
+
+    def __str__(self) -> str:
+        first = "after a snapshot of the state, " if self.snapshot else ""
+        who = ", ".join(self.workers) or "(none)"
+        return f"host {self.host} is being preempted: {first}its workers stop: {who}"
 
 
 @dataclass(frozen=True)

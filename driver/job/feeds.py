@@ -31,6 +31,7 @@ from driver.job.messages import (
     DiscoveryFailed,
     FailureReport,
     FailureResync,
+    HostPreempted,
     HostsFound,
     Message,
     ProgressReported,
@@ -115,6 +116,7 @@ def follow_workers_and_failures(
 
     records(keys.progress, lambda kv: ProgressReported(kv.value))
     records(keys.snapshots, lambda kv: SnapshotReported.from_kv(keys, kv))
+    records(keys.preemptions, lambda kv: HostPreempted(kv.value.decode(errors="replace")))
 
 
 def probe_store(

@@ -152,7 +152,7 @@ class MessageHandlers:
         if record is None:
             return ()
         if message.kind == "done":
-            state.book = state.book.snapshot_complete(record.host, record.step)
+            state.book = state.book.snapshot_complete(record.host, record.step, record.round_id)
             event: ev.Event = ev.SnapshotWritten(
                 record.step,
                 record.round_id,
@@ -169,6 +169,17 @@ class MessageHandlers:
             event = ev.SnapshotFailed(record.step, record.path, record.host, record.error)
         self._ctx.events.emit(event)
         return ()
+
+    def on_preempted(self, message: msg.HostPreempted) -> Decisions:
+        """The scheduler takes a host back: a snapshot first, then its workers stop
+        (``driver.policy.preemption``)."""
+        ctx = self._ctx
+        state = ctx.state
+        snapshots = bool(ctx.config.checkpoint_dir)
+        step = policy.host_preempted(
+            state.workers, state.plan, state.book, message.host, snapshots, ctx.clock()
+        )
+        return state.take(step)
 
     def on_chaos_tick(self, message: msg.ChaosTick) -> Decisions:
         ctx = self._ctx

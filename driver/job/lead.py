@@ -165,10 +165,11 @@ class JobLead:
         ctx.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
         return ()
 
-    def publish_final(self, plan: Plan) -> bool:
-        """Publish the final round of a stop (``driver.job.stopping``: a snapshot, then
-        the workers stop), fenced like any round; False when the training finished
-        first (no round is published after that)."""
+    def publish_snapshot_round(self, plan: Plan) -> bool:
+        """Publish a round that asks its members for a snapshot (``Plan.snapshot``: the
+        final one of a stop, ``driver.job.stopping``, or the one before a preempted host
+        goes, ``driver.policy.preemption``), fenced like any round, counted as no reset;
+        False when the training finished first (no round is published after that)."""
         ctx = self._ctx
         plan = replace(plan, term=ctx.services.claim.record.term)
         published = ctx.services.steer_unless(

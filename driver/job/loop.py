@@ -333,6 +333,7 @@ class Job:
         self._step(policy.no_hosts(self.book, view, cfg, now))
         self._step(policy.progress_report(self.book, self.plan, cfg, now))
         self._step(policy.accusations_due(records, self.book, now))
+        self._step(policy.drains_due(records, self.book, now))
         self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
         # Last: a new spare's start must not delay the round a promotion just formed.
         self._apply(
@@ -361,6 +362,10 @@ class Job:
 
     def _report(self, decision: dec.Report) -> Sequence[dec.Decision]:
         self.events.emit(decision.event)
+        return ()
+
+    def _snapshot_now(self, decision: dec.SnapshotNow) -> Sequence[dec.Decision]:
+        self._lead.publish_snapshot_round(decision.plan)
         return ()
 
     def _retire_agent(self, decision: dec.RetireAgent) -> Sequence[dec.Decision]:
@@ -448,6 +453,7 @@ _DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     dec.Probe: Job._probe_host,
     dec.HostLost: Job._host_lost,
     dec.RetireAgent: Job._retire_agent,
+    dec.SnapshotNow: lambda job, d: job._snapshot_now(d),
 }
 
 _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
@@ -465,6 +471,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
     msg.ProgressReported: lambda job, m: job._messages.on_progress(m),
     msg.SnapshotReported: lambda job, m: job._messages.on_snapshot(m),
+    msg.HostPreempted: lambda job, m: job._messages.on_preempted(m),
     msg.KillRequested: lambda job, m: job._actions.kill(dec.Kill(m.worker_id, m.reason)),
     msg.ChaosTick: lambda job, m: job._messages.on_chaos_tick(m),
     msg.Fatal: lambda job, m: job._end(m.reason),

@@ -142,6 +142,14 @@ class SnapshotReported:
 
 
 @dataclass(frozen=True)
+class HostPreempted:
+    """The agent of ``host`` got SIGTERM (``JobKeys.preempted``): the scheduler takes the
+    host back."""
+
+    host: str
+
+
+@dataclass(frozen=True)
 class KillRequested:
     """Kill worker ``worker_id`` (it is known to be hung)."""
 
@@ -183,6 +191,7 @@ Message = Union[
     StoreLost,
     ProgressReported,
     SnapshotReported,
+    HostPreempted,
     KillRequested,
     ChaosTick,
     Fatal,

@@ -150,7 +150,11 @@ class StopControl:
         if self._stop is not None:
             self.end(f"stopped by {name} again, before the final snapshot was complete", signum)
         final = final_plan(ctx.state.plan, ctx.state.workers) if ctx.services.leads else None
-        if ctx.config.checkpoint_dir and final is not None and self._lead.publish_final(final):
+        if (
+            ctx.config.checkpoint_dir
+            and final is not None
+            and self._lead.publish_snapshot_round(final)
+        ):
             hosts = frozenset(m.host for m in final.members)
             deadline = ctx.clock() + FINAL_SNAPSHOT_GRACE
             self._stop = Stopping(signum, deadline, final.round_id, hosts)

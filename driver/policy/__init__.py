@@ -26,7 +26,9 @@ The rules, by concern (each module's docstring lists its own, with its constants
 * ``suspicion``: who is dead: failure reports and silent peers turned into host probes
   and kills;
 * ``spares``: warm spares (``--spares``): promoting one into a free slot, keeping each
-  host's pool, a spare's quiet exit.
+  host's pool, a spare's quiet exit;
+* ``preemption``: a host the scheduler takes back: a snapshot first, then its workers
+  stop.
 
 This file names every rule, so the loop (and a test) reads them as one vocabulary:
 ``policy.plan_round``, ``policy.outcome``, ``policy.FINISH_GRACE``.
@@ -52,6 +54,7 @@ from driver.policy.occupancy import (
     workers_to_kill,
     workers_to_stop,
 )
+from driver.policy.preemption import DRAIN_WAIT, drains_due, host_preempted
 from driver.policy.reports import (
     REPEAT_REPORT_EVERY,
     STALLED_AFTER,
@@ -140,6 +143,10 @@ __all__ = [
     "spare_promoted",
     "SPARE_RETRY_DELAY",
     "SPARE_REFILL_DELAY",
+    # preemption
+    "host_preempted",
+    "drains_due",
+    "DRAIN_WAIT",
     # suspicion
     "CONFIRM_WINDOW",
     "accusations_due",

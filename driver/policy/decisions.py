@@ -131,6 +131,14 @@ class HostLost:
 
 
 @dataclass(frozen=True)
+class SnapshotNow:
+    """Publish the current round again, as ``plan``, asking its members to write a
+    snapshot of their newest commit before they train on (a host is about to go)."""
+
+    plan: Plan
+
+
+@dataclass(frozen=True)
 class RetireAgent:
     """Ask the agent of ``host`` to exit: discovery removed the host and nothing the
     job assigned there still runs."""
@@ -152,6 +160,7 @@ Decision = Union[
     Succeed,
     Probe,
     HostLost,
+    SnapshotNow,
     RetireAgent,
 ]
 
@@ -201,6 +210,11 @@ class Book:
     # The newest snapshot of the workers' state known to be complete, per host whose disk
     # holds it ("": in a folder every worker sees), as (host, step).
     snapshots: tuple[tuple[str, int], ...] = ()
+    # Hosts being preempted, waiting for the snapshot their workers stop after: (host,
+    # the snapshot round asked for, until when it is waited for).
+    draining: tuple[tuple[str, int, float], ...] = ()
+    # The newest round whose snapshot is known to be complete.
+    snapshot_round: int = 0
 
     def new_round(self) -> Book:
         """A round was published: the reports of the one before are settled."""
@@ -222,12 +236,14 @@ class Book:
             rate = round((step - self.progress_step) / (now - self.progress_at), 3)
         return replace(self, progress_step=step, progress_at=now, progress_rate=rate)
 
-    def snapshot_complete(self, host: str, step: int) -> Book:
-        """A snapshot of ``step`` is complete on ``host``'s disk ("": every worker's)."""
+    def snapshot_complete(self, host: str, step: int, round_id: int = 0) -> Book:
+        """A snapshot of ``step``, taken in round ``round_id``, is complete on ``host``'s
+        disk ("": every worker's)."""
+        book = replace(self, snapshot_round=max(self.snapshot_round, round_id))
         kept = tuple((h, s) for h, s in self.snapshots if h != host or s > step)
-        if any(h == host for h, _ in kept):
-            return self if kept == self.snapshots else replace(self, snapshots=kept)
-        return replace(self, snapshots=(*kept, (host, step)))
+        if not any(h == host for h, _ in kept):
+            kept = (*kept, (host, step))
+        return replace(book, snapshots=kept)
 
     def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
         """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""

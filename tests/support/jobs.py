@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from rendezvous import open_store
+from rendezvous.agent_records import AgentRecord
 from rendezvous.keys import JobKeys
 from rendezvous.plan import ProgressRecord
 from tests.support.paths import ROOT, WORKLOADS
@@ -292,3 +293,18 @@ def check_exact_sum(
     if commits is not None:
         assert results[0]["commits"] == commits
     return results
+
+
+def read_store(url: str, read):
+    """``read(store)`` through a client of the job's etcd, closed after."""
+    store = open_store(url)
+    try:
+        return read(store)
+    finally:
+        store.close()
+
+
+def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
+    """The job's live agents by host, as their records say."""
+    kvs, _ = read_store(url, lambda store: store.get_prefix(JobKeys(job_id).agents))
+    return {r.host: r for r in (AgentRecord.from_json(kv.value) for kv in kvs)}

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from rendezvous import open_store
-from rendezvous.agent_records import AgentRecord
-from rendezvous.keys import JobKeys
 from tests.support.jobs import (
     ElasticRun,
+    agents,
     check_exact_sum,
     committed,
     exact_sum_command,
@@ -38,21 +36,6 @@ from tests.support.jobs import (
 pytestmark = pytest.mark.system
 
 SAMPLES, BATCH = 1200, 4
-
-
-def read_store(url: str, read):
-    """``read(store)`` through a client of the job's etcd, closed after."""
-    store = open_store(url)
-    try:
-        return read(store)
-    finally:
-        store.close()
-
-
-def agents(url: str, job_id: str) -> dict[str, AgentRecord]:
-    """The job's live agents by host, as their records say."""
-    kvs, _ = read_store(url, lambda store: store.get_prefix(JobKeys(job_id).agents))
-    return {r.host: r for r in (AgentRecord.from_json(kv.value) for kv in kvs)}
 
 
 def held_job(tmp_path, url: str, *host_args: str, hold: int) -> tuple[Path, Path, str, list]:
