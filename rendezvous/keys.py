@@ -111,6 +111,31 @@ class JobKeys:
         written by the coordinating shard, watched by the driver."""
         return f"{self.prefix}ps-checkpoint"
 
+    @property
+    def ps_backups(self) -> str:
+        """Prefix of the ps shards' backups (``--ps-replicas 1``): each writes its
+        ``rendezvous.plan.ShardInfo`` under ``ps_backup(index)`` (never under ``ps``, so
+        no client takes a backup for its shard)."""
+        return f"{self.prefix}ps-backup/"
+
+    def ps_backup(self, index: int) -> str:
+        return f"{self.ps_backups}{index:04d}"
+
+    @property
+    def ps_replicas(self) -> str:
+        """Prefix of who holds each ps shard under ``--ps-replicas 1``: its primary and
+        its backup in step (``rendezvous.plan.ReplicaRecord``)."""
+        return f"{self.prefix}ps-replica/"
+
+    def ps_replica(self, index: int) -> str:
+        return f"{self.ps_replicas}{index:04d}"
+
+    @property
+    def ps_rollback(self) -> str:
+        """The newest rollback of the ps shards to an older state than they had reached
+        (``rendezvous.plan.RollbackRecord``); watched by the driver, which reports it."""
+        return f"{self.prefix}ps-rollback"
+
     # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
     @property
     def agents(self) -> str:
