@@ -86,6 +86,7 @@ class JobConfig:
     standby: bool = False  # wait while another driver leads the job, then take it over
     driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
     ps_placement: str = "driver"  # "driver" | "spread"
+    ps_replicas: int = 0  # 1: each shard has a backup in step
 
     @property
     def uses_discovery(self) -> bool:
@@ -241,6 +242,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         ("--ps-checkpoint-dir", args.ps_checkpoint_dir),
         ("--ps-checkpoint-interval", args.ps_checkpoint_interval),
         ("--ps-placement", args.ps_placement),
+        ("--ps-replicas", args.ps_replicas),
     ):
         if value is not None and not args.num_ps:
             raise UsageError(
@@ -288,4 +290,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         standby=args.standby,
         driver_timeout=args.driver_timeout,
         ps_placement=args.ps_placement or "driver",
+        ps_replicas=args.ps_replicas or 0,
     )

@@ -112,6 +112,13 @@ class JobKeys:
         return f"{self.prefix}ps-checkpoint"
 
     @property
+    def ps_records(self) -> str:
+        """The prefix every ps key of the job shares (``ps/``, ``ps-config``,
+        ``ps-checkpoint``, ``ps-backup/``, ``ps-replica/``, ``ps-rollback``): one watch
+        of it sees what the shards say in the order the store took it."""
+        return f"{self.prefix}ps"
+
+    @property
     def ps_backups(self) -> str:
         """Prefix of the ps shards' backups (``--ps-replicas 1``): each writes its
         ``rendezvous.plan.ShardInfo`` under ``ps_backup(index)`` (never under ``ps``, so

@@ -58,7 +58,16 @@ from driver.events.job import (
     StateLost,
     Waiting,
 )
-from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
+from driver.events.ps import (
+    CheckpointWritten,
+    PsBackupExited,
+    PsBackupReady,
+    PsExited,
+    PsFailedOver,
+    PsRestarted,
+    PsRolledBack,
+    PsStarted,
+)
 from driver.events.workers import (
     ChaosKill,
     FailureReported,
@@ -124,6 +133,10 @@ __all__ = [
     # ps
     "PsStarted",
     "PsExited",
+    "PsBackupExited",
+    "PsBackupReady",
+    "PsFailedOver",
     "PsRestarted",
+    "PsRolledBack",
     "CheckpointWritten",
 ]

@@ -84,6 +84,9 @@ class Mirror:
         self._address = address
         self._on_deposed = on_deposed
         self._cond = threading.Condition()
+        # Held across each write of the replica record and what it must be atomic with
+        # (taken before the state lock and ``_cond``, never while holding them).
+        self._writing = threading.Lock()
         self._seq = 0  # the last update queued
         self._acked = 0  # every update up to it is on the backup (or there is none)
         self._queue: deque[tuple[int, Op]] = deque()
@@ -179,22 +182,13 @@ class Mirror:
     def attach(self, address: str, token: str) -> None:
         """A backup at ``address`` asks for the state, as copy ``token``: it replaces
         any other (the driver runs one backup per shard; a named one is dropped from
-        the record first).
+        the record first, so the record never names a backup that misses updates).
 
         Raises:
             PSWrongShardError: this primary was deposed.
             PSNotReadyError: the store did not take the drop of a named backup."""
         if self._deposed is not None:
             raise PSWrongShardError(f"this process no longer serves ps shard {self.settings.index}")
-        current = self._target
-        if (
-            current is not None
-            and current.named
-            and not self._drop(current, f"a new backup at {address} replaces it")
-        ):
-            raise PSNotReadyError(
-                f"ps shard {self.settings.index} cannot drop its backup from the store yet"
-            )
         link = ShardLink(
             self.settings.index,
             address,
@@ -213,12 +207,29 @@ class Mirror:
             if old is not None:
                 old.link.close()
 
-        self._state.copy_to(start)
+        with self._writing:  # no naming of the old backup between its drop and the new one
+            current = self._target
+            if current is not None and not self._drop_locked(
+                current, f"a new backup at {address} replaces it"
+            ):
+                link.close()
+                raise PSNotReadyError(
+                    f"ps shard {self.settings.index} cannot drop its backup from the store yet"
+                )
+            self._state.copy_to(start)
         log.info("ps shard %d: a backup at %s copies the state", self.settings.index, address)
 
     def _drop(self, target: _Target, why: str) -> bool:
-        """Stop mirroring to ``target``; a named one leaves the record first. False when
-        that write failed (the store is unreachable: the caller tries again later)."""
+        """Stop mirroring to ``target`` (if it is still the backup); a named one leaves
+        the record first. False when that write failed (the store is unreachable: the
+        caller tries again later)."""
+        with self._writing:
+            return self._drop_locked(target, why)
+
+    def _drop_locked(self, target: _Target, why: str) -> bool:
+        with self._cond:
+            if self._target is not target:
+                return True  # replaced or dropped already
         if target.named:
             try:
                 if not self._swap(""):
@@ -226,6 +237,7 @@ class Mirror:
             except RendezvousError as exc:
                 log.warning("ps shard %d: cannot drop its backup yet: %s", self.settings.index, exc)
                 return False
+            target.named = False
         with self._cond:
             if self._target is target:
                 self._target = None
@@ -244,17 +256,21 @@ class Mirror:
     def _name(self, target: _Target) -> None:
         """The backup holds the state: name it in the record (the store unreachable:
         tried again after the next update)."""
-        try:
-            if self._swap(target.address):
-                target.named = True
-                log.info(
-                    "ps shard %d: backup at %s holds its state (step %d)",
-                    self.settings.index,
-                    target.address,
-                    self._state.step,
-                )
-        except RendezvousError as exc:
-            log.warning("ps shard %d: backup not recorded yet: %s", self.settings.index, exc)
+        with self._writing:
+            with self._cond:
+                if self._target is not target:
+                    return
+            try:
+                if self._swap(target.address):
+                    target.named = True
+                    log.info(
+                        "ps shard %d: backup at %s holds its state (step %d)",
+                        self.settings.index,
+                        target.address,
+                        self._state.step,
+                    )
+            except RendezvousError as exc:
+                log.warning("ps shard %d: backup not recorded yet: %s", self.settings.index, exc)
 
     # ---------------------------------------------------------------- sending
     def _batch(self) -> tuple[_Target, list[tuple[int, Op]]] | None:
@@ -301,7 +317,10 @@ class Mirror:
             target, batch = got
             try:
                 acked = self._send(target, batch)
-            except (PSError, RendezvousError) as exc:
+            except Exception as exc:  # whatever failed, this backup has not got the updates
+                if not isinstance(exc, (PSError, RendezvousError)):
+                    # e.g. its link closed under the call when a new backup replaced it
+                    log.debug("mirror call to %s failed", target.address, exc_info=True)
                 if self._target is target and not self._drop(target, str(exc)):
                     self._stop.wait(self.settings.mirror_patience)
                 continue
