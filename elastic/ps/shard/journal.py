@@ -121,9 +121,12 @@ class JournalOps:
         ) -> None: ...
 
     # ---------------------------------------------------------------- recording
-    def _record(self, kind: str, tensors: list[tuple[dict, np.ndarray]], **fields) -> None:
+    def _record(
+        self, kind: str, tensors: list[tuple[dict, np.ndarray]], step: int | None = None, **fields
+    ) -> None:
         if self.journal is not None:
-            head = MirrorOp(0, kind, self.step, self.generation, len(tensors), **fields)
+            step = self.step if step is None else step
+            head = MirrorOp(0, kind, step, self.generation, len(tensors), **fields)
             self.journal(Op(head, tensors))
 
     def _record_create(self, created: list[_Var], optimizer: dict) -> None:
@@ -135,10 +138,13 @@ class JournalOps:
     def _record_apply(
         self, grads: list[tuple[str, np.ndarray]], client: str | None, client_seq: int
     ) -> None:
+        """Called before the update is applied (its inputs are all known), so the backup
+        receives it while the primary applies it; the step is the one it makes."""
         if self.journal is not None:
             self._record(
                 APPLY,
                 [({"name": name}, grad) for name, grad in grads],
+                step=self.step + 1,
                 client=client,
                 client_seq=client_seq,
                 async_round=self._async_round,

@@ -219,13 +219,14 @@ class ShardState(CheckpointOps, JournalOps):
         self, grads: list[tuple[str, np.ndarray]], client: str | None = None, seq: int = 0
     ) -> None:
         """One global step (an async push from ``client`` numbered ``seq``, or a sync
-        step's average), recorded for a backup."""
+        step's average), recorded for a backup first: it is sent while this applies it
+        (the shapes were checked, so applying cannot fail half way)."""
+        self._record_apply(grads, client, seq)
         for name, grad in grads:
             var = self._vars[name]
             out = var.spare if unshared(var.spare, 1) else None
             var.spare, var.param = var.param, var.optimizer.apply(var.param, grad, var.slots, out)
         self.step += 1
-        self._record_apply(grads, client, seq)
         self._bump()
         self._cond.notify_all()
 
