@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Callable
 
 from driver.events import CheckpointWritten, EventSink, PsRolledBack
+from driver.threads import spawn
 from driver.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -61,14 +62,14 @@ class ShardRecords:
         self._last_checkpoint: tuple[int, bool] | None = None
         self._last_rollback = 0  # the mod revision of the newest rollback reported
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="ps-records", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._thread = spawn("ps-records", self._follow)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None:
             self._thread.join(timeout=5)
 
     def _follow(self) -> None:

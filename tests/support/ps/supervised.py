@@ -12,7 +12,6 @@ from pathlib import Path
 
 from driver.events import Event
 from driver.launch.local import LocalLauncher
-from driver.ps.command import shard_command
 from driver.ps.supervisor import PSSupervisor
 from elastic.ps.client.link import ShardLink
 from rendezvous import open_store
@@ -71,20 +70,20 @@ class SupervisedJob:
         checkpoint_dir: str | None = None,
         checkpoint_interval: float = 0.3,
     ):
-        self.job = PSJob(store_server, tmp_path, num_shards, mode)
+        self.job = PSJob(
+            store_server,
+            tmp_path,
+            num_shards,
+            mode,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_interval=checkpoint_interval,
+        )
         self.events = Events()
         self.fatal: list[str] = []
         self._output = open(tmp_path / "logs" / "shards.out", "wb")  # noqa: SIM115
         self._store = open_store(self.job.store_url, self.job.secret)  # the supervisor's own
-        commands = [
-            (
-                *shard_command(
-                    i, num_shards, mode, "127.0.0.1", checkpoint_dir, checkpoint_interval, replicas
-                ),
-                *("--split-threshold", str(self.job.split_threshold)),
-            )
-            for i in range(num_shards)
-        ]
+        replicated = ("--replicas", str(replicas)) if replicas else ()
+        commands = [(*self.job.shard_argv(i), *replicated) for i in range(num_shards)]
         self.supervisor = PSSupervisor(
             commands,
             self.job.env(),
