@@ -321,6 +321,7 @@ class PSSupervisor:
         with self._lock:
             shard = self._shards[index]
             shard.primary, shard.host, shard.ready_pid = proc, host, None
+            shard.failing_over = None  # a backup promoted and dead before it served
         self._watch(index, proc)
         return True
 

@@ -107,7 +107,7 @@ class ServerSettings:
     replicas: int = 0  # 1: every update is mirrored to a backup before it is acknowledged
     backup: bool = False  # this process starts as the backup of shard ``index``
     mirror_patience: float = 1.0  # a primary retries an unreachable backup this long
-    mirror_timeout: float = 30.0  # bound on one mirror call (its payload is a push's size)
+    mirror_timeout: float = 10.0  # bound on one mirror call (its payload is a push's size)
 
     def __post_init__(self):
         if self.num_shards < 1 or not 0 <= self.index < self.num_shards:
