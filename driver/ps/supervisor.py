@@ -67,6 +67,7 @@ from driver.ps.command import BACKUP_FLAG, FINAL_CHECKPOINT_TIMEOUT
 from driver.ps.failover import promotion
 from driver.ps.records import ShardRecords
 from driver.ps.shard_hosts import ShardPlacement
+from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import ReplicaRecord, ShardInfo
@@ -363,8 +364,7 @@ class PSSupervisor:
         def wait() -> None:
             self._exited(index, proc, proc.wait(timeout=None))
 
-        name = f"{proc.spec.label}-wait"
-        threading.Thread(target=wait, daemon=True, name=name).start()
+        spawn(f"{proc.spec.label}-wait", wait)
 
     def _exited(self, index: int, proc: WorkerProcess, code: int | None) -> None:
         if self._stopping.is_set():
