@@ -1,8 +1,9 @@
 """Parameter-server benchmark: push+pull throughput against a raw socket transfer of
-the same bytes, and the step-time cost of checkpointing.
+the same bytes, the cost of a replica (``--ps-replicas 1``) on it, and the step-time cost
+of checkpointing.
 
     python benchmarks/ps_bench.py                    # full run (a few minutes)
-    python benchmarks/ps_bench.py --sizes 16 --shards 2 --reps 5 --ckpt-pairs 3
+    python benchmarks/ps_bench.py --sizes 16 --shards 2 --reps 5 --skip-checkpoint
 
 Prints one JSON line per measured configuration:
 
@@ -11,6 +12,10 @@ Prints one JSON line per measured configuration:
   over plain TCP with the same fan-out: one receiver process per shard, each sent its
   share and sending it back. PS and raw repetitions alternate so both see the same
   machine load; figures are medians, and ``ratio`` = ps MB/s / raw MB/s.
+* ``ps_replica_throughput``: the same step against shards without a backup and against
+  shards with one (every update mirrored to the backup, and acknowledged once the backup
+  holds it), in one run: two jobs side by side, their steps alternating. One line per
+  configuration (``replicas`` 0 and 1); ``relative`` = MB/s / the MB/s without replicas.
 * ``ps_checkpoint_overhead``: a job checkpointing every ``--ckpt-intervals`` seconds
   trains for ``--ckpt-seconds``; ``overhead`` = mean step time of all steps / mean step
   time of the steps that overlapped no checkpoint - 1 (see ``checkpoint_overhead`` for
@@ -43,7 +48,7 @@ from rendezvous import env, open_store  # noqa: E402
 from rendezvous.backends.embedded import EmbeddedServer  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
 from rendezvous.net import auth  # noqa: E402
-from rendezvous.plan import CheckpointRecord, ShardInfo  # noqa: E402
+from rendezvous.plan import CheckpointRecord, ReplicaRecord, ShardInfo  # noqa: E402
 
 MiB = 1 << 20
 
@@ -158,9 +163,15 @@ def _ready(pid: int):
     return check
 
 
+def _in_step(kv) -> bool:
+    """Whether a shard's replica record names a backup in step."""
+    return kv is not None and ReplicaRecord.from_json(kv.value).backup != ""
+
+
 class Shards:
     """Shard processes started as the driver starts them, announcing themselves and
-    their checkpoints in an embedded store (as under elastic-run)."""
+    their checkpoints in an embedded store (as under elastic-run); with ``replicas`` a
+    backup process for each, in step before the shards are used."""
 
     def __init__(
         self,
@@ -170,6 +181,7 @@ class Shards:
         checkpoint_dir=None,
         interval: float = 30.0,
         job_id: str = "bench",
+        replicas: int = 0,
     ):
         self.procs, self.addresses = [], []
         self._server = EmbeddedServer(secret)
@@ -198,20 +210,29 @@ class Shards:
             ]
             if checkpoint_dir:
                 argv += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-interval", str(interval)]
-            log_path = os.environ.get("PS_BENCH_SHARD_LOG")
-            log_name = f"{log_path}.{job_id}.{i}" if log_path else os.devnull
-            with open(log_name, "ab") as err:  # the shard keeps its own descriptor
-                self.procs.append(
-                    subprocess.Popen(
-                        argv, env=environ, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT
+            if replicas:
+                argv += ["--replicas", str(replicas)]
+            for backup in [False, True] if replicas else [False]:
+                log_path = os.environ.get("PS_BENCH_SHARD_LOG")
+                log_name = f"{log_path}.{job_id}.{i}{'b' * backup}" if log_path else os.devnull
+                with open(log_name, "ab") as err:  # the shard keeps its own descriptor
+                    self.procs.append(
+                        subprocess.Popen(
+                            [*argv, *(["--backup"] if backup else [])],
+                            env=environ,
+                            stdout=subprocess.DEVNULL,
+                            stderr=err,
+                            cwd=ROOT,
+                        )
                     )
-                )
         self.announced: list[tuple[float, dict]] = []  # (when seen, CheckpointRecord fields)
-        for i, p in enumerate(self.procs):
+        for i, p in enumerate(self.procs[:: 2 if replicas else 1]):
             kv = self._store.wait_for(keys.ps_shard(i), _ready(p.pid), timeout=120)
             if kv is None:
                 raise RuntimeError(f"ps shard {i} was not ready within 120s")
             self.addresses.append(ShardInfo.from_json(kv.value).address)
+            if replicas and self._store.wait_for(keys.ps_replica(i), _in_step, 120) is None:
+                raise RuntimeError(f"ps shard {i} had no backup in step within 120s")
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
 
@@ -298,6 +319,48 @@ def throughput(size_mib: int, shards: int, reps: int, tmp: str) -> dict:
     }
 
 
+def replica_throughput(size_mib: int, shards: int, reps: int) -> list[dict]:
+    """Push+pull steps of one model against shards without and with a backup each (two
+    jobs side by side, their steps alternating); one line per configuration."""
+    secret = auth.make_secret()
+    params = model(size_mib)
+    grads = {k: np.full_like(v, 1e-3) for k, v in params.items()}
+    jobs = [
+        Shards(shards, secret, job_id=f"bench-replicas-{replicas}", replicas=replicas)
+        for replicas in (0, 1)
+    ]
+    clients = [PSClient(job.addresses, secret) for job in jobs]
+    times: list[list[float]] = [[], []]
+    try:
+        for client in clients:
+            client.init(params, optimizer="sgd", lr=0.01)
+            for _ in range(2):  # warm-up: connections, allocations
+                ps_step(client, grads)
+        for _ in range(reps):
+            for replicas, client in enumerate(clients):
+                times[replicas].append(ps_step(client, grads))
+    finally:
+        for client in clients:
+            client.close()
+        for job in jobs:
+            job.close()
+    moved = 2 * nbytes(params) / 1e6
+    medians = [statistics.median(t) for t in times]
+    return [
+        {
+            "bench": "ps_replica_throughput",
+            "model_mib": size_mib,
+            "shards": shards,
+            "replicas": replicas,
+            "reps": reps,
+            "step_s": round(medians[replicas], 4),
+            "mb_s": round(moved / medians[replicas], 1),
+            "relative": round(medians[0] / medians[replicas], 3),
+        }
+        for replicas in (0, 1)
+    ]
+
+
 def checkpoint_overhead(
     size_mib: int, shards: int, interval: float, seconds: float, tmp: str
 ) -> dict:
@@ -372,7 +435,9 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt-shards", type=int, default=2)
     p.add_argument("--ckpt-intervals", type=float, nargs="+", default=[10.0, 2.0])
     p.add_argument("--ckpt-seconds", type=float, default=60.0, help="training time per interval")
+    p.add_argument("--replica-shards", type=int, nargs="+", default=[1, 2])
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-replicas", action="store_true")
     p.add_argument("--skip-checkpoint", action="store_true")
     args = p.parse_args(argv)
     if args.raw_server:
@@ -383,6 +448,11 @@ def main(argv=None) -> int:
             for size in args.sizes:
                 for shards in args.shards:
                     print(json.dumps(throughput(size, shards, args.reps, tmp)), flush=True)
+        if not args.skip_replicas:
+            for size in args.sizes:
+                for shards in args.replica_shards:
+                    for line in replica_throughput(size, shards, args.reps):
+                        print(json.dumps(line), flush=True)
         if not args.skip_checkpoint:
             for interval in args.ckpt_intervals:
                 print(

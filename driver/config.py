@@ -93,6 +93,7 @@ class JobConfig:
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
     on_state_lost: str = "fail"  # "fail" | "restart"
     chaos_below_min_np: bool = False  # the chaos may take the round below --min-np
+    ps_replicas: int = 0  # 1: each shard has a backup in step
 
     @property
     def uses_discovery(self) -> bool:
@@ -281,6 +282,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         ("--ps-checkpoint-dir", args.ps_checkpoint_dir),
         ("--ps-checkpoint-interval", args.ps_checkpoint_interval),
         ("--ps-placement", args.ps_placement),
+        ("--ps-replicas", args.ps_replicas),
     ):
         if value is not None and not args.num_ps:
             raise UsageError(
@@ -339,4 +341,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         checkpoint_interval=checkpoint_interval,
         on_state_lost=args.on_state_lost,
         chaos_below_min_np=args.chaos_below_min_np,
+        ps_replicas=args.ps_replicas or 0,
     )

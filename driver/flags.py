@@ -96,6 +96,7 @@ _non_negative_int = _number_type(int, 0, False, "a whole number >= 0")
 _spare_count = _number_type(
     int, 0, False, "a whole number >= 0", (MAX_SLOTS_PER_HOST, "the most slots of one host")
 )
+_ps_replicas = _number_type(int, 0, False, "0 or 1", (1, "a shard has at most one backup"))
 _positive_seconds = _number_type(float, 0.0, True, "a number of seconds > 0")
 _non_negative_seconds = _number_type(float, 0.0, False, "a number of seconds >= 0")
 
@@ -320,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="parameter-server shards to run (default: %(default)s, none)",
     )
-    # The three below default to None so that giving one without --num-ps is an error
+    # The ones below default to None so that giving one without --num-ps is an error
     # (it would do nothing); parse_args fills in the defaults the help names.
     ps.add_argument(
         "--ps-mode",
@@ -348,6 +349,17 @@ def build_parser() -> argparse.ArgumentParser:
         "I-th host, round robin; a shard whose host is lost restarts on another host "
         "from the newest checkpoint, so --ps-checkpoint-dir must be shared by the "
         "hosts); needs --num-ps (default: driver)",
+    )
+    ps.add_argument(
+        "--ps-replicas",
+        type=_ps_replicas,
+        metavar="N",
+        help="1: run a backup process for each shard (on another host than the shard "
+        "when --ps-placement spread has one) that holds every update before the shard "
+        "acknowledges it; a shard that dies fails over to its backup at once, with no "
+        "step lost and no rollback, and a new backup is started. 0: a dead shard "
+        "restarts from the newest checkpoint, and the steps after it are lost (the "
+        "driver says how many); needs --num-ps (default: 0)",
     )
 
     state = p.add_argument_group("training state")

@@ -144,6 +144,38 @@ class JobKeys:
     def snapshot_loaded(self, round_id: int) -> str:
         return f"{self.snapshots}loaded/{round_id:012d}"
 
+    @property
+    def ps_records(self) -> str:
+        """The prefix every ps key of the job shares (``ps/``, ``ps-config``,
+        ``ps-checkpoint``, ``ps-backup/``, ``ps-replica/``, ``ps-rollback``): one watch
+        of it sees what the shards say in the order the store took it."""
+        return f"{self.prefix}ps"
+
+    @property
+    def ps_backups(self) -> str:
+        """Prefix of the ps shards' backups (``--ps-replicas 1``): each writes its
+        ``rendezvous.plan.ShardInfo`` under ``ps_backup(index)`` (never under ``ps``, so
+        no client takes a backup for its shard)."""
+        return f"{self.prefix}ps-backup/"
+
+    def ps_backup(self, index: int) -> str:
+        return f"{self.ps_backups}{index:04d}"
+
+    @property
+    def ps_replicas(self) -> str:
+        """Prefix of who holds each ps shard under ``--ps-replicas 1``: its primary and
+        its backup in step (``rendezvous.plan.ReplicaRecord``)."""
+        return f"{self.prefix}ps-replica/"
+
+    def ps_replica(self, index: int) -> str:
+        return f"{self.ps_replicas}{index:04d}"
+
+    @property
+    def ps_rollback(self) -> str:
+        """The newest rollback of the ps shards to an older state than they had reached
+        (``rendezvous.plan.RollbackRecord``); watched by the driver, which reports it."""
+        return f"{self.prefix}ps-rollback"
+
     # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
     @property
     def agents(self) -> str:

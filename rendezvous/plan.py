@@ -190,6 +190,43 @@ class PSConfigRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
+class ReplicaRecord(JsonRecord):
+    """Who holds ps shard ``index`` under ``--ps-replicas 1``, under
+    ``JobKeys.ps_replica(index)``: ``primary``, the address of the process that serves
+    it, and ``backup``, the address of the process that holds a copy of its state and
+    acknowledges every update before the primary acknowledges it ("": none in step).
+    ``step``: the shard's global step when the record was written.
+
+    Every write but a primary's first is a compare-and-swap on the revision its writer
+    read, so two writers never both win. The primary writes it when it serves, when a
+    backup has copied its state, and before it acknowledges anything without the backup
+    it had (its backup is gone). The driver writes it to promote the backup of a primary
+    that died: ``primary`` the backup, ``backup`` "", ``serving`` False until the backup
+    has taken over (it then writes the record again, ``serving`` True, with its step).
+    So a backup is promoted only while the record says it is in step."""
+
+    index: int
+    primary: str
+    backup: str = ""
+    step: int = 0
+    serving: bool = True
+
+
+@dataclass(frozen=True)
+class RollbackRecord(JsonRecord):
+    """The ps shards went back to an older state than the one they had reached, under
+    ``JobKeys.ps_rollback`` (written by the shard that saw it: the coordinating shard in
+    sync mode, the restarted shard in async mode). ``shard``: the shard whose restart
+    caused it; ``from_step``: the step the other shards had reached; ``to_step``: the
+    step restored (``checkpoint``: from that checkpoint; None: the empty start)."""
+
+    shard: int
+    from_step: int
+    to_step: int
+    checkpoint: int | None = None
+
+
+@dataclass(frozen=True)
 class DriverRecord(JsonRecord):
     """The driver that leads a job, under ``JobKeys.driver`` and the driver's lease (so
     it vanishes when the driver is gone). ``driver_id`` is unique per driver process;

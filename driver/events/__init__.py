@@ -62,7 +62,16 @@ from driver.events.job import (
     Stopping,
     Waiting,
 )
-from driver.events.ps import CheckpointWritten, PsExited, PsRestarted, PsStarted
+from driver.events.ps import (
+    CheckpointWritten,
+    PsBackupExited,
+    PsBackupReady,
+    PsExited,
+    PsFailedOver,
+    PsRestarted,
+    PsRolledBack,
+    PsStarted,
+)
 from driver.events.snapshots import SnapshotFailed, SnapshotResumed, SnapshotWritten
 from driver.events.workers import (
     ChaosKill,
@@ -132,7 +141,11 @@ __all__ = [
     # ps
     "PsStarted",
     "PsExited",
+    "PsBackupExited",
+    "PsBackupReady",
+    "PsFailedOver",
     "PsRestarted",
+    "PsRolledBack",
     "CheckpointWritten",
     # snapshots
     "SnapshotWritten",

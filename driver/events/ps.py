@@ -1,5 +1,6 @@
-"""The events of the parameter-server shards: started, exited, restarted, and each
-coordinated checkpoint written (``driver.ps.supervisor`` emits them).
+"""The events of the parameter-server shards: started, exited, restarted, rolled back
+to an older step, and each coordinated checkpoint written; under ``--ps-replicas 1`` a
+backup in step, a backup exited, and a failover to a backup (``driver.ps`` emits them).
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from driver.events.base import Event, describe_code, format_seconds
+from driver.events.base import Event, describe_code, format_seconds, plural
 
 
 @dataclass(frozen=True)
@@ -62,4 +63,78 @@ class CheckpointWritten(Event):
         return (
             f"{'final ' if self.final else ''}checkpoint {self.checkpoint} of step "
             f"{self.step} written in {format_seconds(self.seconds)} to {self.path}"
+        )
+
+
+@dataclass(frozen=True)
+class PsRolledBack(Event):
+    """A shard restarted from an older state than the shards had reached:
+    ``from_step`` the step they had reached, ``to_step`` the step it restored (from
+    ``checkpoint``; None: the empty start), so the updates of ``lost_steps`` steps are
+    lost (sync: every shard went back; async: this shard's share of those updates)."""
+
+    kind: ClassVar[str] = "ps_rolled_back"
+    shard: int
+    from_step: int
+    to_step: int
+    lost_steps: int
+    checkpoint: int | None = None
+
+    def __str__(self) -> str:
+        source = f"checkpoint {self.checkpoint}" if self.checkpoint else "the empty start"
+        return (
+            f"ps shard {self.shard} restarted from {source} at step {self.to_step}, "
+            f"behind the step {self.from_step} the shards had reached: "
+            f"{plural(self.lost_steps, 'step')} lost"
+        )
+
+
+@dataclass(frozen=True)
+class PsBackupReady(Event):
+    """The backup of shard ``shard`` (process ``pid`` at ``address``) holds a copy of the
+    shard's state (taken at step ``at_step``) and every update from then on before the
+    shard acknowledges it: the shard may fail over to it."""
+
+    kind: ClassVar[str] = "ps_backup_ready"
+    shard: int
+    address: str
+    pid: int
+    at_step: int
+
+    def __str__(self) -> str:
+        return (
+            f"ps shard {self.shard} has a backup in step on {self.address} (pid {self.pid}, "
+            f"copied at step {self.at_step})"
+        )
+
+
+@dataclass(frozen=True)
+class PsBackupExited(Event):
+    kind: ClassVar[str] = "ps_backup_exited"
+    shard: int
+    code: int | None
+
+    def __str__(self) -> str:
+        return (
+            f"the backup of ps shard {self.shard} exited ({describe_code(self.code)}); "
+            "starting another"
+        )
+
+
+@dataclass(frozen=True)
+class PsFailedOver(Event):
+    """Shard ``shard``'s primary at ``from_address`` died and its backup at
+    ``to_address`` serves the shard since, at ``step``: it held every acknowledged
+    update, so no step is lost and no shard rolled back."""
+
+    kind: ClassVar[str] = "ps_failed_over"
+    shard: int
+    from_address: str
+    to_address: str
+    step: int
+
+    def __str__(self) -> str:
+        return (
+            f"ps shard {self.shard} failed over from {self.from_address} to its backup on "
+            f"{self.to_address} at step {self.step}: no step lost"
         )

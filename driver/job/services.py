@@ -236,21 +236,23 @@ class JobServices:
 
     def adopt_shards(self, handed_over: Mapping[str, WorkerProcess]) -> None:
         """Supervise the ps shards a driver that led the job before started (those among
-        ``handed_over``, the processes its agents' records gave, labelled ``psI``), and
-        start the missing ones.
+        ``handed_over``, the processes its agents' records gave, labelled ``psI``, their
+        backups ``psI-backup``), and start the missing ones.
 
         Raises:
             LauncherError: a missing shard cannot be started.
         """
         if not self._config.num_ps:
             return
-        running = {
-            int(p.spec.label[2:]): p
-            for p in handed_over.values()
-            if p.spec.label.startswith("ps") and p.spec.label[2:].isdigit()
-        }
+        running: dict[int, WorkerProcess] = {}
+        backups: dict[int, WorkerProcess] = {}
+        for p in handed_over.values():
+            label = p.spec.label
+            index = label[2:].removesuffix("-backup")
+            if label.startswith("ps") and index.isdigit():
+                (backups if label.endswith("-backup") else running)[int(index)] = p
         self._ps = self._supervisor()
-        self._ps.adopt(running)
+        self._ps.adopt(running, backups)
 
     def _supervisor(self) -> PSSupervisor:
         """The ps supervisor of this job (``--ps-placement`` spread: on the usable hosts)."""
@@ -276,6 +278,7 @@ class JobServices:
             store_patience=cfg.elastic_timeout,
             clock=self._clock,
             placement=placement,
+            replicas=cfg.ps_replicas,
         )
 
     def start_chaos(self) -> None:

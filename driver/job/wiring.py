@@ -5,7 +5,7 @@
 * ``runs_all_local``: whether every process of the job runs on this machine;
 * ``worker_spec``: the ``LaunchSpec`` of one worker, with its id, its bind address and
   its log file;
-* ``shard_commands``: the ps shards' command lines (``--num-ps``);
+* ``shard_commands``: the ps shards' command lines (``--num-ps``, ``--ps-replicas``);
 * ``open_job_store``: the store the job's processes meet in: the driver's own embedded
   server, or the etcd cluster of ``--rendezvous``;
 * ``quick_store``: a second client of it whose calls give up within seconds, for what
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from driver.config import JobConfig
 from driver.hosts.slots import HostSlots
 from driver.launch.spec import LaunchSpec
-from driver.ps.supervisor import shard_command
+from driver.ps.command import shard_command
 from rendezvous import env, open_store
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.net import addresses
@@ -183,6 +183,7 @@ def shard_command_for(config: JobConfig, index: int, bind_host: str) -> tuple[st
         bind_host,
         checkpoint_dir,
         config.ps_checkpoint_interval,
+        config.ps_replicas,
     )
 
 

@@ -1,37 +1,48 @@
-"""Parameter-server shards under the driver (``--num-ps N``): start, watch, restart.
+"""Parameter-server shards under the driver (``--num-ps N``): start, watch, restart, and
+with ``--ps-replicas 1`` a backup per shard and the failover to it.
 
-Each shard is ``python -m elastic.ps.server --index I ...`` on the driver's machine (the
-driver starts a command; it never imports ``elastic``). Shards tell the driver what it
-needs through the store, the one route for these facts:
+Each shard is ``python -m elastic.ps.server --index I ...`` (the driver starts a command;
+it never imports ``elastic``). Shards tell the driver what it needs through the store,
+the one route for these facts (``driver.ps.records`` follows it):
 
 * shard ``I`` writes its ``rendezvous.plan.ShardInfo`` under ``JobKeys.ps_shard(I)``:
   ``ready=False`` while it restores a checkpoint, ``ready=True`` once it serves. A shard
   is ready for the supervisor when that record says ready *and* carries the pid of the
-  process the supervisor launched, so the record of a shard that died is never taken
-  for its replacement's (``ps_started``);
-* the coordinating shard writes a ``rendezvous.plan.CheckpointRecord`` under
-  ``JobKeys.ps_checkpoint`` after each complete checkpoint (``checkpoint_written``).
+  process the supervisor runs as the shard, so the record of a shard that died is never
+  taken for its replacement's (``ps_started``);
+* the coordinating shard writes a ``CheckpointRecord`` after each complete checkpoint
+  (``checkpoint_written``); a shard that restored an older step than the shards had
+  reached writes a ``RollbackRecord`` (``ps_rolled_back``, with the steps lost).
 
 A shard that dies is restarted with the same arguments: it loads the newest complete
 checkpoint, and clients retry until it is back. A shard dying over and over
-(``MAX_RESTARTS`` within ``RESTART_WINDOW``) ends the job through ``on_fatal``:
-restarting cannot fix whatever kills it.
+(``MAX_RESTARTS`` within ``RESTART_WINDOW``, its backups' deaths counted too) ends the
+job through ``on_fatal``: restarting cannot fix whatever kills it.
+
+With ``--ps-replicas 1`` each shard also has a backup process (the same command line
+with ``--backup``; on another host than the shard when the placement has one), which
+copies the shard's state and holds every update before the shard acknowledges it. The
+shard's ``ReplicaRecord`` says when a backup is in step (``ps_backup_ready``). When the
+shard's process dies and its record names its backup in step, the supervisor gives the
+shard to the backup (``driver.ps.failover``: a compare-and-swap of the record), which
+serves it at once with every acknowledged step (``ps_failed_over``), and starts a new
+backup for it; without a backup in step the shard restarts from the checkpoint as
+above. A backup that dies is replaced (``ps_backup_exited``).
 
 Stopping (``stop``: the job's end, or SIGTERM/SIGINT to the driver) loses no applied
 step: shard 0 is stopped first, with ``STOP_GRACE_COORDINATOR`` seconds before SIGKILL.
 On SIGTERM it writes a final coordinated checkpoint that seals every shard (none
 applies a push after it, so it holds the last step any worker saw applied), within
 ``FINAL_CHECKPOINT_TIMEOUT`` (its ``--stop-timeout``), and announces it with
-``final`` set; the other shards, sealed, then stop at once. The supervisor reads that
-record once more after shard 0 exits, so ``checkpoint_written`` with ``final`` is in
-the event log before ``stop`` returns.
+``final`` set; the other shards, sealed, and the backups then stop at once. The
+supervisor reads that record once more after shard 0 exits, so ``checkpoint_written``
+with ``final`` is in the event log before ``stop`` returns.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -39,78 +50,74 @@ from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from driver.errors import JobFailed, LauncherError
-from driver.events import CheckpointWritten, EventSink, PsExited, PsRestarted, PsStarted
+from driver.events import (
+    EventSink,
+    PsBackupExited,
+    PsBackupReady,
+    PsExited,
+    PsFailedOver,
+    PsRestarted,
+    PsStarted,
+)
+from driver.events.base import Event
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
+from driver.ps.command import BACKUP_FLAG, FINAL_CHECKPOINT_TIMEOUT
+from driver.ps.failover import promotion
+from driver.ps.records import ShardRecords
 from driver.ps.shard_hosts import ShardPlacement
+from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointRecord, ShardInfo
-from rendezvous.store import PUT, KeyValue, KVStore
-from rendezvous.watch import follow_prefix
+from rendezvous.plan import ReplicaRecord, ShardInfo
+from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 10
 RESTART_WINDOW = 60.0
 
-FINAL_CHECKPOINT_TIMEOUT = 20.0
-"""Seconds a stopping shard tries to checkpoint the shards' state (``--stop-timeout``)."""
-
 STOP_GRACE_COORDINATOR = FINAL_CHECKPOINT_TIMEOUT + 5.0
 """SIGTERM to SIGKILL for shard 0 when the job stops: its final checkpoint's bound plus
 time to exit. With ``STOP_GRACE`` for the workers after it, a stop takes at most about
 30 s, what schedulers commonly allow between SIGTERM and SIGKILL."""
 
-FINAL_RECORD_WAIT = 5.0
-"""Bound on reading the final checkpoint's record once shard 0 has exited."""
 
+class _Shard:
+    """What the supervisor knows of one shard: its processes (the primary that serves
+    it, and with replicas its backup), where they run, and their newest records."""
 
-def shard_command(
-    index: int,
-    num_shards: int,
-    mode: str,
-    bind_host: str,
-    checkpoint_dir: str | None,
-    checkpoint_interval: float,
-) -> tuple[str, ...]:
-    """The command line of shard ``index`` (pure)."""
-    command = [
-        sys.executable,
-        "-m",
-        "elastic.ps.server",
-        "--index",
-        str(index),
-        "--num-shards",
-        str(num_shards),
-        "--mode",
-        mode,
-        "--bind",
-        f"{bind_host}:0",
-    ]
-    if checkpoint_dir:
-        command += [
-            "--checkpoint-dir",
-            checkpoint_dir,
-            "--checkpoint-interval",
-            str(checkpoint_interval),
-            "--stop-timeout",
-            f"{FINAL_CHECKPOINT_TIMEOUT:g}",
-        ]
-    return tuple(command)
+    def __init__(self, index: int):
+        self.index = index
+        self.primary: WorkerProcess | None = None
+        self.host: str | None = None
+        self.backup: WorkerProcess | None = None
+        self.backup_host: str | None = None
+        self.backup_address: str | None = None  # from the backup process's own record
+        self.replica: ReplicaRecord | None = None
+        self.ready_pid: int | None = None  # the primary process that said it serves
+        self.in_step_pid: int | None = None  # the backup process the replica record names
+        self.failing_over: tuple[str, str] | None = None  # (from, to) until the backup serves
+        self.deaths: deque[float] = deque()  # of its processes, within RESTART_WINDOW
+
+    def ready(self, replicas: int) -> bool:
+        primary_ready = self.primary is not None and self.ready_pid == self.primary.pid
+        backup_ready = self.backup is not None and self.in_step_pid == self.backup.pid
+        return primary_ready and (not replicas or backup_ready)
 
 
 class PSSupervisor:
     """Runs shard ``i`` as ``commands[i]`` with ``env`` added to the driver's environment,
     on the driver's machine; or, with a ``placement``, on the host and with the command
     line it says (``driver.ps.shard_hosts``: a shard whose host is lost moves).
+    ``replicas`` 1: each shard has a backup (see the module doc).
 
     ``store``/``keys``: where the shards' records are; ``launcher`` starts them (as
-    ``localhost`` slot ``i``, output prefixed ``[psI]``); ``events`` receives the ps
-    events; ``on_fatal(reason)`` is called (from a supervisor thread) when the shards
-    cannot go on. ``ready_timeout``: how long ``start`` waits; ``store_patience``: how
-    long the store may be unreachable before that is fatal."""
+    ``localhost`` slot ``i``, output prefixed ``[psI]``, a backup's ``[psI-backup]``);
+    ``events`` receives the ps events; ``on_fatal(reason)`` is called (from a supervisor
+    thread) when the shards cannot go on. ``ready_timeout``: how long ``start`` waits;
+    ``store_patience``: how long the store may be unreachable before that is fatal."""
 
     def __init__(
         self,
@@ -126,255 +133,333 @@ class PSSupervisor:
         store_patience: float,
         clock: Callable[[], float] = time.monotonic,
         placement: ShardPlacement | None = None,
+        replicas: int = 0,
     ):
         self.commands = list(commands)
         self._placement = placement or ShardPlacement(lambda index, host: self.commands[index])
-        self._hosts: dict[int, str] = {}  # shard -> the host it was last started on
         self.env = dict(env)
         self.num_shards = len(self.commands)
+        self.replicas = replicas
         self.ready_timeout = ready_timeout
         self._store = store
         self._keys = keys
         self._launcher = launcher
         self._events = events
         self._on_fatal = on_fatal
-        self._store_patience = store_patience
         self._clock = clock
         self._lock = threading.Condition()
-        self._procs: dict[int, WorkerProcess] = {}
-        self._records: dict[int, ShardInfo] = {}  # the newest record of each shard
-        self._ready: dict[int, int] = {}  # shard -> pid announced ready
-        self._last_checkpoint: tuple[int, bool] | None = None
-        self._restarts: dict[int, deque[float]] = {i: deque() for i in range(self.num_shards)}
+        self._shards = {i: _Shard(i) for i in range(self.num_shards)}
         self._fatal: str | None = None
         self._stopping = threading.Event()
-        self._unfollow = threading.Event()  # set once the shards are gone
-        self._threads: list[threading.Thread] = []
+        self._records = ShardRecords(
+            store,
+            keys,
+            events,
+            on_shard=self._take_shard,
+            on_backup=self._take_backup,
+            on_replica=self._take_replica,
+            on_lost=self._fail,
+            patience=store_patience,
+            clock=clock,
+        )
+
+    @property
+    def _procs(self) -> dict[int, WorkerProcess]:
+        """The process serving each shard (its primary)."""
+        with self._lock:
+            return {i: s.primary for i, s in self._shards.items() if s.primary is not None}
 
     # ---- lifecycle ----
     def start(self) -> None:
-        """Follow the shards' records, start every shard, and wait until each is ready.
+        """Follow the shards' records, start every shard (and backup), and wait until
+        each serves (and each backup is in step).
 
         Raises:
             JobFailed: a shard is not ready within ``ready_timeout``, or the shards
                 cannot go on (the ``on_fatal`` reason).
             LauncherError: a shard cannot be started.
         """
-        self._follow_records()
+        self._records.start()
         for index in range(self.num_shards):
             self._launch(index)
+        for index in range(self.num_shards) if self.replicas else ():
+            self._launch_backup(index)
         deadline = self._clock() + self.ready_timeout
         with self._lock:
-            while len(self._ready) < self.num_shards:
+            while not all(s.ready(self.replicas) for s in self._shards.values()):
                 if self._fatal is not None:
                     raise JobFailed(self._fatal)
                 remaining = deadline - self._clock()
                 if remaining <= 0:
-                    missing = sorted(set(range(self.num_shards)) - set(self._ready))
+                    missing = [i for i, s in self._shards.items() if not s.ready(self.replicas)]
+                    what = "ps shards (and their backups)" if self.replicas else "ps shards"
                     raise JobFailed(
-                        f"ps shards {missing} not ready within "
+                        f"{what} {missing} not ready within "
                         f"{self.ready_timeout:g}s (see their output above)"
                     )
                 self._lock.wait(min(remaining, 0.5))
 
-    def adopt(self, running: Mapping[int, WorkerProcess]) -> None:
-        """Supervise shards a driver that led the job before started (``running``, by
-        index: the handles their agent's records gave) as if this one had: follow their
-        records and checkpoints, restart them when they die; start the missing ones
-        (without waiting for them: clients retry until they serve).
+    def adopt(
+        self,
+        running: Mapping[int, WorkerProcess],
+        backups: Mapping[int, WorkerProcess] | None = None,
+    ) -> None:
+        """Supervise shards (and backups) a driver that led the job before started
+        (``running``, ``backups``, by index: the handles their agent's records gave) as
+        if this one had: follow their records and checkpoints, restart them when they
+        die; start the missing ones (without waiting for them: clients retry until they
+        serve).
 
         Raises:
             LauncherError: a missing shard cannot be started.
         """
-        self._follow_records()
+        self._records.start()
         for index in range(self.num_shards):
             proc = running.get(index)
             if proc is None:
                 self._launch(index)
-                continue
-            with self._lock:
-                self._procs[index] = proc
-                self._hosts[index] = proc.spec.host
-                self._ready[index] = proc.pid  # it served its predecessor
-            threading.Thread(
-                target=self._watch, args=(index, proc), daemon=True, name=f"ps{index}-wait"
-            ).start()
-
-    def _follow_records(self) -> None:
-        """Follow the shards' records and the checkpoints, each in a thread."""
-        for name, prefix, take in (
-            ("ps-shards", self._keys.ps, self._take_shard_record),
-            ("ps-checkpoints", self._keys.ps_checkpoint, self._take_checkpoint),
-        ):
-            thread = threading.Thread(
-                target=self._follow, args=(prefix, take), name=name, daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            else:
+                with self._lock:
+                    shard = self._shards[index]
+                    shard.primary, shard.host = proc, proc.spec.host
+                    shard.ready_pid = proc.pid  # it served its predecessor
+                self._watch(index, proc)
+            backup = (backups or {}).get(index)
+            if backup is not None:
+                with self._lock:
+                    shard = self._shards[index]
+                    shard.backup, shard.backup_host = backup, backup.spec.host
+                self._watch(index, backup)
+            elif self.replicas:
+                self._launch_backup(index)
 
     def stop(self, coordinator_grace: float = STOP_GRACE_COORDINATOR) -> None:
         """Stop every shard: shard 0 first (SIGTERM: its final checkpoint, SIGKILL after
-        ``coordinator_grace`` seconds), then the others (``STOP_GRACE``); report the
-        final checkpoint (``checkpoint_written`` with ``final``) when shard 0 wrote one."""
+        ``coordinator_grace`` seconds), then the others and the backups
+        (``STOP_GRACE``); report the final checkpoint (``checkpoint_written`` with
+        ``final``) when shard 0 wrote one."""
         with self._lock:
             self._stopping.set()
-            procs = dict(self._procs)
-        coordinator = procs.pop(0, None)
+            shards = list(self._shards.values())
+        coordinator = shards[0].primary if shards else None
         if coordinator is not None and coordinator.stop(coordinator_grace) == 0:
-            self._read_final_checkpoint()
-        stop_all(list(procs.values()), STOP_GRACE)
-        self._unfollow.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
+            self._records.read_final_checkpoint()
+        rest = [s.primary for s in shards[1:]] + [s.backup for s in shards]
+        stop_all([p for p in rest if p is not None], STOP_GRACE)
+        self._records.stop()
 
-    def _read_final_checkpoint(self) -> None:
-        """Take the checkpoint record as shard 0 left it (the watch may not have
-        delivered it yet), reading the store from a thread so that an unreachable
-        store delays the stop by ``FINAL_RECORD_WAIT`` at most."""
-        found: list[KeyValue | None] = []
-
-        def read() -> None:
-            try:
-                found.append(self._store.get(self._keys.ps_checkpoint))
-            except RendezvousError as exc:
-                log.warning("cannot read the final checkpoint's record: %s", exc)
-
-        reader = threading.Thread(target=read, name="ps-final-checkpoint", daemon=True)
-        reader.start()
-        reader.join(timeout=FINAL_RECORD_WAIT)
-        if found and found[0] is not None:
-            self._take_checkpoint(found[0])
-
-    # ---- the store ----
-    def _follow(self, prefix: str, take: Callable[[KeyValue], None]) -> None:
-        def on_event(event) -> None:
-            if event.type == PUT:
-                take(event.kv)
-
-        def on_resync(kvs: Sequence[KeyValue]) -> None:
-            for kv in kvs:
-                take(kv)
-
-        follow_prefix(
-            self._store,
-            prefix,
-            None,
-            on_event=on_event,
-            on_resync=on_resync,
-            on_lost=lambda exc: self._fail(
-                f"lost the rendezvous store while watching the ps shards: {exc}"
-            ),
-            stop=self._unfollow,
-            patience=self._store_patience,
-            clock=self._clock,
-        )
-
-    def _take_shard_record(self, kv: KeyValue) -> None:
-        try:
-            info = ShardInfo.from_json(kv.value)
-        except (ValueError, TypeError) as exc:
-            log.warning("ignoring an unreadable ps shard record under %s: %s", kv.key, exc)
-            return
+    # ---- the records ----
+    def _take_shard(self, info: ShardInfo) -> None:
         with self._lock:
-            self._records[info.index] = info
-            ready = self._newly_ready(info.index)
-        if ready is not None:
-            self._events.emit(PsStarted(shard=ready.index, address=ready.address, pid=ready.pid))
+            shard = self._shards.get(info.index)
+            proc = shard.primary if shard is not None else None
+            if shard is None or proc is None or not info.ready or info.pid != proc.pid:
+                return
+            if shard.ready_pid == proc.pid:
+                return
+            shard.ready_pid = proc.pid
+            self._lock.notify_all()
+        self._events.emit(PsStarted(shard=info.index, address=info.address, pid=info.pid))
 
-    def _newly_ready(self, index: int) -> ShardInfo | None:
-        """The record that makes shard ``index`` ready now, or None (call under the lock)."""
-        proc, info = self._procs.get(index), self._records.get(index)
+    def _take_backup(self, info: ShardInfo) -> None:
+        with self._lock:
+            shard = self._shards.get(info.index)
+            if shard is None or shard.backup is None or info.pid != shard.backup.pid:
+                return
+            shard.backup_address = info.address
+            event = self._newly_in_step(shard)
+        if event is not None:
+            self._events.emit(event)
+
+    def _take_replica(self, record: ReplicaRecord, revision: int) -> None:
+        found: list[Event] = []
+        event: Event | None
+        with self._lock:
+            shard = self._shards.get(record.index)
+            if shard is None:
+                return
+            shard.replica = record
+            moved = shard.failing_over
+            if moved is not None and record.serving and record.primary == moved[1]:
+                shard.failing_over = None
+                found.append(PsFailedOver(record.index, moved[0], moved[1], record.step))
+            event = self._newly_in_step(shard)
+            if event is not None:
+                found.append(event)
+        for event in found:
+            self._events.emit(event)
+
+    def _newly_in_step(self, shard: _Shard) -> PsBackupReady | None:
+        """The event when the replica record now names the shard's backup in step
+        (call under the lock)."""
+        backup, record = shard.backup, shard.replica
         if (
-            proc is None
-            or info is None
-            or not info.ready
-            or info.pid != proc.pid
-            or self._ready.get(index) == proc.pid
+            backup is None
+            or record is None
+            or shard.backup_address is None
+            or record.backup != shard.backup_address
+            or shard.in_step_pid == backup.pid
         ):
             return None
-        self._ready[index] = proc.pid
+        shard.in_step_pid = backup.pid
         self._lock.notify_all()
-        return info
+        return PsBackupReady(shard.index, shard.backup_address, backup.pid, record.step)
 
-    def _take_checkpoint(self, kv: KeyValue) -> None:
-        if kv.key != self._keys.ps_checkpoint:
-            return
-        try:
-            record = CheckpointRecord.from_json(kv.value)
-        except (ValueError, TypeError) as exc:
-            log.warning("ignoring an unreadable checkpoint record: %s", exc)
-            return
-        taken = (record.checkpoint_id, record.final)
-        with self._lock:
-            # The same checkpoint read again (after a watch ended, or by stop), or an
-            # older one the watch delivers after stop read the final one: not news.
-            if self._last_checkpoint is not None and taken <= self._last_checkpoint:
-                return
-            self._last_checkpoint = taken
-        self._events.emit(
-            CheckpointWritten(
-                step=record.step,
-                path=record.dir,
-                checkpoint=record.checkpoint_id,
-                seconds=round((record.pause_ms + record.write_ms) / 1e3, 3),
-                final=record.final,
-            )
-        )
-
-    # ---- one shard ----
+    # ---- processes ----
     def _launch(self, index: int) -> bool:
-        """Start shard ``index`` (False when stopping).
+        """Start shard ``index``'s primary (False when stopping).
 
         Raises:
             LauncherError: the shard cannot be started.
         """
-        host = self._placement.host_for(index, self._hosts.get(index))
-        spec = LaunchSpec(
-            host=host,
-            slot=index,
-            command=self._placement.command_for(index, host),
-            env=self.env,
-            cwd=os.getcwd(),
-            label=f"ps{index}",
-        )
-        # Under the lock with the stopping check, so a restart racing ``stop`` cannot leave
-        # a shard behind: either stop sees it, or it is never started.
         with self._lock:
-            if self._stopping.is_set():
-                return False
-            proc = self._launcher.launch(spec)
-            self._procs[index] = proc
-            self._hosts[index] = host
-            self._ready.pop(index, None)
-            # Only a record written after this launch can make the new process ready.
-            self._records.pop(index, None)
-        thread = threading.Thread(
-            target=self._watch, args=(index, proc), daemon=True, name=f"ps{index}-wait"
-        )
-        thread.start()
+            previous = self._shards[index].host
+        host = self._placement.host_for(index, previous)
+        command = self._placement.command_for(index, host)
+        proc = self._start(index, host, command, f"ps{index}")
+        if proc is None:
+            return False
+        with self._lock:
+            shard = self._shards[index]
+            shard.primary, shard.host, shard.ready_pid = proc, host, None
+            shard.failing_over = None  # a backup promoted and dead before it served
+        self._watch(index, proc)
         return True
 
+    def _launch_backup(self, index: int) -> bool:
+        """Start a backup for shard ``index`` (False when stopping).
+
+        Raises:
+            LauncherError: it cannot be started.
+        """
+        with self._lock:
+            shard = self._shards[index]
+            primary_host, previous = shard.host or "", shard.backup_host
+        host = self._placement.backup_host_for(index, primary_host, previous)
+        command = (*self._placement.command_for(index, host), BACKUP_FLAG)
+        proc = self._start(index, host, command, f"ps{index}-backup")
+        if proc is None:
+            return False
+        with self._lock:
+            shard = self._shards[index]
+            shard.backup, shard.backup_host = proc, host
+            shard.backup_address, shard.in_step_pid = None, None
+        self._watch(index, proc)
+        return True
+
+    def _start(
+        self, index: int, host: str, command: tuple[str, ...], label: str
+    ) -> WorkerProcess | None:
+        spec = LaunchSpec(
+            host=host, slot=index, command=command, env=self.env, cwd=os.getcwd(), label=label
+        )
+        # Under the lock with the stopping check, so a restart racing ``stop`` cannot leave
+        # a process behind: either stop sees it, or it is never started.
+        with self._lock:
+            if self._stopping.is_set():
+                return None
+            return self._launcher.launch(spec)
+
     def _watch(self, index: int, proc: WorkerProcess) -> None:
-        code = proc.wait(timeout=None)
+        def wait() -> None:
+            self._exited(index, proc, proc.wait(timeout=None))
+
+        spawn(f"{proc.spec.label}-wait", wait)
+
+    def _exited(self, index: int, proc: WorkerProcess, code: int | None) -> None:
         if self._stopping.is_set():
             return
-        self._events.emit(PsExited(shard=index, code=code))
-        now = self._clock()
-        history = self._restarts[index]
-        history.append(now)
-        while history and history[0] < now - RESTART_WINDOW:
-            history.popleft()
-        if len(history) > MAX_RESTARTS:
-            self._fail(
-                f"ps shard {index} died {len(history)} times within "
-                f"{RESTART_WINDOW:g}s (last exit: {code}); giving up"
-            )
+        with self._lock:
+            shard = self._shards[index]
+            primary, backup = proc is shard.primary, proc is shard.backup
+            if backup:
+                shard.backup, shard.backup_address, shard.in_step_pid = None, None, None
+        if not (primary or backup):
+            return  # a process the shard no longer counts on
+        self._events.emit((PsExited if primary else PsBackupExited)(shard=index, code=code))
+        if self._too_many(shard, code):
             return
         try:
-            if self._launch(index):
+            if backup:
+                self._launch_backup(index)
+            elif not self._fail_over(index, proc) and self._launch(index):
                 self._events.emit(PsRestarted(shard=index))
         except LauncherError as exc:
             self._fail(f"cannot restart ps shard {index}: {exc}")
+
+    def _too_many(self, shard: _Shard, code: int | None) -> bool:
+        """Count a death of the shard's processes; True (and fatal) past the limit."""
+        now = self._clock()
+        with self._lock:
+            history = shard.deaths
+            history.append(now)
+            while history and history[0] < now - RESTART_WINDOW:
+                history.popleft()
+            deaths = len(history)
+        if deaths > MAX_RESTARTS:
+            self._fail(
+                f"ps shard {shard.index} died {deaths} times within "
+                f"{RESTART_WINDOW:g}s (last exit: {code}); giving up"
+            )
+            return True
+        return False
+
+    def _fail_over(self, index: int, dead: WorkerProcess) -> bool:
+        """Give shard ``index`` to its backup if the store says it is in step with the
+        primary that died (read afresh, and written by compare-and-swap: see
+        ``driver.ps.failover``), and start a new backup. False: restart it instead.
+
+        Raises:
+            LauncherError: the new backup cannot be started.
+        """
+        with self._lock:
+            backup = self._shards[index].backup
+        if not self.replicas or backup is None or backup.poll() is not None:
+            return False
+        keys = self._keys
+        try:
+            replica = self._store.get(keys.ps_replica(index))
+            dead_info = self._store.get(keys.ps_shard(index))
+            backup_info = self._store.get(keys.ps_backup(index))
+            if replica is None or dead_info is None or backup_info is None:
+                return False
+            dead_address = _address_of(dead_info.value, dead.pid)
+            backup_address = _address_of(backup_info.value, backup.pid)
+            order = promotion(ReplicaRecord.from_json(replica.value), dead_address, backup_address)
+            if order is None or dead_address is None or backup_address is None:
+                return False
+        except (RendezvousError, ValueError, TypeError) as exc:
+            log.warning("ps shard %d: no failover to its backup (%s); restarting it", index, exc)
+            return False
+        if not self._promote(index, order, replica.mod_revision):
+            return False
+        with self._lock:
+            shard = self._shards[index]
+            shard.primary, shard.host, shard.ready_pid = backup, shard.backup_host, None
+            shard.backup, shard.backup_host, shard.backup_address = None, None, None
+            shard.in_step_pid = None
+            shard.failing_over = (dead_address, backup_address)
+        self._launch_backup(index)
+        return True
+
+    def _promote(self, index: int, order: ReplicaRecord, revision: int) -> bool:
+        """Write ``order`` if the record is still at ``revision``; whether it was written.
+        When the store's answer is lost, the record is read back to tell: a promotion
+        that was written and then taken for lost would leave two primaries.
+
+        Raises:
+            LauncherError: never; see ``_fail`` for a store that cannot tell."""
+        key = self._keys.ps_replica(index)
+        try:
+            return self._store.compare_and_swap(key, order.to_json(), revision)
+        except RendezvousError as exc:
+            log.warning("ps shard %d: the promotion's answer was lost (%s)", index, exc)
+        try:
+            current = self._store.get(key)
+        except RendezvousError as exc:
+            self._fail(f"cannot tell whether ps shard {index}'s backup took over: {exc}")
+            return True  # neither restart it nor count on it: the job ends
+        return current is not None and ReplicaRecord.from_json(current.value) == order
 
     def _fail(self, reason: str) -> None:
         with self._lock:
@@ -383,3 +468,9 @@ class PSSupervisor:
             self._fatal = self._fatal or reason
             self._lock.notify_all()
         self._on_fatal(reason)
+
+
+def _address_of(value: bytes, pid: int) -> str | None:
+    """The address in a ``ShardInfo`` when it is process ``pid``'s record."""
+    info = ShardInfo.from_json(value)
+    return info.address if info.pid == pid else None

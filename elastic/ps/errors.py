@@ -70,6 +70,12 @@ class PSRoundChangedError(PSError, HostsUpdatedInterrupt):
         super().__init__(message, skip_sync)
 
 
+class PSReplicaError(PSError):
+    """A mirrored update was refused: the receiver is not (or no longer) the sender's
+    backup (it was promoted, or a newer copy replaced it), or its copy diverged. The
+    sending primary then drops that backup, or learns that it was replaced."""
+
+
 class PSCheckpointError(PSError):
     """A checkpoint file or manifest is missing, truncated or fails its checksum."""
 

@@ -275,6 +275,62 @@ class Restored(Record):
     generation: str
 
 
+# ------------------------------------------------------------------ replicas
+# What a mirrored update does on the backup (``MirrorOp.kind``, see shard/journal.py).
+CREATE, APPLY, META, FULL = "create", "apply", "meta", "full"
+
+
+@dataclass(frozen=True)
+class AttachArgs(Record):
+    """A backup asks the primary to mirror to it (``Attach``): its ``address``, and the
+    ``token`` naming this copy, which every mirror call to it carries (a call meant for
+    an earlier copy is refused)."""
+
+    address: str
+    token: str
+
+
+@dataclass(frozen=True)
+class MirrorOp(Record):
+    """One update of a ``Mirror`` call, numbered ``seq`` in the order the primary made
+    it, with the shard's ``step`` and ``generation`` after it; its ``tensors`` are the
+    next that many tensors of the call's payload. ``optimizer``: the variables a CREATE
+    makes; ``client``, ``client_seq``, ``async_round``, ``round``: what an APPLY leaves
+    for a retried push (the de-duplication entry of an async push, the rounds seen);
+    ``dedup``: the whole de-duplication table of a FULL copy."""
+
+    seq: int
+    kind: str
+    step: int
+    generation: str
+    tensors: int = 0
+    optimizer: dict | None = None
+    client: str | None = None
+    client_seq: int = 0
+    async_round: int = -1
+    round: int = -1
+    dedup: dict | None = None
+
+
+@dataclass(frozen=True)
+class MirrorArgs(Record):
+    """The updates a primary sends its backup (``Mirror``), in order."""
+
+    token: str
+    ops: tuple[MirrorOp, ...] = ()
+
+    @classmethod
+    def _nested(cls, values: dict) -> dict:
+        return {**values, "ops": tuple(MirrorOp.from_dict(op) for op in values.get("ops", ()))}
+
+
+@dataclass(frozen=True)
+class Mirrored(Record):
+    """The backup holds every update up to ``seq``."""
+
+    seq: int
+
+
 # ------------------------------------------------------------------ control calls
 @dataclass(frozen=True)
 class ShardStatus(Record):

@@ -6,7 +6,11 @@ as soon as it serves (``ready`` False: it may still be restoring, and data calls
 answer "not ready" until it is), and again with ``ready`` True once restored; a
 restarted shard overwrites its key, and clients and peers re-read it after a failure.
 Shard 0 writes a ``CheckpointRecord`` under ``JobKeys.ps_checkpoint`` after each
-complete coordinated checkpoint.
+complete coordinated checkpoint. Under ``--ps-replicas 1`` a backup writes its
+``ShardInfo`` under ``JobKeys.ps_backup(i)`` instead, and who holds each shard is a
+``ReplicaRecord`` under ``JobKeys.ps_replica(i)``, changed by compare-and-swap only. A
+shard that restored an older state than the shards had reached says so with a
+``RollbackRecord`` under ``JobKeys.ps_rollback``.
 """
 
 from __future__ import annotations
@@ -17,9 +21,17 @@ from typing import Callable
 
 from elastic.ps.errors import PSConfigError
 from rendezvous import env, open_store
+from rendezvous.errors import RendezvousConnectionError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointRecord, Plan, PSConfigRecord, ShardInfo
-from rendezvous.store import PUT
+from rendezvous.plan import (
+    CheckpointRecord,
+    Plan,
+    PSConfigRecord,
+    ReplicaRecord,
+    RollbackRecord,
+    ShardInfo,
+)
+from rendezvous.store import PUT, Compare, Put, Watch
 
 
 class StoreRegistry:
@@ -36,6 +48,52 @@ class StoreRegistry:
     def publish_checkpoint(self, record: CheckpointRecord) -> None:
         """Raises RendezvousError when the store stays unreachable past its deadline."""
         self.store.put(self.keys.ps_checkpoint, record.to_json())
+
+    def publish_backup(self, info: ShardInfo) -> None:
+        """A backup's record. Raises RendezvousError (store unreachable past its deadline)."""
+        self.store.put(self.keys.ps_backup(info.index), info.to_json())
+
+    def publish_rollback(self, record: RollbackRecord) -> None:
+        """Raises RendezvousError when the store stays unreachable past its deadline."""
+        self.store.put(self.keys.ps_rollback, record.to_json())
+
+    def replica(self, index: int) -> tuple[ReplicaRecord, int] | None:
+        """Shard ``index``'s replica record and its mod revision (None: none yet).
+        Raises RendezvousError."""
+        kv = self.store.get(self.keys.ps_replica(index))
+        return (ReplicaRecord.from_json(kv.value), kv.mod_revision) if kv is not None else None
+
+    def put_replica(self, record: ReplicaRecord) -> int:
+        """Write the record whatever is there (a primary's first); its mod revision.
+        Raises RendezvousError."""
+        return self.store.put(self.keys.ps_replica(record.index), record.to_json())
+
+    def swap_replica(self, record: ReplicaRecord, expected: int) -> int | None:
+        """Write the record only if its key's mod revision is still ``expected``: the
+        new mod revision, or None when another write came first. When the store's
+        answer is lost, the key is read to learn which it was.
+
+        Raises:
+            RendezvousError: the store stayed unreachable, or did not apply a write
+                whose answer was lost (the caller may try again)."""
+        key = self.keys.ps_replica(record.index)
+        try:
+            result = self.store.txn(
+                [Compare(key, "mod", "==", expected)], [Put(key, record.to_json())]
+            )
+        except RendezvousConnectionError:
+            kv = self.store.get(key)
+            if kv is not None and ReplicaRecord.from_json(kv.value) == record:
+                return kv.mod_revision
+            if kv is None or kv.mod_revision == expected:
+                raise
+            return None
+        return result.revision if result.succeeded else None
+
+    def watch_replica(self, index: int) -> tuple[list, Watch]:
+        """Shard ``index``'s replica record now (a list of at most one), and a watch of
+        every change after it. Raises RendezvousError."""
+        return self.store.read_and_watch(self.keys.ps_replica(index))
 
     def lookup(self, index: int) -> str | None:
         """The address shard ``index`` published last (None: not yet). Raises

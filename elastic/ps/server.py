@@ -1,11 +1,137 @@
-"""The command line that starts one shard: ``python -m elastic.ps.server --index I ...``
-(the driver's ``shard_command``). The shard itself is ``elastic.ps.shard.server``."""
+"""The command line that starts one shard, or the backup of one (the driver's
+``shard_command``):
+
+    ELASTIC_JOB_SECRET=... [ELASTIC_RENDEZVOUS=... ELASTIC_JOB_ID=...] \\
+    python -m elastic.ps.server --index I --num-shards N [--mode async|sync] \\
+        [--bind HOST:PORT] [--checkpoint-dir DIR --checkpoint-interval SEC] \\
+        [--replicas 0|1 [--backup]]
+
+The shard itself is ``elastic.ps.shard.server``. Exit status: 0 after SIGTERM/SIGINT;
+1 when the process stopped serving on its own (a primary whose backup the driver
+promoted in its place, a backup its primary dropped); 2 for bad arguments, a missing
+secret, or a checkpoint directory another user owns or can write
+(``rendezvous.private_dir``).
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import os
+import signal
 import sys
+import threading
 
-from elastic.ps.shard.server import main
+from elastic.orphan import exit_when_orphaned
+from elastic.ps.errors import PSConfigError
+from elastic.ps.memory import tune_malloc
+from elastic.ps.registry import registry_from_env
+from elastic.ps.settings import DEFAULT_SPLIT_THRESHOLD, MODES, ServerSettings
+from elastic.ps.shard.server import ShardServer
+from rendezvous.env import ENV_RENDEZVOUS
+from rendezvous.net import auth
+from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
+
+
+def parse_args(argv=None) -> ServerSettings:
+    """The shard's settings from its command line; exits 2 with a one-line error for
+    bad arguments (argparse)."""
+    p = argparse.ArgumentParser(
+        prog="python -m elastic.ps.server", description="Serve one parameter-server shard."
+    )
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--num-shards", type=int, required=True)
+    p.add_argument("--mode", choices=MODES, default="async")
+    p.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT (port 0: any free port)")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-interval", type=float, default=30.0)
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=ServerSettings.stop_timeout,
+        help="seconds a stopping shard tries to checkpoint the shards' state",
+    )
+    p.add_argument(
+        "--split-threshold",
+        type=int,
+        default=DEFAULT_SPLIT_THRESHOLD,
+        help="variables above this many bytes are split across shards",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="1: every update is mirrored to the shard's backup before it is acknowledged",
+    )
+    p.add_argument(
+        "--backup",
+        action="store_true",
+        help="start as the backup of shard INDEX (needs --replicas 1)",
+    )
+    a = p.parse_args(argv)
+    try:
+        return ServerSettings(
+            index=a.index,
+            num_shards=a.num_shards,
+            mode=a.mode,
+            bind=a.bind,
+            checkpoint_dir=a.checkpoint_dir,
+            checkpoint_interval=a.checkpoint_interval,
+            keep_checkpoints=a.keep_checkpoints,
+            stop_timeout=a.stop_timeout,
+            split_threshold=a.split_threshold,
+            replicas=a.replicas,
+            backup=a.backup,
+        )
+    except PSConfigError as exc:
+        p.error(str(exc))
+        raise  # not reached: error() exits
+
+
+def main(argv=None) -> int:
+    settings = parse_args(argv)
+    role = " backup" if settings.backup else ""
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"[ps {settings.index}{role}] %(levelname)s %(name)s: %(message)s",
+    )
+    tune_malloc()
+    secret = auth.secret_from_env()
+    if secret is None:
+        print(f"elastic.ps.server: {auth.ENV_SECRET} is not set", file=sys.stderr)
+        return 2
+    if settings.checkpoint_dir:
+        try:
+            make_private_dir(settings.checkpoint_dir, "--checkpoint-dir")
+        except InsecureDirectoryError as exc:
+            print(f"elastic.ps.server: {exc}", file=sys.stderr)
+            return 2
+    stop = threading.Event()  # SIGTERM/SIGINT, or the process stops serving on its own
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if os.environ.get(ENV_RENDEZVOUS):
+        exit_when_orphaned()  # started by elastic-run: do not outlive it
+    try:
+        server = ShardServer(settings, secret, registry_from_env(), on_end=stop.set)
+    except PSConfigError as exc:
+        print(f"elastic.ps.server: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server.start()
+        if not settings.backup:
+            server.restore()
+            server.run_background()
+            server.announce_ready()
+        stop.wait()
+        if server.ended is not None:
+            return 1
+        server.finish()
+    finally:
+        server.stop()
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -104,6 +104,10 @@ class ServerSettings:
     staging_ttl: float = 300.0  # an abandoned upload/download is dropped after this
     stop_timeout: float = 20.0  # a stopping shard tries this long to checkpoint the state
     bulk: BulkLimits = BulkLimits()  # what the bulk port holds whatever clients do
+    replicas: int = 0  # 1: every update is mirrored to a backup before it is acknowledged
+    backup: bool = False  # this process starts as the backup of shard ``index``
+    mirror_patience: float = 1.0  # a primary retries an unreachable backup this long
+    mirror_timeout: float = 10.0  # bound on one mirror call (its payload is a push's size)
 
     def __post_init__(self):
         if self.num_shards < 1 or not 0 <= self.index < self.num_shards:
@@ -116,6 +120,12 @@ class ServerSettings:
             raise PSConfigError("the stop timeout must be > 0 seconds")
         if self.split_threshold < 1:
             raise PSConfigError("split_threshold must be >= 1 byte")
+        if self.replicas not in (0, 1) or (self.backup and not self.replicas):
+            raise PSConfigError(
+                f"replicas must be 0 or 1 (not {self.replicas}), and 1 for a backup"
+            )
+        if not (self.mirror_patience > 0 and self.mirror_timeout > 0):
+            raise PSConfigError("the mirror patience and timeout must be > 0 seconds")
         _bind_endpoint(self.bind)  # a bad address fails here, at start-up
 
     def checkpoint_root(self) -> str:

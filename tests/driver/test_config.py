@@ -176,7 +176,13 @@ def test_checkpoint_interval_without_dir_is_accepted():
 
 @pytest.mark.parametrize(
     "flag, value",
-    [("--ps-mode", "sync"), ("--ps-checkpoint-dir", "/ckpt"), ("--ps-checkpoint-interval", "9")],
+    [
+        ("--ps-mode", "sync"),
+        ("--ps-checkpoint-dir", "/ckpt"),
+        ("--ps-checkpoint-interval", "9"),
+        ("--ps-replicas", "1"),
+        ("--ps-replicas", "0"),
+    ],
 )
 @pytest.mark.parametrize("num_ps", [[], ["--num-ps", "0"]])
 def test_ps_flags_without_shards_are_an_error_naming_the_flag(flag, value, num_ps):
@@ -188,6 +194,8 @@ def test_ps_flags_without_shards_are_an_error_naming_the_flag(flag, value, num_p
 def test_ps_flags_with_shards_keep_their_defaults():
     config = parse("-np", "1", "--num-ps", "2", *CMD)
     assert (config.ps_mode, config.ps_checkpoint_interval) == ("async", 60.0)
+    assert config.ps_replicas == 0
+    assert parse("-np", "1", "--num-ps", "2", "--ps-replicas", "1", *CMD).ps_replicas == 1
 
 
 @pytest.mark.parametrize(
@@ -315,6 +323,8 @@ def test_command_is_the_remainder(argv, command):
         (["-np", "1", "--reset-limit", "-1", *CMD], "--reset-limit", ">= 0"),
         (["-np", "1", "--num-ps", "-1", *CMD], "--num-ps", ">= 0"),
         (["-np", "1", "--ps-mode", "bulk", *CMD], "--ps-mode", "invalid choice"),
+        (["-np", "1", "--num-ps", "1", "--ps-replicas", "2", *CMD], "--ps-replicas", "at most 1"),
+        (["-np", "1", "--num-ps", "1", "--ps-replicas", "-1", *CMD], "--ps-replicas", "0 or 1"),
         (["-np", "1", "--launcher", "mpi", *CMD], "--launcher", "invalid choice"),
         (
             ["-np", "1", "--blacklist-cooldown-range", "300", "10", *CMD],
@@ -455,6 +465,7 @@ def test_help_explains_every_flag(capsys):
         "--ps-mode",
         "--ps-checkpoint-dir",
         "--ps-checkpoint-interval",
+        "--ps-replicas",
         "--chaos-kill-interval",
         "--chaos-max-kills",
         "--log-dir",

@@ -291,7 +291,14 @@ class PSClient:
                         i, "Create", CreateArgs(configs[key]), wire.encode_parts({}, tensors)
                     )
 
-        self._each(create, sorted(wanted & {shard for shard, _ in per_shard}))
+        targets = sorted(wanted & {shard for shard, _ in per_shard})
+        if indices is None:
+            self._each(create, targets)
+        else:
+            # Re-creating from inside a call on the shard pool (``_recreate``): in this
+            # thread, as every pool thread may be such a call waiting for its own.
+            for i in targets:
+                create(i)
 
     def _recreate(self, index: int) -> None:
         """Re-create on shard ``index`` what this client's ``init`` made (the shard lost

@@ -33,7 +33,9 @@ past, so: shard 0 (at its own start, or when a restarted shard calls ``RestoreAl
 takes the newest complete checkpoint C, asks every shard for its status, and rolls
 back every shard that is not exactly at C, under a new *generation* when any shard had
 moved past C. Clients see the generation change and redo from C instead of pushing
-gradients of lost steps. Rollbacks and checkpoints are serialized on shard 0.
+gradients of lost steps; the steps between C and the highest step a shard had reached
+are lost, and ``on_rollback`` says so (the driver reports it). Rollbacks and
+checkpoints are serialized on shard 0.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from elastic.ps.shard.checkpoint import (
 )
 from elastic.ps.shard.control import Peers, ShardControl
 from elastic.ps.shard.state import initial_generation
+from rendezvous.plan import RollbackRecord
 from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.shard.coordinator")
@@ -94,7 +97,9 @@ class _Taken(NamedTuple):
 
 
 class Coordinator:
-    """Runs on shard 0: checkpoints (``run``/``checkpoint_once``) and ``restore_all``."""
+    """Runs on shard 0: checkpoints (``run``/``checkpoint_once``) and ``restore_all``.
+    ``on_checkpoint(manifest, pause_ms, write_ms, final)``: a checkpoint is complete;
+    ``on_rollback(record)``: the shards went back to an older step than they reached."""
 
     def __init__(
         self,
@@ -102,11 +107,13 @@ class Coordinator:
         local: ShardControl,
         peers: Peers | None,
         on_checkpoint: Callable[[Manifest, float, float, bool], None] | None = None,
+        on_rollback: Callable[[RollbackRecord], None] | None = None,
     ):
         self.settings = settings
         self.local = local
         self.peers = peers
         self.on_checkpoint = on_checkpoint
+        self.on_rollback = on_rollback
         self._lock = threading.Lock()  # one checkpoint or rollback at a time
         self._pool = ThreadPoolExecutor(max(settings.num_shards, 1), thread_name_prefix="ps-coord")
 
@@ -347,6 +354,13 @@ class Coordinator:
                     retry_for=s.peer_deadline,
                     indices=todo,
                 )
+            reached = max((st.step for st in statuses if st is not None and st.loaded), default=0)
+            restored = loaded.step if loaded else 0
+            if moved_on and reached > restored and self.on_rollback is not None:
+                # the restarted shard (the one with nothing loaded) caused it
+                fresh = [i for i, st in enumerate(statuses) if st is None or not st.loaded]
+                cause = fresh[0] if fresh else s.index
+                self.on_rollback(RollbackRecord(cause, reached, restored, checkpoint_id))
             return checkpoint_id, generation
 
     def close(self) -> None:

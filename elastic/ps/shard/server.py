@@ -1,8 +1,4 @@
-"""A parameter-server shard process.
-
-    ELASTIC_JOB_SECRET=... [ELASTIC_RENDEZVOUS=... ELASTIC_JOB_ID=...] \\
-    python -m elastic.ps.server --index I --num-shards N [--mode async|sync] \\
-        [--bind HOST:PORT] [--checkpoint-dir DIR --checkpoint-interval SEC]
+"""A parameter-server shard process (its command line: ``elastic.ps.server``).
 
 A shard announces itself and its checkpoints through the rendezvous store only
 (``rendezvous.plan``'s records):
@@ -24,41 +20,42 @@ Without ``ELASTIC_RENDEZVOUS``/``ELASTIC_JOB_ID`` (a shard run alone, e.g. by a 
 a benchmark) there is nowhere to announce: the shard serves, restores and checkpoints
 all the same (one shard only, as shards find each other through the store), and says
 nothing. A restart with the same arguments is correct: the driver needs nothing else.
-Exit status: 0 after SIGTERM/SIGINT, 2 for bad arguments, a missing secret, or a
-checkpoint directory another user owns or can write (``rendezvous.private_dir``).
+
+With ``--replicas 1`` a primary keeps its backup in step (``mirror.py``): every reply to
+a data call waits until the backup holds every change made before it. A process
+started with ``--backup`` is that backup (``backup.py``) until the driver promotes it,
+and then serves the shard as its primary.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from dataclasses import replace
 from typing import Callable
 
-from elastic.orphan import exit_when_orphaned
 from elastic.ps import wire
-from elastic.ps.errors import PSConfigError, PSError, PSWrongShardError
-from elastic.ps.memory import tune_malloc
+from elastic.ps.errors import (
+    PSConfigError,
+    PSNotReadyError,
+    PSReplicaError,
+    PSWrongShardError,
+)
 from elastic.ps.partition import Slice
 from elastic.ps.protocol import (
     APPLIED,
     CONTROL_CALLS,
-    RESTORE_ALL,
-    SEAL,
     SERVICE,
-    STATUS,
+    AttachArgs,
     Call,
     CreateArgs,
     Created,
     Empty,
     Envelope,
     Hello,
+    MirrorArgs,
     PullArgs,
     PushArgs,
     ReleaseArgs,
@@ -67,61 +64,92 @@ from elastic.ps.protocol import (
     StepArgs,
     StepReply,
 )
-from elastic.ps.registry import StoreRegistry, registry_from_env
-from elastic.ps.settings import DEFAULT_SPLIT_THRESHOLD, MODES, ServerSettings
+from elastic.ps.registry import StoreRegistry
+from elastic.ps.settings import ServerSettings
+from elastic.ps.shard.backup import Backup
 from elastic.ps.shard.bulk import BulkServer
-from elastic.ps.shard.checkpoint import Manifest, load_newest
+from elastic.ps.shard.checkpoint import Manifest
 from elastic.ps.shard.control import Peers, ShardControl
 from elastic.ps.shard.coordinator import Coordinator
+from elastic.ps.shard.lifecycle import finish, restore
+from elastic.ps.shard.mirror import Mirror
 from elastic.ps.shard.staging import Staging
-from elastic.ps.shard.state import ShardState, initial_generation
-from rendezvous.env import ENV_RENDEZVOUS
+from elastic.ps.shard.state import ShardState
 from rendezvous.errors import RendezvousError
-from rendezvous.net import auth
 from rendezvous.net.rpc import RpcServer, ServerLimits, frame, unframe
 from rendezvous.net.url import Endpoint
-from rendezvous.plan import CheckpointRecord, ShardInfo
-from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
+from rendezvous.plan import CheckpointRecord, RollbackRecord, ShardInfo
 
 log = logging.getLogger("elastic.ps.shard.server")
 #: the largest gRPC request a shard accepts (payloads above chunk_bytes use the bulk port)
 MAX_MESSAGE_BYTES = 16 << 20
 _PATIENCE = 30.0  # how long a data call waits at a paused gate before "not ready"
+# The calls whose replies say what the state is: each waits until the backup holds it.
+_DATA_CALLS = frozenset({"Describe", "Create", "Pull", "Push", "WaitStep"})
+_BACKUP_CALLS = frozenset({"Hello", "Mirror"})  # all a backup serves
 
 # A request handler: (envelope, whole header, payload) -> reply frame
 Handler = Callable[[Envelope, dict, memoryview], bytes]
 
 
 class ShardServer:
-    """One shard: state, RPC handlers, and (shard 0) the coordinator. ``registry`` is
-    where it announces itself (None: nowhere, see the module doc).
+    """One shard (or its backup): state, RPC handlers, and (shard 0) the coordinator.
+    ``registry`` is where it announces itself (None: nowhere, see the module doc);
+    ``on_end()`` is called when the process stops serving on its own (``ended`` says
+    why: deposed as a primary, or dropped as a backup).
 
     Raises:
         PSConfigError: shards of a multi-shard job that must reach each other
-            (checkpoints, sync mode) but have no registry.
+            (checkpoints, sync mode), or replicas, but have no registry.
         OSError: the bulk port cannot be bound."""
 
     def __init__(
-        self, settings: ServerSettings, secret: str, registry: StoreRegistry | None = None
+        self,
+        settings: ServerSettings,
+        secret: str,
+        registry: StoreRegistry | None = None,
+        on_end: Callable[[], None] = lambda: None,
     ):
-        if (
-            settings.num_shards > 1
-            and registry is None
-            and (settings.checkpoint_dir or settings.mode == "sync")
+        if registry is None and (
+            settings.replicas
+            or (settings.num_shards > 1 and (settings.checkpoint_dir or settings.mode == "sync"))
         ):
             raise PSConfigError(
-                "shards of a multi-shard job find each other through the rendezvous store "
-                "(for checkpoints and sync rollbacks): set ELASTIC_RENDEZVOUS and ELASTIC_JOB_ID"
+                "shards of a multi-shard job, and replicas, find each other through the "
+                "rendezvous store (for checkpoints, sync rollbacks and backups): set "
+                "ELASTIC_RENDEZVOUS and ELASTIC_JOB_ID"
             )
         self.settings = settings
         self.registry = registry
+        self.role = "backup" if settings.backup else "primary"
+        self.ended: str | None = None
+        self._on_end = on_end
         self.state = ShardState(settings.index, settings.num_shards, settings.mode)
         self.staging = Staging(settings.staging_ttl)
         self.control = ShardControl(self.state, settings)
         self.peers = Peers(settings, secret, registry.lookup) if registry is not None else None
         self.coordinator = None
         if settings.index == 0:
-            self.coordinator = Coordinator(settings, self.control, self.peers, self._announce)
+            self.coordinator = Coordinator(
+                settings, self.control, self.peers, self._announce, self._report_rollback
+            )
+        self.mirror: Mirror | None = None
+        self.backup: Backup | None = None
+        if registry is not None and settings.replicas:
+            self.mirror = Mirror(
+                settings, secret, self.state, registry, lambda: self.address, self._end
+            )
+        if registry is not None and settings.backup:
+            self.backup = Backup(
+                settings,
+                secret,
+                self.state,
+                registry,
+                lambda: self.address,
+                self.info,
+                self._promoted,
+                self._end,
+            )
         # Requests carry headers and payloads below ClientSettings.chunk_bytes (larger ones
         # travel on the bulk port), so a message never needs more than MAX_MESSAGE_BYTES.
         self._rpc = RpcServer(
@@ -143,18 +171,23 @@ class ShardServer:
             "Release": self._release,
             "RestoreAll": self._restore_all,
             "Seal": self._seal,
+            "Attach": self._attach,
+            "Mirror": self._mirror,
         }
         for call in CONTROL_CALLS:
             handlers[call.name] = self._control_handler(call)
         for name, handler in handlers.items():
-            self._rpc.add_unary(name, self._serving(handler))
+            self._rpc.add_unary(name, self._serving(name, handler))
         self.address: str | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # ---------------------------------------------------------------- handlers
-    def _serving(self, handler: Handler) -> Callable[[bytes], bytes]:
-        """The RPC handler: checks the envelope, takes a staged upload, calls ``handler``."""
+    def _serving(self, name: str, handler: Handler) -> Callable[[bytes], bytes]:
+        """The RPC handler of call ``name``: checks the envelope and this process's
+        role, takes a staged upload, calls ``handler``; a data call's reply waits until
+        the backup holds what it says."""
+        wait = self.settings.mirror_timeout + self.settings.mirror_patience + 1.0
 
         def handle(request: bytes) -> bytes:
             header, body = unframe(request)
@@ -163,11 +196,30 @@ class ShardServer:
                 raise PSWrongShardError(
                     f"this is ps shard {self.settings.index}, not {envelope.shard}"
                 )
+            self._check_role(name)
             if envelope.upload is not None:
                 body = self.staging.take_upload(envelope.upload)
-            return handler(envelope, header, body)
+            reply = handler(envelope, header, body)
+            if self.mirror is not None and name in _DATA_CALLS:
+                self.mirror.wait(self.mirror.last(), wait)
+            return reply
 
         return handle
+
+    def _check_role(self, name: str) -> None:
+        """Raises PSWrongShardError for a call this process does not serve now (the
+        caller re-reads the shard's address), PSReplicaError for an update sent to a
+        process that is no backup."""
+        if self.ended is not None:
+            raise PSWrongShardError(
+                f"this process no longer serves ps shard {self.settings.index}: {self.ended}"
+            )
+        if self.role == "backup" and name not in _BACKUP_CALLS:
+            raise PSWrongShardError(
+                f"this is the backup of ps shard {self.settings.index}, not the shard"
+            )
+        if self.role == "primary" and name == "Mirror":
+            raise PSReplicaError(f"this process serves ps shard {self.settings.index}")
 
     @staticmethod
     def _grads(body) -> list:
@@ -247,6 +299,20 @@ class ShardServer:
             return frame(Sealed(None, None).to_dict())
         return frame(Sealed(manifest.checkpoint_id, manifest.step).to_dict())
 
+    def _attach(self, envelope: Envelope, header: dict, body) -> bytes:
+        if self.mirror is None:
+            raise PSConfigError(f"ps shard {self.settings.index} runs without a backup")
+        if not self.state.loaded:
+            raise PSNotReadyError(f"ps shard {self.settings.index} is restoring its state")
+        args = AttachArgs.from_dict(header)
+        self.mirror.attach(args.address, args.token)
+        return frame(Empty().to_dict())
+
+    def _mirror(self, envelope: Envelope, header: dict, body) -> bytes:
+        if self.backup is None:
+            raise PSReplicaError(f"this process is no backup of ps shard {self.settings.index}")
+        return frame(self.backup.handle(MirrorArgs.from_dict(header), body).to_dict())
+
     def _control_handler(self, call: Call) -> Handler:
         def handle(envelope: Envelope, header: dict, body) -> bytes:
             return frame(self.control.handle(call, call.args.from_dict(header)).to_dict())
@@ -261,7 +327,10 @@ class ShardServer:
             RendezvousError: the bind failed, or the store stayed unreachable."""
         self.address = self._rpc.start()
         self.bulk.start()
-        self._publish(ready=False)
+        if self.backup is not None:
+            self.backup.start()
+        else:
+            self._publish(ready=False)
         return self.address
 
     def info(self, ready: bool) -> ShardInfo:
@@ -281,44 +350,43 @@ class ShardServer:
             self.registry.publish(self.info(ready))
 
     def announce_ready(self) -> None:
-        """Say in the store that this shard is restored and serving.
+        """Say in the store that this shard is restored and serving (with replicas: who
+        holds it first, so that its backup attaches).
 
         Raises:
             RendezvousError: the store stayed unreachable past its deadline."""
+        if self.mirror is not None:
+            self.state.journal = self.mirror.record
+            self.mirror.serve()
         self._publish(ready=True)
         log.info("shard %d serving at %s", self.settings.index, self.address)
 
+    def _promoted(self, revision: int) -> None:
+        """This backup took the shard over (the replica record says so, at
+        ``revision``): serve it, and announce it where clients look."""
+        if self.mirror is None:  # a backup always has one (``--backup`` needs replicas)
+            raise PSConfigError("a backup without replicas")
+        self.state.journal = self.mirror.record
+        self.mirror.promoted(revision)
+        self.role = "primary"
+        self.run_background()
+        try:
+            self._publish(ready=True)
+        except RendezvousError as exc:  # clients find it once the store is back
+            log.warning("shard %d not announced yet: %s", self.settings.index, exc)
+        log.info("shard %d serving at %s (was its backup)", self.settings.index, self.address)
+
+    def _end(self, reason: str) -> None:
+        """The process stops serving on its own (deposed, or dropped as a backup)."""
+        self.ended = self.ended or reason
+        log.warning("stopping: %s", reason)
+        self._on_end()
+
     def restore(self) -> None:
-        """Restore the state for this start (see module doc). Raises PSCheckpointError
-        only if a checkpoint disappears between verification and reading."""
-        s = self.settings
-        if s.mode == "sync":
-            if self.coordinator is not None:
-                self.coordinator.restore_all()
-            elif self.peers is not None:
-                try:
-                    self.peers.call(0, RESTORE_ALL, Empty(), retry_for=s.peer_deadline)
-                except PSError as exc:
-                    log.warning("shard 0 did not restore the shards (%s); loading alone", exc)
-        if not self.state.loaded:
-            loaded = load_newest(s.checkpoint_dir)
-            snap = (
-                loaded.shard_snapshot(s.index, s.num_shards, s.split_threshold) if loaded else None
-            )
-            cid = loaded.checkpoint_id if loaded else None
-            self.state.load(snap, cid, initial_generation(cid))
-            if loaded:
-                log.info("shard %d: loaded checkpoint %d (step %d)", s.index, cid, loaded.step)
-        if s.mode == "async" and self.peers is not None:
-            # Continue the others' step count (best effort, one attempt each: at a job's
-            # start the peers may not be up, and then they are at this same step anyway).
-            steps = []
-            for i in range(s.num_shards):
-                if i != s.index:
-                    with contextlib.suppress(PSError):
-                        steps.append(self.peers.call(i, STATUS, Empty(), retry_for=0.0).step)
-            if steps:
-                self.state.raise_step(max(steps))
+        """Restore the state for this start (``lifecycle.restore``). Raises
+        PSCheckpointError only if a checkpoint disappears between verification and
+        reading."""
+        restore(self.settings, self.state, self.coordinator, self.peers, self._report_rollback)
 
     def run_background(self) -> None:
         if self.coordinator is not None and self.settings.checkpoint_dir:
@@ -327,6 +395,21 @@ class ShardServer:
             )
             t.start()
             self._threads.append(t)
+
+    def _report_rollback(self, record: RollbackRecord) -> None:
+        """The shards went back to an older state than they had reached: say so in the
+        store, where the driver reports it (when there is one)."""
+        log.warning(
+            "ps shards back at step %d, from step %d (shard %d restarted)",
+            record.to_step,
+            record.from_step,
+            record.shard,
+        )
+        if self.registry is not None:
+            try:
+                self.registry.publish_rollback(record)
+            except RendezvousError as exc:
+                log.warning("rollback not announced in the store: %s", exc)
 
     def _announce(self, manifest: Manifest, pause_ms: float, write_ms: float, final: bool) -> None:
         """A coordinated checkpoint is complete (``final``: it holds the state the
@@ -347,44 +430,18 @@ class ShardServer:
             log.warning("checkpoint %d not announced in the store: %s", manifest.checkpoint_id, exc)
 
     def finish(self) -> None:
-        """Before the shard stops: put the shards' state in a checkpoint that seals them
-        (``Coordinator.seal``: no push is applied after it, so it holds the last step
-        any client saw), when the job checkpoints at all. Shard 0 makes it and
-        announces it as the final checkpoint. Another shard cannot make a coordinated
-        checkpoint alone: it asks shard 0 for one, unless a seal already holds it (the
-        driver stops shard 0 first, whose final checkpoint seals every shard), and
-        without an answer it stops with what the newest checkpoint holds. Bounded by
-        ``ServerSettings.stop_timeout``; the outcome is logged."""
+        """Before the shard stops: the checkpoint that seals the shards' state
+        (``lifecycle.finish``); nothing for a backup, or a process that stopped serving."""
         self._stop.set()  # no periodic checkpoint from now on: it would lift the seal
-        s = self.settings
-        if not s.checkpoint_dir or not self.state.loaded:
-            return
-        deadline = time.monotonic() + s.stop_timeout
-        if self.coordinator is not None:
-            manifest = self.coordinator.seal(deadline, final=True)
-            if manifest is not None:
-                log.info("final checkpoint %d holds step %d", manifest.checkpoint_id, manifest.step)
-            return
-        sealed = self.state.sealed_at()
-        if sealed is None and self.peers is not None:
-            try:
-                reply = self.peers.call(0, SEAL, Empty(), retry_for=0.0, timeout=s.stop_timeout)
-                sealed = reply.checkpoint_id
-            except (PSError, RendezvousError) as exc:
-                log.warning("shard 0 made no checkpoint for this stop: %s", exc)
-                sealed = self.state.sealed_at()  # it may have, and then stopped itself
-        if sealed is not None:
-            log.info("shard %d: stopping with its state in checkpoint %d", s.index, sealed)
-        else:
-            log.warning(
-                "shard %d stops with changes since the newest checkpoint; a restart "
-                "restores that checkpoint",
-                s.index,
-            )
+        if self.role == "primary" and self.ended is None:
+            finish(self.settings, self.state, self.coordinator, self.peers)
 
     def stop(self) -> None:
         self._stop.set()
         self.state.close()  # handlers waiting at the gate answer now
+        for part in (self.backup, self.mirror):
+            if part is not None:
+                part.close()
         self._rpc.stop(grace=0.5)
         self.bulk.close()
         for t in self._threads:
@@ -396,86 +453,3 @@ class ShardServer:
             self.peers.close()
         if self.registry is not None:
             self.registry.close()
-
-
-def parse_args(argv=None) -> ServerSettings:
-    """The shard's settings from its command line; exits 2 with a one-line error for
-    bad arguments (argparse)."""
-    p = argparse.ArgumentParser(
-        prog="python -m elastic.ps.server", description="Serve one parameter-server shard."
-    )
-    p.add_argument("--index", type=int, required=True)
-    p.add_argument("--num-shards", type=int, required=True)
-    p.add_argument("--mode", choices=MODES, default="async")
-    p.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT (port 0: any free port)")
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--checkpoint-interval", type=float, default=30.0)
-    p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=ServerSettings.stop_timeout,
-        help="seconds a stopping shard tries to checkpoint the shards' state",
-    )
-    p.add_argument(
-        "--split-threshold",
-        type=int,
-        default=DEFAULT_SPLIT_THRESHOLD,
-        help="variables above this many bytes are split across shards",
-    )
-    a = p.parse_args(argv)
-    try:
-        return ServerSettings(
-            index=a.index,
-            num_shards=a.num_shards,
-            mode=a.mode,
-            bind=a.bind,
-            checkpoint_dir=a.checkpoint_dir,
-            checkpoint_interval=a.checkpoint_interval,
-            keep_checkpoints=a.keep_checkpoints,
-            stop_timeout=a.stop_timeout,
-            split_threshold=a.split_threshold,
-        )
-    except PSConfigError as exc:
-        p.error(str(exc))
-        raise  # not reached: error() exits
-
-
-def main(argv=None) -> int:
-    settings = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"[ps {settings.index}] %(levelname)s %(name)s: %(message)s",
-    )
-    tune_malloc()
-    secret = auth.secret_from_env()
-    if secret is None:
-        print(f"elastic.ps.server: {auth.ENV_SECRET} is not set", file=sys.stderr)
-        return 2
-    if settings.checkpoint_dir:
-        try:
-            make_private_dir(settings.checkpoint_dir, "--checkpoint-dir")
-        except InsecureDirectoryError as exc:
-            print(f"elastic.ps.server: {exc}", file=sys.stderr)
-            return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    if os.environ.get(ENV_RENDEZVOUS):
-        exit_when_orphaned()  # started by elastic-run: do not outlive it
-    try:
-        server = ShardServer(settings, secret, registry_from_env())
-    except PSConfigError as exc:
-        print(f"elastic.ps.server: {exc}", file=sys.stderr)
-        return 2
-    try:
-        server.start()
-        server.restore()
-        server.run_background()
-        server.announce_ready()
-        stop.wait()
-        server.finish()
-    finally:
-        server.stop()
-    return 0

@@ -47,6 +47,7 @@ from elastic.ps.protocol import (
     StepReply,
     VariableInfo,
 )
+from elastic.ps.shard.journal import JournalOps
 from elastic.ps.shard.state_checkpoints import CheckpointOps, _Pause, _Var
 
 log = logging.getLogger("elastic.ps.shard.state")
@@ -57,9 +58,10 @@ def initial_generation(checkpoint_id: int | None) -> str:
     return f"c{checkpoint_id or 0}"
 
 
-class ShardState(CheckpointOps):
+class ShardState(CheckpointOps, JournalOps):
     """State of shard ``index`` of ``num_shards`` in ``mode`` ("async" or "sync"); its
-    checkpoint operations are in ``CheckpointOps``."""
+    checkpoint operations are in ``CheckpointOps``, what a backup needs of each change
+    in ``JournalOps``."""
 
     def __init__(self, index: int, num_shards: int, mode: str, clock=time.monotonic):
         self.index, self.num_shards, self.mode = index, num_shards, mode
@@ -170,11 +172,14 @@ class ShardState(CheckpointOps):
             if not new:
                 return []
             self._wait_gate(patience)
+            created = []
             for sl, value in new:
                 if sl.name in self._vars:
                     continue
                 param = np.array(value, dtype=np.dtype(sl.dtype), copy=True)
-                self._vars[sl.name] = _Var(sl, param, opt.slots(param), opt)
+                self._vars[sl.name] = var = _Var(sl, param, opt.slots(param), opt)
+                created.append(var)
+            self._record_create(created, opt.config())
             self._bump()
             self._cond.notify_all()
             return [sl.name for sl, _ in new]
@@ -210,7 +215,13 @@ class ShardState(CheckpointOps):
                 [(self._vars[n].slice.to_dict(), self._vars[n].param) for n in names],
             )
 
-    def _apply(self, grads: list[tuple[str, np.ndarray]]) -> None:
+    def _apply(
+        self, grads: list[tuple[str, np.ndarray]], client: str | None = None, seq: int = 0
+    ) -> None:
+        """One global step (an async push from ``client`` numbered ``seq``, or a sync
+        step's average), recorded for a backup first: it is sent while this applies it
+        (the shapes were checked, so applying cannot fail half way)."""
+        self._record_apply(grads, client, seq)
         for name, grad in grads:
             var = self._vars[name]
             out = var.spare if unshared(var.spare, 1) else None
@@ -248,7 +259,7 @@ class ShardState(CheckpointOps):
             if seq <= self._dedup.get(client, 0):
                 return self.step
             self._wait_gate(patience)
-            self._apply(grads)
+            self._apply(grads, client, seq)
             self._dedup[client] = seq
             return self.step
 
@@ -394,4 +405,5 @@ class ShardState(CheckpointOps):
         with self._cond:
             if step > self.step:
                 self.step = step
+                self._record_meta()
                 self._bump()

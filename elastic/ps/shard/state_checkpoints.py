@@ -60,6 +60,8 @@ class CheckpointOps:
         _pause: _Pause | None
 
         def _bump(self) -> None: ...
+        def _record_meta(self) -> None: ...
+        def _record_full(self) -> None: ...
         def _require_loaded(self) -> None: ...
         def _drop_pending(self) -> None: ...
         def _try_apply_sync(self) -> None: ...
@@ -115,6 +117,7 @@ class CheckpointOps:
                     checkpoint_id,
                 )
                 self.step = target
+                self._record_meta()
                 self._bump()
             return self.step
 
@@ -187,6 +190,7 @@ class CheckpointOps:
             self._pause = None
             self.loaded = True
             self._drop_pending()
+            self._record_full()
 
     def adopt_generation(self, generation: str) -> None:
         """Keep the state (it equals the checkpoint) but join ``generation``. Ends a
@@ -195,6 +199,7 @@ class CheckpointOps:
         with self._cond:
             if generation != self.generation:
                 self.generation = generation
+                self._record_meta()
                 self._drop_pending()
             if self._pause is not None:
                 self._pause = None

@@ -148,3 +148,27 @@ def test_a_spread_shard_keeps_its_host_while_usable_and_moves_when_lost():
     assert spread_host(0, "b", ["a", "b"]) == "b"  # a restart stays while the host is usable
     assert spread_host(0, "a", ["b", "c"]) == "b"  # its host lost: another usable host
     assert spread_host(1, "a", []) == DRIVER_HOST
+
+
+def test_a_backup_runs_on_another_usable_host_than_its_shard():
+    from driver.ps.shard_hosts import backup_host
+
+    assert backup_host(0, "a", None, ["a", "b", "c"]) == "b"  # the host after the shard's
+    assert backup_host(2, "c", None, ["a", "b", "c"]) == "a"  # round robin
+    assert backup_host(0, "a", "c", ["a", "b", "c"]) == "c"  # it stays while usable
+    assert backup_host(0, "a", "a", ["a", "b"]) == "b"  # never on the shard's own host
+    assert backup_host(1, "x", None, ["a", "b"]) == "b"  # the shard's host is not usable
+    assert backup_host(0, "a", None, ["a"]) == "a"  # one host: beside the shard
+
+
+def test_a_backup_takes_over_only_while_the_record_names_it_in_step():
+    from driver.ps.failover import promotion
+    from rendezvous.plan import ReplicaRecord
+
+    record = ReplicaRecord(1, "p:1", "b:2", step=40)
+    assert promotion(record, "p:1", "b:2") == ReplicaRecord(1, "b:2", "", 40, serving=False)
+    assert promotion(record, "p:1", "c:3") is None  # another backup than the one in step
+    assert promotion(record, "q:1", "b:2") is None  # not the primary that died
+    assert promotion(ReplicaRecord(1, "p:1", "", 40), "p:1", "b:2") is None  # dropped
+    assert promotion(ReplicaRecord(1, "p:1", "b:2", serving=False), "p:1", "b:2") is None
+    assert promotion(None, "p:1", "b:2") is None and promotion(record, None, "b:2") is None

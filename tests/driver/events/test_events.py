@@ -133,7 +133,7 @@ def _sample(cls):
 
 def test_every_kind_has_a_class_and_a_readable_text():
     vocabulary = ev.vocabulary()
-    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 41
+    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 45
     for kind, cls in vocabulary.items():
         assert cls.kind == kind
         event = _sample(cls)
@@ -196,3 +196,20 @@ def test_driver_lines_can_carry_a_timestamp():
         r"elastic-run \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\]: waiting for workers \(3.00s so far\)\n",
         line,
     ), line
+
+
+def test_the_replica_and_rollback_lines_say_what_happened_to_the_steps():
+    assert str(ev.PsFailedOver(1, "10.0.0.1:4001", "10.0.0.2:4002", 153)) == (
+        "ps shard 1 failed over from 10.0.0.1:4001 to its backup on 10.0.0.2:4002 at "
+        "step 153: no step lost"
+    )
+    assert str(ev.PsRolledBack(1, 180, 120, 60, checkpoint=4)) == (
+        "ps shard 1 restarted from checkpoint 4 at step 120, behind the step 180 the "
+        "shards had reached: 60 steps lost"
+    )
+    assert str(ev.PsBackupReady(0, "h:1", 77, 12)) == (
+        "ps shard 0 has a backup in step on h:1 (pid 77, copied at step 12)"
+    )
+    assert str(ev.PsBackupExited(0, -9)) == (
+        "the backup of ps shard 0 exited (killed by SIGKILL); starting another"
+    )

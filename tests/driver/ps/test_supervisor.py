@@ -133,7 +133,7 @@ def test_a_stale_record_of_another_process_is_not_readiness(supervise):
         return kv is not None and ShardInfo.from_json(kv.value).pid == pid
 
     wait_until(own_record, 30, "the shard's own record")
-    sup._take_shard_record(store.get(keys.ps_shard(0)))
+    sup._records.take(store.get(keys.ps_shard(0)))
     assert events.of("ps_started") == []
 
 

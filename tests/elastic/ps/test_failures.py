@@ -39,14 +39,15 @@ def _gd(steps: int, lr: float) -> dict:
     return params
 
 
-def full_data_sync_workers(job: PSJob, tmp_path, steps: int, lr: float) -> list:
-    """Two sync workers of ``steps`` on the full data (what ``check_gd`` checks); their
-    result files."""
+def full_data_sync_workers(job: PSJob, tmp_path, steps: int, lr: float, *extra) -> list:
+    """Two sync workers of ``steps`` on the full data (what ``check_gd`` checks), with
+    ``extra`` arguments (``{rank}`` in one is the worker's rank); their result files."""
     outs = [tmp_path / f"out{r}.json" for r in range(2)]
     for r in range(2):
         job.worker(
             *("lsq", "--steps", steps, "--rank", r, "--size", 2, "--data", "full"),
             *("--lr", lr, "--out", outs[r]),
+            *(str(a).format(rank=r) for a in extra),
         )
     return outs
 

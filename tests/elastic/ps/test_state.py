@@ -243,3 +243,59 @@ def test_a_seal_of_a_state_already_in_a_checkpoint_and_close():
         st.close()  # the shard stops: every wait ends now, nothing is applied
         assert pushed.result(timeout=5).status == PENDING
     assert st.step == 0
+
+
+# ----------------------------------------------------------------------------- replicas
+
+
+def _through_the_wire(ops):
+    """The updates as a backup receives them: encoded in one mirror call, decoded."""
+    from elastic.ps.protocol import MirrorArgs
+    from elastic.ps.shard.journal import decode, encode
+
+    heads, payload = encode(ops)
+    body = b"".join(bytes(memoryview(p).cast("B")) for p in payload)
+    return decode(MirrorArgs("t", heads), body)
+
+
+def test_a_backup_replaying_the_journal_holds_the_primary_state_bit_for_bit():
+    """Every change of a primary (a load, Adam variables, async pushes with their
+    de-duplication, a step forwarded, a new generation) replayed on another state gives
+    the same values, slots, step and generation, and a push repeated there after a lost
+    answer is not applied twice."""
+    ops: list = []
+    primary, backup = ShardState(0, 1, "async"), ShardState(0, 1, "async")
+    primary.journal = ops.append
+    primary.load(None, None, G0)
+    value = np.arange(12.0).reshape(3, 4)
+    w = Slice("w", 0, 0, 3, value.shape, value.dtype.str)
+    primary.create([(w, value)], {"optimizer": "adam", "lr": 0.1}, 1.0)
+    rng = np.random.default_rng(0)
+    for seq in range(1, 6):
+        primary.push_async("c", seq, [("w", rng.normal(size=(3, 4)))], 1.0, round_id=2)
+    primary.raise_step(9)
+    primary.adopt_generation("c0-x")
+    for op in _through_the_wire(ops):
+        backup.replay(op)
+    assert [op.head.kind for op in ops] == ["full", "create"] + ["apply"] * 5 + ["meta", "meta"]
+    assert (backup.step, backup.generation) == (primary.step, primary.generation) == (9, "c0-x")
+    np.testing.assert_array_equal(_w(backup), _w(primary))
+    for name in ("m", "v", "t"):
+        np.testing.assert_array_equal(backup._vars["w"].slots[name], primary._vars["w"].slots[name])
+    assert backup.push_async("c", 5, [("w", np.ones((3, 4)))], 1.0) == 9  # a repeat: not applied
+
+
+def test_a_backup_refuses_an_update_that_does_not_follow_its_copy():
+    from elastic.ps.errors import PSReplicaError
+
+    ops: list = []
+    primary, backup = _state(), ShardState(0, 1, "async")
+    primary.journal = ops.append
+    backup.replay(primary.full_op())
+    primary.push_async("c", 1, [("w", np.ones(4))], 1.0)
+    primary.push_async("c", 2, [("w", np.ones(4))], 1.0)
+    with pytest.raises(PSReplicaError, match="at step 0; update 0 makes step 2"):
+        backup.replay(ops[1])  # the first of the two is missing
+    backup.replay(ops[0])
+    backup.replay(ops[1])
+    np.testing.assert_array_equal(_w(backup), -2 * np.ones(4))

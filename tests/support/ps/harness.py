@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from driver.ps.command import shard_command
 from elastic.ps.client import PSClient
 from elastic.ps.client.link import ShardLink
 from elastic.ps.registry import StoreRegistry
@@ -178,29 +179,15 @@ class PSJob:
 
     def shard_argv(self, index: int) -> list[str]:
         """The command line the driver uses (and reuses unchanged for a restart)."""
-        argv = [
-            sys.executable,
-            "-m",
-            "elastic.ps.server",
-            "--index",
-            str(index),
-            "--num-shards",
-            str(self.num_shards),
-            "--mode",
+        command = shard_command(
+            index,
+            self.num_shards,
             self.mode,
-            "--bind",
-            "127.0.0.1:0",
-            "--split-threshold",
-            str(self.split_threshold),
-        ]
-        if self.checkpoint_dir:
-            argv += [
-                "--checkpoint-dir",
-                self.checkpoint_dir,
-                "--checkpoint-interval",
-                str(self.checkpoint_interval),
-            ]
-        return argv
+            "127.0.0.1",
+            self.checkpoint_dir,
+            self.checkpoint_interval,
+        )
+        return [*command, "--split-threshold", str(self.split_threshold)]
 
     def start(self, indices=None, timeout: float = 60.0) -> PSJob:
         indices = range(self.num_shards) if indices is None else indices

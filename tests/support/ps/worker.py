@@ -4,7 +4,10 @@ imports the problem definitions to compute expected numbers).
     python tests/support/ps/worker.py lsq --steps N [--rank R --size S] [--data shard|full] ...
     python tests/support/ps/worker.py count --steps N --progress FILE
 
-Connects with ``elastic.ps.connect()`` from the environment a driver would give.
+Connects with ``elastic.ps.connect()`` from the environment a driver would give. With
+``--steps-file FILE`` each push appends the step it returned to FILE; with ``--hold FILE
+--hold-after N`` a worker past step N waits before its next push while FILE exists (a
+test holds training there, however fast it runs).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 # The repository's root (run as a file, this script's own folder is sys.path[0]).
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
@@ -58,6 +62,13 @@ def _progress(path: str | None, value: int) -> None:
             os.close(fd)
 
 
+def _pushed(args, client) -> None:
+    """After each push: the step it returned, then the hold (see the module doc)."""
+    _progress(args.steps_file, client.step)
+    while args.hold and client.step >= args.hold_after and os.path.exists(args.hold):
+        time.sleep(0.01)  # simulated slow compute, held by the test
+
+
 def run_lsq(args, client) -> dict:
     from elastic.ps.errors import PSRoundChangedError
 
@@ -75,6 +86,7 @@ def run_lsq(args, client) -> dict:
             client.push(grad(params, Xr, yr))
             pushes += 1
             _progress(args.progress, client.step)
+            _pushed(args, client)
         except PSRoundChangedError:
             changes += 1  # the round changed under a sync step: pull and redo it
     return {
@@ -95,6 +107,7 @@ def run_count(args, client) -> dict:
         client.push(ones)
         acked += 1
         _progress(args.progress, acked)
+        _pushed(args, client)
     return {"acked": acked, "step": client.step}
 
 
@@ -109,6 +122,9 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--progress", default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--steps-file", default=None)
+    p.add_argument("--hold", default=None)
+    p.add_argument("--hold-after", type=int, default=0)
     args = p.parse_args(argv)
     import elastic  # a plain import must be enough for elastic.ps.connect()
 

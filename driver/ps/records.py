@@ -1,0 +1,164 @@
+"""What the ps shards say in the store, followed for the driver: one watch of every ps
+key of the job (``JobKeys.ps_records``), so the records arrive in the order the store
+took them, through outages (``rendezvous.watch.follow_prefix``).
+
+* a shard's ``ShardInfo`` (``ps_shard(i)``), a backup's (``ps_backup(i)``) and a
+  shard's ``ReplicaRecord`` (``ps_replica(i)``) go to the supervisor, which knows which
+  process is which (``on_shard``, ``on_backup``, ``on_replica``);
+* each complete checkpoint (``ps_checkpoint``) and each rollback (``ps_rollback``) is
+  reported here, once, as ``checkpoint_written`` and ``ps_rolled_back``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Callable
+
+from driver.events import CheckpointWritten, EventSink, PsRolledBack
+from driver.threads import spawn
+from rendezvous.watch import follow_prefix
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.plan import CheckpointRecord, ReplicaRecord, RollbackRecord, ShardInfo
+from rendezvous.store import PUT, Event, KeyValue, KVStore
+
+log = logging.getLogger(__name__)
+
+FINAL_RECORD_WAIT = 5.0
+"""Bound on reading the final checkpoint's record once shard 0 has exited."""
+
+
+class ShardRecords:
+    """Follows the ps records of the job under ``keys`` in ``store`` (``start``/``stop``)
+    and reports checkpoints and rollbacks to ``events``. ``on_lost(reason)``: the store
+    stayed unreachable for ``patience`` seconds. The callbacks run in the follower's
+    thread."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        keys: JobKeys,
+        events: EventSink,
+        *,
+        on_shard: Callable[[ShardInfo], None],
+        on_backup: Callable[[ShardInfo], None],
+        on_replica: Callable[[ReplicaRecord, int], None],
+        on_lost: Callable[[str], None],
+        patience: float,
+        clock: Callable[[], float],
+    ):
+        self._store = store
+        self._keys = keys
+        self._events = events
+        self._on_shard = on_shard
+        self._on_backup = on_backup
+        self._on_replica = on_replica
+        self._on_lost = on_lost
+        self._patience = patience
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_checkpoint: tuple[int, bool] | None = None
+        self._last_rollback = 0  # the mod revision of the newest rollback reported
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = spawn("ps-records", self._follow)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _follow(self) -> None:
+        def on_event(event: Event) -> None:
+            if event.type == PUT:
+                self.take(event.kv)
+
+        def on_resync(kvs: Sequence[KeyValue]) -> None:
+            for kv in kvs:
+                self.take(kv)
+
+        follow_prefix(
+            self._store,
+            self._keys.ps_records,
+            None,
+            on_event=on_event,
+            on_resync=on_resync,
+            on_lost=lambda exc: self._on_lost(
+                f"lost the rendezvous store while watching the ps shards: {exc}"
+            ),
+            stop=self._stop,
+            patience=self._patience,
+            clock=self._clock,
+        )
+
+    def take(self, kv: KeyValue) -> None:
+        """One record as the store holds it; an unreadable one is logged and ignored."""
+        keys, key = self._keys, kv.key
+        try:
+            if key.startswith(keys.ps):
+                self._on_shard(ShardInfo.from_json(kv.value))
+            elif key.startswith(keys.ps_backups):
+                self._on_backup(ShardInfo.from_json(kv.value))
+            elif key.startswith(keys.ps_replicas):
+                self._on_replica(ReplicaRecord.from_json(kv.value), kv.mod_revision)
+            elif key == keys.ps_checkpoint:
+                self._take_checkpoint(CheckpointRecord.from_json(kv.value))
+            elif key == keys.ps_rollback:
+                self._take_rollback(RollbackRecord.from_json(kv.value), kv.mod_revision)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable ps record under %s: %s", key, exc)
+
+    def _take_checkpoint(self, record: CheckpointRecord) -> None:
+        taken = (record.checkpoint_id, record.final)
+        with self._lock:
+            # The same checkpoint read again (after a watch ended, or by the final read),
+            # or an older one the watch delivers after the final read: not news.
+            if self._last_checkpoint is not None and taken <= self._last_checkpoint:
+                return
+            self._last_checkpoint = taken
+        self._events.emit(
+            CheckpointWritten(
+                step=record.step,
+                path=record.dir,
+                checkpoint=record.checkpoint_id,
+                seconds=round((record.pause_ms + record.write_ms) / 1e3, 3),
+                final=record.final,
+            )
+        )
+
+    def _take_rollback(self, record: RollbackRecord, revision: int) -> None:
+        with self._lock:
+            if revision <= self._last_rollback:
+                return  # read again after a watch ended
+            self._last_rollback = revision
+        self._events.emit(
+            PsRolledBack(
+                shard=record.shard,
+                from_step=record.from_step,
+                to_step=record.to_step,
+                lost_steps=record.from_step - record.to_step,
+                checkpoint=record.checkpoint,
+            )
+        )
+
+    def read_final_checkpoint(self) -> None:
+        """Take the checkpoint record as shard 0 left it (the watch may not have
+        delivered it yet), reading the store from a thread so that an unreachable
+        store delays the stop by ``FINAL_RECORD_WAIT`` at most."""
+        found: list[KeyValue | None] = []
+
+        def read() -> None:
+            try:
+                found.append(self._store.get(self._keys.ps_checkpoint))
+            except RendezvousError as exc:
+                log.warning("cannot read the final checkpoint's record: %s", exc)
+
+        reader = threading.Thread(target=read, name="ps-final-checkpoint", daemon=True)
+        reader.start()
+        reader.join(timeout=FINAL_RECORD_WAIT)
+        if found and found[0] is not None:
+            self.take(found[0])
