@@ -18,11 +18,11 @@ from typing import Callable
 
 from driver.events import CheckpointWritten, EventSink, PsRolledBack
 from driver.threads import spawn
-from rendezvous.watch import follow_prefix
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import CheckpointRecord, ReplicaRecord, RollbackRecord, ShardInfo
 from rendezvous.store import PUT, Event, KeyValue, KVStore
+from rendezvous.watch import follow_prefix
 
 log = logging.getLogger(__name__)
 
