@@ -294,10 +294,8 @@ class PSClient:
         targets = sorted(wanted & {shard for shard, _ in per_shard})
         if indices is None:
             self._each(create, targets)
-        else:
-            # Re-creating from inside a call on the shard pool (``_recreate``): in this
-            # thread, as every pool thread may be such a call waiting for its own.
-            for i in targets:
+        else:  # from a call on the shard pool (``_recreate``): here, not on the pool,
+            for i in targets:  # where every thread may be such a call, waiting on its own
                 create(i)
 
     def _recreate(self, index: int) -> None:
