@@ -403,7 +403,7 @@ class WorkerRuntime:
                 after = plan.round_id
                 continue
             with self._cond:
-                if self._superseded(plan.round_id):
+                if self.superseded(plan.round_id):
                     comm.close("superseded while forming")
                     after = plan.round_id
                     continue
@@ -412,7 +412,9 @@ class WorkerRuntime:
                 old.close("replaced")
             return plan
 
-    def _superseded(self, round_id: int) -> bool:
+    def superseded(self, round_id: int) -> bool:
+        """True when round ``round_id`` is over for this worker: a newer one was
+        published, or the worker is closing (cheap: no I/O)."""
         latest = self._latest
         return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
 

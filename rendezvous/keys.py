@@ -119,14 +119,15 @@ class JobKeys:
         member, so all of them snapshot the same commit without a collective."""
         return f"{self.prefix}snapshot-at"
 
-    def snapshot_parts(self, group: str, step: int) -> str:
-        """Prefix of the parts written of the snapshot of commit ``step`` by ``group``
-        (``all``, or a host's label when each host keeps its own copy): one
-        ``SnapshotPart`` per writer, under its lease; the part 0 writer waits for all."""
-        return f"{self.prefix}snapshot-parts/{_label(group)}/{step:012d}/"
+    def snapshot_parts(self, group: str, step: int, token: str) -> str:
+        """Prefix of the parts written of one snapshot (commit ``step``, attempt ``token``:
+        a stop's snapshot of the commit a periodic one is writing is another attempt) by
+        ``group`` (``all``, or a host's label when each host keeps its own copy): one
+        ``SnapshotPart`` per writer; the part 0 writer waits for all, then deletes them."""
+        return f"{self.prefix}snapshot-parts/{_label(group)}/{step:012d}/{_label(token)}/"
 
-    def snapshot_part(self, group: str, step: int, part: int) -> str:
-        return f"{self.snapshot_parts(group, step)}{part:05d}"
+    def snapshot_part(self, group: str, step: int, token: str, part: int) -> str:
+        return f"{self.snapshot_parts(group, step, token)}{part:05d}"
 
     @property
     def snapshots(self) -> str:

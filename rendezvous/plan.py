@@ -63,12 +63,14 @@ class Plan:
     (``plan_is_current``). ``snapshot``: what the members do with their state once the
     round formed, before they train: nothing (""), write a snapshot of it and train on
     (``SNAPSHOT_NOW``: a host is about to go), or write one and stop
-    (``SNAPSHOT_FINAL``: the job is being stopped)."""
+    (``SNAPSHOT_FINAL``: the job is being stopped); ``snapshot_token``: that snapshot's
+    name among attempts at the same commit (fresh for each such round)."""
 
     round_id: int
     members: tuple[Member, ...] = field(default_factory=tuple)
     term: int = 0
     snapshot: str = ""
+    snapshot_token: str = ""
 
     @property
     def size(self) -> int:
@@ -91,6 +93,7 @@ class Plan:
                 "members": [asdict(m) for m in self.members],
                 "term": self.term,
                 **({"snapshot": self.snapshot} if self.snapshot else {}),
+                **({"snapshot_token": self.snapshot_token} if self.snapshot_token else {}),
             },
             sort_keys=True,
         ).encode()
@@ -103,6 +106,7 @@ class Plan:
             members=tuple(Member(**m) for m in raw["members"]),
             term=int(raw.get("term", 0)),
             snapshot=str(raw.get("snapshot", "")),
+            snapshot_token=str(raw.get("snapshot_token", "")),
         )
 
 
@@ -314,13 +318,16 @@ class SnapshotAt(JsonRecord):
 @dataclass(frozen=True)
 class SnapshotPart(JsonRecord):
     """Under ``JobKeys.snapshot_part``: part ``part`` of the snapshot of commit ``step`` is
-    durable (``bytes``, ``sha256`` of the file); ``error`` instead when its writer could
-    not write it (a full disk) or missed the commit: the snapshot is then abandoned."""
+    durable (``bytes``, ``sha256`` of the file; ``leaves``: a digest of the sizes of the
+    state's arrays as its writer cut them, which every part must share); ``error``
+    instead when its writer could not write it (a full disk) or missed the commit: the
+    snapshot is then abandoned."""
 
     part: int
     sha256: str = ""
     bytes: int = 0
     error: str = ""
+    leaves: str = ""
 
 
 @dataclass(frozen=True)
@@ -328,8 +335,8 @@ class SnapshotRecord(JsonRecord):
     """What a snapshot says to the driver, under ``JobKeys.snapshots``: the snapshot of
     commit ``step`` (taken in round ``round_id``) by ``group`` is complete in ``path``
     (``done``), could not be written (``failed``: ``error`` says why), or round
-    ``round_id`` resumed from it (``loaded``). ``host``: the label of the host whose
-    disk holds it ("" when every member sees ``path``); ``final``: the snapshot a stop
+    ``round_id`` resumed from it (``loaded``). ``host``: the label of a host whose disk
+    holds it ("" when every member of several hosts sees ``path``); ``final``: the snapshot a stop
     asked for; ``seconds``: from the commit to the manifest; ``bytes``: its size."""
 
     step: int

@@ -193,7 +193,10 @@ class Agent:
             DRAIN_GRACE,
         )
         try:
-            self._store.put(self._keys.preempted(self.host), self.host.encode())
+            # Under the agent's lease: gone with the agent, so a host that comes back
+            # later (a new agent) is not taken for preempted again.
+            lease = self._lease.id if self._lease is not None else 0
+            self._store.put(self._keys.preempted(self.host), self.host.encode(), lease=lease)
         except RendezvousError as exc:
             log.warning("cannot tell the job that %s is preempted: %s", self.host, exc)
 

@@ -13,6 +13,7 @@ a worker adopted by its pid alone comes back to the loop as an exit, through
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -171,7 +172,11 @@ class JobLead:
         goes, ``driver.policy.preemption``), fenced like any round, counted as no reset;
         False when the training finished first (no round is published after that)."""
         ctx = self._ctx
-        plan = replace(plan, term=ctx.services.claim.record.term)
+        # A fresh token names this snapshot's files and parts: never those of an earlier
+        # run of the job id whose rounds had the same numbers.
+        plan = replace(
+            plan, term=ctx.services.claim.record.term, snapshot_token=secrets.token_hex(6)
+        )
         published = ctx.services.steer_unless(
             ctx.keys.training_finished, [Put(ctx.keys.round, plan.to_json())]
         )

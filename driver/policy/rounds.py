@@ -169,12 +169,24 @@ def _state_lost(
     step = book.progress_step
     if config.on_state_lost == "restart":
         return [Report(StateLost(round=candidate.round_id, previous=plan.round_id, step=step))]
-    where = "no snapshot holds it" if config.checkpoint_dir else "there is no --checkpoint-dir"
+    way_out = "start it again with --checkpoint-dir to keep it"
+    if not config.checkpoint_dir:
+        where = "there is no --checkpoint-dir"
+    elif book.snapshots:  # on disks only other hosts are known to read (host-local, or alone)
+        where = (
+            "its snapshots are on hosts the new round does not run on ("
+            + ", ".join(sorted({host for host, _ in book.snapshots}))
+            + ")"
+        )
+        way_out = "the same command started where they are resumes from the newest"
+    else:
+        where = "no snapshot holds it yet"
+        way_out = "a shorter --checkpoint-interval keeps it sooner"
     return Fail(
         f"the committed training state was lost: no worker of round {plan.round_id} is left "
         f"to hand it on (it had committed step {step} at least, as rank 0 last said) and "
-        f"{where}; start it again with --checkpoint-dir to keep it, or with "
-        "--on-state-lost restart to train from the script's initial state"
+        f"{where}; {way_out}, or --on-state-lost restart trains from the script's "
+        "initial state"
     )
 
 

@@ -14,7 +14,7 @@ import io
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -24,7 +24,35 @@ MIN_LEAF_BYTES = 64 * 1024
 """Arrays smaller than this are pickled inside the skeleton (a leaf of its own costs a
 manifest entry and a piece of a part)."""
 
-Encode = Callable[[Any], "tuple[dict, memoryview] | None"]
+
+class LeafBytes(Protocol):
+    """An array's raw bytes, read a range at a time: each writer reads only its own
+    pieces (an array in a GPU's memory is copied to the host a piece at a time, by the
+    writer that writes that piece, never whole by every writer)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def read(self, start: int, stop: int) -> memoryview:
+        """Bytes ``start`` to ``stop`` (raises what the array's device raises)."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostBytes:
+    """Raw bytes already in this process's memory: ranges are views, no copy."""
+
+    view: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return self.view.nbytes
+
+    def read(self, start: int, stop: int) -> memoryview:
+        return self.view[start:stop]
+
+
+Encode = Callable[[Any], "tuple[dict, LeafBytes] | None"]
 Decode = Callable[[dict, bytearray], Any]
 
 
@@ -35,7 +63,7 @@ class Leaf:
 
     kind: str
     meta: dict
-    data: memoryview
+    data: LeafBytes
 
     @property
     def nbytes(self) -> int:
@@ -47,17 +75,18 @@ _CODECS: dict[str, tuple[type, Encode, Decode]] = {}
 
 def register_leaf_codec(kind: str, cls: type, encode: Encode, decode: Decode) -> None:
     """Make objects of ``cls`` leaves of kind ``kind``: ``encode(obj)`` gives their meta
-    and raw bytes (None: pickle it in the skeleton), ``decode(meta, buffer)`` builds one
-    from them (``buffer`` is the object's own: it may keep it)."""
+    and raw bytes (``LeafBytes``, read later by the writers; None: pickle it in the
+    skeleton), ``decode(meta, buffer)`` builds one from them (``buffer`` is the
+    object's own: it may keep it)."""
     _CODECS[kind] = (cls, encode, decode)
 
 
-def _encode_ndarray(array: np.ndarray) -> tuple[dict, memoryview] | None:
+def _encode_ndarray(array: np.ndarray) -> tuple[dict, LeafBytes] | None:
     if array.dtype.hasobject:
         return None  # objects, not bytes: pickled
     contiguous = np.ascontiguousarray(array)
     meta = {"dtype": contiguous.dtype.str, "shape": list(contiguous.shape)}
-    return meta, memoryview(contiguous.reshape(-1).view(np.uint8).data)
+    return meta, HostBytes(memoryview(contiguous.reshape(-1).view(np.uint8).data))
 
 
 def _decode_ndarray(meta: dict, buffer: bytearray) -> np.ndarray:

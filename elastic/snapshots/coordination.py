@@ -5,9 +5,12 @@ durable: through the job's store (``StoreCoordination``), or alone in a world of
 Under ``elastic-run`` rank 0 asks for a snapshot by writing ``SnapshotAt`` (the round,
 the commit, a token) to ``JobKeys.snapshot_at``; every member follows that key and
 snapshots that commit when it makes it. Each writer says its part is durable (or why it
-is not) under ``JobKeys.snapshot_part``, under its own lease; the writer of part 0
-waits for all of them, then completes the snapshot and says so under
-``JobKeys.snapshots`` (``done``), or that it could not (``failed``). What a round
+is not) under ``JobKeys.snapshot_part`` (keyed by the attempt's token, so two attempts
+at one commit never mix their parts; under no lease, so a part written by a member
+that exits at once, as after a stop's snapshot, stays for the part 0 writer, who
+deletes them); the writer of part 0 waits for all of them (or until its round is
+superseded: a member that died writes none), then completes the snapshot and says so
+under ``JobKeys.snapshots`` (``done``), or that it could not (``failed``). What a round
 resumed from is said there too (``loaded``). The driver follows that prefix.
 """
 
@@ -22,7 +25,7 @@ from collections.abc import Callable, Sequence
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import SnapshotAt, SnapshotPart, SnapshotRecord
-from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
+from rendezvous.store import PUT, Event, KeyValue, KVStore
 from rendezvous.watch import follow_in_thread
 
 log = logging.getLogger(__name__)
@@ -43,23 +46,29 @@ class Coordination(abc.ABC):
         """Ask every member for a snapshot (rank 0; returns at once)."""
 
     @abc.abstractmethod
-    def part_written(self, group: str, step: int, part: SnapshotPart) -> None:
-        """Say part ``part.part`` of ``group``'s snapshot of ``step`` is durable, or why
-        not (best effort, never raises)."""
+    def part_written(self, group: str, at: SnapshotAt, part: SnapshotPart) -> None:
+        """Say part ``part.part`` of ``group``'s snapshot ``at`` is durable, or why not
+        (best effort, never raises)."""
 
     @abc.abstractmethod
     def wait_parts(
-        self, group: str, step: int, parts: int, deadline: float
+        self,
+        group: str,
+        at: SnapshotAt,
+        parts: int,
+        deadline: float,
+        superseded: Callable[[], bool],
     ) -> list[SnapshotPart] | str:
-        """Every part of ``group``'s snapshot of ``step``, by part number, once all are
-        durable; else why the snapshot is abandoned (a part failed, ``deadline`` passed)."""
+        """Every part of ``group``'s snapshot ``at``, by part number, once all are
+        durable; else why the snapshot is abandoned (a part failed, ``deadline`` passed,
+        or ``superseded()``: a newer round came, so a missing part may never come)."""
 
     @abc.abstractmethod
     def say(self, key: str, record: SnapshotRecord) -> None:
         """Tell the driver ``record`` under ``key`` (best effort, never raises)."""
 
     @abc.abstractmethod
-    def forget_parts(self, group: str, step: int) -> None:
+    def forget_parts(self, group: str, at: SnapshotAt) -> None:
         """The parts' records of a completed or abandoned snapshot are no longer needed."""
 
     @abc.abstractmethod
@@ -74,7 +83,7 @@ class LocalCoordination(Coordination):
 
     def __init__(self) -> None:
         self._target: SnapshotAt | None = None
-        self._parts: dict[tuple[str, int], dict[int, SnapshotPart]] = {}
+        self._parts: dict[tuple[str, int, str], dict[int, SnapshotPart]] = {}
 
     def target(self) -> SnapshotAt | None:
         return self._target
@@ -82,44 +91,43 @@ class LocalCoordination(Coordination):
     def ask(self, at: SnapshotAt) -> None:
         self._target = at
 
-    def part_written(self, group: str, step: int, part: SnapshotPart) -> None:
-        self._parts.setdefault((group, step), {})[part.part] = part
+    def part_written(self, group: str, at: SnapshotAt, part: SnapshotPart) -> None:
+        self._parts.setdefault((group, at.step, at.token), {})[part.part] = part
 
     def wait_parts(
-        self, group: str, step: int, parts: int, deadline: float
+        self,
+        group: str,
+        at: SnapshotAt,
+        parts: int,
+        deadline: float,
+        superseded: Callable[[], bool],
     ) -> list[SnapshotPart] | str:
-        written = self._parts.get((group, step), {})
+        written = self._parts.get((group, at.step, at.token), {})
         failed = [p.error for p in written.values() if p.error]
         if failed:
             return failed[0]
-        if len(written) < parts:
-            return f"{parts - len(written)} part(s) missing"
+        missing = [i for i in range(parts) if i not in written]
+        if missing:
+            return f"{len(missing)} part(s) missing"
         return [written[i] for i in range(parts)]
 
     def say(self, key: str, record: SnapshotRecord) -> None:
         log.info("snapshot %s: %s", key.rsplit("/", 2)[-2], record)
 
-    def forget_parts(self, group: str, step: int) -> None:
-        self._parts.pop((group, step), None)
+    def forget_parts(self, group: str, at: SnapshotAt) -> None:
+        self._parts.pop((group, at.step, at.token), None)
 
     def close(self) -> None:
         pass
 
 
 class StoreCoordination(Coordination):
-    """Through the job's store (``store()`` and ``lease()``: the worker's own client and
-    registration lease, None while it has none)."""
+    """Through the job's store (``store()``: the worker's own client, None while it has
+    none)."""
 
-    def __init__(
-        self,
-        keys: JobKeys,
-        store: Callable[[], KVStore | None],
-        lease: Callable[[], Lease | None],
-        patience: float,
-    ):
+    def __init__(self, keys: JobKeys, store: Callable[[], KVStore | None], patience: float):
         self._keys = keys
         self._store = store
-        self._lease = lease
         self._patience = patience
         self._target: SnapshotAt | None = None
         self._lock = threading.Lock()
@@ -167,33 +175,38 @@ class StoreCoordination(Coordination):
         self._take(at.to_json())  # rank 0 need not wait for its own watch
         threading.Thread(
             target=self._put,
-            args=(self._keys.snapshot_at, at.to_json(), False),
+            args=(self._keys.snapshot_at, at.to_json()),
             name="elastic-snapshot-ask",
             daemon=True,
         ).start()
 
-    def part_written(self, group: str, step: int, part: SnapshotPart) -> None:
-        self._put(self._keys.snapshot_part(group, step, part.part), part.to_json(), True)
+    def part_written(self, group: str, at: SnapshotAt, part: SnapshotPart) -> None:
+        self._put(self._keys.snapshot_part(group, at.step, at.token, part.part), part.to_json())
 
     def say(self, key: str, record: SnapshotRecord) -> None:
-        self._put(key, record.to_json(), False)
+        self._put(key, record.to_json())
 
-    def _put(self, key: str, value: bytes, leased: bool) -> None:
-        store, lease = self._store(), self._lease()
-        if store is None or (leased and lease is None):
+    def _put(self, key: str, value: bytes) -> None:
+        store = self._store()
+        if store is None:
             return
         try:
-            store.put(key, value, lease=lease if leased and lease is not None else 0)
+            store.put(key, value)
         except RendezvousError as exc:  # a report: the snapshot itself is on disk
             log.warning("could not write %s: %s", key, exc)
 
     def wait_parts(
-        self, group: str, step: int, parts: int, deadline: float
+        self,
+        group: str,
+        at: SnapshotAt,
+        parts: int,
+        deadline: float,
+        superseded: Callable[[], bool],
     ) -> list[SnapshotPart] | str:
         store = self._store()
         if store is None:
             return "no store"
-        prefix = self._keys.snapshot_parts(group, step)
+        prefix = self._keys.snapshot_parts(group, at.step, at.token)
         seen: dict[int, SnapshotPart] = {}
 
         def take(kvs: list[KeyValue]) -> str | None:
@@ -204,7 +217,8 @@ class StoreCoordination(Coordination):
                     continue
                 if part.error:
                     return f"part {part.part}: {part.error}"
-                seen[part.part] = part
+                if 0 <= part.part < parts:
+                    seen[part.part] = part
             return None
 
         try:
@@ -216,6 +230,8 @@ class StoreCoordination(Coordination):
             while why is None and len(seen) < parts:
                 if self._stop.is_set():
                     return "the worker is shutting down"
+                if superseded():
+                    return f"{parts - len(seen)} of {parts} parts missing when a new round came"
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return f"{parts - len(seen)} of {parts} parts not written in time"
@@ -229,12 +245,12 @@ class StoreCoordination(Coordination):
         finally:
             watch.cancel()
 
-    def forget_parts(self, group: str, step: int) -> None:
+    def forget_parts(self, group: str, at: SnapshotAt) -> None:
         store = self._store()
         if store is None:
             return
         try:
-            store.delete_prefix(self._keys.snapshot_parts(group, step))
+            store.delete_prefix(self._keys.snapshot_parts(group, at.step, at.token))
         except RendezvousError as exc:
             log.debug("could not delete the parts' records: %s", exc)
 

@@ -36,6 +36,7 @@ PREFIX = "snap-"
 MANIFEST = "MANIFEST.json"
 SKELETON = "skeleton.pkl"
 HOST_PREFIX = "host-"
+UNUSABLE_PREFIX = "unusable-"  # a snapshot found corrupt, renamed so that none reads it again
 _READ = 4 * 1024 * 1024  # bytes read at a time while checking a file
 
 
@@ -147,7 +148,7 @@ def write_part(
 
     def write(f, digest) -> None:
         for piece in pieces:
-            data = leaves[piece.leaf].data[piece.start : piece.stop]
+            data = leaves[piece.leaf].data.read(piece.start, piece.stop)
             digest.update(data)
             f.write(data)
 
@@ -266,14 +267,11 @@ def read(directory: str, manifest: Manifest, cut) -> tuple[bytes, list[bytearray
     return bytes(skeleton), buffers
 
 
-def prune(root: str, keep: int) -> None:
+def prune(root: str, keep: int, written: int) -> None:
     """Keep the ``keep`` newest complete snapshots under ``root``; delete older ones, and
-    incomplete folders older than the newest complete one (never a folder a snapshot may
-    still be writing: those are newer)."""
+    incomplete folders of commits before ``written`` (the snapshot just completed): never
+    a folder a snapshot may still be writing, nor one of a newer commit."""
     snapshots = complete(root)
-    if not snapshots:
-        return
-    newest = snapshots[0][0].step
     for _, path in snapshots[keep:]:
         shutil.rmtree(path, ignore_errors=True)
     kept = {path for _, path in snapshots[:keep]}
@@ -283,8 +281,20 @@ def prune(root: str, keep: int) -> None:
             if not name.startswith(PREFIX) or path in kept:
                 continue
             step = _step_of(name)
-            if step is not None and step < newest and read_manifest(path) is None:
+            if step is not None and step < written and read_manifest(path) is None:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def set_aside(directory: str) -> str | None:
+    """Rename a snapshot found corrupt so that no reader takes it again (kept, for a
+    person to look at); its new path, or None when it cannot be renamed."""
+    parent, name = os.path.split(directory)
+    target = os.path.join(parent, UNUSABLE_PREFIX + name)
+    try:
+        os.rename(directory, target)
+    except OSError:
+        return None
+    return target
 
 
 def remove(directory: str) -> None:

@@ -11,12 +11,14 @@ member offers and loads when a round syncs, and the snapshot a round asks for.
 * **Where.** Every member of a round writes into one folder when every member sees the
   files every other one writes (a shared file system: the check is a probe file per
   host at each round's sync); otherwise each host writes a whole copy into its own
-  folder (``host-<label>``), cut among the members on that host.
+  folder (``host-<label>``), cut among the members on that host. A round on one host
+  writes into the directory itself, but tells the driver that only that host is known
+  to read it (no other host checked).
 * **Sync.** When a round syncs, each member offers its live commit and the newest
   complete snapshot it can read; the newest of all wins (``schedule.choose_source``).
   When that is a snapshot, its holder loads it (every checksum checked: a torn or
-  corrupt one is said and skipped for the one before) and broadcasts it as a live
-  commit would be.
+  corrupt one is said, and every member skips it for the one before) and broadcasts
+  it as a live commit would be.
 * **On request.** A round the driver publishes with a snapshot to take
   (``Plan.snapshot``: a stop, or a host about to go) makes every member write its part
   of the commit they just synced, and wait until it is durable.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import queue
@@ -67,6 +70,7 @@ class Round:
     local_size: int
     host: str
     asks: str = ""
+    token: str = ""  # the name of the snapshot the plan asks for (``Plan.snapshot_token``)
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,9 @@ class Snapshotter:
     """The snapshots of this process's state (see the module docstring).
 
     ``round_info()``: the round this process is in (None before its first);
-    ``coordination``: how it agrees with the other writers; ``job_id``: recorded in each
-    manifest; ``clock``: monotonic time.
+    ``superseded(round_id)``: whether a newer round came (or the process is closing);
+    ``coordination``: how it agrees with the other writers; ``keys``: the job's (its id
+    is recorded in each manifest); ``clock``: monotonic time.
     """
 
     def __init__(
@@ -132,12 +137,14 @@ class Snapshotter:
         settings: SnapshotSettings,
         coordination: Coordination,
         round_info: Callable[[], Round | None],
+        superseded: Callable[[int], bool],
         keys: JobKeys,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.settings = settings
         self._coordination = coordination
         self._round_info = round_info
+        self._superseded = superseded
         self._keys = keys
         self._clock = clock
         self._lock = threading.Lock()
@@ -192,7 +199,7 @@ class Snapshotter:
             # Heard of it too late (the store was slow): the snapshot cannot be whole.
             self._handled.add((at.round_id, at.step))
             missed = SnapshotPart(layout.index, error=f"commit {at.step} was past when asked")
-            self._coordination.part_written(layout.group, at.step, missed)
+            self._coordination.part_written(layout.group, at, missed)
 
     def _capture(
         self, state: SnapshotState, at: SnapshotAt, layout: Layout, now: float, final: bool = False
@@ -226,18 +233,19 @@ class Snapshotter:
             everyone = world.allgather_object(mine) if size > 1 else [mine]
             source = schedule.choose_source([(c, s) for c, s, _ in everyone])
             if source.snapshot:
-                loaded = True
-                if rank == source.rank:
-                    loaded = offered is not None and self._load(
-                        state, offered[1], offered[0], where
-                    )
+                failed: str | None = None  # the folder that did not load (None: it did)
+                mine_fails = rank == source.rank and (
+                    offered is None or not self._load(state, offered[1], offered[0], where)
+                )
+                if mine_fails:
+                    failed = offered[1] if offered is not None else ""
                 if size > 1:
-                    loaded = world.broadcast_object(
-                        loaded if rank == source.rank else None, root=source.rank
-                    )
-                if not loaded:
-                    if rank == source.rank:
-                        offered = self._readable()
+                    failed = world.broadcast_object(failed, root=source.rank)
+                if failed is not None:
+                    # Every member skips it: in a shared folder it is everyone's newest,
+                    # and each would otherwise read the whole of it to find the same fault.
+                    self._unreadable.add(failed)
+                    offered = self._readable()
                     continue
             if size > 1:
                 state._broadcast_from(source.rank)
@@ -262,7 +270,9 @@ class Snapshotter:
         self, state: SnapshotState, path: str, manifest: files.Manifest, where: Round | None
     ) -> bool:
         """Load the snapshot in ``path`` into ``state``; False (said to the driver) when a
-        file of it is torn or corrupt."""
+        file of it is torn or corrupt, or its values do not fit the state (a changed
+        model: the state then holds what it held)."""
+        host = where.host if where else ""  # a host that reads it, at least
         try:
             skeleton, buffers = files.read(path, manifest, parts.cut)
             values = codec.join(
@@ -271,22 +281,22 @@ class Snapshotter:
                 [leaf.meta for leaf in manifest.leaves],
                 buffers,
             )
-        except SnapshotError as exc:
-            self._unreadable.add(path)
+            state._load_snapshot(values, manifest.step)
+        except Exception as exc:  # noqa: BLE001  (anything a snapshot's bytes can cause)
+            why = str(exc) if isinstance(exc, SnapshotError) else f"it does not load: {exc!r}"
+            moved = files.set_aside(path) if isinstance(exc, SnapshotError) else None
             log.warning(
-                "snapshot of commit %d is unusable, trying the one before: %s", manifest.step, exc
+                "snapshot of commit %d is unusable, trying the one before: %s%s",
+                manifest.step,
+                why,
+                f" (set aside as {moved})" if moved else "",
             )
-            record = SnapshotRecord(
-                manifest.step, manifest.round_id, path, host=_host_of(path, where), error=str(exc)
-            )
+            record = SnapshotRecord(manifest.step, manifest.round_id, path, host=host, error=why)
             self._coordination.say(self._keys.snapshot_failed(ALL), record)
             return False
-        state._load_snapshot(values, manifest.step)
         round_id = where.round_id if where else 0
         log.warning("resumed from the snapshot of commit %d in %s", manifest.step, path)
-        record = SnapshotRecord(
-            manifest.step, round_id, path, host=_host_of(path, where), bytes=manifest.nbytes
-        )
+        record = SnapshotRecord(manifest.step, round_id, path, host=host, bytes=manifest.nbytes)
         self._coordination.say(self._keys.snapshot_loaded(round_id), record)
         return True
 
@@ -312,7 +322,8 @@ class Snapshotter:
         self, world: SyncWorld, where: Round | None, hosts: set[str], probe: str
     ) -> Layout:
         """One folder for every member when each sees every host's probe; else a folder
-        per host (collective when the round has several members)."""
+        per host (collective when the round has several members). On one host the
+        directory itself, said to be that host's: whether others see it is unknown."""
         if where is None:
             where = Round(0, 0, 1, 0, 1, "")
         folder = os.path.join(self.settings.directory, PROBES)
@@ -325,7 +336,8 @@ class Snapshotter:
             with contextlib.suppress(OSError):  # another member of this host removed it first
                 os.unlink(probe)
         if shared:
-            return Layout(ALL, self.settings.directory, where.rank, where.size)
+            known_to = "" if len(hosts) > 1 else where.host
+            return Layout(ALL, self.settings.directory, where.rank, where.size, host=known_to)
         root = os.path.join(self.settings.directory, files.HOST_PREFIX + _safe(where.host))
         return Layout(where.host, root, where.local_rank, where.local_size, host=where.host)
 
@@ -338,9 +350,7 @@ class Snapshotter:
         where, layout = self._round_info(), self._layout
         if where is None or not where.asks or layout is None or self._disabled:
             return bool(where and where.asks == SNAPSHOT_FINAL)
-        at = SnapshotAt(
-            where.round_id, state._commits, f"r{where.round_id}-{_safe(self._keys.job_id)}"
-        )
+        at = SnapshotAt(where.round_id, state._commits, where.token or f"r{where.round_id}")
         job = self._capture(state, at, layout, self._clock(), final=where.asks == SNAPSHOT_FINAL)
         if job is not None and not job.done.wait(self.settings.part_deadline + 10.0):
             log.warning("the requested snapshot of commit %d did not finish in time", at.step)
@@ -369,7 +379,8 @@ class Snapshotter:
             written = files.write_part(folder, layout.index, layout.parts, pieces, leaves)
             if layout.index == 0:
                 skeleton_entry = files.write_skeleton(folder, skeleton)
-            part = SnapshotPart(layout.index, written.sha256, written.bytes)
+            sizes = _sizes_digest([leaf.nbytes for leaf in leaves])
+            part = SnapshotPart(layout.index, written.sha256, written.bytes, leaves=sizes)
         except (OSError, SnapshotError) as exc:
             why = f"{folder}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
             log.warning(
@@ -378,7 +389,7 @@ class Snapshotter:
             part = SnapshotPart(layout.index, error=why)
         finally:
             job.state._snapshot_returned(job.payload)
-        self._coordination.part_written(layout.group, at.step, part)
+        self._coordination.part_written(layout.group, at, part)
         if layout.index != 0:
             job.done.set()
             return
@@ -398,16 +409,23 @@ class Snapshotter:
         leaves: tuple[files.LeafEntry, ...],
     ) -> None:
         """Part 0's writer: wait for every part, then write the manifest (the snapshot is
-        complete), prune the oldest and say so; or abandon it and say why."""
+        complete), say so and prune the oldest; or abandon it and say why."""
         at, layout = job.at, job.layout
         try:
             got = self._coordination.wait_parts(
-                layout.group, at.step, layout.parts, self._clock() + self.settings.part_deadline
+                layout.group,
+                at,
+                layout.parts,
+                self._clock() + self.settings.part_deadline,
+                lambda: self._superseded(at.round_id),
             )
             if isinstance(got, str) or skeleton is None:
                 self._abandon(
                     job, folder, got if isinstance(got, str) else "part 0 was not written"
                 )
+                return
+            if len({p.leaves for p in got}) > 1:  # each writer cut its own arrays
+                self._abandon(job, folder, "the members' states differ in their arrays' sizes")
                 return
             manifest = files.Manifest(
                 step=at.step,
@@ -427,7 +445,6 @@ class Snapshotter:
             except OSError as exc:
                 self._abandon(job, folder, f"{folder}: {exc.strerror or exc}")
                 return
-            files.prune(layout.root, self.settings.keep)
             seconds = round(self._clock() - job.asked, 3)
             record = SnapshotRecord(
                 at.step,
@@ -439,8 +456,9 @@ class Snapshotter:
                 bytes=manifest.nbytes,
             )
             self._coordination.say(self._keys.snapshot_done(layout.group), record)
+            files.prune(layout.root, self.settings.keep, at.step)  # after: it may be slow
         finally:
-            self._coordination.forget_parts(layout.group, at.step)
+            self._coordination.forget_parts(layout.group, at)
             job.done.set()
 
     def _abandon(self, job: _Job, folder: str, why: str) -> None:
@@ -462,6 +480,10 @@ def _token() -> str:
     return secrets.token_hex(4)
 
 
+def _sizes_digest(sizes: list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, sizes)).encode()).hexdigest()[:16]
+
+
 def _safe(name: str) -> str:
     """A host label or job id as part of a file name."""
     return "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
@@ -469,8 +491,3 @@ def _safe(name: str) -> str:
 
 def _probe_name(job_id: str, round_id: int, host: str) -> str:
     return f"{_safe(job_id)}-r{round_id}-{_safe(host)}"
-
-
-def _host_of(path: str, where: Round | None) -> str:
-    """The host whose disk holds ``path``: "" for the shared folder, else this one."""
-    return where.host if where and f"/{files.HOST_PREFIX}" in path else ""

@@ -27,7 +27,7 @@ def snapshots_of_job(runtime: WorkerRuntime) -> Snapshotter | None:
     if settings is None:
         return None
     coordination = StoreCoordination(
-        runtime.keys, lambda: runtime.store, lambda: runtime.lease, runtime.settings.round_timeout
+        runtime.keys, lambda: runtime.store, runtime.settings.round_timeout
     )
     coordination.follow()
 
@@ -36,10 +36,17 @@ def snapshots_of_job(runtime: WorkerRuntime) -> Snapshotter | None:
         if plan is None or me is None:
             return None
         return Round(
-            plan.round_id, me.rank, plan.size, me.local_rank, me.local_size, me.host, plan.snapshot
+            plan.round_id,
+            me.rank,
+            plan.size,
+            me.local_rank,
+            me.local_size,
+            me.host,
+            plan.snapshot,
+            plan.snapshot_token,
         )
 
-    return Snapshotter(settings, coordination, round_info, runtime.keys)
+    return Snapshotter(settings, coordination, round_info, runtime.superseded, runtime.keys)
 
 
 def snapshots_alone() -> Snapshotter | None:
@@ -53,4 +60,6 @@ def snapshots_alone() -> Snapshotter | None:
         return None
     host = socket.gethostname()
     alone = Round(round_id=1, rank=0, size=1, local_rank=0, local_size=1, host=host)
-    return Snapshotter(settings, LocalCoordination(), lambda: alone, JobKeys("alone"))
+    return Snapshotter(
+        settings, LocalCoordination(), lambda: alone, lambda _round: False, JobKeys("alone")
+    )

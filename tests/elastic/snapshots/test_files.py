@@ -99,10 +99,30 @@ def test_pruning_keeps_the_newest_and_drops_older_torn_folders(tmp_path):
     torn_new = files.folder(str(tmp_path), 20, "writing")
     os.makedirs(torn_old)
     os.makedirs(torn_new)
-    files.prune(str(tmp_path), keep=2)
+    files.prune(str(tmp_path), keep=2, written=13)
     assert [m.step for m, _ in files.complete(str(tmp_path))] == [13, 8]
-    assert not os.path.exists(torn_old)  # older than the newest complete: debris
+    assert not os.path.exists(torn_old)  # older than the one just written: debris
     assert os.path.exists(torn_new)  # newer: a snapshot may still be writing it
+
+
+def test_a_stale_newer_snapshot_does_not_make_pruning_drop_one_being_written(tmp_path):
+    """A snapshot of a higher commit left by an earlier timeline (one the job fell back
+    from) must not make a prune take a folder the current timeline is still writing."""
+    write_snapshot(tmp_path, 900, values(10), token="stale")
+    write_snapshot(tmp_path, 40, values(10), token="now")
+    writing = files.folder(str(tmp_path), 45, "final")
+    os.makedirs(writing)
+    files.prune(str(tmp_path), keep=3, written=40)
+    assert os.path.exists(writing)
+
+
+def test_a_corrupt_snapshot_set_aside_is_no_longer_found(tmp_path):
+    write_snapshot(tmp_path, 5, values(10), token="a")
+    write_snapshot(tmp_path, 8, values(10), token="b")
+    (_, newest), _ = files.complete(str(tmp_path))
+    moved = files.set_aside(newest)
+    assert moved is not None and os.path.isdir(moved)
+    assert [m.step for m, _ in files.complete(str(tmp_path))] == [5]
 
 
 def test_the_roots_are_the_directory_and_each_hosts_own_folder(tmp_path):
