@@ -4,6 +4,8 @@ bytes as one read in place."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from elastic.snapshots import codec
@@ -21,7 +23,7 @@ def test_a_device_tensor_is_read_a_range_at_a_time_with_the_same_bytes():
 
 
 def test_a_state_of_tensors_splits_and_joins_without_copying_it_whole():
-    state = {"w": torch.randn(300, 100), "step": 7, "small": torch.ones(3)}
+    state: dict[str, Any] = {"w": torch.randn(300, 100), "step": 7, "small": torch.ones(3)}
     skeleton, leaves = codec.split(state)
     assert [leaf.kind for leaf in leaves] == ["torch"]  # the small one stays inside
     buffers = [bytearray(leaf.data.read(0, leaf.nbytes)) for leaf in leaves]
