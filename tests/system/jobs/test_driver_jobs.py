@@ -22,6 +22,7 @@ from tests.support.jobs import (
     pid_alive,
     wait_until,
     write_hosts,
+    write_whole,
 )
 
 SAMPLES = 800
@@ -301,18 +302,27 @@ def test_ssh_launcher_runs_a_job_through_a_real_sshd(tmp_path, sshd_server):
 
 @pytest.mark.timeout(60)
 def test_single_worker_crash_is_replaced(tmp_path):
-    """-np 1: a failed worker is replaced (its exit code alone does not end the job)."""
-    out = tmp_path / "out"
+    """-np 1: a failed worker is replaced (its exit code alone does not end the job).
+    Nobody holds what it committed, so with ``--on-state-lost restart`` its replacement
+    starts over, and the job says so, naming the step lost (held at commit 50 until
+    the driver knows of it, then crashing at 51)."""
+    out, flag, gate = tmp_path / "out", tmp_path / "crash", tmp_path / "gate"
     out.mkdir()
-    flag = tmp_path / "crash"
     flag.write_text("")
-    with ElasticRun(
-        ["-np", "1", *workload(out, 5, "--crash-flag", str(flag), "--crash-at", "50")], tmp_path
-    ) as run:
+    write_whole(gate, "50")
+    args = [
+        *("-np", "1", "--on-state-lost", "restart", "--progress-interval", "0.2"),
+        *workload(out, 5, "--crash-flag", str(flag), "--crash-at", "51"),
+        *("--pause-while", str(gate)),
+    ]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_event("progress", lambda e: e["step"] >= 50, timeout=30)
+        gate.unlink()
         assert run.wait(timeout=50) == 0, run.stderr_tail()
         assert [e["code"] for e in run.events("worker_failed")] == [5]
-        # Its replacement starts over (the workload's own restart), and the job says so.
-        assert [(e["round"], e["previous"]) for e in run.events("state_lost")] == [(2, 1)]
+        (lost,) = run.events("state_lost")
+        # 51 only when rank 0 published the last commit in the instant before it crashed.
+        assert (lost["round"], lost["previous"]) == (2, 1) and lost["step"] in (50, 51), lost
     check_exact_sum(out, SAMPLES, 5, final_size=1)
 
 
