@@ -7,7 +7,9 @@ side with a script's own ``torch.save`` and with PyTorch DCP's ``async_save``.
 included, after 3 warm-up steps) over the mean step time of its own system's run without
 saving in the same round, minus 1. Rounds are interleaved: each runs both baselines first
 (their step times turn the 10 s interval into steps for the script-side saves), then
-every other configuration in an order that rotates from round to round.
+every other configuration in an order that rotates from round to round. ``excess`` is the
+same cost read inside each job (its mean step over its median step, less the
+baseline's), which the machine's speed drifting from one job to the next does not move.
 
 * ``ours`` (elastic-run, ``DistributedOptimizer`` + ``TorchState`` committed each step):
   ``none``; ``snapshots`` every 10 s and every 1 s (``--checkpoint-interval``); and
@@ -25,11 +27,13 @@ lines); ``fresh_s`` is the same time for a start with nothing saved.
 
 One JSON line per configuration on stdout (nothing else):
     {"bench": "snapshot", "measure": "overhead", "system", "save", "interval_s",
-     "step_s_median", "overhead_median", "overhead_samples", "saves_median", "load_avg"}
+     "step_s_median", "overhead_median", "overhead_samples", "excess_median",
+     "excess_samples", "saves_median", "load_avg"}
     {"bench": "snapshot", "measure": "restart", "system", "restart_s_median",
      "restart_s_samples", "fresh_s_median", "resumed_steps", "lost_steps", "load_avg"}
 
     python benchmarks/snapshot_bench.py [--rounds 5] [--steps 300] [--restarts 3]
+        [--systems ours ddp]
 """
 
 from __future__ import annotations
@@ -151,6 +155,7 @@ def overhead_round(
 ) -> None:
     """Run CONFIGS once each, baselines first, recording each run's mean step time."""
     step_s: dict[str, float] = {}
+    excess: dict[str, float] = {}
     for config in configs:
         base = step_s.get(config.system)
         save_every = max(1, round(config.interval_s / base)) if base else steps
@@ -161,12 +166,19 @@ def overhead_round(
         snapshots = run_to_end(config, args, ckpt, folder)
         result = json.loads(out.read_text())
         durations, saves = result["durations"], snapshots + result["saves"]
-        mean = statistics.mean(durations)
+        mean, median = statistics.mean(durations), statistics.median(durations)
         if config.save == "none":
-            step_s[config.system] = mean
+            step_s[config.system], excess[config.system] = mean, mean / median - 1
         baseline = step_s[config.system]
         results[config.name].append(
-            {"step_s": mean, "overhead": mean / baseline - 1, "saves": saves}
+            {
+                "step_s": mean,
+                "overhead": mean / baseline - 1,
+                # The same cost seen inside the job: its steps' mean over their median,
+                # less the baseline's; immune to the machine's speed drifting between jobs.
+                "excess": mean / median - 1 - excess[config.system],
+                "saves": saves,
+            }
         )
         shutil.rmtree(ckpt, ignore_errors=True)
 
@@ -189,12 +201,14 @@ def run_to_end(config: Config, args: list[str], ckpt: Path, folder: Path) -> int
     return 0
 
 
-def overhead_lines(rounds: int, steps: int, workdir: Path) -> Iterator[dict]:
+def overhead_lines(rounds: int, steps: int, systems: list[str], workdir: Path) -> Iterator[dict]:
     results: dict[str, list[dict]] = defaultdict(list)
+    baselines = [c for c in BASELINES if c.system in systems]
+    savers = [c for c in SAVERS if c.system in systems]
     for r in range(rounds):
-        shift = r % len(SAVERS)
-        overhead_round([*BASELINES, *SAVERS[shift:], *SAVERS[:shift]], steps, workdir, results)
-    for config in (*BASELINES, *SAVERS):
+        shift = r % len(savers)
+        overhead_round([*baselines, *savers[shift:], *savers[:shift]], steps, workdir, results)
+    for config in (*baselines, *savers):
         samples = results[config.name]
         yield {
             "bench": "snapshot",
@@ -205,6 +219,8 @@ def overhead_lines(rounds: int, steps: int, workdir: Path) -> Iterator[dict]:
             "step_s_median": round(statistics.median(s["step_s"] for s in samples), 4),
             "overhead_median": round(statistics.median(s["overhead"] for s in samples), 4),
             "overhead_samples": [round(s["overhead"], 4) for s in samples],
+            "excess_median": round(statistics.median(s["excess"] for s in samples), 4),
+            "excess_samples": [round(s["excess"], 4) for s in samples],
             "saves_median": statistics.median(s["saves"] for s in samples),
             "load_avg": round(os.getloadavg()[0], 2),
         }
@@ -296,11 +312,13 @@ def main() -> int:
     parser.add_argument(
         "--restarts", type=int, default=3, help="restart samples per system (0: none)"
     )
+    parser.add_argument("--systems", nargs="+", choices=["ours", "ddp"], default=["ours", "ddp"])
     parser.add_argument("--keep", action="store_true", help="keep the jobs' folders")
     args = parser.parse_args()
     with bench_workdir("snapshot-bench-", args.keep) as workdir:
         if args.rounds > 0:
-            for line in overhead_lines(args.rounds, args.steps, workdir / "overhead"):
+            overhead = overhead_lines(args.rounds, args.steps, args.systems, workdir / "overhead")
+            for line in overhead:
                 print(json.dumps(line), flush=True)
         if args.restarts > 0:
             for line in restart_lines(args.restarts, 100000, workdir / "restart"):
