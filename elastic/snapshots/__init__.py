@@ -13,6 +13,8 @@ with one job:
   (pure);
 * ``files``: the files of one snapshot on disk: parts, a manifest written last,
   checksums, the newest complete one, pruning (no networking);
+* ``uncached``: a large file written around the page cache (``O_DIRECT``), through it
+  where the file system refuses;
 * ``schedule``: when rank 0 asks for the next snapshot, and of which commit (pure);
 * ``coordination``: how the writers of one snapshot agree on its commit and learn that
   every part is durable: through the job's store, or alone in a world of one;

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from elastic.errors import SnapshotError
 from elastic.snapshots.codec import Leaf
 from elastic.snapshots.parts import Piece
+from elastic.snapshots.uncached import UncachedFile
 
 FORMAT = 1
 PREFIX = "snap-"
@@ -112,9 +113,10 @@ def part_name(index: int, parts: int) -> str:
     return f"part-{index:05d}-of-{parts:05d}.bin"
 
 
-def _durable(path: str, write) -> FileEntry:
-    """Write a file whole or not at all: ``write(f, digest)`` fills a temporary file,
-    which is fsynced and renamed to ``path``. Returns its entry.
+def _durable(path: str, write, uncached: bool = False) -> FileEntry:
+    """Write a file whole or not at all: ``write(f, digest)`` fills a temporary file
+    (around the page cache when ``uncached``: ``UncachedFile``), which is fsynced and
+    renamed to ``path``. Returns its entry.
 
     Raises:
         OSError: the file cannot be written (a full disk among others); nothing is
@@ -123,7 +125,7 @@ def _durable(path: str, write) -> FileEntry:
     tmp = f"{path}.tmp-{os.getpid()}"
     digest = hashlib.sha256()
     try:
-        with open(tmp, "wb") as f:
+        with UncachedFile(tmp) if uncached else open(tmp, "wb") as f:
             write(f, digest)
             f.flush()
             os.fsync(f.fileno())
@@ -152,7 +154,9 @@ def write_part(
             digest.update(data)
             f.write(data)
 
-    return _durable(os.path.join(directory, part_name(index, parts)), write)
+    # Around the page cache: the bytes are read only after a failure, and caching them
+    # costs the training processes CPU and memory (see ``uncached``).
+    return _durable(os.path.join(directory, part_name(index, parts)), write, uncached=True)
 
 
 def write_skeleton(directory: str, skeleton: bytes) -> FileEntry:

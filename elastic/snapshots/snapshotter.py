@@ -46,6 +46,7 @@ from elastic.errors import SnapshotError
 from elastic.snapshots import codec, files, parts, schedule
 from elastic.snapshots.coordination import Coordination
 from elastic.snapshots.settings import SnapshotSettings
+from elastic.thread_priority import lower_this_thread
 from rendezvous.keys import JobKeys
 from rendezvous.plan import SNAPSHOT_FINAL, SnapshotAt, SnapshotPart, SnapshotRecord
 
@@ -358,6 +359,9 @@ class Snapshotter:
 
     # ------------------------------------------------------------------ the writer thread
     def _write_jobs(self) -> None:
+        # Hashing and copying a part take CPU the training threads would use: this
+        # thread (and the finishing threads it starts) takes what they leave.
+        lower_this_thread()
         while True:
             job = self._jobs.get()
             if job is None:

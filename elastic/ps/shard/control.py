@@ -3,9 +3,7 @@ asks (``ShardControl``), and how it reaches the other shards (``Peers``)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +25,7 @@ from elastic.ps.protocol import (
 from elastic.ps.settings import ServerSettings
 from elastic.ps.shard.checkpoint import read_checkpoint, write_shard
 from elastic.ps.shard.state import ShardState
+from elastic.thread_priority import lower_this_thread
 from rendezvous.errors import RendezvousAuthError, RendezvousConnectionError
 from rendezvous.retry import Backoff
 
@@ -34,10 +33,7 @@ log = logging.getLogger("elastic.ps.shard.control")
 
 
 def _lower_priority() -> None:
-    """Make the calling thread yield the CPU to the training path (Linux: niceness is
-    per thread). Best effort: where it cannot, files are written at normal priority."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    lower_this_thread(10)
 
 
 class ShardControl:
