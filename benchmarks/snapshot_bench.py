@@ -7,9 +7,14 @@ side with a script's own ``torch.save`` and with PyTorch DCP's ``async_save``.
 included, after 3 warm-up steps) over the mean step time of its own system's run without
 saving in the same round, minus 1. Rounds are interleaved: each runs both baselines first
 (their step times turn the 10 s interval into steps for the script-side saves), then
-every other configuration in an order that rotates from round to round. ``excess`` is the
-same cost read inside each job (its mean step over its median step, less the
-baseline's), which the machine's speed drifting from one job to the next does not move.
+every other configuration in an order that rotates from round to round. That compares
+jobs, and this machine's speed drifts by a few percent from one job to the next; so the
+same cost is also read inside each job (``in_job``, which drift does not move): every
+step's time over the job's median step, summed over the steps of a window after each
+save (the save's own step and those its writing overlaps: ``WINDOW_S``), less what the
+steps outside every window show; ``save_cost_ms`` is that excess per save in ms, and
+``in_job_overhead`` all saves' excess over the job's whole time. Where saves come closer
+than a window (every 1 s), only the between-job figure holds.
 
 * ``ours`` (elastic-run, ``DistributedOptimizer`` + ``TorchState`` committed each step):
   ``none``; ``snapshots`` every 10 s and every 1 s (``--checkpoint-interval``); and
@@ -27,8 +32,8 @@ lines); ``fresh_s`` is the same time for a start with nothing saved.
 
 One JSON line per configuration on stdout (nothing else):
     {"bench": "snapshot", "measure": "overhead", "system", "save", "interval_s",
-     "step_s_median", "overhead_median", "overhead_samples", "excess_median",
-     "excess_samples", "saves_median", "load_avg"}
+     "step_s_median", "overhead_median", "overhead_samples", "in_job_overhead_median",
+     "in_job_overhead_samples", "save_cost_ms_median", "saves_median", "load_avg"}
     {"bench": "snapshot", "measure": "restart", "system", "restart_s_median",
      "restart_s_samples", "fresh_s_median", "resumed_steps", "lost_steps", "load_avg"}
 
@@ -72,6 +77,7 @@ WORKERS = 2
 INTERVAL = 10.0  # seconds between saves, every system
 JOB_DEADLINE = 600.0  # one job of --steps steps, start to exit
 DDP_STEP_S = 0.25  # DDP's step on the MLP here: its restart job saves every ~10 s
+WINDOW_S = 1.5  # after a save, the steps its cost may show in (in_job): its write's span
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,6 @@ def overhead_round(
 ) -> None:
     """Run CONFIGS once each, baselines first, recording each run's mean step time."""
     step_s: dict[str, float] = {}
-    excess: dict[str, float] = {}
     for config in configs:
         base = step_s.get(config.system)
         save_every = max(1, round(config.interval_s / base)) if base else steps
@@ -165,32 +170,58 @@ def overhead_round(
         args = train_args(config, steps, save_every, ckpt, out)
         snapshots = run_to_end(config, args, ckpt, folder)
         result = json.loads(out.read_text())
-        durations, saves = result["durations"], snapshots + result["saves"]
-        mean, median = statistics.mean(durations), statistics.median(durations)
+        durations, saves = result["durations"], snapshots + result["save_steps"]
+        mean = statistics.mean(durations)
         if config.save == "none":
-            step_s[config.system], excess[config.system] = mean, mean / median - 1
+            step_s[config.system] = mean
         baseline = step_s[config.system]
+        window = max(1, round(WINDOW_S / baseline))
+        cost, in_job = cost_in_job(durations, result["first_step"], sorted(saves), window)
         results[config.name].append(
             {
                 "step_s": mean,
                 "overhead": mean / baseline - 1,
-                # The same cost seen inside the job: its steps' mean over their median,
-                # less the baseline's; immune to the machine's speed drifting between jobs.
-                "excess": mean / median - 1 - excess[config.system],
-                "saves": saves,
+                "in_job": in_job,
+                "save_cost_ms": cost * statistics.median(durations) * 1000
+                if cost is not None
+                else None,
+                "saves": len(saves),
             }
         )
         shutil.rmtree(ckpt, ignore_errors=True)
 
 
-def run_to_end(config: Config, args: list[str], ckpt: Path, folder: Path) -> int:
-    """Run one job to its end; the snapshots elastic-run wrote for it."""
+def cost_in_job(
+    durations: list[float], first_step: int, saves: list[int], window: int
+) -> tuple[float | None, float | None]:
+    """What saving cost, read inside one job (see the module docstring): the excess per
+    save in median steps, and all saves' excess over the job's whole time. DURATIONS are
+    those of steps FIRST_STEP on; a save at step s shows in steps s .. s+WINDOW-1
+    (None, None when saves come closer than that, or there are none)."""
+    median = statistics.median(durations)
+    excess = [d / median - 1 for d in durations]
+    windows = []
+    for here, after in zip(saves, [*saves[1:], first_step + len(durations)]):
+        begin = here - first_step
+        if begin >= 0 and here + window <= after:
+            windows.append(range(begin, begin + window))
+    inside = {i for w in windows for i in w}
+    outside = [e for i, e in enumerate(excess) if i not in inside]
+    if not windows or not outside or len(windows) < len(saves) // 2:
+        return None, None
+    usual = statistics.mean(outside)  # the job's own spread: not the saves' doing
+    per_save = statistics.mean(sum(excess[i] - usual for i in w) for w in windows)
+    return per_save, per_save * len(saves) * median / sum(durations)
+
+
+def run_to_end(config: Config, args: list[str], ckpt: Path, folder: Path) -> list[int]:
+    """Run one job to its end; the steps of the snapshots elastic-run wrote for it."""
     if config.system == "ours":
         with ours_job(config, args, ckpt, folder / "job") as run:
             code = run.wait(timeout=JOB_DEADLINE)
             if code != 0:
                 raise RuntimeError(f"{config.name} exited {code}: {run.stderr_tail()}")
-            return len(run.events("snapshot_written"))
+            return [event["step"] for event in run.events("snapshot_written")]
     job = DdpJob(args, folder / "job")
     try:
         code = job.wait(JOB_DEADLINE)
@@ -198,7 +229,7 @@ def run_to_end(config: Config, args: list[str], ckpt: Path, folder: Path) -> int
         job.kill()
     if code != 0:
         raise RuntimeError(f"{config.name} exited {code}")
-    return 0
+    return []
 
 
 def overhead_lines(rounds: int, steps: int, systems: list[str], workdir: Path) -> Iterator[dict]:
@@ -219,8 +250,9 @@ def overhead_lines(rounds: int, steps: int, systems: list[str], workdir: Path) -
             "step_s_median": round(statistics.median(s["step_s"] for s in samples), 4),
             "overhead_median": round(statistics.median(s["overhead"] for s in samples), 4),
             "overhead_samples": [round(s["overhead"], 4) for s in samples],
-            "excess_median": round(statistics.median(s["excess"] for s in samples), 4),
-            "excess_samples": [round(s["excess"], 4) for s in samples],
+            "in_job_overhead_median": median_or_none([s["in_job"] for s in samples]),
+            "in_job_overhead_samples": [s["in_job"] and round(s["in_job"], 4) for s in samples],
+            "save_cost_ms_median": median_or_none([s["save_cost_ms"] for s in samples]),
             "saves_median": statistics.median(s["saves"] for s in samples),
             "load_avg": round(os.getloadavg()[0], 2),
         }

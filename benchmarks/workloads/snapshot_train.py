@@ -12,10 +12,11 @@ several ways, and writes each step's duration.
   steps: a collective, so every rank must save on the same step; the benchmark turns its
   interval into steps from the baseline's step time).
 
-Writes OUT (rank 0) as JSON: the step durations (after the first 3 steps) and the steps
-taken, and the saves the script made itself. With ``--first FILE``, rank 0 writes ``<unix time> <step>`` there as soon as its
-first step is done (the restart measurement reads it: when, and from which step), and
-prints ``progress <step>`` (how far a killed job got). With
+Writes OUT (rank 0) as JSON: the step durations (after the first 3 steps), the step
+the first of them is of, the steps taken, and the steps the script saved at itself.
+With ``--first FILE``, rank 0 writes ``<unix time> <step>`` there as soon as its first
+step is done (the restart measurement reads it: when, and from which step), and prints
+``progress <step>`` (how far a killed job got). With
 ``--resume``, DDP loads the newest ``dcp_async`` checkpoint in ``--dir`` first (ours
 resumes by itself from elastic-run's ``--checkpoint-dir``).
 
@@ -76,9 +77,12 @@ def batch_of(rank: int, size: int, sample: tuple[int, ...]) -> tuple[torch.Tenso
     )
 
 
-def write(out: str, durations: list[float], steps: int, saves: int) -> None:
+def write(out: str, durations: list[float], steps: int, saves: list[int]) -> None:
+    """DURATIONS are those of the steps up to STEPS; SAVES the steps the script saved at."""
+    kept = durations[WARMUP:]
+    result = {"durations": kept, "first_step": steps - len(kept) + 1, "steps": steps}
     with open(out, "w") as f:
-        json.dump({"durations": durations[WARMUP:], "steps": steps, "saves": saves}, f)
+        json.dump({**result, "saves": len(saves), "save_steps": saves}, f)
 
 
 def note_progress(first: str | None, done: int, step: int) -> None:
@@ -102,7 +106,7 @@ def train_ours(args: argparse.Namespace, model: nn.Module, sample: tuple[int, ..
     state = et.TorchState(model=model, optimizer=optimizer, step=0)
     loss_fn = nn.CrossEntropyLoss()
     durations: list[float] = []
-    saves = [0]  # the script's own (torch_save) saves
+    saves: list[int] = []  # the steps of the script's own (torch_save) saves
 
     @elastic.run
     def train(state):
@@ -119,14 +123,14 @@ def train_ours(args: argparse.Namespace, model: nn.Module, sample: tuple[int, ..
                 path = os.path.join(args.dir, "checkpoint.pt")
                 torch.save({"model": model.state_dict(), "step": state.step}, path + ".tmp")
                 os.replace(path + ".tmp", path)
-                saves[0] += 1
+                saves.append(state.step)
             durations.append(time.perf_counter() - begin)
             if elastic.rank() == 0:
                 note_progress(args.first, len(durations), state.step)
 
     train(state)
     if elastic.rank() == 0:
-        write(args.out, durations, state.step, saves[0])
+        write(args.out, durations, state.step, saves)
     elastic.shutdown()
     return 0
 
@@ -147,7 +151,7 @@ def train_ddp(args: argparse.Namespace, model: nn.Module, sample: tuple[int, ...
     x, y = batch_of(args.rank, args.batch, sample)
     durations: list[float] = []
     pending: Future[Any] | None = None
-    saves = 0
+    saves: list[int] = []
     steps = resume(args.dir, model) if args.resume else 0
     while steps < args.steps:
         begin = time.perf_counter()
@@ -158,7 +162,7 @@ def train_ddp(args: argparse.Namespace, model: nn.Module, sample: tuple[int, ...
         if args.save == "dcp_async" and steps % args.save_every == 0:
             if pending is not None:
                 pending.result()  # one save at a time, as the DCP docs advise
-            saves += 1
+            saves.append(steps)
             state = {"model": model.state_dict(), "step": steps}
             pending = cast(  # a Future unless given an async stager
                 Future[Any],
