@@ -20,6 +20,7 @@ from driver.config import parse_args
 from driver.errors import DriverError, JobEnded, JobStopped, LeadershipLost, UsageError
 from driver.events.log import line_prefix
 from driver.job.loop import Job
+from driver.join.node import JoinedNode
 from rendezvous.errors import ElasticError
 
 PROG = "elastic-run"
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_args(argv)
+        node = JoinedNode(config, config.join) if config.join is not None else None
+        if node is not None:
+            node.prepare()  # before the job: its secret, and the shape it must agree on
         job = Job(config)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%Y-%m-%d %H:%M:%S",
     )
     try:
+        if node is not None:
+            node.start_agent()
         return job.run()
     except LeadershipLost as exc:
         _say(str(exc))
@@ -64,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("interrupted; all workers were stopped")
         return 130
+    finally:
+        if node is not None:
+            node.stop_agent()
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from driver.hosts.slots import (
     parse_host_slots,
     total_slots,
 )
+from driver.join.settings import JoinSettings, join_settings
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
 from rendezvous.net.url import StoreURL, parse_store_url
@@ -94,10 +95,12 @@ class JobConfig:
     on_state_lost: str = "fail"  # "fail" | "restart"
     chaos_below_min_np: bool = False  # the chaos may take the round below --min-np
     ps_replicas: int = 0  # 1: each shard has a backup in step
+    join: JoinSettings | None = None  # --join: this node's part of a joined job
 
     @property
     def uses_discovery(self) -> bool:
-        return self.discovery_script is not None
+        """Whether the hosts come from a source that changes (a script, joined nodes)."""
+        return self.discovery_script is not None or self.join is not None
 
     @property
     def blacklist_policy(self) -> BlacklistPolicy:
@@ -260,8 +263,13 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         if args.host_discovery_script is not None
         else None
     )
+    if args.join and (fixed_hosts is not None or script is not None):
+        raise UsageError("--join takes its hosts from the joined nodes: drop -H and discovery")
+    if not args.join and (args.host_name or args.job_secret_file):
+        flag = "--host-name" if args.host_name else "--job-secret-file"
+        raise UsageError(f"{flag} is for join mode: add --join")
     np, min_np, max_np, hosts = _resolve_sizes(
-        args.np, args.min_np, args.max_np, fixed_hosts, script is not None
+        args.np, args.min_np, args.max_np, fixed_hosts, script is not None or args.join
     )
 
     low, high = args.blacklist_cooldown_range
@@ -289,6 +297,13 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
                 f"{flag} needs --num-ps N (N >= 1): without shards it would do nothing"
             )
 
+    join = (
+        join_settings(
+            rendezvous, args.job_id, args.host_name, args.slots_per_host, args.job_secret_file
+        )
+        if args.join
+        else None
+    )
     if args.standby and (args.job_id is None or rendezvous.scheme != "etcd"):
         raise UsageError(
             "--standby needs --rendezvous etcd://... and the --job-id of the job to stand "
@@ -334,7 +349,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
         spares=args.spares,
-        standby=args.standby,
+        standby=args.standby or args.join,
         driver_timeout=args.driver_timeout,
         ps_placement=args.ps_placement or "driver",
         checkpoint_dir=checkpoint_dir,
@@ -342,4 +357,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         on_state_lost=args.on_state_lost,
         chaos_below_min_np=args.chaos_below_min_np,
         ps_replicas=args.ps_replicas or 0,
+        join=join,
     )

@@ -255,6 +255,19 @@ def build_parser() -> argparse.ArgumentParser:
         "the store: its death ends the job, so long jobs should use etcd",
     )
 
+    join = p.add_argument_group("join mode (the same command on every node, no ssh)")
+    join.add_argument(
+        "--join",
+        action="store_true",
+        help="make this node a host of job --job-id (etcd --rendezvous): run its agent "
+        "and workers here; the first node leads, the others stand by and take over. "
+        "Hosts are the live joined nodes. Needs the job's secret: ELASTIC_JOB_SECRET or "
+        "--job-secret-file, the same on every node",
+    )
+    join.add_argument(
+        "--host-name", metavar="NAME", help="this node's name in the job (default: hostname)"
+    )
+    join.add_argument("--job-secret-file", metavar="PATH", help="read the job's secret here")
     store.add_argument(
         "--network-interface",
         metavar="NAME",

@@ -33,7 +33,9 @@ class AgentRecord(JsonRecord):
     """The agent of ``host``: its ``pid`` (on that host), when it ``started`` (unix
     time), the highest leader term it has seen, the file its output also goes to
     (``log_path``, "" when none: a driver that takes over may read it there), and the
-    ``agent_id`` its starter gave it (so the starter knows its own agent's record)."""
+    ``agent_id`` its starter gave it (so the starter knows its own agent's record);
+    ``slots``: the slots a node that joined the job (``elastic-run --join``) offers, 0
+    for an agent a driver started."""
 
     host: str
     pid: int
@@ -41,6 +43,7 @@ class AgentRecord(JsonRecord):
     term_seen: int = 0
     log_path: str = ""
     agent_id: str = ""
+    slots: int = 0
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,12 @@ class JobKeys:
         (``rendezvous.plan.RollbackRecord``); watched by the driver, which reports it."""
         return f"{self.prefix}ps-rollback"
 
+    @property
+    def shape(self) -> str:
+        """What the nodes of a joined job agreed on (``elastic-run --join``): the first
+        to join writes it, every later one must bring the same."""
+        return f"{self.prefix}shape"
+
     # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
     @property
     def agents(self) -> str:

@@ -1,4 +1,5 @@
-"""``python -m driver.agent --job-id ID --host LABEL [--driver-timeout SEC] [--detach]``.
+"""``python -m driver.agent --job-id ID --host LABEL [--driver-timeout SEC] [--detach]
+[--slots N]``.
 
 The store's URL and the job's secret come from the environment (``ELASTIC_RENDEZVOUS``,
 ``ELASTIC_JOB_SECRET``), as for every process of the job. ``--detach``: leave the
@@ -62,6 +63,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true", help="outlive the session started in")
     p.add_argument("--log-file", metavar="PATH", help="also write the output here")
     p.add_argument("--agent-id", default="", help="said in the agent's record")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the host joined the job with N slots (elastic-run --join; default: a driver "
+        "started this agent)",
+    )
     return p
 
 
@@ -104,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         log_path=log_path,
         pid=os.getpid(),
         agent_id=args.agent_id,
+        slots=max(0, args.slots),
     )
     # SIGTERM is how a scheduler takes a host back (a preemption): the job gets to snapshot
     # its state first. SIGINT stops at once.

@@ -75,7 +75,9 @@ class Agent:
     """The agent of ``host`` in job ``keys``. ``launcher`` starts the processes on this
     machine (a ``LocalLauncher`` whose output goes where the agent's goes);
     ``driver_timeout``: seconds without a leader before everything is stopped;
-    ``log_path``: said in the agent's record; ``clock``: the monotonic time."""
+    ``log_path``: said in the agent's record; ``slots``: the slots its node offers when
+    it joined the job (``elastic-run --join``; 0: a driver started it); ``clock``: the
+    monotonic time."""
 
     def __init__(
         self,
@@ -91,6 +93,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         pid: int = 0,
         agent_id: str = "",
+        slots: int = 0,
     ):
         self.host = host
         self._store = store
@@ -103,6 +106,7 @@ class Agent:
         self._clock = clock
         self._pid = pid
         self._agent_id = agent_id
+        self._slots = slots
         self._queue: queue.Queue[news.News] = queue.Queue()
         self._done = threading.Event()  # the feeds and the lease thread end
         self._store_away = threading.Event()  # the lease could not be refreshed for a TTL
@@ -362,6 +366,7 @@ class Agent:
             self._view.highest_term,
             self._log_path,
             self._agent_id,
+            self._slots,
         )
         return record.to_json()
 

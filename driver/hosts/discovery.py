@@ -11,6 +11,7 @@ blacklist) is not the source's business. The sources, by name: ``driver.hosts.re
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from driver.hosts.slots import HostSlots
@@ -33,9 +34,11 @@ class HostDiscovery(ABC):
 @dataclass(frozen=True)
 class DiscoverySettings:
     """What the sources are made from: the fixed ``hosts``, the discovery ``script``
-    ("" for none) and its ``timeout``, and the slots of a host listed without any."""
+    ("" for none) and its ``timeout``, the slots of a host listed without any, and in
+    join mode ``read_agents`` (the job's agent records, read from its store)."""
 
     hosts: tuple[HostSlots, ...] = ()
     script: str = ""
     default_slots: int = 1
     timeout: float = DEFAULT_SCRIPT_TIMEOUT
+    read_agents: Callable[[], Sequence[bytes]] | None = None

@@ -4,7 +4,8 @@ Each source registers in ``SOURCES`` with a creator that imports its module only
 it is chosen:
 
 * ``fixed`` (``driver.hosts.fixed``): a list that never changes: ``-H``, or localhost;
-* ``script`` (``driver.hosts.script``): the user's ``--host-discovery-script``.
+* ``script`` (``driver.hosts.script``): the user's ``--host-discovery-script``;
+* ``joined`` (``driver.hosts.joined``): the nodes that joined the job (``--join``).
 
 A new source (a scheduler's allocation, a cluster's live nodes, nodes that joined the
 job) is a ``driver.hosts.discovery.HostDiscovery`` in a module of its own here, a
@@ -31,15 +32,27 @@ def _script(settings: DiscoverySettings) -> HostDiscovery:
     return ScriptDiscovery(settings.script, settings.default_slots, settings.timeout)
 
 
+def _joined(settings: DiscoverySettings) -> HostDiscovery:
+    from driver.hosts.joined import JoinedDiscovery
+
+    if settings.read_agents is None:
+        raise UnknownDiscoveryError("the joined nodes need the job's store to be read from")
+    return JoinedDiscovery(settings.read_agents)
+
+
 SOURCES: dict[str, Callable[[DiscoverySettings], HostDiscovery]] = {
     "fixed": _fixed,
     "script": _script,
+    "joined": _joined,
 }
 """The sources of hosts by name, each with its creator."""
 
 
 def source_name(settings: DiscoverySettings) -> str:
-    """The source the settings ask for: ``script`` when a script is given, else ``fixed``."""
+    """The source the settings ask for: ``joined`` in join mode, ``script`` when a script
+    is given, else ``fixed``."""
+    if settings.read_agents is not None:
+        return "joined"
     return "script" if settings.script else "fixed"
 
 

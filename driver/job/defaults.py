@@ -17,11 +17,13 @@ from driver.errors import EventLogError, UsageError
 from driver.events.log import EventLog
 from driver.hosts.discovery import DiscoverySettings, HostDiscovery
 from driver.hosts.registry import make_discovery, source_name
+from driver.job.wiring import quick_store
 from driver.launch.agents.handle import uses_agent
 from driver.launch.agents.launcher import AgentLauncher
 from driver.launch.base import Launcher
 from driver.launch.registry import get_launcher
 from driver.launch.spec import ssh_settings_from_env
+from rendezvous.keys import JobKeys
 from rendezvous.net.addresses import is_local_host
 
 
@@ -65,6 +67,8 @@ def agent_launcher(config: JobConfig) -> AgentLauncher:
     etcd = config.rendezvous.scheme == "etcd"
 
     def use_agent(host: str) -> bool:
+        if config.join is not None:
+            return True  # every host is a joined node, with its own agent
         local = config.launcher == "local" or (config.launcher == "auto" and is_local_host(host))
         return uses_agent(local, etcd)
 
@@ -75,15 +79,28 @@ def agent_launcher(config: JobConfig) -> AgentLauncher:
         driver_timeout=config.driver_timeout,
         detach=etcd,
         use_agent=use_agent,
+        joined=config.join is not None,
     )
 
 
 def discovery(config: JobConfig) -> HostDiscovery:
-    """The source of hosts the flags pick (``driver.hosts.registry``): the hosts of
+    """The source of hosts the flags pick (``driver.hosts.registry``): the joined nodes
+    (``--join``: read from the store by a client of its own), the hosts of
     ``--host-discovery-script``, else the fixed ones (``-H``, or localhost)."""
+    read_agents = None
+    if config.join is not None:
+        store, keys = (
+            quick_store(str(config.rendezvous), config.join.secret),
+            JobKeys(config.job_id),
+        )
+
+        def read_agents() -> list[bytes]:
+            return [kv.value for kv in store.get_prefix(keys.agents)[0]]
+
     settings = DiscoverySettings(
         hosts=tuple(config.hosts),
         script=config.discovery_script or "",
         default_slots=config.slots_per_host,
+        read_agents=read_agents,
     )
     return make_discovery(source_name(settings), settings)

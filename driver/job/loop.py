@@ -32,6 +32,7 @@ until the job ends, ``close()``. ``open()`` claims the job id (``driver.lead.cla
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -240,6 +241,9 @@ class Job:
         handed_over: dict[str, WorkerProcess] = {}
         if adopting:
             handed_over = dict(self._agents.adopt(self._services.snapshot))
+            if cfg.uses_discovery:  # found before a standby's wait: take those of now
+                with contextlib.suppress(DiscoveryError):
+                    hosts = self.discovery.find_hosts()
         self._agents.attach(
             AgentWiring(
                 self._services.require_store(),

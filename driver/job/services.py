@@ -39,6 +39,7 @@ from driver.job.wiring import (
     shard_commands,
     worker_bind_host,
 )
+from driver.join.shape import shape_bytes
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess
 from driver.lead.claim import DriverClaim, new_record
@@ -137,7 +138,8 @@ class JobServices:
         else:
             # Before any worker starts: a ps client of a job without shards fails at once.
             ps_config = PSConfigRecord(cfg.num_ps, cfg.ps_mode).to_json()
-            revision = self.steer([Put(self._keys.ps_config, ps_config)])
+            shape = [Put(self._keys.shape, shape_bytes(cfg))] if cfg.join is not None else []
+            revision = self.steer([Put(self._keys.ps_config, ps_config), *shape])
         feeds.follow_workers_and_failures(
             store,
             self._keys,

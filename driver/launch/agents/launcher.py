@@ -7,10 +7,9 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
 ``kill`` go through the store:
 
 * ``launch(spec)`` makes sure ``spec.host`` has a live agent (starting one with the
-  ``starter`` launcher: over ssh for another host, a local process for this one, and
-  waiting for its record), writes an ``Assignment`` (stamped with the leader's term,
-  without the job's secret) and waits for the agent's first ``ProcessStatus``: the
-  process's pid, or why it could not start (``LaunchError``);
+  ``starter``: ssh, or a local process; in join mode, ``joined``, each node brought its
+  own), writes an ``Assignment`` (the leader's term, not the job's secret) and waits for
+  the agent's first ``ProcessStatus``: a pid, or why it did not start (``LaunchError``);
 * ``stop``/``kill`` rewrite the assignment with ``want`` "stop"/"kill"; the agent does
   it and reports the exit, which ends the handle's ``wait``;
 * an agent whose record vanishes (its lease lapsed: the agent died or was cut off)
@@ -32,11 +31,10 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
   driver had launched it; the assignments of a host with no live agent are withdrawn
   (as for a host lost now).
 
-Which hosts go through agents is ``uses_agent``: with an etcd store every host (the job
-must outlive its driver, so no process may be the driver's child); with the embedded
-store the hosts reached over ssh, while this machine's processes stay the driver's own
-children (the driver is the store: its death ends the job anyway, and the single-machine
-path keeps its speed).
+Which hosts go through agents is ``uses_agent``: with etcd every host (the job must
+outlive its driver, so no process may be the driver's child); with the embedded store
+the ssh hosts, while this machine's processes stay the driver's children (the driver is
+the store: its death ends the job anyway, and one machine keeps its speed).
 """
 
 from __future__ import annotations
@@ -78,10 +76,9 @@ PROCESS_START_TIMEOUT = 30.0
 
 
 class AgentLauncher(Launcher, AgentService):
-    """The ``AgentService`` of ``elastic-run``: launches through agents the hosts
-    ``uses_agent`` picks, directly (``direct``) the others. ``starter`` starts the
-    agents. Launches directly until ``attach`` gave it the store and the variables
-    agents start with (store URL, job id, secret)."""
+    """The ``AgentService`` of ``elastic-run``: through agents (started by ``starter``;
+    ``joined``: the nodes' own) for the hosts ``use_agent`` picks, else ``direct``, which
+    it uses for all until ``attach`` gives it the store and the agents' variables."""
 
     name = "agents"
 
@@ -94,6 +91,7 @@ class AgentLauncher(Launcher, AgentService):
         driver_timeout: float,
         detach: bool,
         use_agent: Callable[[str], bool],
+        joined: bool = False,
         out: Stream | None = None,
         err: Stream | None = None,
     ):
@@ -105,6 +103,7 @@ class AgentLauncher(Launcher, AgentService):
         self._driver_timeout = driver_timeout
         self._detach = detach
         self._use_agent = use_agent
+        self._joined = joined
         self._lock = threading.Lock()
         self._agents: dict[str, AgentProcess] = {}
         self._handles: dict[str, AssignedProcess] = {}
@@ -125,14 +124,12 @@ class AgentLauncher(Launcher, AgentService):
         self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
 
     def attach(self, wiring: AgentWiring) -> None:
-        """Use the job's store from now on (``AgentWiring``: ``term()`` is the leader's
-        term to stamp on assignments; ``steer``: the leader's fenced write, default a
-        plain put); follow the agents' records and process reports until ``stop_following`` (after
-        ``close``: the exits of what the job's end stops are reports too), from the
-        first launch through an agent on (a job with no agent, one machine on the
-        embedded store, watches nothing more than before), or at once when agents were
-        adopted. The adopted assignments of hosts that had no agent any more are
-        withdrawn (``_withdraw``).
+        """Use the job's store from now on (``AgentWiring``: ``term()``, the leader's term
+        for assignments; ``steer``, its fenced write); follow the agents' records and
+        process reports until ``stop_following`` (after ``close``: the exits of what the
+        job's end stops are reports too), from the first launch through an agent on (a
+        job with no agent watches nothing more), or at once when agents were adopted or
+        join. The adopted assignments of agentless hosts are withdrawn (``_withdraw``).
         """
         self._store, self._term = wiring.store, wiring.term
         self._on_host_lost = wiring.on_host_lost
@@ -140,7 +137,7 @@ class AgentLauncher(Launcher, AgentService):
         self._agent_env = dict(wiring.agent_env)
         self._patience = wiring.patience
         with self._lock:
-            if self._agents:
+            if self._agents or self._joined:
                 self._start_following()
             agentless, self._agentless = self._agentless, {}
         for host, process_ids in sorted(agentless.items()):
@@ -328,6 +325,8 @@ class AgentLauncher(Launcher, AgentService):
         Raises:
             LaunchError: it cannot be started or does not register in time.
         """
+        if self._joined:
+            return self._joined_agent(host)
         with self._lock:
             self._start_following()
             agent = self._agents.get(host)
@@ -361,6 +360,15 @@ class AgentLauncher(Launcher, AgentService):
                     f"the agent of {host} did not register within {AGENT_START_TIMEOUT:g}s"
                 )
 
+    def _joined_agent(self, host: str) -> None:
+        """The agent of joined node ``host``, from the store when the watch has not
+        brought its record yet. Raises ``LaunchError`` when it has none (it left)."""
+        kv = self._store.get(self._keys.agent(host)) if self._store is not None else None
+        if kv is not None:
+            self._agent_registered(kv)
+        if not ((agent := self._agents.get(host)) and agent.alive):
+            raise LaunchError(f"{host} has no agent: its node left the job")
+
     # ------------------------------------------------------------------ reports
     def _agent_event(self, event: Event) -> None:
         host = event.key[len(self._keys.agents) :]
@@ -388,6 +396,9 @@ class AgentLauncher(Launcher, AgentService):
             return
         with self._lock:
             agent = self._agents.get(record.host)
+            if self._joined and record.slots and (agent is None or not agent.alive):
+                # A node that joined (``elastic-run --join``) brings its own agent.
+                agent = self._agents[record.host] = AgentProcess(record.host, record.agent_id, None)
         if agent is not None and agent.agent_id == record.agent_id:
             agent.registered.set()
 

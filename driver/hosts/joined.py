@@ -1,0 +1,55 @@
+"""The ``joined`` source of hosts: the nodes that joined the job (``elastic-run --join``).
+
+A joined node runs its host's agent, whose record (under the agent's own lease) says the
+slots the node offers; the hosts are the nodes whose record is there now, in the order
+they joined. A node that leaves (its agent exits, or its lease lapses: the node is lost)
+is gone from the next answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from driver.errors import DiscoveryError
+from driver.hosts.discovery import HostDiscovery
+from driver.hosts.slots import HostSlots
+from rendezvous.agent_records import AgentRecord
+from rendezvous.errors import RendezvousError
+
+log = logging.getLogger(__name__)
+
+
+class JoinedDiscovery(HostDiscovery):
+    """The joined nodes: ``read_agents()`` gives the values of the job's agent records
+    (``JobKeys.agents``) as the store holds them now."""
+
+    def __init__(self, read_agents: Callable[[], Sequence[bytes]]):
+        self._read_agents = read_agents
+
+    def find_hosts(self) -> tuple[HostSlots, ...]:
+        """Raises ``DiscoveryError`` when the store cannot be read."""
+        try:
+            values = self._read_agents()
+        except RendezvousError as exc:
+            raise DiscoveryError(f"cannot read the joined nodes from the store: {exc}") from None
+        return joined_hosts(values)
+
+    def __repr__(self) -> str:
+        return "JoinedDiscovery()"
+
+
+def joined_hosts(values: Sequence[bytes]) -> tuple[HostSlots, ...]:
+    """The hosts of the agent records ``values`` that joined (slots > 0), first joined
+    first; an unreadable record is logged and left out."""
+    records = []
+    for value in values:
+        try:
+            record = AgentRecord.from_json(value)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable agent record: %s", exc)
+            continue
+        if record.slots > 0:
+            records.append(record)
+    records.sort(key=lambda r: (r.started, r.host))
+    return tuple(HostSlots(r.host, r.slots) for r in records)

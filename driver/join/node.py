@@ -1,0 +1,105 @@
+"""This node's part of a joined job (``JoinedNode``): the job's secret in this process's
+environment, the job's shape checked against what the first node wrote, and this host's
+agent, started here as a child (a scheduler's signal to the process group reaches it:
+SIGTERM drains the host, ``driver.agent``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import uuid
+
+from driver.config import JobConfig
+from driver.errors import UsageError
+from driver.job.wiring import quick_store
+from driver.join.settings import JoinSettings
+from driver.join.shape import job_shape, shape_difference
+from driver.launch.agents.handle import agent_command
+from driver.launch.process import REAP_TIMEOUT, STOP_GRACE
+from rendezvous import env
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.store import KVStore
+
+log = logging.getLogger(__name__)
+
+
+class JoinedNode:
+    """This node of job ``config.job_id`` (``config.join`` set)."""
+
+    def __init__(self, config: JobConfig, settings: JoinSettings):
+        self._config = config
+        self._settings = settings
+        self._keys = JobKeys(config.job_id)
+        self._agent: subprocess.Popen | None = None
+
+    def prepare(self) -> None:
+        """The job's secret into this process's environment (the driver's, the agent's
+        and the workers'), and the job's shape agreed on.
+
+        Raises:
+            UsageError: this node disagrees with the job, or the store cannot be used.
+        """
+        os.environ[env.ENV_SECRET] = self._settings.secret
+        store = quick_store(str(self._config.rendezvous), self._settings.secret)
+        try:
+            self.agree(store)
+        except RendezvousError as exc:
+            raise UsageError(f"--join: cannot use the store: {exc}") from None
+        finally:
+            store.close()
+
+    def agree(self, store: KVStore) -> None:
+        """Check this node's shape against the job's while a leader leads it (the leader
+        writes it when it claims the job: ``driver.job.services``).
+
+        Raises:
+            UsageError: this node's -np, --min-np, --max-np or command differ from the
+                job's (one line naming the difference; the job is untouched).
+            RendezvousError: the store cannot be used.
+        """
+        shape, leader = store.get(self._keys.shape), store.get(self._keys.driver)
+        if shape is None or leader is None:
+            return  # no job yet, or one between leaders: this node may lead it
+        difference = shape_difference(job_shape(self._config), json.loads(shape.value))
+        if difference:
+            raise UsageError(
+                f"--join: this node disagrees with job {self._config.job_id!r}: {difference}"
+            )
+
+    def start_agent(self) -> None:
+        """Start this host's agent (it registers the node as joined, with its slots).
+
+        Raises:
+            OSError: it cannot be started.
+        """
+        command = [
+            *agent_command(
+                self._config.job_id,
+                self._settings.host,
+                uuid.uuid4().hex[:12],
+                self._config.driver_timeout,
+                detach=False,
+            ),
+            "--slots",
+            str(self._settings.slots),
+        ]
+        environ = {**os.environ, env.ENV_RENDEZVOUS: str(self._config.rendezvous)}
+        self._agent = subprocess.Popen(command, env=environ, stdin=subprocess.DEVNULL)
+
+    def stop_agent(self) -> None:
+        """After the job: the agent exits by itself once the job ended (``ended``), or
+        once it drained; SIGTERM after a grace, SIGKILL after another."""
+        agent = self._agent
+        if agent is None:
+            return
+        for act in (lambda: None, agent.terminate, agent.kill):
+            act()
+            try:
+                agent.wait(timeout=STOP_GRACE + REAP_TIMEOUT)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+        log.warning("the agent of %s did not exit", self._settings.host)

@@ -1,0 +1,47 @@
+"""What every node of a joined job must agree on (pure): the job's size and command.
+
+The leader writes it (``JobKeys.shape``) when it claims the job; a node that joins while
+a leader leads checks its own against it and is refused, in one line naming the first
+difference, when they differ.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from driver.config import JobConfig
+
+SHAPE_FLAGS = (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np"))
+
+
+def job_shape(config: JobConfig) -> dict:
+    """This node's shape of the job."""
+    return {
+        "np": config.np,
+        "min_np": config.min_np,
+        "max_np": config.max_np,
+        "command": list(config.command),
+    }
+
+
+def shape_difference(mine: Mapping, theirs: Mapping) -> str:
+    """How this node's shape differs from the job's, in words ("" when it does not)."""
+    for key, flag in SHAPE_FLAGS:
+        if mine.get(key) != theirs.get(key):
+            return f"{flag} {_shown(mine.get(key))} here, {_shown(theirs.get(key))} in the job"
+    if mine.get("command") != theirs.get("command"):
+        return (
+            f"the command {' '.join(mine.get('command') or [])!r} here, "
+            f"{' '.join(theirs.get('command') or [])!r} in the job"
+        )
+    return ""
+
+
+def _shown(value: object) -> str:
+    return "unset" if value is None else str(value)
+
+
+def shape_bytes(config: JobConfig) -> bytes:
+    """``job_shape`` as the store holds it."""
+    return json.dumps(job_shape(config)).encode()

@@ -1,0 +1,111 @@
+"""Join mode: the same ``elastic-run --join`` command on every node (here two nodes of
+one machine, named by ``--host-name``) makes one job, with no ssh: the first node leads,
+the other stands by; the job finishes exact and every node exits 0. A node that brings
+another shape, or no secret, is refused in one line and the job is untouched."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import uuid
+
+import pytest
+
+from tests.support.jobs import ElasticRun, check_exact_sum, exact_sum_command, hold_at
+
+pytestmark = pytest.mark.system
+
+SAMPLES, EPOCHS = 1200, 6
+
+
+def join_args(etcd_url: str, job_id: str, host: str, command: list[str], np: int = 4):
+    return [
+        *("--join", "--rendezvous", etcd_url, "--job-id", job_id, "--host-name", host),
+        *("-np", str(np), "--min-np", "2", "--slots-per-host", "2", *command),
+    ]
+
+
+@pytest.fixture
+def secret_env():
+    return {"ELASTIC_JOB_SECRET": secrets.token_hex(16)}
+
+
+@pytest.mark.timeout(120)
+def test_two_joined_nodes_train_one_job_to_an_exact_end(tmp_path, etcd_server, secret_env):
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"j{uuid.uuid4().hex[:10]}"
+    command = exact_sum_command(out, SAMPLES, EPOCHS)
+    with (
+        ElasticRun(
+            join_args(etcd_server.url, job_id, "a", command), tmp_path / "a", secret_env
+        ) as a,
+        ElasticRun(
+            join_args(etcd_server.url, job_id, "b", command), tmp_path / "b", secret_env
+        ) as b,
+    ):
+        assert a.wait(timeout=90) == 0, a.stderr_tail()
+        assert b.wait(timeout=30) == 0, b.stderr_tail()
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
+
+
+@pytest.mark.timeout(60)
+def test_a_node_with_another_shape_is_refused_in_one_line(tmp_path, etcd_server, secret_env):
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"j{uuid.uuid4().hex[:10]}"
+    gate = tmp_path / "gate"
+    hold_at(gate, 5)  # the job runs while the other node tries to join
+    command = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
+    mine = join_args(etcd_server.url, job_id, "a", command, np=2)
+    with ElasticRun(mine, tmp_path / "a", secret_env) as a:
+        a.wait_event("round_formed", timeout=30)
+        other = join_args(etcd_server.url, job_id, "b", command, np=3)
+        with ElasticRun(other, tmp_path / "b", secret_env) as b:
+            assert b.wait(timeout=30) == 2
+            assert "-np 3 here, 2 in the job" in b.stderr_tail()
+        assert a.proc is not None and a.proc.poll() is None  # the job goes on
+        gate.unlink()
+        assert a.wait(timeout=60) == 0, a.stderr_tail()
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+
+
+@pytest.mark.timeout(30)
+def test_join_mode_without_a_secret_says_how_to_make_one(tmp_path, etcd_server):
+    args = join_args(etcd_server.url, "nosecret", "a", ["python", "-c", "pass"])
+    with ElasticRun(args, tmp_path, {"ELASTIC_JOB_SECRET": ""}) as run:
+        assert run.wait(timeout=20) == 2
+    assert "ELASTIC_JOB_SECRET" in run.stderr_tail() and "secrets.token_hex" in run.stderr_tail()
+
+
+@pytest.mark.timeout(120)
+def test_the_leading_nodes_loss_leaves_the_other_node_leading_to_an_exact_end(
+    tmp_path, etcd_server, secret_env
+):
+    """Node a leads, node b stands by; a dies whole (its elastic-run, agent and workers
+    SIGKILLed: a lost node). b takes the job over, its workers train on, exact."""
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    out.mkdir()
+    hold_at(gate, 20)
+    job_id = f"j{uuid.uuid4().hex[:10]}"
+    command = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
+    a = ElasticRun(join_args(etcd_server.url, job_id, "a", command), tmp_path / "a", secret_env)
+    b = ElasticRun(join_args(etcd_server.url, job_id, "b", command), tmp_path / "b", secret_env)
+    with a:
+        a.wait_event("leading", timeout=30)  # a leads: it started first
+        b.start()
+        a.wait_event("round_formed", lambda e: e["size"] == 4, timeout=30)
+        doomed = [pid for w, pid in a.worker_pids().items() if w.startswith("a-")]
+        assert a.proc is not None
+        os.killpg(a.proc.pid, signal.SIGKILL)  # elastic-run and its agent: one group
+        for pid in doomed:
+            os.kill(pid, signal.SIGKILL)
+        taken = b.wait_event("leading", timeout=30)
+        assert taken["how"] != "started", taken
+        gate.unlink()
+        try:
+            assert b.wait(timeout=60) == 0, b.stderr_tail()
+        finally:
+            b.stop()
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
