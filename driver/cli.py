@@ -1,6 +1,7 @@
 """``elastic-run``: parse the command line, run the job, exit with its status.
 
-Exit status: 0 when every worker of the final round exited 0; 1 with a one-line reason
+Exit status: 0 when every worker of the final round exited 0 (and for a joined node
+that left on SIGTERM: its host drained, the job goes on); 1 with a one-line reason
 when the job failed (reset limit, elastic timeout, every host blacklisted, a worker of the
 final round failed, a discovery or store error, the committed state lost); 3 when another
 driver took the job over (this one steers nothing more; the job goes on under the new
@@ -17,7 +18,14 @@ import logging
 import sys
 
 from driver.config import parse_args
-from driver.errors import DriverError, JobEnded, JobStopped, LeadershipLost, UsageError
+from driver.errors import (
+    DriverError,
+    JobEnded,
+    JobLeft,
+    JobStopped,
+    LeadershipLost,
+    UsageError,
+)
 from driver.events.log import line_prefix
 from driver.job.loop import Job
 from driver.join.node import JoinedNode
@@ -38,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         node = JoinedNode(config, config.join) if config.join is not None else None
         if node is not None:
             node.prepare()  # before the job: its secret, and the shape it must agree on
-        job = Job(config)
+        job = Job(config, leave=node.leave if node is not None else None)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -59,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         _say(str(exc))
         return 3
     except JobEnded as exc:
+        _say(str(exc))
+        return 0
+    except JobLeft as exc:
         _say(str(exc))
         return 0
     except JobStopped as exc:

@@ -62,6 +62,12 @@ class JobStopped(DriverError):
         self.signum = signum
 
 
+class JobLeft(DriverError):
+    """A joined node left the job on purpose (SIGTERM: a preemption, a scale-down): its
+    host drains, the lead (if it had it) goes to another node, the job goes on without
+    it; ``elastic-run`` exits 0."""
+
+
 class JobEnded(DriverError):
     """A ``--standby`` driver saw its leader go and nothing of the job is left: the job
     ended under its leader, there is nothing to take over (``elastic-run`` exits 0)."""

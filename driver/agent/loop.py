@@ -164,7 +164,9 @@ class Agent:
                 break
         for item in arrived:
             if isinstance(item, news.ShutdownAsked):
-                if not item.drain or self._drain_until is not None or not self._table.alive():
+                if item.drain and self._drain_until is not None:
+                    continue  # draining already (a process group's SIGTERM, and a forwarded one)
+                if not item.drain or not self._table.alive():
                     return item.reason
                 self._start_drain(item.reason)
                 continue

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -43,7 +44,7 @@ from typing import Any, Callable, NoReturn
 from driver import events as ev
 from driver import policy
 from driver.config import JobConfig
-from driver.errors import DiscoveryError, JobFailed, JobStopped, LeadershipLost
+from driver.errors import DiscoveryError, JobFailed, JobLeft, JobStopped, LeadershipLost
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.manager import HostManager
 from driver.hosts.probe import probe
@@ -95,6 +96,7 @@ class Job:
         events: ev.EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         discovery: HostDiscovery | None = None,
+        leave: Callable[[], None] | None = None,
     ):
         defaults.make_log_dir(config)
         if events is None:
@@ -106,6 +108,8 @@ class Job:
         if discovery is None:
             discovery = defaults.discovery(config)
         self.config = config
+        self._leave = leave  # join mode: this node's host drains (its agent is told)
+        self._leaving = False  # SIGTERM came to a joined node
         self.events = events
         self.discovery = discovery
         self.keys = JobKeys(config.job_id)
@@ -191,6 +195,9 @@ class Job:
     def post(self, message: msg.Message) -> None:
         """Hand a message to the main loop (thread-safe)."""
         if isinstance(message, msg.SignalReceived):
+            if self._leave is not None and message.signum == signal.SIGTERM:
+                self._leaving = True
+                self._leave()  # join mode: this node's host drains (as a preemption)
             self._services.interrupt(message.signum)  # open() may wait for the ps shards
         self._queue.put(message)
 
@@ -235,7 +242,12 @@ class Job:
         """
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
-        self._services.open(hosts)
+        try:
+            self._services.open(hosts)
+        except JobFailed:
+            if self._leaving:  # a joined node's SIGTERM ended its wait as a standby
+                raise JobLeft("left the job while standing by; its host drains") from None
+            raise
         claim = self._services.claim
         adopting = claim.taken.action is ClaimAction.ADOPT
         handed_over: dict[str, WorkerProcess] = {}
@@ -420,6 +432,13 @@ class Job:
         return ()
 
     def _signalled(self, message: msg.SignalReceived) -> Sequence[dec.Decision]:
+        join = self.config.join
+        if join and self._leaving and message.signum == signal.SIGTERM:
+            others = self._agents.live_hosts() - {join.host}
+            if others:  # a node leaves a job that goes on: its host drains, others lead
+                if self._services.leads:
+                    self._services.claim.step_down()
+                raise JobLeft(f"left the job: {join.host} drains; {len(others)} node(s) go on")
         self._stops.signalled(message.signum)  # a stop starts, or the job ends now
         return ()
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import uuid
 
+from driver.agent.loop import DRAIN_GRACE
 from driver.config import JobConfig
 from driver.errors import UsageError
 from driver.job.wiring import quick_store
@@ -34,6 +36,7 @@ class JoinedNode:
         self._settings = settings
         self._keys = JobKeys(config.job_id)
         self._agent: subprocess.Popen | None = None
+        self._left = False  # SIGTERM came: the agent drains the host
 
     def prepare(self) -> None:
         """The job's secret into this process's environment (the driver's, the agent's
@@ -89,17 +92,27 @@ class JoinedNode:
         environ = {**os.environ, env.ENV_RENDEZVOUS: str(self._config.rendezvous)}
         self._agent = subprocess.Popen(command, env=environ, stdin=subprocess.DEVNULL)
 
+    def leave(self) -> None:
+        """This node leaves the job (SIGTERM came): its agent drains the host (it says the
+        host is preempted; the job has its workers leave at their next commit). A
+        scheduler that signals the process group tells the agent too: the same drain."""
+        self._left = True
+        if self._agent is not None and self._agent.poll() is None:
+            self._agent.send_signal(signal.SIGTERM)
+
     def stop_agent(self) -> None:
         """After the job: the agent exits by itself once the job ended (``ended``), or
-        once it drained; SIGTERM after a grace, SIGKILL after another."""
+        once it drained (up to ``DRAIN_GRACE``); SIGTERM after that, SIGKILL after a
+        grace more."""
         agent = self._agent
         if agent is None:
             return
+        first = DRAIN_GRACE if self._left else 0.0
         for act in (lambda: None, agent.terminate, agent.kill):
             act()
             try:
-                agent.wait(timeout=STOP_GRACE + REAP_TIMEOUT)
+                agent.wait(timeout=first + STOP_GRACE + REAP_TIMEOUT)
                 return
             except subprocess.TimeoutExpired:
-                continue
+                first = 0.0
         log.warning("the agent of %s did not exit", self._settings.host)

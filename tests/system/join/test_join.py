@@ -109,3 +109,37 @@ def test_the_leading_nodes_loss_leaves_the_other_node_leading_to_an_exact_end(
         finally:
             b.stop()
     check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("leaving", ["a", "b"], ids=["the-leader", "a-standby"])
+def test_a_sigtermed_node_drains_exits_0_and_the_job_goes_on_exact(
+    tmp_path, etcd_server, secret_env, leaving
+):
+    """SIGTERM to one node's elastic-run (a preemption, a scale-down): its host drains,
+    the lead goes to the other node when it had it, it exits 0, and the job finishes
+    exact on the other node."""
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    out.mkdir()
+    hold_at(gate, 20)
+    job_id = f"j{uuid.uuid4().hex[:10]}"
+    command = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
+    runs = {
+        host: ElasticRun(
+            join_args(etcd_server.url, job_id, host, command), tmp_path / host, secret_env
+        )
+        for host in ("a", "b")
+    }
+    staying = "b" if leaving == "a" else "a"
+    with runs["a"]:
+        runs["a"].wait_event("leading", timeout=30)
+        with runs["b"]:
+            runs["a"].wait_event("round_formed", lambda e: e["size"] == 4, timeout=30)
+            proc = runs[leaving].proc
+            assert proc is not None
+            proc.send_signal(signal.SIGTERM)
+            assert runs[leaving].wait(timeout=40) == 0, runs[leaving].stderr_tail()
+            assert "left the job" in runs[leaving].stderr_tail()
+            gate.unlink()  # the other node's workers train on
+            assert runs[staying].wait(timeout=60) == 0, runs[staying].stderr_tail()
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
