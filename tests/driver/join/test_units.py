@@ -1,0 +1,73 @@
+"""Join mode's pure parts: the joined hosts from the agents' records, the shape every
+node must agree on, and the flags' checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver.config import parse_args
+from driver.errors import UsageError
+from driver.hosts.joined import joined_hosts
+from driver.hosts.slots import HostSlots
+from driver.join.shape import job_shape, shape_difference
+from rendezvous.agent_records import AgentRecord
+
+ETCD = "etcd://127.0.0.1:2379"
+
+
+def record(host: str, started: float, slots: int) -> bytes:
+    return AgentRecord(host, pid=1, started=started, slots=slots).to_json()
+
+
+def test_the_joined_hosts_are_the_nodes_with_slots_first_joined_first():
+    values = [record("b", 2.0, 4), record("a", 1.0, 2), record("ssh", 0.5, 0), b"{not json"]
+    assert joined_hosts(values) == (HostSlots("a", 2), HostSlots("b", 4))
+
+
+def join(*extra: str) -> list[str]:
+    return ["--join", "--rendezvous", ETCD, "--job-id", "j1", "-np", "2", *extra, "train.py"]
+
+
+def test_the_shape_names_the_first_difference(monkeypatch):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    mine = job_shape(parse_args(join()))
+    assert shape_difference(mine, mine) == ""
+    assert shape_difference(mine, {**mine, "np": 4}) == "-np 2 here, 4 in the job"
+    assert shape_difference(mine, {**mine, "max_np": None, "np": 2, "min_np": 2}) == ""
+    other = {**mine, "command": ["python", "other.py"]}
+    assert "the command 'train.py' here, 'python other.py' in the job" in shape_difference(
+        mine, other
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--join", "--job-id", "j", "-np", "2", "t.py"], "--join needs --rendezvous etcd://"),
+        (["--join", "--rendezvous", ETCD, "-np", "2", "t.py"], "--join needs --job-id"),
+        (
+            ["--join", "--rendezvous", ETCD, "--job-id", "j", "-H", "a:2", "t.py"],
+            "drop -H and discovery",
+        ),
+        (["--host-name", "a", "-np", "2", "t.py"], "--host-name is for join mode"),
+    ],
+)
+def test_join_flags_are_checked_in_one_line(monkeypatch, argv, message):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    with pytest.raises(UsageError, match=message):
+        parse_args(argv)
+
+
+def test_join_mode_without_a_secret_says_how_to_make_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("ELASTIC_JOB_SECRET", raising=False)
+    with pytest.raises(UsageError, match=r"ELASTIC_JOB_SECRET.*secrets\.token_hex"):
+        parse_args(join())
+    empty = tmp_path / "secret"
+    empty.write_text("\n")
+    with pytest.raises(UsageError, match="the file is empty"):
+        parse_args(join("--job-secret-file", str(empty)))
+    empty.write_text("from-a-file\n")
+    config = parse_args(join("--job-secret-file", str(empty)))
+    assert config.join is not None and config.join.secret == "from-a-file"
+    assert "from-a-file" not in repr(config.join)
+    assert config.standby and config.uses_discovery
