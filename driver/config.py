@@ -44,7 +44,7 @@ from driver.hosts.slots import (
     parse_host_slots,
     total_slots,
 )
-from driver.join.settings import JoinSettings, join_settings
+from driver.join.settings import JoinSettings, default_job_id, join_settings
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
 from rendezvous.net.url import StoreURL, parse_store_url
@@ -278,6 +278,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
 
     rendezvous = _parse_rendezvous(args.rendezvous)
 
+    args.job_id = args.job_id or default_job_id(args.join)  # under Slurm: its job id
     job_id = args.job_id if args.job_id is not None else new_job_id()
     if not _JOB_ID.match(job_id):
         raise UsageError(

@@ -265,7 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--job-secret-file, the same on every node",
     )
     join.add_argument(
-        "--host-name", metavar="NAME", help="this node's name in the job (default: hostname)"
+        "--host-name",
+        metavar="NAME",
+        help="this node's name in the job (default: SLURMD_NODENAME, else the hostname); "
+        "--job-id defaults to SLURM_JOB_ID",
     )
     join.add_argument("--job-secret-file", metavar="PATH", help="read the job's secret here")
     store.add_argument(

@@ -56,7 +56,8 @@ class WorkerActions:
         state, services = ctx.state, ctx.services
         services.claim.check()  # a driver that lost the lead starts nothing
         worker_id = ctx.processes.new_id(host, f"s{slot}" if spare else slot)
-        bind = worker_bind_host(host, ctx.all_local, services.advertised_host)
+        joined = ctx.config.join is not None
+        bind = worker_bind_host(host, ctx.all_local, services.advertised_host, joined)
         spec = worker_spec(
             ctx.config, ctx.secret, services.store_url, worker_id, host, slot, bind, spare
         )

@@ -264,7 +264,8 @@ class JobServices:
         if cfg.ps_placement == "spread":
 
             def command(index: int, host: str) -> tuple[str, ...]:
-                on_host = worker_bind_host(host, self._all_local, self.advertised_host)
+                joined = cfg.join is not None
+                on_host = worker_bind_host(host, self._all_local, self.advertised_host, joined)
                 return shard_command_for(cfg, index, on_host or host)
 
             placement = ShardPlacement(command, self._usable_hosts)

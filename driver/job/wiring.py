@@ -84,7 +84,7 @@ def snapshot_env(config: JobConfig) -> dict[str, str]:
 def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
     """The address the driver's servers advertise to the job's hosts: ``--driver-address``,
     else ``--network-interface``'s, else the local address of the route toward the remote
-    hosts (loopback when every host is this one). With a discovery script that lists only
+    hosts (loopback when every host is this one; in join mode, toward the store). With a discovery script that lists only
     this machine so far, hosts may come later: the address of the default route then
     (loopback when there is none, with a warning to choose one).
 
@@ -92,6 +92,11 @@ def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
         AddressError: an unusable choice, remote hosts without a route, or loopback
             toward remote hosts (the message names both ends).
     """
+    if config.join is not None:  # host names are the nodes' labels: route toward the store
+        stores = [e.host for e in config.rendezvous.endpoints]
+        return addresses.advertised_address(
+            stores, interface=config.network_interface, explicit=config.driver_address
+        )
     remote = [h.host for h in hosts if not is_local_host(h.host)]
     if (
         not remote
@@ -120,13 +125,16 @@ def runs_all_local(config: JobConfig) -> bool:
     )
 
 
-def worker_bind_host(host: str, all_local: bool, driver_address: str) -> str:
+def worker_bind_host(host: str, all_local: bool, driver_address: str, joined: bool = False) -> str:
     """What a worker on ``host`` binds its listener to and advertises: loopback in a
     one-machine job, the driver's own address on the driver's machine, the host's address
-    when ``host`` is one; for a host known by name, nothing: the worker then uses its own
-    address toward the store (a name may not resolve on the other hosts)."""
+    when ``host`` is one; for a host known by name, or a ``joined`` node (its name a
+    label), nothing: the worker then uses its own address toward the store (a name may
+    not resolve on the other hosts)."""
     if all_local:
         return "127.0.0.1"
+    if joined:
+        return ""
     if is_local_host(host):
         return driver_address
     return host if addresses.is_address(host) else ""

@@ -15,6 +15,18 @@ MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 """How to make a job secret, said where one is missing."""
 
 
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_NODE_NAME = "SLURMD_NODENAME"
+"""Slurm's names for a task's job and node: join mode's defaults for --job-id and
+--host-name (``srun elastic-run --join ...`` needs neither)."""
+
+
+def default_job_id(join: bool, environ: Mapping[str, str] | None = None) -> str | None:
+    """The job id join mode takes when --job-id is not given: Slurm's job id, if any."""
+    environ = os.environ if environ is None else environ
+    return environ.get(SLURM_JOB_ID) or None if join else None
+
+
 @dataclass(frozen=True)
 class JoinSettings:
     """This node's part of a joined job: its ``host`` name (how the job names it) and
@@ -49,9 +61,11 @@ def join_settings(
             "store that outlives any of them"
         )
     if job_id is None:
-        raise UsageError("--join needs --job-id ID: the same on every node of the job")
+        raise UsageError(
+            "--join needs --job-id ID (under Slurm: SLURM_JOB_ID): the same on every node"
+        )
     return JoinSettings(
-        host=host_name or socket.gethostname(),
+        host=host_name or environ.get(SLURM_NODE_NAME) or socket.gethostname(),
         slots=slots,
         secret=_secret(secret_file, environ),
     )
