@@ -278,7 +278,8 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
 
     rendezvous = _parse_rendezvous(args.rendezvous)
 
-    args.job_id = args.job_id or default_job_id(args.join)  # under Slurm: its job id
+    if args.job_id is None:
+        args.job_id = default_job_id(args.join)  # under Slurm: its job id
     job_id = args.job_id if args.job_id is not None else new_job_id()
     if not _JOB_ID.match(job_id):
         raise UsageError(
