@@ -129,7 +129,8 @@ that cannot start, a job id that a live job holds, the committed state lost); 2 
 arguments; 3 when another driver took the job over (this one steers nothing more and
 leaves the workers to it); 128+N when stopped by signal N (143: SIGTERM, 130: SIGINT),
 after a final snapshot with --checkpoint-dir: a stopped job is not a failed one, and
-the same command resumes it; 0 for a --standby whose job ended under its leader."""
+the same command resumes it; 0 for a --standby whose job ended under its leader, and
+for a --join node that left on SIGTERM while the job goes on elsewhere."""
 
 
 def build_parser() -> argparse.ArgumentParser:
