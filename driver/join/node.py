@@ -1,5 +1,5 @@
 """This node's part of a joined job (``JoinedNode``): the job's secret in this process's
-environment, the job's shape checked against what the first node wrote, and this host's
+environment, the job's shape checked against what its leader wrote, and this host's
 agent, started here as a child (a scheduler's signal to the process group reaches it:
 SIGTERM drains the host, ``driver.agent``)."""
 
