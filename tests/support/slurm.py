@@ -16,10 +16,10 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from tests.support.hosts.netns import NetnsHost, NetnsHosts
+from tests.support.jobs import wait_until
 
 READY_TIMEOUT = 30.0
 CONTROLLER = "elctl"
@@ -117,9 +117,11 @@ class SlurmCluster:
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
 
     def _wait_idle(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
         wanted = {n.name for n in self.nodes}
-        while time.monotonic() < deadline:
+
+        def all_idle() -> bool:
+            if any(daemon.poll() is not None for daemon in self._daemons):
+                raise SlurmError(f"a Slurm daemon exited: {self.log_tail()}")
             done = subprocess.run(
                 ["sinfo", "-h", "-N", "-o", "%N %T"],
                 capture_output=True,
@@ -128,13 +130,9 @@ class SlurmCluster:
                 timeout=10,
             )
             idle = {line.split()[0] for line in done.stdout.splitlines() if line.endswith(" idle")}
-            if wanted <= idle:
-                return
-            for daemon in self._daemons:
-                if daemon.poll() is not None:
-                    raise SlurmError(f"a Slurm daemon exited: {self.log_tail()}")
-            time.sleep(0.2)  # polling sinfo with a deadline
-        raise SlurmError(f"the Slurm nodes did not become idle: {self.log_tail()}")
+            return wanted <= idle
+
+        wait_until(all_idle, READY_TIMEOUT, "the Slurm nodes to be idle", interval=0.2)
 
     def sbatch(self, script: Path, *args: str) -> str:
         """Submit ``script``; its job id."""

@@ -363,10 +363,12 @@ class AgentLauncher(Launcher, AgentService):
     def _joined_agent(self, host: str) -> None:
         """The agent of joined node ``host``, from the store when the watch has not
         brought its record yet. Raises ``LaunchError`` when it has none (it left)."""
-        kv = self._store.get(self._keys.agent(host)) if self._store is not None else None
-        if kv is not None:
-            self._agent_registered(kv)
-        if not ((agent := self._agents.get(host)) and agent.alive):
+        agent = self._agents.get(host)
+        if not (agent and agent.alive) and self._store is not None:
+            if (kv := self._store.get(self._keys.agent(host))) is not None:
+                self._agent_registered(kv)
+            agent = self._agents.get(host)
+        if not (agent and agent.alive):
             raise LaunchError(f"{host} has no agent: its node left the job")
 
     # ------------------------------------------------------------------ reports

@@ -3,6 +3,7 @@ asks (``ShardControl``), and how it reaches the other shards (``Peers``)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -32,10 +33,6 @@ from rendezvous.retry import Backoff
 log = logging.getLogger("elastic.ps.shard.control")
 
 
-def _lower_priority() -> None:
-    lower_this_thread(10)
-
-
 class ShardControl:
     """Checkpoint and rollback operations on the local shard, by name (``handle``)."""
 
@@ -45,7 +42,9 @@ class ShardControl:
         # Checkpoint files are hashed and written by one low-priority thread: on a busy
         # machine they then use idle CPU instead of stretching training steps.
         self._writer = ThreadPoolExecutor(
-            1, thread_name_prefix="ps-ckpt-writer", initializer=_lower_priority
+            1,
+            thread_name_prefix="ps-ckpt-writer",
+            initializer=functools.partial(lower_this_thread, 10),
         )
 
     def handle(self, call: Call[A, R], args: A) -> R:

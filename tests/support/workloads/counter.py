@@ -33,7 +33,7 @@ def main() -> int:
             state.w += 1
             state.step += 1
             state.commit()
-            time.sleep(args.step_time)  # simulated compute
+            time.sleep(args.step_time)  # the step's compute, simulated: its length is the workload
 
     train(state)
     print(f"done {state.step} {state.w.min()} {state.w.max()}", flush=True)
