@@ -23,8 +23,10 @@ SLURM_NODE_NAME = "SLURMD_NODENAME"
 
 def default_job_id(join: bool, environ: Mapping[str, str] | None = None) -> str | None:
     """The job id join mode takes when --job-id is not given: Slurm's job id, if any."""
+    if not join:
+        return None
     environ = os.environ if environ is None else environ
-    return environ.get(SLURM_JOB_ID) or None if join else None
+    return environ.get(SLURM_JOB_ID) or None
 
 
 @dataclass(frozen=True)
