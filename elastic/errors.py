@@ -84,6 +84,13 @@ class WorkerExpelledError(RendezvousError):
     the process must end (a replacement has taken or will take its slot)."""
 
 
+class WorkerHandedOverError(ElasticError):
+    """This worker's host leaves the job on purpose (a drain: SIGTERM to its agent, or
+    discovery removed it) and the round after this worker's was a handover
+    (``Plan.handover``): the others go on from the commit this worker holds too, so it
+    ends there. ``@elastic.run`` turns it into a clean exit (status 0)."""
+
+
 class ReplacedStateWarning(UserWarning):
     """An ``ObjectState`` holds an object that ``restore()`` and ``sync()`` replace with a
     copy (a torch module, optimizer, scheduler, sampler, tensor: anything with
@@ -103,5 +110,6 @@ __all__ = [
     "ShmUnavailableError",
     "SnapshotError",
     "WorkerExpelledError",
+    "WorkerHandedOverError",
     "ReplacedStateWarning",
 ]

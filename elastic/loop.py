@@ -2,7 +2,8 @@
 
     sync(); [a snapshot the round asks]; fn(state)    until it returns;
     on WorkerLostError:      restore the last commit, join the next round, sync, again;
-    on HostsUpdatedInterrupt: join the next round, sync, again;
+    on HostsUpdatedInterrupt: join the next round, sync, again (left out of a
+                             handover, ``Plan.handover``: exit 0, the host leaves);
     after every re-form:     the state's reset callbacks;
     when fn returns:         record the finish in the store, unless a newer round that
                              includes this worker formed first: then restore the last
@@ -27,7 +28,12 @@ import logging
 from typing import Any, Callable, TypeVar
 
 import elastic.context as context
-from elastic.errors import CommunicatorClosedError, HostsUpdatedInterrupt, WorkerLostError
+from elastic.errors import (
+    CommunicatorClosedError,
+    HostsUpdatedInterrupt,
+    WorkerHandedOverError,
+    WorkerLostError,
+)
 from elastic.reports import suspect_of
 from elastic.state import State, active
 from rendezvous.plan import SNAPSHOT_FINAL
@@ -91,7 +97,11 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                 state.restore()
             runtime = context.current_runtime()
             if runtime is not None:  # a static world has no next round to join
-                runtime.join()
+                try:
+                    runtime.join()
+                except WorkerHandedOverError as exc:
+                    log.warning("%s", exc)
+                    raise SystemExit(0) from None
             state.on_reset()
 
     return wrapper

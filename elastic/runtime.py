@@ -48,7 +48,12 @@ from dataclasses import dataclass, field
 
 from elastic import reports
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
-from elastic.errors import CommunicatorClosedError, WorkerExpelledError, WorkerLostError
+from elastic.errors import (
+    CommunicatorClosedError,
+    WorkerExpelledError,
+    WorkerHandedOverError,
+    WorkerLostError,
+)
 from elastic.orphan import exit_when_orphaned
 from rendezvous import env, open_store
 from rendezvous.errors import (
@@ -157,6 +162,7 @@ class WorkerRuntime:
         self._info: WorkerInfo | None = None
         self._orphan_watch: threading.Event | None = None
         self._expelled = False  # the driver took us out: no round will include us again
+        self._handed_over = False  # left out of a handover: our host leaves the job
         self.committed = 0  # commits this worker holds (``State.commit`` sets it)
 
     # ---- start / stop ----
@@ -312,8 +318,16 @@ class WorkerRuntime:
                 return
             self._latest = plan
             self.term_seen = max(self.term_seen, plan.term)
-            self._cond.notify_all()
             left_out = self.member is not None and plan.member(self.settings.worker_id) is None
+            # A handover from our own round: finish the step in flight on the old ring
+            # and change rounds at the next commit (``State.commit`` sees the pending
+            # round), instead of abandoning the step now (``Plan.handover``).
+            handover = plan.handover and plan.round_id == self.round_id + 1
+            if handover and left_out:
+                self._handed_over = True
+            self._cond.notify_all()
+        if handover:
+            return
         if left_out:
             # Left out of a round while a member of ours: expelled, if the driver also
             # removed our registration (a mere shrink stops us; a lost host's workers
@@ -373,7 +387,10 @@ class WorkerRuntime:
         """Wait for a plan newer than ``after_round`` (default: our current round) that
         includes us, and build its communicator.
 
-        Raises RendezvousError when no such round comes within ``round_timeout``."""
+        Raises:
+            RendezvousError: no such round comes within ``round_timeout``.
+            WorkerHandedOverError: a handover left this worker out (its host leaves).
+        """
         _, listener, _ = self._started()
         after = self.round_id if after_round is None else after_round
         # A spare not yet promoted waits as long as the job keeps it (see the docstring).
@@ -425,6 +442,7 @@ class WorkerRuntime:
         Raises:
             RendezvousError: the worker shut down meanwhile.
             WorkerExpelledError: the driver took this worker out of the job.
+            WorkerHandedOverError: a handover left this worker out: its host leaves.
             RendezvousConnectionError: no such plan came before ``deadline``.
         """
         me = self.settings.worker_id
@@ -432,6 +450,11 @@ class WorkerRuntime:
             while True:
                 if self._closed.is_set():
                     raise RendezvousError("worker is shut down")
+                if self._handed_over:
+                    raise WorkerHandedOverError(
+                        f"worker {me} leaves the job: its host is drained, and the others go "
+                        "on from the commit it holds too"
+                    )
                 if self._expelled:
                     raise WorkerExpelledError(
                         f"worker {me} was taken out of the job by the driver (a newer round "

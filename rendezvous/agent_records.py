@@ -35,7 +35,8 @@ class AgentRecord(JsonRecord):
     (``log_path``, "" when none: a driver that takes over may read it there), and the
     ``agent_id`` its starter gave it (so the starter knows its own agent's record);
     ``slots``: the slots a node that joined the job (``elastic-run --join``) offers, 0
-    for an agent a driver started."""
+    for an agent a driver started; ``draining``: the agent got SIGTERM and leaves once
+    its processes are gone (its record's end is then no lost host)."""
 
     host: str
     pid: int
@@ -44,6 +45,7 @@ class AgentRecord(JsonRecord):
     log_path: str = ""
     agent_id: str = ""
     slots: int = 0
+    draining: bool = False
 
 
 @dataclass(frozen=True)

@@ -64,13 +64,18 @@ class Plan:
     round formed, before they train: nothing (""), write a snapshot of it and train on
     (``SNAPSHOT_NOW``: a host is about to go), or write one and stop
     (``SNAPSHOT_FINAL``: the job is being stopped); ``snapshot_token``: that snapshot's
-    name among attempts at the same commit (fresh for each such round)."""
+    name among attempts at the same commit (fresh for each such round). ``handover``:
+    the round before it still works and only loses members that leave on purpose (a
+    drained host): its members finish the step in flight and change rounds at their
+    next commit, instead of abandoning that step at once (nothing is rolled back), and
+    those left out end there (``elastic.runtime``)."""
 
     round_id: int
     members: tuple[Member, ...] = field(default_factory=tuple)
     term: int = 0
     snapshot: str = ""
     snapshot_token: str = ""
+    handover: bool = False
 
     @property
     def size(self) -> int:
@@ -94,6 +99,7 @@ class Plan:
                 "term": self.term,
                 **({"snapshot": self.snapshot} if self.snapshot else {}),
                 **({"snapshot_token": self.snapshot_token} if self.snapshot_token else {}),
+                **({"handover": True} if self.handover else {}),
             },
             sort_keys=True,
         ).encode()
@@ -107,6 +113,7 @@ class Plan:
             term=int(raw.get("term", 0)),
             snapshot=str(raw.get("snapshot", "")),
             snapshot_token=str(raw.get("snapshot_token", "")),
+            handover=bool(raw.get("handover", False)),
         )
 
 

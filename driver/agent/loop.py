@@ -202,6 +202,7 @@ class Agent:
             # Under the agent's lease: gone with the agent, so a host that comes back
             # later (a new agent) is not taken for preempted again.
             lease = self._lease.id if self._lease is not None else 0
+            self._store.put(self._keys.agent(self.host), self._record(), lease)  # draining
             self._store.put(self._keys.preempted(self.host), self.host.encode(), lease=lease)
         except RendezvousError as exc:
             log.warning("cannot tell the job that %s is preempted: %s", self.host, exc)
@@ -369,6 +370,7 @@ class Agent:
             self._log_path,
             self._agent_id,
             self._slots,
+            draining=self._drain_until is not None,
         )
         return record.to_json()
 

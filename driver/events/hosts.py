@@ -85,16 +85,23 @@ class HostUnreachable(HostEvent):
 @dataclass(frozen=True)
 class HostPreempted(HostEvent):
     """The agent of ``host`` got SIGTERM (the scheduler takes the host back): its
-    ``workers`` stop once a snapshot of the newest commit is written (``snapshot``), or
-    at once when there is nothing to write one to."""
+    ``workers`` leave at their next commit while members on other hosts go on with the
+    state (``handover``), or stop once a snapshot of the newest commit is written
+    (``snapshot``), or at once when there is nothing to write one to."""
 
     kind: ClassVar[str] = "host_preempted"
     workers: list[str]
     snapshot: bool
+    handover: bool = False
 
     def __str__(self) -> str:
-        first = "after a snapshot of the state, " if self.snapshot else ""
         who = ", ".join(self.workers) or "(none)"
+        if self.handover:
+            return (
+                f"host {self.host} is being drained: its workers leave at their next "
+                f"commit, the others go on: {who}"
+            )
+        first = "after a snapshot of the state, " if self.snapshot else ""
         return f"host {self.host} is being preempted: {first}its workers stop: {who}"
 
 

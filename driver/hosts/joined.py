@@ -40,8 +40,8 @@ class JoinedDiscovery(HostDiscovery):
 
 
 def joined_hosts(values: Sequence[bytes]) -> tuple[HostSlots, ...]:
-    """The hosts of the agent records ``values`` that joined (slots > 0), first joined
-    first; an unreadable record is logged and left out."""
+    """The hosts of the agent records ``values`` that joined (slots > 0) and are not
+    draining, first joined first; an unreadable record is logged and left out."""
     records = []
     for value in values:
         try:
@@ -49,7 +49,7 @@ def joined_hosts(values: Sequence[bytes]) -> tuple[HostSlots, ...]:
         except (ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable agent record: %s", exc)
             continue
-        if record.slots > 0:
+        if record.slots > 0 and not record.draining:
             records.append(record)
     records.sort(key=lambda r: (r.started, r.host))
     return tuple(HostSlots(r.host, r.slots) for r in records)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from driver import events as ev
 from driver import policy
@@ -115,6 +116,18 @@ class WorkerActions:
             ctx.adopted.stop(rec.worker_id)
         else:
             ctx.processes.stop(rec.worker_id)
+        return ()
+
+    def leave(self, decision: dec.Leave) -> Decisions:
+        """Count the worker as stopping (its exit is no failure) and give it until
+        ``decision.until`` to leave at its next commit; nothing is sent to it."""
+        ctx, state = self._ctx, self._ctx.state
+        rec = state.workers[decision.worker_id]
+        log.info("worker %s leaves at its next commit: %s", rec.worker_id, decision.reason)
+        state.workers[rec.worker_id] = lifecycle.stopping(rec, ctx.clock())
+        state.book = replace(
+            state.book, leaving=(*state.book.leaving, (rec.worker_id, decision.until))
+        )
         return ()
 
     def stop_all(self) -> None:

@@ -177,7 +177,13 @@ class MessageHandlers:
         state = ctx.state
         snapshots = bool(ctx.config.checkpoint_dir)
         step = policy.host_preempted(
-            state.workers, state.plan, state.book, message.host, snapshots, ctx.clock()
+            state.workers,
+            state.plan,
+            state.book,
+            message.host,
+            snapshots,
+            ctx.clock(),
+            ctx.config.min_np,
         )
         return state.take(step)
 

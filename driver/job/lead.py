@@ -174,8 +174,12 @@ class JobLead:
         ctx = self._ctx
         # A fresh token names this snapshot's files and parts: never those of an earlier
         # run of the job id whose rounds had the same numbers.
+        # (The same members: no handover, whatever the round before was.)
         plan = replace(
-            plan, term=ctx.services.claim.record.term, snapshot_token=secrets.token_hex(6)
+            plan,
+            term=ctx.services.claim.record.term,
+            snapshot_token=secrets.token_hex(6),
+            handover=False,
         )
         published = ctx.services.steer_unless(
             ctx.keys.training_finished, [Put(ctx.keys.round, plan.to_json())]

@@ -337,7 +337,7 @@ class Job:
         self._usable = tuple(h.host for h in view.usable)
         self._waits = []
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
-        self._apply(policy.workers_to_stop(records, view.usable))
+        self._apply(policy.workers_to_stop(records, view.usable, self.plan, view.blacklisted, now))
         self._apply(policy.spares_to_stop(records, view.usable))
         agents = self._agents
         self._apply(
@@ -350,6 +350,7 @@ class Job:
         self._step(policy.progress_report(self.book, self.plan, cfg, now))
         self._step(policy.accusations_due(records, self.book, now))
         self._step(policy.drains_due(records, self.book, now))
+        self._step(policy.leaving_due(records, self.book, now))
         self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
         # Last: a new spare's start must not delay the round a promotion just formed.
         self._apply(
@@ -468,6 +469,7 @@ _DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     dec.Fail: lambda job, d: job._end(d.reason),
     dec.Kill: lambda job, d: job._actions.kill(d),
     dec.Stop: lambda job, d: job._actions.stop(d),
+    dec.Leave: lambda job, d: job._actions.leave(d),
     dec.Launch: lambda job, d: job._actions.launch(d),
     dec.LaunchSpare: lambda job, d: job._actions.launch_spare(d),
     dec.Promote: lambda job, d: job._actions.promote(d),

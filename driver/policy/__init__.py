@@ -6,7 +6,8 @@ Each function looks at the worker records (``driver.policy.lifecycle``), the cur
 job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the host
 manager's answers), the config and ``now``, and returns what to do (``driver.policy.decisions``):
 ``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``LaunchSpare``,
-``Promote``, ``Report`` (an event to emit), ``CountFailure``, ``Probe``, ``HostLost``,
+``Leave``, ``Promote``, ``Report`` (an event to emit), ``CountFailure``, ``Probe``,
+``HostLost``,
 ``Succeed``, or nothing. None of them
 touches the store, a process or a clock; the main loop (``driver.job.loop``) carries the
 decisions out. Functions that also update the book return a ``Step`` (the decisions and
@@ -27,13 +28,16 @@ The rules, by concern (each module's docstring lists its own, with its constants
   and kills;
 * ``spares``: warm spares (``--spares``): promoting one into a free slot, keeping each
   host's pool, a spare's quiet exit;
-* ``preemption``: a host the scheduler takes back: a snapshot first, then its workers
-  stop.
+* ``preemption``: a host the scheduler takes back: a handover when others go on, else a
+  snapshot first, then its workers stop;
+* ``departures``: workers that leave on purpose at their next commit (a drained host's),
+  and the handover round that lets the others go on without rolling back.
 
 This file names every rule, so the loop (and a test) reads them as one vocabulary:
 ``policy.plan_round``, ``policy.outcome``, ``policy.FINISH_GRACE``.
 """
 
+from driver.policy.departures import LEAVE_WAIT, leaving_due
 from driver.policy.exits import (
     CANNOT_RUN_CODES,
     FAILURE_STREAK_MIN,
@@ -146,6 +150,8 @@ __all__ = [
     # preemption
     "host_preempted",
     "drains_due",
+    "leaving_due",
+    "LEAVE_WAIT",
     "DRAIN_WAIT",
     # suspicion
     "CONFIRM_WINDOW",

@@ -59,6 +59,16 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Leave:
+    """The worker leaves at its next commit, on its own (a handover round leaves it out:
+    ``Plan.handover``): no signal now; its exit is no failure, like a stop's."""
+
+    worker_id: str
+    reason: str
+    until: float
+
+
+@dataclass(frozen=True)
 class Launch:
     """Start a worker in slot ``slot`` of ``host``."""
 
@@ -152,6 +162,7 @@ Decision = Union[
     Fail,
     Kill,
     Stop,
+    Leave,
     Launch,
     LaunchSpare,
     Promote,
@@ -213,6 +224,9 @@ class Book:
     # Hosts being preempted, waiting for the snapshot their workers stop after: (host,
     # the snapshot round asked for, until when it is waited for).
     draining: tuple[tuple[str, int, float], ...] = ()
+    # Workers of drained hosts that leave at their next commit (``Leave``): (worker id,
+    # until when; after that they are stopped).
+    leaving: tuple[tuple[str, float], ...] = ()
     # The newest round whose snapshot is known to be complete.
     snapshot_round: int = 0
 

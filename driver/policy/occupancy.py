@@ -11,7 +11,8 @@ The rules:
   workers and finished slots occupy theirs, spares none), up to ``--max-np``; a
   registered spare of the slot's host takes it instead (``driver.policy.spares``).
 * Displaced workers (``workers_to_stop``): an active worker whose host or slot left the
-  job is stopped, and the stop is said (a spare's slot is no member slot: spares follow
+  job is stopped, and the stop is said (a member of the round whose host discovery
+  dropped leaves at its next commit instead: ``driver.policy.departures``) (a spare's slot is no member slot: spares follow
   their own rule, ``spares.spares_to_stop``).
 * Reregister grace (``workers_to_kill``, ``lapse_waits``): a worker whose registration
   lapsed and that has not registered again within ``REREGISTER_GRACE`` is killed (it
@@ -47,6 +48,7 @@ from driver.policy.decisions import (
     Stop,
     Wait,
 )
+from driver.policy.departures import leave_at_commit
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.spares import fill_slots
 from rendezvous.plan import Plan
@@ -69,14 +71,30 @@ def slots_to_fill(
     return fill_slots(free, workers)
 
 
-def workers_to_stop(workers: Workers, usable: Sequence[HostSlots]) -> list[Decision]:
-    """Stop the active workers (not spares) whose host or slot left the job (and say so)."""
+def workers_to_stop(
+    workers: Workers,
+    usable: Sequence[HostSlots],
+    plan: Plan | None = None,
+    blacklisted: Sequence[str] = (),
+    now: float = 0.0,
+) -> list[Decision]:
+    """Stop the active workers (not spares) whose host or slot left the job (and say so).
+    A registered member of ``plan`` whose host was not blacklisted (discovery dropped it,
+    or its slot) leaves at its next commit instead, while other members go on
+    (``driver.policy.departures``)."""
     active = [r for r in workers.values() if r.state.active and not r.spare]
     reason = "its host or slot left the job"
+    displaced = planner.displaced_workers(active, usable)
+    gone = {r.worker_id for r in displaced}
+    members = plan.worker_ids if plan is not None else ()
+    stays = any(w not in gone for w in members)
     decisions: list[Decision] = []
-    for r in planner.displaced_workers(active, usable):
+    for r in displaced:
         event = WorkerStopping(worker=r.worker_id, host=r.host, slot=r.slot, reason=reason)
-        decisions += [Report(event), Stop(r.worker_id, reason)]
+        if stays and r.live and r.worker_id in members and r.host not in blacklisted:
+            decisions += [Report(event), *leave_at_commit([r.worker_id], reason, now)]
+        else:
+            decisions += [Report(event), Stop(r.worker_id, reason)]
     return decisions
 
 

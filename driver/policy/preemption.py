@@ -1,13 +1,16 @@
-"""A host the scheduler takes back (its agent got SIGTERM): a snapshot first, then its
-workers stop (pure).
+"""A host the scheduler takes back (its agent got SIGTERM): a handover when others go on,
+else a snapshot first, then its workers stop (pure).
 
-* ``host_preempted``: with ``--checkpoint-dir``, when the host runs members of the
-  round, the round is published again asking for a snapshot of the newest commit
+* ``host_preempted``: when members of the round run on other hosts, at least
+  ``--min-np`` of them, the host's members leave at their next commit and the others
+  go on without rolling back (``driver.policy.departures``); its other workers (spares,
+  ones starting) stop now. Otherwise, with ``--checkpoint-dir`` and members there, the
+  round is published again asking for a snapshot of the newest commit
   (``SnapshotNow``) and the host drains: its workers stop once that snapshot is complete
   (``drains_due``), or after ``DRAIN_WAIT`` at most. Without a checkpoint directory, or
   with no member there, they stop at once. Either way the host then counts as lost (its
-  workers are dropped, their slots refilled elsewhere, the host out for its cooldown),
-  as a host that does not answer a probe.
+  slots are not refilled, the host out for its cooldown), as a host that does not
+  answer a probe.
 """
 
 from __future__ import annotations
@@ -15,7 +18,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from driver.events import HostPreempted, HostUnreachable
-from driver.policy.decisions import Book, Decision, HostLost, Kill, Report, SnapshotNow, Step, Wait
+from driver.policy.decisions import (
+    Book,
+    Decision,
+    HostLost,
+    Kill,
+    Report,
+    SnapshotNow,
+    Step,
+    Stop,
+    Wait,
+)
+from driver.policy.departures import leave_at_commit
 from driver.policy.lifecycle import Workers
 from rendezvous.plan import SNAPSHOT_NOW, Plan
 
@@ -38,12 +52,37 @@ def _lost(workers: Workers, host: str, detail: str) -> list[Decision]:
 
 
 def host_preempted(
-    workers: Workers, plan: Plan | None, book: Book, host: str, snapshots: bool, now: float
+    workers: Workers,
+    plan: Plan | None,
+    book: Book,
+    host: str,
+    snapshots: bool,
+    now: float,
+    min_np: int = 1,
 ) -> Step:
     """The agent of ``host`` got SIGTERM (see the module docstring)."""
-    if any(h == host for h, _, _ in book.draining):
+    leaving = {w for w, _ in book.leaving}
+    if any(h == host for h, _, _ in book.draining) or any(
+        workers[w].host == host for w in leaving if w in workers
+    ):
         return Step((), book)  # said already
-    members = plan is not None and any(m.host == host for m in plan.members)
+    active = [
+        m
+        for m in (plan.members if plan is not None else ())
+        if m.worker_id in workers and workers[m.worker_id].state.active
+    ]
+    here = [m.worker_id for m in active if m.host == host]
+    others = [m.worker_id for m in active if m.host != host]
+    if here and len(others) >= max(1, min_np):
+        rest = [w for w in _on_host(workers, host) if w not in here]
+        handover: list[Decision] = [
+            Report(HostPreempted(host, _on_host(workers, host), snapshot=False, handover=True)),
+            HostLost(host, "preempted"),
+            *leave_at_commit(here, f"its host {host} is drained", now),
+            *(Stop(w, f"its host {host} is drained") for w in rest),
+        ]
+        return Step(tuple(handover), book)
+    members = bool(here)
     drain = snapshots and members and plan is not None
     said = Report(HostPreempted(host, _on_host(workers, host), snapshot=drain))
     if not drain or plan is None:

@@ -25,6 +25,9 @@ The rules:
   later).
 * Broken round (``plan_round``): a round that lost members and cannot re-form is
   reported after ``WAITING_REPORT_AFTER`` and ends the job after ``--elastic-timeout``.
+* Handover (``driver.policy.departures``): a round that only drops workers leaving on
+  purpose (a drained host's) is published as a handover: its members change rounds at
+  their next commit, with nothing rolled back.
 * Reset limit: publishing a round beyond ``--reset-limit`` re-forms ends the job
   (rounds after a worker finished are not resets).
 * The script fails everywhere (``script_fails``): every member of two rounds in a row
@@ -48,7 +51,7 @@ from dataclasses import replace
 
 from driver.config import JobConfig
 from driver.events import StateLost, Waiting, describe_code
-from driver.policy import planner
+from driver.policy import departures, planner
 from driver.policy.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
 from driver.policy.lifecycle import Workers, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
@@ -121,6 +124,8 @@ def plan_round(
         if not planner.hold_growth_for_joiners(
             intact, [now - t for t in joiners], JOIN_BATCH_WINDOW
         ):
+            if departures.is_handover(plan, candidate, workers, book):
+                candidate = replace(candidate, handover=True)
             return _publish(candidate, plan, book, config, now)
         decisions.append(Wait(max(joiners) + JOIN_BATCH_WINDOW, "new workers to register"))
     if plan is None:

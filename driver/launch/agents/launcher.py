@@ -402,6 +402,7 @@ class AgentLauncher(Launcher, AgentService):
                 # A node that joined (``elastic-run --join``) brings its own agent.
                 agent = self._agents[record.host] = AgentProcess(record.host, record.agent_id, None)
         if agent is not None and agent.agent_id == record.agent_id:
+            agent.retiring = agent.retiring or record.draining  # its end: no host lost
             agent.registered.set()
 
     def _agent_gone(self, host: str) -> None:
@@ -411,17 +412,17 @@ class AgentLauncher(Launcher, AgentService):
             agent = self._agents.get(host)
             if agent is None or agent.lost or not agent.registered.is_set() or self._closing:
                 return
-            if agent.retiring:  # it left as asked: no host lost, and no agent there now
-                del self._agents[host]
-                if agent.process is not None:
-                    spawn(f"agent-retired-{host}", reap_agent, agent.process)
-                return
-            agent.lost = True
             handles = [
                 h
                 for pid, h in self._handles.items()
                 if self._hosts_of.get(pid) == host and h.returncode is None
             ]
+            if agent.retiring and not handles:  # it left as asked (or drained): no loss
+                del self._agents[host]
+                if agent.process is not None:
+                    spawn(f"agent-retired-{host}", reap_agent, agent.process)
+                return
+            agent.lost = True
             withdrawn = [pid for pid, h in self._hosts_of.items() if h == host]
             for process_id in withdrawn:
                 self._assignments.pop(process_id, None)

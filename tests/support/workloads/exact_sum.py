@@ -82,8 +82,18 @@ def main() -> int:
     values = np.arange(args.samples, dtype=np.float64)
     work = np.full((args.work, args.work), 1.0 / args.work)
 
+    class CountedState(elastic.NumpyState):
+        """Counts its rollbacks (``restore``: a round lost a worker, or was superseded
+        mid-step), so a test can tell a handover from a loss."""
+
+        rollbacks = 0
+
+        def restore(self):
+            CountedState.rollbacks += 1
+            super().restore()
+
     elastic.init()
-    state = elastic.NumpyState(
+    state = CountedState(
         visits=np.zeros(args.samples), total=np.zeros(1), epoch=0, batch=0, commits=0, sizes=[]
     )
 
@@ -133,6 +143,7 @@ def main() -> int:
         "visits_max": float(state.visits.max()),
         "visits_sum": float(state.visits.sum()),
         "sizes": state.sizes,
+        "rollbacks": CountedState.rollbacks,
         "digest": float((state.visits * np.arange(1, args.samples + 1)).sum()),
     }
     worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")

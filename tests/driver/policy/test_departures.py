@@ -1,0 +1,107 @@
+"""Workers that leave on purpose (``driver.policy.departures``, and the rules that use
+it: a preempted host with members elsewhere, a host discovery dropped): a handover, not
+a loss. Pure: records, plan, book and time in, decisions out."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver import events as ev
+from driver import policy
+from driver.policy.decisions import Book, HostLost, Leave, Publish, Report, SnapshotNow, Stop, Wait
+from driver.policy.departures import LEAVE_WAIT, is_handover, leave_at_commit, leaving_due
+from driver.policy.planner import build_plan
+from tests.driver.policy.test_rules import S, config, hs, rec, table, view
+
+pytestmark = pytest.mark.unit
+
+WHY = "its host b is drained"
+
+
+def two_hosts():
+    """Round 1: a0, a1 on host a; b0, b1 on host b."""
+    t = table(
+        rec("a0", 0, host="a"),
+        rec("a1", 1, host="a"),
+        rec("b0", 0, host="b"),
+        rec("b1", 1, host="b"),
+    )
+    plan = build_plan(1, [r.info for r in t.values() if r.info is not None])
+    return t, plan
+
+
+def test_a_preempted_host_with_members_elsewhere_hands_over():
+    t, plan = two_hosts()
+    t["b2"] = rec("b2", 2, host="b", state=S.LAUNCHED)  # starting: no member, stops now
+    step = policy.host_preempted(t, plan, Book(started_at=0), "b", True, 10.0, min_np=2)
+    assert step.decisions == (
+        Report(ev.HostPreempted("b", ["b0", "b1", "b2"], snapshot=False, handover=True)),
+        HostLost("b", "preempted"),
+        Leave("b0", WHY, 10.0 + LEAVE_WAIT),
+        Leave("b1", WHY, 10.0 + LEAVE_WAIT),
+        Stop("b2", WHY),
+    )
+
+
+def test_too_few_members_elsewhere_means_a_snapshot_first():
+    t, plan = two_hosts()
+    step = policy.host_preempted(t, plan, Book(started_at=0), "b", True, 10.0, min_np=3)
+    assert isinstance(step.decisions[1], SnapshotNow), step.decisions
+    assert step.book.draining == (("b", 2, 10.0 + policy.DRAIN_WAIT),)
+
+
+def test_a_preemption_said_again_while_its_workers_leave_does_nothing():
+    t, plan = two_hosts()
+    t["b0"] = rec("b0", 0, host="b", state=S.STOPPING)
+    book = Book(started_at=0, leaving=(("b0", 25.0),))
+    assert policy.host_preempted(t, plan, book, "b", False, 11.0).decisions == ()
+
+
+def test_the_round_without_leaving_workers_is_a_handover_and_without_a_dead_one_is_not():
+    t, plan = two_hosts()
+    for w in ("b0", "b1"):
+        t[w] = rec(w, int(w[1]), host="b", state=S.STOPPING)
+    book = Book(started_at=0, leaving=(("b0", 25.0), ("b1", 25.0)))
+    step = policy.plan_round(t, plan, book, view("a:2"), config("-np", "4", "--min-np", "2"), 11.0)
+    published = [d for d in step.decisions if isinstance(d, Publish)]
+    assert [p.plan.worker_ids for p in published] == [("a0", "a1")]
+    assert published[0].plan.handover
+    # b1 died meanwhile: the old ring is broken, so the round changes at once.
+    t["b1"] = rec("b1", 1, host="b", state=S.FAILED)
+    assert not is_handover(plan, published[0].plan, t, book)
+    # Nobody left stays: no handover (the state goes with nobody).
+    assert not is_handover(plan, build_plan(2, []), t, Book(started_at=0))
+
+
+def test_leaving_workers_are_forgotten_once_gone_and_stopped_when_overdue():
+    t, _ = two_hosts()
+    t["b0"] = rec("b0", 0, host="b", state=S.STOPPED)
+    t["b1"] = rec("b1", 1, host="b", state=S.STOPPING)
+    book = Book(started_at=0, leaving=(("b0", 25.0), ("b1", 25.0)))
+    step = leaving_due(t, book, 20.0)
+    assert step.decisions == (Wait(25.0, "b1 to leave at its next commit"),)
+    assert step.book.leaving == (("b1", 25.0),)
+    late = leaving_due(t, step.book, 25.0)
+    assert late.decisions == (Stop("b1", f"it did not leave at a commit within {LEAVE_WAIT:g}s"),)
+    assert late.book.leaving == ()
+
+
+def test_members_of_a_host_discovery_dropped_leave_at_their_commit():
+    t, plan = two_hosts()
+    t["b2"] = rec("b2", 2, host="b", state=S.LAUNCHED)
+    why = "its host or slot left the job"
+    decisions = policy.workers_to_stop(t, hs("a:2"), plan, (), 5.0)
+    stopping = [
+        Report(ev.WorkerStopping(worker=w, host="b", slot=int(w[1]), reason=why))
+        for w in ("b0", "b1", "b2")
+    ]
+    assert decisions == [
+        stopping[0],
+        *leave_at_commit(["b0"], why, 5.0),
+        stopping[1],
+        *leave_at_commit(["b1"], why, 5.0),
+        stopping[2],
+        Stop("b2", why),
+    ]
+    # A blacklisted host's members are stopped: they may be what is broken.
+    assert Stop("b0", why) in policy.workers_to_stop(t, hs("a:2"), plan, ("b",), 5.0)
