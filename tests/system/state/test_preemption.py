@@ -54,9 +54,8 @@ def test_a_preempted_hosts_workers_leave_at_their_commit_and_nothing_is_rolled_b
         gate.unlink()  # the held workers take one more step together, and commit it
         wait_until(lambda: not pid_alive(agent.pid), 30, "the preempted agent to exit")
         assert run.wait(timeout=60) == 0, run.stderr_tail()
-        assert not run.events("host_unreachable") and not run.events("worker_failed"), "\n".join(str(e) for e in run.events()) or [
-            (e["kind"], e["elapsed"], e.get("detail")) for e in run.events()
-        ]
+        said = "\n".join(str(e) for e in run.events())
+        assert not run.events("host_unreachable") and not run.events("worker_failed"), said
         assert handed["elapsed"] > preempted["elapsed"]
     results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
     assert [r["rollbacks"] for r in results] == [0, 0], results
