@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_args(argv)
         node = JoinedNode(config, config.join) if config.join is not None else None
+        if node is not None and config.join is not None and config.join.spare_task:
+            _say(f"--join: another task of node {config.join.host}, whose first task joins")
+            return 0
         if node is not None:
             node.prepare()  # before the job: its secret, and the shape it must agree on
         job = Job(config, leave=node.leave if node is not None else None)

@@ -34,6 +34,7 @@ from driver.flags import (
     DEFAULT_PS_CHECKPOINT_INTERVAL,
     DEFAULT_PS_MODE,
     DEFAULT_RENDEZVOUS,
+    DEFAULT_SLOTS_PER_HOST,
     build_parser,
 )
 from driver.hosts.manager import BlacklistPolicy
@@ -255,9 +256,10 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
             "e.g. elastic-run -np 2 python train.py"
         )
 
-    fixed_hosts = (
-        _parse_host_list(args.hosts, args.slots_per_host) if args.hosts is not None else None
+    slots_per_host = (
+        args.slots_per_host if args.slots_per_host is not None else DEFAULT_SLOTS_PER_HOST
     )
+    fixed_hosts = _parse_host_list(args.hosts, slots_per_host) if args.hosts is not None else None
     script = (
         _check_script(args.host_discovery_script)
         if args.host_discovery_script is not None
@@ -329,7 +331,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         max_np=max_np,
         hosts=hosts,
         discovery_script=script,
-        slots_per_host=args.slots_per_host,
+        slots_per_host=slots_per_host,
         discovery_interval=args.discovery_interval,
         rendezvous=rendezvous,
         job_id=job_id,

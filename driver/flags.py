@@ -205,9 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument(
         "--slots-per-host",
         type=_slot_count,
-        default=DEFAULT_SLOTS_PER_HOST,
+        default=None,
         metavar="N",
-        help="slots of a host listed without :SLOTS (default: %(default)s)",
+        help=f"slots of a host listed without :SLOTS (default: {DEFAULT_SLOTS_PER_HOST}); "
+        "with --join, the slots this node offers (default under Slurm: the GPUs Slurm gave "
+        "the node, else the tasks of this step on it, of which the first joins)",
     )
     hosts.add_argument(
         "--discovery-interval",

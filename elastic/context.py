@@ -24,11 +24,12 @@ for a process that only wants the names (a ps shard imports the package, never `
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from elastic.errors import ElasticError, WorkerLostError
+from elastic.errors import ElasticError, WorkerHandedOverError, WorkerLostError
 from rendezvous import env
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from elastic.comm import Communicator
     from elastic.runtime import WorkerRuntime
     from elastic.snapshots.snapshotter import SnapshotState, Snapshotter
+
+log = logging.getLogger(__name__)
 
 
 class Layout(NamedTuple):
@@ -139,6 +142,10 @@ def _join_elastic_job() -> WorkerRuntime:
     runtime.start()
     try:
         runtime.join(after_round=0)
+    except WorkerHandedOverError as exc:  # its host left before its first round formed
+        runtime.shutdown()
+        log.warning("%s", exc)
+        raise SystemExit(0) from None
     except BaseException:
         runtime.shutdown()
         raise

@@ -64,7 +64,7 @@ from rendezvous.errors import (
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
 from rendezvous.net.url import parse_store_url
-from rendezvous.plan import Member, Plan, WorkerInfo, plan_is_current
+from rendezvous.plan import Member, Plan, WorkerInfo, handover_for, plan_is_current
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
 
@@ -316,17 +316,18 @@ class WorkerRuntime:
                         self.term_seen,
                     )
                 return
+            # A handover: finish the step in flight on the old ring and change rounds at
+            # the next commit (``State.commit`` sees the pending round), instead of
+            # abandoning the step now; one that leaves us out ends us there.
+            defer, handed_over = handover_for(
+                plan, self._latest, self.plan, self.settings.worker_id
+            )
             self._latest = plan
             self.term_seen = max(self.term_seen, plan.term)
             left_out = self.member is not None and plan.member(self.settings.worker_id) is None
-            # A handover from our own round: finish the step in flight on the old ring
-            # and change rounds at the next commit (``State.commit`` sees the pending
-            # round), instead of abandoning the step now (``Plan.handover``).
-            handover = plan.handover and plan.round_id == self.round_id + 1
-            if handover and left_out:
-                self._handed_over = True
+            self._handed_over = self._handed_over or handed_over
             self._cond.notify_all()
-        if handover:
+        if defer:
             return
         if left_out:
             # Left out of a round while a member of ours: expelled, if the driver also

@@ -117,6 +117,27 @@ class Plan:
         )
 
 
+def handover_for(
+    plan: Plan, latest: Plan | None, current: Plan | None, worker_id: str
+) -> tuple[bool, bool]:
+    """How worker ``worker_id`` takes the newer ``plan``, having formed the round
+    ``current`` (None: none yet) and seen ``latest`` before it (pure): whether it defers
+    the change to its next commit, and whether ``plan`` hands it over (it leaves).
+
+    It defers when ``plan`` is a handover (``Plan.handover``) and so is every round
+    published since its own: its ring still holds every member, so the step in flight
+    ends there. A newcomer, with no ring yet, never defers. ``plan`` hands it over when
+    it is a handover that leaves out a worker of ``current`` or of ``latest``."""
+    defer = (
+        plan.handover
+        and current is not None
+        and latest is not None
+        and (latest.round_id == current.round_id or latest.handover)
+    )
+    was_in = any(p is not None and p.member(worker_id) is not None for p in (current, latest))
+    return defer, plan.handover and was_in and plan.member(worker_id) is None
+
+
 def plan_is_current(plan: Plan, latest: Plan | None, highest_term: int) -> bool:
     """Whether a worker takes ``plan``, having ``latest`` and the leader term
     ``highest_term`` seen so far (pure): a plan of an older term comes from a driver

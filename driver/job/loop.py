@@ -339,10 +339,10 @@ class Job:
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
         self._apply(policy.workers_to_stop(records, view.usable, self.plan, view.blacklisted, now))
         self._apply(policy.spares_to_stop(records, view.usable))
-        agents = self._agents
-        self._apply(
-            policy.agents_to_retire(agents.live_hosts(), agents.busy_hosts(), records, view)
-        )
+        # A joined node's agent is the node's own, and its record is what lists the host:
+        # one that discovery has not read yet is no removed host's.
+        agents = self._agents.live_hosts() if cfg.join is None else frozenset()
+        self._apply(policy.agents_to_retire(agents, self._agents.busy_hosts(), records, view))
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))

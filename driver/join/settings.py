@@ -20,6 +20,14 @@ SLURM_NODE_NAME = "SLURMD_NODENAME"
 """Slurm's names for a task's job and node: join mode's defaults for --job-id and
 --host-name (``srun elastic-run --join ...`` needs neither)."""
 
+SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
+SLURM_STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
+SLURM_NODE_ID = "SLURM_NODEID"
+SLURM_LOCAL_ID = "SLURM_LOCALID"
+"""What Slurm tells a task of the node it runs on: its GPUs, the step's tasks on each
+node ("2(x3),1"), the node's index in the step, and the task's index on the node:
+join mode's default for --slots-per-host (``slurm_slots``)."""
+
 
 def default_job_id(join: bool, environ: Mapping[str, str] | None = None) -> str | None:
     """The job id join mode takes when --job-id is not given: Slurm's job id, if any."""
@@ -29,14 +37,52 @@ def default_job_id(join: bool, environ: Mapping[str, str] | None = None) -> str 
     return environ.get(SLURM_JOB_ID) or None
 
 
+def tasks_on_node(tasks_per_node: str, node_index: int) -> int | None:
+    """The tasks that Slurm's ``tasks_per_node`` ("2(x3),1": 2 on each of three nodes,
+    then 1) puts on node ``node_index``; None when it does not say."""
+    index = 0
+    for part in tasks_per_node.split(","):
+        count, _, repeat = part.partition("(x")
+        try:
+            tasks, times = int(count), int(repeat.rstrip(")") or 1)
+        except ValueError:
+            return None
+        if node_index < index + times:
+            return tasks
+        index += times
+    return None
+
+
+def slurm_slots(environ: Mapping[str, str]) -> tuple[int, bool] | None:
+    """Slots of this node under Slurm, and whether this task is the one that joins: the
+    node's GPUs when Slurm gave it some (one worker each; the step's first task on the
+    node joins), else the tasks of this step on the node (``#SBATCH --ntasks-per-node
+    N`` and a plain ``srun``: N slots, task 0 joins, the others have nothing to do);
+    None outside Slurm."""
+    if SLURM_JOB_ID not in environ:
+        return None
+    first = environ.get(SLURM_LOCAL_ID, "0") == "0"
+    gpus = environ.get(SLURM_GPUS_ON_NODE, "")
+    if gpus.isdigit() and int(gpus) > 0:
+        return int(gpus), first
+    node = environ.get(SLURM_NODE_ID, "0")
+    tasks = tasks_on_node(
+        environ.get(SLURM_STEP_TASKS_PER_NODE, ""), int(node) if node.isdigit() else 0
+    )
+    return (tasks, first) if tasks else (1, first)
+
+
 @dataclass(frozen=True)
 class JoinSettings:
     """This node's part of a joined job: its ``host`` name (how the job names it) and
-    the ``slots`` it offers; the job's ``secret`` (the same on every node)."""
+    the ``slots`` it offers; the job's ``secret`` (the same on every node).
+    ``spare_task``: this process is another Slurm task of a node whose first task joins
+    (it has nothing to do)."""
 
     host: str
     slots: int
     secret: str
+    spare_task: bool = False
 
     def __repr__(self) -> str:  # never the secret
         return f"JoinSettings(host={self.host!r}, slots={self.slots})"
@@ -46,11 +92,12 @@ def join_settings(
     rendezvous: StoreURL,
     job_id: str | None,
     host_name: str | None,
-    slots: int,
+    slots: int | None,
     secret_file: str | None,
     environ: Mapping[str, str] | None = None,
 ) -> JoinSettings:
-    """The settings of ``--join``, from its flags and the environment.
+    """The settings of ``--join``, from its flags and the environment (``slots`` None:
+    --slots-per-host not given: Slurm's, ``slurm_slots``, else 1).
 
     Raises:
         UsageError: no etcd store, no ``--job-id``, or no secret (each said in one line,
@@ -66,10 +113,12 @@ def join_settings(
         raise UsageError(
             "--join needs --job-id ID (under Slurm: SLURM_JOB_ID): the same on every node"
         )
+    from_slurm = slurm_slots(environ) if slots is None else None
     return JoinSettings(
         host=host_name or environ.get(SLURM_NODE_NAME) or socket.gethostname(),
-        slots=slots,
+        slots=slots or (from_slurm[0] if from_slurm else 1),
         secret=_secret(secret_file, environ),
+        spare_task=from_slurm is not None and not from_slurm[1],
     )
 
 

@@ -8,9 +8,10 @@ workers killed: they are alive and hold the newest commit like everyone else. So
   comes, is no failure) with a deadline ``LEAVE_WAIT`` away. Its process keeps training
   in the current round.
 * ``is_handover``: the next round, without them, is published as a handover
-  (``Plan.handover``) when every member it drops is such a leaving worker still
-  running: the members finish the step in flight on the old ring and change rounds at
-  their next commit, so no step is rolled back; the ones left out exit 0 there.
+  (``Plan.handover``) when every member it drops is such a leaving worker and every
+  member still runs: the members finish the step in flight on the old ring and change
+  rounds at their next commit, so no step is rolled back; the ones left out exit 0
+  there. A round that only adds workers to an intact one is a handover too.
 * ``leaving_due``: a leaving worker still running at its deadline (its script commits
   rarely, or no round could form without it) is stopped; the others then lose at most
   the step in flight, as with any lost worker.
@@ -37,18 +38,18 @@ def leave_at_commit(worker_ids: Iterable[str], reason: str, now: float) -> list[
 
 
 def is_handover(plan: Plan | None, candidate: Plan, workers: Workers, book: Book) -> bool:
-    """Whether ``candidate`` takes over from ``plan`` at the members' next commit: it
-    drops members, every one of them leaving (``Book.leaving``) and still running, and
-    keeps at least one (the state goes on with it)."""
-    if plan is None:
+    """Whether ``candidate`` takes over from ``plan`` at the members' next commit: every
+    member of ``plan`` still runs, each one it drops is leaving (``Book.leaving``), and
+    it keeps at least one (the state goes on with it). A round that only grows is one
+    too: the newcomers wait for the others' next commit, as under Horovod."""
+    if plan is None or plan.snapshot:
         return False
-    dropped = set(plan.worker_ids) - set(candidate.worker_ids)
+    kept = set(candidate.worker_ids)
     leaving = {w for w, _ in book.leaving}
     return (
-        bool(dropped)
-        and dropped <= leaving
-        and len(dropped) < plan.size
-        and all(w in workers and workers[w].state.running for w in dropped)
+        any(w in kept for w in plan.worker_ids)
+        and all(w in workers and workers[w].state.running for w in plan.worker_ids)
+        and all(w in kept or w in leaving for w in plan.worker_ids)
     )
 
 

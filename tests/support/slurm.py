@@ -23,6 +23,8 @@ from tests.support.jobs import wait_until
 
 READY_TIMEOUT = 30.0
 CONTROLLER = "elctl"
+URGENT = "urgent"  # the partition whose jobs preempt the default one's
+PREEMPT_GRACE = 30  # seconds from a preemption's SIGTERM to its SIGKILL (Kubernetes' too)
 
 
 class SlurmError(RuntimeError):
@@ -111,7 +113,14 @@ class SlurmCluster:
                 f"NodeName={n.name} NodeAddr={n.address} CPUs=2 RealMemory=1000 State=UNKNOWN"
                 for n in self.nodes
             ),
-            f"PartitionName=test Nodes={names} Default=YES MaxTime=INFINITE State=UP",
+            # Jobs in "urgent" preempt jobs in "test" (a preemption: SIGTERM to the
+            # job's tasks, SIGKILL GraceTime later, the job then CANCELLED).
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=CANCEL",
+            f"PartitionName=test Nodes={names} Default=YES MaxTime=INFINITE State=UP "
+            f"PriorityTier=1 GraceTime={PREEMPT_GRACE}",
+            f"PartitionName={URGENT} Nodes={names} MaxTime=INFINITE State=UP PriorityTier=10 "
+            "PreemptMode=OFF",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
@@ -147,6 +156,12 @@ class SlurmCluster:
         if done.returncode != 0:
             raise SlurmError(f"sbatch: {done.stderr.strip()}")
         return done.stdout.strip().split(";")[0]
+
+    def scancel(self, job_id: str) -> None:
+        """Cancel ``job_id`` (SIGTERM to its tasks, SIGKILL ``KillWait`` later)."""
+        subprocess.run(
+            ["scancel", job_id], check=True, capture_output=True, env=self.env(), timeout=10
+        )
 
     def job_state(self, job_id: str) -> str:
         done = subprocess.run(

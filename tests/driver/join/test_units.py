@@ -9,6 +9,7 @@ from driver.config import parse_args
 from driver.errors import UsageError
 from driver.hosts.joined import joined_hosts
 from driver.hosts.slots import HostSlots
+from driver.join.settings import slurm_slots, tasks_on_node
 from driver.join.shape import job_shape, shape_difference
 from rendezvous.agent_records import AgentRecord
 
@@ -71,3 +72,50 @@ def test_join_mode_without_a_secret_says_how_to_make_one(monkeypatch, tmp_path):
     assert config.join is not None and config.join.secret == "from-a-file"
     assert "from-a-file" not in repr(config.join)
     assert config.standby and config.uses_discovery
+
+
+@pytest.mark.parametrize(
+    ("spec", "node", "tasks"),
+    [
+        ("2(x3),1", 0, 2),
+        ("2(x3),1", 2, 2),
+        ("2(x3),1", 3, 1),
+        ("4", 0, 4),
+        ("1", 1, None),
+        ("x", 0, None),
+    ],
+)
+def test_slurms_tasks_per_node_are_read_per_node(spec, node, tasks):
+    assert tasks_on_node(spec, node) == tasks
+
+
+SLURM = {"SLURM_JOB_ID": "41", "SLURMD_NODENAME": "n2", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, None),  # not under Slurm
+        ({**SLURM, "SLURM_GPUS_ON_NODE": "8", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}, (8, True)),
+        ({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "4,2"}, (2, True)),
+        ({**SLURM, "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_LOCALID": "3"}, (4, False)),
+        ({**SLURM, "SLURM_GPUS_ON_NODE": "0"}, (1, True)),
+    ],
+)
+def test_under_slurm_a_node_offers_its_gpus_else_its_tasks(environ, expected):
+    assert slurm_slots(environ) == expected
+
+
+def test_join_settings_take_slurms_slots_unless_given(monkeypatch):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    for name, value in {
+        **SLURM,
+        "SLURM_STEP_TASKS_PER_NODE": "3(x2)",
+        "SLURM_LOCALID": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    config = parse_args(join())
+    assert config.join is not None
+    assert (config.join.host, config.join.slots, config.join.spare_task) == ("n2", 3, True)
+    config = parse_args(join("--slots-per-host", "5"))
+    assert config.join is not None and (config.join.slots, config.join.spare_task) == (5, False)

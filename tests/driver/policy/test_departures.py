@@ -4,6 +4,8 @@ a loss. Pure: records, plan, book and time in, decisions out."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from driver import events as ev
@@ -11,6 +13,7 @@ from driver import policy
 from driver.policy.decisions import Book, HostLost, Leave, Publish, Report, SnapshotNow, Stop, Wait
 from driver.policy.departures import LEAVE_WAIT, is_handover, leave_at_commit, leaving_due
 from driver.policy.planner import build_plan
+from rendezvous.plan import WorkerInfo, handover_for
 from tests.driver.policy.test_rules import S, config, hs, rec, table, view
 
 pytestmark = pytest.mark.unit
@@ -105,3 +108,33 @@ def test_members_of_a_host_discovery_dropped_leave_at_their_commit():
     ]
     # A blacklisted host's members are stopped: they may be what is broken.
     assert Stop("b0", why) in policy.workers_to_stop(t, hs("a:2"), plan, ("b",), 5.0)
+
+
+def test_a_round_that_only_grows_an_intact_one_is_a_handover():
+    t, plan = two_hosts()
+    t["c0"] = rec("c0", 0, host="c")
+    step = policy.plan_round(
+        t, plan, Book(started_at=0), view("a:2,b:2,c:1"), config("-np", "4", "--max-np", "6"), 11.0
+    )
+    published = [d for d in step.decisions if isinstance(d, Publish)]
+    assert [p.plan.size for p in published] == [5] and published[0].plan.handover
+
+
+@pytest.mark.parametrize(
+    ("current", "latest", "handover", "me", "expected"),
+    [
+        (1, 1, True, "a0", (True, False)),  # a handover from its own round: defer
+        (1, 1, True, "b0", (True, True)),  # ... that leaves it out: it leaves there
+        (1, 1, False, "b0", (False, False)),  # an ordinary round: change now
+        (1, 2, True, "a0", (True, False)),  # handovers since its round: defer still
+        (None, 2, True, "b0", (False, True)),  # a newcomer of round 2, dropped: leave
+        (None, None, True, "a0", (False, False)),  # a newcomer: nothing to finish
+    ],
+)
+def test_how_a_worker_takes_a_handover(current, latest, handover, me, expected):
+    t, one = two_hosts()
+    plans = {1: one, 2: dataclasses.replace(one, round_id=2, handover=True)}
+    stay: list[WorkerInfo] = [r.info for r in t.values() if r.host == "a" and r.info]
+    after = dataclasses.replace(build_plan(3, stay), handover=handover)
+    got = handover_for(after, plans.get(latest), plans.get(current), me)
+    assert got == expected

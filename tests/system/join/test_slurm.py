@@ -1,12 +1,16 @@
 """Join mode under a real Slurm (Debian's slurmctld and slurmd, one slurmd per test host:
-``tests/support/slurm.py``): an ``sbatch --no-kill`` script whose ``srun`` runs the same
-``elastic-run --join`` on every node, with the job id and the node names taken from
-Slurm's environment. etcd runs on a third host, outside the allocation.
+``tests/support/slurm.py``): an ``sbatch --no-kill`` script whose plain ``srun`` runs the
+same ``elastic-run --join`` on every node, with the job id, the node names and the slots
+(``--ntasks-per-node``) taken from Slurm's environment. etcd runs on a fourth host,
+outside Slurm.
 
-* The job trains across both nodes to an exact end, and the Slurm job COMPLETES.
-* A node's link is cut mid-run (no FIN, no RST): the other node goes on (taking the
-  lead when the cut node had it) and finishes exact; Slurm marks the node down and
-  srun, with ``--no-kill``, goes on.
+* The job trains across two nodes to an exact end, and the Slurm job COMPLETES.
+* Three nodes, one cut mid-run (no FIN, no RST): the others go on (taking the lead when
+  the cut node had it) and finish exact; Slurm marks the node down and srun, with
+  ``--no-kill``, goes on.
+* A second allocation joins the running job (the same ``--job-id``) and grows it; then
+  it is scancelled, or preempted by a job of a higher partition: its node drains, the
+  others go on without rolling back a step, its ``elastic-run`` exits 0, exact.
 """
 
 from __future__ import annotations
@@ -23,39 +27,47 @@ from tests.support.etcd_cluster import EtcdCluster
 from tests.support.hosts.netns import running_hosts
 from tests.support.jobs import check_exact_sum, exact_sum_command, hold_at, wait_until
 from tests.support.paths import ROOT
-from tests.support.slurm import SlurmCluster
+from tests.support.slurm import URGENT, SlurmCluster
 
 pytestmark = pytest.mark.system
 
 SAMPLES, EPOCHS = 1200, 6
+SECRET = secrets.token_hex(16)  # the job's: every node's, every allocation's
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    """Three test hosts: Slurm nodes on the first two, etcd on the third."""
-    with running_hosts(3, tmp_path / "hosts") as hosts:
-        etcd = EtcdCluster(1, tmp_path / "etcd", hosts=[hosts[2]]).start()
+    """Four test hosts: Slurm nodes on the first three, etcd on the fourth."""
+    with running_hosts(4, tmp_path / "hosts") as hosts:
+        etcd = EtcdCluster(1, tmp_path / "etcd", hosts=[hosts[3]]).start()
         try:
-            with SlurmCluster(hosts, [hosts[0], hosts[1]], tmp_path / "slurm") as slurm:
+            with SlurmCluster(hosts, list(hosts)[:3], tmp_path / "slurm") as slurm:
                 yield hosts, etcd, slurm
         finally:
             etcd.stop()
 
 
-def batch_script(tmp_path: Path, etcd_url: str, worker: list[str]) -> Path:
-    """The sbatch script a user writes: one ``elastic-run --join`` per node."""
+def batch_script(
+    tmp_path: Path, etcd_url: str, worker: list[str], job_id: str = "", name: str = "train"
+) -> Path:
+    """The sbatch script a user writes: a plain ``srun`` of ``elastic-run --join``, each
+    task's exit status kept (a scancel's SIGTERM must not end the shell before it)."""
     node = (
         f"{shlex.quote(sys.executable)} -m driver.cli --join --rendezvous {etcd_url} "
-        "--slots-per-host 2 -np 4 --min-np 2 "
+        f"{f'--job-id {job_id} ' if job_id else ''}-np 4 --min-np 2 "
         f"--events {tmp_path}/events-$SLURMD_NODENAME.jsonl {shlex.join(worker)}"
     )
-    script = tmp_path / "train.sbatch"
+    script = tmp_path / f"{name}.sbatch"
     script.write_text(
         "#!/bin/bash\n"
         f"cd {ROOT}\n"
-        f"export ELASTIC_JOB_SECRET={secrets.token_hex(16)}  # the job's, every node's\n"
+        f"export ELASTIC_JOB_SECRET={SECRET}\n"
         # each task expands its own node's name
-        f"srun --no-kill --ntasks-per-node 1 bash -c {shlex.quote(node)}\n"
+        "srun --no-kill bash -c "
+        + shlex.quote(
+            f"trap true TERM; {node}; echo $? > {tmp_path}/exit-$SLURMD_NODENAME-$SLURM_LOCALID"
+        )
+        + "\n"
     )
     return script
 
@@ -70,44 +82,106 @@ def wait_for_end(slurm: SlurmCluster, job: str, timeout: float) -> str:
     )
 
 
+def wait_for_round(tmp_path: Path, size: int, timeout: float = 60) -> None:
+    """Until whichever node leads says a round of ``size`` formed."""
+    wait_until(
+        lambda: any(
+            '"round_formed"' in line and f'"size": {size},' in line
+            for p in tmp_path.glob("events-*.jsonl")
+            for line in p.read_text().splitlines()
+        ),
+        timeout,
+        f"a round of {size}",
+    )
+
+
+def sbatch(slurm: SlurmCluster, script: Path, nodes: list[str], out: Path) -> str:
+    """The script on ``nodes``, two tasks on each (two slots each, from Slurm)."""
+    return slurm.sbatch(
+        script,
+        *("--no-kill", "-N", str(len(nodes)), "-w", ",".join(nodes)),
+        *("--ntasks-per-node", "2", "--output", str(out)),
+    )
+
+
 @pytest.mark.timeout(150)
 def test_srun_of_elastic_run_join_trains_one_job_across_the_nodes(tmp_path, cluster):
-    _, etcd, slurm = cluster
+    hosts, etcd, slurm = cluster
     out = tmp_path / "out"
     out.mkdir()
     script = batch_script(tmp_path, etcd.url, exact_sum_command(out, SAMPLES, EPOCHS))
-    job = slurm.sbatch(script, "--no-kill", "-N", "2", "--output", str(tmp_path / "job.out"))
+    job = sbatch(slurm, script, [hosts[0].name, hosts[1].name], tmp_path / "job.out")
     assert wait_for_end(slurm, job, 120) == "COMPLETED", (tmp_path / "job.out").read_text()
     check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
+    # One elastic-run per node joined with the node's 2 tasks as slots; the other task
+    # of each node had nothing to do. All exited 0.
+    exits = sorted(p.name for p in tmp_path.glob("exit-*"))
+    assert exits == sorted(f"exit-{h.name}-{t}" for h in list(hosts)[:2] for t in (0, 1))
+    assert {p.read_text().strip() for p in tmp_path.glob("exit-*")} == {"0"}
 
 
 @pytest.mark.timeout(180)
-def test_a_cut_node_leaves_the_other_training_to_an_exact_end(tmp_path, cluster):
+def test_a_cut_node_leaves_the_others_training_to_an_exact_end(tmp_path, cluster):
     hosts, etcd, slurm = cluster
     out, gate = tmp_path / "out", tmp_path / "gate"
     out.mkdir()
     hold_at(gate, 20)  # the cut lands mid-run
     worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
     script = batch_script(tmp_path, etcd.url, worker)
-    job = slurm.sbatch(script, "--no-kill", "-N", "2", "--output", str(tmp_path / "job.out"))
-    wait_until(  # in the events of whichever node leads
-        lambda: any('"size": 4' in p.read_text() for p in tmp_path.glob("events-*.jsonl")),
-        60,
-        "a round of 4",
-    )
+    nodes = [h.name for h in list(hosts)[:3]]
+    job = sbatch(slurm, script, nodes, tmp_path / "job.out")
+    wait_for_round(tmp_path, 6)
     cut_at = time.monotonic()
-    hosts[1].cut()  # the second node (the batch script runs on the first)
+    hosts[2].cut()  # the third node (the batch script runs on the first)
     gate.unlink()
-    survivor = tmp_path / f"events-{hosts[0].name}.jsonl"  # it leads now, whoever did
-    wait_until(
-        lambda: any(
-            '"round_formed"' in line and '"size": 2' in line
-            for line in survivor.read_text().splitlines()
-        ),
-        30,
-        "a round of the survivors",
-    )
+    wait_for_round(tmp_path, 4, timeout=30)
     print(f"cut to the survivors' round: {time.monotonic() - cut_at:.2f}s")
-    hosts[1].destroy()  # a cut host's processes run on, isolated: end them
+    hosts[2].destroy()  # a cut host's processes run on, isolated: end them
     assert wait_for_end(slurm, job, 120) == "COMPLETED", (tmp_path / "job.out").read_text()
-    check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ending", ["scancel", "preempted"])
+def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path, cluster, ending):
+    hosts, etcd, slurm = cluster
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    out.mkdir()
+    hold_at(gate, 20)  # training waits at commit 20 while the job grows
+    job_id = f"grow-{secrets.token_hex(4)}"  # both allocations join this job
+    worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
+    first = sbatch(
+        slurm,
+        batch_script(tmp_path, etcd.url, worker, job_id, "first"),
+        [hosts[0].name, hosts[1].name],
+        tmp_path / "first.out",
+    )
+    wait_for_round(tmp_path, 4)
+    asked = time.monotonic()
+    second = sbatch(
+        slurm,
+        batch_script(tmp_path, etcd.url, worker, job_id, "second"),
+        [hosts[2].name],
+        tmp_path / "second.out",
+    )
+    wait_for_round(tmp_path, 6)
+    print(f"sbatch of the second allocation to its round: {time.monotonic() - asked:.2f}s")
+    if ending == "scancel":
+        slurm.scancel(second)
+    else:  # a job of a higher partition wants the node: Slurm preempts the second
+        urgent = tmp_path / "urgent.sbatch"
+        urgent.write_text("#!/bin/bash\ntrue\n")
+        slurm.sbatch(urgent, "-p", URGENT, "-N", "1", "-w", hosts[2].name)
+    wait_until(  # Slurm's SIGTERM reached the node (the event of whichever node leads)
+        lambda: any('"host_preempted"' in p.read_text() for p in tmp_path.glob("events-*")),
+        30,
+        f"the drain of {hosts[2].name}",
+    )
+    gate.unlink()  # every worker takes its next step on the old ring, then changes rounds
+    left = tmp_path / f"exit-{hosts[2].name}-0"
+    wait_until(left.exists, 40, f"the drained node's elastic-run to end; {slurm.log_tail()}")
+    assert left.read_text().strip() == "0", (tmp_path / "second.out").read_text()
+    assert wait_for_end(slurm, second, 60) in ("CANCELLED", "COMPLETED", "PREEMPTED")
+    assert wait_for_end(slurm, first, 120) == "COMPLETED", (tmp_path / "first.out").read_text()
+    results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
+    assert [r["rollbacks"] for r in results] == [0] * 4, results
