@@ -45,6 +45,7 @@ from driver.hosts.slots import (
     parse_host_slots,
     total_slots,
 )
+from driver.hosts.slurm import SLURM_JOB_ID
 from driver.join.settings import JoinSettings, default_job_id, join_settings
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
@@ -76,7 +77,7 @@ class JobConfig:
     blacklist_cooldown_range: tuple[float, float]
     elastic_timeout: float
     start_timeout: float
-    launcher: str  # "auto" | "local" | "ssh"
+    launcher: str  # "auto" | "local" | "ssh" | "slurm"
     num_ps: int
     ps_mode: str
     ps_checkpoint_dir: str | None
@@ -97,11 +98,14 @@ class JobConfig:
     chaos_below_min_np: bool = False  # the chaos may take the round below --min-np
     ps_replicas: int = 0  # 1: each shard has a backup in step
     join: JoinSettings | None = None  # --join: this node's part of a joined job
+    slots_given: bool = False  # --slots-per-host was given (else a scheduler's count)
+    allocation: bool = False  # the hosts are the Slurm allocation's (--launcher slurm)
 
     @property
     def uses_discovery(self) -> bool:
-        """Whether the hosts come from a source that changes (a script, joined nodes)."""
-        return self.discovery_script is not None or self.join is not None
+        """Whether the hosts come from a source that changes (a script, joined nodes,
+        a Slurm allocation)."""
+        return self.discovery_script is not None or self.join is not None or self.allocation
 
     @property
     def blacklist_policy(self) -> BlacklistPolicy:
@@ -267,11 +271,24 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     )
     if args.join and (fixed_hosts is not None or script is not None):
         raise UsageError("--join takes its hosts from the joined nodes: drop -H and discovery")
+    # --launcher slurm with no other source: the allocation's nodes, found at the start.
+    allocation = args.launcher == "slurm" and fixed_hosts is None and script is None
+    if args.join and args.launcher == "slurm":
+        raise UsageError("--join runs its node's own processes: drop --launcher slurm")
+    if args.launcher == "slurm" and not os.environ.get(SLURM_JOB_ID):
+        raise UsageError(
+            "--launcher slurm runs inside a Slurm allocation (sbatch or salloc): "
+            f"{SLURM_JOB_ID} is not set"
+        )
     if not args.join and (args.host_name or args.job_secret_file):
         flag = "--host-name" if args.host_name else "--job-secret-file"
         raise UsageError(f"{flag} is for join mode: add --join")
     np, min_np, max_np, hosts = _resolve_sizes(
-        args.np, args.min_np, args.max_np, fixed_hosts, script is not None or args.join
+        args.np,
+        args.min_np,
+        args.max_np,
+        fixed_hosts,
+        script is not None or args.join or allocation,
     )
 
     low, high = args.blacklist_cooldown_range
@@ -332,6 +349,8 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         hosts=hosts,
         discovery_script=script,
         slots_per_host=slots_per_host,
+        slots_given=args.slots_per_host is not None,
+        allocation=allocation,
         discovery_interval=args.discovery_interval,
         rendezvous=rendezvous,
         job_id=job_id,

@@ -329,7 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
         "whatever its host name (handy to simulate hosts: the names are labels that "
         "need not resolve, and every process talks over loopback), 'ssh' runs "
         "'ssh HOST' for every host, 'auto' uses local for this machine and "
-        "ssh for the others (default: %(default)s)",
+        "ssh for the others, 'slurm' (inside an sbatch/salloc allocation) starts each "
+        "host's agent as a one-task step with 'srun --overlap --no-kill -w HOST' and, "
+        "without -H or a discovery script, takes the allocation's nodes as the hosts "
+        "(their slots: --slots-per-host, else the GPUs or tasks per node Slurm gave; "
+        "nodes Slurm marks DOWN or DRAIN leave the job) (default: %(default)s)",
     )
 
     ps = p.add_argument_group("parameter servers")

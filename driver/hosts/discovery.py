@@ -34,11 +34,14 @@ class HostDiscovery(ABC):
 @dataclass(frozen=True)
 class DiscoverySettings:
     """What the sources are made from: the fixed ``hosts``, the discovery ``script``
-    ("" for none) and its ``timeout``, the slots of a host listed without any, and in
-    join mode ``read_agents`` (the job's agent records, read from its store)."""
+    ("" for none) and its ``timeout``, the slots of a host listed without any, in join
+    mode ``read_agents`` (the job's agent records, read from its store), and whether
+    the hosts are the Slurm allocation's nodes."""
 
     hosts: tuple[HostSlots, ...] = ()
     script: str = ""
     default_slots: int = 1
     timeout: float = DEFAULT_SCRIPT_TIMEOUT
     read_agents: Callable[[], Sequence[bytes]] | None = None
+    allocation: bool = False  # the Slurm allocation's nodes (``--launcher slurm``)
+    slurm_slots: int | None = None  # their slots, when --slots-per-host says

@@ -5,7 +5,9 @@ it is chosen:
 
 * ``fixed`` (``driver.hosts.fixed``): a list that never changes: ``-H``, or localhost;
 * ``script`` (``driver.hosts.script``): the user's ``--host-discovery-script``;
-* ``joined`` (``driver.hosts.joined``): the nodes that joined the job (``--join``).
+* ``joined`` (``driver.hosts.joined``): the nodes that joined the job (``--join``);
+* ``slurm`` (``driver.hosts.slurm``): the usable nodes of the Slurm allocation the
+  driver runs in (``--launcher slurm`` without -H or a script).
 
 A new source (a scheduler's allocation, a cluster's live nodes, nodes that joined the
 job) is a ``driver.hosts.discovery.HostDiscovery`` in a module of its own here, a
@@ -14,6 +16,7 @@ creator in ``SOURCES``, and the setting that picks it (``source_name``).
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from driver.errors import UnknownDiscoveryError
@@ -40,19 +43,28 @@ def _joined(settings: DiscoverySettings) -> HostDiscovery:
     return JoinedDiscovery(settings.read_agents)
 
 
+def _slurm(settings: DiscoverySettings) -> HostDiscovery:
+    from driver.hosts.slurm import SlurmDiscovery
+
+    return SlurmDiscovery(os.environ, settings.slurm_slots, settings.timeout)
+
+
 SOURCES: dict[str, Callable[[DiscoverySettings], HostDiscovery]] = {
     "fixed": _fixed,
     "script": _script,
     "joined": _joined,
+    "slurm": _slurm,
 }
 """The sources of hosts by name, each with its creator."""
 
 
 def source_name(settings: DiscoverySettings) -> str:
-    """The source the settings ask for: ``joined`` in join mode, ``script`` when a script
-    is given, else ``fixed``."""
+    """The source the settings ask for: ``joined`` in join mode, ``slurm`` for the
+    allocation's nodes, ``script`` when a script is given, else ``fixed``."""
     if settings.read_agents is not None:
         return "joined"
+    if settings.allocation:
+        return "slurm"
     return "script" if settings.script else "fixed"
 
 

@@ -13,12 +13,8 @@ workers on slots that do not exist.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-
 from driver.errors import DiscoveryError, HostSpecError
+from driver.hosts.command import run_bounded
 from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT, HostDiscovery
 from driver.hosts.slots import (
     MAX_LISTED_SLOTS,
@@ -27,10 +23,6 @@ from driver.hosts.slots import (
     parse_host_slots,
     quote_entry,
 )
-
-_STDERR_TAIL_LINES = 5
-_STDERR_TAIL_CHARS = 400
-_REAP_TIMEOUT = 5.0  # after SIGKILL to the group; only a stuck kernel call exceeds it
 
 
 def parse_discovery_output(text: str, default_slots: int, source: str) -> tuple[HostSlots, ...]:
@@ -66,26 +58,9 @@ def parse_discovery_output(text: str, default_slots: int, source: str) -> tuple[
     return tuple(hosts)
 
 
-def _tail(data: bytes) -> str:
-    """The last lines of a script's stderr, on one line (error messages are one line)."""
-    lines = data.decode("utf-8", errors="replace").strip().splitlines()
-    tail = " | ".join(line.strip() for line in lines[-_STDERR_TAIL_LINES:] if line.strip())
-    return tail if len(tail) <= _STDERR_TAIL_CHARS else "..." + tail[-_STDERR_TAIL_CHARS:]
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
 class ScriptDiscovery(HostDiscovery):
-    """Runs the user's discovery script (no arguments, the driver's environment) and
-    parses its output. The script runs in its own process group so that a timeout kills
-    whatever it started too; the script is always reaped before ``find_hosts`` returns."""
+    """Runs the user's discovery script (no arguments, the driver's environment:
+    ``run_bounded``) and parses its output."""
 
     def __init__(self, path: str, default_slots: int = 1, timeout: float = DEFAULT_SCRIPT_TIMEOUT):
         self.path = path
@@ -100,48 +75,5 @@ class ScriptDiscovery(HostDiscovery):
         non-zero (message: status and the tail of its stderr), does not finish within
         ``timeout`` seconds, or prints a line that does not parse."""
         source = f"discovery script {self.path}"
-        try:
-            process = subprocess.Popen(
-                [self.path],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise DiscoveryError(f"{source} could not be run: {e.strerror or e}") from None
-        try:
-            stdout, stderr = process.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            self._kill_and_reap(process)
-            raise DiscoveryError(
-                f"{source} did not finish within {self.timeout:g} s "
-                f"(killed it and its process group)"
-            ) from None
-        except BaseException:
-            # Interrupted (e.g. KeyboardInterrupt): still leave no process behind.
-            self._kill_and_reap(process)
-            raise
-        if process.returncode != 0:
-            tail = _tail(stderr)
-            raise DiscoveryError(
-                f"{source} {_describe_exit(process.returncode)}"
-                + (f": {tail}" if tail else " (no stderr output)")
-            )
-        return parse_discovery_output(
-            stdout.decode("utf-8", errors="replace"), self.default_slots, source
-        )
-
-    @staticmethod
-    def _kill_and_reap(process: subprocess.Popen) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
-            os.killpg(process.pid, signal.SIGKILL)
-        try:
-            process.communicate(timeout=_REAP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            # A descendant escaped the group (setsid) and still holds our pipes open:
-            # stop reading, but still reap the script itself, which SIGKILL has ended.
-            for pipe in (process.stdout, process.stderr):
-                if pipe is not None:
-                    pipe.close()
-            process.wait(timeout=_REAP_TIMEOUT)
+        stdout = run_bounded([self.path], self.timeout, source)
+        return parse_discovery_output(stdout, self.default_slots, source)

@@ -21,7 +21,7 @@ from driver import events as ev
 from driver import policy
 from driver.errors import LauncherError, LaunchError
 from driver.job.context import JobContext
-from driver.job.wiring import worker_bind_host, worker_spec
+from driver.job.wiring import names_are_labels, worker_bind_host, worker_spec
 from driver.policy import decisions as dec
 from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord
@@ -57,8 +57,8 @@ class WorkerActions:
         state, services = ctx.state, ctx.services
         services.claim.check()  # a driver that lost the lead starts nothing
         worker_id = ctx.processes.new_id(host, f"s{slot}" if spare else slot)
-        joined = ctx.config.join is not None
-        bind = worker_bind_host(host, ctx.all_local, services.advertised_host, joined)
+        labels = names_are_labels(ctx.config)
+        bind = worker_bind_host(host, ctx.all_local, services.advertised_host, labels)
         spec = worker_spec(
             ctx.config, ctx.secret, services.store_url, worker_id, host, slot, bind, spare
         )

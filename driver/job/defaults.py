@@ -70,6 +70,7 @@ def agent_launcher(config: JobConfig) -> AgentLauncher:
         if config.join is not None:
             return True  # every host is a joined node, with its own agent
         local = config.launcher == "local" or (config.launcher == "auto" and is_local_host(host))
+        # (slurm: every host a step of the allocation, its agent the job's store client)
         return uses_agent(local, etcd)
 
     return AgentLauncher(
@@ -102,5 +103,7 @@ def discovery(config: JobConfig) -> HostDiscovery:
         script=config.discovery_script or "",
         default_slots=config.slots_per_host,
         read_agents=read_agents,
+        allocation=config.allocation,
+        slurm_slots=config.slots_per_host if config.slots_given else None,
     )
     return make_discovery(source_name(settings), settings)

@@ -33,6 +33,7 @@ from driver.job.chaos import ChaosMonkey
 from driver.job.wiring import (
     driver_address,
     job_env,
+    names_are_labels,
     open_job_store,
     quick_store,
     shard_command_for,
@@ -264,8 +265,8 @@ class JobServices:
         if cfg.ps_placement == "spread":
 
             def command(index: int, host: str) -> tuple[str, ...]:
-                joined = cfg.join is not None
-                on_host = worker_bind_host(host, self._all_local, self.advertised_host, joined)
+                labels = names_are_labels(cfg)
+                on_host = worker_bind_host(host, self._all_local, self.advertised_host, labels)
                 return shard_command_for(cfg, index, on_host or host)
 
             placement = ShardPlacement(command, self._usable_hosts)

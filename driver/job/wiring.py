@@ -19,7 +19,10 @@ import os
 from collections.abc import Sequence
 
 from driver.config import JobConfig
+from driver.errors import DiscoveryError
+from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.slots import HostSlots
+from driver.hosts.slurm import node_addresses
 from driver.launch.spec import LaunchSpec
 from driver.ps.command import shard_command
 from rendezvous import env, open_store
@@ -84,7 +87,8 @@ def snapshot_env(config: JobConfig) -> dict[str, str]:
 def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
     """The address the driver's servers advertise to the job's hosts: ``--driver-address``,
     else ``--network-interface``'s, else the local address of the route toward the remote
-    hosts (loopback when every host is this one; in join mode, toward the store). With a discovery script that lists only
+    hosts (loopback when every host is this one; in join mode, toward the store; with
+    ``--launcher slurm``, toward the nodes' Slurm addresses). With a discovery script that lists only
     this machine so far, hosts may come later: the address of the default route then
     (loopback when there is none, with a warning to choose one).
 
@@ -96,6 +100,16 @@ def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
         stores = [e.host for e in config.rendezvous.endpoints]
         return addresses.advertised_address(
             stores, interface=config.network_interface, explicit=config.driver_address
+        )
+    if config.launcher == "slurm":  # node names are Slurm's labels: route toward NodeAddr
+        try:
+            found = node_addresses([h.host for h in hosts], DEFAULT_SCRIPT_TIMEOUT)
+        except DiscoveryError as exc:
+            raise addresses.AddressError(f"--launcher slurm: {exc}") from None
+        return addresses.advertised_address(
+            [a for a in found.values() if not is_local_host(a)],
+            interface=config.network_interface,
+            explicit=config.driver_address,
         )
     remote = [h.host for h in hosts if not is_local_host(h.host)]
     if (
@@ -116,6 +130,11 @@ def driver_address(config: JobConfig, hosts: Sequence[HostSlots]) -> str:
     )
 
 
+def names_are_labels(config: JobConfig) -> bool:
+    """The hosts' names are labels, never resolved here: joined nodes', Slurm's nodes'."""
+    return config.join is not None or config.launcher == "slurm"
+
+
 def runs_all_local(config: JobConfig) -> bool:
     """Every process of the job runs on this machine: with ``--launcher local`` (host
     names are then only labels, and need not resolve), or when every fixed host is this
@@ -125,15 +144,15 @@ def runs_all_local(config: JobConfig) -> bool:
     )
 
 
-def worker_bind_host(host: str, all_local: bool, driver_address: str, joined: bool = False) -> str:
+def worker_bind_host(host: str, all_local: bool, driver_address: str, labels: bool = False) -> str:
     """What a worker on ``host`` binds its listener to and advertises: loopback in a
     one-machine job, the driver's own address on the driver's machine, the host's address
-    when ``host`` is one; for a host known by name, or a ``joined`` node (its name a
-    label), nothing: the worker then uses its own address toward the store (a name may
-    not resolve on the other hosts)."""
+    when ``host`` is one; for a host known by name, or when host names are ``labels`` (a
+    joined node's, a Slurm node's), nothing: the worker then uses its own address toward
+    the store (a name may not resolve on the other hosts)."""
     if all_local:
         return "127.0.0.1"
-    if joined:
+    if labels:
         return ""
     if is_local_host(host):
         return driver_address

@@ -8,25 +8,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from driver.errors import UsageError
+from driver.hosts.slurm import (
+    SLURM_GPUS_ON_NODE,
+    SLURM_JOB_ID,
+    SLURM_LOCAL_ID,
+    SLURM_NODE_ID,
+    SLURM_NODE_NAME,
+    SLURM_STEP_TASKS_PER_NODE,
+    tasks_on_node,
+)
 from rendezvous import env
 from rendezvous.net.url import StoreURL
 
 MAKE_SECRET = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 """How to make a job secret, said where one is missing."""
-
-
-SLURM_JOB_ID = "SLURM_JOB_ID"
-SLURM_NODE_NAME = "SLURMD_NODENAME"
-"""Slurm's names for a task's job and node: join mode's defaults for --job-id and
---host-name (``srun elastic-run --join ...`` needs neither)."""
-
-SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
-SLURM_STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
-SLURM_NODE_ID = "SLURM_NODEID"
-SLURM_LOCAL_ID = "SLURM_LOCALID"
-"""What Slurm tells a task of the node it runs on: its GPUs, the step's tasks on each
-node ("2(x3),1"), the node's index in the step, and the task's index on the node:
-join mode's default for --slots-per-host (``slurm_slots``)."""
 
 
 def default_job_id(join: bool, environ: Mapping[str, str] | None = None) -> str | None:
@@ -35,22 +30,6 @@ def default_job_id(join: bool, environ: Mapping[str, str] | None = None) -> str 
         return None
     environ = os.environ if environ is None else environ
     return environ.get(SLURM_JOB_ID) or None
-
-
-def tasks_on_node(tasks_per_node: str, node_index: int) -> int | None:
-    """The tasks that Slurm's ``tasks_per_node`` ("2(x3),1": 2 on each of three nodes,
-    then 1) puts on node ``node_index``; None when it does not say."""
-    index = 0
-    for part in tasks_per_node.split(","):
-        count, _, repeat = part.partition("(x")
-        try:
-            tasks, times = int(count), int(repeat.rstrip(")") or 1)
-        except ValueError:
-            return None
-        if node_index < index + times:
-            return tasks
-        index += times
-    return None
 
 
 def slurm_slots(environ: Mapping[str, str]) -> tuple[int, bool] | None:

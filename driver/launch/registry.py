@@ -7,7 +7,10 @@ when it is chosen (``--help`` and the flags never load ssh or the agents' machin
   elsewhere;
 * ``local`` (``driver.launch.local``): every process on this machine, whatever its
   host's name (the names are labels);
-* ``ssh`` (``driver.launch.ssh``): every process through ``ssh HOST``.
+* ``ssh`` (``driver.launch.ssh``): every process through ``ssh HOST``;
+* ``slurm`` (``driver.launch.srun``): every process as a one-task step of the Slurm
+  allocation the driver runs in (``srun --overlap --no-kill -w HOST``); the hosts are
+  then the allocation's nodes (``driver.hosts.slurm``) unless -H or a script says.
 
 A new way to start a host's processes (a scheduler's step launcher, a cluster's actor)
 is a ``driver.launch.base.Launcher`` in a module of its own here and a creator in
@@ -59,10 +62,17 @@ def _ssh(options: LauncherOptions) -> Launcher:
     return SSHLauncher(options.ssh_settings, options.out, options.err)
 
 
+def _slurm(options: LauncherOptions) -> Launcher:
+    from driver.launch.srun import SrunLauncher
+
+    return SrunLauncher(options.out, options.err)
+
+
 LAUNCHERS: dict[str, Callable[[LauncherOptions], Launcher]] = {
     "auto": _auto,
     "local": _local,
     "ssh": _ssh,
+    "slurm": _slurm,
 }
 """The launchers by name, each with its creator; ``--launcher`` offers them in this
 order (the first is its default)."""

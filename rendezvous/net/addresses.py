@@ -212,10 +212,12 @@ def is_local_host(host: str) -> bool:
     name = host.strip().strip("[]").lower()
     if not name:
         return False
-    if name in _LOOPBACK_NAMES or name in _own_names():
-        return True
-    try:
+    try:  # an address needs no name lookup (this machine's FQDN may ask a slow DNS)
         literal = ipaddress.ip_address(name.split("%", 1)[0])
     except ValueError:
-        return any(_is_own_address(address) for address in _resolve_all(name))
-    return _is_own_address(literal)
+        pass
+    else:
+        return _is_own_address(literal)
+    if name in _LOOPBACK_NAMES or name in _own_names():
+        return True
+    return any(_is_own_address(address) for address in _resolve_all(name))

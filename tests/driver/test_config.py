@@ -135,6 +135,7 @@ def test_every_flag_sets_its_field(script):
         hosts=(),
         discovery_script=script,
         slots_per_host=3,
+        slots_given=True,
         discovery_interval=0.5,
         rendezvous=StoreURL("etcd", (Endpoint("h1", 2379), Endpoint("h2", 2380))),
         job_id="my.job_1",
