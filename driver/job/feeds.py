@@ -82,8 +82,9 @@ def follow_workers_and_failures(
         prefix: str,
         on_event: Callable[[StoreEvent], object],
         on_resync: Callable[[Sequence[KeyValue]], object],
+        fresh: bool = False,
     ) -> None:
-        watch = store.watch_prefix(prefix, start_revision=revision + 1)
+        watch = None if fresh else store.watch_prefix(prefix, start_revision=revision + 1)
         spawn(
             f"watch-{prefix}",
             follow_prefix,
@@ -99,10 +100,13 @@ def follow_workers_and_failures(
         )
 
     follow(keys.workers, lambda e: post(RegistryChanged(e)), lambda kvs: post(RegistryResync(kvs)))
+    # The reports from a fresh read: a driver that just took the lead acts on those made
+    # while the job had none (a silent peer of the host its predecessor was on).
     follow(
         keys.failures,
         lambda e: post(FailureReport.from_event(e)),
         lambda kvs: post(FailureResync(kvs)),
+        fresh=True,
     )
 
     def records(prefix: str, message: Callable[[KeyValue], Message]) -> None:

@@ -122,6 +122,15 @@ class MessageHandlers:
             )
         )
 
+    def on_failure_resync(self, message: msg.FailureResync) -> Decisions:
+        """The reports as they are now: those of the current round count as if just
+        made (a silent peer reported while the job had no leader is probed now, not
+        after its host's agent lease lapses); the rules ignore the older ones."""
+        decisions: list[dec.Decision] = []
+        for kv in message.kvs:
+            decisions += self.on_failure_report(msg.FailureReport.from_kv(kv))
+        return decisions
+
     def on_probe_answered(self, message: msg.ProbeAnswered) -> Decisions:
         state = self._ctx.state
         return state.take(

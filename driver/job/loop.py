@@ -489,7 +489,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.ProbeAnswered: lambda job, m: job._messages.on_probe_answered(m),
     msg.AgentLost: lambda job, m: job._messages.on_agent_lost(m),
     # Missed reports are hints superseded by process exits: nothing to catch up on.
-    msg.FailureResync: lambda job, m: (),
+    msg.FailureResync: lambda job, m: job._messages.on_failure_resync(m),
     msg.HostsFound: Job._hosts_found,
     msg.DiscoveryFailed: Job._discovery_failed,
     msg.SignalReceived: Job._signalled,

@@ -54,12 +54,15 @@ class FailureReport:
     def from_event(cls, event: Event) -> FailureReport:
         """The report a store event carries (None for a deletion; an unreadable report
         is logged and read as None: one bad writer must not stop the loop)."""
-        if event.type != PUT:
-            return cls(None)
+        return cls.from_kv(event.kv) if event.type == PUT else cls(None)
+
+    @classmethod
+    def from_kv(cls, kv: KeyValue) -> FailureReport:
+        """The report stored in ``kv`` (an unreadable one is logged and read as None)."""
         try:
-            return cls(FailureRecord.from_json(event.value))
+            return cls(FailureRecord.from_json(kv.value))
         except (ValueError, TypeError, RecursionError) as exc:  # (JSON nested too deep)
-            log.warning("ignoring an unreadable failure report %s: %s", event.key, exc)
+            log.warning("ignoring an unreadable failure report %s: %s", kv.key, exc)
             return cls(None)
 
 
@@ -74,7 +77,8 @@ class ProbeAnswered:
 
 @dataclass(frozen=True)
 class FailureResync:
-    """Every failure report, read afresh after that watch ended."""
+    """Every failure report, read afresh when that watch starts (a driver that just took
+    the lead reads those written while the job had no leader) or after it ended."""
 
     kvs: Sequence[KeyValue]
 
