@@ -77,7 +77,7 @@ class JobConfig:
     blacklist_cooldown_range: tuple[float, float]
     elastic_timeout: float
     start_timeout: float
-    launcher: str  # "auto" | "local" | "ssh" | "slurm"
+    launcher: str  # "auto" | "local" | "ssh" | "slurm" | "ray" (with --ray)
     num_ps: int
     ps_mode: str
     ps_checkpoint_dir: str | None
@@ -100,12 +100,18 @@ class JobConfig:
     join: JoinSettings | None = None  # --join: this node's part of a joined job
     slots_given: bool = False  # --slots-per-host was given (else a scheduler's count)
     allocation: bool = False  # the hosts are the Slurm allocation's (--launcher slurm)
+    ray: str | None = None  # --ray ADDRESS: the hosts are that Ray cluster's nodes
 
     @property
     def uses_discovery(self) -> bool:
         """Whether the hosts come from a source that changes (a script, joined nodes,
-        a Slurm allocation)."""
-        return self.discovery_script is not None or self.join is not None or self.allocation
+        a Slurm allocation, a Ray cluster)."""
+        return (
+            self.discovery_script is not None
+            or self.join is not None
+            or self.allocation
+            or self.ray is not None
+        )
 
     @property
     def blacklist_policy(self) -> BlacklistPolicy:
@@ -271,6 +277,18 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     )
     if args.join and (fixed_hosts is not None or script is not None):
         raise UsageError("--join takes its hosts from the joined nodes: drop -H and discovery")
+    if args.ray is not None:
+        if fixed_hosts is not None or script is not None or args.join:
+            raise UsageError(
+                "--ray takes its hosts from the Ray cluster: drop -H, discovery, --join"
+            )
+        if args.launcher not in ("auto", "ray"):
+            raise UsageError(
+                f"--ray starts each host's agent through Ray: drop --launcher {args.launcher}"
+            )
+        args.launcher = "ray"
+    elif args.launcher == "ray":
+        raise UsageError("--launcher ray needs --ray ADDRESS (the cluster's head, or auto)")
     # --launcher slurm with no other source: the allocation's nodes, found at the start.
     allocation = args.launcher == "slurm" and fixed_hosts is None and script is None
     if args.join and args.launcher == "slurm":
@@ -288,7 +306,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         args.min_np,
         args.max_np,
         fixed_hosts,
-        script is not None or args.join or allocation,
+        script is not None or args.join or allocation or args.ray is not None,
     )
 
     low, high = args.blacklist_cooldown_range
@@ -351,6 +369,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         slots_per_host=slots_per_host,
         slots_given=args.slots_per_host is not None,
         allocation=allocation,
+        ray=args.ray,
         discovery_interval=args.discovery_interval,
         rendezvous=rendezvous,
         job_id=job_id,

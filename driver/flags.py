@@ -219,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between runs of the discovery script (default: %(default)s)",
     )
     hosts.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="the hosts are the alive nodes of the Ray cluster at ADDRESS (HOST:PORT of its "
+        "head, or 'auto' on one of its nodes; needs the 'ray' extra; run it on a node of "
+        "the cluster): each host's agent runs on its node through an actor pinned there, "
+        "its slots --slots-per-host, else the node's GPUs, else 1",
+    )
+    hosts.add_argument(
         "--blacklist-cooldown-range",
         type=_non_negative_seconds,
         nargs=2,

@@ -44,4 +44,5 @@ class DiscoverySettings:
     timeout: float = DEFAULT_SCRIPT_TIMEOUT
     read_agents: Callable[[], Sequence[bytes]] | None = None
     allocation: bool = False  # the Slurm allocation's nodes (``--launcher slurm``)
-    slurm_slots: int | None = None  # their slots, when --slots-per-host says
+    slurm_slots: int | None = None  # their slots (a Ray cluster's too), when given
+    ray_address: str = ""  # the Ray cluster whose nodes are the hosts (``--ray``)

@@ -7,7 +7,8 @@ it is chosen:
 * ``script`` (``driver.hosts.script``): the user's ``--host-discovery-script``;
 * ``joined`` (``driver.hosts.joined``): the nodes that joined the job (``--join``);
 * ``slurm`` (``driver.hosts.slurm``): the usable nodes of the Slurm allocation the
-  driver runs in (``--launcher slurm`` without -H or a script).
+  driver runs in (``--launcher slurm`` without -H or a script);
+* ``ray`` (``driver.hosts.ray``): the alive nodes of a Ray cluster (``--ray ADDRESS``).
 
 A new source (a scheduler's allocation, a cluster's live nodes, nodes that joined the
 job) is a ``driver.hosts.discovery.HostDiscovery`` in a module of its own here, a
@@ -49,22 +50,32 @@ def _slurm(settings: DiscoverySettings) -> HostDiscovery:
     return SlurmDiscovery(os.environ, settings.slurm_slots, settings.timeout)
 
 
+def _ray(settings: DiscoverySettings) -> HostDiscovery:
+    from driver.hosts.ray import RayDiscovery
+
+    return RayDiscovery(settings.ray_address, settings.slurm_slots)
+
+
 SOURCES: dict[str, Callable[[DiscoverySettings], HostDiscovery]] = {
     "fixed": _fixed,
     "script": _script,
     "joined": _joined,
     "slurm": _slurm,
+    "ray": _ray,
 }
 """The sources of hosts by name, each with its creator."""
 
 
 def source_name(settings: DiscoverySettings) -> str:
     """The source the settings ask for: ``joined`` in join mode, ``slurm`` for the
-    allocation's nodes, ``script`` when a script is given, else ``fixed``."""
+    allocation's nodes, ``ray`` for a Ray cluster's, ``script`` when a script is given,
+    else ``fixed``."""
     if settings.read_agents is not None:
         return "joined"
     if settings.allocation:
         return "slurm"
+    if settings.ray_address:
+        return "ray"
     return "script" if settings.script else "fixed"
 
 

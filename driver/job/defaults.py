@@ -56,7 +56,11 @@ def event_log(config: JobConfig) -> EventLog:
 
 def launcher(config: JobConfig) -> Launcher:
     """The launcher of ``--launcher``, with the ssh options of ``ELASTIC_SSH_OPTIONS``."""
-    return get_launcher(config.launcher, ssh_settings=ssh_settings_from_env(os.environ))
+    return get_launcher(
+        config.launcher,
+        ssh_settings=ssh_settings_from_env(os.environ),
+        ray_address=config.ray or "",
+    )
 
 
 def agent_launcher(config: JobConfig) -> AgentLauncher:
@@ -105,5 +109,6 @@ def discovery(config: JobConfig) -> HostDiscovery:
         read_agents=read_agents,
         allocation=config.allocation,
         slurm_slots=config.slots_per_host if config.slots_given else None,
+        ray_address=config.ray or "",
     )
     return make_discovery(source_name(settings), settings)

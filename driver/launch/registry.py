@@ -10,7 +10,9 @@ when it is chosen (``--help`` and the flags never load ssh or the agents' machin
 * ``ssh`` (``driver.launch.ssh``): every process through ``ssh HOST``;
 * ``slurm`` (``driver.launch.srun``): every process as a one-task step of the Slurm
   allocation the driver runs in (``srun --overlap --no-kill -w HOST``); the hosts are
-  then the allocation's nodes (``driver.hosts.slurm``) unless -H or a script says.
+  then the allocation's nodes (``driver.hosts.slurm``) unless -H or a script says;
+* ``ray`` (``driver.launch.ray``): every process on its Ray node through an actor pinned
+  there (``--ray ADDRESS`` picks it, with the cluster's nodes as the hosts).
 
 A new way to start a host's processes (a scheduler's step launcher, a cluster's actor)
 is a ``driver.launch.base.Launcher`` in a module of its own here and a creator in
@@ -42,6 +44,7 @@ class LauncherOptions:
     out: Stream | None = None
     err: Stream | None = None
     is_local: Callable[[str], bool] | None = None
+    ray_address: str = ""  # the cluster of the ``ray`` launcher
 
 
 def _auto(options: LauncherOptions) -> Launcher:
@@ -68,11 +71,18 @@ def _slurm(options: LauncherOptions) -> Launcher:
     return SrunLauncher(options.out, options.err)
 
 
+def _ray(options: LauncherOptions) -> Launcher:
+    from driver.launch.ray import RayLauncher
+
+    return RayLauncher(options.ray_address, options.out, options.err)
+
+
 LAUNCHERS: dict[str, Callable[[LauncherOptions], Launcher]] = {
     "auto": _auto,
     "local": _local,
     "ssh": _ssh,
     "slurm": _slurm,
+    "ray": _ray,
 }
 """The launchers by name, each with its creator; ``--launcher`` offers them in this
 order (the first is its default)."""
@@ -90,6 +100,7 @@ def get_launcher(
     out: Stream | None = None,
     err: Stream | None = None,
     is_local: Callable[[str], bool] | None = None,
+    ray_address: str = "",
 ) -> Launcher:
     """The launcher called ``name`` (one of ``LAUNCHERS``).
 
@@ -102,4 +113,4 @@ def get_launcher(
         raise UnknownLauncherError(
             f"unknown launcher {name!r} (choose from {', '.join(LAUNCHERS)})"
         ) from None
-    return creator(LauncherOptions(ssh_settings or SSHSettings(), out, err, is_local))
+    return creator(LauncherOptions(ssh_settings or SSHSettings(), out, err, is_local, ray_address))

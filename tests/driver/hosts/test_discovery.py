@@ -345,8 +345,8 @@ def test_the_flags_pick_a_source_of_hosts_by_name():
     assert registry.source_name(script) == "script"
     made = registry.make_discovery("script", script)
     assert isinstance(made, ScriptDiscovery) and made.default_slots == 3
-    with pytest.raises(UnknownDiscoveryError, match="unknown host discovery 'ray'"):
-        registry.make_discovery("ray", fixed)
+    with pytest.raises(UnknownDiscoveryError, match="unknown host discovery 'kubernetes'"):
+        registry.make_discovery("kubernetes", fixed)
 
 
 def test_a_source_registered_by_name_is_made_from_the_settings(monkeypatch):

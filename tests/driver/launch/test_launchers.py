@@ -258,7 +258,7 @@ def test_a_launcher_registered_by_name_is_offered_by_the_flags(monkeypatch):
         name = "recorder"
 
     monkeypatch.setitem(registry.LAUNCHERS, "recorder", lambda options: Recorder(options.out))
-    assert registry.launcher_names() == ("auto", "local", "ssh", "slurm", "recorder")
+    assert registry.launcher_names() == ("auto", "local", "ssh", "slurm", "ray", "recorder")
     assert isinstance(get_launcher("recorder"), Recorder)
     assert parse_args(["-np", "1", "--launcher", "recorder", "true"]).launcher == "recorder"
 
