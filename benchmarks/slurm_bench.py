@@ -191,11 +191,15 @@ class Allocations:
         file names carry the host name)."""
         return [k for k in keys if k.startswith(f"{host.name}-") or f"-{host.name}-" in k]
 
-    def first_commits(self, keys: list[str], after_round: float, t0: float) -> float | None:
+    def trained_on(self, host: NetnsHost, after_round: float, t0: float) -> float | None:
+        """When the last of ``SLOTS`` workers on ``host`` first committed, after ``t0``,
+        in a round (a group) newer than ``after_round``; None until they all have.
+        (torchrun's restarted workers are new processes, logged under new keys.)"""
         self.check_running()
         self.log.poll()
-        times = [self.log.first_commit_after(k, after_round, t0) for k in keys]
-        return None if not times or None in times else max(t for t in times if t is not None)
+        keys = self.on(host, list(self.log.records))
+        times = [t for k in keys if (t := self.log.first_commit_after(k, after_round, t0))]
+        return max(times) if len(times) >= SLOTS else None
 
     def close(self) -> None:
         (self.out / "stop").touch()
@@ -210,12 +214,11 @@ class Allocations:
 def sample_cut(alloc: Allocations, args) -> float:
     alloc.sbatch("first", [alloc.a, alloc.b], f"-np {2 * SLOTS} --min-np {SLOTS}")
     found = wait_for(lambda: alloc.steady(2 * SLOTS), STEADY_DEADLINE, "a steady round of 4")
-    round_id, members = found
-    survivors = alloc.on(alloc.a, members)
+    round_id, _ = found
     t0 = time.time()
     alloc.b.cut()
     done = wait_for(
-        lambda: alloc.first_commits(survivors, round_id, t0),
+        lambda: alloc.trained_on(alloc.a, round_id, t0),
         args.recovery_deadline,
         "the survivors' commit in a newer round",
     )
@@ -228,11 +231,12 @@ def sample_grow(alloc: Allocations, args) -> float:
     t0 = time.time()
     alloc.sbatch("second", [alloc.b], GROW_SHAPE)
 
-    def grown() -> float | None:
-        keys = alloc.on(alloc.b, list(alloc.rounds().get(alloc.log.max_round, {})))
-        return alloc.first_commits(keys, round_id, t0) if len(keys) == SLOTS else None
-
-    return wait_for(grown, args.recovery_deadline, "the second allocation's commits") - t0
+    grown = wait_for(
+        lambda: alloc.trained_on(alloc.b, round_id, t0),
+        args.recovery_deadline,
+        "the second allocation's commits",
+    )
+    return grown - t0
 
 
 def measure(
