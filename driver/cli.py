@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except JobStopped as exc:
         _say(str(exc))
         return 128 + exc.signum
+    except UsageError as exc:  # a joined node that disagrees with the job it found
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except (DriverError, ElasticError) as exc:
         _say(f"job failed: {exc}")
         return 1

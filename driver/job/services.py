@@ -40,7 +40,7 @@ from driver.job.wiring import (
     shard_commands,
     worker_bind_host,
 )
-from driver.join.shape import shape_bytes
+from driver.join.shape import check_shape, shape_bytes
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess
 from driver.lead.claim import DriverClaim, new_record
@@ -134,6 +134,7 @@ class JobServices:
         started = ev.JobStarted(cfg.job_id, self.store_url, cfg.np, cfg.min_np, cfg.max_np, command)
         self._events.emit(started)
         if claim.taken.action is ClaimAction.ADOPT:
+            self._agree()  # (before anything of the job is touched)
             # What the job is now, read once; the feeds follow every change after it.
             self.snapshot, revision = store.get_prefix(self._keys.prefix)
         else:
@@ -154,7 +155,18 @@ class JobServices:
         feeds.probe_store(self._probe, self._events.emit, self._stop)
 
     def _standing_by(self, leader: DriverRecord) -> None:
+        self._agree()
         self._events.emit(ev.StandingBy(self._config.job_id, describe_leader(leader), leader.term))
+
+    def _agree(self) -> None:
+        """Join mode: this node may wait on or lead the job only with the job's shape.
+
+        Raises:
+            UsageError: it differs (one line naming how).
+        """
+        if self._config.join is not None and self.store is not None:
+            stored = self.store.get(self._keys.shape)
+            check_shape(self._config, stored.value if stored is not None else None)
 
     @property
     def claim(self) -> DriverClaim:

@@ -5,7 +5,6 @@ SIGTERM drains the host, ``driver.agent``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ from driver.config import JobConfig
 from driver.errors import UsageError
 from driver.job.wiring import quick_store
 from driver.join.settings import JoinSettings
-from driver.join.shape import job_shape, shape_difference
+from driver.join.shape import check_shape
 from driver.launch.agents.handle import agent_command
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE
 from rendezvous import env
@@ -66,11 +65,7 @@ class JoinedNode:
         shape, leader = store.get(self._keys.shape), store.get(self._keys.driver)
         if shape is None or leader is None:
             return  # no job yet, or one between leaders: this node may lead it
-        difference = shape_difference(job_shape(self._config), json.loads(shape.value))
-        if difference:
-            raise UsageError(
-                f"--join: this node disagrees with job {self._config.job_id!r}: {difference}"
-            )
+        check_shape(self._config, shape.value)
 
     def start_agent(self) -> None:
         """Start this host's agent (it registers the node as joined, with its slots).

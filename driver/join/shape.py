@@ -2,7 +2,9 @@
 
 The leader writes it (``JobKeys.shape``) when it claims the job; a node that joins while
 a leader leads checks its own against it and is refused, in one line naming the first
-difference, when they differ.
+difference, when they differ (``check_shape``). A standby checks again when it sees a
+new leader and when it takes the job over, so two nodes that start at the same moment
+cannot lead one job with two shapes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 from collections.abc import Mapping
 
 from driver.config import JobConfig
+from driver.errors import UsageError
 
 SHAPE_FLAGS = (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np"))
 
@@ -45,3 +48,17 @@ def _shown(value: object) -> str:
 def shape_bytes(config: JobConfig) -> bytes:
     """``job_shape`` as the store holds it."""
     return json.dumps(job_shape(config)).encode()
+
+
+def check_shape(config: JobConfig, stored: bytes | None) -> None:
+    """Refuse this node when the job's shape as stored (``stored``; None: not written
+    yet) differs from its own.
+
+    Raises:
+        UsageError: one line naming the first difference (the job is untouched).
+    """
+    if stored is None:
+        return
+    difference = shape_difference(job_shape(config), json.loads(stored))
+    if difference:
+        raise UsageError(f"--join: this node disagrees with job {config.job_id!r}: {difference}")

@@ -10,7 +10,7 @@ from driver.errors import UsageError
 from driver.hosts.joined import joined_hosts
 from driver.hosts.slots import HostSlots
 from driver.join.settings import slurm_slots, tasks_on_node
-from driver.join.shape import job_shape, shape_difference
+from driver.join.shape import check_shape, job_shape, shape_bytes, shape_difference
 from rendezvous.agent_records import AgentRecord
 
 ETCD = "etcd://127.0.0.1:2379"
@@ -119,3 +119,13 @@ def test_join_settings_take_slurms_slots_unless_given(monkeypatch):
     assert (config.join.host, config.join.slots, config.join.spare_task) == ("n2", 3, True)
     config = parse_args(join("--slots-per-host", "5"))
     assert config.join is not None and (config.join.slots, config.join.spare_task) == (5, False)
+
+
+def test_a_node_checks_its_shape_against_the_stored_one(monkeypatch):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    config = parse_args(join())
+    check_shape(config, None)  # nothing stored yet: this node may lead
+    check_shape(config, shape_bytes(config))
+    other = parse_args(join()[:-2] + ["3", "train.py"])  # -np 3
+    with pytest.raises(UsageError, match=r"this node disagrees with job 'j1': -np 3 here, 2"):
+        check_shape(other, shape_bytes(config))
