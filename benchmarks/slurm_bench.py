@@ -30,12 +30,18 @@ t0 = just before the ``sbatch`` of a second allocation on B with the same job (o
 same ``--job-id``; torchrun: the same rendezvous id and endpoint). The sample: t0 until
 every worker on B has committed a step in the job.
 
+``drain`` (``--drains`` times each): as ``grow``, then once the 4 workers train steadily,
+t0 = just before ``scancel`` of the second allocation (SIGTERM to its tasks: for ours a
+drain, a handover at the next commit; torchrun's agent on B stops its workers). The
+sample: t0 until every worker on A has committed a step in a newer round (group).
+
 One JSON line per configuration and measure on stdout (nothing else):
-    {"bench": "slurm", "system": "ours"|"torchrun", "measure": "cut"|"grow",
+    {"bench": "slurm", "system": "ours"|"torchrun", "measure": "cut"|"grow"|"drain",
      "definition", "median_s", "p90_s", "max_s", "samples", "settings", "load_avg"[,
      "error"]}
 
-    sudo python benchmarks/slurm_bench.py [--cuts 5] [--grows 3] [--systems ours torchrun]
+    sudo python benchmarks/slurm_bench.py [--cuts 5] [--grows 3] [--drains 3]
+                                          [--systems ours torchrun]
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ DEFINITIONS = {
     "a worker group) newer than the one B was cut in",
     "grow": "sbatch of a second allocation on B -> every worker on B has committed a step "
     "in the job",
+    "drain": "scancel of the second allocation (on B) -> every worker on A has committed "
+    "a step in a round (torchrun: a worker group) newer than the one of both nodes",
 }
 
 
@@ -151,7 +159,9 @@ class Allocations:
         job = self.slurm.sbatch(
             self.script(name, shape),
             *("--no-kill", "-N", str(len(nodes)), "-w", ",".join(n.name for n in nodes)),
-            *("--ntasks-per-node", str(SLOTS), "--output", str(self.workdir / f"{name}.out")),
+            # ours: the node's slots are its tasks; torchrun: one agent task per node
+            *("--ntasks-per-node", str(SLOTS if self.system == "ours" else 1)),
+            *("--output", str(self.workdir / f"{name}.out")),
         )
         self.jobs.append(job)
         return job
@@ -239,6 +249,21 @@ def sample_grow(alloc: Allocations, args) -> float:
     return grown - t0
 
 
+def sample_drain(alloc: Allocations, args) -> float:
+    sample_grow(alloc, args)
+    round_id, _ = wait_for(
+        lambda: alloc.steady(2 * SLOTS), STEADY_DEADLINE, "a steady round of 4 on both nodes"
+    )
+    t0 = time.time()
+    alloc.slurm.scancel(alloc.jobs[1])
+    done = wait_for(
+        lambda: alloc.trained_on(alloc.a, round_id, t0),
+        args.recovery_deadline,
+        "the first allocation's commit in a newer round",
+    )
+    return done - t0
+
+
 def measure(
     system: str,
     name: str,
@@ -285,6 +310,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cuts", type=int, default=5, help="node cuts per system")
     ap.add_argument("--grows", type=int, default=3, help="second allocations per system")
+    ap.add_argument("--drains", type=int, default=3, help="scancels of a second allocation")
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     ap.add_argument("--settle-steps", type=int, default=20)
     ap.add_argument("--work", type=int, default=160, help="matrix side each step computes")
@@ -312,6 +338,7 @@ def main() -> None:
                         for name, count, sample in (
                             ("cut", args.cuts, sample_cut),
                             ("grow", args.grows, sample_grow),
+                            ("drain", args.drains, sample_drain),
                         ):
                             if count:
                                 line = measure(
