@@ -94,20 +94,7 @@ def sample_cut(hosts: NetnsHosts, workdir: Path, args: argparse.Namespace) -> fl
             def steady() -> tuple[float, list[str]] | None:
                 if driver.poll() is not None:
                     raise BenchTimeout(f"elastic-run exited with {driver.returncode}")
-                log.poll()
-                rounds: dict[float, dict[str, int]] = {}
-                for key, recs in log.records.items():
-                    for r in recs:
-                        if r["ev"] == "commit":
-                            members = rounds.setdefault(r["round"], {})
-                            members[key] = members.get(key, 0) + 1
-                if not rounds:
-                    return None
-                newest = max(rounds)
-                members = rounds[newest]
-                if len(members) == 2 * SLOTS and min(members.values()) >= args.settle_steps:
-                    return newest, sorted(members)
-                return None
+                return log.steady_round(2 * SLOTS, args.settle_steps)
 
             round_id, members = wait_for(steady, STEADY_DEADLINE, "a steady round of 4")
             survivors = [m for m in members if m.startswith(f"{a.address}-")]

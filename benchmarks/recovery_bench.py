@@ -217,6 +217,22 @@ class CommitLog:
     def event(self, key: str, ev: str):
         return next((r for r in self.records.get(key, ()) if r["ev"] == ev), None)
 
+    def steady_round(self, size: int, settle: int) -> tuple[float, list[str]] | None:
+        """(round, its workers' keys) once the newest round (by ``round_field``) has
+        ``size`` workers, each with ``settle`` commits in it; else None (reads first)."""
+        self.poll()
+        rounds: dict[float, dict[str, int]] = {}
+        for key in self.records:
+            for r in self.commits(key):
+                members = rounds.setdefault(r[self.round_field], {})
+                members[key] = members.get(key, 0) + 1
+        if not rounds:
+            return None
+        members = rounds[max(rounds)]
+        if len(members) == size and min(members.values()) >= settle:
+            return max(rounds), sorted(members)
+        return None
+
 
 # --------------------------------------------------------------------------- ours
 

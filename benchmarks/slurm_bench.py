@@ -172,29 +172,22 @@ class Allocations:
             tail = (self.workdir / "first.out").read_text(errors="replace")[-600:]
             raise BenchTimeout(f"the first allocation is {state}: {tail}")
 
-    def rounds(self) -> dict[float, dict[str, int]]:
-        """round (or group) -> {worker key: commits in it}."""
-        self.log.poll()
-        out: dict[float, dict[str, int]] = {}
-        for key, recs in self.log.records.items():
-            for r in recs:
-                if r["ev"] == "commit":
-                    members = out.setdefault(r[self.log.round_field], {})
-                    members[key] = members.get(key, 0) + 1
-        return out
-
     def steady(self, size: int) -> tuple[float, list[str]] | None:
         """(round, its workers) once the newest round has ``size`` workers, each with
         ``--settle-steps`` commits in it."""
         self.check_running()
-        rounds = self.rounds()
-        if not rounds:
-            return None
-        newest = max(rounds)
-        members = rounds[newest]
-        if len(members) == size and min(members.values()) >= self.args.settle_steps:
-            return newest, sorted(members)
-        return None
+        return self.log.steady_round(size, self.args.settle_steps)
+
+    def wait_trained_on(self, host: NetnsHost, after_round: float, t0: float, what: str) -> float:
+        """Seconds from ``t0`` until ``trained_on(host, after_round, t0)``.
+
+        Raises:
+            BenchTimeout: not within ``--recovery-deadline``.
+        """
+        done = wait_for(
+            lambda: self.trained_on(host, after_round, t0), self.args.recovery_deadline, what
+        )
+        return done - t0
 
     def on(self, host: NetnsHost, keys: list[str]) -> list[str]:
         """The worker keys of ``host`` (ours: ids start with the node name; torchrun's
@@ -223,16 +216,10 @@ class Allocations:
 
 def sample_cut(alloc: Allocations, args) -> float:
     alloc.sbatch("first", [alloc.a, alloc.b], f"-np {2 * SLOTS} --min-np {SLOTS}")
-    found = wait_for(lambda: alloc.steady(2 * SLOTS), STEADY_DEADLINE, "a steady round of 4")
-    round_id, _ = found
+    round_id, _ = wait_for(lambda: alloc.steady(2 * SLOTS), STEADY_DEADLINE, "a steady round of 4")
     t0 = time.time()
     alloc.b.cut()
-    done = wait_for(
-        lambda: alloc.trained_on(alloc.a, round_id, t0),
-        args.recovery_deadline,
-        "the survivors' commit in a newer round",
-    )
-    return done - t0
+    return alloc.wait_trained_on(alloc.a, round_id, t0, "the survivors' commit in a newer round")
 
 
 def sample_grow(alloc: Allocations, args) -> float:
@@ -240,13 +227,7 @@ def sample_grow(alloc: Allocations, args) -> float:
     round_id, _ = wait_for(lambda: alloc.steady(SLOTS), STEADY_DEADLINE, "a steady round of 2")
     t0 = time.time()
     alloc.sbatch("second", [alloc.b], GROW_SHAPE)
-
-    grown = wait_for(
-        lambda: alloc.trained_on(alloc.b, round_id, t0),
-        args.recovery_deadline,
-        "the second allocation's commits",
-    )
-    return grown - t0
+    return alloc.wait_trained_on(alloc.b, round_id, t0, "the second allocation's commits")
 
 
 def sample_drain(alloc: Allocations, args) -> float:
@@ -256,12 +237,7 @@ def sample_drain(alloc: Allocations, args) -> float:
     )
     t0 = time.time()
     alloc.slurm.scancel(alloc.jobs[1])
-    done = wait_for(
-        lambda: alloc.trained_on(alloc.a, round_id, t0),
-        args.recovery_deadline,
-        "the first allocation's commit in a newer round",
-    )
-    return done - t0
+    return alloc.wait_trained_on(alloc.a, round_id, t0, "the first allocation's newer round")
 
 
 def measure(

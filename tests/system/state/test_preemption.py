@@ -29,6 +29,15 @@ pytestmark = pytest.mark.system
 SAMPLES, EPOCHS = 1200, 12
 
 
+def preempt_b(run: ElasticRun, url: str, job_id: str):
+    """At commit 40, SIGTERM to host b's agent: (its agent, b's workers, the event)."""
+    run.wait_progress(40)
+    victims = sorted(w for w in run.worker_pids() if w.startswith("b-"))
+    agent = agents(url, job_id)["b"]
+    os.kill(agent.pid, signal.SIGTERM)
+    return agent, victims, run.wait_event("host_preempted", timeout=20)
+
+
 @pytest.mark.timeout(120)
 def test_a_preempted_hosts_workers_leave_at_their_commit_and_nothing_is_rolled_back(
     tmp_path, etcd_server
@@ -43,11 +52,7 @@ def test_a_preempted_hosts_workers_leave_at_their_commit_and_nothing_is_rolled_b
         *exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate)),
     ]
     with ElasticRun(args, tmp_path) as run:
-        run.wait_progress(40)
-        victims = sorted(w for w in run.worker_pids() if w.startswith("b-"))
-        agent = agents(etcd_server.url, job_id)["b"]
-        os.kill(agent.pid, signal.SIGTERM)
-        preempted = run.wait_event("host_preempted", timeout=20)
+        agent, victims, preempted = preempt_b(run, etcd_server.url, job_id)
         assert preempted["host"] == "b" and preempted["handover"], preempted
         assert preempted["workers"] == victims and not preempted["snapshot"]
         handed = run.wait_event("round_formed", lambda e: e["size"] == 2, timeout=20)
@@ -79,11 +84,7 @@ def test_with_too_few_left_a_preempted_hosts_workers_stop_after_a_snapshot_and_i
         *exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate)),
     ]
     with ElasticRun(args, tmp_path) as run:
-        run.wait_progress(40)
-        victims = sorted(w for w in run.worker_pids() if w.startswith("b-"))
-        agent = agents(etcd_server.url, job_id)["b"]
-        os.kill(agent.pid, signal.SIGTERM)
-        preempted = run.wait_event("host_preempted", timeout=20)
+        agent, victims, preempted = preempt_b(run, etcd_server.url, job_id)
         assert (
             preempted["host"] == "b" and preempted["snapshot"] and preempted["workers"] == victims
         )
