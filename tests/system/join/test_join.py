@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import time
 import uuid
 
 import pytest
@@ -117,8 +118,8 @@ def test_a_sigtermed_node_drains_exits_0_and_the_job_goes_on_exact(
     tmp_path, etcd_server, secret_env, leaving
 ):
     """SIGTERM to one node's elastic-run (a preemption, a scale-down), training running
-    free: its host drains (its workers leave at their next commit: nothing is rolled
-    back), the lead goes to the other node when it had it, it exits 0, and the job
+    free: its host drains (its workers leave at their next commit: no committed step is
+    lost), the lead goes to the other node when it had it, it exits 0, and the job
     finishes exact on the other node."""
     out, gate = tmp_path / "out", tmp_path / "gate"
     out.mkdir()
@@ -138,10 +139,15 @@ def test_a_sigtermed_node_drains_exits_0_and_the_job_goes_on_exact(
             runs["a"].wait_event("round_formed", lambda e: e["size"] == 4, timeout=30)
             proc = runs[leaving].proc
             assert proc is not None
+            sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             gate.unlink()  # every worker trains on, mid-step when the round changes
             assert runs[leaving].wait(timeout=40) == 0, runs[leaving].stderr_tail()
+            print(f"SIGTERM to the drained node's exit: {time.monotonic() - sent:.2f}s")
             assert "left the job" in runs[leaving].stderr_tail()
             assert runs[staying].wait(timeout=60) == 0, runs[staying].stderr_tail()
     results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
-    assert [r["rollbacks"] for r in results] == [0, 0], results
+    # Running free, a survivor that the handover round reaches just after a commit the
+    # others switched at redoes the start of one step (to its first collective): no
+    # committed step is lost, at most that once per survivor (docs/DESIGN.md).
+    assert all(r["rollbacks"] <= 1 for r in results), results

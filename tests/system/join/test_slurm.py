@@ -15,6 +15,7 @@ outside Slurm.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import sys
@@ -95,6 +96,17 @@ def wait_for_round(tmp_path: Path, size: int, timeout: float = 60) -> None:
     )
 
 
+def last_round_size(tmp_path: Path) -> int:
+    """The size of the newest round any node's events say formed (0 before any)."""
+    rounds = [
+        (event["t"], event["size"])
+        for p in tmp_path.glob("events-*.jsonl")
+        for line in p.read_text().splitlines()
+        if '"round_formed"' in line and (event := json.loads(line))
+    ]
+    return max(rounds)[1] if rounds else 0
+
+
 def sbatch(slurm: SlurmCluster, script: Path, nodes: list[str], out: Path) -> str:
     """The script on ``nodes``, two tasks on each (two slots each, from Slurm)."""
     return slurm.sbatch(
@@ -172,12 +184,12 @@ def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path
         urgent = tmp_path / "urgent.sbatch"
         urgent.write_text("#!/bin/bash\ntrue\n")
         slurm.sbatch(urgent, "-p", URGENT, "-N", "1", "-w", hosts[2].name)
-    wait_until(  # Slurm's SIGTERM reached the node (the event of whichever node leads)
-        lambda: any('"host_preempted"' in p.read_text() for p in tmp_path.glob("events-*")),
-        30,
-        f"the drain of {hosts[2].name}",
-    )
-    gate.unlink()  # every worker takes its next step on the old ring, then changes rounds
+    # Slurm's SIGTERM reached the node and the handover round is out, while every worker
+    # waits at the gate: they all take their next step on the old ring and change rounds
+    # at the commit after it. (Running free, a worker that the round reaches only after
+    # that commit redoes its next step's start: see docs/DESIGN.md, "Draining a host".)
+    wait_until(lambda: last_round_size(tmp_path) == 4, 30, f"{hosts[2].name} to leave")
+    gate.unlink()
     left = tmp_path / f"exit-{hosts[2].name}-0"
     wait_until(left.exists, 40, f"the drained node's elastic-run to end; {slurm.log_tail()}")
     assert left.read_text().strip() == "0", (tmp_path / "second.out").read_text()

@@ -64,7 +64,9 @@ def test_the_allocations_nodes_train_and_a_drained_node_leaves_with_nothing_roll
         env=slurm.env(),
         timeout=10,
     )
-    wait_until(lambda: '"host_removed"' in events.read_text(), 30, f"{drained} to leave")
+    wait_until(  # the handover round is out while every worker waits at the gate
+        lambda: '"size": 2,' in events.read_text(), 30, f"{drained} to leave"
+    )
     gate.unlink()
     state = wait_until(
         lambda: (s := slurm.job_state(job)) not in ("RUNNING", "COMPLETING") and s,
