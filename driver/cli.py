@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         if node is not None:
-            node.stop_agent()
+            node.close()
 
 
 if __name__ == "__main__":

@@ -141,12 +141,12 @@ def _parse_host_list(text: str, default_slots: int) -> tuple[HostSlots, ...]:
     return tuple(hosts)
 
 
-def _parse_rendezvous(text: str) -> StoreURL:
+def _parse_rendezvous(text: str, join: bool = False) -> StoreURL:
     try:
         url = parse_store_url(text)
     except ValueError as e:  # RendezvousConfigError is a ValueError; so is a stray int() error
         raise UsageError(f"--rendezvous: {e}") from None
-    if url.scheme == DEFAULT_RENDEZVOUS and url.endpoints:
+    if url.scheme == DEFAULT_RENDEZVOUS and url.endpoints and not join:
         # embedded://HOST:PORT is how workers reach the store the driver runs; the
         # driver picks that address itself, so a user-given one would be ignored.
         raise UsageError(
@@ -313,7 +313,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     if low > high:
         raise UsageError(f"--blacklist-cooldown-range: MIN {low:g} is above MAX {high:g}")
 
-    rendezvous = _parse_rendezvous(args.rendezvous)
+    rendezvous = _parse_rendezvous(args.rendezvous, args.join)
 
     if args.job_id is None:
         args.job_id = default_job_id(args.join)  # under Slurm: its job id

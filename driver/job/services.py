@@ -126,7 +126,8 @@ class JobServices:
             standby=cfg.standby,
             stop=self._interrupted,
             on_wait=self._standing_by,
-            beats=cfg.rendezvous.scheme == "etcd",  # (the embedded store has no standby)
+            # (the driver's own embedded store has no standby; a joined node's has)
+            beats=cfg.rendezvous.scheme == "etcd" or cfg.join is not None,
         )
         # First in the run's events (right after the store, whose URL it names): several
         # runs may append to one events file, and this line is where each begins.

@@ -225,7 +225,8 @@ def open_job_store(
         RendezvousError: the store cannot be started or reached.
     """
     server = None
-    if config.rendezvous.scheme == "embedded":
+    # (embedded://HOST:PORT with --join: a node serves it, this driver is its client)
+    if config.rendezvous.scheme == "embedded" and not config.rendezvous.endpoints:
         server = EmbeddedServer(secret, bind="127.0.0.1:0" if all_local else "0.0.0.0:0")
         port = Endpoint.parse(server.start(), "the embedded store's address").port
         url = f"embedded://{Endpoint('127.0.0.1' if all_local else advertised_host, port)}"

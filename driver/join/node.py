@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 import uuid
 
 from driver.agent.loop import DRAIN_GRACE
@@ -20,11 +21,16 @@ from driver.join.shape import check_shape
 from driver.launch.agents.handle import agent_command
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE
 from rendezvous import env
+from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
+from rendezvous.retry import Backoff
 from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)
+
+STORE_WAIT = 60.0
+"""Seconds a node waits for the store another node serves (``embedded://HOST:PORT``)."""
 
 
 class JoinedNode:
@@ -36,22 +42,46 @@ class JoinedNode:
         self._keys = JobKeys(config.job_id)
         self._agent: subprocess.Popen | None = None
         self._left = False  # SIGTERM came: the agent drains the host
+        self._server: EmbeddedServer | None = None  # the store this node serves, if any
 
     def prepare(self) -> None:
         """The job's secret into this process's environment (the driver's, the agent's
-        and the workers'), and the job's shape agreed on.
+        and the workers'), the store served when this node is the one named by
+        ``embedded://HOST:PORT``, and the job's shape agreed on (another node's store is
+        waited for up to ``STORE_WAIT``: the nodes start in any order).
 
         Raises:
-            UsageError: this node disagrees with the job, or the store cannot be used.
+            UsageError: this node disagrees with the job, or the store cannot be served
+                or used.
         """
         os.environ[env.ENV_SECRET] = self._settings.secret
+        port = self._settings.serves_port
+        if port is not None:
+            self._server = EmbeddedServer(self._settings.secret, bind=f"0.0.0.0:{port}")
+            try:
+                self._server.start()
+            except RendezvousError as exc:
+                raise UsageError(f"--rendezvous {self._config.rendezvous}: {exc}") from None
+        patience = STORE_WAIT if self._config.rendezvous.scheme == "embedded" else 0.0
+        backoff = Backoff(time.monotonic() + patience, initial=0.1, cap=1.0)
         store = quick_store(str(self._config.rendezvous), self._settings.secret)
         try:
-            self.agree(store)
-        except RendezvousError as exc:
-            raise UsageError(f"--join: cannot use the store: {exc}") from None
+            while True:
+                try:
+                    self.agree(store)
+                    return
+                except RendezvousError as exc:
+                    if not backoff.pause():  # (the serving node may not be up yet)
+                        self.close()
+                        raise UsageError(f"--join: cannot use the store: {exc}") from None
         finally:
             store.close()
+
+    def close(self) -> None:
+        """After the job: the agent (``stop_agent``), then the store this node served."""
+        self.stop_agent()
+        if self._server is not None:
+            self._server.stop()
 
     def agree(self, store: KVStore) -> None:
         """Check this node's shape against the job's while a leader leads it (the leader

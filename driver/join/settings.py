@@ -56,12 +56,14 @@ class JoinSettings:
     """This node's part of a joined job: its ``host`` name (how the job names it) and
     the ``slots`` it offers; the job's ``secret`` (the same on every node).
     ``spare_task``: this process is another Slurm task of a node whose first task joins
-    (it has nothing to do)."""
+    (it has nothing to do). ``serves_port``: the port this node serves the job's store on
+    (``--rendezvous embedded://HOST:PORT`` with HOST this node's name)."""
 
     host: str
     slots: int
     secret: str
     spare_task: bool = False
+    serves_port: int | None = None  # embedded://HOST:PORT names this node: it serves the store
 
     def __repr__(self) -> str:  # never the secret
         return f"JoinSettings(host={self.host!r}, slots={self.slots})"
@@ -79,22 +81,26 @@ def join_settings(
     --slots-per-host not given: Slurm's, ``slurm_slots``, else 1).
 
     Raises:
-        UsageError: no etcd store, no ``--job-id``, or no secret (each said in one line,
-            with what to do).
+        UsageError: no etcd store (nor an embedded one a node serves), no ``--job-id``,
+            or no secret (each said in one line, with what to do).
     """
     environ = os.environ if environ is None else environ
-    if rendezvous.scheme != "etcd":
+    if rendezvous.scheme != "etcd" and len(rendezvous.endpoints) != 1:
         raise UsageError(
-            "--join needs --rendezvous etcd://HOST:PORT[,...]: every node must reach one "
-            "store that outlives any of them"
+            "--join needs --rendezvous etcd://HOST:PORT[,...] (a store that outlives any "
+            "node), or embedded://HOST:PORT (the node named HOST serves it, and the job "
+            "lasts as long as that node)"
         )
     if job_id is None:
         raise UsageError(
             "--join needs --job-id ID (under Slurm: SLURM_JOB_ID): the same on every node"
         )
     from_slurm = slurm_slots(environ) if slots is None else None
+    host = host_name or environ.get(SLURM_NODE_NAME) or socket.gethostname()
+    served = rendezvous.endpoints[0] if rendezvous.scheme != "etcd" else None
     return JoinSettings(
-        host=host_name or environ.get(SLURM_NODE_NAME) or socket.gethostname(),
+        host=host,
+        serves_port=served.port if served is not None and served.host == host else None,
         slots=slots or (from_slurm[0] if from_slurm else 1),
         secret=_secret(secret_file, environ),
         spare_task=from_slurm is not None and not from_slurm[1],

@@ -129,3 +129,14 @@ def test_a_node_checks_its_shape_against_the_stored_one(monkeypatch):
     other = parse_args(join()[:-2] + ["3", "train.py"])  # -np 3
     with pytest.raises(UsageError, match=r"this node disagrees with job 'j1': -np 3 here, 2"):
         check_shape(other, shape_bytes(config))
+
+
+def test_the_node_named_by_an_embedded_store_serves_it(monkeypatch):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    base = ["--join", "--rendezvous", "embedded://n1:29500", "--job-id", "j", "-np", "2"]
+    served = parse_args([*base, "--host-name", "n1", "train.py"]).join
+    other = parse_args([*base, "--host-name", "n2", "train.py"]).join
+    assert served is not None and served.serves_port == 29500
+    assert other is not None and other.serves_port is None
+    with pytest.raises(UsageError, match=r"embedded://HOST:PORT \(the node named HOST"):
+        parse_args(["--join", "--rendezvous", "embedded", "--job-id", "j", "-np", "2", "t.py"])

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from tests.support.etcd_cluster import free_ports
 from tests.support.jobs import ElasticRun, check_exact_sum, exact_sum_command, hold_at
 
 pytestmark = pytest.mark.system
@@ -151,3 +152,22 @@ def test_a_sigtermed_node_drains_exits_0_and_the_job_goes_on_exact(
     # others switched at redoes the start of one step (to its first collective): no
     # committed step is lost, at most that once per survivor (docs/DESIGN.md).
     assert all(r["rollbacks"] <= 1 for r in results), results
+
+
+@pytest.mark.timeout(120)
+def test_a_node_serves_the_store_for_the_job_embedded(tmp_path, secret_env):
+    """``--rendezvous embedded://HOST:PORT``: the node named HOST serves the job's store
+    (no etcd at all), the other node uses it; they train one job to an exact end. The
+    serving node is started last: the other waits for its store."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"j{uuid.uuid4().hex[:10]}"
+    url = f"embedded://localhost:{free_ports(1)[0]}"
+    command = exact_sum_command(out, SAMPLES, EPOCHS)
+    with (
+        ElasticRun(join_args(url, job_id, "b", command), tmp_path / "b", secret_env) as b,
+        ElasticRun(join_args(url, job_id, "localhost", command), tmp_path / "a", secret_env) as a,
+    ):
+        assert b.wait(timeout=90) == 0, b.stderr_tail()
+        assert a.wait(timeout=30) == 0, a.stderr_tail()
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
