@@ -26,7 +26,13 @@ import pytest
 
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.hosts.netns import running_hosts
-from tests.support.jobs import check_exact_sum, exact_sum_command, hold_at, wait_until
+from tests.support.jobs import (
+    check_exact_sum,
+    committed,
+    exact_sum_command,
+    hold_at,
+    wait_until,
+)
 from tests.support.paths import ROOT
 from tests.support.slurm import URGENT, SlurmCluster
 
@@ -49,13 +55,18 @@ def cluster(tmp_path):
 
 
 def batch_script(
-    tmp_path: Path, etcd_url: str, worker: list[str], job_id: str = "", name: str = "train"
+    tmp_path: Path,
+    etcd_url: str,
+    worker: list[str],
+    job_id: str = "",
+    name: str = "train",
+    extra: str = "",
 ) -> Path:
     """The sbatch script a user writes: a plain ``srun`` of ``elastic-run --join``, each
     task's exit status kept (a scancel's SIGTERM must not end the shell before it)."""
     node = (
         f"{shlex.quote(sys.executable)} -m driver.cli --join --rendezvous {etcd_url} "
-        f"{f'--job-id {job_id} ' if job_id else ''}-np 4 --min-np 2 "
+        f"{f'--job-id {job_id} ' if job_id else ''}-np 4 --min-np 2 {extra}"
         f"--events {tmp_path}/events-$SLURMD_NODENAME.jsonl {shlex.join(worker)}"
     )
     script = tmp_path / f"{name}.sbatch"
@@ -162,9 +173,10 @@ def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path
     hold_at(gate, 20)  # training waits at commit 20 while the job grows
     job_id = f"grow-{secrets.token_hex(4)}"  # both allocations join this job
     worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
+    fast = "--progress-interval 0.2 "  # rank 0's commit count in the store, kept fresh
     first = sbatch(
         slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "first"),
+        batch_script(tmp_path, etcd.url, worker, job_id, "first", fast),
         [hosts[0].name, hosts[1].name],
         tmp_path / "first.out",
     )
@@ -172,12 +184,18 @@ def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path
     asked = time.monotonic()
     second = sbatch(
         slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "second"),
+        batch_script(tmp_path, etcd.url, worker, job_id, "second", fast),
         [hosts[2].name],
         tmp_path / "second.out",
     )
     wait_for_round(tmp_path, 6)
     print(f"sbatch of the second allocation to its round: {time.monotonic() - asked:.2f}s")
+    # The six train together up to commit 40 and wait there: the drain comes to a round
+    # that formed. (Open bug, seen about 1 run in 8 here: sometimes neither the drained
+    # node's elastic-run nor its agent acts on Slurm's SIGTERM, and the node is lost at
+    # KillWait instead of draining.)
+    hold_at(gate, 40)
+    wait_until(lambda: committed(etcd.url, job_id) >= 40, 60, "the round of 6 to train")
     if ending == "scancel":
         slurm.scancel(second)
     else:  # a job of a higher partition wants the node: Slurm preempts the second
