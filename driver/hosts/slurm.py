@@ -100,6 +100,7 @@ class SlurmDiscovery(HostDiscovery):
         self._environ = dict(environ)
         self._given = given_slots
         self._slots: dict[str, int] | None = None  # the allocation's, read once
+        self._expanded: dict[str, list[str]] = {}  # compact node list -> its node names
         self.timeout = timeout
 
     def __repr__(self) -> str:
@@ -132,7 +133,11 @@ class SlurmDiscovery(HostDiscovery):
         )
 
     def _nodes(self, compact: str) -> list[str]:
-        return self._run(["scontrol", "show", "hostnames", compact]).split()
+        """The names in Slurm's ``compact`` list ("n[1-3,5]"), asked of ``scontrol``
+        once per list: the job's list changes only when it loses a node."""
+        if compact not in self._expanded:
+            self._expanded[compact] = self._run(["scontrol", "show", "hostnames", compact]).split()
+        return self._expanded[compact]
 
     def _run(self, argv: list[str]) -> str:
         return run_bounded(argv, self.timeout, f"{argv[0]} (Slurm job {self.job_id})")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 
 from driver import events as ev
 from driver import policy
@@ -125,9 +124,7 @@ class WorkerActions:
         rec = state.workers[decision.worker_id]
         log.info("worker %s leaves at its next commit: %s", rec.worker_id, decision.reason)
         state.workers[rec.worker_id] = lifecycle.stopping(rec, ctx.clock())
-        state.book = replace(
-            state.book, leaving=(*state.book.leaving, (rec.worker_id, decision.until))
-        )
+        state.book = state.book.leaves(rec.worker_id, decision.until)
         return ()
 
     def stop_all(self) -> None:

@@ -230,6 +230,10 @@ class Book:
     # The newest round whose snapshot is known to be complete.
     snapshot_round: int = 0
 
+    def leaves(self, worker_id: str, until: float) -> Book:
+        """``worker_id`` leaves at its next commit, stopped if still running at ``until``."""
+        return replace(self, leaving=(*self.leaving, (worker_id, until)))
+
     def new_round(self) -> Book:
         """A round was published: the reports of the one before are settled."""
         return replace(self, reporters=frozenset(), accused=())

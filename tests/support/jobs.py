@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
@@ -71,6 +72,19 @@ def write_hosts(hosts_file: Path, hosts: str) -> None:
     """Replace the hosts file of ``hosts_file_discovery`` whole: a discovery run in the
     middle of a plain rewrite would read it empty and drop every host."""
     write_whole(hosts_file, hosts)
+
+
+def formed_round_sizes(paths: Iterable[Path]) -> list[int]:
+    """The sizes of the rounds the event files ``paths`` say formed, oldest first across
+    the files (several nodes' drivers, each writing while it leads)."""
+    formed = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            for line in path.read_text().splitlines():
+                if '"round_formed"' in line:
+                    event = json.loads(line)
+                    formed.append((event["t"], event["size"]))
+    return [size for _, size in sorted(formed)]
 
 
 def committed(url: str, job_id: str) -> int:

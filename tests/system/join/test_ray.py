@@ -6,14 +6,19 @@ link is cut (no FIN, no RST) is a lost host; the job ends exact."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
 from tests.support.hosts.netns import running_hosts
-from tests.support.jobs import check_exact_sum, exact_sum_command, hold_at, wait_until
+from tests.support.jobs import (
+    check_exact_sum,
+    exact_sum_command,
+    formed_round_sizes,
+    hold_at,
+    wait_until,
+)
 from tests.support.paths import ROOT
 from tests.support.ray_cluster import RayCluster
 
@@ -35,10 +40,7 @@ def cluster(tmp_path):
 
 
 def rounds(events) -> list[int]:
-    if not events.exists():
-        return []
-    lines = (json.loads(line) for line in events.read_text().splitlines() if line.strip())
-    return [e["size"] for e in lines if e["kind"] == "round_formed"]
+    return formed_round_sizes([events])
 
 
 @pytest.mark.timeout(240)

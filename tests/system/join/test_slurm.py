@@ -15,7 +15,6 @@ outside Slurm.
 
 from __future__ import annotations
 
-import json
 import secrets
 import shlex
 import sys
@@ -28,8 +27,8 @@ from tests.support.etcd_cluster import EtcdCluster
 from tests.support.hosts.netns import running_hosts
 from tests.support.jobs import (
     check_exact_sum,
-    committed,
     exact_sum_command,
+    formed_round_sizes,
     hold_at,
     wait_until,
 )
@@ -60,13 +59,12 @@ def batch_script(
     worker: list[str],
     job_id: str = "",
     name: str = "train",
-    extra: str = "",
 ) -> Path:
     """The sbatch script a user writes: a plain ``srun`` of ``elastic-run --join``, each
     task's exit status kept (a scancel's SIGTERM must not end the shell before it)."""
     node = (
         f"{shlex.quote(sys.executable)} -m driver.cli --join --rendezvous {etcd_url} "
-        f"{f'--job-id {job_id} ' if job_id else ''}-np 4 --min-np 2 {extra}"
+        f"{f'--job-id {job_id} ' if job_id else ''}-np 4 --min-np 2 "
         f"--events {tmp_path}/events-$SLURMD_NODENAME.jsonl {shlex.join(worker)}"
     )
     script = tmp_path / f"{name}.sbatch"
@@ -94,28 +92,20 @@ def wait_for_end(slurm: SlurmCluster, job: str, timeout: float) -> str:
     )
 
 
+def round_sizes(tmp_path: Path) -> list[int]:
+    """The sizes of the rounds formed so far, oldest first (whichever node led)."""
+    return formed_round_sizes(tmp_path.glob("events-*.jsonl"))
+
+
 def wait_for_round(tmp_path: Path, size: int, timeout: float = 60) -> None:
     """Until whichever node leads says a round of ``size`` formed."""
-    wait_until(
-        lambda: any(
-            '"round_formed"' in line and f'"size": {size},' in line
-            for p in tmp_path.glob("events-*.jsonl")
-            for line in p.read_text().splitlines()
-        ),
-        timeout,
-        f"a round of {size}",
-    )
+    wait_until(lambda: size in round_sizes(tmp_path), timeout, f"a round of {size}")
 
 
 def last_round_size(tmp_path: Path) -> int:
     """The size of the newest round any node's events say formed (0 before any)."""
-    rounds = [
-        (event["t"], event["size"])
-        for p in tmp_path.glob("events-*.jsonl")
-        for line in p.read_text().splitlines()
-        if '"round_formed"' in line and (event := json.loads(line))
-    ]
-    return max(rounds)[1] if rounds else 0
+    sizes = round_sizes(tmp_path)
+    return sizes[-1] if sizes else 0
 
 
 def sbatch(slurm: SlurmCluster, script: Path, nodes: list[str], out: Path) -> str:
@@ -173,10 +163,9 @@ def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path
     hold_at(gate, 20)  # training waits at commit 20 while the job grows
     job_id = f"grow-{secrets.token_hex(4)}"  # both allocations join this job
     worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
-    fast = "--progress-interval 0.2 "  # rank 0's commit count in the store, kept fresh
     first = sbatch(
         slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "first", fast),
+        batch_script(tmp_path, etcd.url, worker, job_id, "first"),
         [hosts[0].name, hosts[1].name],
         tmp_path / "first.out",
     )
@@ -184,18 +173,15 @@ def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path
     asked = time.monotonic()
     second = sbatch(
         slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "second", fast),
+        batch_script(tmp_path, etcd.url, worker, job_id, "second"),
         [hosts[2].name],
         tmp_path / "second.out",
     )
     wait_for_round(tmp_path, 6)
     print(f"sbatch of the second allocation to its round: {time.monotonic() - asked:.2f}s")
-    # The six train together up to commit 40 and wait there: the drain comes to a round
-    # that formed. (Open bug, seen about 1 run in 8 here: sometimes neither the drained
-    # node's elastic-run nor its agent acts on Slurm's SIGTERM, and the node is lost at
-    # KillWait instead of draining.)
-    hold_at(gate, 40)
-    wait_until(lambda: committed(etcd.url, job_id) >= 40, 60, "the round of 6 to train")
+    # (Open bug, seen about 1 run in 8 here: sometimes the leader never hears of the
+    # drained node's drain, and the node is lost at KillWait instead; see the note of
+    # the stop that found it.)
     if ending == "scancel":
         slurm.scancel(second)
     else:  # a job of a higher partition wants the node: Slurm preempts the second
