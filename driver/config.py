@@ -65,7 +65,8 @@ class JobConfig:
     np: int  # workers to wait for before the first round
     min_np: int
     max_np: int | None  # None: no limit beyond the slots
-    hosts: tuple[HostSlots, ...]  # fixed hosts (-H, or localhost); () with a script
+    # fixed hosts (-H, or localhost); () with a script; with --join, -H's beside the nodes
+    hosts: tuple[HostSlots, ...]
     discovery_script: str | None  # absolute path
     slots_per_host: int
     discovery_interval: float
@@ -215,12 +216,13 @@ def _resolve_sizes(
     min_np: int | None,
     max_np: int | None,
     fixed_hosts: tuple[HostSlots, ...] | None,
-    has_script: bool,
+    elastic_source: str,
 ) -> tuple[int, int, int | None, tuple[HostSlots, ...]]:
-    """(np, min_np, max_np, fixed hosts) after defaults; see the module docstring."""
+    """(np, min_np, max_np, fixed hosts) after defaults; see the module docstring.
+    ``elastic_source``: the flag of a source of hosts that changes ("" for none)."""
     if np is not None and min_np is not None and min_np > np:
         raise UsageError(f"-np {np} is below --min-np {min_np}")
-    if fixed_hosts is None and not has_script:
+    if fixed_hosts is None and not elastic_source:
         if np is None:
             raise UsageError("-np is required when neither -H nor --host-discovery-script is given")
         if np > MAX_SLOTS_PER_HOST:
@@ -237,7 +239,7 @@ def _resolve_sizes(
         elif fixed_hosts is not None:
             np = total_slots(fixed_hosts)
         else:
-            raise UsageError("--host-discovery-script needs -np or --min-np")
+            raise UsageError(f"{elastic_source} needs -np or --min-np")
     if min_np is None:
         min_np = np
     if max_np is not None and min_np > max_np:
@@ -247,6 +249,19 @@ def _resolve_sizes(
     if fixed_hosts is not None and total_slots(fixed_hosts) < np:
         raise UsageError(f"-H has {total_slots(fixed_hosts)} slot(s) in all, fewer than -np {np}")
     return np, min_np, max_np, fixed_hosts or ()
+
+
+def _elastic_source(script: bool, join: bool, allocation: bool, ray: bool) -> str:
+    """The flag of the source of hosts that changes, "" for none (fixed hosts)."""
+    for flag, given in (
+        ("--join", join),
+        ("--host-discovery-script", script),
+        ("--launcher slurm", allocation),
+        ("--ray", ray),
+    ):
+        if given:
+            return flag
+    return ""
 
 
 def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id) -> JobConfig:
@@ -275,8 +290,6 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         if args.host_discovery_script is not None
         else None
     )
-    if args.join and (fixed_hosts is not None or script is not None):
-        raise UsageError("--join takes its hosts from the joined nodes: drop -H and discovery")
     if args.ray is not None:
         if fixed_hosts is not None or script is not None or args.join:
             raise UsageError(
@@ -305,9 +318,11 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         args.np,
         args.min_np,
         args.max_np,
-        fixed_hosts,
-        script is not None or args.join or allocation or args.ray is not None,
+        None if args.join else fixed_hosts,  # joined nodes bring slots beside -H's
+        _elastic_source(script is not None, args.join, allocation, args.ray is not None),
     )
+    if args.join and fixed_hosts is not None:
+        hosts = fixed_hosts  # joined nodes, and these (their agents started by ssh)
 
     low, high = args.blacklist_cooldown_range
     if low > high:

@@ -272,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="make this node a host of job --job-id: run its agent and workers here; the "
         "first node leads, the others stand by and take over. Hosts are the live joined "
-        "nodes. The store: --rendezvous etcd://..., or embedded://NODE:PORT, served by the "
+        "nodes, and those of -H or --host-discovery-script where given (their agents "
+        "started by ssh, as without --join). The store: --rendezvous etcd://..., or embedded://NODE:PORT, served by the "
         "node named NODE (the job then lasts as long as that node: etcd for anything "
         "long). Needs the job's secret: ELASTIC_JOB_SECRET or --job-secret-file, the same "
         "on every node",

@@ -15,6 +15,7 @@ import threading
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.net import auth
+from rendezvous.signals import relay_signals
 
 READY_PREFIX = "ELASTIC_STORE_READY"
 
@@ -40,8 +41,7 @@ def main(argv=None) -> int:
         print(f"rendezvous.server: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    relay_signals((signal.SIGINT, signal.SIGTERM), lambda _signum: stop.set())
     print(f"{READY_PREFIX} embedded://{address}", flush=True)
     stop.wait()
     server.stop()

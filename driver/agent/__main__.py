@@ -31,6 +31,7 @@ from driver.launch.local import LocalLauncher
 from rendezvous import env, open_store
 from rendezvous.errors import ElasticError
 from rendezvous.keys import JobKeys
+from rendezvous.signals import relay_signals
 from rendezvous.store import StoreSettings
 
 AGENT_STORE = StoreSettings(request_timeout=1.0)
@@ -115,10 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         agent_id=args.agent_id,
         slots=max(0, args.slots),
     )
-    # SIGTERM is how a scheduler takes a host back (a preemption): the job gets to snapshot
-    # its state first. SIGINT stops at once.
-    signal.signal(signal.SIGTERM, lambda _s, _f: agent.request_drain("SIGTERM"))
-    signal.signal(signal.SIGINT, lambda _s, _f: agent.request_shutdown("SIGINT"))
+    # SIGTERM is how a scheduler takes a host back (a preemption): the host drains first.
+    # SIGINT stops at once.
+    relay_signals(
+        (signal.SIGTERM, signal.SIGINT),
+        lambda s: (
+            agent.request_drain("SIGTERM")
+            if s == signal.SIGTERM
+            else agent.request_shutdown("SIGINT")
+        ),
+    )
     if args.detach:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:

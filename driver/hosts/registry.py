@@ -5,7 +5,8 @@ it is chosen:
 
 * ``fixed`` (``driver.hosts.fixed``): a list that never changes: ``-H``, or localhost;
 * ``script`` (``driver.hosts.script``): the user's ``--host-discovery-script``;
-* ``joined`` (``driver.hosts.joined``): the nodes that joined the job (``--join``);
+* ``joined`` (``driver.hosts.joined``): the nodes that joined the job (``--join``),
+  and those of ``-H`` or a script where given;
 * ``slurm`` (``driver.hosts.slurm``): the usable nodes of the Slurm allocation the
   driver runs in (``--launcher slurm`` without -H or a script);
 * ``ray`` (``driver.hosts.ray``): the alive nodes of a Ray cluster (``--ray ADDRESS``).
@@ -41,7 +42,9 @@ def _joined(settings: DiscoverySettings) -> HostDiscovery:
 
     if settings.read_agents is None:
         raise UnknownDiscoveryError("the joined nodes need the job's store to be read from")
-    return JoinedDiscovery(settings.read_agents)
+    # -H or a script beside the nodes: their hosts too (agents started by ssh)
+    also = _script(settings) if settings.script else _fixed(settings) if settings.hosts else None
+    return JoinedDiscovery(settings.read_agents, also)
 
 
 def _slurm(settings: DiscoverySettings) -> HostDiscovery:

@@ -72,7 +72,7 @@ def agent_launcher(config: JobConfig) -> AgentLauncher:
 
     def use_agent(host: str) -> bool:
         if config.join is not None:
-            return True  # every host is a joined node, with its own agent
+            return True  # a joined node's own agent, or one started on a host of -H
         local = config.launcher == "local" or (config.launcher == "auto" and is_local_host(host))
         # (slurm: every host a step of the allocation, its agent the job's store client)
         return uses_agent(local, etcd)
@@ -82,9 +82,11 @@ def agent_launcher(config: JobConfig) -> AgentLauncher:
         base,
         job_id=config.job_id,
         driver_timeout=config.driver_timeout,
-        detach=etcd,
+        detach=etcd or config.join is not None,  # (join: any node may lead next)
         use_agent=use_agent,
         joined=config.join is not None,
+        # in join mode, the hosts of -H or a script get agents started as without it
+        starts_agents=config.join is None or bool(config.hosts or config.discovery_script),
     )
 
 

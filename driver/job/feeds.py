@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Callable
 
 from driver.errors import DiscoveryError
 from driver.events import Event
@@ -46,6 +46,7 @@ from driver.policy.reports import store_health
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
+from rendezvous.signals import relay_signals
 from rendezvous.store import PUT, KeyValue, KVStore
 from rendezvous.store import Event as StoreEvent
 from rendezvous.watch import follow_prefix
@@ -176,11 +177,9 @@ def posting_signals(post: Post) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous: dict[signal.Signals, Any] = {}
+    # (through a thread: ``post`` takes locks, which a handler must not: rendezvous.signals)
+    restore = relay_signals((signal.SIGINT, signal.SIGTERM), lambda s: post(SignalReceived(s)))
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda signum, _frame: post(SignalReceived(signum)))
         yield
     finally:
-        for old_sig, handler in previous.items():
-            signal.signal(old_sig, handler)
+        restore()

@@ -341,7 +341,7 @@ class Job:
         self._apply(policy.spares_to_stop(records, view.usable))
         # A joined node's agent is the node's own, and its record is what lists the host:
         # one that discovery has not read yet is no removed host's.
-        agents = self._agents.live_hosts() if cfg.join is None else frozenset()
+        agents = self._agents.live_hosts() - self._agents.node_hosts()
         self._apply(policy.agents_to_retire(agents, self._agents.busy_hosts(), records, view))
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
@@ -435,7 +435,7 @@ class Job:
     def _signalled(self, message: msg.SignalReceived) -> Sequence[dec.Decision]:
         join = self.config.join
         if join and self._leaving and message.signum == signal.SIGTERM:
-            others = self._agents.live_hosts() - {join.host}
+            others = self._agents.node_hosts() - {join.host}
             if others:  # a node leaves a job that goes on: its host drains, others lead
                 if self._services.leads:
                     self._services.claim.step_down()

@@ -32,6 +32,8 @@ import sys
 import threading
 from typing import Any
 
+from rendezvous.signals import relay_signals
+
 LOST = 255
 NO_NODE = 127
 CANNOT_START = 126
@@ -139,7 +141,7 @@ def main(argv: list[str]) -> int:
     )
     sent: set[int] = set()
 
-    def forward(signum: int, _frame: object) -> None:
+    def forward(signum: int) -> None:
         if signum not in sent:
             sent.add(signum)
             actor.signal.remote(signal.SIGTERM if signum == signal.SIGINT else signum)
@@ -152,8 +154,7 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return CANNOT_START
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
+        relay_signals((signal.SIGTERM, signal.SIGINT), forward)
         ended = actor.wait.remote()
         streams = {1: sys.stdout.buffer, 2: sys.stderr.buffer}
         open_streams = 2

@@ -31,6 +31,7 @@ from elastic.ps.shard.server import ShardServer
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous.net import auth
 from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
+from rendezvous.signals import relay_signals
 
 
 def parse_args(argv=None) -> ServerSettings:
@@ -109,8 +110,7 @@ def main(argv=None) -> int:
             print(f"elastic.ps.server: {exc}", file=sys.stderr)
             return 2
     stop = threading.Event()  # SIGTERM/SIGINT, or the process stops serving on its own
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    relay_signals((signal.SIGINT, signal.SIGTERM), lambda _signum: stop.set())
     if os.environ.get(ENV_RENDEZVOUS):
         exit_when_orphaned()  # started by elastic-run: do not outlive it
     try:

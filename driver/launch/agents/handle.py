@@ -47,6 +47,7 @@ class AgentProcess:
         self.registered = threading.Event()
         self.lost = False
         self.retiring = False  # asked to exit (its host was removed): its leaving is no loss
+        self.joined = False  # a joined node's own agent (elastic-run --join)
 
     @property
     def alive(self) -> bool:

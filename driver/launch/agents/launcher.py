@@ -8,7 +8,7 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
 
 * ``launch(spec)`` makes sure ``spec.host`` has a live agent (starting one with the
   ``starter``: ssh, or a local process; in join mode, ``joined``, each node brought its
-  own), writes an ``Assignment`` (the leader's term, not the job's secret) and waits for
+  own, and the hosts of -H or a script beside them are started), writes an ``Assignment`` (the leader's term, not the job's secret) and waits for
   the agent's first ``ProcessStatus``: a pid, or why it did not start (``LaunchError``);
 * ``stop``/``kill`` rewrite the assignment with ``want`` "stop"/"kill"; the agent does
   it and reports the exit, which ends the handle's ``wait``;
@@ -92,6 +92,7 @@ class AgentLauncher(Launcher, AgentService):
         detach: bool,
         use_agent: Callable[[str], bool],
         joined: bool = False,
+        starts_agents: bool = True,
         out: Stream | None = None,
         err: Stream | None = None,
     ):
@@ -104,6 +105,7 @@ class AgentLauncher(Launcher, AgentService):
         self._detach = detach
         self._use_agent = use_agent
         self._joined = joined
+        self._starts_agents = starts_agents  # (in join mode: for hosts of -H or a script)
         self._lock = threading.Lock()
         self._agents: dict[str, AgentProcess] = {}
         self._handles: dict[str, AssignedProcess] = {}
@@ -153,6 +155,7 @@ class AgentLauncher(Launcher, AgentService):
         with self._lock:
             for host, record in agents.items():
                 agent = AgentProcess(host, record.agent_id, None)
+                agent.joined = record.slots > 0
                 agent.registered.set()
                 self._agents[host] = agent
             for process_id, (host, assignment) in assignments.items():
@@ -204,6 +207,11 @@ class AgentLauncher(Launcher, AgentService):
         """Hosts with a registered agent that is neither lost nor retiring."""
         with self._lock:
             return frozenset(h for h, a in self._agents.items() if a.alive)
+
+    def node_hosts(self) -> frozenset[str]:
+        """Of ``live_hosts``, the joined nodes'."""
+        with self._lock:
+            return frozenset(h for h, a in self._agents.items() if a.alive and a.joined)
 
     def busy_hosts(self) -> frozenset[str]:
         """Hosts where a process assigned through an agent has not been reported ended."""
@@ -325,8 +333,10 @@ class AgentLauncher(Launcher, AgentService):
         Raises:
             LaunchError: it cannot be started or does not register in time.
         """
-        if self._joined:
-            return self._joined_agent(host)
+        if self._joined and self._node_agent(host):
+            return
+        if not self._starts_agents:
+            raise LaunchError(f"{host} has no agent: its node left the job")
         with self._lock:
             self._start_following()
             agent = self._agents.get(host)
@@ -360,16 +370,15 @@ class AgentLauncher(Launcher, AgentService):
                     f"the agent of {host} did not register within {AGENT_START_TIMEOUT:g}s"
                 )
 
-    def _joined_agent(self, host: str) -> None:
-        """The agent of joined node ``host``, from the store when the watch has not
-        brought its record yet. Raises ``LaunchError`` when it has none (it left)."""
+    def _node_agent(self, host: str) -> bool:
+        """Whether ``host`` has a live agent: a joined node's, read from the store when
+        the watch has not brought its record yet."""
         agent = self._agents.get(host)
         if not (agent and agent.alive) and self._store is not None:
             if (kv := self._store.get(self._keys.agent(host))) is not None:
                 self._agent_registered(kv)
             agent = self._agents.get(host)
-        if not (agent and agent.alive):
-            raise LaunchError(f"{host} has no agent: its node left the job")
+        return agent is not None and agent.alive
 
     # ------------------------------------------------------------------ reports
     def _agent_event(self, event: Event) -> None:
@@ -401,6 +410,7 @@ class AgentLauncher(Launcher, AgentService):
             if self._joined and record.slots and (agent is None or not agent.alive):
                 # A node that joined (``elastic-run --join``) brings its own agent.
                 agent = self._agents[record.host] = AgentProcess(record.host, record.agent_id, None)
+                agent.joined = True
         if agent is not None and agent.agent_id == record.agent_id:
             agent.retiring = agent.retiring or record.draining  # its end: no host lost
             agent.registered.set()

@@ -52,6 +52,11 @@ class AgentService(abc.ABC):
         """Hosts with a registered agent that is neither lost nor retiring."""
 
     @abc.abstractmethod
+    def node_hosts(self) -> frozenset[str]:
+        """Of ``live_hosts``, the joined nodes (``elastic-run --join``): each brought
+        its own agent, which the job neither starts nor retires."""
+
+    @abc.abstractmethod
     def busy_hosts(self) -> frozenset[str]:
         """Hosts where a process assigned through an agent has not been reported ended."""
 
@@ -83,6 +88,9 @@ class NoAgents(AgentService):
         pass
 
     def live_hosts(self) -> frozenset[str]:
+        return frozenset()
+
+    def node_hosts(self) -> frozenset[str]:
         return frozenset()
 
     def busy_hosts(self) -> frozenset[str]:

@@ -7,7 +7,8 @@ import pytest
 
 from driver.config import parse_args
 from driver.errors import UsageError
-from driver.hosts.joined import joined_hosts
+from driver.hosts.discovery import HostDiscovery
+from driver.hosts.joined import JoinedDiscovery, joined_hosts
 from driver.hosts.slots import HostSlots
 from driver.join.settings import slurm_slots, tasks_on_node
 from driver.join.shape import check_shape, job_shape, shape_bytes, shape_difference
@@ -23,6 +24,28 @@ def record(host: str, started: float, slots: int) -> bytes:
 def test_the_joined_hosts_are_the_nodes_with_slots_first_joined_first():
     values = [record("b", 2.0, 4), record("a", 1.0, 2), record("ssh", 0.5, 0), b"{not json"]
     assert joined_hosts(values) == (HostSlots("a", 2), HostSlots("b", 4))
+
+
+class Listed(HostDiscovery):
+    def __init__(self, *hosts: HostSlots):
+        self.hosts = hosts
+
+    def find_hosts(self) -> tuple[HostSlots, ...]:
+        return self.hosts
+
+
+def test_hosts_of_h_or_a_script_come_after_the_nodes_a_host_that_is_both_the_nodes():
+    found = JoinedDiscovery(
+        lambda: [record("b", 2.0, 4), record("a", 1.0, 2)],
+        also=Listed(HostSlots("c", 1), HostSlots("a", 8)),
+    )
+    assert found.find_hosts() == (HostSlots("a", 2), HostSlots("b", 4), HostSlots("c", 1))
+
+
+def test_join_with_h_keeps_the_hosts_beside_the_nodes_and_their_slots_count_later(monkeypatch):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    config = parse_args(join("-H", "x:1"))  # -np 2, more than -H lists: nodes bring slots
+    assert config.hosts == (HostSlots("x", 1),) and config.np == 2
 
 
 def join(*extra: str) -> list[str]:
@@ -48,7 +71,7 @@ def test_the_shape_names_the_first_difference(monkeypatch):
         (["--join", "--rendezvous", ETCD, "-np", "2", "t.py"], "--join needs --job-id"),
         (
             ["--join", "--rendezvous", ETCD, "--job-id", "j", "-H", "a:2", "t.py"],
-            "drop -H and discovery",
+            "--join needs -np or --min-np",
         ),
         (["--host-name", "a", "-np", "2", "t.py"], "--host-name is for join mode"),
     ],

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.system
 SAMPLES, EPOCHS = 1200, 6
 
 
-def join_args(etcd_url: str, job_id: str, host: str, command: list[str], np: int = 4):
+def join_args(etcd_url: str, job_id: str, host: str, command: list[str], np: int = 4, *extra: str):
     return [
         *("--join", "--rendezvous", etcd_url, "--job-id", job_id, "--host-name", host),
-        *("-np", str(np), "--min-np", "2", "--slots-per-host", "2", *command),
+        *("-np", str(np), "--min-np", "2", "--slots-per-host", "2", *extra, *command),
     ]
 
 
@@ -85,32 +85,41 @@ def test_join_mode_without_a_secret_says_how_to_make_one(tmp_path, etcd_server):
 def test_the_leading_nodes_loss_leaves_the_other_node_leading_to_an_exact_end(
     tmp_path, etcd_server, secret_env
 ):
-    """Node a leads, node b stands by; a dies whole (its elastic-run, agent and workers
-    SIGKILLed: a lost node). b takes the job over, its workers train on, exact."""
+    """Node a leads, node b stands by, and -H adds a host that runs no elastic-run of
+    its own (localhost: its agent started by the leader). a dies whole (its elastic-run,
+    agent and workers SIGKILLed: a lost node). b takes the job over, the workers of b
+    and of the -H host train on, exact."""
     out, gate = tmp_path / "out", tmp_path / "gate"
     out.mkdir()
     hold_at(gate, 20)
     job_id = f"j{uuid.uuid4().hex[:10]}"
     command = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
-    a = ElasticRun(join_args(etcd_server.url, job_id, "a", command), tmp_path / "a", secret_env)
-    b = ElasticRun(join_args(etcd_server.url, job_id, "b", command), tmp_path / "b", secret_env)
+    a, b = (
+        ElasticRun(
+            join_args(etcd_server.url, job_id, node, command, 6, "-H", "localhost:2"),
+            tmp_path / node,
+            secret_env,
+        )
+        for node in ("a", "b")
+    )
     with a:
-        a.wait_event("leading", timeout=30)  # a leads: it started first
-        b.start()
-        a.wait_event("round_formed", lambda e: e["size"] == 4, timeout=30)
-        doomed = [pid for w, pid in a.worker_pids().items() if w.startswith("a-")]
-        assert a.proc is not None
-        os.killpg(a.proc.pid, signal.SIGKILL)  # elastic-run and its agent: one group
-        for pid in doomed:
-            os.kill(pid, signal.SIGKILL)
-        taken = b.wait_event("leading", timeout=30)
-        assert taken["how"] != "started", taken
-        gate.unlink()
         try:
+            a.wait_event("leading", timeout=30)  # a leads: it started first
+            b.start()
+            formed = a.wait_event("round_formed", lambda e: e["size"] == 6, timeout=30)
+            assert sum(m.startswith("localhost-") for m in formed["members"]) == 2, formed
+            doomed = [pid for w, pid in a.worker_pids().items() if w.startswith("a-")]
+            assert a.proc is not None
+            os.killpg(a.proc.pid, signal.SIGKILL)  # elastic-run and its agent: one group
+            for pid in doomed:
+                os.kill(pid, signal.SIGKILL)
+            taken = b.wait_event("leading", timeout=30)
+            assert taken["how"] == "adopted" and taken["adopted"] >= 4, taken  # (a's, if seen)
+            gate.unlink()
             assert b.wait(timeout=60) == 0, b.stderr_tail()
         finally:
-            b.stop()
-    check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+            b.stop()  # (started in the block: stopped even when it fails)
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
 
 
 @pytest.mark.timeout(120)
