@@ -45,14 +45,26 @@ def no_hosts(book: Book, hosts: HostsView, config: JobConfig, now: float) -> Ste
     said = book.no_hosts_said_at
     decisions: list[Decision] = []
     if said is None or now - said >= REPEAT_REPORT_EVERY:
-        source = "the discovery script" if config.uses_discovery else "the host list"
-        what = f"a host: {source} lists none"
+        what = _none_listed(config)
         if hosts.usable:
             what += f" (the job keeps its {plural(len(hosts.usable), 'host')} meanwhile)"
         decisions.append(Report(Waiting(what=what, waited=round(now - since, 3))))
         said = now
     decisions.append(Wait(said + REPEAT_REPORT_EVERY, "the next word on the empty host list"))
     return Step(tuple(decisions), replace(book, no_hosts_since=since, no_hosts_said_at=said))
+
+
+def _none_listed(config: JobConfig) -> str:
+    """What the job waits for while its source of hosts lists none, in its words."""
+    if config.join is not None:
+        if config.hosts or config.discovery_script:
+            return "a host: no node has joined, and -H or the discovery script lists none"
+        return "a node to join the job (none has yet)"
+    if config.allocation:
+        return "a host: the Slurm allocation has no usable node"
+    if config.ray is not None:
+        return "a host: the Ray cluster has no alive node"
+    return f"a host: {'the discovery script' if config.discovery_script else 'the host list'} lists none"
 
 
 def store_health(
