@@ -37,6 +37,7 @@ from driver.flags import (
     DEFAULT_SLOTS_PER_HOST,
     build_parser,
 )
+from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.manager import BlacklistPolicy
 from driver.hosts.slots import (
     MAX_SLOTS_PER_HOST,
@@ -102,6 +103,7 @@ class JobConfig:
     slots_given: bool = False  # --slots-per-host was given (else a scheduler's count)
     allocation: bool = False  # the hosts are the Slurm allocation's (--launcher slurm)
     ray: str | None = None  # --ray ADDRESS: the hosts are that Ray cluster's nodes
+    discovery_timeout: float = DEFAULT_SCRIPT_TIMEOUT  # a script's (or squeue's) deadline
 
     @property
     def uses_discovery(self) -> bool:
@@ -386,6 +388,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         allocation=allocation,
         ray=args.ray,
         discovery_interval=args.discovery_interval,
+        discovery_timeout=args.discovery_timeout,
         rendezvous=rendezvous,
         job_id=job_id,
         network_interface=args.network_interface,

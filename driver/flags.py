@@ -15,6 +15,7 @@ import math
 from typing import Callable
 
 from driver.errors import UsageError
+from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.manager import BlacklistPolicy
 from driver.hosts.slots import MAX_SLOTS_PER_HOST, MAX_WORKERS, quote_entry
 from driver.launch.registry import launcher_names
@@ -217,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_DISCOVERY_INTERVAL,
         metavar="SEC",
         help="seconds between runs of the discovery script (default: %(default)s)",
+    )
+    hosts.add_argument(
+        "--discovery-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_SCRIPT_TIMEOUT,
+        metavar="SEC",
+        help="a run of the discovery script (or of Slurm's squeue/sinfo with --launcher "
+        "slurm) that takes longer is killed with its process group and counts as a failed "
+        "discovery; the hosts found before stay meanwhile (default: %(default)s)",
     )
     hosts.add_argument(
         "--ray",

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from driver.hosts.slots import HostSlots
 
-DEFAULT_SCRIPT_TIMEOUT = 30.0  # cloud inventory calls can be slow; a hang must still end
+DEFAULT_SCRIPT_TIMEOUT = 30.0
+"""Seconds a discovery script (or a scheduler's command) may run (``--discovery-timeout``):
+cloud inventory calls can be slow; a hang must still end."""
 
 
 class HostDiscovery(ABC):
@@ -29,6 +31,10 @@ class HostDiscovery(ABC):
         Raises:
             DiscoveryError: the source cannot say (the message names it and why).
         """
+
+    def cancel(self) -> None:  # noqa: B027 (most sources run no program: nothing to do)
+        """The job ends (thread-safe): stop any program ``find_hosts`` runs now, and
+        run none later."""
 
 
 @dataclass(frozen=True)

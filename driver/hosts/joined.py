@@ -43,6 +43,10 @@ class JoinedDiscovery(HostDiscovery):
         names = {h.host for h in nodes}
         return nodes + tuple(h for h in self._also.find_hosts() if h.host not in names)
 
+    def cancel(self) -> None:
+        if self._also is not None:
+            self._also.cancel()
+
     def __repr__(self) -> str:
         return f"JoinedDiscovery(also={self._also!r})"
 

@@ -14,7 +14,7 @@ workers on slots that do not exist.
 from __future__ import annotations
 
 from driver.errors import DiscoveryError, HostSpecError
-from driver.hosts.command import run_bounded
+from driver.hosts.command import Commands
 from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT, HostDiscovery
 from driver.hosts.slots import (
     MAX_LISTED_SLOTS,
@@ -66,6 +66,10 @@ class ScriptDiscovery(HostDiscovery):
         self.path = path
         self.default_slots = default_slots
         self.timeout = timeout
+        self._commands = Commands()
+
+    def cancel(self) -> None:
+        self._commands.cancel()
 
     def __repr__(self) -> str:
         return f"ScriptDiscovery({self.path!r}, default_slots={self.default_slots}, timeout={self.timeout})"
@@ -75,5 +79,5 @@ class ScriptDiscovery(HostDiscovery):
         non-zero (message: status and the tail of its stderr), does not finish within
         ``timeout`` seconds, or prints a line that does not parse."""
         source = f"discovery script {self.path}"
-        stdout = run_bounded([self.path], self.timeout, source)
+        stdout = self._commands.run([self.path], self.timeout, source)
         return parse_discovery_output(stdout, self.default_slots, source)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from driver.errors import DiscoveryError
-from driver.hosts.command import run_bounded
+from driver.hosts.command import Commands, run_bounded
 from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT, HostDiscovery
 from driver.hosts.slots import HostSlots
 
@@ -102,9 +102,13 @@ class SlurmDiscovery(HostDiscovery):
         self._slots: dict[str, int] | None = None  # the allocation's, read once
         self._expanded: dict[str, list[str]] = {}  # compact node list -> its node names
         self.timeout = timeout
+        self._commands = Commands()
 
     def __repr__(self) -> str:
         return f"SlurmDiscovery(job {self.job_id})"
+
+    def cancel(self) -> None:
+        self._commands.cancel()
 
     def find_hosts(self) -> tuple[HostSlots, ...]:
         """The job's nodes now, minus the unusable ones.
@@ -140,7 +144,7 @@ class SlurmDiscovery(HostDiscovery):
         return self._expanded[compact]
 
     def _run(self, argv: list[str]) -> str:
-        return run_bounded(argv, self.timeout, f"{argv[0]} (Slurm job {self.job_id})")
+        return self._commands.run(argv, self.timeout, f"{argv[0]} (Slurm job {self.job_id})")
 
 
 def node_addresses(nodes: Sequence[str], timeout: float) -> dict[str, str]:

@@ -108,6 +108,7 @@ def discovery(config: JobConfig) -> HostDiscovery:
         hosts=tuple(config.hosts),
         script=config.discovery_script or "",
         default_slots=config.slots_per_host,
+        timeout=config.discovery_timeout,
         read_agents=read_agents,
         allocation=config.allocation,
         slurm_slots=config.slots_per_host if config.slots_given else None,

@@ -322,6 +322,7 @@ class Job:
         the driver's lease (when this driver still leads the job: one that lost the
         lead leaves the job's processes and keys to the new leader); close the store."""
         self._stop.set()
+        self.discovery.cancel()  # a script still running must not outlive the job
         self._services.stop()
         if self._services.leads:
             self._actions.stop_all()

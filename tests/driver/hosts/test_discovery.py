@@ -6,6 +6,7 @@ import os
 import socket
 import stat
 import textwrap
+import threading
 import time
 
 import pytest
@@ -221,6 +222,40 @@ def test_hanging_script_times_out_and_is_killed_with_its_children(tmp_path):
     while process_exists(child) and _state(child) != "Z" and time.monotonic() < deadline:
         os.sched_yield()
     assert not process_exists(child) or _state(child) == "Z"
+
+
+def test_a_cancelled_run_kills_the_script_and_its_children_and_no_run_follows(tmp_path):
+    """The job ends while the script runs (``cancel``, from another thread): its group
+    is killed at once, ``find_hosts`` says why, and no later run starts."""
+    pid_file = tmp_path / "child.pid"
+    path = write_script(
+        tmp_path,
+        f'sleep 300 &\necho $! > "{pid_file}.new"\nmv "{pid_file}.new" "{pid_file}"\nwait\n',
+    )
+    discovery = ScriptDiscovery(path, 1, timeout=60)
+    errors: list[DiscoveryError] = []
+
+    def run() -> None:
+        try:
+            discovery.find_hosts()
+        except DiscoveryError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the script did not start"
+        os.sched_yield()
+    discovery.cancel()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and "was stopped: the job ends" in str(errors[0])
+    child = int(pid_file.read_text())
+    while process_exists(child) and _state(child) != "Z":
+        assert time.monotonic() < deadline + 10, "the script's child lives on"
+        os.sched_yield()
+    with pytest.raises(DiscoveryError, match="was not run: the job ends"):
+        discovery.find_hosts()
 
 
 def _state(pid: int) -> str:

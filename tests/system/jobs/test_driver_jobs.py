@@ -224,6 +224,31 @@ def test_signal_to_elastic_run_stops_everything(tmp_path, sig):
         wait_until(lambda: not any(pid_alive(p) for p in pids), 10, "workers to be gone")
 
 
+@pytest.mark.timeout(60)
+def test_a_discovery_script_running_when_the_job_stops_does_not_outlive_it(tmp_path):
+    """SIGTERM while the script's second run hangs (with a child of its own): the
+    driver stops, and neither the script nor its child is left behind."""
+    out = tmp_path / "out"
+    out.mkdir()
+    first, child_pid = tmp_path / "first-run", tmp_path / "child.pid"
+    script = tmp_path / "discover.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"if [ -e {first} ]; then sleep 300 & echo $! > {child_pid}.new; "
+        f"mv {child_pid}.new {child_pid}; wait; fi\n"
+        f"touch {first}\necho localhost:2\n"
+    )
+    script.chmod(0o755)
+    found = ("--host-discovery-script", str(script), "--discovery-interval", "0.2")
+    with ElasticRun([*found, "-np", "2", *workload(out, 200)], tmp_path) as run:
+        wait_until(child_pid.exists, 30, "the script's second run")
+        child = int(child_pid.read_text())
+        assert run.proc is not None
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=30) == 128 + signal.SIGTERM
+        wait_until(lambda: not pid_alive(child), 10, "the script's child to be gone")
+
+
 @pytest.mark.timeout(90)
 def test_a_worker_finishing_early_is_not_job_success(tmp_path):
     out = tmp_path / "out"
