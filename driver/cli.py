@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from driver.config import parse_args
+from driver.config import parse_args, unshared_secret_note
 from driver.errors import (
     DriverError,
     JobEnded,
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         if node is not None:
             node.prepare()  # before the job: its secret, and the shape it must agree on
         job = Job(config, leave=node.leave if node is not None else None)
+        if (note := unshared_secret_note(config)) is not None:
+            _say(note)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

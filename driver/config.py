@@ -47,7 +47,7 @@ from driver.hosts.slots import (
     total_slots,
 )
 from driver.hosts.slurm import SLURM_JOB_ID
-from driver.join.settings import JoinSettings, default_job_id, join_settings
+from driver.join.settings import MAKE_SECRET, JoinSettings, default_job_id, join_settings
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
 from rendezvous.net.url import StoreURL, parse_store_url
@@ -266,6 +266,18 @@ def _elastic_source(script: bool, join: bool, allocation: bool, ray: bool) -> st
     return ""
 
 
+def unshared_secret_note(config: JobConfig) -> str | None:
+    """What to tell the user of an etcd job with no ``ELASTIC_JOB_SECRET`` (this driver
+    makes one up, which no other driver knows), None otherwise."""
+    if config.rendezvous.scheme != "etcd" or config.join or env.text(env.ENV_SECRET):
+        return None
+    return (
+        f"no {env.ENV_SECRET}: this driver makes one up, so no other driver (--standby, "
+        "or one started after this one dies) can take this job over; to allow it, set the "
+        f"same secret for every driver (make one with: {MAKE_SECRET})"
+    )
+
+
 def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id) -> JobConfig:
     """Parse ``elastic-run``'s arguments (without the program name) into a ``JobConfig``.
 
@@ -273,6 +285,10 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     Raises ``UsageError`` (one line naming the flag) for bad use; ``--help`` raises
     ``SystemExit(0)`` after printing the help."""
     args = build_parser().parse_args(list(argv))
+    try:  # every process of the job inherits them: one line here, not a failure of each
+        env.check_tuning()
+    except RendezvousConfigError as exc:
+        raise UsageError(str(exc)) from None
 
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -364,6 +380,11 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         raise UsageError(
             "--standby needs --rendezvous etcd://... and the --job-id of the job to stand "
             "by for (with the embedded store the driver is the store: nothing outlives it)"
+        )
+    if args.standby and not env.text(env.ENV_SECRET):
+        raise UsageError(
+            f"--standby needs the job's secret, its leader's: set {env.ENV_SECRET} on "
+            f"every driver of the job (make one with: {MAKE_SECRET})"
         )
 
     if args.chaos_max_kills is not None and args.chaos_kill_interval is None:

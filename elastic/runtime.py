@@ -61,6 +61,7 @@ from rendezvous.errors import (
     RendezvousConnectionError,
     RendezvousError,
 )
+from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
 from rendezvous.net.url import parse_store_url
@@ -132,12 +133,12 @@ class WorkerSettings:
             secret=required(env.ENV_SECRET),
             bind_host=env.text(env.ENV_BIND_HOST, None, environ) or own_address(store_url),
             round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
-            lease_ttl=env.integer(env.ENV_LEASE_TTL, 10, environ, minimum=1),
+            lease_ttl=int(env.tuned(env.ENV_LEASE_TTL, 10, environ)),
             progress_interval=env.number(env.ENV_PROGRESS_INTERVAL, 0.0, environ, positive=False),
             spare=env.flag(env.ENV_SPARE, False, environ),
             comm=CommSettings(
-                peer_timeout=env.number(env.ENV_PEER_TIMEOUT, 30.0, environ),
-                connect_timeout=env.number(env.ENV_CONNECT_TIMEOUT, 30.0, environ),
+                peer_timeout=env.tuned(env.ENV_PEER_TIMEOUT, 30.0, environ),
+                connect_timeout=env.tuned(env.ENV_CONNECT_TIMEOUT, 30.0, environ),
             ),
         )
 
@@ -173,6 +174,7 @@ class WorkerRuntime:
         s = self.settings
         self._orphan_watch = exit_when_orphaned()
         self._store = open_store(s.store_url, s.secret)
+        check_job_secret(self._store, self.keys, s.secret)  # (etcd does not check it)
         self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
         self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
         self._watch = self._open_round_watch()

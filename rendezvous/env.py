@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rendezvous.errors import RendezvousConfigError
 
@@ -45,6 +46,62 @@ ENV_ETCD_PASSWORD = "ELASTIC_ETCD_PASSWORD"
 ENV_ETCD_CA_CERT = "ELASTIC_ETCD_CA_CERT"
 ENV_ETCD_CERT = "ELASTIC_ETCD_CERT"
 ENV_ETCD_KEY = "ELASTIC_ETCD_KEY"
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The range a user-tunable variable must lie in (both ends included), and its unit:
+    a value outside makes no sense (a ring timeout of 1e-9 s hangs the job, one of 0
+    cannot be met), so it is refused in one line before anything starts."""
+
+    low: float
+    high: float
+    unit: str = "seconds"
+    whole: bool = False  # an integer
+
+    def describe(self) -> str:
+        return f"{self.unit} from {self.low:g} to {self.high:g}"
+
+
+TUNING: dict[str, Tuning] = {
+    ENV_PEER_TIMEOUT: Tuning(0.5, 86400.0),
+    ENV_CONNECT_TIMEOUT: Tuning(0.5, 86400.0),
+    ENV_LEASE_TTL: Tuning(1, 3600, "whole seconds", whole=True),
+}
+"""The variables a user tunes by hand, with their ranges: checked by ``tuned`` where a
+process reads one, and all at once by ``check_tuning`` (``elastic-run`` at its start, so
+a bad value is one line there, not a failure of every worker)."""
+
+
+def tuned(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """The value of tunable ``name`` (one of ``TUNING``), ``default`` when unset.
+
+    Raises:
+        RendezvousConfigError: it does not parse or lies outside its range (one line
+            naming the variable, its value and the range).
+    """
+    raw = text(name, None, environ)
+    if raw is None:
+        return default
+    bounds = TUNING[name]
+    try:
+        value = int(raw) if bounds.whole else float(raw)
+    except ValueError:
+        value = None
+    if value is None or not bounds.low <= value <= bounds.high:  # (nan compares false)
+        what = "is not a number" if value is None else "is out of range"
+        raise RendezvousConfigError(f"{name}={raw!r} {what}: use {bounds.describe()}")
+    return value
+
+
+def check_tuning(environ: Mapping[str, str] | None = None) -> None:
+    """Every variable of ``TUNING`` that is set, checked (``tuned``).
+
+    Raises:
+        RendezvousConfigError: the first one that is not valid.
+    """
+    for name in TUNING:
+        tuned(name, 0.0, environ)
 
 
 def text(

@@ -28,7 +28,7 @@ from driver.job.services import JobServices
 from driver.launch.process import WorkerProcess
 from driver.lead import persisted
 from driver.lead.adopted_pids import EXIT_UNKNOWN
-from driver.lead.terms import describe_leader, secret_id
+from driver.lead.terms import describe_leader
 from driver.policy import decisions as dec
 from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord
@@ -36,6 +36,7 @@ from rendezvous import env
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.net.addresses import is_local_host
+from rendezvous.net.auth import secret_fingerprint
 from rendezvous.plan import DriverStateRecord, Plan
 from rendezvous.store import Delete, Put
 
@@ -84,7 +85,7 @@ class JobLead:
         view = persisted.rebuild_view(
             ctx.services.snapshot, ctx.keys, now=now, wall_now=time.time()
         )
-        if view.secret_id and view.secret_id != secret_id(ctx.secret):
+        if view.secret_id and view.secret_id != secret_fingerprint(ctx.secret):
             claim.step_down()
             raise JobFailed(
                 f"cannot take over job {ctx.config.job_id!r}: this driver does not have the "
@@ -229,7 +230,7 @@ class JobLead:
             cooldowns,
             ctx.processes.launched,
             state.workers,
-            secret_id(ctx.secret),
+            secret_fingerprint(ctx.secret),
             now=now,
             wall_now=time.time(),
         )

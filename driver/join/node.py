@@ -22,7 +22,8 @@ from driver.launch.agents.handle import agent_command
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE
 from rendezvous import env
 from rendezvous.backends.embedded import EmbeddedServer
-from rendezvous.errors import RendezvousError
+from rendezvous.errors import RendezvousAuthError, RendezvousError
+from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.retry import Backoff
 from rendezvous.store import KVStore
@@ -51,8 +52,8 @@ class JoinedNode:
         waited for up to ``STORE_WAIT``: the nodes start in any order).
 
         Raises:
-            UsageError: this node disagrees with the job, or the store cannot be served
-                or used.
+            UsageError: this node disagrees with the job (its shape, its secret), or the
+                store cannot be served or used.
         """
         os.environ[env.ENV_SECRET] = self._settings.secret
         port = self._settings.serves_port
@@ -88,10 +89,14 @@ class JoinedNode:
         writes it when it claims the job: ``driver.job.services``).
 
         Raises:
-            UsageError: this node's -np, --min-np, --max-np or command differ from the
-                job's (one line naming the difference; the job is untouched).
+            UsageError: this node's -np, --min-np, --max-np, command or secret differ
+                from the job's (one line naming the difference; the job is untouched).
             RendezvousError: the store cannot be used.
         """
+        try:
+            check_job_secret(store, self._keys, self._settings.secret)
+        except RendezvousAuthError as exc:
+            raise UsageError(f"--join: {exc}") from None
         shape, leader = store.get(self._keys.shape), store.get(self._keys.driver)
         if shape is None or leader is None:
             return  # no job yet, or one between leaders: this node may lead it

@@ -23,7 +23,6 @@ fenced, what a failed fence means (the I/O that carries them out: ``driver.lead.
 from __future__ import annotations
 
 import enum
-import hashlib
 from collections.abc import Sequence
 
 from rendezvous.keys import JobKeys
@@ -113,8 +112,3 @@ def lost_reason(job_id: str, holder: DriverRecord | None, ours: DriverRecord) ->
         f"this driver (term {ours.term}) no longer leads job {job_id!r}: {who} took over; "
         "it steers nothing more and leaves the job's processes to the new leader"
     )
-
-
-def secret_id(secret: str) -> str:
-    """A fingerprint of the job secret that says nothing of it (for ``DriverStateRecord``)."""
-    return hashlib.sha256(b"elastic-job-secret:" + secret.encode()).hexdigest()[:16]

@@ -167,7 +167,14 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
     round; None while the job runs (or a round of failures that re-forming handles)."""
     if plan is None:
         if book.done_slots and not any(r.state.running for r in workers.values()):
-            return Fail("workers exited before the first round formed")
+            if any(r.ever_registered for r in workers.values()):
+                return Fail("workers exited before the first round formed")
+            # The usual cause: a script that never joins (no elastic.init(), no
+            # @elastic.run), which runs to its end alone and exits 0.
+            return Fail(
+                "workers exited before the first round formed, none having joined the "
+                "job: does the script call elastic.init() (or use @elastic.run)?"
+            )
         return None
     codes = {m.worker_id: finish_code(workers[m.worker_id]) for m in plan.members}
     if any(code is None for code in codes.values()):

@@ -36,6 +36,13 @@ def make_secret() -> str:
     return secrets.token_hex(32)
 
 
+def secret_fingerprint(secret: str) -> str:
+    """A fingerprint of the job secret that says nothing of it: the leader writes it in
+    its persisted state, so a successor and every worker can tell that they hold another
+    secret than the job's and say so (instead of failing every handshake in silence)."""
+    return hashlib.sha256(b"elastic-job-secret:" + secret.encode()).hexdigest()[:16]
+
+
 def secret_from_env(environ=os.environ) -> str | None:
     """The job secret from the environment, or None when it is not set."""
     return environ.get(ENV_SECRET) or None

@@ -74,6 +74,33 @@ def test_env_readers_name_the_variable():
 
 
 @pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        (env.ENV_PEER_TIMEOUT, "1e-9", "is out of range: use seconds from 0.5 to 86400"),
+        (env.ENV_CONNECT_TIMEOUT, "1e-9", "is out of range: use seconds from 0.5 to 86400"),
+        (env.ENV_PEER_TIMEOUT, "nan", "is out of range"),
+        (env.ENV_PEER_TIMEOUT, "abc", "is not a number: use seconds from 0.5"),
+        (env.ENV_CONNECT_TIMEOUT, "-1", "is out of range"),
+        (env.ENV_LEASE_TTL, "2.5", "is not a number: use whole seconds from 1 to 3600"),
+        (env.ENV_LEASE_TTL, "0", "is out of range: use whole seconds from 1 to 3600"),
+    ],
+)
+def test_a_tunable_outside_its_range_is_one_line_naming_it_and_the_range(name, raw, message):
+    with pytest.raises(RendezvousConfigError) as caught:
+        env.check_tuning({name: raw})
+    assert str(caught.value) == f"{name}={raw!r} {message}" or (
+        str(caught.value).startswith(f"{name}={raw!r} {message}")
+    )
+    assert env.tuned(name, 7.0, {}) == 7.0
+
+
+def test_tunables_inside_their_range_are_taken():
+    environ = {env.ENV_PEER_TIMEOUT: "2", env.ENV_CONNECT_TIMEOUT: "0.5", env.ENV_LEASE_TTL: "3"}
+    env.check_tuning(environ)
+    assert env.tuned(env.ENV_LEASE_TTL, 10, environ) == 3
+
+
+@pytest.mark.parametrize(
     "text, host, port",
     [
         ("10.0.0.1:2379", "10.0.0.1", 2379),

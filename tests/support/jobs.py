@@ -134,7 +134,8 @@ class ElasticRun:
             # nsenter (which waits for the driver and exits with its status) leads the
             # process group: stop() reaches both.
             self.argv = host.command(self.argv)
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        # A driver that hangs prints every thread's stack on SIGABRT (``wait``).
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.progress = 0
         self._lines: list[str] = []
@@ -174,10 +175,22 @@ class ElasticRun:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(
-                f"elastic-run did not finish within {timeout:.0f}s:\n" + self.stderr_tail()
+                f"elastic-run did not finish within {timeout:.0f}s:\n" + self._stacks()
             ) from None
         self._reader.join(timeout=10)
         return code
+
+    def _stacks(self) -> str:
+        """A hung driver's threads, where each waits (faulthandler's dump on SIGABRT),
+        with the stderr before it."""
+        assert self.proc is not None
+        if self.host is not None:  # nsenter leads: the driver is its child
+            return self.stderr_tail()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return self.stderr_tail(200)
 
     def wait_progress(self, at_least: int, timeout: float = 60) -> int:
         return wait_until(

@@ -26,11 +26,11 @@ from driver.lead.terms import (
     lost_reason,
     next_term,
     read_term,
-    secret_id,
 )
 from driver.policy.decisions import Book
 from driver.policy.lifecycle import WorkerRecord, WorkerState
 from rendezvous.keys import JobKeys
+from rendezvous.net.auth import secret_fingerprint
 from rendezvous.plan import (
     DriverRecord,
     DriverStateRecord,
@@ -109,8 +109,8 @@ def test_the_lost_lead_names_the_new_leader_on_one_line():
 
 
 def test_the_secret_fingerprint_says_nothing_of_the_secret():
-    fingerprint = secret_id("s3cret")
-    assert fingerprint == secret_id("s3cret") != secret_id("other")
+    fingerprint = secret_fingerprint("s3cret")
+    assert fingerprint == secret_fingerprint("s3cret") != secret_fingerprint("other")
     assert "s3cret" not in fingerprint and len(fingerprint) == 16
 
 
@@ -302,9 +302,20 @@ def test_a_successor_takes_over_the_agents_and_what_they_run():
 # ---------------------------------------------------------------- the flag
 
 
-def test_standby_needs_etcd_and_the_job_id():
-    from driver.config import parse_args
+def test_standby_needs_etcd_the_job_id_and_the_secret(monkeypatch):
+    from driver.config import parse_args, unshared_secret_note
     from driver.errors import UsageError
+
+    monkeypatch.delenv("ELASTIC_JOB_SECRET", raising=False)
+    with pytest.raises(UsageError, match="--standby needs the job's secret"):
+        parse_args(
+            ["-np", "1", "--standby", "--rendezvous", "etcd://127.0.0.1:2379", "--job-id", "j", "t"]
+        )
+    alone = parse_args(["-np", "1", "--rendezvous", "etcd://127.0.0.1:2379", "true"])
+    assert "no other driver" in (unshared_secret_note(alone) or "")
+    assert unshared_secret_note(parse_args(["-np", "1", "true"])) is None  # embedded
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    assert unshared_secret_note(alone) is None
 
     etcd = ["-np", "1", "--rendezvous", "etcd://127.0.0.1:2379"]
     with pytest.raises(UsageError, match="--standby needs"):

@@ -207,8 +207,11 @@ def test_a_stopped_worker_did_not_finish_whatever_its_code():
 def test_outcome_before_any_round():
     assert policy.outcome({}, None, Book(0.0)) is None
     done = Book(0.0, done_slots=frozenset({("h", 0)}))
-    gone = table(rec("a", 0, state=S.FINISHED, exit_code=0))
+    gone = table(dataclasses.replace(rec("a", 0, state=S.FINISHED, exit_code=0), registered_seq=3))
     assert policy.outcome(gone, None, done) == Fail("workers exited before the first round formed")
+    never = table(rec("a", 0, state=S.FINISHED, exit_code=0))  # never registered
+    decision = policy.outcome(never, None, done)
+    assert isinstance(decision, Fail) and "call elastic.init()" in decision.reason
     assert policy.outcome(table(rec("b", 1)), None, done) is None  # one still runs
 
 

@@ -58,14 +58,14 @@ def ssh_env(sshd_server) -> dict[str, str]:
     return {"ELASTIC_SSH_OPTIONS": shlex.join(options)}
 
 
-def run_cli(*args, timeout=30) -> subprocess.CompletedProcess:
+def run_cli(*args, timeout=30, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "driver.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
 
 
@@ -98,6 +98,21 @@ def test_bad_usage_is_one_line_and_exit_2(args, fragment):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("ELASTIC_PEER_TIMEOUT", "1e-9"),
+        ("ELASTIC_CONNECT_TIMEOUT", "abc"),
+        ("ELASTIC_LEASE_TTL", "-1"),
+    ],
+)
+def test_a_bad_tuning_variable_is_one_line_before_any_worker_starts(variable, value):
+    result = run_cli("-np", "1", "true", env={variable: value})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{variable}={value!r}" in lines[0] and "use " in lines[0], lines
 
 
 def test_non_executable_discovery_script_is_refused(tmp_path):
@@ -365,6 +380,13 @@ def test_workers_dying_before_any_round_end_the_job(tmp_path):
     with ElasticRun(["-np", "1", "python", "-c", "raise SystemExit(4)"], tmp_path) as run:
         assert run.wait(timeout=50) == 1
         assert "failed in a row" in run.stderr_tail()
+
+
+@pytest.mark.timeout(60)
+def test_a_script_that_never_joins_is_told_to_call_elastic_init(tmp_path):
+    with ElasticRun(["-np", "2", "python", "-c", "print('trained alone')"], tmp_path) as run:
+        assert run.wait(timeout=50) == 1
+        assert "does the script call elastic.init()" in run.stderr_tail()
 
 
 @pytest.mark.timeout(60)

@@ -67,6 +67,11 @@ def test_a_node_with_another_shape_is_refused_in_one_line(tmp_path, etcd_server,
         with ElasticRun(other, tmp_path / "b", secret_env) as b:
             assert b.wait(timeout=30) == 2
             assert "-np 3 here, 2 in the job" in b.stderr_tail()
+        same = join_args(etcd_server.url, job_id, "c", command, np=2)
+        wrong = {"ELASTIC_JOB_SECRET": secrets.token_hex(16)}  # on etcd, nothing else says
+        with ElasticRun(same, tmp_path / "c", wrong) as c:
+            assert c.wait(timeout=30) == 2
+            assert "ELASTIC_JOB_SECRET is not the secret job" in c.stderr_tail()
         assert a.proc is not None and a.proc.poll() is None  # the job goes on
         gate.unlink()
         assert a.wait(timeout=60) == 0, a.stderr_tail()

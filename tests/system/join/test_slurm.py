@@ -179,9 +179,6 @@ def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path
     )
     wait_for_round(tmp_path, 6)
     print(f"sbatch of the second allocation to its round: {time.monotonic() - asked:.2f}s")
-    # (Open bug, seen about 1 run in 8 here: sometimes the leader never hears of the
-    # drained node's drain, and the node is lost at KillWait instead; see the note of
-    # the stop that found it.)
     if ending == "scancel":
         slurm.scancel(second)
     else:  # a job of a higher partition wants the node: Slurm preempts the second
