@@ -65,6 +65,9 @@ TICK = 1.0
 RETIRED = "retired: discovery removed its host"
 """Why an agent the leader retired (``JobKeys.retire``) ends."""
 
+DRAINED = "preempted; its processes were stopped"
+"""Why a drained agent (SIGTERM) ends once its processes left."""
+
 
 DRAIN_GRACE = 25.0
 """Seconds a preempted agent keeps its processes for the job to snapshot their state
@@ -144,7 +147,14 @@ class Agent:
             while True:
                 reason = self._turn()
                 if reason is not None:
-                    log.warning("agent of %s stops: %s", self.host, reason)
+                    # An ordinary end is no warning: every healthy run would end with one.
+                    quiet = reason in (rules.JOB_OVER, RETIRED, DRAINED)
+                    log.log(
+                        logging.INFO if quiet else logging.WARNING,
+                        "agent of %s stops: %s",
+                        self.host,
+                        reason,
+                    )
                     return reason
         finally:
             self._done.set()
@@ -174,7 +184,7 @@ class Agent:
         if self._drain_until is not None and (
             self._clock() >= self._drain_until or not self._table.alive()
         ):
-            return "preempted; its processes were stopped"
+            return DRAINED
         actions, self._view = rules.reconcile(
             self._assignments,
             self._table.states(),

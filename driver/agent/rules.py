@@ -86,6 +86,10 @@ class Shutdown:
     reason: str
 
 
+JOB_OVER = "the job is over"
+"""The reason of the agent's end when its job ended (an ordinary end: said quietly)."""
+
+
 Action = Union[Start, Stop, Kill, NeverStarted, Refuse, Shutdown]
 
 
@@ -107,7 +111,7 @@ def reconcile(
     """The actions that bring ``processes`` to what ``assignments`` want (see the module
     docstring), and the updated view."""
     if view.ended:
-        return [Shutdown("the job is over")], view
+        return [Shutdown(JOB_OVER)], view
     gone = view.leader_gone_since
     if gone is not None and now - gone >= driver_timeout:
         reason = f"no driver for {driver_timeout:g}s (--driver-timeout)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from driver.events.base import Event
+from driver.events.base import Event, plural
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,8 @@ class HostDiscoveryFailed(Event):
 
     kind: ClassVar[str] = "discovery_error"
     error: str
+    again: int = 0  # runs that failed the same way since it was last said
 
     def __str__(self) -> str:
-        return f"host discovery failed: {self.error}"
+        repeated = f" ({plural(self.again, 'more failed run')} since it was last said)"
+        return f"host discovery failed: {self.error}" + (repeated if self.again else "")

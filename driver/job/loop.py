@@ -426,12 +426,14 @@ class Job:
         self._apply(self._state.take(step))
 
     def _hosts_found(self, message: msg.HostsFound) -> Sequence[dec.Decision]:
+        self.book = policy.discovery_succeeded(self.book)
         self._emit_host_events(self.hosts.update(message.hosts, self._clock()))
         return ()
 
     def _discovery_failed(self, message: msg.DiscoveryFailed) -> Sequence[dec.Decision]:
-        self.events.emit(ev.HostDiscoveryFailed(message.error))
-        return ()
+        step = policy.discovery_failed(self.book, message.error, self._clock())
+        self.book = step.book
+        return step.decisions
 
     def _signalled(self, message: msg.SignalReceived) -> Sequence[dec.Decision]:
         join = self.config.join

@@ -211,6 +211,7 @@ def shard_command_for(config: JobConfig, index: int, bind_host: str) -> tuple[st
         checkpoint_dir,
         config.ps_checkpoint_interval,
         config.ps_replicas,
+        verbose=config.verbosity > 0,
     )
 
 

@@ -339,7 +339,9 @@ class DriverClaim:
         which ends after this.)"""
         if self._released.is_set() or self._lost is not None:
             return
-        log.warning("the driver's lease on job %s was lost (%s); claiming it again", self.keys, exc)
+        log.warning(
+            "the driver's lease on job %r was lost (%s); claiming it again", self.keys.job_id, exc
+        )
         backoff = Backoff(None, initial=0.5, cap=2.0, stop=self._released)
         while not self._released.is_set():
             try:

@@ -60,8 +60,11 @@ from driver.policy.occupancy import (
 )
 from driver.policy.preemption import DRAIN_WAIT, drains_due, host_preempted
 from driver.policy.reports import (
+    DISCOVERY_ERROR_EVERY,
     REPEAT_REPORT_EVERY,
     STALLED_AFTER,
+    discovery_failed,
+    discovery_succeeded,
     no_hosts,
     progress_report,
     store_health,
@@ -133,9 +136,12 @@ __all__ = [
     "REREGISTER_GRACE",
     # reports
     "no_hosts",
+    "discovery_failed",
+    "discovery_succeeded",
     "store_health",
     "progress_report",
     "REPEAT_REPORT_EVERY",
+    "DISCOVERY_ERROR_EVERY",
     "STALLED_AFTER",
     # spares
     "fill_slots",

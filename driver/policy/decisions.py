@@ -229,6 +229,9 @@ class Book:
     leaving: tuple[tuple[str, float], ...] = ()
     # The newest round whose snapshot is known to be complete.
     snapshot_round: int = 0
+    # The last discovery error said, when, and how many failed runs went unsaid since
+    # (``policy.reports.discovery_failed``); reset by a run that succeeds.
+    discovery_error: tuple[str, float, int] | None = None
 
     def leaves(self, worker_id: str, until: float) -> Book:
         """``worker_id`` leaves at its next commit, stopped if still running at ``until``."""

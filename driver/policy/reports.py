@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from driver.config import JobConfig
-from driver.events import Event, Progress, StoreBack, StoreUnreachable, Waiting
+from driver.events import Event, HostDiscoveryFailed, Progress, StoreBack, StoreUnreachable, Waiting
 from driver.events.base import plural
 from driver.policy.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
 from rendezvous.plan import Plan
@@ -65,6 +65,33 @@ def _none_listed(config: JobConfig) -> str:
     if config.ray is not None:
         return "a host: the Ray cluster has no alive node"
     return f"a host: {'the discovery script' if config.discovery_script else 'the host list'} lists none"
+
+
+DISCOVERY_ERROR_EVERY = 30.0
+"""Seconds between two reports of the same discovery error (a script that keeps failing
+every --discovery-interval would otherwise fill the output)."""
+
+
+def discovery_failed(book: Book, error: str, now: float) -> Step:
+    """A discovery run after the first failed with ``error``: say it at once when it is
+    news (another error, or the first since a run succeeded), else at most every
+    ``DISCOVERY_ERROR_EVERY`` seconds, with the count of failed runs not said."""
+    if book.discovery_error is not None:
+        said, said_at, unsaid = book.discovery_error
+        if said == error and now - said_at < DISCOVERY_ERROR_EVERY:
+            return Step((), replace(book, discovery_error=(said, said_at, unsaid + 1)))
+        again = unsaid if said == error else 0
+    else:
+        again = 0
+    return Step(
+        (Report(HostDiscoveryFailed(error, again=again)),),
+        replace(book, discovery_error=(error, now, 0)),
+    )
+
+
+def discovery_succeeded(book: Book) -> Book:
+    """A discovery run succeeded: the next failure is news again."""
+    return book if book.discovery_error is None else replace(book, discovery_error=None)
 
 
 def store_health(

@@ -20,8 +20,10 @@ def shard_command(
     checkpoint_dir: str | None,
     checkpoint_interval: float,
     replicas: int = 0,
+    verbose: bool = False,
 ) -> tuple[str, ...]:
-    """The command line of shard ``index`` (pure); its backup's adds ``BACKUP_FLAG``."""
+    """The command line of shard ``index`` (pure); its backup's adds ``BACKUP_FLAG``.
+    ``verbose``: it says what it does (elastic-run's -v), not only what goes wrong."""
     command = [
         sys.executable,
         "-m",
@@ -46,4 +48,6 @@ def shard_command(
         ]
     if replicas:
         command += ["--replicas", str(replicas)]
+    if verbose:
+        command.append("--verbose")
     return tuple(command)

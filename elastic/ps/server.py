@@ -34,9 +34,9 @@ from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
 from rendezvous.signals import relay_signals
 
 
-def parse_args(argv=None) -> ServerSettings:
-    """The shard's settings from its command line; exits 2 with a one-line error for
-    bad arguments (argparse)."""
+def parse_args(argv=None) -> tuple[ServerSettings, bool]:
+    """The shard's settings from its command line, and whether to say what it does
+    (``--verbose``); exits 2 with a one-line error for bad arguments (argparse)."""
     p = argparse.ArgumentParser(
         prog="python -m elastic.ps.server", description="Serve one parameter-server shard."
     )
@@ -70,9 +70,14 @@ def parse_args(argv=None) -> ServerSettings:
         action="store_true",
         help="start as the backup of shard INDEX (needs --replicas 1)",
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="say what it does (INFO lines), also under elastic-run (which passes it with -v)",
+    )
     a = p.parse_args(argv)
     try:
-        return ServerSettings(
+        settings = ServerSettings(
             index=a.index,
             num_shards=a.num_shards,
             mode=a.mode,
@@ -88,15 +93,20 @@ def parse_args(argv=None) -> ServerSettings:
     except PSConfigError as exc:
         p.error(str(exc))
         raise  # not reached: error() exits
+    return settings, a.verbose
 
 
 def main(argv=None) -> int:
-    settings = parse_args(argv)
+    settings, verbose = parse_args(argv)
     role = " backup" if settings.backup else ""
+    # Under elastic-run the driver prefixes each line with the shard's name already, and
+    # a healthy run says nothing: warnings only. Run by hand: its name, and what it does.
+    under_job = bool(os.environ.get(ENV_RENDEZVOUS))
     logging.basicConfig(
-        level=logging.INFO,
+        level=logging.INFO if verbose or not under_job else logging.WARNING,
         stream=sys.stderr,
-        format=f"[ps {settings.index}{role}] %(levelname)s %(name)s: %(message)s",
+        format=("" if under_job else f"[ps {settings.index}{role}] ")
+        + "%(levelname)s %(name)s: %(message)s",
     )
     tune_malloc()
     secret = auth.secret_from_env()

@@ -68,10 +68,14 @@ def _import_stubs():
 
 _CHANNEL_OPTIONS = [
     # Notice a dead or stalled server on an idle watch stream. etcd refuses pings more
-    # often than every 5 s by default (--grpc-keepalive-min-time), so stay above it.
+    # often than every 5 s by default (--grpc-keepalive-min-time), so stay above it; and
+    # pings with no call open (a client that only reads now and then) count against the
+    # client there (PermitWithoutStream is off by default): etcd answers them with a
+    # GOAWAY "too_many_pings", which gRPC prints on stderr. A watch is a call: it is
+    # still kept alive.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     # Fail fast on a dead endpoint so we can move to the next one.
     ("grpc.initial_reconnect_backoff_ms", 100),

@@ -912,6 +912,24 @@ def test_an_empty_list_mid_run_says_the_job_keeps_its_hosts():
     )
 
 
+def test_a_discovery_error_is_said_when_new_then_at_most_every_30_seconds():
+    step = policy.discovery_failed(Book(0.0), "script exited 1", now=1.0)
+    (first,) = step.decisions
+    assert str(first.event) == "host discovery failed: script exited 1"
+    for now in (2.0, 3.0, 4.0):  # the same error again, every second
+        step = policy.discovery_failed(step.book, "script exited 1", now)
+        assert step.decisions == ()
+    step = policy.discovery_failed(step.book, "script exited 1", 1.0 + policy.DISCOVERY_ERROR_EVERY)
+    (again,) = step.decisions
+    assert again.event.again == 3 and "(3 more failed runs since it was last said)" in str(
+        again.event
+    )
+    step = policy.discovery_failed(step.book, "script timed out", 32.0)  # news: at once
+    assert step.decisions[0].event.again == 0
+    book = policy.discovery_succeeded(step.book)  # a run that succeeds: the next is news
+    assert policy.discovery_failed(book, "script timed out", 33.0).decisions
+
+
 def waiting_of(decisions) -> ev.Waiting:
     reports = [d for d in decisions if isinstance(d, Report)]
     assert len(reports) == 1 and isinstance(reports[0].event, ev.Waiting), decisions

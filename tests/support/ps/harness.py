@@ -186,6 +186,7 @@ class PSJob:
             "127.0.0.1",
             self.checkpoint_dir,
             self.checkpoint_interval,
+            verbose=True,  # the tests read what a shard says it did
         )
         return [*command, "--split-threshold", str(self.split_threshold)]
 

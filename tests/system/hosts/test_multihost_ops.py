@@ -195,6 +195,7 @@ def test_a_sync_ps_shards_host_cut_the_shard_moves_and_its_stale_self_never_serv
     args += ["--launcher", "ssh", "--num-ps", "1", "--ps-placement", "spread"]
     args += ["--ps-mode", "sync", "--blacklist-cooldown-range", "2", "3"]
     args += ["--ps-checkpoint-dir", str(ckpt), "--ps-checkpoint-interval", "0.3"]
+    args += ["-v"]  # the shards say where they serve
     command = ["python", str(PS_LINEAR), str(out), "--steps", str(steps), "--record-steps"]
     command += ["--pause-while", str(hold)]
     with ElasticRun([*args, *command], tmp_path, env=three_hosts.env()) as run:

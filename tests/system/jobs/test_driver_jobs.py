@@ -151,6 +151,8 @@ def test_sigkilled_worker_is_replaced_in_its_slot(tmp_path, store_args):
         replacement = [e for e in started if e["slot"] == slot][-1]
         assert replacement["worker"] != victim
         assert replacement["worker"] in run.members()
+        said = run.err_path.read_text()
+        assert "WARNING" not in said, said  # an ordinary end (the agents' too) is quiet
     check_exact_sum(out, SAMPLES, 15, final_size=2)
 
 
