@@ -5,9 +5,12 @@ a task's job, node and slots in its environment (join mode reads them too).
 * The nodes: the job's node list as Slurm has it now (``squeue``: a node that failed
   under ``sbatch --no-kill`` leaves it), expanded (``scontrol show hostnames``).
 * The nodes that leave: those Slurm marks DOWN, DRAIN (draining or drained), FAIL or
-  not responding (``sinfo``'s ``*``): an administrator's drain or a node Slurm lost is
-  taken out of the job like a host discovery removed (its members leave at their next
-  commit when they can: ``driver.policy.departures``).
+  MAINT: an administrator's drain or a node Slurm lost is taken out of the job like a
+  host discovery removed (its members leave at their next commit when they can:
+  ``driver.policy.departures``). "Not responding" (``sinfo``'s ``*``) alone is not
+  enough: Slurm says it after one missed ping (a busy node), and calls a node it lost
+  DOWN after ``SlurmdTimeout``; a node really gone is found sooner by the job itself
+  (its agent's lease, the ring's heartbeats).
 * Slots: ``--slots-per-host`` when given, else the GPUs Slurm gave each node
   (``SLURM_GPUS_ON_NODE``), else the job's tasks on the node (``SLURM_TASKS_PER_NODE``,
   "2(x3),1"), else 1.
@@ -61,13 +64,12 @@ def tasks_on_node(tasks_per_node: str, node_index: int) -> int | None:
 
 UNUSABLE_STATES = ("down", "drain", "drng", "fail", "maint", "pow_dn", "powering_down")
 """Node states (``sinfo %t``, lower case, a trailing ``*``/``~``/``#`` aside) whose nodes
-leave the job; a state with ``*`` (not responding) leaves it too."""
+leave the job."""
 
 
 def node_usable(state: str) -> bool:
-    """Whether a node in ``sinfo``'s compact ``state`` can run the job's processes."""
-    if state.endswith("*"):
-        return False
+    """Whether a node in ``sinfo``'s compact ``state`` can run the job's processes (a
+    node not responding, ``*``, still can: see the module docstring)."""
     base = state.rstrip("~#!%$@^-*").lower()
     return not base.startswith(UNUSABLE_STATES)
 

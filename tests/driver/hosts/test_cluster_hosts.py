@@ -28,7 +28,7 @@ pytestmark = pytest.mark.unit
         ("drain", False),
         ("drng", False),
         ("drain*", False),
-        ("alloc*", False),  # not responding
+        ("alloc*", True),  # not responding: one missed ping, not a lost node
         ("fail", False),
         ("maint", False),
         ("idle~", True),  # powered down, can be woken
