@@ -60,10 +60,13 @@ from driver.policy.occupancy import (
 )
 from driver.policy.preemption import DRAIN_WAIT, drains_due, host_preempted
 from driver.policy.reports import (
+    RATE_WINDOW_MIN,
     REPEAT_REPORT_EVERY,
-    STALLED_AFTER,
+    SILENT_AFTER,
     no_hosts,
+    progress_rate,
     progress_report,
+    progress_reported,
     store_health,
 )
 from driver.policy.rounds import (
@@ -135,8 +138,11 @@ __all__ = [
     "no_hosts",
     "store_health",
     "progress_report",
+    "progress_reported",
+    "progress_rate",
     "REPEAT_REPORT_EVERY",
-    "STALLED_AFTER",
+    "SILENT_AFTER",
+    "RATE_WINDOW_MIN",
     # spares
     "fill_slots",
     "promotion_event",
