@@ -476,10 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_seconds,
         default=DEFAULT_PROGRESS_INTERVAL,
         metavar="SEC",
-        help="every SEC seconds, a line (and a 'progress' event) with the round, its "
-        "world size, the committed steps and steps/s, for workers that commit a "
-        "State; rank 0 writes its step to the store as often; 0 turns it off "
-        "(default: %(default)g)",
+        help="at the first commit and then every SEC seconds, a line (and a "
+        "'progress' event) with the round, its world size, the committed steps and "
+        "steps/s over the last SEC seconds, for workers that commit a State; rank 0 "
+        "writes its step to the store every SEC seconds or every second, whichever "
+        "is sooner; 0 turns it off (default: %(default)g)",
     )
     out.add_argument(
         "--version",

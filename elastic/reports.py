@@ -15,7 +15,14 @@ from typing import Protocol
 from elastic.errors import LossCause, PeerLostError
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, FinishRecord, Member, Plan, ProgressRecord
+from rendezvous.plan import (
+    FailureRecord,
+    FinishRecord,
+    Member,
+    Plan,
+    ProgressRecord,
+    progress_period,
+)
 from rendezvous.store import Compare, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
@@ -46,18 +53,21 @@ FIRST_COMMIT_LOOK = 0.2
 def publish_progress(
     runtime: Progressing, worker_id: str, interval: float, closed: threading.Event
 ) -> None:
-    """While rank 0: write the commit count to ``JobKeys.progress`` when it changed, as
-    soon as it first commits and then every ``interval`` seconds, until ``closed`` (a
-    thread of the runtime's own)."""
-    published = 0
-    while not closed.wait(min(interval, FIRST_COMMIT_LOOK) if not published else interval):
+    """While rank 0: write the commit count to ``JobKeys.progress`` as soon as it first
+    commits, then every ``progress_period(interval)`` seconds, changed or not, until
+    ``closed`` (a thread of the runtime's own). The unchanged count is written again so
+    that the driver tells training that stands still from a rank 0 it cannot hear, and
+    measures its rate over a window whose ends it saw."""
+    period = progress_period(interval)
+    published = False
+    while not closed.wait(period if published else min(period, FIRST_COMMIT_LOOK)):
         committed, member, store = runtime.committed, runtime.member, runtime.store
-        if member is None or member.rank != 0 or committed == published or store is None:
+        if member is None or member.rank != 0 or not committed or store is None:
             continue
         record = ProgressRecord(committed, runtime.round_id, worker_id)
         try:
             store.put(runtime.keys.progress, record.to_json())
-            published = committed
+            published = True
         except RendezvousError as exc:  # progress is a report: the next one will do
             log.debug("could not publish progress: %s", exc)
 

@@ -29,9 +29,10 @@ else, and the driver can ask that host whether it is still there. (The records a
 writes: ``elastic.reports``.)
 
 Rank 0 publishes how many commits it holds (``committed``, set by ``State.commit``)
-under ``/elastic/<job>/progress`` from a thread of its own, at most every
-``progress_interval`` seconds and only when it changed: one store write per interval
-per job, never one per step, and nothing on the training thread.
+under ``/elastic/<job>/progress`` from a thread of its own, every
+``rendezvous.plan.progress_period`` (at most a second, at least once per
+``progress_interval``): one store write per period per job, never one per step, and
+nothing on the training thread.
 """
 
 from __future__ import annotations

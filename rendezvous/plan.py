@@ -273,10 +273,24 @@ class DriverRecord(JsonRecord):
     term: int = 1
 
 
+#: the longest rank 0 goes without rewriting its progress record (``progress_period``)
+PROGRESS_PERIOD_MAX = 1.0
+
+
+def progress_period(interval: float) -> float:
+    """How often rank 0 writes its progress record under ``--progress-interval
+    interval``: at most every second, and at least once per interval. The driver's
+    progress line, said every interval, is then at most a second old, and a record that
+    stops coming means rank 0 cannot be heard (the same step is written again while
+    training stands still)."""
+    return min(interval, PROGRESS_PERIOD_MAX)
+
+
 @dataclass(frozen=True)
 class ProgressRecord(JsonRecord):
     """Training progress under ``JobKeys.progress``: the number of commits (``step``) of
-    rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit."""
+    rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit.
+    Rewritten every ``progress_period``, changed or not."""
 
     step: int
     round_id: int
@@ -325,8 +339,8 @@ class FailureRecord(JsonRecord):
 @dataclass(frozen=True)
 class FinishRecord(JsonRecord):
     """Under ``JobKeys.finished(worker)`` and ``JobKeys.training_finished``: a worker's
-    training function returned in round ``round`` after ``commits`` commits (the driver
-    only asks whether it exists)."""
+    training function returned in round ``round`` after ``commits`` commits (the
+    driver's word that training is done, and the step it ended at)."""
 
     round: int
     commits: int

@@ -1,4 +1,5 @@
-"""``python -m runplot EVENTS.jsonl [-o run.svg] [--title T]``: draw a run.
+"""``elastic-plot EVENTS.jsonl [-o run.svg] [--title T]`` (or ``python -m runplot``):
+draw a run. ``--version`` prints the version (``elastic-run``'s: one package).
 
 Exit status 0 when the picture was written; 1 with a one-line reason when the events
 file cannot be read or holds no event, the picture cannot be written, or matplotlib is
@@ -13,10 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from driver.errors import PlotError
+from rendezvous.version import package_version
 from runplot.render import render
 from runplot.timeline import build_timeline, load_events, split_runs
 
-PROG = "runplot"
+# The installed command's name, also under ``python -m runplot``: the one users type.
+PROG = "elastic-plot"
 
 
 def plot(
@@ -59,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "suffix: .svg, .png, .pdf, ... (default: EVENTS with .svg)",
     )
     parser.add_argument("--title", help="title above the picture")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {package_version()}",
+        help="print the version and exit",
+    )
     args = parser.parse_args(argv)
     try:
         written = plot(args.events, args.output, args.title)

@@ -3,12 +3,13 @@
 Two panels against seconds since the driver started: the world size of each round (a
 step line with the round numbers), the live worker processes (dashed) and, above them,
 a lane of markers (one shape and colour per event kind, stacked where they crowd); then,
-when the log has steps, the newest committed step with its checkpoints (labelled as
-checkpoint steps when they are the only steps known, as in a ps job), the ps shard
-restarts at the checkpoint step they went back to, and the rollbacks. Every marker
-also gets a faint vertical guide across both panels. SVG output keeps its text as text,
-so the picture is searchable and small. matplotlib is used through ``Figure`` only (no
-pyplot), so drawing a run never changes the caller's backend.
+when the log has steps, the newest committed step (a point at each event that tells
+it), a ps job's checkpoints at their steps (the shards' own count, drawn as a line of
+its own; the axis says "checkpoint step" when those are the only steps known), and the
+rollbacks at the step training went back to. Every marker also gets a faint vertical
+guide across both panels. SVG output keeps its text as text, so the picture is
+searchable and small. matplotlib is used through ``Figure`` only (no pyplot), so
+drawing a run never changes the caller's backend.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ STYLE: dict[str, tuple[str, str, bool, str]] = {  # kind: (colour, marker, fille
 WORLD_COLOUR = "#1f77b4"
 LIVE_COLOUR = "#9ecae1"
 STEP_COLOUR = "#2ca02c"
-RESTART_COLOUR = "#8c564b"
+CHECKPOINT_COLOUR = "#8c564b"
 ROLLBACK_COLOUR = "#d62728"
 LANE_POINTS = 880.0  # the plot's width in points, for spacing markers in the lane
 LABEL_GAP = 22.0  # round labels closer than this many points are left out
@@ -73,7 +74,8 @@ def render(tl: Timeline, path: Path, title: str) -> None:
     x_max = max([tl.duration, 1e-3] + [m.x for m in tl.markers])
     rows = marker_rows([m.x * LANE_POINTS / x_max for m in tl.markers])
     lanes = max(rows, default=0) + 1
-    heights = [0.35 * lanes, 3.0] + ([2.6] if tl.steps else [])
+    has_steps = bool(tl.steps or tl.checkpoints)
+    heights = [0.35 * lanes, 3.0] + ([2.6] if has_steps else [])
     fig = figure_class(figsize=(10, sum(heights) + 1.0))
     axes = fig.subplots(
         len(heights),
@@ -85,7 +87,7 @@ def render(tl: Timeline, path: Path, title: str) -> None:
     lane_ax, world_ax = axes[0], axes[1]
     _world(world_ax, tl, x_max)
     _markers(lane_ax, axes, tl, rows)
-    if tl.steps:
+    if has_steps:
         _steps(axes[2], tl)
     axes[-1].set_xlabel("seconds since start")
     axes[-1].set_xlim(0, x_max * 1.02)
@@ -180,41 +182,38 @@ def _markers(lane: Any, axes: Any, tl: Timeline, rows: list[int]) -> None:
 
 
 def _steps(ax: Any, tl: Timeline) -> None:
-    what = "checkpoint step" if tl.steps_are_checkpoints else "committed step"
-    ax.plot(
-        [x for x, _ in tl.steps],
-        [s for _, s in tl.steps],
-        color=STEP_COLOUR,
-        lw=2,
-        drawstyle="steps-post" if tl.steps_are_checkpoints else "default",
-        label=what,
-    )
+    if tl.steps:
+        ax.plot(
+            [x for x, _ in tl.steps],
+            [s for _, s in tl.steps],
+            color=STEP_COLOUR,
+            lw=2,
+            marker=".",  # a short run has few reports: each shows
+            label="committed step",
+        )
     if tl.checkpoints:
         ax.plot(
             [x for x, _ in tl.checkpoints],
             [s for _, s in tl.checkpoints],
-            "o",
-            color=STEP_COLOUR,
+            color=CHECKPOINT_COLOUR,
+            lw=1.5,
+            drawstyle="steps-post",
+            marker="o",
             mfc="white",
             mew=1.8,
-            label="checkpoint",
+            label="checkpoint (ps step)",
         )
-    for series, colour, shape, label in (
-        (tl.restarts, RESTART_COLOUR, "D", "ps restart from checkpoint"),
-        (tl.rollbacks, ROLLBACK_COLOUR, "v", "rollback"),
-    ):
-        if series:
-            ax.plot(
-                [x for x, _ in series],
-                [s for _, s in series],
-                shape,
-                ls="none",
-                ms=8,
-                color=colour,
-                mfc="white" if shape == "D" else colour,
-                mew=1.8,
-                label=label,
-            )
+    if tl.rollbacks:
+        ax.plot(
+            [x for x, _ in tl.rollbacks],
+            [s for _, s in tl.rollbacks],
+            "v",
+            ls="none",
+            ms=8,
+            color=ROLLBACK_COLOUR,
+            mew=1.8,
+            label="rollback",
+        )
     for x, step in tl.rollbacks:
         ax.annotate(
             f"back to {step:g}",
@@ -224,6 +223,9 @@ def _steps(ax: Any, tl: Timeline) -> None:
             fontsize=8,
             color=ROLLBACK_COLOUR,
         )
-    ax.set_ylabel(what)
+    if tl.steps and tl.checkpoints:
+        ax.set_ylabel("step")
+    else:
+        ax.set_ylabel("committed step" if tl.steps else "checkpoint step")
     ax.set_ylim(bottom=0)
     ax.grid(True, color="#e6e6e6")

@@ -2,18 +2,20 @@
 
 * the world size of each round, with the round numbers, and the number of live worker
   processes when the log has worker start/exit events;
-* the newest committed training step, when events carry a ``step`` field (``progress``
-  and checkpoint events always do), and the checkpoints themselves; a log whose steps
-  all come from checkpoints (a ps job) says so (``steps_are_checkpoints``);
-* ps shard restarts from a checkpoint (the step they went back to), and rollbacks:
-  a restart to a step below the newest one known, or a step lower than the one before;
+* the newest committed training step (rank 0's commits): a point at each event that
+  tells it (``progress``, the workers' snapshots, ``state_lost``, the job's end);
+* a ps job's checkpoint steps (the shards' global step, a count of its own: never
+  mixed into the committed steps); a log whose only steps are those says so
+  (``steps_are_checkpoints``);
+* rollbacks: the committed step going back (state lost, a resume from an older
+  snapshot), and ps shards restarted behind the step they had reached (``ps_rolled_back``);
 * markers for what changed the world: worker failures, chaos kills, blacklisted, added,
   removed and returning hosts, ps shard exits and restarts, discovery errors, and the
   end of the job.
 
 Torn or foreign lines in the events file are skipped and counted. A file that several
-runs appended to (``--events`` appends) is split into runs (``split_runs``); the picture
-is of the last.
+runs appended to (``--events`` appends) is split into runs where each driver began
+(``split_runs``); the picture is of the last.
 """
 
 from __future__ import annotations
@@ -44,21 +46,19 @@ class Timeline:
     rounds: tuple[tuple[float, Any], ...]  # (elapsed, round number)
     live: tuple[tuple[float, int], ...]  # (elapsed, live worker processes)
     steps: tuple[tuple[float, float], ...]  # (elapsed, newest committed step)
-    checkpoints: tuple[tuple[float, float], ...]
+    checkpoints: tuple[tuple[float, float], ...]  # (elapsed, a ps checkpoint's step)
     markers: tuple[Marker, ...]
-    # (elapsed, the checkpoint's step) of each ps shard restarted from a checkpoint
-    restarts: tuple[tuple[float, float], ...] = ()
-    # (elapsed, the step training went back to): a restart below the newest step known,
-    # or a step lower than the one before
+    # (elapsed, the step training went back to): the committed step lower than the one
+    # before, or ps shards restarted behind the step they had reached
     rollbacks: tuple[tuple[float, float], ...] = ()
     outcome: str = ""  # "done", "failed: ...", or "" (no end event)
     counts: dict[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def steps_are_checkpoints(self) -> bool:
-        """Every step known comes from a checkpoint (a ps job: its shards report steps,
-        its workers none), so the step line is the checkpoints' steps."""
-        return bool(self.steps) and len(self.steps) == len(self.checkpoints)
+        """The only steps known are checkpoints' (a ps job whose workers commit no
+        state), so the step panel shows the checkpoints' steps."""
+        return not self.steps and bool(self.checkpoints)
 
 
 MARKER_KINDS = tuple(
@@ -78,6 +78,11 @@ MARKER_KINDS = tuple(
     )
 )
 _WORKER_ENDS = (ev.WorkerExited.kind, ev.WorkerFailed.kind, ev.WorkerStopped.kind)
+# The committed step (rank 0's commits) as it is at the event: the progress reports, the
+# job's end, a round resuming from a snapshot.
+_STEP_NOW = (ev.Progress.kind, ev.JobDone.kind, ev.SnapshotResumed.kind)
+# A step committed at least: a snapshot's, written (or not) after its commit.
+_STEP_AT_LEAST = (ev.SnapshotWritten.kind, ev.SnapshotFailed.kind, ev.JobStop.kind)
 
 
 def load_events(path: str | Path) -> tuple[list[dict], int]:
@@ -113,22 +118,45 @@ def load_events(path: str | Path) -> tuple[list[dict], int]:
     return events, skipped
 
 
+#: how far ``elapsed`` may go back between two lines of one driver: its threads stamp
+#: a line before they take turns writing it
+SAME_DRIVER_SLACK = 1.0
+# A driver's first line: a standby's wait, or the job's start (a standby's comes once it
+# leads).
+_FIRST_LINES = (ev.StandingBy.kind, ev.JobStarted.kind)
+_END_LINES = (ev.JobDone.kind, ev.JobFailure.kind, ev.JobStop.kind, ev.LeadershipLostEvent.kind)
+
+
 def split_runs(events: Sequence[dict]) -> list[list[dict]]:
-    """The runs of an events file in file order. A run begins at a ``job_started`` line,
-    or at the first line after a run's end (``job_done``, ``job_failed``): a run that
-    failed before it started (a discovery error) has no ``job_started`` line."""
+    """The runs of an events file in file order: one per driver that appended to it.
+
+    A driver's lines begin with its ``job_started`` (a standby's with its
+    ``standing_by`` lines, then its ``job_started`` once it leads), or, for a driver
+    that failed before the job started (a first discovery that failed), with its
+    ``job_failed``: a second end in one run. Its ``elapsed`` counts from its own start,
+    so a line whose ``elapsed`` goes back begins a run too (a driver killed before its
+    end, then the next one). Everything else belongs to the run it follows, the lines
+    after the job's end included: the ps shards' final checkpoint, the shards and
+    workers stopping."""
     runs: list[list[dict]] = []
-    ended = True
+    waiting = ended = False  # the run so far: a standby's wait; its end said
+    last = None
     for e in events:
-        kind = e.get("kind")
-        if kind == ev.JobStarted.kind or ended:
-            if not (runs and not runs[-1]):
-                runs.append([])
-            ended = False
+        kind, elapsed = e.get("kind"), _number(e.get("elapsed"))
+        begins = (
+            not runs
+            or (kind in _FIRST_LINES and not waiting)
+            or (kind == ev.JobFailure.kind and ended)
+            or (elapsed is not None and last is not None and elapsed < last - SAME_DRIVER_SLACK)
+        )
+        if begins:
+            runs.append([])
+            waiting = ended = False
+        waiting = kind == ev.StandingBy.kind and (waiting or not runs[-1])
+        ended = ended or kind in _END_LINES
         runs[-1].append(e)
-        if kind in (ev.JobDone.kind, ev.JobFailure.kind):
-            ended = True
-    return [run for run in runs if run]
+        last = elapsed if elapsed is not None else last
+    return runs
 
 
 def _number(value: Any) -> float | None:
@@ -148,7 +176,6 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
     live: list[tuple[float, int]] = []
     steps: list[tuple[float, float]] = []
     checkpoints: list[tuple[float, float]] = []
-    restarts: list[tuple[float, float]] = []
     rollbacks: list[tuple[float, float]] = []
     markers: list[Marker] = []
     counts: dict[str, int] = {}
@@ -169,17 +196,23 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
             running = max(0, running - 1)
             live.append((x, running))
         step = _number(e.get("step"))
-        if step is not None and kind == ev.PsRestarted.kind:
-            # A restart reports the checkpoint it went back to, not progress.
-            restarts.append((x, step))
-            if steps and step < steps[-1][1]:
-                rollbacks.append((x, step))
-        elif step is not None:
-            if steps and step < steps[-1][1]:
+        newest = steps[-1][1] if steps else None
+        if kind in _STEP_NOW and step is not None:
+            if newest is not None and step < newest:
                 rollbacks.append((x, step))
             steps.append((x, step))
-            if kind == ev.CheckpointWritten.kind:
-                checkpoints.append((x, step))
+        elif kind in _STEP_AT_LEAST and step is not None:
+            # A snapshot is of a commit made a moment ago: training may be past it.
+            steps.append((x, step if newest is None else max(newest, step)))
+        elif kind == ev.StateLost.kind:
+            if step is not None and (newest is None or step > newest):
+                steps.append((x, step))
+            steps.append((x, 0.0))  # training starts again from the script's first state
+            rollbacks.append((x, 0.0))
+        elif kind == ev.CheckpointWritten.kind and step is not None:
+            checkpoints.append((x, step))
+        elif kind == ev.PsRolledBack.kind and _number(e.get("to_step")) is not None:
+            rollbacks.append((x, float(e["to_step"])))
         if kind in MARKER_KINDS:
             markers.append(Marker(x, kind))
         if kind == ev.JobDone.kind:
@@ -195,7 +228,6 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
         steps=tuple(steps),
         checkpoints=tuple(checkpoints),
         markers=tuple(markers),
-        restarts=tuple(restarts),
         rollbacks=tuple(rollbacks),
         outcome=outcome,
         counts=counts,
@@ -216,8 +248,9 @@ def summary(tl: Timeline) -> str:
         if c.get(kind):
             parts.append(f"{c[kind]} {word}" + ("" if c[kind] == 1 else "s"))
     if tl.steps:
-        what = "last checkpoint step" if tl.steps_are_checkpoints else "last step"
-        parts.append(f"{what} {_fmt_number(tl.steps[-1][1])}")
+        parts.append(f"last step {_fmt_number(tl.steps[-1][1])}")
+    if tl.checkpoints:
+        parts.append(f"last checkpoint step {_fmt_number(tl.checkpoints[-1][1])}")
     if tl.rollbacks:
         parts.append(f"{len(tl.rollbacks)} rollback" + ("" if len(tl.rollbacks) == 1 else "s"))
     end = f"job {tl.outcome}" if tl.outcome else "no end recorded"

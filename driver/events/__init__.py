@@ -9,8 +9,10 @@ drift from what is documented: the class *is* the documentation. ``quiet`` event
 ``vocabulary()`` maps every kind to its class (readers such as ``runplot`` use it).
 
 Times in fields are seconds; ``code`` is an exit code (-N: killed by signal N); a
-``rank`` is None for a worker outside the current round. Readers may also find a
-``step`` field (the newest committed training step) on any event; ``runplot`` draws it.
+``rank`` is None for a worker outside the current round. A ``step`` field counts one of
+two things: rank 0's commits (``progress``, ``job_done``, the snapshots, ``state_lost``,
+``job_stopped``), or, in the ``ps`` events, the shards' global step; ``runplot`` draws
+them apart.
 
 The vocabulary by area, one module each:
 

@@ -114,16 +114,19 @@ class Waiting(Event):
 
 @dataclass(frozen=True)
 class JobDone(Event):
-    """Every member of the final round ``round`` (of ``size``) exited 0."""
+    """Every member of the final round ``round`` (of ``size``) exited 0, with ``step``
+    commits (None: the workers commit no state)."""
 
     kind: ClassVar[str] = "job_done"
     round: int
     size: int
     resets: int  # rounds that followed the first, not counting finishing ones
+    step: int | None = None
 
     def __str__(self) -> str:
+        at = f" at step {self.step}" if self.step is not None else ""
         return (
-            f"job done in round {self.round} ({plural(self.size, 'worker')}, "
+            f"job done in round {self.round}{at} ({plural(self.size, 'worker')}, "
             f"{plural(self.resets, 'reset')})"
         )
 

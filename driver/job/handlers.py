@@ -20,7 +20,7 @@ from driver.job import messages as msg
 from driver.job.context import JobContext
 from driver.policy import decisions as dec
 from driver.policy import lifecycle
-from rendezvous.plan import ProgressRecord, WorkerInfo
+from rendezvous.plan import FinishRecord, ProgressRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,10 @@ class MessageHandlers:
             # Do not wait for its lease: the process is gone.
             services.delete_quietly(keys.worker(rec.worker_id))
         # An exit 0 after the worker's @elastic.run function returned: training is done.
-        returned = services.has_key(keys.finished(rec.worker_id))
+        finish = services.value(keys.finished(rec.worker_id))
+        returned = finish is not None
+        if finish is not None and message.code == 0:
+            self._final_step(finish)
         state.workers[rec.worker_id], (decisions, state.book) = policy.worker_exited(
             rec,
             message.code,
@@ -150,9 +153,25 @@ class MessageHandlers:
         except (ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable progress record: %s", exc)
             return ()
-        state = self._ctx.state
-        state.book = state.book.progressed(record.step, self._ctx.clock())
+        state, ctx = self._ctx.state, self._ctx
+        state.book = policy.progress_reported(
+            state.book, record.step, record.round_id, ctx.config, ctx.clock()
+        )
         return ()
+
+    def _final_step(self, finish: bytes) -> None:
+        """A worker's finish record: the step its training ended at is the job's last
+        word on progress (rank 0's last report may be up to a report period older)."""
+        try:
+            record = FinishRecord.from_json(finish)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable finish record: %s", exc)
+            return
+        state, ctx = self._ctx.state, self._ctx
+        if record.commits or state.book.progress_step is not None:  # (0: no state committed)
+            state.book = policy.progress_reported(
+                state.book, record.commits, record.round, ctx.config, ctx.clock()
+            )
 
     def on_snapshot(self, message: msg.SnapshotReported) -> Decisions:
         """What a worker's snapshot said: say it, and keep the newest complete one of

@@ -363,7 +363,8 @@ class Job:
         if isinstance(decision, dec.Fail):
             raise JobFailed(decision.reason)
         if isinstance(decision, dec.Succeed):
-            self.events.emit(ev.JobDone(decision.round, decision.size, decision.resets))
+            done = ev.JobDone(decision.round, decision.size, decision.resets, decision.step)
+            self.events.emit(done)
             return 0
         return None
 
@@ -417,7 +418,7 @@ class Job:
 
     # ------------------------------------------------------------------ messages
     def _handle(self, message: msg.Message) -> None:
-        if not msg.changes_nothing(message, self.plan):
+        if not msg.changes_nothing(message, self.plan, self.book.progress_said_at is not None):
             self._changed = True
         self._apply(_MESSAGES[type(message)](self, message))
 

@@ -203,12 +203,17 @@ Message = Union[
 ]
 
 
-def changes_nothing(message: Message, plan: Plan | None) -> bool:
+def changes_nothing(message: Message, plan: Plan | None, progress_said: bool = False) -> bool:
     """A failure report's deletion (or an unreadable one), or a failure report about a
     round other than the current one: the rules read nothing from it
     (``policy.failure_reported``), so it asks for no turn of the rules. Every survivor
     of a round of thousands reports the round's failure, mostly after the next round is
-    out: a turn of the rules for each report would read every worker once per worker."""
+    out: a turn of the rules for each report would read every worker once per worker.
+    Likewise rank 0's progress record once a first progress line is said
+    (``progress_said``): it comes every second, the progress rule wakes itself for its
+    next line, and the round rules read the step only when the membership changes."""
+    if isinstance(message, ProgressReported):
+        return progress_said
     if not isinstance(message, FailureReport):
         return False
     record = message.record

@@ -330,11 +330,17 @@ class JobServices:
 
     def has_key(self, key: str) -> bool:
         """Whether ``key`` exists (False when the store cannot say: a failure is logged)."""
+        return self.value(key) is not None
+
+    def value(self, key: str) -> bytes | None:
+        """What ``key`` holds (None when it does not exist, or when the store cannot
+        say: a failure is logged)."""
         try:
-            return self.require_store().get(key) is not None
+            kv = self.require_store().get(key)
         except RendezvousError as exc:
             log.warning("could not read %s: %s", key, exc)
-            return False
+            return None
+        return kv.value if kv is not None else None
 
     @property
     def leads(self) -> bool:

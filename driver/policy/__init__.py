@@ -61,12 +61,15 @@ from driver.policy.occupancy import (
 from driver.policy.preemption import DRAIN_WAIT, drains_due, host_preempted
 from driver.policy.reports import (
     DISCOVERY_ERROR_EVERY,
+    RATE_WINDOW_MIN,
     REPEAT_REPORT_EVERY,
-    STALLED_AFTER,
+    SILENT_AFTER,
     discovery_failed,
     discovery_succeeded,
     no_hosts,
+    progress_rate,
     progress_report,
+    progress_reported,
     store_health,
 )
 from driver.policy.rounds import (
@@ -140,9 +143,12 @@ __all__ = [
     "discovery_succeeded",
     "store_health",
     "progress_report",
+    "progress_reported",
+    "progress_rate",
     "REPEAT_REPORT_EVERY",
     "DISCOVERY_ERROR_EVERY",
-    "STALLED_AFTER",
+    "SILENT_AFTER",
+    "RATE_WINDOW_MIN",
     # spares
     "fill_slots",
     "promotion_event",

@@ -117,11 +117,13 @@ class CountFailure:
 
 @dataclass(frozen=True)
 class Succeed:
-    """The job is done: every member of round ``round`` (of ``size``) exited 0."""
+    """The job is done: every member of round ``round`` (of ``size``) exited 0, with
+    ``step`` commits (None: the workers commit no state, or did not say)."""
 
     round: int
     size: int
     resets: int
+    step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,9 +188,12 @@ class Book:
     an error code of their own; ``lost_rounds``: rounds whose members all died on their
     own, whatever the code or signal. ``no_hosts_since``/``no_hosts_said_at``: since
     when discovery lists no host, and when that was last said. ``progress_step``,
-    ``progress_at``, ``progress_rate``: the newest step rank 0
-    published, when it came, and the steps per second since the one before;
-    ``progress_said_at``: when the last progress line was said."""
+    ``progress_round``, ``progress_at``: the newest step rank 0 published, its round,
+    and when it came; ``progress_seen``: (when, step) of its records over the last
+    progress interval, since the step last went back (the rate's window);
+    ``progress_back_from``: the step it went back from since the last progress line;
+    ``progress_said_at``: when the last progress line was said
+    (``driver.policy.reports``)."""
 
     started_at: float
     resets: int = 0
@@ -212,8 +217,10 @@ class Book:
     no_hosts_since: float | None = None
     no_hosts_said_at: float | None = None
     progress_step: int | None = None
+    progress_round: int = 0
     progress_at: float | None = None
-    progress_rate: float | None = None
+    progress_seen: tuple[tuple[float, int], ...] = ()
+    progress_back_from: int | None = None
     progress_said_at: float | None = None
     # Hosts where no spare is started before a time (``policy.spares``): one of their
     # spares was just promoted, or died before it registered.
@@ -244,18 +251,6 @@ class Book:
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""
         return self if self.change_at is not None else replace(self, change_at=now)
-
-    def progressed(self, step: int, now: float) -> Book:
-        """Rank 0 published at ``now`` that it holds ``step`` commits. (The rate is taken
-        between publications, not between progress lines: the two clocks drift apart.)"""
-        rate = None
-        if (
-            self.progress_step is not None
-            and self.progress_at is not None
-            and now > self.progress_at
-        ):
-            rate = round((step - self.progress_step) / (now - self.progress_at), 3)
-        return replace(self, progress_step=step, progress_at=now, progress_rate=rate)
 
     def snapshot_complete(self, host: str, step: int, round_id: int = 0) -> Book:
         """A snapshot of ``step``, taken in round ``round_id``, is complete on ``host``'s

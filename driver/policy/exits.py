@@ -192,4 +192,4 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
             f"{plan.round_id} exited with {codes[m.worker_id]} "
             "after other workers had finished"
         )
-    return Succeed(round=plan.round_id, size=plan.size, resets=book.resets)
+    return Succeed(plan.round_id, plan.size, book.resets, book.progress_step)

@@ -12,8 +12,15 @@ The rules:
 * The store (``store_health``, applied by the probe's own thread: the loop may be
   the one waiting for the store): a store that stops answering is said at once and
   every ``REPEAT_REPORT_EVERY`` seconds, and its return.
-* Progress (``progress_report``): every ``--progress-interval``, the round, its size,
-  rank 0's committed step and the steps per second.
+* Progress (``progress_reported``, ``progress_report``): rank 0 rewrites its step every
+  ``progress_period`` (a second at most), changed or not; its first report is said at
+  once (a job of a few seconds says one too), then one line every
+  ``--progress-interval`` with the round, its size, the step and the steps per second
+  over the last interval of wall time, measured between two reports the driver saw
+  (so a stall, an outage, a burst of late reports all count at their true length).
+  The rate is never negative: a step that goes back (the state lost, or resumed from
+  an older snapshot) is said as such, and the rate starts over from there. A rank 0
+  not heard for ``SILENT_AFTER`` periods is said to be quiet, with no rate.
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ from driver.config import JobConfig
 from driver.events import Event, HostDiscoveryFailed, Progress, StoreBack, StoreUnreachable, Waiting
 from driver.events.base import plural
 from driver.policy.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
-from rendezvous.plan import Plan
+from rendezvous.plan import Plan, progress_period
 
 #: how often a wait that may be a mistake is said again (discovery lists no host)
 REPEAT_REPORT_EVERY = 5.0
-#: progress intervals without a new step from rank 0 after which training has stalled
-STALLED_AFTER = 2.5
+#: rank 0's reports missed in a row (``progress_period`` each) after which it is quiet
+SILENT_AFTER = 3
+#: the least part of a progress interval its reports must span to give a rate
+RATE_WINDOW_MIN = 0.5
 
 
 def no_hosts(book: Book, hosts: HostsView, config: JobConfig, now: float) -> Step:
@@ -112,19 +121,66 @@ def store_health(
     return StoreHealth(health.down_since, now, error), [StoreUnreachable(since, error)]
 
 
+def progress_reported(book: Book, step: int, round_id: int, config: JobConfig, now: float) -> Book:
+    """Rank 0 of round ``round_id`` holds ``step`` commits, as the driver heard at
+    ``now`` (its progress record, or the record of a worker whose training finished).
+    A record of an older round than the newest heard is ignored: that rank 0 had not
+    yet seen its round end. A step below the newest heard went back: the rate's window
+    starts over at it, and the next line says so."""
+    if book.progress_step is not None and round_id < book.progress_round:
+        return book
+    seen, back_from = book.progress_seen, book.progress_back_from
+    if book.progress_step is not None and step < book.progress_step:
+        back_from = max(back_from or 0, book.progress_step)
+        seen = ()
+    seen = (*seen, (now, step))
+    # From the newest report at least an interval old on: the rate's window, no more.
+    start = max(
+        (i for i, (t, _) in enumerate(seen) if t <= now - config.progress_interval), default=0
+    )
+    return replace(
+        book,
+        progress_step=step,
+        progress_round=round_id,
+        progress_at=now,
+        progress_seen=seen[start:],
+        progress_back_from=back_from,
+    )
+
+
+def progress_rate(book: Book, interval: float) -> float | None:
+    """Steps per second between the oldest and the newest report of the window (the
+    last ``interval`` of wall time as the driver heard it); None while they span less
+    than ``RATE_WINDOW_MIN`` of it (the first reports, or right after the step went
+    back), and after the step went back, until the next line."""
+    seen = book.progress_seen
+    if book.progress_back_from is not None or len(seen) < 2:
+        return None
+    (first_at, first), (last_at, last) = seen[0], seen[-1]
+    if last_at - first_at < RATE_WINDOW_MIN * interval:
+        return None
+    return round((last - first) / (last_at - first_at), 3)
+
+
 def progress_report(book: Book, plan: Plan | None, config: JobConfig, now: float) -> Step:
-    """Every ``--progress-interval`` once rank 0 has published a step: the round, its
-    size, the step, and the steps per second between rank 0's last two publications;
-    0.0 once none came for ``STALLED_AFTER`` intervals (rank 0 publishes only a step
-    that moved: training stalls)."""
+    """Once rank 0 has reported a step, a line at once and then every
+    ``--progress-interval``: the round, its size, the step, the steps per second
+    (``progress_rate``), the step it went back from since the last line, and how long
+    rank 0 has been quiet when it has for ``SILENT_AFTER`` report periods."""
     interval, step, said_at = config.progress_interval, book.progress_step, book.progress_said_at
     if not interval or plan is None or step is None or book.progress_at is None:
         return Step((), book)
     if said_at is not None and now - said_at < interval:
         return Step((Wait(said_at + interval, "the next progress line"),), book)
-    rate = book.progress_rate
-    if now - book.progress_at > STALLED_AFTER * interval:
-        rate = 0.0
-    event = Progress(round=plan.round_id, size=plan.size, step=step, steps_per_second=rate)
-    book = replace(book, progress_said_at=now)
+    quiet = now - book.progress_at
+    heard = quiet <= SILENT_AFTER * progress_period(interval)
+    event = Progress(
+        round=plan.round_id,
+        size=plan.size,
+        step=step,
+        steps_per_second=progress_rate(book, interval) if heard else None,
+        back_from=book.progress_back_from,
+        quiet_for=None if heard else round(quiet, 3),
+    )
+    book = replace(book, progress_said_at=now, progress_back_from=None)
     return Step((Report(event), Wait(now + interval, "the next progress line")), book)

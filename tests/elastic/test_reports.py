@@ -4,14 +4,16 @@ exception's message."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import elastic
 from elastic import errors
 from elastic.errors import LossCause, PeerLostError, WorkerLostError
-from elastic.reports import failure_record, silence_report, suspect_of
+from elastic.reports import failure_record, publish_progress, silence_report, suspect_of
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, Member, Plan
+from rendezvous.plan import FailureRecord, Member, Plan, ProgressRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
@@ -67,3 +69,47 @@ def test_the_face_exports_what_it_names_and_nothing_it_lacks():
     assert len(set(elastic.__all__)) == len(elastic.__all__)
     for name in elastic.__all__:
         assert hasattr(elastic, name), name
+
+
+class Recorder:
+    """A store that keeps what is put, and says when ``wanted`` puts came."""
+
+    def __init__(self, wanted: int):
+        self.puts: list[ProgressRecord] = []
+        self.wanted = wanted
+        self.enough = threading.Event()
+
+    def put(self, key: str, value: bytes, lease: object = None) -> None:
+        self.puts.append(ProgressRecord.from_json(value))
+        if len(self.puts) >= self.wanted:
+            self.enough.set()
+
+
+class Rank0:
+    """What ``publish_progress`` reads of a runtime: rank 0 of round 5, 7 commits."""
+
+    def __init__(self, store: Recorder):
+        self.store = store
+        self.keys = JobKeys("j")
+        self.committed = 7
+        self.member = PLAN.members[0]
+        self.round_id = 5
+
+
+def test_rank_0_rewrites_its_step_every_second_even_unchanged():
+    """Under a 10 s --progress-interval rank 0 still writes every ``progress_period``
+    (a second): the driver's line every 10 s is then a second old at most (not up to a
+    whole interval, the same step said across rounds), and a step that stands still is
+    told from a rank 0 the driver cannot hear."""
+    store, closed = Recorder(wanted=2), threading.Event()
+    runtime = Rank0(store)
+    thread = threading.Thread(
+        target=publish_progress, args=(runtime, "a", 10.0, closed), daemon=True
+    )
+    thread.start()
+    try:
+        assert store.enough.wait(timeout=5), store.puts
+    finally:
+        closed.set()
+        thread.join(timeout=5)
+    assert store.puts[:2] == [ProgressRecord(7, 5, "a")] * 2

@@ -13,46 +13,58 @@ import pytest
 
 from driver import events as ev
 from driver.errors import PlotError
+from rendezvous.version import package_version
 from runplot.__main__ import plot
 from runplot.render import STYLE
-from runplot.timeline import build_timeline, load_events, marker_rows, summary
+from runplot.timeline import build_timeline, load_events, marker_rows, split_runs, summary
+from tests.support.jobs import WORKLOADS, ElasticRun
 from tests.support.paths import ROOT
+
+PS_LINEAR = WORKLOADS / "ps_linear.py"
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
 def sample_events() -> list[dict]:
     """A run: 4 workers, a chaos kill and recovery, a host joining then blacklisted, a ps
-    restart, checkpoints with steps, and the end of the job."""
+    restart, progress reports, checkpoints, and the end of the job."""
     out = []
     t0 = 1_700_000_000.0
 
     def e(x, cls, **fields):
         out.append({"t": t0 + x, "elapsed": x, "kind": cls.kind, **fields})
 
+    def progress(x, rnd, size, step):
+        e(x, ev.Progress, round=rnd, size=size, step=step, steps_per_second=None)
+
+    e(0.0, ev.JobStarted, job_id="j", store="embedded", np=4, min_np=2, max_np=4, command=[])
     for s in range(4):
         e(0.1, ev.WorkerStarted, host="localhost", slot=s, pid=100 + s)
     e(1.0, ev.RoundFormed, round=1, size=4, seconds=0.9)
+    progress(3.0, 1, 4, 60)
     e(5.0, ev.CheckpointWritten, step=100)
-    e(6.0, ev.ChaosKill, host="localhost", slot=2, rank=2, pid=102, step=120)
+    e(6.0, ev.ChaosKill, worker="w2", host="localhost", slot=2, rank=2, pid=102, kill=1)
     e(6.1, ev.WorkerFailed, host="localhost", slot=2, rank=2, code=-9, reason="killed")
     e(6.6, ev.RoundFormed, round=2, size=3, seconds=0.5)
     e(7.0, ev.WorkerStarted, host="localhost", slot=2, pid=200)
+    progress(7.5, 2, 3, 120)
     e(8.0, ev.RoundFormed, round=3, size=4, seconds=0.3)
     e(10.0, ev.HostAdded, host="node-b", slots=2)
     e(10.2, ev.WorkerStarted, host="node-b", slot=0, pid=300)
     e(10.2, ev.WorkerStarted, host="node-b", slot=1, pid=301)
-    e(11.0, ev.RoundFormed, round=4, size=6, seconds=0.8, step=250)
+    e(11.0, ev.RoundFormed, round=4, size=6, seconds=0.8)
+    progress(12.0, 4, 6, 250)
     e(14.0, ev.WorkerFailed, host="node-b", slot=1, rank=5, code=1)
     e(14.1, ev.HostBlacklisted, host="node-b", cooldown=30, reason="worker failed")
     e(14.2, ev.WorkerStopped, host="node-b", slot=0, code=-15)
     e(14.8, ev.RoundFormed, round=5, size=4, seconds=0.6)
     e(15.0, ev.CheckpointWritten, step=400)
     e(16.0, ev.PsExited, shard=0, code=-9)
-    e(16.5, ev.PsRestarted, shard=0, step=400)
+    e(16.5, ev.PsRestarted, shard=0)
+    progress(17.0, 5, 4, 400)
     for s in range(4):
         e(20.0, ev.WorkerExited, host="localhost", slot=s, rank=s, code=0)
-    e(20.1, ev.JobDone, rounds=5, seconds=20.1, step=520)
+    e(20.1, ev.JobDone, round=5, size=4, resets=4, step=520)
     return out
 
 
@@ -83,7 +95,8 @@ def test_timeline_from_events(tmp_path):
     assert [s for _, s in tl.world] == [4, 3, 4, 6, 4]
     assert [r for _, r in tl.rounds] == [1, 2, 3, 4, 5]
     assert tl.live[-1] == (20.0, 0) and max(n for _, n in tl.live) == 6
-    assert [s for _, s in tl.steps] == [100, 120, 250, 400, 520]  # the ps restart is no progress
+    # The committed steps and the ps checkpoints' steps are two counts: never one series.
+    assert [s for _, s in tl.steps] == [60, 120, 250, 400, 520] and not tl.rollbacks
     assert tl.checkpoints == ((5.0, 100), (15.0, 400))
     assert [m.kind for m in tl.markers] == [
         "chaos_kill",
@@ -98,7 +111,7 @@ def test_timeline_from_events(tmp_path):
     assert tl.outcome == "done" and tl.duration == 20.1
     assert summary(tl) == (
         "5 rounds, 2 worker failures, 1 chaos kill, 1 blacklisting, "
-        "1 ps restart, last step 520; job done after 20s"
+        "1 ps restart, last step 520, last checkpoint step 400; job done after 20s"
     )
 
 
@@ -201,73 +214,160 @@ def test_without_matplotlib_one_line_and_no_file(tmp_path):
 # ----------------------------------------------------------------------------- runs, ps steps
 
 
-def test_a_file_of_several_runs_is_split_and_the_last_one_drawn(tmp_path):
-    first = [
-        {"t": 1.0, "elapsed": 0.0, "kind": "job_started", "job_id": "a"},
-        {"t": 2.0, "elapsed": 1.0, "kind": "round_formed", "round": 1, "size": 2},
-        {"t": 9.0, "elapsed": 8.0, "kind": "job_done", "round": 1, "size": 2},
-    ]
-    # a run that failed before it started (no job_started), then a third run
-    refused = [{"t": 20.0, "elapsed": 0.1, "kind": "job_failed", "reason": "discovery"}]
-    last = [
-        {"t": 30.0, "elapsed": 0.0, "kind": "host_added", "host": "h", "slots": 3},
-        {"t": 30.1, "elapsed": 0.1, "kind": "job_started", "job_id": "c"},
-        {"t": 31.0, "elapsed": 1.0, "kind": "round_formed", "round": 1, "size": 3},
-        {"t": 32.0, "elapsed": 2.0, "kind": "job_failed", "reason": "stopped by SIGTERM"},
-    ]
-    from runplot.timeline import split_runs
+def test_a_file_of_several_runs_is_split_where_each_driver_began(tmp_path):
+    """A run is a driver's lines: from its job_started (a standby's from its first
+    standing_by), or its job_failed when it failed before the job started; the lines
+    after the job's end (the ps shards' final checkpoint) are still its own."""
 
-    runs = split_runs(first + refused + last)
-    assert [len(r) for r in runs] == [3, 1, 1, 3]
-    assert runs[-1][0]["kind"] == "job_started" and runs[-1][0]["job_id"] == "c"
+    def line(x, kind, **fields):
+        return {"t": 1000.0 + x, "elapsed": x, "kind": kind, **fields}
+
+    first = [
+        line(0.0, "job_started", job_id="a"),
+        line(1.0, "round_formed", round=1, size=2),
+        line(8.0, "job_done", round=1, size=2, resets=0),
+        line(8.1, "checkpoint_written", step=300, final=True),
+        line(8.2, "ps_exited", shard=0, code=0),
+    ]
+    # a driver that failed before the job started: no job_started, its elapsed from 0
+    refused = [line(0.1, "job_failed", reason="discovery")]
+    # a standby that waited, then led: one run
+    standby = [
+        line(0.0, "standing_by", job_id="b", leader="x"),
+        line(5.0, "standing_by", job_id="b", leader="y"),
+        line(9.0, "job_started", job_id="b"),
+        line(9.1, "leading", term=3, how="adopted"),
+        line(12.0, "job_failed", reason="reset limit"),
+    ]
+    # a driver killed before its end (no end line), then the next one
+    killed = [line(0.0, "job_started", job_id="c"), line(30.0, "round_formed", round=1, size=1)]
+    last = [
+        line(0.0, "job_started", job_id="d"),
+        line(0.1, "host_added", host="h", slots=3),
+        line(1.0, "round_formed", round=1, size=3),
+        line(2.0, "job_failed", reason="stopped by SIGTERM"),
+    ]
+    runs = split_runs(first + refused + standby + killed + last)
+    assert runs == [first, refused, standby, killed, last]
+    # (what a driver killed before its end leaves: the next one's first line tells)
+    assert split_runs(killed + refused) == [killed, refused]
     path = tmp_path / "runs.jsonl"
-    write_events(path, first + refused + last, torn=False)
+    write_events(path, first + refused + standby + killed + last, torn=False)
     texts = svg_texts(plot(path, tmp_path / "runs.svg"))
-    assert any("the last of 4 runs" in t for t in texts)
+    assert any("the last of 5 runs" in t for t in texts)
     assert any(t.startswith("1 round") and "failed: stopped by SIGTERM" in t for t in texts)
 
 
 def ps_events() -> list[dict]:
-    """A ps job: the only steps are the checkpoints'; a shard dies after the ps reached
-    step 430 (a progress report) and restarts from the checkpoint of step 400."""
+    """A ps job whose workers commit no state: the only steps are the checkpoints'; a
+    shard dies after the shards reached step 430 and restarts from the checkpoint of
+    step 400."""
 
     def e(x, cls, **fields):
         return {"t": 1_700_000_000.0 + x, "elapsed": x, "kind": cls.kind, **fields}
 
     return [
+        e(0.0, ev.JobStarted, job_id="j", store="s", np=2, min_np=2, max_np=2, command=[]),
         e(1.0, ev.RoundFormed, round=1, size=2, seconds=0.5),
         e(5.0, ev.CheckpointWritten, step=200, checkpoint=1),
         e(9.0, ev.CheckpointWritten, step=400, checkpoint=2),
         e(10.0, ev.PsExited, shard=1, code=-9),
-        e(10.5, ev.PsRestarted, shard=1, step=400),
+        e(10.4, ev.PsRolledBack, shard=1, from_step=430, to_step=400, lost_steps=30),
+        e(10.5, ev.PsRestarted, shard=1),
         e(14.0, ev.CheckpointWritten, step=600, checkpoint=3),
     ]
 
 
-def test_ps_steps_are_labelled_as_checkpoint_steps_and_restarts_shown(tmp_path):
+def test_ps_steps_are_labelled_as_checkpoint_steps_and_rollbacks_shown(tmp_path):
     tl = build_timeline(ps_events())
-    assert tl.steps_are_checkpoints and tl.restarts == ((10.5, 400),) and not tl.rollbacks
+    assert tl.steps_are_checkpoints and tl.rollbacks == ((10.4, 400),)
     assert "last checkpoint step 600" in summary(tl)
     path = tmp_path / "ps.jsonl"
     write_events(path, ps_events(), torn=False)
     texts = svg_texts(plot(path, tmp_path / "ps.svg"))
-    assert {"checkpoint step", "ps restart from checkpoint"} <= set(texts)
+    assert {"checkpoint step", "rollback", "back to 400"} <= set(texts)
     assert "committed step" not in texts
 
 
-def test_a_step_that_goes_back_is_a_rollback(tmp_path):
-    events = ps_events()
-    events.insert(3, {"elapsed": 9.9, "kind": "progress", "round": 1, "size": 2, "step": 430})
+def test_a_committed_step_that_goes_back_is_a_rollback(tmp_path):
+    """The state lost: training starts again from step 0. A snapshot of an older commit,
+    written as training went on, is no going back; nor is a ps checkpoint's step, a
+    count of its own, below the committed one."""
+
+    def e(x, cls, **fields):
+        return {"elapsed": x, "kind": cls.kind, **fields}
+
+    def progress(x, step):
+        return e(x, ev.Progress, round=1, size=2, step=step, steps_per_second=None)
+
+    events = [
+        progress(1.0, 100),
+        e(1.5, ev.CheckpointWritten, step=36, checkpoint=1),
+        e(2.0, ev.SnapshotWritten, step=90, round=1, path="/s", host="", seconds=0.1, bytes=1),
+        progress(3.0, 200),
+        e(4.0, ev.StateLost, round=3, previous=2, step=210),
+        progress(5.0, 50),
+    ]
     tl = build_timeline(events)
-    assert not tl.steps_are_checkpoints
-    assert tl.rollbacks == ((10.5, 400),)  # the restart went back below step 430
+    assert [s for _, s in tl.steps] == [100, 100, 200, 210, 0, 50]
+    assert tl.rollbacks == ((4.0, 0.0),)
     assert summary(tl).endswith(
-        "1 ps restart, last step 600, 1 rollback; no end recorded after 14s"
+        "last step 50, last checkpoint step 36, 1 rollback; no end recorded after 5.0s"
     )
-    path = tmp_path / "ps.jsonl"
+    path = tmp_path / "lost.jsonl"
     write_events(path, events, torn=False)
-    texts = svg_texts(plot(path, tmp_path / "ps.svg"))
-    assert {"committed step", "rollback", "back to 400"} <= set(texts)
+    texts = svg_texts(plot(path, tmp_path / "lost.svg"))
+    assert {"committed step", "rollback", "back to 0"} <= set(texts)
+
+
+@pytest.mark.system
+@pytest.mark.timeout(120)
+def test_the_picture_of_a_real_ps_job(tmp_path):
+    """A real ps job (``--num-ps 1``) whose workers commit their place in the data: the
+    shards' final checkpoint is said after ``job_done`` (the shards stop after the job
+    ends) and is still that run's; the picture has its round, a committed step at each
+    progress report and at the job's end, and the checkpoints' steps apart from them."""
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = tmp_path / "ckpt"
+    args = ["-np", "2", "--num-ps", "1", "--ps-checkpoint-dir", str(ckpt)]
+    args += ["--ps-checkpoint-interval", "0.3", "python", str(PS_LINEAR), str(out)]
+    with ElasticRun([*args, "--steps", "300"], tmp_path) as run:
+        assert run.wait(timeout=100) == 0, run.stderr_tail()
+        events = run.events()
+    kinds = [e["kind"] for e in events]
+    assert kinds[-1] == "checkpoint_written" and events[-1]["final"]
+    assert kinds.index("job_done") < len(kinds) - 1  # the final checkpoint comes after
+    done = events[kinds.index("job_done")]
+    assert done["step"] > 0
+    assert f"job done in round 1 at step {done['step']} (2 workers" in run.err_path.read_text()
+
+    tl = build_timeline(events)
+    told = [e["step"] for e in events if e["kind"] in ("progress", "job_done")]
+    assert [s for _, s in tl.steps] == told and len(told) >= 2 and not tl.rollbacks
+    checkpoints = [e["step"] for e in events if e["kind"] == "checkpoint_written"]
+    assert [s for _, s in tl.checkpoints] == checkpoints and checkpoints[-1] >= 300
+    assert summary(tl).startswith(
+        f"1 round, last step {done['step']}, last checkpoint step {checkpoints[-1]}; job done after "
+    )
+    # Two runs appended to one file: each keeps its own tail, the picture is the last.
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(run.events_path.read_text() * 2)
+    runs = split_runs(load_events(twice)[0])
+    assert [len(r) for r in runs] == [len(events)] * 2
+    done_cmd = run_plot(str(twice), "-o", str(tmp_path / "ps.svg"))
+    assert done_cmd.returncode == 0, done_cmd.stderr
+    texts = svg_texts(tmp_path / "ps.svg")
+    assert "elastic-run: twice.jsonl (the last of 2 runs in the file)" in texts
+    assert summary(tl) in texts and "no round formed" not in texts
+    assert {"r1", "committed step", "checkpoint (ps step)", "step"} <= set(texts)
+
+
+def test_version_and_usage_name_the_command():
+    version = run_plot("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"elastic-plot {package_version()}"
+    usage = run_plot()
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: elastic-plot ")
 
 
 def test_without_matplotlib_an_existing_picture_is_left_alone(tmp_path):

@@ -19,6 +19,7 @@ from driver.job.loop import Job
 from driver.job.messages import (
     ChaosTick,
     FailureReport,
+    ProgressReported,
     RegistryResync,
     SignalReceived,
     changes_nothing,
@@ -27,7 +28,7 @@ from driver.job.wiring import job_env, worker_env
 from driver.launch.base import Launcher
 from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord, WorkerState
-from rendezvous.plan import FailureRecord, Plan, WorkerInfo
+from rendezvous.plan import FailureRecord, Plan, ProgressRecord, WorkerInfo
 from rendezvous.store import DELETE, PUT, Event, KeyValue, KVStore
 from tests.support.jobs import wait_until
 
@@ -416,6 +417,49 @@ def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypat
     job.turn(max_wait=10.0)
     job.turn(max_wait=0.0)
     assert turns == [1]
+
+
+def test_rank_0s_first_step_is_said_at_once_and_the_rest_turn_no_rules(harness, monkeypatch):
+    """Rank 0 rewrites its step every second: its first record is said at once (a job
+    of a few seconds says one), the ones after it run no turn of the rules each (the
+    progress rule wakes itself for its next line), and that line, an interval on, says
+    the newest step and the rate between the records at the interval's ends."""
+    job, _, events, clock = harness("-np", "2", "--progress-interval", "10")
+    first_round(job, 2)
+    turns: list[int] = []
+    reconcile = job._reconcile
+
+    def counted() -> None:
+        turns.append(1)
+        reconcile()
+
+    monkeypatch.setattr(job, "_reconcile", counted)
+
+    def progress(step: int) -> ProgressReported:
+        assert job.plan is not None
+        return ProgressReported(ProgressRecord(step, job.plan.round_id, "w").to_json())
+
+    job.turn(max_wait=0.02)  # a wake-up: the next turn runs the rules
+    start = clock.now
+    for step in (3, 23):  # the turn after the first record says it
+        job.post(progress(step))
+        job.turn(max_wait=10.0)
+    said = [e for e in events if e.kind == "progress"]
+    assert [(e.step, e.steps_per_second) for e in said] == [(3, None)]
+    turns.clear()
+    clock.now = start + 0.5  # (before any wake-up of the rules' own)
+    for step in range(43, 203, 20):  # one by one, as they arrive
+        job.post(progress(step))
+        job.turn(max_wait=10.0)
+    job.turn(max_wait=0.0)  # (a turn here: the last record asked for one)
+    assert turns == [] and job.book.progress_step == 183
+    clock.now = start + 8.0
+    job.post(progress(203))
+    job.turn(max_wait=10.0)
+    clock.now = start + 10.0
+    job.turn(max_wait=0.0)
+    said = [e for e in events if e.kind == "progress"]
+    assert [(e.step, e.steps_per_second) for e in said] == [(3, None), (203, 25.0)]
 
 
 def test_an_unreadable_failure_report_is_ignored_and_the_job_goes_on(harness, caplog):

@@ -957,31 +957,124 @@ def test_an_unreachable_store_is_said_at_once_again_and_when_back():
     assert str(said[0]) == "the rendezvous store is back after 10s"
 
 
-def test_progress_is_said_every_interval_with_the_rate_between_publications():
-    cfg = config("-np", "2", "--progress-interval", "10")
-    p = plan_of(3, rec("a", 0), rec("b", 1))
-    assert policy.progress_report(Book(0.0), p, cfg, now=1.0) == (
-        (),
-        Book(0.0),
-    )  # no step published yet
-    book = Book(0.0).progressed(100, now=2.0)
-    assert book.progress_rate is None
-    decisions, book = policy.progress_report(book, p, cfg, now=2.0)
-    assert decisions == (
-        Report(ev.Progress(round=3, size=2, step=100, steps_per_second=None)),
-        Wait(12.0, "the next progress line"),
-    )
-    book = book.progressed(600, now=7.0).progressed(1100, now=12.0)
-    decisions, _ = policy.progress_report(book, p, cfg, now=11.0)
-    assert decisions == (Wait(12.0, "the next progress line"),)
-    decisions, book = policy.progress_report(book, p, cfg, now=12.0)
-    assert decisions[0] == Report(ev.Progress(round=3, size=2, step=1100, steps_per_second=100.0))
-    assert str(decisions[0].event) == "progress: round 3, 2 workers, step 1100 (100.0 steps/s)"
-    # Rank 0 publishes only a step that moved: none for 2.5 intervals is a stall.
-    decisions, book = policy.progress_report(book, p, cfg, now=22.0)
-    assert progress_event(decisions).steps_per_second == 100.0
-    decisions, _ = policy.progress_report(book, p, cfg, now=12.0 + 26.0)
-    assert progress_event(decisions).steps_per_second == 0.0
+class Reports:
+    """The driver's side of rank 0's progress records, on a fake clock: ``report`` is
+    a record heard at ``now``, ``line`` a turn of the progress rule (its event, if it
+    says one)."""
+
+    def __init__(self, *args: str):
+        self.cfg = config("-np", "2", *args)
+        self.book = Book(0.0)
+
+    def report(self, step: int, now: float, round_id: int = 1) -> None:
+        self.book = policy.progress_reported(self.book, step, round_id, self.cfg, now)
+
+    def said(self, now: float, plan: Plan | None = None) -> list[ev.Progress]:
+        plan = plan or plan_of(1, rec("a", 0), rec("b", 1))
+        decisions, self.book = policy.progress_report(self.book, plan, self.cfg, now)
+        return [
+            d.event for d in decisions if isinstance(d, Report) and isinstance(d.event, ev.Progress)
+        ]
+
+    def line(self, now: float, plan: Plan | None = None) -> ev.Progress:
+        said = self.said(now, plan)
+        assert len(said) == 1, said
+        return said[0]
+
+
+def test_progress_is_said_at_rank_0s_first_report_then_every_interval():
+    reports = Reports("--progress-interval", "10")
+    assert reports.said(now=1.0) == []  # no step reported yet
+    reports.report(3, now=1.0)
+    assert reports.line(now=1.0) == ev.Progress(round=1, size=2, step=3, steps_per_second=None)
+    decisions, _ = policy.progress_report(reports.book, plan_of(1), reports.cfg, now=5.0)
+    assert decisions == (Wait(11.0, "the next progress line"),)
     off = config("-np", "2", "--progress-interval", "0")
-    assert policy.progress_report(book, p, off, now=100.0) == ((), book)
-    assert policy.progress_report(book, None, cfg, now=100.0) == ((), book)
+    assert policy.progress_report(reports.book, plan_of(1), off, now=100.0) == ((), reports.book)
+    assert policy.progress_report(reports.book, None, reports.cfg, now=100.0) == ((), reports.book)
+
+
+def test_the_line_says_the_newest_step_across_rounds_and_its_rate_over_the_interval():
+    """Rank 0 reports every second (``progress_period``), whichever worker it is: each
+    line says the step of a second ago at most, never the same step again while training
+    runs, and the rate over the last interval of wall time."""
+    reports = Reports("--progress-interval", "10")
+    lines: list[ev.Progress] = []
+    for t in range(1, 32):  # 17 steps/s; a new round (and rank 0) every 4 seconds
+        reports.report(17 * t, now=float(t), round_id=1 + t // 4)
+        lines += reports.said(now=t + 0.5, plan=plan_of(1 + t // 4, rec("a", 0)))
+    said = lines
+    assert [(p.round, p.step) for p in said] == [(1, 17), (3, 187), (6, 357), (8, 527)]
+    assert [p.steps_per_second for p in said] == [None, 17.0, 17.0, 17.0]
+    assert str(said[1]) == "progress: round 3, 1 worker, step 187 (17.0 steps/s)"
+
+
+def test_a_stall_reads_0_steps_per_second_and_a_quiet_rank_0_is_said():
+    reports = Reports("--progress-interval", "10")
+    reports.report(10, now=1.0)
+    assert reports.line(now=1.0).steps_per_second is None
+    for t in range(2, 12):
+        reports.report(min(10 * t, 50), now=float(t))  # no new step from t=5 on
+    assert reports.line(now=11.0).steps_per_second == 4.0  # 40 steps from t=1 to t=11
+    for t in range(12, 22):
+        reports.report(50, now=float(t))
+    assert reports.line(now=21.0).steps_per_second == 0.0
+    # Rank 0 not heard for more than 3 report periods: its step is that old, no rate.
+    quiet = reports.line(now=31.0)
+    assert quiet.steps_per_second is None and quiet.quiet_for == 10.0
+    assert str(quiet) == "progress: round 1, 2 workers, step 50 (rank 0 not heard for 10s)"
+
+
+def test_a_step_that_went_back_is_said_and_the_rate_never_goes_negative():
+    """The state lost (or a resume from an older snapshot): rank 0's step goes back;
+    the line says so instead of a negative rate, and the rate starts over from there."""
+    reports = Reports("--progress-interval", "10")
+    reports.report(20, now=1.0, round_id=4)
+    reports.line(now=1.0)
+    for t in range(2, 11):
+        reports.report(20 * t, now=float(t), round_id=4)
+    reports.report(3, now=11.0, round_id=7)  # round 7 trains from the initial state
+    back = reports.line(now=11.0)
+    assert back.step == 3 and back.back_from == 200 and back.steps_per_second is None
+    assert str(back) == "progress: round 1, 2 workers, step 3 (went back from step 200)"
+    for t in range(12, 22):
+        reports.report(3 + 5 * (t - 11), now=float(t), round_id=7)
+    after = reports.line(now=21.0)
+    assert after.back_from is None and after.steps_per_second == 5.0
+    # A record of an older round heard late (its rank 0 had not yet seen the new one)
+    # is no going back.
+    reports.report(210, now=21.5, round_id=4)
+    assert reports.book.progress_step == 53 and reports.book.progress_back_from is None
+
+
+def test_the_rate_spans_an_outage_at_its_true_length():
+    """No report while the store is away, then two delivered at once: the rate is the
+    steps over the whole time between the reports at the window's ends, not a burst
+    over the milliseconds between the late ones."""
+    reports = Reports("--progress-interval", "10")
+    reports.report(10, now=1.0)
+    reports.line(now=1.0)
+    for t in range(2, 11):
+        reports.report(10 * t, now=float(t))
+    assert reports.line(now=11.0).steps_per_second == 10.0
+    assert reports.line(now=21.0).quiet_for == 11.0
+    reports.report(290, now=30.0)
+    reports.report(300, now=30.001)
+    after = reports.line(now=31.0)
+    assert after.quiet_for is None and after.steps_per_second == pytest.approx(10.0, rel=1e-3)
+
+
+def test_the_job_done_line_says_the_step_training_ended_at():
+    p = plan_of(3, rec("a", 0), rec("b", 1))
+    done = table(
+        rec("a", 0, state=S.FINISHED, exit_code=0), rec("b", 1, state=S.FINISHED, exit_code=0)
+    )
+    reports = Reports("--progress-interval", "0")  # no lines, and still the last step
+    reports.book = dataclasses.replace(reports.book, resets=2)
+    reports.report(60, now=4.0, round_id=3)  # (a finish record, heard as the job ends)
+    succeed = policy.outcome(done, p, reports.book)
+    assert succeed == Succeed(3, 2, 2, step=60)
+    assert isinstance(succeed, Succeed)
+    event = ev.JobDone(succeed.round, succeed.size, succeed.resets, succeed.step)
+    assert str(event) == "job done in round 3 at step 60 (2 workers, 2 resets)"
+    assert str(ev.JobDone(3, 2, 2)) == "job done in round 3 (2 workers, 2 resets)"

@@ -659,8 +659,8 @@ def test_an_etcd_outage_is_said_at_once_again_and_when_it_ends(tmp_path, etcd_si
 
 @pytest.mark.timeout(90)
 def test_progress_lines_and_events_for_a_collective_job(tmp_path, etcd_server):
-    """Rank 0 publishes its step at most once per interval (one store write per
-    interval, never one per step); the driver says it every interval."""
+    """Rank 0 publishes its step every ``progress_period`` (here the interval: one
+    store write per interval, never one per step); the driver says it every interval."""
     import uuid
 
     from rendezvous import open_store
