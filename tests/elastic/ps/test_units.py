@@ -1,5 +1,5 @@
 """Unit tests of the pure parameter-server parts: partitioner, optimizers, wire format,
-chunk staging, settings, protocol headers."""
+the client's fan-out and create requests, chunk staging, settings, protocol headers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from elastic.ps import wire
+from elastic.ps.client.create import create_requests
+from elastic.ps.client.fanout import Fanout, FanoutNestingError
 from elastic.ps.errors import PSConfigError, PSShapeError, PSTransferError
 from elastic.ps.optimizers import SGD, Adam, Momentum, make_optimizer
 from elastic.ps.partition import Slice, assemble, home_shard, place, row_ranges, slice_for
@@ -216,6 +218,44 @@ def test_wire_rejects_objects_and_truncation():
 def test_encode_parts_joins_to_encode():
     tensors = [({"n": 1}, np.arange(5.0))]
     assert b"".join(wire.encode_parts({"a": 1}, tensors)) == wire.encode({"a": 1}, tensors)
+
+
+# ------------------------------------------------------------------ client fan-out
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_fanout_task_that_fans_out_again_is_refused_at_once_not_a_deadlock(workers):
+    """Every thread busy with a task that waits on the same pool would hang for good (a
+    re-create of lost variables under a push did, with one shard): refused instead."""
+    fanout = Fanout(workers, "test-fanout")
+    try:
+        with pytest.raises(FanoutNestingError):
+            fanout.each(lambda i: fanout.each(lambda j: j, [i]), range(workers))
+        assert fanout.each(lambda i: 2 * i, range(workers)) == {i: 2 * i for i in range(workers)}
+    finally:
+        fanout.shutdown()
+
+
+def test_the_create_requests_of_one_shard_are_its_share_of_every_shards():
+    """A re-create sends a shard what ``init`` sent it: its slices, by optimizer config."""
+    sgd, adam = make_optimizer("sgd", 0.1).config(), make_optimizer("adam", 0.01).config()
+    values = {
+        "big": (np.arange(40.0).reshape(20, 2), sgd),  # split across the shards
+        "small": (np.ones(3), adam),
+        "scalar": (np.array(2.0), sgd),
+    }
+
+    def decoded(requests):
+        out = []
+        for args, payload in requests:
+            _, tensors = wire.decode(b"".join(bytes(p) for p in payload))
+            out.append((args, [(meta, a.tolist()) for meta, a in tensors]))
+        return out
+
+    every = create_requests(values, 3, 64)
+    assert set(every) == {0, 1, 2}
+    for i in range(3):
+        alone = create_requests(values, 3, 64, only=i)
+        assert list(alone) == [i]
+        assert decoded(alone[i]) == decoded(every[i])
 
 
 # ------------------------------------------------------------------ staging
