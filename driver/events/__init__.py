@@ -63,6 +63,7 @@ from driver.events.job import (
     Waiting,
 )
 from driver.events.ps import (
+    CheckpointFailed,
     CheckpointWritten,
     PsBackupExited,
     PsBackupReady,
@@ -147,6 +148,7 @@ __all__ = [
     "PsRestarted",
     "PsRolledBack",
     "CheckpointWritten",
+    "CheckpointFailed",
     # snapshots
     "SnapshotWritten",
     "SnapshotFailed",

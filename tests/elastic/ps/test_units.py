@@ -1,10 +1,12 @@
 """Unit tests of the pure parameter-server parts: partitioner, optimizers, wire format,
-the client's fan-out and create requests, chunk staging, settings, protocol headers."""
+the client's fan-out and create requests, what is said of failed checkpoints, chunk
+staging, settings, protocol headers."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 
 import numpy as np
 import pytest
@@ -17,8 +19,10 @@ from elastic.ps.optimizers import SGD, Adam, Momentum, make_optimizer
 from elastic.ps.partition import Slice, assemble, home_shard, place, row_ranges, slice_for
 from elastic.ps.protocol import Part
 from elastic.ps.settings import ClientSettings, ServerSettings
+from elastic.ps.shard.failures import CheckpointFailures
 from elastic.ps.shard.staging import Staging
 from rendezvous.net.rpc import frame
+from rendezvous.plan import CheckpointFailedRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
@@ -256,6 +260,41 @@ def test_the_create_requests_of_one_shard_are_its_share_of_every_shards():
         alone = create_requests(values, 3, 64, only=i)
         assert list(alone) == [i]
         assert decoded(alone[i]) == decoded(every[i])
+
+
+# ------------------------------------------------------------------ failed checkpoints
+def test_a_streak_of_failed_checkpoints_is_said_at_once_then_once_a_minute(caplog):
+    """Every attempt failing each second on a full disk makes one line a minute, with the
+    count; a stop's checkpoint that fails is always said; a written one ends the streak."""
+    now = [0.0]
+    reports: list[CheckpointFailedRecord] = []
+    failures = CheckpointFailures("/ckpt", reports.append, interval=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, "elastic.ps.shard.coordinator"):
+        for second in range(130):  # attempts 1..130, one a second
+            now[0] = float(second)
+            failures.failed(second + 1, 10 * second, "No space left on device", (2, 7))
+        assert [(r.checkpoint_id, r.attempts, r.final) for r in reports] == [
+            (1, 1, False),
+            (61, 61, False),
+            (121, 121, False),
+        ]
+        now[0] = 130.5
+        failures.failed(131, 1300, "No space left on device", (2, 7), final=True)
+        assert (reports[-1].attempts, reports[-1].final, reports[-1].newest_step) == (131, True, 7)
+        failures.written(132)
+        assert failures.attempts == 0
+        failures.failed(133, 1320, "shard 1 did not answer", None)  # a new streak: at once
+    assert [r.attempts for r in reports] == [1, 61, 121, 131, 1]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 6 and lines[4] == "checkpoint 132 written, after 131 failed attempts"
+    assert lines[1] == (
+        "checkpoint 61 (step 600) failed (61 attempts in a row): No space left on device; "
+        "the newest complete is checkpoint 2 (step 7)"
+    )
+    assert lines[3] == (
+        "no final checkpoint for the stop: No space left on device; a restart resumes from "
+        "checkpoint 2 (step 7)"
+    )
 
 
 # ------------------------------------------------------------------ staging
