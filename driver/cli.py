@@ -3,7 +3,8 @@
 Exit status: 0 when every worker of the final round exited 0 (and for a joined node
 that left on SIGTERM: its host drained, the job goes on); 1 with a one-line reason
 when the job failed (reset limit, elastic timeout, every host blacklisted, a worker of the
-final round failed, a discovery or store error, the committed state lost); 3 when another
+final round failed, a discovery or store error, the committed state lost, or training
+finished but the ps shards' final checkpoint could not be written); 3 when another
 driver took the job over (this one steers nothing more; the job goes on under the new
 leader); 128 + N when signal N stopped it (143 for SIGTERM, 130 for SIGINT), after its
 final snapshot with ``--checkpoint-dir``: a stopped job is resumable, not failed; 0 for

@@ -111,6 +111,14 @@ class JobKeys:
         written by the coordinating shard, watched by the driver."""
         return f"{self.prefix}ps-checkpoint"
 
+    @property
+    def ps_checkpoint_failed(self) -> str:
+        """The newest report of ps checkpoints that failed (JSON of
+        ``rendezvous.plan.CheckpointFailedRecord``): written by the coordinating shard
+        (rate-limited while failures go on, and when a stop's final checkpoint cannot be
+        written), watched by the driver, which says so."""
+        return f"{self.prefix}ps-checkpoint-failed"
+
     # ---- durable snapshots of the workers' state (``elastic.snapshots``)
     @property
     def snapshot_at(self) -> str:
@@ -148,7 +156,8 @@ class JobKeys:
     @property
     def ps_records(self) -> str:
         """The prefix every ps key of the job shares (``ps/``, ``ps-config``,
-        ``ps-checkpoint``, ``ps-backup/``, ``ps-replica/``, ``ps-rollback``): one watch
+        ``ps-checkpoint``, ``ps-checkpoint-failed``, ``ps-backup/``, ``ps-replica/``,
+        ``ps-rollback``): one watch
         of it sees what the shards say in the order the store took it."""
         return f"{self.prefix}ps"
 

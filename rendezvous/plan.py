@@ -213,6 +213,27 @@ class JsonRecord:
 
 
 @dataclass(frozen=True)
+class CheckpointFailedRecord(JsonRecord):
+    """Coordinated ps checkpoints fail, under ``JobKeys.ps_checkpoint_failed`` (written
+    by the coordinating shard at the first failure of a streak, then at most once a
+    minute while the failures go on, and always when ``final``). ``checkpoint_id``: the
+    attempt that failed last, of the shards' ``step`` (None: not known, the attempt
+    ended before the shards said); ``error``: why, in one line; ``attempts``: failed
+    attempts in a row so far; ``final``: it was the checkpoint the shards stop with, so
+    their state since ``newest`` (the newest complete checkpoint, of ``newest_step``;
+    None: there is none) is lost when they stop."""
+
+    checkpoint_id: int
+    step: int | None
+    dir: str
+    error: str
+    attempts: int = 1
+    final: bool = False
+    newest: int | None = None
+    newest_step: int | None = None
+
+
+@dataclass(frozen=True)
 class PSConfigRecord(JsonRecord):
     """What the driver started of parameter servers, under ``JobKeys.ps_config``:
     ``num_shards`` (0: the job runs none) and their ``mode``."""

@@ -65,6 +65,7 @@ from driver.events.job import (
     Waiting,
 )
 from driver.events.ps import (
+    CheckpointFailed,
     CheckpointWritten,
     PsBackupExited,
     PsBackupReady,
@@ -149,6 +150,7 @@ __all__ = [
     "PsRestarted",
     "PsRolledBack",
     "CheckpointWritten",
+    "CheckpointFailed",
     # snapshots
     "SnapshotWritten",
     "SnapshotFailed",

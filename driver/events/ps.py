@@ -1,6 +1,7 @@
 """The events of the parameter-server shards: started, exited, restarted, rolled back
-to an older step, and each coordinated checkpoint written; under ``--ps-replicas 1`` a
-backup in step, a backup exited, and a failover to a backup (``driver.ps`` emits them).
+to an older step, each coordinated checkpoint written, and checkpoints that fail; under
+``--ps-replicas 1`` a backup in step, a backup exited, and a failover to a backup
+(``driver.ps`` emits them).
 """
 
 from __future__ import annotations
@@ -63,6 +64,45 @@ class CheckpointWritten(Event):
         return (
             f"{'final ' if self.final else ''}checkpoint {self.checkpoint} of step "
             f"{self.step} written in {format_seconds(self.seconds)} to {self.path}"
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointFailed(Event):
+    """Coordinated checkpoints fail: attempt ``checkpoint`` in ``path``, of the shards'
+    step ``step`` (None: not known), failed for ``error``, the last of ``attempts`` in
+    a row (said at a streak's first failure, then at most once a minute). ``newest``
+    is the newest complete checkpoint, of ``newest_step`` (None: there is none).
+    ``final``: it was the checkpoint the shards stop with, so what they trained since
+    ``newest`` is lost."""
+
+    kind: ClassVar[str] = "checkpoint_failed"
+    checkpoint: int
+    step: int | None
+    path: str
+    error: str
+    attempts: int
+    final: bool = False
+    newest: int | None = None
+    newest_step: int | None = None
+
+    def __str__(self) -> str:
+        newest = f"checkpoint {self.newest} of step {self.newest_step}"
+        if self.final:
+            lost = ""
+            if self.step is not None:
+                lost = f" ({plural(self.step - (self.newest_step or 0), 'step')} lost)"
+            resume = (
+                "starts from the beginning" if self.newest is None else f"resumes from {newest}"
+            )
+            return (
+                f"final ps checkpoint not written to {self.path}: {self.error}; "
+                f"a restart {resume}{lost}"
+            )
+        has = "none is complete yet" if self.newest is None else f"the newest complete is {newest}"
+        return (
+            f"ps checkpoints fail ({plural(self.attempts, 'attempt')} in a row): "
+            f"checkpoint {self.checkpoint} in {self.path}: {self.error}; {has}"
         )
 
 

@@ -363,6 +363,11 @@ class Job:
         if isinstance(decision, dec.Fail):
             raise JobFailed(decision.reason)
         if isinstance(decision, dec.Succeed):
+            # The ps shards stop first: what the job trained is in their final
+            # checkpoint, and a job that could not write it is no plain success.
+            lost = self._services.stop_shards()
+            if lost is not None:
+                raise JobFailed(f"training finished, but {lost}")
             done = ev.JobDone(decision.round, decision.size, decision.resets, decision.step)
             self.events.emit(done)
             return 0

@@ -296,6 +296,7 @@ class JobServices:
             clock=self._clock,
             placement=placement,
             replicas=cfg.ps_replicas,
+            checkpoints=bool(cfg.ps_checkpoint_dir),
         )
 
     def start_chaos(self) -> None:
@@ -350,9 +351,17 @@ class JobServices:
     def stop(self) -> None:
         """Stop the chaos and the ps shards (the workers are the caller's); a driver that
         lost the lead leaves the shards to the new leader."""
-        for component in (self.chaos, self._ps if self.leads else None):
-            if component is not None:
-                component.stop()
+        if self.chaos is not None:
+            self.chaos.stop()
+        self.stop_shards()
+
+    def stop_shards(self) -> str | None:
+        """Stop the ps shards, when there are and this driver leads the job (again: the
+        first call's answer): why their last state is in no checkpoint
+        (``PSSupervisor.stop``), None when it is or there is nothing to say."""
+        if self._ps is None or not self.leads:
+            return None
+        return self._ps.stop()
 
     def close(self) -> None:
         """Delete the job's keys and end the driver's lease (when this driver still

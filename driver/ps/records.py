@@ -5,8 +5,13 @@ took them, through outages (``rendezvous.watch.follow_prefix``).
 * a shard's ``ShardInfo`` (``ps_shard(i)``), a backup's (``ps_backup(i)``) and a
   shard's ``ReplicaRecord`` (``ps_replica(i)``) go to the supervisor, which knows which
   process is which (``on_shard``, ``on_backup``, ``on_replica``);
-* each complete checkpoint (``ps_checkpoint``) and each rollback (``ps_rollback``) is
-  reported here, once, as ``checkpoint_written`` and ``ps_rolled_back``.
+* each complete checkpoint (``ps_checkpoint``), each report of checkpoints that fail
+  (``ps_checkpoint_failed``) and each rollback (``ps_rollback``) is reported here, once,
+  as ``checkpoint_written``, ``checkpoint_failed`` and ``ps_rolled_back``.
+
+Whether the shards stopped with their state in a checkpoint is the newer of the two
+final records, in the store's order: a final ``CheckpointRecord`` (written) or a final
+``CheckpointFailedRecord`` (not written: ``final_failure``).
 """
 
 from __future__ import annotations
@@ -16,18 +21,24 @@ import threading
 from collections.abc import Sequence
 from typing import Callable
 
-from driver.events import CheckpointWritten, EventSink, PsRolledBack
+from driver.events import CheckpointFailed, CheckpointWritten, EventSink, PsRolledBack
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointRecord, ReplicaRecord, RollbackRecord, ShardInfo
+from rendezvous.plan import (
+    CheckpointFailedRecord,
+    CheckpointRecord,
+    ReplicaRecord,
+    RollbackRecord,
+    ShardInfo,
+)
 from rendezvous.store import PUT, Event, KeyValue, KVStore
 from rendezvous.watch import follow_prefix
 
 log = logging.getLogger(__name__)
 
 FINAL_RECORD_WAIT = 5.0
-"""Bound on reading the final checkpoint's record once shard 0 has exited."""
+"""Bound on reading the final checkpoint's records once shard 0 has exited."""
 
 
 class ShardRecords:
@@ -61,6 +72,9 @@ class ShardRecords:
         self._lock = threading.Lock()
         self._last_checkpoint: tuple[int, bool] | None = None
         self._last_rollback = 0  # the mod revision of the newest rollback reported
+        self._last_failure = 0  # ... and of the newest checkpoint failure reported
+        # the newest final record (mod revision; the failure, None: written)
+        self._final: tuple[int, CheckpointFailed | None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -106,15 +120,24 @@ class ShardRecords:
             elif key.startswith(keys.ps_replicas):
                 self._on_replica(ReplicaRecord.from_json(kv.value), kv.mod_revision)
             elif key == keys.ps_checkpoint:
-                self._take_checkpoint(CheckpointRecord.from_json(kv.value))
+                self._take_checkpoint(CheckpointRecord.from_json(kv.value), kv.mod_revision)
+            elif key == keys.ps_checkpoint_failed:
+                self._take_failure(CheckpointFailedRecord.from_json(kv.value), kv.mod_revision)
             elif key == keys.ps_rollback:
                 self._take_rollback(RollbackRecord.from_json(kv.value), kv.mod_revision)
         except (ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable ps record under %s: %s", key, exc)
 
-    def _take_checkpoint(self, record: CheckpointRecord) -> None:
+    def _note_final(self, revision: int, failure: CheckpointFailed | None) -> None:
+        """A final record at ``revision`` (call under the lock)."""
+        if self._final is None or revision > self._final[0]:
+            self._final = (revision, failure)
+
+    def _take_checkpoint(self, record: CheckpointRecord, revision: int) -> None:
         taken = (record.checkpoint_id, record.final)
         with self._lock:
+            if record.final:
+                self._note_final(revision, None)
             # The same checkpoint read again (after a watch ended, or by the final read),
             # or an older one the watch delivers after the final read: not news.
             if self._last_checkpoint is not None and taken <= self._last_checkpoint:
@@ -129,6 +152,31 @@ class ShardRecords:
                 final=record.final,
             )
         )
+
+    def _take_failure(self, record: CheckpointFailedRecord, revision: int) -> None:
+        event = CheckpointFailed(
+            checkpoint=record.checkpoint_id,
+            step=record.step,
+            path=record.dir,
+            error=record.error,
+            attempts=record.attempts,
+            final=record.final,
+            newest=record.newest,
+            newest_step=record.newest_step,
+        )
+        with self._lock:
+            if record.final:
+                self._note_final(revision, event)
+            if revision <= self._last_failure:
+                return  # read again after a watch ended, or by the final read
+            self._last_failure = revision
+        self._events.emit(event)
+
+    def final_failure(self) -> CheckpointFailed | None:
+        """The report that the shards' final checkpoint could not be written, when the
+        newest final record says so (None: it was written, or none was read)."""
+        with self._lock:
+            return self._final[1] if self._final is not None else None
 
     def _take_rollback(self, record: RollbackRecord, revision: int) -> None:
         with self._lock:
@@ -146,19 +194,21 @@ class ShardRecords:
         )
 
     def read_final_checkpoint(self) -> None:
-        """Take the checkpoint record as shard 0 left it (the watch may not have
-        delivered it yet), reading the store from a thread so that an unreachable
-        store delays the stop by ``FINAL_RECORD_WAIT`` at most."""
+        """Take the checkpoint records (written, failed) as shard 0 left them (the
+        watch may not have delivered them yet), reading the store from a thread so
+        that an unreachable store delays the stop by ``FINAL_RECORD_WAIT`` at most."""
         found: list[KeyValue | None] = []
 
         def read() -> None:
             try:
-                found.append(self._store.get(self._keys.ps_checkpoint))
+                for key in (self._keys.ps_checkpoint, self._keys.ps_checkpoint_failed):
+                    found.append(self._store.get(key))
             except RendezvousError as exc:
-                log.warning("cannot read the final checkpoint's record: %s", exc)
+                log.warning("cannot read the final checkpoint's records: %s", exc)
 
         reader = threading.Thread(target=read, name="ps-final-checkpoint", daemon=True)
         reader.start()
         reader.join(timeout=FINAL_RECORD_WAIT)
-        if found and found[0] is not None:
-            self.take(found[0])
+        for kv in list(found):
+            if kv is not None:
+                self.take(kv)

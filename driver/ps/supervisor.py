@@ -11,7 +11,8 @@ the one route for these facts (``driver.ps.records`` follows it):
   process the supervisor runs as the shard, so the record of a shard that died is never
   taken for its replacement's (``ps_started``);
 * the coordinating shard writes a ``CheckpointRecord`` after each complete checkpoint
-  (``checkpoint_written``); a shard that restored an older step than the shards had
+  (``checkpoint_written``), and a ``CheckpointFailedRecord`` when checkpoints fail
+  (``checkpoint_failed``); a shard that restored an older step than the shards had
   reached writes a ``RollbackRecord`` (``ps_rolled_back``, with the steps lost).
 
 A shard that dies is restarted with the same arguments: it loads the newest complete
@@ -36,13 +37,17 @@ applies a push after it, so it holds the last step any worker saw applied), with
 ``FINAL_CHECKPOINT_TIMEOUT`` (its ``--stop-timeout``), and announces it with
 ``final`` set; the other shards, sealed, and the backups then stop at once. The
 supervisor reads that record once more after shard 0 exits, so ``checkpoint_written``
-with ``final`` is in the event log before ``stop`` returns.
+with ``final`` is in the event log before ``stop`` returns. When shard 0 cannot write
+that checkpoint it says so (``checkpoint_failed`` with ``final``), and ``stop`` returns
+why the shards' last state is in no checkpoint, for the job's end to say (and so does a
+shard 0 killed before it said either).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -58,6 +63,7 @@ from driver.events import (
     PsFailedOver,
     PsRestarted,
     PsStarted,
+    describe_code,
 )
 from driver.events.base import Event
 from driver.launch.base import Launcher
@@ -117,7 +123,8 @@ class PSSupervisor:
     ``localhost`` slot ``i``, output prefixed ``[psI]``, a backup's ``[psI-backup]``);
     ``events`` receives the ps events; ``on_fatal(reason)`` is called (from a supervisor
     thread) when the shards cannot go on. ``ready_timeout``: how long ``start`` waits;
-    ``store_patience``: how long the store may be unreachable before that is fatal."""
+    ``store_patience``: how long the store may be unreachable before that is fatal.
+    ``checkpoints``: the shards checkpoint (``--ps-checkpoint-dir``)."""
 
     def __init__(
         self,
@@ -134,12 +141,14 @@ class PSSupervisor:
         clock: Callable[[], float] = time.monotonic,
         placement: ShardPlacement | None = None,
         replicas: int = 0,
+        checkpoints: bool = False,
     ):
         self.commands = list(commands)
         self._placement = placement or ShardPlacement(lambda index, host: self.commands[index])
         self.env = dict(env)
         self.num_shards = len(self.commands)
         self.replicas = replicas
+        self.checkpoints = checkpoints
         self.ready_timeout = ready_timeout
         self._store = store
         self._keys = keys
@@ -151,6 +160,7 @@ class PSSupervisor:
         self._shards = {i: _Shard(i) for i in range(self.num_shards)}
         self._fatal: str | None = None
         self._stopping = threading.Event()
+        self._stopped: list[str | None] = []  # ``stop``'s answer, once it returned
         self._records = ShardRecords(
             store,
             keys,
@@ -233,20 +243,39 @@ class PSSupervisor:
             elif self.replicas:
                 self._launch_backup(index)
 
-    def stop(self, coordinator_grace: float = STOP_GRACE_COORDINATOR) -> None:
+    def stop(self, coordinator_grace: float = STOP_GRACE_COORDINATOR) -> str | None:
         """Stop every shard: shard 0 first (SIGTERM: its final checkpoint, SIGKILL after
         ``coordinator_grace`` seconds), then the others and the backups
-        (``STOP_GRACE``); report the final checkpoint (``checkpoint_written`` with
-        ``final``) when shard 0 wrote one."""
+        (``STOP_GRACE``); report the final checkpoint (``checkpoint_written`` or
+        ``checkpoint_failed`` with ``final``). Returns why the shards' last state is
+        in no checkpoint (shard 0 said it could not write it, or was killed before it
+        said anything), None when it is or there is nothing to say. A second call
+        returns the first one's answer."""
         with self._lock:
+            if self._stopped:
+                return self._stopped[0]
             self._stopping.set()
             shards = list(self._shards.values())
         coordinator = shards[0].primary if shards else None
-        if coordinator is not None and coordinator.stop(coordinator_grace) == 0:
-            self._records.read_final_checkpoint()
+        lost = None
+        if coordinator is not None:
+            code = coordinator.stop(coordinator_grace)
+            if code == 0:
+                self._records.read_final_checkpoint()
+            failure = self._records.final_failure()
+            if failure is not None:
+                lost = str(failure)
+            elif self.checkpoints and code == -signal.SIGKILL:  # past its grace
+                lost = (
+                    f"ps shard 0 was {describe_code(code)} before it wrote a final "
+                    "checkpoint: a restart resumes from the newest one, without the steps since"
+                )
         rest = [s.primary for s in shards[1:]] + [s.backup for s in shards]
         stop_all([p for p in rest if p is not None], STOP_GRACE)
         self._records.stop()
+        with self._lock:
+            self._stopped.append(lost)
+        return lost
 
     # ---- the records ----
     def _take_shard(self, info: ShardInfo) -> None:

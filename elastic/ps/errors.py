@@ -80,5 +80,14 @@ class PSCheckpointError(PSError):
     """A checkpoint file or manifest is missing, truncated or fails its checksum."""
 
 
+class PSCheckpointWriteError(PSError):
+    """A checkpoint file or manifest could not be written (the message names the file
+    and the system's error). The attempt is abandoned and the next one tries again."""
+
+
+class PSNoSpaceError(PSCheckpointWriteError):
+    """The checkpoint directory's disk (or the user's quota there) is full."""
+
+
 # Failures that mean "not there yet / not this process": try again (re-reading the address).
 RETRYABLE = (RendezvousConnectionError, PSNotReadyError, PSWrongShardError, PSTransferError)

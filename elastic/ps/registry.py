@@ -6,11 +6,13 @@ as soon as it serves (``ready`` False: it may still be restoring, and data calls
 answer "not ready" until it is), and again with ``ready`` True once restored; a
 restarted shard overwrites its key, and clients and peers re-read it after a failure.
 Shard 0 writes a ``CheckpointRecord`` under ``JobKeys.ps_checkpoint`` after each
-complete coordinated checkpoint. Under ``--ps-replicas 1`` a backup writes its
-``ShardInfo`` under ``JobKeys.ps_backup(i)`` instead, and who holds each shard is a
-``ReplicaRecord`` under ``JobKeys.ps_replica(i)``, changed by compare-and-swap only. A
-shard that restored an older state than the shards had reached says so with a
-``RollbackRecord`` under ``JobKeys.ps_rollback``.
+complete coordinated checkpoint, and a ``CheckpointFailedRecord`` under
+``JobKeys.ps_checkpoint_failed`` when checkpoints fail (``elastic.ps.shard.failures``).
+Under ``--ps-replicas 1`` a backup writes its ``ShardInfo`` under
+``JobKeys.ps_backup(i)`` instead, and who holds each shard is a ``ReplicaRecord`` under
+``JobKeys.ps_replica(i)``, changed by compare-and-swap only. A shard that restored an
+older state than the shards had reached says so with a ``RollbackRecord`` under
+``JobKeys.ps_rollback``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rendezvous import env, open_store
 from rendezvous.errors import RendezvousConnectionError
 from rendezvous.keys import JobKeys
 from rendezvous.plan import (
+    CheckpointFailedRecord,
     CheckpointRecord,
     Plan,
     PSConfigRecord,
@@ -48,6 +51,10 @@ class StoreRegistry:
     def publish_checkpoint(self, record: CheckpointRecord) -> None:
         """Raises RendezvousError when the store stays unreachable past its deadline."""
         self.store.put(self.keys.ps_checkpoint, record.to_json())
+
+    def publish_checkpoint_failure(self, record: CheckpointFailedRecord) -> None:
+        """Raises RendezvousError when the store stays unreachable past its deadline."""
+        self.store.put(self.keys.ps_checkpoint_failed, record.to_json())
 
     def publish_backup(self, info: ShardInfo) -> None:
         """A backup's record. Raises RendezvousError (store unreachable past its deadline)."""

@@ -324,9 +324,10 @@ def test_a_committed_step_that_goes_back_is_a_rollback(tmp_path):
 @pytest.mark.timeout(120)
 def test_the_picture_of_a_real_ps_job(tmp_path):
     """A real ps job (``--num-ps 1``) whose workers commit their place in the data: the
-    shards' final checkpoint is said after ``job_done`` (the shards stop after the job
-    ends) and is still that run's; the picture has its round, a committed step at each
-    progress report and at the job's end, and the checkpoints' steps apart from them."""
+    shards' final checkpoint is said just before ``job_done`` (the shards stop before the
+    job is said done) and the run ends with ``job_done``; the picture has its round, a
+    committed step at each progress report and at the job's end, and the checkpoints'
+    steps apart from them."""
     out = tmp_path / "out"
     out.mkdir()
     ckpt = tmp_path / "ckpt"
@@ -336,9 +337,10 @@ def test_the_picture_of_a_real_ps_job(tmp_path):
         assert run.wait(timeout=100) == 0, run.stderr_tail()
         events = run.events()
     kinds = [e["kind"] for e in events]
-    assert kinds[-1] == "checkpoint_written" and events[-1]["final"]
-    assert kinds.index("job_done") < len(kinds) - 1  # the final checkpoint comes after
-    done = events[kinds.index("job_done")]
+    final = [e for e in events if e["kind"] == "checkpoint_written" and e["final"]]
+    assert kinds[-1] == "job_done" and len(final) == 1
+    assert events.index(final[0]) < len(events) - 1  # the final checkpoint comes first
+    done = events[-1]
     assert done["step"] > 0
     assert f"job done in round 1 at step {done['step']} (2 workers" in run.err_path.read_text()
 

@@ -9,7 +9,9 @@ Every operation talks to all shards in parallel. A shard that is down, restartin
 restoring is retried (its address re-read from the store) for
 ``ClientSettings.retry_deadline`` seconds, so a worker sees a pause; past it
 ``PSUnavailableError`` is raised. A shard that lost its variables (restarted without
-a checkpoint) gets them re-created from this client's ``init`` values.
+a checkpoint) gets them re-created from this client's ``init`` values, by the call
+that found it out, on that shard alone: a call on the shards' fan-out never fans out
+again (``fanout.py``).
 
 Sync mode: ``push`` sends ``(round, size, rank, step, generation)`` and returns once
 the step is applied. It raises ``PSRoundChangedError`` (a ``HostsUpdatedInterrupt``)
@@ -30,6 +32,8 @@ from typing import Callable, Protocol, TypeVar
 import numpy as np
 
 from elastic.ps import wire
+from elastic.ps.client.create import CreateRequest, create_requests
+from elastic.ps.client.fanout import Fanout
 from elastic.ps.client.link import ShardLink
 from elastic.ps.client.rounds import RoundSource, RoundTracker
 from elastic.ps.client.sync import sync_step
@@ -42,10 +46,9 @@ from elastic.ps.errors import (
 )
 from elastic.ps.memory import tune_malloc
 from elastic.ps.optimizers import make_optimizer
-from elastic.ps.partition import Slice, place
+from elastic.ps.partition import Slice
 from elastic.ps.protocol import (
     ROLLED_BACK,
-    CreateArgs,
     Description,
     PullArgs,
     Pulled,
@@ -105,7 +108,7 @@ class PSClient:
         self._on_close = list(on_close)
         self._lock = threading.Lock()  # client fields below
         self._push_lock = threading.Lock()  # pushes in order: the seq numbers dedupe retries
-        self._shard_pool = ThreadPoolExecutor(self._n, thread_name_prefix="ps-shard")
+        self._shards = Fanout(self._n, "ps-shard")  # one call per shard (``_each``)
         self._part_pool = ThreadPoolExecutor(
             self._n * self.settings.lanes, thread_name_prefix="ps-part"
         )
@@ -175,19 +178,9 @@ class PSClient:
         )
 
     def _each(self, fn: Callable[[int], T], indices: Iterable[int] | None = None) -> dict[int, T]:
-        """``fn(index)`` for each shard in parallel; the first error is raised after
-        every call has finished (no call is left running behind the caller)."""
-        indices = list(range(self._n)) if indices is None else list(indices)
-        futures = {i: self._shard_pool.submit(fn, i) for i in indices}
-        out, first = {}, None
-        for i, f in futures.items():
-            try:
-                out[i] = f.result()
-            except BaseException as exc:  # noqa: BLE001 - raised below, once all have finished
-                first = first or exc
-        if first is not None:
-            raise first
-        return out
+        """``fn(index)`` for each shard (of ``indices``) in parallel (``Fanout.each``:
+        never from inside such a call). Raises the first error of a call."""
+        return self._shards.each(fn, range(self._n) if indices is None else indices)
 
     def _request(
         self,
@@ -265,51 +258,34 @@ class PSClient:
             array = np.array(value, copy=True)  # kept to re-create lost variables later
             wire.check_dtype(array.dtype)
             values[str(name)] = (array, config)
-        self._ensure_layout()
+        threshold = self._ensure_layout()
         with self._lock:
             self._init_values.update(values)
-        self._create(values)
+        requests = create_requests(values, self._n, threshold)
+        self._each(lambda i: self._create_on(i, requests[i]), sorted(requests))
         self._describe()
 
-    def _create(self, values: dict[str, tuple[np.ndarray, dict]], indices=None) -> None:
-        threshold = self._ensure_layout()
-        configs: dict[str, dict] = {}
-        per_shard: dict[tuple[int, str], list] = {}
-        for name, (array, config) in values.items():
-            key = repr(sorted(config.items()))
-            configs[key] = config
-            for sl in place(name, array.shape, array.dtype, self._n, threshold):
-                per_shard.setdefault((sl.shard, key), []).append(
-                    ({"slice": sl.to_dict()}, sl.take(array))
-                )
-        wanted = set(range(self._n)) if indices is None else set(indices)
-
-        def create(i):
-            for (shard, key), tensors in per_shard.items():
-                if shard == i:
-                    self._request(
-                        i, "Create", CreateArgs(configs[key]), wire.encode_parts({}, tensors)
-                    )
-
-        targets = sorted(wanted & {shard for shard, _ in per_shard})
-        if indices is None:
-            self._each(create, targets)
-        else:  # from a call on the shard pool (``_recreate``): here, not on the pool,
-            for i in targets:  # where every thread may be such a call, waiting on its own
-                create(i)
+    def _create_on(self, index: int, requests: list[CreateRequest]) -> None:
+        """Send shard ``index`` its ``Create`` requests, in this thread: on that shard
+        alone, so it may run as a call of ``_each`` (``_recreate``)."""
+        for args, payload in requests:
+            self._request(index, "Create", args, payload)
 
     def _recreate(self, index: int) -> None:
         """Re-create on shard ``index`` what this client's ``init`` made (the shard lost
-        it). Raises the PSUninitializedError it is recovering from when there is nothing."""
+        it), from a call of ``_each`` on that shard: nothing here fans out (the layout
+        is known since ``init``). Raises the PSUninitializedError it is recovering from
+        when there is nothing."""
         with self._lock:
-            values = dict(self._init_values)
-        if not values:
+            values, threshold = dict(self._init_values), self._threshold
+        if not values or threshold is None:
             raise PSUninitializedError(
                 f"ps shard {index} lost its variables and this client "
                 f"has no init() values to re-create them"
             )
         log.warning("ps shard %d lost its variables; re-creating them from init()", index)
-        self._create(values, [index])
+        requests = create_requests(values, self._n, threshold, only=index)
+        self._create_on(index, requests.get(index, []))
 
     def _with_recreate(self, index: int, fn):
         """``fn()``, re-creating the variables of shard ``index`` while it says it lost
@@ -483,7 +459,7 @@ class PSClient:
         if self._closed.is_set():
             return
         self._closed.set()
-        self._shard_pool.shutdown(wait=True)
+        self._shards.shutdown()
         self._part_pool.shutdown(wait=True)
         for link in self._links:
             link.close()

@@ -13,6 +13,11 @@ raw arrays) + the SHA-256 of everything before it (hashed while writing: one pas
 the manifest records each shard file's size and that SHA-256, and carries a SHA-256
 of its own body. A directory without a valid manifest is incomplete and never loaded.
 
+A write the disk refuses raises ``PSCheckpointWriteError`` naming the file
+(``PSNoSpaceError`` for a full disk or quota). ``make_room`` deletes the oldest
+checkpoints, never the newest complete one, while the disk has less free space than the
+next checkpoint will take (about what the newest complete one takes).
+
 ``load_newest`` walks checkpoints newest first and takes the first whose manifest and
 *every* file verify (checksums, then contents: ``checkpoint_check``), logging a warning
 that names each file it had to skip. The manifest lists exactly the shard files of its
@@ -25,6 +30,7 @@ variables for any shard count.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elastic.ps import wire
-from elastic.ps.errors import PSCheckpointError
+from elastic.ps.errors import PSCheckpointError, PSCheckpointWriteError, PSNoSpaceError
 from elastic.ps.partition import Slice, assemble, slice_for
 from elastic.ps.shard.checkpoint_check import check_checkpoint
 
@@ -48,6 +54,10 @@ DIGEST_BYTES = hashlib.sha256().digest_size
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
 _DIR_RE = re.compile(r"^ckpt-(\d{10})$")
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+# The next checkpoint is taken to need this much more than the newest complete one:
+# variables created since, and a manifest that grows with them.
+GROWTH = 1.05
 
 
 @dataclass
@@ -179,13 +189,22 @@ def write_atomic(path: str, parts, trailer: bool = False) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def _write_failed(path: str, exc: OSError) -> PSCheckpointWriteError:
+    """The typed error of a write of ``path`` that the system refused with ``exc``."""
+    cls = PSNoSpaceError if exc.errno in _NO_SPACE else PSCheckpointWriteError
+    return cls(f"cannot write {path}: {exc.strerror or exc}")
+
+
 def write_shard(
     root: str, checkpoint_id: int, index: int, num_shards: int, snapshot: ShardSnapshot
 ) -> FileRecord:
     """Write one shard's file of checkpoint ``checkpoint_id``; returns its record for the
-    manifest. Raises OSError when the disk refuses."""
+    manifest.
+
+    Raises:
+        PSNoSpaceError: the disk or the quota is full.
+        PSCheckpointWriteError: the disk refused otherwise."""
     directory = checkpoint_dir(root, checkpoint_id)
-    os.makedirs(directory, exist_ok=True)
     header = {
         "format": FORMAT,
         "checkpoint_id": checkpoint_id,
@@ -203,16 +222,26 @@ def write_shard(
         tensors.append(({"var": name, "slot": None}, v.param))
         tensors.extend(({"var": name, "slot": s}, a) for s, a in v.slots.items())
     name = shard_filename(index, num_shards)
-    size, sha = write_atomic(
-        os.path.join(directory, name), [MAGIC, *wire.encode_parts(header, tensors)], trailer=True
-    )
+    path = os.path.join(directory, name)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        size, sha = write_atomic(path, [MAGIC, *wire.encode_parts(header, tensors)], trailer=True)
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
     return FileRecord(name, size, sha)
 
 
 def write_manifest(root: str, manifest: Manifest) -> str:
-    """Write the manifest last: from then on the checkpoint is complete. Returns its path."""
+    """Write the manifest last: from then on the checkpoint is complete. Returns its path.
+
+    Raises:
+        PSNoSpaceError: the disk or the quota is full.
+        PSCheckpointWriteError: the disk refused otherwise."""
     path = os.path.join(checkpoint_dir(root, manifest.checkpoint_id), MANIFEST)
-    write_atomic(path, [manifest.to_bytes()])
+    try:
+        write_atomic(path, [manifest.to_bytes()])
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
     return path
 
 
@@ -353,6 +382,12 @@ def load_newest(root: str | None) -> LoadedCheckpoint | None:
     return None
 
 
+def remove_checkpoint(root: str, checkpoint_id: int) -> None:
+    """Delete checkpoint ``checkpoint_id``'s directory and what it holds (best effort:
+    what cannot be deleted stays, and is deleted by a later prune)."""
+    shutil.rmtree(checkpoint_dir(root, checkpoint_id), ignore_errors=True)
+
+
 def prune(root: str, keep: int) -> None:
     """Keep the newest ``keep`` complete checkpoints and anything newer (in progress);
     delete every older directory, complete or not."""
@@ -362,4 +397,45 @@ def prune(root: str, keep: int) -> None:
     oldest_kept = complete[-keep]
     for checkpoint_id in checkpoint_ids(root):
         if checkpoint_id < oldest_kept:
-            shutil.rmtree(checkpoint_dir(root, checkpoint_id), ignore_errors=True)
+            remove_checkpoint(root, checkpoint_id)
+
+
+def free_bytes(root: str) -> int:
+    """Bytes the job's user may still write on the filesystem of ``root``. Raises OSError."""
+    st = os.statvfs(root)
+    return st.f_bavail * st.f_frsize
+
+
+def _bytes_on_disk(root: str, checkpoint_id: int) -> int:
+    """What complete checkpoint ``checkpoint_id`` takes on its filesystem: its files and
+    manifest, each rounded up to whole blocks. Raises OSError, PSCheckpointError."""
+    block = max(os.statvfs(root).f_frsize, 1)
+    directory = checkpoint_dir(root, checkpoint_id)
+    sizes = [r.size for r in read_manifest(root, checkpoint_id).files]
+    sizes.append(os.path.getsize(os.path.join(directory, MANIFEST)))
+    return sum(-(-size // block) * block for size in sizes)
+
+
+def make_room(root: str) -> list[int]:
+    """When the filesystem of ``root`` has less free space than the next checkpoint
+    will take (about what the newest complete one takes, ``GROWTH`` more), delete the
+    oldest checkpoint directories until it has: first the incomplete ones (abandoned:
+    never loaded), then complete ones, oldest first, never the newest complete one.
+    Returns the ids deleted. Best effort: a directory or a filesystem that cannot be
+    measured is left as it is (the write then says what is wrong)."""
+    ids = checkpoint_ids(root)
+    complete = [i for i in ids if is_complete(root, i)]
+    if not complete:
+        return []
+    victims = [i for i in ids if i not in complete] + complete[:-1]
+    deleted: list[int] = []
+    try:
+        needed = GROWTH * _bytes_on_disk(root, complete[-1])
+        for checkpoint_id in victims:
+            if free_bytes(root) >= needed:
+                break
+            remove_checkpoint(root, checkpoint_id)
+            deleted.append(checkpoint_id)
+    except (OSError, PSCheckpointError) as exc:
+        log.warning("cannot make room for a checkpoint in %s: %s", root, exc)
+    return deleted

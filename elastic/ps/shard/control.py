@@ -72,7 +72,11 @@ class ShardControl:
 
     def snapshot(self, args: CheckpointArgs) -> Snapshotted:
         """Copy (the gate reopens right after), then write this shard's file.
-        Raises PSProtocolError (pause gone) or OSError (disk)."""
+
+        Raises:
+            PSProtocolError: the checkpoint's pause is gone.
+            PSCheckpointWriteError: the disk refused the file (``PSNoSpaceError``: it
+                is full)."""
         snap = self.state.snapshot(args.checkpoint_id, self.settings.pause_timeout)
         s = self.settings
         record = self._writer.submit(

@@ -18,9 +18,20 @@ Checkpoint ``k`` (every ``checkpoint_interval`` seconds, one at a time):
    then writes its file (atomic, checksummed), off the training path.
 4. *Commit*: when every file is written, shard 0 writes the manifest, which makes
    checkpoint ``k`` complete, and prunes old ones. Any failure before that aborts:
-   pauses are released and the directory stays without a manifest (never loaded).
+   pauses are released and the attempt's directory is deleted (without a manifest it
+   would never be loaded, and one per attempt would pile up while the cause lasts).
+   Checkpoint ids only grow, even past a deleted attempt: a shard still writing a
+   file of an attempt that failed never writes it into a later one.
 
 Nothing is written when every shard still equals the newest checkpoint.
+
+A full disk. Before the shards write, shard 0 makes room when the disk has less free
+space than the next checkpoint will take (``checkpoint.make_room``: the oldest
+checkpoints go first, never the newest complete one), so ``keep_checkpoints`` that do
+not fit beside a new one are fewer rather than every checkpoint failing. An attempt
+that finds the disk full all the same (``PSNoSpaceError``) leaves the newest complete
+checkpoint alone for the next. A streak of failed attempts, and a stop's checkpoint
+that cannot be written, are said in the log and to the driver (``failures.py``).
 
 A checkpoint for a stop (``seal``: the job ends, or a shard got SIGTERM) is the same
 with a seal on *Prepare*: after their snapshot the shards keep the gate closed (for
@@ -48,7 +59,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
-from elastic.ps.errors import PSCheckpointError, PSError
+from elastic.ps.errors import PSCheckpointError, PSCheckpointWriteError, PSError, PSNoSpaceError
 from elastic.ps.protocol import (
     ABORT,
     ALIGN,
@@ -68,23 +79,35 @@ from elastic.ps.settings import ServerSettings
 from elastic.ps.shard.checkpoint import (
     FileRecord,
     Manifest,
+    checkpoint_ids,
     is_complete,
     load_newest,
+    make_room,
     next_checkpoint_id,
     prune,
     read_manifest,
+    remove_checkpoint,
     write_manifest,
 )
 from elastic.ps.shard.control import Peers, ShardControl
+from elastic.ps.shard.failures import CheckpointFailures
 from elastic.ps.shard.state import initial_generation
-from rendezvous.plan import RollbackRecord
+from rendezvous.plan import CheckpointFailedRecord, RollbackRecord
 from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.shard.coordinator")
 
 
 class _Aborted(Exception):
-    """Internal: a checkpoint was aborted (logged; every pause released)."""
+    """Internal: checkpoint attempt ``checkpoint_id`` failed (every pause released, its
+    directory deleted): of the shards' ``step`` (None: not known yet), and
+    ``write_failed`` when a disk refused a file."""
+
+    def __init__(self, message: str, checkpoint_id: int, step: int | None, write_failed: bool):
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.step = step
+        self.write_failed = write_failed
 
 
 class _Taken(NamedTuple):
@@ -99,7 +122,8 @@ class _Taken(NamedTuple):
 class Coordinator:
     """Runs on shard 0: checkpoints (``run``/``checkpoint_once``) and ``restore_all``.
     ``on_checkpoint(manifest, pause_ms, write_ms, final)``: a checkpoint is complete;
-    ``on_rollback(record)``: the shards went back to an older step than they reached."""
+    ``on_rollback(record)``: the shards went back to an older step than they reached;
+    ``on_failure(record)``: checkpoints fail (``failures.py`` says when)."""
 
     def __init__(
         self,
@@ -108,13 +132,16 @@ class Coordinator:
         peers: Peers | None,
         on_checkpoint: Callable[[Manifest, float, float, bool], None] | None = None,
         on_rollback: Callable[[RollbackRecord], None] | None = None,
+        on_failure: Callable[[CheckpointFailedRecord], None] | None = None,
     ):
         self.settings = settings
         self.local = local
         self.peers = peers
         self.on_checkpoint = on_checkpoint
         self.on_rollback = on_rollback
+        self.failures = CheckpointFailures(settings.checkpoint_dir or "", on_failure)
         self._lock = threading.Lock()  # one checkpoint or rollback at a time
+        self._next_id = 1  # ids only grow (see the module doc)
         self._pool = ThreadPoolExecutor(max(settings.num_shards, 1), thread_name_prefix="ps-coord")
 
     def _invoke(self, index: int, call: Call[A, R], args: A, retry_for: float) -> R:
@@ -168,14 +195,14 @@ class Coordinator:
     # ------------------------------------------------------------ checkpoints
     def checkpoint_once(self) -> Manifest | None:
         """Take one coordinated checkpoint; returns its manifest, or None when skipped
-        (nothing changed) or aborted (a shard failed; logged).
+        (nothing changed) or failed (said by ``failures``).
 
         Raises:
-            PSConfigError: the shards have no checkpoint directory.
-            OSError: the manifest cannot be written."""
+            PSConfigError: the shards have no checkpoint directory."""
         try:
             taken = self._checkpoint(seal=False)
-        except _Aborted:
+        except _Aborted as exc:
+            self._failed(exc, final=False)
             return None
         if taken is None:
             return None
@@ -190,20 +217,22 @@ class Coordinator:
         equal a complete checkpoint, that one is kept and nothing is written; when this
         shard is still sealed by an earlier call, its checkpoint is returned at once.
         ``final``: the coordinator itself stops with the job, and the checkpoint is
-        announced as the final one. Returns the manifest holding the sealed state, or
-        None (nothing to keep, or no checkpoint by ``deadline``: logged)."""
+        announced as the final one. A disk that refuses a file twice (the second time
+        with the room the first failure made) ends the attempts before ``deadline``:
+        it will not take the file within the seconds a stop has either. Returns the
+        manifest holding the sealed state, or None (nothing to keep, or no checkpoint:
+        said by ``failures``, as the final one with ``final``)."""
         root = self.settings.checkpoint_root()
         backoff = Backoff(deadline, initial=0.05, cap=1.0)
+        refused = False  # a disk refused a file of an earlier attempt
         while True:
             try:
                 taken = self._sealed_already(root) or self._checkpoint(seal=True)
             except _Aborted as exc:
-                if backoff.pause():
+                if not (refused and exc.write_failed) and backoff.pause():
+                    refused = refused or exc.write_failed
                     continue
-                log.warning("no checkpoint for the stop by the deadline: %s", exc)
-                return None
-            except OSError as exc:
-                log.warning("no checkpoint for the stop: %s", exc)
+                self._failed(exc, final=final)
                 return None
             if taken is None:
                 return None
@@ -228,15 +257,26 @@ class Coordinator:
         ``seal`` that checkpoint, kept (the pauses stay, as its seal).
 
         Raises:
-            _Aborted: a shard failed (logged; the pauses are released).
-            PSConfigError: the shards have no checkpoint directory.
-            OSError: the manifest cannot be written."""
+            _Aborted: a shard or a disk failed (the pauses are released and the
+                attempt's directory is deleted).
+            PSConfigError: the shards have no checkpoint directory."""
         s = self.settings
         root = s.checkpoint_root()
         with self._lock:
-            checkpoint_id = next_checkpoint_id(root)
+            # Before the pause, which deleting files on a slow disk would stretch; none
+            # is deleted unless the disk is short of room for the next checkpoint.
+            deleted = make_room(root)
+            if deleted:
+                log.info(
+                    "deleted checkpoint(s) %s early: the disk of %s has too little space "
+                    "for another",
+                    deleted,
+                    root,
+                )
+            checkpoint_id = max(next_checkpoint_id(root), self._next_id)
             args = CheckpointArgs(checkpoint_id, seal=seal)
             started = time.monotonic()
+            target: int | None = None
             try:
                 statuses = self._all(PREPARE, args)
                 # sync only: async shards restore alone, generations do not matter there
@@ -265,21 +305,28 @@ class Coordinator:
                             f"{s.align_timeout}s (steps {[a.step for a in aligned]})"
                         )
                 paused = time.monotonic()
+                self._next_id = checkpoint_id + 1  # its directory may exist from now on
                 records = self._all(SNAPSHOT, args)
+                manifest = Manifest(
+                    checkpoint_id,
+                    target,
+                    s.num_shards,
+                    s.split_threshold,
+                    tuple(FileRecord(r.name, r.size, r.sha256) for r in records),
+                    time.time(),
+                )
+                write_manifest(root, manifest)
             except Exception as exc:  # noqa: BLE001 - any failure aborts this checkpoint
-                log.warning("checkpoint %d aborted: %s", checkpoint_id, exc)
+                log.debug("checkpoint %d aborted: %s", checkpoint_id, exc)
                 self._try_all(ABORT, args)
-                raise _Aborted(str(exc)) from None
-            manifest = Manifest(
-                checkpoint_id,
-                target,
-                s.num_shards,
-                s.split_threshold,
-                tuple(FileRecord(r.name, r.size, r.sha256) for r in records),
-                time.time(),
-            )
-            write_manifest(root, manifest)
+                # without a manifest it is never loaded, and one a try would pile up
+                remove_checkpoint(root, checkpoint_id)
+                if isinstance(exc, PSNoSpaceError):
+                    prune(root, 1)  # the most room for the next attempt
+                write_failed = isinstance(exc, PSCheckpointWriteError)
+                raise _Aborted(str(exc), checkpoint_id, target, write_failed) from None
             prune(root, s.keep_checkpoints)
+        self.failures.written(checkpoint_id)
         pause_ms, write_ms = 1000 * (paused - started), 1000 * (time.monotonic() - paused)
         log.info(
             "checkpoint %d complete at step %d (pause %.0f ms, files %.0f ms)%s",
@@ -303,6 +350,22 @@ class Coordinator:
         except PSCheckpointError as exc:
             log.warning("checkpoint %d no longer reads, writing the state again: %s", base, exc)
             return None
+
+    def _failed(self, exc: _Aborted, final: bool) -> None:
+        """Say (``failures``) that attempt ``exc`` failed."""
+        self.failures.failed(exc.checkpoint_id, exc.step, str(exc), self._newest(), final)
+
+    def _newest(self) -> tuple[int, int] | None:
+        """The newest complete checkpoint's (id, step), None: none (or unreadable)."""
+        root = self.settings.checkpoint_root()
+        with self._lock:
+            for checkpoint_id in reversed(checkpoint_ids(root)):
+                if is_complete(root, checkpoint_id):
+                    try:
+                        return checkpoint_id, read_manifest(root, checkpoint_id).step
+                    except PSCheckpointError:
+                        continue
+        return None
 
     def _announce(self, taken: _Taken, final: bool) -> None:
         if self.on_checkpoint is not None:

@@ -12,9 +12,12 @@ A shard announces itself and its checkpoints through the rendezvous store only
 * shard 0 checkpoints every ``--checkpoint-interval`` seconds and, after each complete
   coordinated checkpoint, writes a ``CheckpointRecord`` (id, step, dir, how long
   training was paused and how long the files took) under ``JobKeys.ps_checkpoint``;
+  checkpoints that fail, a ``CheckpointFailedRecord`` under
+  ``JobKeys.ps_checkpoint_failed`` (when ``shard.failures`` says: not every attempt);
 * on SIGTERM/SIGINT a shard puts the shards' state in a checkpoint that seals them
   before it exits (``ShardServer.finish``, within ``--stop-timeout``): shard 0 makes
-  it and announces it with ``final`` set; another shard asks shard 0 for it.
+  it and announces it with ``final`` set, or says with ``final`` set that it could not
+  write it; another shard asks shard 0 for it.
 
 Without ``ELASTIC_RENDEZVOUS``/``ELASTIC_JOB_ID`` (a shard run alone, e.g. by a test or
 a benchmark) there is nowhere to announce: the shard serves, restores and checkpoints
@@ -78,7 +81,7 @@ from elastic.ps.shard.state import ShardState
 from rendezvous.errors import RendezvousError
 from rendezvous.net.rpc import RpcServer, ServerLimits, frame, unframe
 from rendezvous.net.url import Endpoint
-from rendezvous.plan import CheckpointRecord, RollbackRecord, ShardInfo
+from rendezvous.plan import CheckpointFailedRecord, CheckpointRecord, RollbackRecord, ShardInfo
 
 log = logging.getLogger("elastic.ps.shard.server")
 #: the largest gRPC request a shard accepts (payloads above chunk_bytes use the bulk port)
@@ -131,7 +134,12 @@ class ShardServer:
         self.coordinator = None
         if settings.index == 0:
             self.coordinator = Coordinator(
-                settings, self.control, self.peers, self._announce, self._report_rollback
+                settings,
+                self.control,
+                self.peers,
+                self._announce,
+                self._report_rollback,
+                self._report_checkpoint_failure,
             )
         self.mirror: Mirror | None = None
         self.backup: Backup | None = None
@@ -428,6 +436,16 @@ class ShardServer:
             self.registry.publish_checkpoint(record)
         except RendezvousError as exc:  # the checkpoint itself is complete on disk
             log.warning("checkpoint %d not announced in the store: %s", manifest.checkpoint_id, exc)
+
+    def _report_checkpoint_failure(self, record: CheckpointFailedRecord) -> None:
+        """Checkpoints fail (``shard.failures`` decides when to say it; it logged it):
+        say so in the store, where the driver reports it (when there is one)."""
+        if self.registry is None:
+            return
+        try:
+            self.registry.publish_checkpoint_failure(record)
+        except RendezvousError as exc:
+            log.warning("checkpoint failure not announced in the store: %s", exc)
 
     def finish(self) -> None:
         """Before the shard stops: the checkpoint that seals the shards' state

@@ -9,6 +9,7 @@ import io
 import json
 import re
 import threading
+import types
 import typing
 from dataclasses import dataclass
 
@@ -123,7 +124,7 @@ def _sample(cls):
         if hint in values:
             return values[hint]
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if typing.get_origin(hint) is typing.Union:  # X | None
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
             return value(args[0])
         return [value(args[0])]  # Sequence[X]
 
@@ -133,7 +134,7 @@ def _sample(cls):
 
 def test_every_kind_has_a_class_and_a_readable_text():
     vocabulary = ev.vocabulary()
-    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 45
+    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 46
     for kind, cls in vocabulary.items():
         assert cls.kind == kind
         event = _sample(cls)
@@ -159,6 +160,7 @@ def test_events_carry_the_fields_readers_rely_on():
     assert {"worker", "host", "slot", "code", "rank", "chaos"} <= fields["worker_failed"]
     assert {"shard", "address", "pid"} <= fields["ps_started"]
     assert {"step", "path", "checkpoint"} <= fields["checkpoint_written"]
+    assert {"checkpoint", "error", "attempts", "final", "newest"} <= fields["checkpoint_failed"]
     assert {"reporter", "round", "reason", "suspect"} <= fields["failure_reported"]
     assert {"host", "cooldown"} <= fields["host_blacklisted"]
     assert {"reason", "rounds", "seconds"} <= fields["job_failed"]

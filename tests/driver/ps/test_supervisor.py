@@ -1,6 +1,7 @@
 """The ps supervisor with real processes and a real embedded store: shards announce
 readiness and checkpoints only through the store (``ShardInfo`` under ``ps_shard(i)``,
-``CheckpointRecord`` under ``ps_checkpoint``); the supervisor watches those keys.
+``CheckpointRecord`` under ``ps_checkpoint``, ``CheckpointFailedRecord`` under
+``ps_checkpoint_failed``); the supervisor watches those keys.
 
 The shard here is a stand-in (a few lines of Python writing the records a real shard
 writes, from the environment the supervisor gives it), so these tests prove the
@@ -31,17 +32,28 @@ from tests.support.paths import ROOT
 
 # argv: INDEX NUM_SHARDS MODE. Modes: "serve" (ready, shard 0 also writes a checkpoint,
 # then waits for a signal), "restoring" (never gets ready), "crash" (ready, then exit 3),
-# "early" (exit 3 before any record).
+# "early" (exit 3 before any record), "full" (as "serve", but on SIGTERM shard 0 says
+# its final checkpoint could not be written, and exits 0), "stubborn" (as "serve", but
+# ignores SIGTERM).
 FAKE_SHARD = """
 import os, signal, sys
 from rendezvous import env, open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointRecord, ShardInfo
+from rendezvous.plan import CheckpointFailedRecord, CheckpointRecord, ShardInfo
 index, num_shards, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 if mode == "early":
     sys.exit(3)
 store = open_store(env.text(env.ENV_RENDEZVOUS), env.text(env.ENV_SECRET))
 keys = JobKeys(env.text(env.ENV_JOB_ID))
+def full(*_):
+    failed = CheckpointFailedRecord(4, 30, "/ckpt", "cannot write /ckpt/x: No space left on "
+                                    "device", attempts=3, final=True, newest=1, newest_step=10)
+    store.put(keys.ps_checkpoint_failed, failed.to_json())
+    os._exit(0)
+if mode == "full" and index == 0:
+    signal.signal(signal.SIGTERM, full)
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 info = ShardInfo(index, num_shards, f"127.0.0.1:{7100 + index}", os.getpid(), ready=False)
 store.put(keys.ps_shard(index), info.to_json())
 if mode == "restoring":
@@ -71,7 +83,7 @@ def supervise(embedded_server):
     made = []
     url = f"embedded://{embedded_server.address}"
 
-    def make(*modes: str, ready_timeout: float = 30.0):
+    def make(*modes: str, ready_timeout: float = 30.0, checkpoints: bool = False):
         keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
         store = open_store(url, embedded_server.secret)
         config = parse_args(["-np", "1", "--job-id", keys.job_id, "python", "x.py"])
@@ -92,6 +104,7 @@ def supervise(embedded_server):
             on_fatal=fatal.append,
             ready_timeout=ready_timeout,
             store_patience=30.0,
+            checkpoints=checkpoints,
         )
         made.append((sup, store))
         return sup, store, keys, events, fatal
@@ -178,3 +191,30 @@ def test_each_checkpoint_is_reported_once(supervise):
     store.put(keys.ps_checkpoint, CheckpointRecord(3, step=30, dir="/ckpt").to_json())
     wait_until(lambda: len(events.of("checkpoint_written")) == 3, 15, "checkpoints 2 and 3")
     assert [e.checkpoint for e in events.of("checkpoint_written")] == [1, 2, 3]
+
+
+def test_a_final_checkpoint_shard_0_could_not_write_is_said_and_is_why_stop_says_so(supervise):
+    sup, _, _, events, _ = supervise("full", "serve", checkpoints=True)
+    sup.start()
+    lost = sup.stop()
+    (failed,) = events.of("checkpoint_failed")
+    assert failed.final and (failed.checkpoint, failed.newest, failed.newest_step) == (4, 1, 10)
+    assert (
+        lost
+        == str(failed)
+        == (
+            "final ps checkpoint not written to /ckpt: cannot write /ckpt/x: No space left on "
+            "device; a restart resumes from checkpoint 1 of step 10 (20 steps lost)"
+        )
+    )
+    assert sup.stop() == lost  # once stopped, the same answer
+
+
+def test_a_shard_0_killed_before_its_final_checkpoint_is_why_stop_says_so(supervise):
+    sup, _, _, events, _ = supervise("stubborn", checkpoints=True)
+    sup.start()
+    lost = sup.stop(coordinator_grace=0.5)
+    assert lost is not None and lost.startswith(
+        "ps shard 0 was killed by SIGKILL before it wrote a final checkpoint"
+    )
+    assert events.of("checkpoint_failed") == []

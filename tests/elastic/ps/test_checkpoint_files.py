@@ -1,5 +1,6 @@
 """Checkpoint files on a real disk: atomic writes, checksums, manifests, fallback to the
-previous complete checkpoint, pruning, and re-cutting for another shard count."""
+previous complete checkpoint, pruning, room made on a full disk (a real small tmpfs),
+and re-cutting for another shard count."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 
 from elastic.ps import wire
-from elastic.ps.errors import PSCheckpointError
+from elastic.ps.errors import PSCheckpointError, PSNoSpaceError
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import place
 from elastic.ps.shard import checkpoint as ck
+from tests.support.tmpfs import fill, small_tmpfs
 
 THRESHOLD = 64
 
@@ -163,6 +165,38 @@ def test_prune_keeps_newest_complete_and_newer_in_progress(tmp_path):
     ck.prune(str(tmp_path), keep=2)
     assert ck.checkpoint_ids(str(tmp_path)) == [4, 5, 6]
     assert _newest(tmp_path).checkpoint_id == 5
+
+
+def test_a_full_disk_makes_room_oldest_first_and_refuses_a_file_with_a_typed_error(tmp_path):
+    """A 2 MiB tmpfs and checkpoints of 600 kB (three fit, a fourth does not):
+    ``make_room`` deletes an abandoned attempt, then the oldest complete ones, until
+    about one more checkpoint fits, and never the newest complete one; a file the full
+    disk refuses is ``PSNoSpaceError`` naming it, and leaves no partial file."""
+    with small_tmpfs(tmp_path / "ckpt") as root:
+
+        def write(checkpoint_id: int):
+            snaps = _snapshots({"w": np.zeros(75_000)}, 1, checkpoint_id, optimizer="sgd")
+            _write(root, checkpoint_id, snaps, checkpoint_id)
+
+        for checkpoint_id in (1, 2, 3):
+            write(checkpoint_id)
+        abandoned = ck.checkpoint_dir(str(root), 4)
+        os.makedirs(abandoned)
+        (root / os.path.basename(abandoned) / "junk").write_bytes(b"x")
+        assert ck.make_room(str(root)) == [4, 1]
+        write(5)
+        fill(root, 16 << 10, "ballast-1")
+        assert ck.make_room(str(root)) == [2, 3]
+        write(6)
+        fill(root, 16 << 10, "ballast-2")
+        assert ck.make_room(str(root)) == [5]
+        fill(root, 16 << 10, "ballast-3")
+        assert ck.make_room(str(root)) == []  # only the newest complete one is left
+        snap = _snapshots({"w": np.zeros(75_000)}, 1, 7, optimizer="sgd")[0]
+        with pytest.raises(PSNoSpaceError, match=r"ckpt-0000000007/shard-0000-of-0001\.bin: No sp"):
+            ck.write_shard(str(root), 7, 0, 1, snap)
+        assert os.listdir(ck.checkpoint_dir(str(root), 7)) == []
+        assert ck.checkpoint_ids(str(root)) == [6, 7] and _newest(root).checkpoint_id == 6
 
 
 def test_write_atomic_leaves_old_file_when_interrupted(tmp_path):

@@ -1,22 +1,28 @@
 """Unit tests of the pure parameter-server parts: partitioner, optimizers, wire format,
-chunk staging, settings, protocol headers."""
+the client's fan-out and create requests, what is said of failed checkpoints, chunk
+staging, settings, protocol headers."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 
 import numpy as np
 import pytest
 
 from elastic.ps import wire
+from elastic.ps.client.create import create_requests
+from elastic.ps.client.fanout import Fanout, FanoutNestingError
 from elastic.ps.errors import PSConfigError, PSShapeError, PSTransferError
 from elastic.ps.optimizers import SGD, Adam, Momentum, make_optimizer
 from elastic.ps.partition import Slice, assemble, home_shard, place, row_ranges, slice_for
 from elastic.ps.protocol import Part
 from elastic.ps.settings import ClientSettings, ServerSettings
+from elastic.ps.shard.failures import CheckpointFailures
 from elastic.ps.shard.staging import Staging
 from rendezvous.net.rpc import frame
+from rendezvous.plan import CheckpointFailedRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
@@ -216,6 +222,79 @@ def test_wire_rejects_objects_and_truncation():
 def test_encode_parts_joins_to_encode():
     tensors = [({"n": 1}, np.arange(5.0))]
     assert b"".join(wire.encode_parts({"a": 1}, tensors)) == wire.encode({"a": 1}, tensors)
+
+
+# ------------------------------------------------------------------ client fan-out
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_fanout_task_that_fans_out_again_is_refused_at_once_not_a_deadlock(workers):
+    """Every thread busy with a task that waits on the same pool would hang for good (a
+    re-create of lost variables under a push did, with one shard): refused instead."""
+    fanout = Fanout(workers, "test-fanout")
+    try:
+        with pytest.raises(FanoutNestingError):
+            fanout.each(lambda i: fanout.each(lambda j: j, [i]), range(workers))
+        assert fanout.each(lambda i: 2 * i, range(workers)) == {i: 2 * i for i in range(workers)}
+    finally:
+        fanout.shutdown()
+
+
+def test_the_create_requests_of_one_shard_are_its_share_of_every_shards():
+    """A re-create sends a shard what ``init`` sent it: its slices, by optimizer config."""
+    sgd, adam = make_optimizer("sgd", 0.1).config(), make_optimizer("adam", 0.01).config()
+    values = {
+        "big": (np.arange(40.0).reshape(20, 2), sgd),  # split across the shards
+        "small": (np.ones(3), adam),
+        "scalar": (np.array(2.0), sgd),
+    }
+
+    def decoded(requests):
+        out = []
+        for args, payload in requests:
+            _, tensors = wire.decode(b"".join(bytes(p) for p in payload))
+            out.append((args, [(meta, a.tolist()) for meta, a in tensors]))
+        return out
+
+    every = create_requests(values, 3, 64)
+    assert set(every) == {0, 1, 2}
+    for i in range(3):
+        alone = create_requests(values, 3, 64, only=i)
+        assert list(alone) == [i]
+        assert decoded(alone[i]) == decoded(every[i])
+
+
+# ------------------------------------------------------------------ failed checkpoints
+def test_a_streak_of_failed_checkpoints_is_said_at_once_then_once_a_minute(caplog):
+    """Every attempt failing each second on a full disk makes one line a minute, with the
+    count; a stop's checkpoint that fails is always said; a written one ends the streak."""
+    now = [0.0]
+    reports: list[CheckpointFailedRecord] = []
+    failures = CheckpointFailures("/ckpt", reports.append, interval=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, "elastic.ps.shard.coordinator"):
+        for second in range(130):  # attempts 1..130, one a second
+            now[0] = float(second)
+            failures.failed(second + 1, 10 * second, "No space left on device", (2, 7))
+        assert [(r.checkpoint_id, r.attempts, r.final) for r in reports] == [
+            (1, 1, False),
+            (61, 61, False),
+            (121, 121, False),
+        ]
+        now[0] = 130.5
+        failures.failed(131, 1300, "No space left on device", (2, 7), final=True)
+        assert (reports[-1].attempts, reports[-1].final, reports[-1].newest_step) == (131, True, 7)
+        failures.written(132)
+        assert failures.attempts == 0
+        failures.failed(133, 1320, "shard 1 did not answer", None)  # a new streak: at once
+    assert [r.attempts for r in reports] == [1, 61, 121, 131, 1]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 6 and lines[4] == "checkpoint 132 written, after 131 failed attempts"
+    assert lines[1] == (
+        "checkpoint 61 (step 600) failed (61 attempts in a row): No space left on device; "
+        "the newest complete is checkpoint 2 (step 7)"
+    )
+    assert lines[3] == (
+        "no final checkpoint for the stop: No space left on device; a restart resumes from "
+        "checkpoint 2 (step 7)"
+    )
 
 
 # ------------------------------------------------------------------ staging

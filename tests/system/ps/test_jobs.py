@@ -1,5 +1,6 @@
 """Parameter-server shards under ``elastic-run --num-ps``: supervised, restarted from
-checkpoints after SIGKILL, and resumed by a new job from the checkpoint dir."""
+checkpoints after SIGKILL (or empty without a checkpoint dir), and resumed by a new job
+from the checkpoint dir."""
 
 from __future__ import annotations
 
@@ -73,6 +74,37 @@ def test_killed_shard_is_restarted_from_its_checkpoint(tmp_path, mode):
         assert run.wait(timeout=100) == 0, run.stderr_tail()
         assert len(run.events("ps_started")) == 3
     check_converged(out, 400)
+
+
+@pytest.mark.timeout(90)
+def test_a_shard_killed_without_a_checkpoint_gets_its_variables_back_and_training_goes_on(
+    tmp_path,
+):
+    """No --ps-checkpoint-dir and one shard: SIGKILLed mid-run, it restarts empty, each
+    worker re-creates the variables from its init() values, and training goes on to the
+    end (the re-create once waited forever on the client's only shard thread)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = tmp_path / "hold"  # while it exists the workers wait between steps
+    args = [
+        *("-np", "2", "--num-ps", "1", "python", str(PS_LINEAR), str(out)),
+        *("--steps", "100", "--pause-while", str(hold), "--record-steps"),
+    ]
+    with ElasticRun(args, tmp_path) as run:
+        run.wait_progress(20)
+        hold.write_text("")  # the kill lands mid-run, however fast training is
+        killed = shard_pid(run, 0)
+        os.kill(killed, signal.SIGKILL)
+        run.wait_event("ps_started", lambda e: e["pid"] != killed)
+        hold.unlink()
+        assert run.wait(timeout=60) == 0, run.stderr_tail()
+    log = (tmp_path / "stderr.log").read_text()
+    assert "ps shard 0 lost its variables; re-creating them from init()" in log, log
+    for steps_file in out.glob("*.steps"):
+        steps = [int(line) for line in steps_file.read_text().split()]
+        restart = next(i for i in range(1, len(steps)) if steps[i] < steps[i - 1])
+        assert steps[restart - 1] >= 20 and steps[-1] >= 100, steps  # went on from the start
+    assert len(ps_results(out)) == 2
 
 
 @pytest.mark.timeout(120)
