@@ -87,5 +87,5 @@ def test_a_final_checkpoint_a_full_disk_refuses_fails_the_job_and_says_so(tmp_pa
     assert not done and "final ps checkpoint not written" in failed_job[0]["reason"]
     stderr = (tmp_path / "run" / "stderr.log").read_text()
     assert "job failed: training finished, but final ps checkpoint not written" in stderr
-    shard_lines = [line for line in stderr.splitlines() if "[ps 0] WARNING" in line]
+    shard_lines = [line for line in stderr.splitlines() if "[ps0] WARNING" in line]
     assert len(shard_lines) == 2, shard_lines  # rate-limited as the driver's events
