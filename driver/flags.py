@@ -15,6 +15,7 @@ import math
 from typing import Callable
 
 from driver.errors import UsageError
+from driver.horovodrun_flags import add_horovodrun_flags
 from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.manager import BlacklistPolicy
 from driver.hosts.slots import MAX_SLOTS_PER_HOST, MAX_WORKERS, quote_entry
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     size = p.add_argument_group("job size")
     size.add_argument(
         "-np",
+        "--num-proc",  # (horovodrun's name)
         dest="np",
         type=_worker_count,
         metavar="N",
@@ -160,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     size.add_argument(
         "--min-np",
+        "--min-num-proc",
         type=_worker_count,
         metavar="N",
         help="fewest workers to train with; below it the job waits for hosts, up "
@@ -167,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     size.add_argument(
         "--max-np",
+        "--max-num-proc",
         type=_worker_count,
         metavar="N",
         help="most workers at once (default: -np without hosts; with hosts no "
@@ -497,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="more driver output on stderr; repeat for more",
     )
 
+    add_horovodrun_flags(p)  # a horovodrun command line works, or says what to change
     p.add_argument(
         "command",
         nargs=argparse.REMAINDER,

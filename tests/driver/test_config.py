@@ -17,6 +17,7 @@ from driver.flags import (
     DEFAULT_START_TIMEOUT,
     build_parser,
 )
+from driver.horovodrun_flags import REFUSED
 from driver.hosts.manager import BlacklistPolicy
 from driver.hosts.slots import HostSlots
 from rendezvous.errors import ElasticError
@@ -481,3 +482,40 @@ def test_help_explains_every_flag(capsys):
     assert exited.value.code == 0
     text = capsys.readouterr().out
     assert "elastic-run" in text and "etcd://HOST:PORT" in text and "examples:" in text
+
+
+# ------------------------------------------------------------------ horovodrun's flags
+
+
+def test_a_horovodrun_elastic_command_line_parses_with_horovodrun_replaced(tmp_path):
+    """The elastic flags of horovodrun mean the same here, under its names too."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:4\n")
+    script.chmod(0o755)
+    config = parse_args(
+        [
+            *("--num-proc", "2", "--min-num-proc", "1", "--max-num-proc", "4"),
+            *("--host-discovery-script", str(script), "--slots-per-host", "2"),
+            *("--reset-limit", "3", "--blacklist-cooldown-range", "10", "100"),
+            *("--elastic-timeout", "60", "--network-interfaces", "lo", "--verbose"),
+            *("python", "train.py", "--epochs", "3"),
+        ]
+    )
+    assert (config.np, config.min_np, config.max_np) == (2, 1, 4)
+    assert (config.reset_limit, config.blacklist_cooldown_range) == (3, (10, 100))
+    assert (config.elastic_timeout, config.network_interface, config.verbosity) == (60, "lo", 1)
+    assert config.command == ("python", "train.py", "--epochs", "3")
+
+
+@pytest.mark.parametrize("flags", sorted(REFUSED), ids=lambda flags: flags[-1])
+def test_each_horovodrun_flag_we_lack_is_one_line_saying_what_to_do(flags):
+    values, hint = REFUSED[flags]
+    for flag in flags:
+        with pytest.raises(UsageError) as caught:
+            parse_args(["-np", "2", flag, *(["x"] * values), "python", "train.py"])
+        assert str(caught.value) == f"{flag} is horovodrun's, elastic-run has no such flag: {hint}"
+
+
+def test_several_network_interfaces_are_refused_naming_the_flag():
+    with pytest.raises(UsageError, match="--network-interfaces: 'eth0,eth1'"):
+        parse_args(["-np", "2", "--network-interfaces", "eth0,eth1", "true"])
