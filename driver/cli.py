@@ -31,6 +31,7 @@ from driver.events.log import line_prefix
 from driver.job.loop import Job
 from driver.join.node import JoinedNode
 from rendezvous.errors import ElasticError
+from rendezvous.resources import raise_fd_limit
 
 PROG = "elastic-run"
 
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         format=f"{PROG} [%(asctime)s]: %(levelname)s %(name)s: %(message)s",
         datefmt="%Y-%m-%d %H:%M:%S",
     )
+    # The store's connections are capped to a share of the limit, the rest kept for
+    # the job (workers' pipes, logs): raised first, so both shares are as large as
+    # the system allows (rendezvous.resources).
+    raise_fd_limit()
     try:
         if node is not None:
             node.start_agent()

@@ -15,6 +15,7 @@ import threading
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.net import auth
+from rendezvous.resources import raise_fd_limit
 from rendezvous.signals import relay_signals
 
 READY_PREFIX = "ELASTIC_STORE_READY"
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     if secret is None:
         secret = auth.make_secret()
         print(f"{auth.ENV_SECRET}={secret}", flush=True)
+    raise_fd_limit()  # before the server: its cap is a share of it (rendezvous.resources)
     server = EmbeddedServer(secret, bind=args.bind)
     try:
         address = server.start()

@@ -11,13 +11,13 @@ is not trimmed after every free.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import sys
 import threading
 
 import numpy as np
+
+from rendezvous.resources import libc
 
 log = logging.getLogger("elastic.ps.memory")
 
@@ -34,10 +34,8 @@ def tune_malloc() -> bool:
     global _tuned
     if _tuned:
         return True
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:
         return False
     ok = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(
         mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)

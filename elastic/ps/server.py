@@ -31,6 +31,7 @@ from elastic.ps.shard.server import ShardServer
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous.net import auth
 from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
+from rendezvous.resources import raise_fd_limit
 from rendezvous.signals import relay_signals
 
 
@@ -109,6 +110,7 @@ def main(argv=None) -> int:
         + "%(levelname)s %(name)s: %(message)s",
     )
     tune_malloc()
+    raise_fd_limit()  # before the servers: their caps are shares of it (rendezvous.resources)
     secret = auth.secret_from_env()
     if secret is None:
         print(f"elastic.ps.server: {auth.ENV_SECRET} is not set", file=sys.stderr)

@@ -11,8 +11,12 @@ nobody. Every call is checked before its body is read: the router sees the metho
 the metadata first and answers a call without a valid proof of the job secret with
 UNAUTHENTICATED at once, through a handler that never reads the request. Messages are
 bounded (``ServerLimits.max_message_bytes``; gRPC refuses a larger one from its length
-prefix, before buffering it), and so are concurrent streams per connection. A handler
-that may block (``add_unary(..., blocking=True)``, the default) runs on a bounded thread
+prefix, before buffering it), and so are concurrent streams per connection. So are the
+connections (``ServerLimits``): their number, kept below the process's descriptor limit,
+and their life, so a peer that makes no call holds its connection for seconds and one
+that makes only refused calls for minutes at most; the memory a flood of refused calls
+leaves behind is handed back once it is over. A handler that may block
+(``add_unary(..., blocking=True)``, the default) runs on a bounded thread
 pool; a quick one runs on the loop itself. Stream handlers are async generators.
 
 Errors: a handler that raises an ``ElasticError`` subclass is re-raised on the client
@@ -48,6 +52,7 @@ from rendezvous.errors import (
 )
 from rendezvous.net import auth
 from rendezvous.net.url import Endpoint
+from rendezvous.resources import connection_cap, release_free_memory
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +65,20 @@ CLIENT_OPTIONS = [
     # watches and calls of all of them together: past it, any client's next call waits
     # for another's stream to end (a driver's health probe behind its own watches).
     ("grpc.use_local_subchannel_pool", 1),
+    # A connection refused (a server at its connection cap while strangers hold it, a
+    # shard restarting) is tried again within a second or two, not after gRPC's default
+    # backoff that grows to two minutes: the client is back as soon as there is room.
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 _ERROR_SEPARATOR = "|"
 #: seconds between log lines about refused or malformed calls (one line, not one per call)
 _REFUSAL_LOG_INTERVAL = 10.0
+#: refused calls in one burst after which the memory they held is handed back to the
+#: system once the burst is over (``rendezvous.resources``); fewer leave too little
+#: behind to be worth it
+_FLOOD_CALLS = 256
+#: seconds without a refused call that end a burst
+_FLOOD_QUIET = 2.0
 
 UnaryHandler = Callable[[bytes], bytes]
 StreamHandler = Callable[[bytes, "grpc.aio.ServicerContext"], AsyncIterator[bytes]]
@@ -104,39 +119,80 @@ class MalformedRequest(RendezvousError, ValueError):
 class ServerLimits:
     """Bounds an ``RpcServer`` keeps whatever its clients do.
 
-    ``max_message_bytes``: the largest request accepted (protocol messages are small:
-    tensors travel in pieces or on the bulk channel). ``max_streams_per_connection``:
-    concurrent calls one connection may hold. ``max_workers``: threads for blocking
-    handlers (calls beyond wait as coroutines, not threads). ``handshake_timeout``:
-    seconds a new connection may take to start speaking HTTP/2. ``max_pending_calls``:
-    calls arrived but not yet taken up by the event loop; gRPC's default (1000, with
-    random early drops up to 3000) cancels calls when thousands of workers call at once
-    (a round change), so it is raised well above the job sizes the store serves."""
+    Calls. ``max_message_bytes``: the largest request accepted (protocol messages are
+    small: tensors travel in pieces or on the bulk channel). ``max_metadata_bytes``: the
+    largest header block of a call (a proof is about 150 bytes).
+    ``max_streams_per_connection``: concurrent calls one connection may hold.
+    ``max_workers``: threads for blocking handlers (calls beyond wait as coroutines, not
+    threads). ``max_pending_calls``: calls arrived but not yet taken up by the event
+    loop; gRPC's default (1000, with random early drops up to 3000) cancels calls when
+    thousands of workers call at once (a round change), so it is raised well above the
+    job sizes the store serves. The pending calls are also what a flood of refused calls
+    holds at its peak (about 15 KiB each here): they bound its memory.
+
+    Connections (gRPC has no "unauthenticated connection": these hold for every peer,
+    and a job's own clients reconnect on their next call, within a round trip).
+    ``max_connections``: connections held at once (a job's clients hold one or two
+    each: 4096 workers fit); gRPC closes one more as it accepts it, and at start the
+    cap is lowered to a share of the process's descriptor limit
+    (``rendezvous.resources.connection_cap``), so a flood of connections never takes
+    the descriptors the process needs. ``handshake_timeout``: seconds a new connection
+    may take to start speaking HTTP/2. ``idle_timeout``: a connection with no call for
+    that long is closed (one whose calls were all refused is idle once they are
+    answered, and goes within about twice that). ``max_connection_age``: every
+    connection is asked to go away (HTTP/2 GOAWAY) after that long, so one kept busy
+    with refused calls is out too; its client's next calls open a fresh connection
+    while its calls in flight finish, for up to ``age_grace`` seconds (more than any
+    call of the job takes; a watch cut then resumes where it was). Minutes, not
+    seconds: a stranger reconnects at no cost, so a shorter age would not lower what
+    strangers hold (the cap does), and every client of the job would reconnect more
+    often, each time while a flood fills the cap waiting for room."""
 
     max_message_bytes: int = 4 << 20
+    max_metadata_bytes: int = 8 << 10
     max_streams_per_connection: int = 128
     max_workers: int = 64
-    handshake_timeout: float = 10.0
     max_pending_calls: int = 20_000
+    max_connections: int = 16384
+    handshake_timeout: float = 10.0
+    idle_timeout: float = 5.0
+    max_connection_age: float = 300.0
+    age_grace: float = 300.0
 
     def __post_init__(self):
         if (
             self.max_message_bytes < 1024
+            or self.max_metadata_bytes < 1024
             or self.max_streams_per_connection < 1
             or self.max_workers < 1
+            or self.max_connections < 1
             or not self.handshake_timeout > 0
+            or not self.idle_timeout > 0
+            or not self.max_connection_age > 0
+            or not self.age_grace > 0
         ):
             raise ValueError(f"unusable server limits: {self}")
 
     def grpc_options(self) -> list[tuple[str, int]]:
+        """gRPC's server arguments for these limits, the connection cap as it stands
+        against the process's descriptor limit now."""
         return [
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", -1),
+            ("grpc.max_metadata_size", self.max_metadata_bytes),
             ("grpc.max_concurrent_streams", self.max_streams_per_connection),
-            ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout * 1000)),
             ("grpc.server.max_pending_requests", self.max_pending_calls),
             ("grpc.server.max_pending_requests_hard_limit", 2 * self.max_pending_calls),
+            ("grpc.max_allowed_incoming_connections", connection_cap(self.max_connections)),
+            ("grpc.server_handshake_timeout_ms", _ms(self.handshake_timeout)),
+            ("grpc.max_connection_idle_ms", _ms(self.idle_timeout)),
+            ("grpc.max_connection_age_ms", _ms(self.max_connection_age)),
+            ("grpc.max_connection_age_grace_ms", _ms(self.age_grace)),
         ]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
 
 
 class RateLimitedLog:
@@ -183,11 +239,13 @@ class _Router(grpc.GenericRpcHandler):
         method = handler_call_details.method
         handler = self._server._handlers.get(method)
         if handler is None:
+            self._server._refused()
             return None  # gRPC answers UNIMPLEMENTED
         token = dict(handler_call_details.invocation_metadata or ()).get(auth.RPC_METADATA_KEY)
         try:
             self._server._verifier.check_head(method, token)
         except auth.ProofRefused as exc:
+            self._server._refused()
             self._server._refusals.warn("auth", f"refused a call of {method}: {exc}")
             reason = f"request refused: {exc}"
 
@@ -223,11 +281,42 @@ class RpcServer:
         self._server: grpc.aio.Server | None = None
         self._thread: threading.Thread | None = None
         self.address: str | None = None
+        # the burst of refused calls under way (see _refused); touched on the loop only
+        self._burst_refusals = 0
+        self._last_refusal = 0.0
+        self._burst_timer: asyncio.TimerHandle | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The server's event loop (for handlers that wake stream handlers from threads)."""
         return self._loop
+
+    def _refused(self) -> None:
+        """Count a refused call (on the loop). The first of a burst arms a timer that
+        fires once no call has been refused for ``_FLOOD_QUIET`` seconds: a timer per
+        burst, not per call, and none while nobody is refused."""
+        loop = self._loop
+        if loop is None:
+            return
+        self._burst_refusals += 1
+        self._last_refusal = loop.time()
+        if self._burst_timer is None:
+            self._burst_timer = loop.call_later(_FLOOD_QUIET, self._burst_over)
+
+    def _burst_over(self) -> None:
+        loop, pool = self._loop, self._pool
+        assert loop is not None  # the timer runs on it
+        quiet_at = self._last_refusal + _FLOOD_QUIET
+        if loop.time() < quiet_at:  # refused calls still coming: look again then
+            self._burst_timer = loop.call_at(quiet_at, self._burst_over)
+            return
+        self._burst_timer = None
+        refused, self._burst_refusals = self._burst_refusals, 0
+        if refused >= _FLOOD_CALLS and pool is not None:
+            # The calls are freed, but the allocator keeps the pages at the flood's peak.
+            # On the pool: trimming a large heap takes milliseconds the loop should not.
+            log.info("%s: %d calls refused; handing freed memory back", self.service, refused)
+            pool.submit(release_free_memory)
 
     def _check_body(self, context, request: bytes) -> None:
         metadata = dict(context.invocation_metadata() or ())
@@ -248,6 +337,7 @@ class RpcServer:
                     return await asyncio.get_running_loop().run_in_executor(self._pool, fn, request)
                 return fn(request)
             except _BodyRefused as exc:
+                self._refused()
                 self._refusals.warn("auth", f"refused a call of {name}: {exc}")
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"request refused: {exc}")
             except ElasticError as exc:
@@ -270,6 +360,7 @@ class RpcServer:
                 async for reply in fn(request, context):
                     yield reply
             except _BodyRefused as exc:
+                self._refused()
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"request refused: {exc}")
             except ElasticError as exc:
                 await _abort(context, exc)

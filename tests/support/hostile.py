@@ -4,18 +4,23 @@ job in ``tests/system/faults/test_hostile_job.py``).
 
 Probes speak to an address with no secret: gRPC calls with no proof or a wrong one
 (small, oversized, or headers that never send a body), raw bytes (garbage, a truncated
-or oversized frame, a fake handshake), and connections that never speak. Each returns
-what the server did, for the test to judge. Gauges read a process's threads, file
-descriptors and resident memory from /proc.
+or oversized frame, a fake handshake), connections that never speak, and raw HTTP/2
+connections that send the preface and SETTINGS (and optionally open calls) and are
+held open. Each returns what the server did, for the test to judge. Gauges read a
+process's threads, file descriptors and resident memory from /proc; ``limit_fds``
+starts a server with few descriptors.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import socket
 import struct
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import grpc
@@ -70,6 +75,19 @@ def rss_peaks(pids: Sequence[int], interval: float = 0.05) -> Iterator[dict[int,
     finally:
         stop.set()
         sampler.join(timeout=5)
+
+
+def limit_fds(limit: int) -> tuple[str, ...]:
+    """A command prefix that runs the rest of the command line with at most ``limit``
+    file descriptors, soft and hard (a server cannot raise it back: what it does with
+    few descriptors is what is tested)."""
+    return (
+        sys.executable,
+        "-c",
+        "import os, resource, sys; n = int(sys.argv[1]); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])",
+        str(limit),
+    )
 
 
 # ------------------------------------------------------------------------- gRPC probes
@@ -208,3 +226,85 @@ def silent_connections(port: int, count: int, host: str = "127.0.0.1") -> list[s
 def close_all(socks: Sequence[socket.socket]) -> None:
     for s in socks:
         s.close()
+
+
+# ------------------------------------------------------------------- raw HTTP/2 probes
+
+#: what every HTTP/2 client sends first (RFC 9113, 3.4)
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_H2_HEADERS, _H2_SETTINGS = 0x1, 0x4
+_H2_END_HEADERS = 0x4
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack("!I", len(payload))[1:] + struct.pack("!BBI", kind, flags, stream) + payload
+
+
+def _hpack_string(value: bytes) -> bytes:
+    assert len(value) < 127  # a 7-bit length, no Huffman coding: enough for a probe
+    return bytes([len(value)]) + value
+
+
+def h2_request_headers(path: str, authority: str) -> bytes:
+    """An HPACK block opening a gRPC call of ``path`` with no metadata (no proof of the
+    secret): static-table :method POST and :scheme http, then literals not indexed (no
+    dynamic table state to keep)."""
+    block = bytes([0x83, 0x86])  # :method POST, :scheme http
+    block += b"\x04" + _hpack_string(path.encode())  # :path
+    block += b"\x01" + _hpack_string(authority.encode())  # :authority
+    for name, value in ((b"content-type", b"application/grpc"), (b"te", b"trailers")):
+        block += b"\x00" + _hpack_string(name) + _hpack_string(value)
+    return block
+
+
+def h2_connections(
+    address: str, count: int, streams: int = 0, path: str = "/probe/Open", timeout: float = 20.0
+) -> list[socket.socket]:
+    """``count`` connections to ``address`` that each send the HTTP/2 preface and an
+    empty SETTINGS frame, then open ``streams`` calls of ``path`` (HEADERS with no
+    proof and no END_STREAM: the request body never comes), and are held open, never
+    read (what the server sends piles up in the kernel's buffers). Connects are all in
+    flight at once (one blocking connect each would wait out a full backlog one by
+    one); each sends once connected, within ``timeout`` seconds in all. A connection
+    the server refuses or closes is kept all the same: ``h2_open`` counts the held."""
+    host, port = _split(address)
+    opening = H2_PREFACE + _h2_frame(_H2_SETTINGS, 0, 0)
+    block = h2_request_headers(path, address)
+    # client streams have odd ids, increasing (RFC 9113, 5.1.1)
+    opening += b"".join(
+        _h2_frame(_H2_HEADERS, _H2_END_HEADERS, 2 * i + 1, block) for i in range(streams)
+    )
+    socks = []
+    with selectors.DefaultSelector() as waiting:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            s.setblocking(False)
+            socks.append(s)
+            s.connect_ex((host, port))
+            waiting.register(s, selectors.EVENT_WRITE)
+        deadline = time.monotonic() + timeout
+        while waiting.get_map() and time.monotonic() < deadline:
+            for key, _ in waiting.select(timeout=max(0.0, deadline - time.monotonic())):
+                s = key.fileobj  # type: ignore[assignment]
+                waiting.unregister(s)
+                with contextlib.suppress(OSError):  # refused or reset: the server's choice
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                        s.send(opening)  # a fresh socket's buffer takes it whole
+    return socks
+
+
+def h2_open(socks: Sequence[socket.socket]) -> int:
+    """How many of ``socks`` the server still holds open (a closed one reads EOF or a
+    reset; bytes it sent, such as its SETTINGS, are read away)."""
+    held = 0
+    for s in socks:
+        try:
+            while True:
+                chunk = s.recv(1 << 16, socket.MSG_DONTWAIT)
+                if not chunk:
+                    break  # closed by the server
+        except BlockingIOError:
+            held += 1  # nothing more to read, and not closed
+        except OSError:
+            pass  # reset or never connected
+    return held

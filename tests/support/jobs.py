@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -122,13 +122,25 @@ def pid_alive(pid: int) -> bool:
 
 
 class ElasticRun:
-    def __init__(self, args: list[str], workdir: Path, env: dict | None = None, host=None):
+    def __init__(
+        self,
+        args: list[str],
+        workdir: Path,
+        env: dict | None = None,
+        host=None,
+        wrapper: Sequence[str] = (),
+    ):
+        """``wrapper``: a command prefix the driver runs under (it execs the driver, so
+        the pid is still the driver's: ``tests.support.hostile.limit_fds``)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.events_path = self.workdir / "events.jsonl"
         self.out_path = self.workdir / "stdout.log"
         self.err_path = self.workdir / "stderr.log"
-        self.argv = [sys.executable, "-m", "driver.cli", "--events", str(self.events_path), *args]
+        self.argv = [
+            *wrapper,
+            *(sys.executable, "-m", "driver.cli", "--events", str(self.events_path), *args),
+        ]
         self.host = host
         if host is not None:
             # nsenter (which waits for the driver and exits with its status) leads the

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import sys
 import time
 
 import grpc
@@ -24,7 +23,14 @@ from elastic.ps.settings import BulkLimits
 from rendezvous.errors import ElasticError
 from rendezvous.net import auth
 from rendezvous.net.rpc import MalformedRequest, RpcClient, frame
-from tests.support.hostile import close_all, fds, never_sending_calls, silent_connections, threads
+from tests.support.hostile import (
+    close_all,
+    fds,
+    limit_fds,
+    never_sending_calls,
+    silent_connections,
+    threads,
+)
 from tests.support.jobs import wait_until
 from tests.support.ps.harness import PSJob
 
@@ -111,13 +117,7 @@ def test_held_calls_and_silent_connections_do_not_stop_training(embedded_server,
 
 # A shard started through this wrapper has at most FD_LIMIT file descriptors.
 FD_LIMIT = 64
-_LIMIT_FDS = (
-    sys.executable,
-    "-c",
-    "import os, resource, sys; n = int(sys.argv[1]); "
-    "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])",
-    str(FD_LIMIT),
-)
+_LIMIT_FDS = limit_fds(FD_LIMIT)
 
 
 @pytest.mark.timeout(120)
