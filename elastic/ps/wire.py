@@ -100,6 +100,12 @@ def tensors_of(header: dict, body) -> list[tuple[dict, np.ndarray]]:
     return tensors
 
 
+def tensor_bytes(meta) -> int:
+    """The byte count one tensor's metadata states, checked against its dtype and shape
+    (what a reader allocates for it). Raises PSShapeError naming what is wrong."""
+    return _layout_of(meta)[2]
+
+
 def _layout_of(meta) -> tuple[np.dtype, tuple[int, ...], int]:
     """The dtype, shape and byte count one tensor's metadata states, checked against each
     other (Python integers: no overflow). Raises PSShapeError naming what is wrong."""

@@ -14,6 +14,16 @@ Every file is written whole or not at all (a temporary name, fsync, rename; the 
 fsynced after the manifest), so a crash mid-write leaves the previous snapshot whole and
 the new one incomplete (ignored, and removed once a newer one is complete). A reader
 checks every checksum and size before it builds anything from the bytes.
+
+Nothing under the checkpoint directory is trusted for being there (the skeleton is a
+pickle: loading a planted one runs its code). Folders and files are written readable
+by their owner only, and read only through ``rendezvous.private_dir``: a host's folder,
+a snapshot's folder and each file must be real (no symbolic link), this user's and not
+writable by others, a file regular (opened without blocking: a FIFO never holds the
+reader) and of the size its manifest says, checked on the open descriptor before it is
+read, and no larger than this machine's memory in all. A manifest's numbers must be
+what a writer writes (no negative step). A folder refused so is said once, in one line
+naming it and why, and never read.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -31,6 +42,15 @@ from elastic.errors import SnapshotError
 from elastic.snapshots.codec import Leaf
 from elastic.snapshots.parts import Piece
 from elastic.snapshots.uncached import UncachedFile
+from rendezvous.private_dir import (
+    PrivateFile,
+    PrivateFileError,
+    check_private_folder,
+    open_private_file,
+    physical_memory,
+)
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 PREFIX = "snap-"
@@ -38,7 +58,8 @@ MANIFEST = "MANIFEST.json"
 SKELETON = "skeleton.pkl"
 HOST_PREFIX = "host-"
 UNUSABLE_PREFIX = "unusable-"  # a snapshot found corrupt, renamed so that none reads it again
-_READ = 4 * 1024 * 1024  # bytes read at a time while checking a file
+MANIFEST_LIMIT = 64 << 20  # a manifest is ~100 bytes an array and a part: never larger
+_said: set[str] = set()  # refused folders already said (a sync looks at them every round)
 
 
 @dataclass(frozen=True)
@@ -87,11 +108,11 @@ class Manifest:
         if raw.get("format") != FORMAT:
             raise ValueError(f"unknown snapshot format {raw.get('format')!r}")
         manifest = cls(
-            step=int(raw["step"]),
-            round_id=int(raw["round_id"]),
+            step=_count(raw, "step", 0),
+            round_id=_count(raw, "round_id", 0),
             job_id=str(raw["job_id"]),
             written=float(raw["written"]),
-            chunk=int(raw["chunk"]),
+            chunk=_count(raw, "chunk", 1),
             skeleton=FileEntry(**raw["skeleton"]),
             leaves=tuple(LeafEntry(**leaf) for leaf in raw["leaves"]),
             parts=tuple(FileEntry(**part) for part in raw["parts"]),
@@ -101,7 +122,35 @@ class Manifest:
                 raise ValueError(
                     f"a manifest entry names a file outside its folder: {entry.file!r}"
                 )
+            _count(asdict(entry), "bytes", 0)
+        for leaf in manifest.leaves:
+            _count(asdict(leaf), "nbytes", 0)
+        # The parts hold the arrays' bytes and nothing else: a reader allocates the
+        # arrays from the manifest, so sizes that disagree are refused before that.
+        leaves, parts = sum(x.nbytes for x in manifest.leaves), sum(p.bytes for p in manifest.parts)
+        if leaves != parts:
+            raise ValueError(f"its arrays hold {leaves} bytes and its parts {parts}")
         return manifest
+
+
+def _count(raw: dict, key: str, least: int) -> int:
+    """``raw[key]``, an integer of at least ``least`` as a writer writes it (not a float
+    cut short, a string or a boolean).
+
+    Raises:
+        ValueError: naming the field and its value.
+        KeyError: the field is missing."""
+    value = raw[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{key} {str(value)[:40]} is not an integer of at least {least}")
+    return value
+
+
+def _make_folder(directory: str) -> None:
+    """``directory`` and its parent (a host's folder), readable by their owner only
+    whatever the umask: a reader refuses a folder others may write. Raises OSError."""
+    os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
 
 
 def folder(root: str, step: int, token: str) -> str:
@@ -111,6 +160,11 @@ def folder(root: str, step: int, token: str) -> str:
 
 def part_name(index: int, parts: int) -> str:
     return f"part-{index:05d}-of-{parts:05d}.bin"
+
+
+def _private(path: str, flags: int) -> int:
+    """``open``'s opener of a new file readable by its owner only."""
+    return os.open(path, flags, 0o600)
 
 
 def _durable(path: str, write, uncached: bool = False) -> FileEntry:
@@ -125,7 +179,9 @@ def _durable(path: str, write, uncached: bool = False) -> FileEntry:
     tmp = f"{path}.tmp-{os.getpid()}"
     digest = hashlib.sha256()
     try:
-        with UncachedFile(tmp) if uncached else open(tmp, "wb") as f:
+        with UncachedFile(tmp, 0o600) if uncached else open(tmp, "wb", opener=_private) as f:
+            # A leftover temporary file keeps its mode through O_TRUNC: set it.
+            os.fchmod(f.fileno(), 0o600)
             write(f, digest)
             f.flush()
             os.fsync(f.fileno())
@@ -146,7 +202,7 @@ def write_part(
     Raises:
         OSError: the part cannot be written (nothing of it is left behind).
     """
-    os.makedirs(directory, exist_ok=True)
+    _make_folder(directory)
 
     def write(f, digest) -> None:
         for piece in pieces:
@@ -161,7 +217,7 @@ def write_part(
 
 def write_skeleton(directory: str, skeleton: bytes) -> FileEntry:
     """Raises ``OSError`` when it cannot be written."""
-    os.makedirs(directory, exist_ok=True)
+    _make_folder(directory)
 
     def write(f, digest) -> None:
         digest.update(skeleton)
@@ -186,23 +242,45 @@ def write_manifest(directory: str, manifest: Manifest) -> None:
 
 
 def read_manifest(directory: str) -> Manifest | None:
-    """The manifest of the snapshot in ``directory``; None when it is missing or does
-    not parse (an incomplete or foreign folder)."""
+    """The manifest of the snapshot in ``directory``; None when it is missing (an
+    incomplete folder), or when it or its folder is not to be trusted or does not parse
+    (said once: ``_refuse``)."""
+    path = os.path.join(directory, MANIFEST)
+    base = os.path.dirname(directory)  # a root: the checkpoint directory or a host's folder
     try:
-        with open(os.path.join(directory, MANIFEST), "rb") as f:
-            return Manifest.from_json(f.read())
-    except (OSError, ValueError, TypeError, KeyError):
+        with open_private_file(path, base, MANIFEST_LIMIT) as f:
+            return Manifest.from_json(bytes(f.read(f.size)))
+    except PrivateFileError as exc:
+        torn = not os.path.islink(directory) and not os.path.lexists(path)
+        if not torn:  # a manifest not written yet is no news; anything else is said
+            _refuse(directory, str(exc))
         return None
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        _refuse(directory, f"{path}: not a snapshot manifest: {exc}")
+        return None
+
+
+def _refuse(directory: str, why: str) -> None:
+    """Say once per process that the snapshot folder ``directory`` is not used."""
+    if directory not in _said:
+        _said.add(directory)
+        log.warning("snapshot folder %s is not used: %s", directory, why)
 
 
 def roots(directory: str) -> list[str]:
     """Every root under the checkpoint directory that may hold snapshots: itself, and
-    each host's own folder in it."""
+    each host's own folder in it that is a real folder of this user (others are said
+    once, and skipped)."""
     found = [directory]
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
             if name.startswith(HOST_PREFIX) and os.path.isdir(path):
+                try:
+                    check_private_folder(path, directory)
+                except PrivateFileError as exc:
+                    _refuse(path, str(exc))
+                    continue
                 found.append(path)
     return found
 
@@ -224,50 +302,67 @@ def complete(root: str) -> list[tuple[Manifest, str]]:
     return found
 
 
-def _read_checked(directory: str, entry: FileEntry, into: Sequence[memoryview]) -> None:
-    """Read ``entry``'s file into the views ``into`` (their sizes add up to the file's),
-    checking its size and SHA-256.
+def _open_checked(directory: str, entry: FileEntry) -> PrivateFile:
+    """``entry``'s file, open, of the size the manifest says (``open_private_file``).
 
     Raises:
-        SnapshotError: the file is missing, of another size, or its checksum differs.
-    """
+        SnapshotError: it is missing, not to be trusted, or of another size."""
     path = os.path.join(directory, entry.file)
+    try:
+        return open_private_file(path, os.path.dirname(directory), entry.bytes, entry.bytes)
+    except PrivateFileError as exc:
+        raise SnapshotError(str(exc)) from None
+
+
+def _read_checked(file: PrivateFile, entry: FileEntry, into: Sequence[memoryview]) -> None:
+    """Read ``entry``'s open file into the views ``into`` (their sizes add up to the
+    file's, ``open_private_file`` checked it against the manifest), checking its SHA-256.
+
+    Raises:
+        SnapshotError: the file is shorter, unreadable, or its checksum differs.
+    """
+    if sum(v.nbytes for v in into) != entry.bytes:
+        raise SnapshotError(f"{file.path}: its pieces do not add up to {entry.bytes} bytes")
     digest = hashlib.sha256()
     try:
-        if os.path.getsize(path) != entry.bytes or sum(v.nbytes for v in into) != entry.bytes:
-            raise SnapshotError(
-                f"{path}: {os.path.getsize(path)} bytes, the manifest says {entry.bytes}"
-            )
-        with open(path, "rb") as f:
-            for view in into:
-                done = 0
-                while done < view.nbytes:
-                    got = f.readinto(view[done : done + _READ])
-                    if not got:
-                        raise SnapshotError(f"{path}: shorter than its manifest says")
-                    digest.update(view[done : done + got])
-                    done += got
-    except OSError as exc:
-        raise SnapshotError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        for view in into:
+            file.readinto(view, digest)
+    except PrivateFileError as exc:
+        raise SnapshotError(str(exc)) from None
     if digest.hexdigest() != entry.sha256:
-        raise SnapshotError(f"{path}: checksum mismatch (a torn or corrupt file)")
+        raise SnapshotError(f"{file.path}: checksum mismatch (a torn or corrupt file)")
 
 
 def read(directory: str, manifest: Manifest, cut) -> tuple[bytes, list[bytearray]]:
     """The skeleton and the leaves' bytes of the snapshot in ``directory``, every file
     checked against ``manifest``; ``cut(leaf_sizes, parts, chunk)`` gives the pieces of
-    each part (``elastic.snapshots.parts.cut``).
+    each part (``elastic.snapshots.parts.cut``). Every file is opened and its size
+    checked before a buffer is allocated.
 
     Raises:
-        SnapshotError: a file is missing, torn or corrupt (the message names it).
+        SnapshotError: a file is missing, not to be trusted, torn or corrupt, or the
+            snapshot is larger than this machine's memory (the message names it).
     """
-    skeleton = bytearray(manifest.skeleton.bytes)
-    _read_checked(directory, manifest.skeleton, [memoryview(skeleton)])
-    buffers = [bytearray(leaf.nbytes) for leaf in manifest.leaves]
-    views = [memoryview(b) for b in buffers]
-    pieces = cut([leaf.nbytes for leaf in manifest.leaves], len(manifest.parts), manifest.chunk)
-    for entry, part in zip(manifest.parts, pieces):
-        _read_checked(directory, entry, [views[p.leaf][p.start : p.stop] for p in part])
+    total, memory = manifest.nbytes, physical_memory()
+    if total > memory:
+        raise SnapshotError(
+            f"{directory}: its files hold {total} bytes, more than this machine's memory ({memory})"
+        )
+    opened: list[PrivateFile] = []
+    try:
+        for entry in (manifest.skeleton, *manifest.parts):
+            opened.append(_open_checked(directory, entry))
+        skeleton = bytearray(manifest.skeleton.bytes)
+        _read_checked(opened[0], manifest.skeleton, [memoryview(skeleton)])
+        buffers = [bytearray(leaf.nbytes) for leaf in manifest.leaves]
+        views = [memoryview(b) for b in buffers]
+        sizes = [leaf.nbytes for leaf in manifest.leaves]
+        pieces = cut(sizes, len(manifest.parts), manifest.chunk)
+        for file, entry, part in zip(opened[1:], manifest.parts, pieces):
+            _read_checked(file, entry, [views[p.leaf][p.start : p.stop] for p in part])
+    finally:
+        for file in opened:
+            file.close()
     return bytes(skeleton), buffers
 
 
@@ -285,7 +380,13 @@ def prune(root: str, keep: int, written: int) -> None:
             if not name.startswith(PREFIX) or path in kept:
                 continue
             step = _step_of(name)
-            if step is not None and step < written and read_manifest(path) is None:
+            # Without a manifest (written last) it is a torn attempt; one with a manifest
+            # that was refused is kept, for a person to look at.
+            if (
+                step is not None
+                and step < written
+                and not os.path.lexists(os.path.join(path, MANIFEST))
+            ):
                 shutil.rmtree(path, ignore_errors=True)
 
 

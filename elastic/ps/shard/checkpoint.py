@@ -18,13 +18,24 @@ A write the disk refuses raises ``PSCheckpointWriteError`` naming the file
 checkpoints, never the newest complete one, while the disk has less free space than the
 next checkpoint will take (about what the newest complete one takes).
 
-``load_newest`` walks checkpoints newest first and takes the first whose manifest and
-*every* file verify (checksums, then contents: ``checkpoint_check``), logging a warning
-that names each file it had to skip. The manifest lists exactly the shard files of its
-shard count, so no name in it reaches outside the checkpoint directory. All shards
-therefore choose the same checkpoint. Each file stores its slices' metadata (variable
-name, full shape, rows held), so ``LoadedCheckpoint.shard_snapshot`` can cut the
-variables for any shard count.
+``load_newest`` walks checkpoints newest first and takes the first that is credible and
+whose manifest and *every* file verify (checksums, then contents: ``checkpoint_check``),
+logging a warning that names each checkpoint it had to skip and why. The manifest lists
+exactly the shard files of its shard count, so no name in it reaches outside the
+checkpoint directory. All shards therefore choose the same checkpoint. Each file stores
+its slices' metadata (variable name, full shape, rows held), so
+``LoadedCheckpoint.shard_snapshot`` can cut the variables for any shard count.
+
+Nothing in the directory is trusted for being there. Every file is opened through
+``rendezvous.private_dir.open_private_file`` (no symbolic link, a regular file opened
+without blocking, this user's and not writable by others, its size checked on the
+open descriptor before it is read). A manifest's numbers must be what a writer writes
+(a step of -5 is no step). A shard file's size must be what the manifest says and what
+its own header says (checked after the header, before the arrays are read), and a
+checkpoint may not hold more than this machine's memory. A checkpoint is credible when
+no older complete checkpoint that reads holds a higher step: steps only grow, so a
+newer checkpoint below an older one was not written by this job in order (see
+docs/DESIGN.md), and the newest credible one is used instead.
 """
 
 from __future__ import annotations
@@ -37,15 +48,27 @@ import logging
 import os
 import re
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from elastic.ps import wire
-from elastic.ps.errors import PSCheckpointError, PSCheckpointWriteError, PSNoSpaceError
+from elastic.ps.errors import (
+    PSCheckpointError,
+    PSCheckpointWriteError,
+    PSError,
+    PSNoSpaceError,
+)
 from elastic.ps.partition import Slice, assemble, slice_for
 from elastic.ps.shard.checkpoint_check import check_checkpoint
+from rendezvous.private_dir import (
+    PrivateFile,
+    PrivateFileError,
+    open_private_file,
+    physical_memory,
+)
 
 log = logging.getLogger("elastic.ps.shard.checkpoint")
 
@@ -58,6 +81,11 @@ _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 # The next checkpoint is taken to need this much more than the newest complete one:
 # variables created since, and a manifest that grows with them.
 GROWTH = 1.05
+# A manifest is about 120 bytes a shard: this is room for 100,000 shards, and what a
+# manifest file larger than it holds is never read.
+MANIFEST_LIMIT = 16 << 20
+_FRAME = struct.Struct("!I")  # a shard file's header length, after MAGIC (wire framing)
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
@@ -121,12 +149,15 @@ class Manifest:
                 raise PSCheckpointError(f"{where}: manifest checksum mismatch")
             if body.get("format") != FORMAT:
                 raise PSCheckpointError(f"{where}: unknown manifest format {body.get('format')!r}")
-            files = tuple(FileRecord(f["name"], int(f["size"]), f["sha256"]) for f in body["files"])
+            files = tuple(
+                FileRecord(f["name"], _count(f, "size", 0, where), _sha(f["sha256"], where))
+                for f in body["files"]
+            )
             manifest = cls(
-                int(body["checkpoint_id"]),
-                int(body["step"]),
-                int(body["num_shards"]),
-                int(body["split_threshold"]),
+                _count(body, "checkpoint_id", 0, where),
+                _count(body, "step", 0, where),
+                _count(body, "num_shards", 1, where),
+                _count(body, "split_threshold", 1, where),
                 files,
                 float(body.get("created", 0.0)),
             )
@@ -144,6 +175,28 @@ class Manifest:
                 f"of {manifest.num_shards} shard(s)"
             )
         return manifest
+
+
+def _count(body: dict, key: str, least: int, where: str) -> int:
+    """``body[key]``, an integer of at least ``least`` as a writer writes it: not a
+    float cut short, a string or a boolean that ``int()`` would take.
+
+    Raises:
+        PSCheckpointError: naming ``where``, the field and its value.
+        KeyError: the field is missing."""
+    value = body[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise PSCheckpointError(
+            f"{where}: {key} {str(value)[:40]} is not an integer of at least {least}"
+        )
+    return value
+
+
+def _sha(value, where: str) -> str:
+    """A SHA-256 as the manifest writes it. Raises PSCheckpointError naming ``where``."""
+    if not isinstance(value, str) or not _SHA_RE.match(value):
+        raise PSCheckpointError(f"{where}: {str(value)[:70]!r} is not a SHA-256")
+    return value
 
 
 def checkpoint_dir(root: str, checkpoint_id: int) -> str:
@@ -224,7 +277,8 @@ def write_shard(
     name = shard_filename(index, num_shards)
     path = os.path.join(directory, name)
     try:
-        os.makedirs(directory, exist_ok=True)
+        # Private whatever the umask: a reader refuses a folder others may write.
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         size, sha = write_atomic(path, [MAGIC, *wire.encode_parts(header, tensors)], trailer=True)
     except OSError as exc:
         raise _write_failed(path, exc) from None
@@ -259,25 +313,61 @@ def next_checkpoint_id(root: str) -> int:
     return (ids[-1] + 1) if ids else 1
 
 
-def _read_shard_file(path: str, record: FileRecord) -> tuple[dict, list]:
-    """Verify and parse one shard file. Raises PSCheckpointError naming ``path``."""
+def _read_shard_file(root: str, path: str, record: FileRecord) -> tuple[dict, list]:
+    """Verify and parse one shard file of the checkpoint directory ``root``.
+
+    Raises:
+        PSCheckpointError: naming ``path``: a link, not a regular file, not this
+            user's own, not the size the manifest or its header says, a checksum
+            mismatch or malformed contents."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise PSCheckpointError(f"{path}: cannot read: {exc}") from None
-    if len(data) != record.size:
-        raise PSCheckpointError(
-            f"{path}: truncated or wrong size: {len(data)} bytes, manifest says {record.size}"
-        )
-    view = memoryview(data)
-    digest = hashlib.sha256(view[:-DIGEST_BYTES]).digest()
-    if digest.hex() != record.sha256 or digest != bytes(view[-DIGEST_BYTES:]):
-        raise PSCheckpointError(f"{path}: checksum mismatch (corrupted)")
-    if bytes(view[: len(MAGIC)]) != MAGIC:
+        with open_private_file(path, root, physical_memory(), size=record.size) as f:
+            return _parse_shard_file(f, record)
+    except PrivateFileError as exc:
+        raise PSCheckpointError(str(exc)) from None
+
+
+def _parse_shard_file(f: PrivateFile, record: FileRecord) -> tuple[dict, list]:
+    """The (header, tensors) of the shard file ``f``, whose size is the manifest's.
+    Its header is read first: the file must be exactly as long as the header says
+    before its arrays are allocated and read.
+
+    Raises:
+        PSCheckpointError: naming the file.
+        PrivateFileError: a read fails or the file ends early."""
+    path = f.path
+    lead = len(MAGIC) + _FRAME.size
+    if f.size < lead + DIGEST_BYTES:
+        raise PSCheckpointError(f"{path}: {f.size} bytes, too short for a ps checkpoint file")
+    digest = hashlib.sha256()
+    prefix = f.read(lead, digest)
+    if bytes(prefix[: len(MAGIC)]) != MAGIC:
         raise PSCheckpointError(f"{path}: not a ps checkpoint file")
+    (head_len,) = _FRAME.unpack_from(prefix, len(MAGIC))
+    if lead + head_len + DIGEST_BYTES > f.size:
+        raise PSCheckpointError(
+            f"{path}: a header of {head_len} bytes in a file of {f.size} (corrupted)"
+        )
+    head = f.read(head_len, digest)
     try:
-        return wire.decode(view[len(MAGIC) : -DIGEST_BYTES])
+        header = json.loads(head)
+        if not isinstance(header, dict):
+            raise ValueError("the header is not an object")
+        body = sum(wire.tensor_bytes(meta) for meta in wire.tensor_metas(header))
+    except (ValueError, TypeError, RecursionError, PSError) as exc:
+        raise PSCheckpointError(f"{path}: corrupted or malformed header: {exc}") from None
+    expected = lead + head_len + body + DIGEST_BYTES
+    if expected != f.size:
+        raise PSCheckpointError(
+            f"{path}: {f.size} bytes, its header says {expected} (corrupted or malformed)"
+        )
+    data = bytearray(body)
+    f.readinto(memoryview(data), digest)
+    trailer = bytes(f.read(DIGEST_BYTES))
+    if digest.hexdigest() != record.sha256 or digest.digest() != trailer:
+        raise PSCheckpointError(f"{path}: checksum mismatch (corrupted)")
+    try:
+        return header, wire.tensors_of(header, data)
     except Exception as exc:  # noqa: BLE001 - a well-checksummed but malformed file: a writer bug
         raise PSCheckpointError(f"{path}: malformed contents: {exc}") from None
 
@@ -334,13 +424,16 @@ class LoadedCheckpoint:
 
 def read_manifest(root: str, checkpoint_id: int) -> Manifest:
     """The verified manifest of checkpoint ``checkpoint_id`` (its files are not read).
-    Raises PSCheckpointError naming the manifest when it is missing or does not verify."""
+
+    Raises:
+        PSCheckpointError: naming the manifest (or the folder that holds it) when it is
+            missing, not to be trusted (``open_private_file``) or does not verify."""
     path = os.path.join(checkpoint_dir(root, checkpoint_id), MANIFEST)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise PSCheckpointError(f"{path}: cannot read: {exc}") from None
+        with open_private_file(path, root, MANIFEST_LIMIT) as f:
+            data = bytes(f.read(f.size))
+    except PrivateFileError as exc:
+        raise PSCheckpointError(str(exc)) from None
     manifest = Manifest.from_bytes(data, path)
     if manifest.checkpoint_id != checkpoint_id:
         raise PSCheckpointError(f"{path}: manifest of checkpoint {manifest.checkpoint_id}")
@@ -349,11 +442,21 @@ def read_manifest(root: str, checkpoint_id: int) -> Manifest:
 
 def read_checkpoint(root: str, checkpoint_id: int) -> LoadedCheckpoint:
     """Verify, read and check (``checkpoint_check``) checkpoint ``checkpoint_id``.
-    Raises PSCheckpointError naming the first missing, truncated, corrupted or
-    malformed file."""
+
+    Raises:
+        PSCheckpointError: naming the first missing, untrusted, truncated, corrupted
+            or malformed file, or a checkpoint larger than this machine's memory."""
     directory = checkpoint_dir(root, checkpoint_id)
     manifest = read_manifest(root, checkpoint_id)
-    files = {r.name: _read_shard_file(os.path.join(directory, r.name), r) for r in manifest.files}
+    # Every shard file is held at once: more than the memory cannot be loaded at all.
+    total, memory = sum(r.size for r in manifest.files), physical_memory()
+    if total > memory:
+        raise PSCheckpointError(
+            f"{directory}: its files hold {total} bytes, more than this machine's memory ({memory})"
+        )
+    files = {
+        r.name: _read_shard_file(root, os.path.join(directory, r.name), r) for r in manifest.files
+    }
     check_checkpoint(
         directory,
         checkpoint_id,
@@ -368,17 +471,65 @@ def is_complete(root: str, checkpoint_id: int) -> bool:
 
 
 def load_newest(root: str | None) -> LoadedCheckpoint | None:
-    """The newest checkpoint whose manifest and every file verify, or None. Each
-    checkpoint skipped for a bad file is logged as a warning naming that file."""
+    """The newest credible checkpoint whose manifest and every file verify, or None.
+    Each checkpoint skipped is logged as one warning naming why (the file at fault, or
+    the older checkpoint whose higher step makes it not credible)."""
     if not root:
         return None
-    for checkpoint_id in reversed(checkpoint_ids(root)):
-        if not is_complete(root, checkpoint_id):
-            continue  # in progress or abandoned: never announced as complete
+    ids = [i for i in reversed(checkpoint_ids(root)) if is_complete(root, i)]
+    manifests: dict[int, Manifest | PSCheckpointError] = {}
+    for checkpoint_id in ids:
         try:
-            return read_checkpoint(root, checkpoint_id)
+            manifests[checkpoint_id] = read_manifest(root, checkpoint_id)
         except PSCheckpointError as exc:
+            manifests[checkpoint_id] = exc  # said when (if) the walk reaches it
+    failed: set[int] = set()
+    kept: list[LoadedCheckpoint] = []  # the last one read, at most: one checkpoint in memory
+
+    def attempt(checkpoint_id: int) -> LoadedCheckpoint | None:
+        """Checkpoint ``checkpoint_id`` read whole, or None (said once)."""
+        if checkpoint_id in failed:
+            return None
+        if kept and kept[0].checkpoint_id == checkpoint_id:
+            return kept[0]
+        kept.clear()  # never two checkpoints in memory at once: one may take most of it
+        try:
+            loaded = read_checkpoint(root, checkpoint_id)
+        except PSCheckpointError as exc:
+            failed.add(checkpoint_id)
             log.warning("skipping checkpoint %d, using an older one: %s", checkpoint_id, exc)
+            return None
+        kept[:] = [loaded]
+        return loaded
+
+    for checkpoint_id in ids:
+        manifest = manifests[checkpoint_id]
+        if isinstance(manifest, PSCheckpointError):
+            log.warning("skipping checkpoint %d, using an older one: %s", checkpoint_id, manifest)
+            continue
+        # Steps only grow: an older checkpoint at a higher step that reads (a witness;
+        # one that does not read proves nothing, and a job that fell back past it goes
+        # on from a lower step) makes this one not credible.
+        higher = [
+            (older, m.step)
+            for older, m in manifests.items()
+            if older < checkpoint_id and isinstance(m, Manifest) and m.step > manifest.step
+        ]
+        witness = next(((older, step) for older, step in higher if attempt(older)), None)
+        if witness is not None:
+            log.warning(
+                "skipping checkpoint %d, using an older one: its step %d is below step %d "
+                "of the older checkpoint %d, and a job's steps only grow (%s)",
+                checkpoint_id,
+                manifest.step,
+                witness[1],
+                witness[0],
+                os.path.join(checkpoint_dir(root, checkpoint_id), MANIFEST),
+            )
+            continue
+        loaded = attempt(checkpoint_id)
+        if loaded is not None:
+            return loaded
     return None
 
 

@@ -221,7 +221,7 @@ def _parsed_file(root, checkpoint_id: int, index: int = 0, num_shards: int = 1):
     with open(os.path.join(directory, ck.MANIFEST), "rb") as f:
         manifest = ck.Manifest.from_bytes(f.read(), "manifest")
     record = manifest.files[index]
-    header, tensors = ck._read_shard_file(os.path.join(directory, record.name), record)
+    header, tensors = ck._read_shard_file(str(root), os.path.join(directory, record.name), record)
     return copy.deepcopy(header), [(dict(meta), np.array(a)) for meta, a in tensors]
 
 
