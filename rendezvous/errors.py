@@ -39,6 +39,14 @@ class NotSentError(RendezvousConnectionError):
     transaction, unlike a request that timed out after it was sent."""
 
 
+class StaleIncarnationError(NotSentError):
+    """The server refused the call's proof of the secret as made for another incarnation
+    of it: the process at that address restarted (or another serves there) since the
+    caller learnt which process it is. Nothing of the call ran, so repeating it is
+    safe, even for a transaction, once the caller has the server's incarnation again
+    (from its record in the store, or asked of the server)."""
+
+
 class RendezvousAuthError(RendezvousError):
     """The store (or a peer) refused the request: missing or wrong job secret."""
 

@@ -153,7 +153,9 @@ class ShardInfo:
     """A parameter-server shard's record under ``JobKeys.ps_shard(index)`` (written by
     the shard). ``ready`` is False while it restores a checkpoint (data calls answer
     "not ready" meanwhile) and True once it serves; the driver's supervisor waits for
-    it, clients only need the address."""
+    it, clients only need the address and the incarnation: calls must prove the secret
+    for that process (``rendezvous.net.auth``), so one replayed to a later process at
+    the address, after a restart, is refused."""
 
     index: int
     num_shards: int
@@ -161,6 +163,7 @@ class ShardInfo:
     pid: int
     ready: bool = False
     bulk_address: str = ""  # the shard's bulk-bytes TCP port, when it has one
+    incarnation: str = ""  # of the shard process ("": a shard of an older release)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

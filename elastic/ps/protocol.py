@@ -282,12 +282,14 @@ CREATE, APPLY, META, FULL = "create", "apply", "meta", "full"
 
 @dataclass(frozen=True)
 class AttachArgs(Record):
-    """A backup asks the primary to mirror to it (``Attach``): its ``address``, and the
+    """A backup asks the primary to mirror to it (``Attach``): its ``address`` and
+    ``incarnation`` (the mirror calls' proofs are made for that process), and the
     ``token`` naming this copy, which every mirror call to it carries (a call meant for
     an earlier copy is refused)."""
 
     address: str
     token: str
+    incarnation: str = ""  # "": a backup of an older release (asked of it)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ the rendezvous store of the job.
 A shard writes its ``rendezvous.plan.ShardInfo`` under ``JobKeys(job_id).ps_shard(i)``
 as soon as it serves (``ready`` False: it may still be restoring, and data calls
 answer "not ready" until it is), and again with ``ready`` True once restored; a
-restarted shard overwrites its key, and clients and peers re-read it after a failure.
+restarted shard overwrites its key (with its new address and incarnation: a call's
+proof of the secret is made for one shard process), and clients and peers re-read it
+after a failure.
 Shard 0 writes a ``CheckpointRecord`` under ``JobKeys.ps_checkpoint`` after each
 complete coordinated checkpoint, and a ``CheckpointFailedRecord`` under
 ``JobKeys.ps_checkpoint_failed`` when checkpoints fail (``elastic.ps.shard.failures``).
@@ -102,11 +104,12 @@ class StoreRegistry:
         every change after it. Raises RendezvousError."""
         return self.store.read_and_watch(self.keys.ps_replica(index))
 
-    def lookup(self, index: int) -> str | None:
-        """The address shard ``index`` published last (None: not yet). Raises
-        RendezvousError when the store stays unreachable past its deadline."""
+    def lookup(self, index: int) -> ShardInfo | None:
+        """The record shard ``index`` published last (None: not yet): its address and
+        the incarnation a call's proof is made for. Raises RendezvousError when the
+        store stays unreachable past its deadline."""
         kv = self.store.get(self.keys.ps_shard(index))
-        return ShardInfo.from_json(kv.value).address if kv is not None else None
+        return ShardInfo.from_json(kv.value) if kv is not None else None
 
     def shards(self) -> dict[int, ShardInfo]:
         """Every shard's record, by index. Raises RendezvousError."""
@@ -114,9 +117,9 @@ class StoreRegistry:
         infos = (ShardInfo.from_json(kv.value) for kv in kvs)
         return {info.index: info for info in infos}
 
-    def wait_all(self, timeout: float) -> list[str]:
-        """Every shard's address, in index order, once all have published (ready or
-        still restoring: clients retry until it serves).
+    def wait_all(self, timeout: float) -> list[ShardInfo]:
+        """Every shard's record (address and incarnation), in index order, once all
+        have published (ready or still restoring: clients retry until it serves).
 
         Raises:
             PSConfigError: the job runs no shards (the driver says so under
@@ -136,7 +139,7 @@ class StoreRegistry:
                 if shards:
                     n = next(iter(shards.values())).num_shards
                     if all(i in shards for i in range(n)):
-                        return [shards[i].address for i in range(n)]
+                        return [shards[i] for i in range(n)]
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

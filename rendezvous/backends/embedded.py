@@ -1,9 +1,9 @@
 """The embedded backend: a gRPC server over ``MemoryKV`` (run in the driver) and its client.
 
-Every call carries proof of the job secret (``rendezvous.net.rpc.RpcServer`` refuses
-others). Messages are JSON headers framed by ``rendezvous.net.rpc.frame``; values travel
-base64-encoded, which is fine for a store whose values are small records (the size limit
-applies).
+Every call carries proof of the job secret, made for this server process
+(``rendezvous.net.rpc.RpcServer`` refuses others). Messages are JSON headers framed by
+``rendezvous.net.rpc.frame``; values travel base64-encoded, which is fine for a store
+whose values are small records (the size limit applies).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from rendezvous.net.rpc import (
     RpcServer,
     ServerLimits,
     frame,
-    translate_rpc_error,
     unframe,
 )
 from rendezvous.store import (
@@ -83,6 +82,12 @@ class EmbeddedServer:
         limits: ServerLimits | None = None,
     ):
         self.kv = MemoryKV(history_limit=history_limit, on_commit=self._on_commit)
+        # A fresh incarnation per server (RpcServer's default), not a fixed one: a store
+        # restarted at its address with the same secret (a node or `rendezvous.server`
+        # run again, ELASTIC_JOB_SECRET kept) starts empty, and a write replayed to it
+        # from before its restart would put back a record of the store before. Its
+        # clients have only the URL, no record to read an incarnation from: they ask
+        # the server for it (``RpcClient``), which costs one round trip per client.
         self._rpc = RpcServer(SERVICE, secret, bind, limits)
         self._stop = threading.Event()
         self._lease_check_interval = lease_check_interval
@@ -283,7 +288,7 @@ class EmbeddedStore(KVStore):
                     batch = _decode(message)
                     yield [Event.from_dict(d) for d in batch["events"]], batch["next"] - 1
             except grpc.RpcError as exc:
-                raise translate_rpc_error(exc, f"watch at {self.address}") from None
+                raise self._rpc.translate(exc, f"watch at {self.address}") from None
 
         return batches(), call.cancel
 

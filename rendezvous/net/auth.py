@@ -4,13 +4,20 @@ The driver makes one random secret per job and hands it to workers and shards in
 their environment (``ENV_SECRET``). Nothing sends the secret itself:
 
 * a gRPC call carries two proofs in its metadata (``call_metadata``): one over the
-  method, a timestamp and a fresh nonce, checked from the headers alone, so a call
-  without the secret is refused before its body is read; and one over the nonce and a
-  digest of the body, checked once the body is in. ``CallVerifier`` refuses a proof
-  outside ``PROOF_WINDOW`` seconds of its own clock and a nonce it has already seen, so
-  a request sniffed off the network cannot be replayed, nor its proofs moved to another
-  method or body. (Hosts' clocks must agree within the window, as NTP keeps them.)
-  Like etcd without TLS, this does not hide the traffic; it only authenticates it;
+  method, the incarnation of the server it is meant for, a timestamp and a fresh
+  nonce, checked from the headers alone, so a call without the secret is refused
+  before its body is read; and one over the nonce and a digest of the body, checked
+  once the body is in. ``CallVerifier`` refuses a proof outside ``PROOF_WINDOW``
+  seconds of its own clock and a nonce it has already seen, so a request sniffed off
+  the network cannot be replayed, nor its proofs moved to another method or body.
+  (Hosts' clocks must agree within the window, as NTP keeps them.) The seen nonces
+  live in the server process's memory, so a restarted server would take a request
+  replayed from before its restart; the incarnation closes that: every server process
+  draws a fresh one when it starts (``new_incarnation``), and refuses a proof made for
+  any other (``OtherIncarnation``), so what a proof allows is one call to one process.
+  Clients learn a server's incarnation where they learn its address (a ps shard's
+  record in the store), or ask the server for it (``rendezvous.net.rpc``). Like etcd
+  without TLS, this does not hide the traffic; it only authenticates it;
 * a ring-peer handshake is challenge/response: each side sends a random nonce
   and answers the other's with ``challenge_response(secret, nonce)``.
 """
@@ -57,29 +64,72 @@ def _mac(secret: str, data: bytes) -> str:
     return hmac.new(secret.encode(), data, hashlib.sha256).hexdigest()
 
 
+#: hex digits of a server's incarnation (64 random bits: two processes of one job never
+#: draw the same)
+INCARNATION_CHARS = 16
+
+
+def new_incarnation() -> str:
+    """A fresh incarnation for a server process that starts (random, never reused)."""
+    return secrets.token_hex(INCARNATION_CHARS // 2)
+
+
+def is_incarnation(text: object) -> bool:
+    """Whether ``text`` is spelt as an incarnation (``new_incarnation``)."""
+    return (
+        isinstance(text, str)
+        and len(text) == INCARNATION_CHARS
+        and all(c in "0123456789abcdef" for c in text)
+    )
+
+
+def _head(method: str, incarnation: str, stamp: str, nonce: str) -> bytes:
+    return f"call|{method}|{incarnation}|{stamp}|{nonce}".encode()
+
+
 def call_metadata(
-    secret: str, method: str, body: bytes, now: float | None = None
+    secret: str, method: str, body: bytes, incarnation: str, now: float | None = None
 ) -> tuple[tuple[str, str], tuple[str, str]]:
-    """The metadata that proves ``secret`` for one call of ``method`` with ``body``."""
-    stamp = int((time.time() if now is None else now) * 1000)
+    """The metadata that proves ``secret`` for one call of ``method`` with ``body`` to
+    the server process of ``incarnation`` (and no other, nor a later one at its address).
+
+    Raises:
+        ValueError: ``incarnation`` is not spelt as one (``is_incarnation``)."""
+    if not is_incarnation(incarnation):
+        raise ValueError(f"not a server incarnation: {incarnation!r}")
+    stamp = str(int((time.time() if now is None else now) * 1000))
     nonce = secrets.token_hex(12)
-    head = _mac(secret, f"call|{method}|{stamp}|{nonce}".encode())
+    head = _mac(secret, _head(method, incarnation, stamp, nonce))
     digest = hashlib.sha256(body).hexdigest()
     return (
-        (RPC_METADATA_KEY, f"{stamp}.{nonce}.{head}"),
+        # The incarnation travels in the clear (it is no secret; the MAC covers it), so
+        # a server tells a proof made for a process before it from one without the secret.
+        (RPC_METADATA_KEY, f"{stamp}.{nonce}.{incarnation}.{head}"),
         (RPC_BODY_KEY, _mac(secret, f"body|{nonce}|{digest}".encode())),
     )
 
 
 class CallVerifier:
-    """Checks the proofs of ``call_metadata`` on a server; thread-safe.
+    """Checks the proofs of ``call_metadata`` on the server process of ``incarnation``;
+    thread-safe.
 
     ``check_head`` runs on the headers alone and returns the call's nonce (or raises
     ``ProofRefused`` with the reason); ``check_body`` then checks the body proof. Seen
-    nonces are kept for twice the window, so memory is bounded by the call rate."""
+    nonces are kept for twice the window, so memory is bounded by the call rate. They
+    are kept in memory only: what keeps a call from before this process started (a
+    restart) from being replayed to it is the incarnation, which no earlier process
+    had.
 
-    def __init__(self, secret: str, window: float = PROOF_WINDOW, clock=time.time):
+    Raises:
+        ValueError: ``incarnation`` is not spelt as one (``is_incarnation``)."""
+
+    def __init__(
+        self, secret: str, incarnation: str, window: float = PROOF_WINDOW, clock=time.time
+    ):
+        if not is_incarnation(incarnation):
+            raise ValueError(f"not a server incarnation: {incarnation!r}")
         self._secret = secret
+        self.incarnation = incarnation
         self._window = window
         self._clock = clock
         self._seen: dict[str, float] = {}
@@ -87,14 +137,36 @@ class CallVerifier:
         self._next_purge = 0.0
 
     def check_head(self, method: str, token: str | None) -> str:
-        """Raises ProofRefused unless ``token`` proves the secret for ``method`` now."""
+        """The call's nonce, once ``token`` proves the secret for ``method``, to this
+        server's incarnation, now, for the first time.
+
+        Raises:
+            OtherIncarnation: a proof of the secret, made for another incarnation (a
+                server process before this one: a replay across a restart, or a caller
+                whose record of the server is stale).
+            ProofRefused: no proof, a malformed one, the wrong secret, outside the
+                window, or a nonce already used."""
         parts = token.split(".") if isinstance(token, str) else []
-        if len(parts) != 3 or not parts[0].isdigit() or len(parts[1]) != 24:
+        if (
+            len(parts) != 4
+            or not parts[0].isdigit()
+            or len(parts[1]) != 24
+            or not is_incarnation(parts[2])
+        ):
             raise ProofRefused("missing or malformed job-secret proof")
-        stamp, nonce, mac = parts
-        expected = _mac(self._secret, f"call|{method}|{stamp}|{nonce}".encode())
+        stamp, nonce, incarnation, mac = parts
+        # The MAC is checked over the incarnation the proof names, before that is
+        # compared with this server's: so a wrong secret reads "wrong job secret"
+        # whatever it names, and "another incarnation" is said only of a real proof.
+        expected = _mac(self._secret, _head(method, incarnation, stamp, nonce))
         if not hmac.compare_digest(expected, mac):
             raise ProofRefused("wrong job secret")
+        if incarnation != self.incarnation:
+            raise OtherIncarnation(
+                f"proof made for another incarnation of this server ({incarnation}, not "
+                f"{self.incarnation}): a request replayed from before a restart, or a "
+                "caller whose record of this server is stale"
+            )
         now = self._clock()
         if abs(now - int(stamp) / 1000) > self._window:
             raise ProofRefused(
@@ -120,6 +192,11 @@ class CallVerifier:
 
 class ProofRefused(Exception):
     """A call's proof of the job secret is missing, wrong, stale or replayed."""
+
+
+class OtherIncarnation(ProofRefused):
+    """A proof of the job secret made for another incarnation of the server (a process
+    before this one at its address, or another server): nothing of the call runs."""
 
 
 def make_nonce() -> bytes:

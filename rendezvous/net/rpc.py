@@ -9,7 +9,14 @@ a call costs a coroutine, not a thread, while it waits for its message, so clien
 that open calls and never send a body (or send it slowly) hold no thread and starve
 nobody. Every call is checked before its body is read: the router sees the method and
 the metadata first and answers a call without a valid proof of the job secret with
-UNAUTHENTICATED at once, through a handler that never reads the request. Messages are
+UNAUTHENTICATED at once, through a handler that never reads the request. A proof is
+made for one server process: each ``RpcServer`` draws a fresh incarnation when it is
+made (``rendezvous.net.auth``), and refuses a proof made for another with
+UNAUTHENTICATED and a trailer that says so, which the client raises as
+``StaleIncarnationError`` (nothing ran: the call may be repeated). A client learns the
+incarnation where it learns the address (a ps shard's record), or, given none, asks the
+server for it (``INCARNATION_METHOD``, answered without a proof: an incarnation is no
+secret, only what a proof is made for) and asks again after such a refusal. Messages are
 bounded (``ServerLimits.max_message_bytes``; gRPC refuses a larger one from its length
 prefix, before buffering it), and so are concurrent streams per connection. So are the
 connections (``ServerLimits``): their number, kept below the process's descriptor limit,
@@ -23,7 +30,8 @@ Errors: a handler that raises an ``ElasticError`` subclass is re-raised on the c
 as the same class (by registered name). A request that does not parse (a client with
 the secret but a bug) gets INVALID_ARGUMENT with one line, and the server logs one
 line, never a traceback per call. Transport failures become ``RendezvousConnectionError``;
-a refused secret becomes ``RendezvousAuthError``. ``frame``/``unframe`` pack a JSON
+a refused secret becomes ``RendezvousAuthError``, a proof refused as made for another
+incarnation ``StaleIncarnationError``. ``frame``/``unframe`` pack a JSON
 header and binary blobs into one message.
 """
 
@@ -48,6 +56,7 @@ from rendezvous.errors import (
     RendezvousAuthError,
     RendezvousConnectionError,
     RendezvousError,
+    StaleIncarnationError,
     error_class,
 )
 from rendezvous.net import auth
@@ -71,6 +80,11 @@ CLIENT_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 _ERROR_SEPARATOR = "|"
+#: the method every ``RpcServer`` answers with its incarnation, without a proof
+INCARNATION_METHOD = "Incarnation"
+# The trailer of a refusal of a proof made for another incarnation of the server.
+_REFUSED_KEY = "x-elastic-refused"
+_REFUSED_INCARNATION = "incarnation"
 #: seconds between log lines about refused or malformed calls (one line, not one per call)
 _REFUSAL_LOG_INTERVAL = 10.0
 #: refused calls in one burst after which the memory they held is handed back to the
@@ -237,6 +251,8 @@ class _Router(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details):
         method = handler_call_details.method
+        if method == self._server._incarnation_method:
+            return self._server._incarnation_handler
         handler = self._server._handlers.get(method)
         if handler is None:
             self._server._refused()
@@ -246,11 +262,15 @@ class _Router(grpc.GenericRpcHandler):
             self._server._verifier.check_head(method, token)
         except auth.ProofRefused as exc:
             self._server._refused()
-            self._server._refusals.warn("auth", f"refused a call of {method}: {exc}")
+            kind = "incarnation" if isinstance(exc, auth.OtherIncarnation) else "auth"
+            self._server._refusals.warn(kind, f"refused a call of {method}: {exc}")
             reason = f"request refused: {exc}"
+            # A proof for another incarnation is said in a trailer too: the client takes
+            # it for "ask which process serves here, and repeat", not for a wrong secret.
+            trailer = ((_REFUSED_KEY, _REFUSED_INCARNATION),) if kind == "incarnation" else ()
 
             async def deny(_requests, context):  # never reads the request
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason, trailer)
 
             if handler.response_streaming:
                 return grpc.stream_stream_rpc_method_handler(deny)
@@ -261,7 +281,13 @@ class _Router(grpc.GenericRpcHandler):
 class RpcServer:
     """A gRPC server for one service name whose methods take and return bytes.
 
-    Register handlers with ``add_unary``/``add_stream`` before ``start``."""
+    Register handlers with ``add_unary``/``add_stream`` before ``start``. Calls must
+    prove the secret for this server's ``incarnation``: a fresh one unless given, and
+    never one a server before it had (a server that publishes a record of itself names
+    it there, as a ps shard does).
+
+    Raises:
+        ValueError: ``incarnation`` is not spelt as one (``auth.is_incarnation``)."""
 
     def __init__(
         self,
@@ -269,11 +295,20 @@ class RpcServer:
         secret: str,
         bind: str = "127.0.0.1:0",
         limits: ServerLimits | None = None,
+        incarnation: str | None = None,
     ):
         self.service = service
         self._bind = bind
         self._limits = limits or ServerLimits()
-        self._verifier = auth.CallVerifier(secret)
+        self.incarnation = incarnation or auth.new_incarnation()
+        self._verifier = auth.CallVerifier(secret, self.incarnation)
+        self._incarnation_method = f"/{service}/{INCARNATION_METHOD}"
+        told = self.incarnation.encode()
+
+        async def tell(_requests, _context) -> bytes:  # never reads the request
+            return told
+
+        self._incarnation_handler = grpc.stream_unary_rpc_method_handler(tell)
         self._refusals = RateLimitedLog()
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._pool: futures.ThreadPoolExecutor | None = None
@@ -326,9 +361,17 @@ class RpcServer:
         except (auth.ProofRefused, IndexError) as exc:
             raise _BodyRefused(str(exc)) from None
 
+    def _check_name(self, name: str) -> None:
+        if name == INCARNATION_METHOD:
+            raise ValueError(f"{INCARNATION_METHOD!r} is answered by every RpcServer itself")
+
     def add_unary(self, name: str, fn: UnaryHandler, *, blocking: bool = True) -> None:
         """Serve ``fn(request) -> reply``. ``blocking`` handlers run on the thread pool;
-        others (quick, never waiting) run on the event loop itself."""
+        others (quick, never waiting) run on the event loop itself.
+
+        Raises:
+            ValueError: ``name`` is ``INCARNATION_METHOD``."""
+        self._check_name(name)
 
         async def handler(request: bytes, context):
             try:
@@ -352,7 +395,11 @@ class RpcServer:
 
     def add_stream(self, name: str, fn: StreamHandler) -> None:
         """Serve ``fn(request, context)``, an async generator of replies (it runs on the
-        event loop: it must await, never block)."""
+        event loop: it must await, never block).
+
+        Raises:
+            ValueError: ``name`` is ``INCARNATION_METHOD``."""
+        self._check_name(name)
 
         async def handler(request: bytes, context):
             try:
@@ -448,6 +495,12 @@ class _BodyRefused(Exception):
     """Internal: the body proof of an otherwise authenticated call failed."""
 
 
+def _refused_incarnation(exc: grpc.RpcError) -> bool:
+    """Whether the server refused the call's proof as made for another incarnation."""
+    trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return dict(trailers or ()).get(_REFUSED_KEY) == _REFUSED_INCARNATION
+
+
 def translate_rpc_error(exc: grpc.RpcError, what: str) -> ElasticError:
     """The typed error for a failed call (``what`` names the target for the message)."""
     code = exc.code() if hasattr(exc, "code") else None
@@ -459,6 +512,8 @@ def translate_rpc_error(exc: grpc.RpcError, what: str) -> ElasticError:
     if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
         return NotSentError(f"{what}: unavailable: {details}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
+        if _refused_incarnation(exc):
+            return StaleIncarnationError(f"{what}: {details}")
         return RendezvousAuthError(f"{what}: {details}")
     if code in (
         grpc.StatusCode.UNAVAILABLE,
@@ -472,9 +527,23 @@ def translate_rpc_error(exc: grpc.RpcError, what: str) -> ElasticError:
 
 
 class RpcClient:
-    """Calls one ``RpcServer`` service; every call has a deadline and carries the secret proof."""
+    """Calls one ``RpcServer`` service; every call has a deadline and carries the secret proof.
 
-    def __init__(self, address: str, service: str, secret: str, timeout: float = 10.0):
+    Proofs are made for the server process's ``incarnation``. Given (read where the
+    address was: a ps shard's record), a proof the server refuses as made for another
+    is ``StaleIncarnationError``: the caller reads the record again. None: it is asked
+    of the server before the first call, and asked again when the server refuses a call
+    that way (the process at the address restarted): that call, which never ran, is
+    then repeated once at once."""
+
+    def __init__(
+        self,
+        address: str,
+        service: str,
+        secret: str,
+        timeout: float = 10.0,
+        incarnation: str | None = None,
+    ):
         self.address = address
         self.service = service
         self.timeout = timeout
@@ -483,6 +552,8 @@ class RpcClient:
         self._lock = threading.Lock()
         self._unary: dict[str, Callable] = {}
         self._stream: dict[str, Callable] = {}
+        self._asks = incarnation is None  # it learns the incarnation from the server
+        self._incarnation = incarnation
 
     def _method(self, table: dict, kind: str, name: str):
         with self._lock:
@@ -491,31 +562,87 @@ class RpcClient:
                 table[name] = factory(f"/{self.service}/{name}")
             return table[name]
 
-    def metadata(self, name: str, payload: bytes):
-        """The proof of the secret for one call of ``name`` with ``payload``."""
-        return auth.call_metadata(self._secret, f"/{self.service}/{name}", payload)
+    def incarnation(self, timeout: float | None = None, wait_for_ready: bool = False) -> str:
+        """The incarnation of the server this client's proofs are made for: the one
+        given, else the one the server said (asked now when not known yet).
+
+        Raises:
+            RendezvousConnectionError: the server did not answer within ``timeout``.
+            RendezvousError: its answer is no incarnation (a server of an older release)."""
+        with self._lock:
+            known = self._incarnation
+        if known is not None:
+            return known
+        method = self._method(self._unary, "unary_unary", INCARNATION_METHOD)
+        try:
+            reply = method(
+                b"",
+                timeout=self.timeout if timeout is None else timeout,
+                wait_for_ready=wait_for_ready,
+            )
+        except grpc.RpcError as exc:
+            raise translate_rpc_error(exc, f"{self.service} at {self.address}") from None
+        told = bytes(reply).decode("ascii", "replace")
+        if not auth.is_incarnation(told):
+            raise RendezvousError(
+                f"{self.service} at {self.address} answered no incarnation: {told[:40]!r}"
+            )
+        with self._lock:
+            self._incarnation = told
+        return told
+
+    def translate(self, exc: grpc.RpcError, what: str) -> ElasticError:
+        """``translate_rpc_error``; a client that asks the server for its incarnation
+        forgets the one the server refused, so that its next call asks again."""
+        error = translate_rpc_error(exc, what)
+        if isinstance(error, StaleIncarnationError) and self._asks:
+            with self._lock:
+                self._incarnation = None
+        return error
+
+    def _proof(self, name: str, payload: bytes, incarnation: str):
+        return auth.call_metadata(self._secret, f"/{self.service}/{name}", payload, incarnation)
 
     def call(
         self, name: str, payload: bytes, timeout: float | None = None, wait_for_ready: bool = False
     ) -> bytes:
-        """One unary call. Raises the handler's typed error, RendezvousAuthError or
-        RendezvousConnectionError (unreachable or past the deadline)."""
+        """One unary call, within ``timeout`` (default: the client's) in all.
+
+        Raises:
+            ElasticError: the handler's typed error.
+            StaleIncarnationError: the server is another process than the incarnation
+                given (nothing ran: read its record again and repeat).
+            RendezvousAuthError: the server refused the secret.
+            RendezvousConnectionError: unreachable, or past the deadline."""
         method = self._method(self._unary, "unary_unary", name)
-        try:
-            return method(
-                payload,
-                timeout=timeout if timeout is not None else self.timeout,
-                metadata=self.metadata(name, payload),
-                wait_for_ready=wait_for_ready,
-            )
-        except grpc.RpcError as exc:
-            raise translate_rpc_error(exc, f"{self.service}.{name} at {self.address}") from None
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
+        what = f"{self.service}.{name} at {self.address}"
+        attempts = 2 if self._asks else 1
+        while True:
+            attempts -= 1
+            incarnation = self.incarnation(max(deadline - time.monotonic(), 0.0), wait_for_ready)
+            try:
+                return method(
+                    payload,
+                    timeout=max(deadline - time.monotonic(), 0.0),
+                    metadata=self._proof(name, payload, incarnation),
+                    wait_for_ready=wait_for_ready,
+                )
+            except grpc.RpcError as exc:
+                error = self.translate(exc, what)
+                if attempts == 0 or not isinstance(error, StaleIncarnationError):
+                    raise error from None
 
     def stream(self, name: str, payload: bytes, timeout: float | None = None):
         """A server stream: returns the gRPC call object (iterate it; ``cancel()`` ends it).
-        Iteration raises ``grpc.RpcError``; pass it to ``translate_rpc_error``."""
+        Iteration raises ``grpc.RpcError``; pass it to ``translate``.
+
+        Raises:
+            RendezvousConnectionError: the server's incarnation was to be asked, and the
+                server did not answer within the client's timeout."""
         method = self._method(self._stream, "unary_stream", name)
-        return method(payload, timeout=timeout, metadata=self.metadata(name, payload))
+        incarnation = self.incarnation()
+        return method(payload, timeout=timeout, metadata=self._proof(name, payload, incarnation))
 
     def close(self) -> None:
         self._channel.close()

@@ -138,7 +138,8 @@ def unauthenticated_calls(address: str, methods: Sequence[str], body_bytes: int)
     with grpc.insecure_channel(address, options=options) as channel:
         for method in methods:
             call = channel.unary_unary(method)
-            for metadata in ((), auth.call_metadata(auth.make_secret(), method, body)):
+            wrong = auth.call_metadata(auth.make_secret(), method, body, auth.new_incarnation())
+            for metadata in ((), wrong):
                 try:
                     call(body, metadata=metadata, timeout=30)
                     codes.append(grpc.StatusCode.OK)

@@ -34,7 +34,7 @@ import numpy as np
 from elastic.ps import wire
 from elastic.ps.client.create import CreateRequest, create_requests
 from elastic.ps.client.fanout import Fanout
-from elastic.ps.client.link import ShardLink
+from elastic.ps.client.link import ShardLink, where
 from elastic.ps.client.rounds import RoundSource, RoundTracker
 from elastic.ps.client.sync import sync_step
 from elastic.ps.errors import (
@@ -58,7 +58,8 @@ from elastic.ps.protocol import (
     StepReply,
 )
 from elastic.ps.settings import ClientSettings
-from rendezvous.errors import RendezvousError
+from rendezvous.errors import RendezvousError, StaleIncarnationError
+from rendezvous.plan import ShardInfo
 from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.client.client")
@@ -78,20 +79,23 @@ T = TypeVar("T")
 
 
 class PSClient:
-    """A client of shards ``addresses`` (index order).
+    """A client of shards ``addresses`` (index order): each its record (address and the
+    incarnation of its process, which every call's proof is made for), or an address
+    alone (the incarnation is then asked of the shard: a shard run without a store).
 
-    ``resolver(index)`` re-reads a shard's address after a failure (a restarted shard
-    has a new port). Sync mode: ``round_source()`` gives this worker's current
-    ``(round_id, size, rank)`` and ``newer_round(round_id)`` says whether a newer
-    round was published; without them the round is what ``set_round`` set, by
-    default ``(0, 1, 0)``: a worker alone. Raises PSConfigError for no addresses."""
+    ``resolver(index)`` re-reads a shard's record after a failure (a restarted shard
+    has a new port, or refuses a proof made for the process before it). Sync mode:
+    ``round_source()`` gives this worker's current ``(round_id, size, rank)`` and
+    ``newer_round(round_id)`` says whether a newer round was published; without them
+    the round is what ``set_round`` set, by default ``(0, 1, 0)``: a worker alone.
+    Raises PSConfigError for no addresses."""
 
     def __init__(
         self,
-        addresses: Sequence[str],
+        addresses: Sequence[str | ShardInfo],
         secret: str,
         settings: ClientSettings | None = None,
-        resolver: Callable[[int], str | None] | None = None,
+        resolver: Callable[[int], ShardInfo | str | None] | None = None,
         round_source: RoundSource | None = None,
         newer_round: Callable[[int], bool] | None = None,
         on_close: Sequence[Callable[[], None]] = (),
@@ -124,7 +128,8 @@ class PSClient:
         self._init_values: dict[str, tuple[np.ndarray, dict]] = {}
 
     # ------------------------------------------------------------ plumbing
-    def _new_link(self, index: int, address: str) -> ShardLink:
+    def _new_link(self, index: int, target: str | ShardInfo) -> ShardLink:
+        address, incarnation = where(target)
         return ShardLink(
             index,
             address,
@@ -133,22 +138,36 @@ class PSClient:
             self.settings.chunk_bytes,
             self._part_pool,
             self.settings.call_timeout,
+            incarnation,
         )
 
-    def _refresh(self, index: int) -> None:
+    def _refresh(self, index: int) -> bool:
+        """Re-read shard ``index``'s record; True when it names another process than
+        the link had (a new link replaces it)."""
         if self._resolver is None:
-            return
+            return False
         try:
-            address = self._resolver(index)
+            found = self._resolver(index)
         except RendezvousError as exc:
             log.debug("cannot re-read the address of shard %d: %s", index, exc)
-            return
+            return False
+        if not found:
+            return False
+        address, incarnation = where(found)
         with self._lock:
             old = self._links[index]
-            if address and address != old.address:
-                log.info("ps shard %d moved from %s to %s", index, old.address, address)
-                self._links[index] = self._new_link(index, address)
-                old.close()
+            if (address, incarnation) == (old.address, old.incarnation):
+                return False
+            log.info(
+                "ps shard %d is at %s (incarnation %s), was at %s",
+                index,
+                address,
+                incarnation,
+                old.address,
+            )
+            self._links[index] = self._new_link(index, found)
+            old.close()
+        return True
 
     def _retry(self, index: int, fn):
         """``fn(link)`` on shard ``index``, retried while the shard is unreachable or
@@ -160,6 +179,11 @@ class PSClient:
                 return fn(link)
             except RETRYABLE as exc:
                 last = exc
+            # A shard that refused the proof as made for the process before it restarted
+            # in place and serves: when its record names it already, go again at once.
+            stale = isinstance(last, StaleIncarnationError)
+            if stale and not backoff.expired() and self._refresh(index):
+                continue
             if not backoff.pause():  # backoff while the shard restarts
                 if self._closed.is_set():
                     break

@@ -53,7 +53,7 @@ def connect(settings: ClientSettings | None = None, environ=os.environ) -> PSCli
             "must be set)"
         )
     try:
-        addresses = registry.wait_all(settings.connect_timeout)
+        shards = registry.wait_all(settings.connect_timeout)
     except BaseException:
         registry.close()
         raise
@@ -63,7 +63,7 @@ def connect(settings: ClientSettings | None = None, environ=os.environ) -> PSCli
         source, newer = store_round_hooks(registry.store, environ[env.ENV_JOB_ID], worker_id)
     round_source, newer_round = _runtime_hooks(source, newer)
     return PSClient(
-        addresses,
+        shards,
         secret,
         settings,
         resolver=registry.lookup,

@@ -3,7 +3,9 @@
 Every request and reply is one ``rendezvous.net.rpc`` frame: a JSON header (``protocol``:
 an ``Envelope`` naming the shard index the caller meant, so a stale address that now
 belongs to another shard is refused, merged with the method's arguments) and a
-payload.
+payload. Its proof of the secret is made for one shard process, the incarnation in the
+shard's record (``where``): a later process at the address (a restart) refuses it with
+``StaleIncarnationError``, and the caller reads the record again.
 
 A payload above ``chunk_bytes`` does not ride in the request: it is first put in parts
 through the shard's bulk port (``bulk.py``; up to ``lanes`` parts at once, because a
@@ -28,8 +30,10 @@ from elastic.ps.client.bulk import BulkClient
 from elastic.ps.memory import buffer
 from elastic.ps.protocol import SERVICE, Empty, Envelope, Hello, Part, Record, ReleaseArgs, Staged
 from elastic.ps.wire import as_pieces, cut, size_of
+from rendezvous.net import auth
 from rendezvous.net.rpc import RpcClient, frame, unframe
 from rendezvous.net.url import Endpoint
+from rendezvous.plan import ShardInfo
 
 log = logging.getLogger("elastic.ps.client.link")
 
@@ -37,9 +41,20 @@ log = logging.getLogger("elastic.ps.client.link")
 Targets = Callable[[int, int], list]
 
 
+def where(target: str | ShardInfo) -> tuple[str, str | None]:
+    """A shard's address and incarnation from its record, or from an address alone
+    (incarnation None: asked of the shard, as for a record of an older release, which
+    names none)."""
+    if isinstance(target, ShardInfo):
+        known = auth.is_incarnation(target.incarnation)
+        return target.address, target.incarnation if known else None
+    return target, None
+
+
 class ShardLink:
-    """Requests to shard ``index`` at ``address``; ``request`` hides the chunking. Parts
-    run on ``pool`` (serially without one), at most ``lanes`` at once."""
+    """Requests to shard ``index`` at ``address``, proofs made for its process
+    ``incarnation`` (None: asked of it; ``RpcClient``); ``request`` hides the chunking.
+    Parts run on ``pool`` (serially without one), at most ``lanes`` at once."""
 
     def __init__(
         self,
@@ -50,15 +65,17 @@ class ShardLink:
         chunk_bytes: int = 4 << 20,
         pool: Executor | None = None,
         timeout: float = 30.0,
+        incarnation: str | None = None,
     ):
         self.index = index
         self.address = address
+        self.incarnation = incarnation
         self.chunk_bytes = chunk_bytes
         self._secret = secret
         self._lanes = lanes
         self._pool = pool
         self._timeout = timeout
-        self._rpc = RpcClient(address, SERVICE, secret, timeout)
+        self._rpc = RpcClient(address, SERVICE, secret, timeout, incarnation)
         self._bulk: BulkClient | None = None
         self._bulk_lock = threading.Lock()
 
@@ -142,6 +159,8 @@ class ShardLink:
         payload returned is then None), else into one buffer.
 
         Raises:
+            StaleIncarnationError: another process than ``incarnation`` serves at the
+                address (the shard restarted): nothing ran; read its record again.
             RendezvousConnectionError: the shard is unreachable or past ``timeout``.
             RendezvousAuthError: the shard does not know the job secret.
             PSError: the shard's typed error (PSWrongShardError for a stale address,

@@ -168,9 +168,12 @@ class Backup:
         with self._lock:
             self._token, self._last, self._primary = token, 0, primary
             self._heard = time.monotonic()
+        # The replica record names the primary by address only: its incarnation is
+        # asked of it (a proof for the process serving there now is all Attach needs).
         link = ShardLink(self.settings.index, primary, self._secret)
+        me = self._info(False)
         try:
-            link.request("Attach", AttachArgs(str(self._address()), token), timeout=10.0)
+            link.request("Attach", AttachArgs(me.address, token, me.incarnation), timeout=10.0)
         except (PSError, RendezvousError) as exc:
             log.info(
                 "ps shard %d at %s did not take this backup yet: %s",

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from elastic.ps.client.link import ShardLink
+from elastic.ps.client.link import ShardLink, where
 from elastic.ps.errors import RETRYABLE, PSProtocolError, PSUnavailableError
 from elastic.ps.protocol import (
     A,
@@ -28,6 +28,7 @@ from elastic.ps.shard.checkpoint import read_checkpoint, write_shard
 from elastic.ps.shard.state import ShardState
 from elastic.thread_priority import lower_this_thread
 from rendezvous.errors import RendezvousAuthError, RendezvousConnectionError
+from rendezvous.plan import ShardInfo
 from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.shard.control")
@@ -116,9 +117,12 @@ class ShardControl:
 
 
 class Peers:
-    """Control calls to the other shards, addresses from ``lookup(index)``."""
+    """Control calls to the other shards, their records (address and incarnation) from
+    ``lookup(index)``."""
 
-    def __init__(self, settings: ServerSettings, secret: str, lookup: Callable[[int], str | None]):
+    def __init__(
+        self, settings: ServerSettings, secret: str, lookup: Callable[[int], ShardInfo | None]
+    ):
         self.settings = settings
         self._secret = secret
         self._lookup = lookup
@@ -130,15 +134,18 @@ class Peers:
             link = self._links.get(index)
             if link is not None and not refresh:
                 return link
-        address = self._lookup(index)
+        info = self._lookup(index)
         with self._lock:
             link = self._links.get(index)
-            if address is None:
+            if info is None:
                 return link
-            if link is None or link.address != address:
+            address, incarnation = where(info)
+            if link is None or (link.address, link.incarnation) != (address, incarnation):
                 if link is not None:
                     link.close()
-                link = self._links[index] = ShardLink(index, address, self._secret)
+                link = self._links[index] = ShardLink(
+                    index, address, self._secret, incarnation=incarnation
+                )
             return link
 
     def call(
@@ -172,7 +179,8 @@ class Peers:
                 return call.reply.from_dict(header)
             except RETRYABLE + (RendezvousAuthError,) as exc:
                 # An auth failure here means the published address is stale and now
-                # belongs to another job's process: re-read it like a refused connection.
+                # belongs to another job's process: re-read it like a refused connection
+                # (as ``StaleIncarnationError``, a retryable one: the shard restarted).
                 last = exc
             if not refresh:
                 # The address came from the cache and the shard may have restarted

@@ -179,10 +179,11 @@ class Mirror:
         return self._deposed
 
     # ---------------------------------------------------------------- backups
-    def attach(self, address: str, token: str) -> None:
-        """A backup at ``address`` asks for the state, as copy ``token``: it replaces
-        any other (the driver runs one backup per shard; a named one is dropped from
-        the record first, so the record never names a backup that misses updates).
+    def attach(self, address: str, token: str, incarnation: str | None) -> None:
+        """A backup at ``address`` (its process ``incarnation``; None: asked of it)
+        asks for the state, as copy ``token``: it replaces any other (the driver runs
+        one backup per shard; a named one is dropped from the record first, so the
+        record never names a backup that misses updates).
 
         Raises:
             PSWrongShardError: this primary was deposed.
@@ -196,6 +197,7 @@ class Mirror:
             LANES,
             pool=self._parts,
             timeout=self.settings.mirror_timeout,
+            incarnation=incarnation,
         )
 
         def start(full: Op) -> None:  # under the state lock: nothing changes meanwhile

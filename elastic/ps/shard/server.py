@@ -42,6 +42,7 @@ from typing import Callable
 from elastic.ps import wire
 from elastic.ps.errors import (
     PSConfigError,
+    PSHeaderError,
     PSNotReadyError,
     PSReplicaError,
     PSWrongShardError,
@@ -79,6 +80,7 @@ from elastic.ps.shard.mirror import Mirror
 from elastic.ps.shard.staging import Staging
 from elastic.ps.shard.state import ShardState
 from rendezvous.errors import RendezvousError
+from rendezvous.net import auth
 from rendezvous.net.rpc import RpcServer, ServerLimits, frame, unframe
 from rendezvous.net.url import Endpoint
 from rendezvous.plan import CheckpointFailedRecord, CheckpointRecord, RollbackRecord, ShardInfo
@@ -313,7 +315,9 @@ class ShardServer:
         if not self.state.loaded:
             raise PSNotReadyError(f"ps shard {self.settings.index} is restoring its state")
         args = AttachArgs.from_dict(header)
-        self.mirror.attach(args.address, args.token)
+        if args.incarnation and not auth.is_incarnation(args.incarnation):
+            raise PSHeaderError(f"bad AttachArgs header: {args.incarnation!r} is no incarnation")
+        self.mirror.attach(args.address, args.token, args.incarnation or None)
         return frame(Empty().to_dict())
 
     def _mirror(self, envelope: Envelope, header: dict, body) -> bytes:
@@ -342,7 +346,9 @@ class ShardServer:
         return self.address
 
     def info(self, ready: bool) -> ShardInfo:
-        """This shard's record in the store."""
+        """This shard's record in the store: with the incarnation of its gRPC server
+        (fresh at every start, a backup's its own), which clients make their proofs
+        for, so that no call made to a process before this one is taken by it."""
         bulk = Endpoint(self.settings.bind_endpoint.host, self.bulk.port)
         return ShardInfo(
             self.settings.index,
@@ -351,6 +357,7 @@ class ShardServer:
             os.getpid(),
             ready,
             str(bulk),
+            self._rpc.incarnation,
         )
 
     def _publish(self, ready: bool) -> None:

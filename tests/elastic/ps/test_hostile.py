@@ -20,6 +20,7 @@ from elastic.ps.client.link import ShardLink
 from elastic.ps.errors import PSConfigError, PSHeaderError, PSShapeError
 from elastic.ps.protocol import SERVICE, Hello
 from elastic.ps.settings import BulkLimits
+from elastic.ps.shard import checkpoint as ck
 from rendezvous.errors import ElasticError
 from rendezvous.net import auth
 from rendezvous.net.rpc import MalformedRequest, RpcClient, frame
@@ -68,20 +69,21 @@ def test_held_calls_and_silent_connections_do_not_stop_training(embedded_server,
         _train(client, 2)
         before = threads(pid)
         method = f"/{SERVICE}/Push"
+        incarnation = job.records[0].incarnation
         held = [
             never_sending_calls(job.addresses[0], 200, 2, (), method),
             never_sending_calls(
                 job.addresses[0],
                 200,
                 2,
-                auth.call_metadata(auth.make_secret(), method, b""),
+                auth.call_metadata(auth.make_secret(), method, b"", incarnation),
                 method,
             ),
             never_sending_calls(
                 job.addresses[0],
                 200,
                 2,
-                lambda: auth.call_metadata(job.secret, method, b""),
+                lambda: auth.call_metadata(job.secret, method, b"", incarnation),
                 method,
             ),
         ]
@@ -156,6 +158,11 @@ def test_bulk_listener_survives_running_out_of_file_descriptors(embedded_server,
     assert "cannot accept a connection" in log  # it did run out
     assert "Traceback" not in log
     assert log.count("cannot accept a connection") <= 3  # rate-limited, not one per failure
+
+
+def stamp(metadata) -> float:
+    """When a call's proof was made (seconds since the epoch), read off its metadata."""
+    return int(dict(metadata)[auth.RPC_METADATA_KEY].split(".")[0]) / 1000
 
 
 def _request(header: dict, tensors=()) -> bytes:
@@ -254,3 +261,55 @@ def test_malformed_bulk_requests_with_the_secret_allocate_nothing(embedded_serve
         _train(client, 2)
         log = job.shard_log(0)
     assert "Traceback" not in log
+
+
+@pytest.mark.timeout(60)
+def test_a_push_captured_before_a_restart_is_refused_by_the_restarted_shard(
+    embedded_server, tmp_path, monkeypatch
+):
+    """An attacker captures a worker's Push off the network (its metadata, with the proof
+    of the secret, and its body). The shard is SIGKILLed and restarted in place from its
+    checkpoint, which predates the push; the attacker replays the push well within the
+    proof's window. The restarted shard refuses it as made for another incarnation, and
+    its state stays the checkpoint's; the worker's own client goes on (it re-reads the
+    shard's record)."""
+    ckpt = tmp_path / "ckpt"
+    job = PSJob(embedded_server, tmp_path, 1, checkpoint_dir=str(ckpt), checkpoint_interval=1.0)
+    with job.start():
+        client = job.client(retry_deadline=20.0)
+        client.init({"w": np.zeros(3)}, optimizer="sgd", lr=1.0)
+        assert client.push({"w": np.ones(3)}) == 1
+        job.wait_checkpoint(1)  # the next one is a whole interval away
+        captured = []  # what the client sent: (method, body, metadata), as a sniffer sees it
+        call_metadata = auth.call_metadata
+
+        def recording(secret, method, body, *args, **kwargs):
+            metadata = call_metadata(secret, method, body, *args, **kwargs)
+            captured.append((method, bytes(body), metadata))
+            return metadata
+
+        with monkeypatch.context() as patch:
+            patch.setattr(auth, "call_metadata", recording)
+            assert client.push({"w": np.ones(3)}) == 2
+        [(method, body, metadata)] = [c for c in captured if c[0] == f"/{SERVICE}/Push"]
+        job.kill_shard(0)
+        loaded = ck.load_newest(str(ckpt))
+        assert loaded is not None and loaded.step == 1  # the checkpoint predates the push
+        job.restart_shard(0, in_place=True)
+
+        assert time.time() - stamp(metadata) < auth.PROOF_WINDOW / 2  # well within it
+        with (
+            grpc.insecure_channel(job.addresses[0]) as channel,
+            pytest.raises(grpc.RpcError) as info,
+        ):
+            channel.unary_unary(method)(body, metadata=metadata, timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "another incarnation" in info.value.details(), info.value.details()
+        assert job.shard_status(0)["step"] == 1
+        np.testing.assert_array_equal(job.client().pull()["w"], -np.ones(3))
+
+        assert client.push({"w": np.ones(3)}) == 2  # the restart lost push 2, as said
+        np.testing.assert_array_equal(client.pull()["w"], -2 * np.ones(3))
+        log = job.shard_log(0)
+    assert "Traceback" not in log
+    assert f"refused a call of /{SERVICE}/Push: proof made for another incarnation" in log

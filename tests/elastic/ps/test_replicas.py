@@ -76,7 +76,8 @@ def test_a_killed_backup_is_replaced_and_an_async_shard_fails_over_to_the_new_on
     """Async: shard 1's backup killed (a new one copies the shard), then shard 1's
     primary (the new backup takes over): every push of the two workers is applied
     exactly once (the weights are minus the number of pushes acknowledged), and no
-    worker ever sees its step go back."""
+    worker ever sees its step go back. The promoted backup is another incarnation than
+    the primary it replaces: a call made to the primary is no call to it."""
     hold = tmp_path / "hold"
     hold.write_text("")
     files = [tmp_path / f"steps{r}" for r in range(2)]
@@ -92,8 +93,12 @@ def test_a_killed_backup_is_replaced_and_an_async_shard_fails_over_to_the_new_on
         os.kill(first_backup, signal.SIGKILL)
         sj.events.wait("ps_backup_exited", 1)
         replaced = sj.events.wait("ps_backup_ready", 1, count=2)
+        primary = sj.record(1)
         os.kill(sj.primary_pid(1), signal.SIGKILL)
         failed = sj.events.wait("ps_failed_over", 1)
+        wait_until(lambda: sj.record(1).address == failed.to_address, 30, "the promoted record")
+        promoted = sj.record(1)
+        assert promoted.incarnation and primary.incarnation != promoted.incarnation
         sj.events.wait("ps_backup_ready", 1, count=3)
         hold.unlink()
         sj.job.wait_workers(timeout=90)

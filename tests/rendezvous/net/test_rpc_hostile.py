@@ -18,10 +18,11 @@ import grpc.aio
 import pytest
 
 from rendezvous import StoreSettings, open_store
-from rendezvous.backends.embedded import SERVICE, _encode
-from rendezvous.errors import RendezvousAuthError
+from rendezvous.backends.embedded import SERVICE, EmbeddedServer, _encode
+from rendezvous.errors import RendezvousAuthError, StaleIncarnationError
 from rendezvous.net import auth
 from rendezvous.net.rpc import MalformedRequest, RpcClient
+from rendezvous.store import Put
 from tests.support.hostile import never_sending_calls, proc_status
 from tests.support.jobs import wait_until
 from tests.support.paths import ROOT
@@ -49,6 +50,9 @@ class StoreProcess:
         assert line and line[0] == "ELASTIC_STORE_READY", line
         self.url = line[1]
         self.address = self.url.split("://", 1)[1]
+        asker = RpcClient(self.address, SERVICE, self.secret)
+        self.incarnation = asker.incarnation()  # what a proof is made for, asked of it
+        asker.close()
 
     def status(self, field: str) -> int:
         return proc_status(self.proc.pid, field)
@@ -87,7 +91,9 @@ def test_calls_that_never_send_a_body_hold_no_thread(store_process, credentials)
     metadata = (
         ()
         if credentials == "none"
-        else auth.call_metadata(auth.make_secret(), f"/{SERVICE}/Range", b"")
+        else auth.call_metadata(
+            auth.make_secret(), f"/{SERVICE}/Range", b"", store_process.incarnation
+        )
     )
     store = _store(store_process)
     before = store_process.threads
@@ -112,7 +118,9 @@ def test_slow_authenticated_bodies_hold_no_thread(store_process):
     threads: the store goes on serving the others."""
     store = _store(store_process)
     before = store_process.threads
-    metadata = auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", b"")
+    metadata = auth.call_metadata(
+        store_process.secret, f"/{SERVICE}/Range", b"", store_process.incarnation
+    )
     # One proof per call (a nonce is used once): make them fresh.
     stop = threading.Event()
 
@@ -125,7 +133,9 @@ def test_slow_authenticated_bodies_hold_no_thread(store_process):
     calls = []
     try:
         for _ in range(300):
-            metadata = auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", b"")
+            metadata = auth.call_metadata(
+                store_process.secret, f"/{SERVICE}/Range", b"", store_process.incarnation
+            )
             calls.append(
                 channel.stream_unary(f"/{SERVICE}/Range").future(
                     never(), metadata=metadata, timeout=60
@@ -158,7 +168,11 @@ def test_oversized_and_unauthenticated_bodies_are_not_buffered(store_process):
         ):
             with pytest.raises(grpc.RpcError) as info:
                 method(
-                    big, timeout=30, metadata=auth.call_metadata(secret, f"/{SERVICE}/Range", big)
+                    big,
+                    timeout=30,
+                    metadata=auth.call_metadata(
+                        secret, f"/{SERVICE}/Range", big, store_process.incarnation
+                    ),
                 )
             assert info.value.code() in (
                 code,
@@ -178,7 +192,8 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
     channel = grpc.insecure_channel(store_process.address)
     try:
         body = _encode(key="/k", prefix=False)
-        metadata = auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", body)
+        incarnation = store_process.incarnation
+        metadata = auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", body, incarnation)
         method = channel.unary_unary(f"/{SERVICE}/Range")
         method(body, metadata=metadata, timeout=5)  # the original call
         for replay_body, what in ((body, "replayed"), (_encode(key="/", prefix=True), "replayed")):
@@ -187,8 +202,8 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert what in info.value.details()
         # A fresh nonce with the sniffed proof: the proof does not match.
-        stamp, _nonce, mac = metadata[0][1].split(".")
-        forged = ((auth.RPC_METADATA_KEY, f"{stamp}.{'0' * 24}.{mac}"), metadata[1])
+        stamp, _nonce, _incarnation, mac = metadata[0][1].split(".")
+        forged = ((auth.RPC_METADATA_KEY, f"{stamp}.{'0' * 24}.{incarnation}.{mac}"), metadata[1])
         with pytest.raises(grpc.RpcError) as info:
             method(body, metadata=forged, timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -196,7 +211,9 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
         with pytest.raises(grpc.RpcError) as info:
             channel.unary_unary(f"/{SERVICE}/Txn")(
                 body,
-                metadata=auth.call_metadata(store_process.secret, f"/{SERVICE}/Range", body),
+                metadata=auth.call_metadata(
+                    store_process.secret, f"/{SERVICE}/Range", body, incarnation
+                ),
                 timeout=5,
             )
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -205,6 +222,7 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
             store_process.secret,
             f"/{SERVICE}/Range",
             body,
+            incarnation,
             now=time.time() - 10 * auth.PROOF_WINDOW,
         )
         with pytest.raises(grpc.RpcError) as info:
@@ -215,6 +233,40 @@ def test_a_sniffed_request_cannot_be_replayed(store_process):
     finally:
         channel.close()
         client.close()
+
+
+def test_a_request_sniffed_before_a_restart_is_refused_after_it():
+    """A store restarted in place with the same secret is another incarnation: a write
+    sniffed before the restart and replayed within the window is refused, naming the
+    incarnation; a store client (which asks the server its incarnation) goes on, and a
+    client given the old incarnation is told that its record is stale."""
+    secret = auth.make_secret()
+    server = EmbeddedServer(secret)
+    address = server.start()
+    store = open_store(f"embedded://{address}", secret, QUICK)
+    stale = RpcClient(address, SERVICE, secret, incarnation=server._rpc.incarnation)
+    try:
+        body = _encode(cmp=[], ok=[Put("/k", b"before").to_dict()], fail=[])
+        sniffed = auth.call_metadata(secret, f"/{SERVICE}/Txn", body, server._rpc.incarnation)
+        store.put("/k", b"before")
+        stale.call("Range", _encode(key="/k", prefix=False))
+        server.stop()
+        server = EmbeddedServer(secret, bind=address)  # the same address, a new process
+        server.start()
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary(f"/{SERVICE}/Txn")(body, metadata=sniffed, timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "another incarnation" in info.value.details()
+        assert server.kv.range("/k", False)[0] == []  # the new store holds nothing of it
+        with pytest.raises(StaleIncarnationError, match="another incarnation"):
+            stale.call("Range", _encode(key="/k", prefix=False))
+        store.put("/k", b"after")
+        after = store.get("/k")
+        assert after is not None and after.value == b"after"
+    finally:
+        stale.close()
+        store.close()
+        server.stop()
 
 
 def test_malformed_requests_get_one_line_and_the_store_goes_on(store_process):
@@ -262,7 +314,10 @@ def test_thousands_of_watchers(store_process):
         body = _encode(prefix="/many/", start=start)
         calls = [
             channels[i % connections].unary_stream(f"/{SERVICE}/Watch")(
-                body, metadata=auth.call_metadata(store_process.secret, f"/{SERVICE}/Watch", body)
+                body,
+                metadata=auth.call_metadata(
+                    store_process.secret, f"/{SERVICE}/Watch", body, store_process.incarnation
+                ),
             )
             for i in range(watchers)
         ]

@@ -155,6 +155,7 @@ class PSJob:
         self.split_threshold = split_threshold
         self.wrapper = wrapper  # put before a shard's command line (it must exec it)
         self.shards: dict[int, _Proc] = {}
+        self.records: dict[int, ShardInfo] = {}  # each shard's, once ready
         self.addresses: dict[int, str] = {}
         self.workers: list[_Proc] = []
         self._clients: list[PSClient] = []
@@ -190,16 +191,19 @@ class PSJob:
         )
         return [*command, "--split-threshold", str(self.split_threshold)]
 
-    def start(self, indices=None, timeout: float = 60.0) -> PSJob:
+    def start(self, indices=None, timeout: float = 60.0, extra: tuple[str, ...] = ()) -> PSJob:
+        """Start shards ``indices`` (all by default), their command line followed by
+        ``extra``, and wait until each says it is ready."""
         indices = range(self.num_shards) if indices is None else indices
         try:
             for i in indices:  # all first, then wait: sync shards restore together
                 if i == 0:
                     _, self._checkpoint_floor = self._store.get_prefix(self.keys.ps_checkpoint)
-                argv = [*self.wrapper, *self.shard_argv(i)]
+                argv = [*self.wrapper, *self.shard_argv(i), *extra]
                 self.shards[i] = _Proc(f"shard{i}", argv, self.env(), self.logs)
             for i in indices:
-                self.addresses[i] = self._wait_ready(i, timeout).address
+                self.records[i] = self._wait_ready(i, timeout)
+                self.addresses[i] = self.records[i].address
         except BaseException:
             self.close()  # ``with PSJob(...).start()`` never entered: reap here
             raise
@@ -223,8 +227,10 @@ class PSJob:
     def kill_shard(self, index: int) -> None:
         self.shards[index].kill()
 
-    def restart_shard(self, index: int, timeout: float = 60.0) -> None:
-        self.start([index], timeout)
+    def restart_shard(self, index: int, timeout: float = 60.0, in_place: bool = False) -> None:
+        """Start shard ``index`` again; ``in_place``: on the address it had (its last
+        ``--bind`` wins), so what still holds that address reaches the new process."""
+        self.start([index], timeout, ("--bind", self.addresses[index]) if in_place else ())
 
     def checkpoints(self) -> list[dict]:
         """The checkpoints the current shard 0 announced in the store, oldest first."""
@@ -242,7 +248,7 @@ class PSJob:
     def client(self, **settings) -> PSClient:
         registry = StoreRegistry(open_store(self.store_url, self.secret), self.job_id)
         c = PSClient(
-            [self.addresses[i] for i in range(self.num_shards)],
+            [self.records[i] for i in range(self.num_shards)],
             self.secret,
             ClientSettings(**{"retry_deadline": 60.0, **settings}),
             resolver=registry.lookup,
@@ -253,7 +259,8 @@ class PSJob:
 
     def shard_status(self, index: int) -> dict:
         """Describe of one shard, straight from it."""
-        link = ShardLink(index, self.addresses[index], self.secret)
+        record = self.records[index]
+        link = ShardLink(index, record.address, self.secret, incarnation=record.incarnation)
         try:
             header, _ = link.request("Describe", timeout=10)
             return header

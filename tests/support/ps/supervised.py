@@ -124,11 +124,16 @@ class SupervisedJob:
     def backup_pid(self, index: int) -> int:
         return self.supervisor._shards[index].backup.pid  # type: ignore[union-attr]
 
-    def describe(self, index: int) -> dict:
-        """Describe of the process that serves shard ``index`` now."""
+    def record(self, index: int) -> ShardInfo:
+        """Shard ``index``'s record in the store now (the process that serves it)."""
         kv = self._store.get(self.job.keys.ps_shard(index))
         assert kv is not None, f"shard {index} has no record"
-        link = ShardLink(index, ShardInfo.from_json(kv.value).address, self.job.secret)
+        return ShardInfo.from_json(kv.value)
+
+    def describe(self, index: int) -> dict:
+        """Describe of the process that serves shard ``index`` now."""
+        info = self.record(index)
+        link = ShardLink(index, info.address, self.job.secret, incarnation=info.incarnation)
         try:
             header, _ = link.request("Describe", timeout=10)
             return header
