@@ -27,7 +27,7 @@ import atexit
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from elastic.errors import ElasticError, WorkerHandedOverError, WorkerLostError
 from rendezvous import env
@@ -56,6 +56,9 @@ _runtime: WorkerRuntime | None = None  # under elastic-run
 _snapshots: Snapshotter | None = None  # with a checkpoint directory (--checkpoint-dir)
 _static_comm: Communicator | None = None  # a static world's communicator (MPI, or alone)
 _static_layout: Layout | None = None  # a static world's layout
+#: how this process was started, once ``init()`` opened its world
+WorldKind = Literal["elastic", "mpi", "alone"]
+_kind: WorldKind | None = None
 
 
 def init() -> None:
@@ -68,35 +71,45 @@ def init() -> None:
             the variable).
         ImportError: started by mpiexec, but mpi4py is missing.
     """
-    global _runtime, _static_comm, _static_layout, _snapshots
+    global _runtime, _static_comm, _static_layout, _snapshots, _kind
     with _lock:
         if _runtime is not None or _static_comm is not None:
             return
         if env.text(env.ENV_RENDEZVOUS):
             _runtime = _join_elastic_job()
             _snapshots = _job_snapshots(_runtime)
+            _kind = "elastic"
         elif _started_by_mpi():
             _static_comm, _static_layout = _mpi_world()
+            _kind = "mpi"
         else:
             _static_comm, _static_layout = _world_of_one()
             _snapshots = _snapshots_alone()
+            _kind = "alone"
         atexit.register(shutdown)
 
 
 def shutdown() -> None:
     """Leave the job and release everything (idempotent; also runs at exit)."""
-    global _runtime, _static_comm, _static_layout, _snapshots
+    global _runtime, _static_comm, _static_layout, _snapshots, _kind
     with _lock:
         runtime, _runtime = _runtime, None
         comm, _static_comm = _static_comm, None
         snapshots, _snapshots = _snapshots, None
         _static_layout = None
+        _kind = None
     if snapshots is not None:
         snapshots.close()
     if runtime is not None:
         runtime.shutdown()
     if comm is not None:
         comm.close("shutdown")
+
+
+def world_kind() -> WorldKind | None:
+    """How this process's world was opened: "elastic" (under elastic-run), "mpi"
+    (under mpiexec) or "alone"; None before ``init()`` and after ``shutdown()``."""
+    return _kind
 
 
 def current_runtime() -> WorkerRuntime | None:
@@ -297,8 +310,9 @@ def barrier() -> None:
 
 
 # The worker API this module gives the package face (``elastic/__init__.py`` exports
-# exactly these); ``Layout``, ``current_runtime``, ``pending_round`` and ``note_commit``
-# are the worker library's own (``elastic.state``, ``elastic.loop``, ``elastic.ps``).
+# exactly these); ``Layout``, ``current_runtime``, ``pending_round``, ``note_commit`` and
+# ``world_kind`` are the worker library's own (``elastic.state``, ``elastic.loop``,
+# ``elastic.ps``, ``elastic.horovod``).
 __all__ = [
     "init",
     "shutdown",
