@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import ROOT, WORKLOADS, ElasticRun
+from tests.support.jobs import ROOT, WORKLOADS, ElasticRun, wait_until
 
 PS_LINEAR = WORKLOADS / "ps_linear.py"
 PS_EXAMPLE = ROOT / "examples" / "train_ps_digits.py"
@@ -76,6 +76,15 @@ def test_killed_shard_is_restarted_from_its_checkpoint(tmp_path, mode):
     check_converged(out, 400)
 
 
+def _each_saw(out: Path, workers: int, step: int) -> bool:
+    """Whether ``workers`` workers each recorded a step of at least ``step``."""
+    seen = []
+    for steps_file in out.glob("*.steps"):
+        lines = steps_file.read_text().split()
+        seen.append(bool(lines) and int(lines[-1]) >= step)
+    return len(seen) == workers and all(seen)
+
+
 @pytest.mark.timeout(90)
 def test_a_shard_killed_without_a_checkpoint_gets_its_variables_back_and_training_goes_on(
     tmp_path,
@@ -91,7 +100,9 @@ def test_a_shard_killed_without_a_checkpoint_gets_its_variables_back_and_trainin
         *("--steps", "100", "--pause-while", str(hold), "--record-steps"),
     ]
     with ElasticRun(args, tmp_path) as run:
-        run.wait_progress(20)
+        # Each worker has seen step 20 applied (rank 0's progress alone is not enough:
+        # under load the other worker may still be at its first pushes).
+        wait_until(lambda: _each_saw(out, 2, 20), 60, "each worker at step 20")
         hold.write_text("")  # the kill lands mid-run, however fast training is
         killed = shard_pid(run, 0)
         os.kill(killed, signal.SIGKILL)
