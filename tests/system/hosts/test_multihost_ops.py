@@ -121,7 +121,9 @@ def test_a_remote_worker_sigkilled_is_replaced_and_the_job_finishes_exact(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("store", STORES)
+# etcd only: its agents outlive the driver's session (detached), the harder retirement;
+# the embedded store's remote hosts are covered by the SIGKILL test above (20 s saved).
+@pytest.mark.parametrize("store", ["etcd"])
 def test_discovery_adds_then_removes_a_host_mid_run_and_the_job_finishes_exact(
     three_hosts, tmp_path, store
 ):
