@@ -277,12 +277,28 @@ def write_shard(
     name = shard_filename(index, num_shards)
     path = os.path.join(directory, name)
     try:
-        # Private whatever the umask: a reader refuses a folder others may write.
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        # Into the folder the coordinator made (``make_checkpoint_dir``), never one of its
+        # own: a write that comes after the coordinator gave the attempt up and removed
+        # its folder (a call it stopped waiting for) fails here instead of leaving one.
         size, sha = write_atomic(path, [MAGIC, *wire.encode_parts(header, tensors)], trailer=True)
     except OSError as exc:
         raise _write_failed(path, exc) from None
     return FileRecord(name, size, sha)
+
+
+def make_checkpoint_dir(root: str, checkpoint_id: int) -> None:
+    """The folder of checkpoint ``checkpoint_id``, made by the coordinator before the
+    shards write their files into it; private whatever the umask (a reader refuses a
+    folder others may write).
+
+    Raises:
+        PSNoSpaceError: the disk or the quota is full.
+        PSCheckpointWriteError: the disk refused otherwise."""
+    directory = checkpoint_dir(root, checkpoint_id)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise _write_failed(directory, exc) from None
 
 
 def write_manifest(root: str, manifest: Manifest) -> str:

@@ -82,6 +82,7 @@ from elastic.ps.shard.checkpoint import (
     checkpoint_ids,
     is_complete,
     load_newest,
+    make_checkpoint_dir,
     make_room,
     next_checkpoint_id,
     prune,
@@ -306,6 +307,7 @@ class Coordinator:
                         )
                 paused = time.monotonic()
                 self._next_id = checkpoint_id + 1  # its directory may exist from now on
+                make_checkpoint_dir(root, checkpoint_id)
                 records = self._all(SNAPSHOT, args)
                 manifest = Manifest(
                     checkpoint_id,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from elastic.ps import wire
-from elastic.ps.errors import PSCheckpointError, PSNoSpaceError
+from elastic.ps.errors import PSCheckpointError, PSCheckpointWriteError, PSNoSpaceError
 from elastic.ps.optimizers import make_optimizer
 from elastic.ps.partition import place
 from elastic.ps.shard import checkpoint as ck
@@ -52,6 +52,7 @@ def _snapshots(full: dict, num_shards: int, step: int, optimizer="adam"):
 
 
 def _write(root, checkpoint_id, snaps, step):
+    ck.make_checkpoint_dir(str(root), checkpoint_id)  # the coordinator's part
     records = [
         ck.write_shard(str(root), checkpoint_id, i, len(snaps), s) for i, s in enumerate(snaps)
     ]
@@ -138,6 +139,7 @@ def test_corrupt_manifest_and_missing_manifest(tmp_path, caplog):
     _write(tmp_path, 1, _snapshots(_variables(4), 1, step=1), step=1)
     _write(tmp_path, 2, _snapshots(_variables(5), 1, step=2), step=2)
     snaps = _snapshots(_variables(6), 1, step=3)
+    ck.make_checkpoint_dir(str(tmp_path), 3)
     ck.write_shard(str(tmp_path), 3, 0, 1, snaps[0])  # no manifest: incomplete, ignored silently
     manifest = os.path.join(ck.checkpoint_dir(str(tmp_path), 2), ck.MANIFEST)
     with open(manifest, "r+b") as f:
@@ -161,10 +163,20 @@ def test_no_checkpoint(tmp_path):
 def test_prune_keeps_newest_complete_and_newer_in_progress(tmp_path):
     for i in range(1, 6):
         _write(tmp_path, i, _snapshots(_variables(i), 1, step=i), step=i)
+    ck.make_checkpoint_dir(str(tmp_path), 6)
     ck.write_shard(str(tmp_path), 6, 0, 1, _snapshots(_variables(6), 1, step=6)[0])
     ck.prune(str(tmp_path), keep=2)
     assert ck.checkpoint_ids(str(tmp_path)) == [4, 5, 6]
     assert _newest(tmp_path).checkpoint_id == 5
+
+
+def test_a_shard_file_is_written_only_into_the_folder_the_coordinator_made(tmp_path):
+    """A shard's write that comes after the coordinator gave its attempt up (and removed
+    the folder) fails, leaving no folder behind."""
+    snap = _snapshots(_variables(2), 1, step=1)[0]
+    with pytest.raises(PSCheckpointWriteError, match="ckpt-0000000001"):
+        ck.write_shard(str(tmp_path), 1, 0, 1, snap)
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_full_disk_makes_room_oldest_first_and_refuses_a_file_with_a_typed_error(tmp_path):
@@ -193,6 +205,7 @@ def test_a_full_disk_makes_room_oldest_first_and_refuses_a_file_with_a_typed_err
         fill(root, 16 << 10, "ballast-3")
         assert ck.make_room(str(root)) == []  # only the newest complete one is left
         snap = _snapshots({"w": np.zeros(75_000)}, 1, 7, optimizer="sgd")[0]
+        ck.make_checkpoint_dir(str(root), 7)
         with pytest.raises(PSNoSpaceError, match=r"ckpt-0000000007/shard-0000-of-0001\.bin: No sp"):
             ck.write_shard(str(root), 7, 0, 1, snap)
         assert os.listdir(ck.checkpoint_dir(str(root), 7)) == []
