@@ -65,3 +65,21 @@ def test_the_call_runs_off_the_main_thread_and_restore_ends_it():
     finally:
         restore()
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+
+
+@pytest.mark.timeout(30)
+def test_a_signal_the_kernel_hands_to_another_thread_is_taken_while_main_waits():
+    """The main thread blocks in a long ``wait``; the signal goes to another thread
+    (``pthread_kill``, as the kernel may do with one sent to the process). A Python
+    handler would run only once the main thread's wait ended; the relay takes it now."""
+    taken = threading.Event()
+    restore = relay_signals((signal.SIGUSR1,), lambda _s: taken.set())
+    receiver = threading.Thread(
+        target=lambda: signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+    )
+    try:
+        receiver.start()
+        assert taken.wait(10), "the signal waited for the main thread"
+    finally:
+        receiver.join(timeout=5)
+        restore()
