@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostcut_bench import quick_resolver, reap, require_root  # noqa: E402
+from hostcut_bench import reap, require_root  # noqa: E402
 from recovery_bench import (  # noqa: E402
     STEADY_DEADLINE,
     BenchTimeout,
@@ -241,7 +241,7 @@ def placed_hosts(placement: str, tmp: Path) -> Iterator[NetnsHosts | None]:
         yield None
         return
     with running_hosts(HOSTS, tmp / "hosts") as hosts:
-        quick_resolver(hosts, tmp)
+        hosts.quick_resolver()
         yield hosts
 
 

@@ -149,26 +149,6 @@ def reap(*hosts: NetnsHost) -> None:
         wait_for(lambda: not any(h.pids() for h in hosts), 10.0, "the hosts' processes to end")
 
 
-def quick_resolver(hosts: NetnsHosts, workdir: Path) -> None:
-    """Make name lookups on the test hosts fail at once, as on a cluster whose DNS answers.
-
-    The hosts' network reaches no name server, so every lookup would wait out the
-    resolver's timeouts (10 s); a TCPStore client does a reverse lookup of its peer on
-    every connect, so torchrun's workers would time out connecting to their own store.
-    Each host gets (in its own mount namespace) a resolv.conf naming a server on its
-    loopback, where nothing listens: the query is refused and the lookup fails at once.
-
-    Raises:
-        HostsError: the bind mount failed.
-    """
-    conf = workdir / "resolv.conf"
-    conf.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-    for host in hosts:
-        done = host.run(["mount", "--bind", str(conf), "/etc/resolv.conf"])
-        if done.returncode != 0:
-            raise HostsError(f"cannot give host {host.name} a resolv.conf: {done.stderr.strip()}")
-
-
 def require_root(prog: str) -> None:
     """Exit with a one-line error unless this process is root (the test hosts need it)."""
     if os.geteuid() != 0:
@@ -611,7 +591,7 @@ def main() -> None:
     with bench_workdir("hostcut-bench-", args.keep) as tmp:
         try:
             with running_hosts(3, tmp / "hosts") as hosts:
-                quick_resolver(hosts, tmp)
+                hosts.quick_resolver()
                 for config in args.configs:
                     if config == "torchrun":
                         line = torchrun_config(hosts, args, tmp)

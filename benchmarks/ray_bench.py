@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostcut_bench import load_avg, quick_resolver, reap, require_root  # noqa: E402
+from hostcut_bench import load_avg, reap, require_root  # noqa: E402
 from recovery_bench import (  # noqa: E402
     STEADY_DEADLINE,
     THREAD_ENV,
@@ -141,7 +141,7 @@ def main() -> None:
     with bench_workdir("ray-bench-", args.keep) as tmp:
         try:
             with running_hosts(2, tmp / "hosts") as hosts:
-                quick_resolver(hosts, tmp)
+                hosts.quick_resolver()
                 for i in range(args.cuts):
                     samples.append(sample_cut(hosts, tmp / f"cut-{i}", args))
         except (BenchTimeout, HostsError, RuntimeError) as exc:

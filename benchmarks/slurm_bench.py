@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hostcut_bench import load_avg, quick_resolver, reap, require_root, require_tools  # noqa: E402
+from hostcut_bench import load_avg, reap, require_root, require_tools  # noqa: E402
 from recovery_bench import (  # noqa: E402
     STEADY_DEADLINE,
     THREAD_ENV,
@@ -307,7 +307,7 @@ def main() -> None:
     with bench_workdir("slurm-bench-", args.keep) as tmp:
         try:
             with running_hosts(3, tmp / "hosts") as hosts:
-                quick_resolver(hosts, tmp)
+                hosts.quick_resolver()
                 etcd = EtcdCluster(1, tmp / "etcd", hosts=[hosts[2]]).start()
                 try:
                     for system in args.systems:

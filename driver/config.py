@@ -104,6 +104,9 @@ class JobConfig:
     allocation: bool = False  # the hosts are the Slurm allocation's (--launcher slurm)
     ray: str | None = None  # --ray ADDRESS: the hosts are that Ray cluster's nodes
     discovery_timeout: float = DEFAULT_SCRIPT_TIMEOUT  # a script's (or squeue's) deadline
+    # --restart-workers: whole worlds of workers started with torchrun's variables, every
+    # worker restarted when one fails or the hosts change (``driver.policy.restarts``)
+    restart_workers: bool = False
 
     @property
     def uses_discovery(self) -> bool:
@@ -211,6 +214,32 @@ def _snapshot_settings(directory: str | None, interval: float | None) -> tuple[s
             f"--checkpoint-dir {directory}: cannot make it: {exc.strerror or exc}"
         ) from None
     return directory, interval if interval is not None else interval_env
+
+
+def _check_restart_mode(args) -> None:
+    """``--restart-workers`` runs programs that never call ``elastic.init()``: what only
+    such workers can do is refused, in one line naming the flag.
+
+    Raises:
+        UsageError: a flag restart mode cannot honour.
+    """
+    refused = (
+        ("--spares", args.spares, "a spare waits inside elastic.init()"),
+        ("--num-ps", args.num_ps, "the ps shards serve elastic.ps clients"),
+        (
+            "--checkpoint-dir",
+            args.checkpoint_dir or args.checkpoint_interval,
+            "the script's own checkpoints carry the training across restarts",
+        ),
+        (
+            "--on-state-lost restart",
+            args.on_state_lost == "restart",
+            "every restart starts the script again, which resumes from its own checkpoints",
+        ),
+    )
+    for flag, given, why in refused:
+        if given:
+            raise UsageError(f"{flag} does not go with --restart-workers: {why}")
 
 
 def _resolve_sizes(
@@ -393,9 +422,13 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         raise UsageError(
             "--chaos-below-min-np needs --chaos-kill-interval (chaos is off without it)"
         )
-    checkpoint_dir, checkpoint_interval = _snapshot_settings(
-        args.checkpoint_dir, args.checkpoint_interval
-    )
+    if args.restart_workers:
+        _check_restart_mode(args)
+        checkpoint_dir, checkpoint_interval = None, DEFAULT_CHECKPOINT_INTERVAL
+    else:
+        checkpoint_dir, checkpoint_interval = _snapshot_settings(
+            args.checkpoint_dir, args.checkpoint_interval
+        )
 
     return JobConfig(
         command=tuple(command),
@@ -439,4 +472,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         chaos_below_min_np=args.chaos_below_min_np,
         ps_replicas=args.ps_replicas or 0,
         join=join,
+        restart_workers=args.restart_workers,
     )

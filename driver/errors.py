@@ -102,6 +102,12 @@ class UnknownLauncherError(LauncherError, ValueError):
     """``get_launcher`` was given a name it does not know."""
 
 
+class WorldEntryError(LauncherError):
+    """A worker of a world (``--restart-workers``) cannot start its program: what the
+    driver told it does not parse, or rank 0's address cannot be had (the store, the
+    deadline) (``driver.launch.world_entry``)."""
+
+
 # ----------------------------------------------------------------------------- events
 
 

@@ -115,6 +115,8 @@ examples:
   elastic-run --min-np 2 --max-np 16 --host-discovery-script ./discover_hosts.sh \\
       --rendezvous etcd://10.0.0.5:2379,10.0.0.6:2379 python train.py
       grows and shrinks between 2 and 16 workers as the script's host list changes
+  elastic-run --restart-workers -np 4 -H node1:2,node2:2 python train_ddp.py
+      a torchrun script, unchanged: every worker restarts when one fails or a host goes
 
 the driver and the store: with the default embedded store the driver *is* the store,
 so its death ends the job (every worker stops). With --rendezvous etcd://... an agent
@@ -125,14 +127,15 @@ keeping the trained state: --checkpoint-dir DIR snapshots it every --checkpoint-
 the same command started again (after a crash, a preemption, a requeue) resumes from the
 newest snapshot. SIGTERM or SIGINT writes a final snapshot first.
 
-exit status: 0 when every worker of the final round exited 0; 1 with a one-line reason
-when the job failed (reset limit exceeded, elastic timeout, no usable hosts, a program
-that cannot start, a job id that a live job holds, the committed state lost); 2 for bad
-arguments; 3 when another driver took the job over (this one steers nothing more and
-leaves the workers to it); 128+N when stopped by signal N (143: SIGTERM, 130: SIGINT),
-after a final snapshot with --checkpoint-dir: a stopped job is not a failed one, and
-the same command resumes it; 0 for a --standby whose job ended under its leader, and
-for a --join node that left on SIGTERM while the job goes on elsewhere."""
+exit status: 0 when every worker of the final round (with --restart-workers: of a
+world) exited 0; 1 with a one-line reason when the job failed (reset limit exceeded,
+elastic timeout, no usable hosts, a program that cannot start, a job id that a live job
+holds, the committed state lost); 2 for bad arguments; 3 when another driver took the
+job over (this one steers nothing more and leaves the workers to it); 128+N when stopped
+by signal N (143: SIGTERM, 130: SIGINT), after a final snapshot with --checkpoint-dir: a
+stopped job is not a failed one, and the same command resumes it; 0 for a --standby
+whose job ended under its leader, and for a --join node that left on SIGTERM while the
+job goes on elsewhere."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,7 +321,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         metavar="N",
         help="fail the job when more than N rounds follow the first (each worker "
-        "failure or host change makes a new round) (default: unlimited)",
+        "failure or host change makes a new round); with --restart-workers, when more "
+        "than N worlds start after a failure (default: unlimited)",
+    )
+    fault.add_argument(
+        "--restart-workers",
+        action="store_true",
+        help="run a torchrun script unchanged: start every worker of a world with the "
+        "variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, "
+        "GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, ...), and "
+        "when a worker fails or is lost, or the hosts change, stop every worker "
+        "(SIGTERM, SIGKILL after 5 s) and start the whole world again over the hosts "
+        "usable then, with new ranks; the script resumes from its own checkpoints. "
+        "--reset-limit bounds the restarts after failures (torchrun's --max-restarts); "
+        "not with --spares, --num-ps or --checkpoint-dir",
     )
     fault.add_argument(
         "--elastic-timeout",

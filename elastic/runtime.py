@@ -65,7 +65,6 @@ from rendezvous.errors import (
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
-from rendezvous.net.url import parse_store_url
 from rendezvous.plan import Member, Plan, WorkerInfo, handover_for, plan_is_current
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
@@ -74,21 +73,6 @@ log = logging.getLogger(__name__)
 
 #: an idle spare's wait for its round wakes at least this often (a plan wakes it at once)
 SPARE_WAKE = 60.0
-
-
-def own_address(store_url: str) -> str:
-    """This worker's address as its peers should see it, when the driver did not name
-    one: the local address of its route toward the store (the job's hosts share that
-    network), never a host name that may not resolve elsewhere.
-
-    Raises:
-        RendezvousConfigError: the store URL does not parse, or no route leads to it.
-    """
-    endpoints = parse_store_url(store_url).endpoints
-    if not endpoints:
-        return "127.0.0.1"
-    host = endpoints[0].host
-    return "127.0.0.1" if addresses.is_loopback(host) else addresses.address_toward(host)
 
 
 @dataclass(frozen=True)
@@ -132,7 +116,8 @@ class WorkerSettings:
             host=env.text(env.ENV_HOST, None, environ) or socket.gethostname(),
             slot=env.integer(env.ENV_SLOT, 0, environ, minimum=0),
             secret=required(env.ENV_SECRET),
-            bind_host=env.text(env.ENV_BIND_HOST, None, environ) or own_address(store_url),
+            bind_host=env.text(env.ENV_BIND_HOST, None, environ)
+            or addresses.address_toward_store(store_url),
             round_timeout=env.number(env.ENV_ROUND_TIMEOUT, 600.0, environ),
             lease_ttl=int(env.tuned(env.ENV_LEASE_TTL, 10, environ)),
             progress_interval=env.number(env.ENV_PROGRESS_INTERVAL, 0.0, environ, positive=False),

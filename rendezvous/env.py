@@ -27,6 +27,27 @@ ENV_BIND_HOST = "ELASTIC_BIND_HOST"  # address the worker's data listener binds 
 ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"  # seconds a worker waits for a round with it
 ENV_PROGRESS_INTERVAL = "ELASTIC_PROGRESS_INTERVAL"  # seconds between progress records (0: none)
 ENV_SPARE = "ELASTIC_SPARE"  # "1": a warm spare (--spares), idle until a round includes it
+ENV_WORLD = "ELASTIC_WORLD"  # --restart-workers: the number of the world the worker starts in
+
+# -- set by elastic-run --restart-workers for each worker, under the names torchrun gives
+#    them (``torch.distributed.init_process_group`` reads RANK, WORLD_SIZE, MASTER_*)
+TORCH_RANK = "RANK"
+TORCH_LOCAL_RANK = "LOCAL_RANK"
+TORCH_WORLD_SIZE = "WORLD_SIZE"
+TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+TORCH_GROUP_RANK = "GROUP_RANK"  # the index of the worker's host among the world's hosts
+TORCH_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # how many hosts the world spans
+TORCH_ROLE_NAME = "ROLE_NAME"
+TORCH_ROLE_RANK = "ROLE_RANK"
+TORCH_ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+TORCH_MASTER_ADDR = "MASTER_ADDR"  # rank 0's address, where it serves the c10d store
+TORCH_MASTER_PORT = "MASTER_PORT"  # a free port on rank 0's host, fresh for each world
+TORCH_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCH_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+TORCH_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCH_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"  # "False": rank 0 serves the store
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # the interface gloo binds (its own variable)
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
 # -- durable snapshots of the workers' state (--checkpoint-dir): elastic-run passes its
 #    flags on to every worker through these; a user may set them instead of the flags, and

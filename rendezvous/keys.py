@@ -192,6 +192,19 @@ class JobKeys:
         to join writes it, every later one must bring the same."""
         return f"{self.prefix}shape"
 
+    # ---- restart mode (``elastic-run --restart-workers``)
+    @property
+    def worlds(self) -> str:
+        """Prefix of what the workers of a world (restart mode) tell each other through
+        the store; the leader deletes it whenever it starts a world."""
+        return f"{self.prefix}world/"
+
+    def world_master(self, world: int) -> str:
+        """Where rank 0 of world ``world`` serves torch's c10d store (JSON of
+        ``rendezvous.plan.WorldMaster``): written by rank 0's start, read by the others'
+        before their program runs."""
+        return f"{self.worlds}{world}/master"
+
     # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
     @property
     def agents(self) -> str:

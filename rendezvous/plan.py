@@ -311,6 +311,19 @@ def progress_period(interval: float) -> float:
 
 
 @dataclass(frozen=True)
+class WorldMaster(JsonRecord):
+    """Where rank 0 of world ``world`` (``elastic-run --restart-workers``) serves torch's
+    c10d store: ``address`` (its address toward the job's store) and ``port`` (free on
+    its host when it was chosen), under ``JobKeys.world_master``; ``host`` is its host
+    as the driver names it."""
+
+    world: int
+    address: str
+    port: int
+    host: str = ""
+
+
+@dataclass(frozen=True)
 class ProgressRecord(JsonRecord):
     """Training progress under ``JobKeys.progress``: the number of commits (``step``) of
     rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit.

@@ -78,6 +78,8 @@ MARKER_KINDS = tuple(
     )
 )
 _WORKER_ENDS = (ev.WorkerExited.kind, ev.WorkerFailed.kind, ev.WorkerStopped.kind)
+# A new world size: a round formed, or a world of --restart-workers started.
+_ROUND_KINDS = (ev.RoundFormed.kind, ev.WorldStarted.kind)
 # The committed step (rank 0's commits) as it is at the event: the progress reports, the
 # job's end, a round resuming from a snapshot.
 _STEP_NOW = (ev.Progress.kind, ev.JobDone.kind, ev.SnapshotResumed.kind)
@@ -185,9 +187,10 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
     for e in usable:
         x, kind = float(e["elapsed"]), e["kind"]
         counts[kind] = counts.get(kind, 0) + 1
-        if kind == ev.RoundFormed.kind and _number(e.get("size")) is not None:
+        if kind in _ROUND_KINDS and _number(e.get("size")) is not None:
             world.append((x, int(e["size"])))
-            rounds.append((x, e.get("round", len(rounds) + 1)))
+            # (a world of --restart-workers is its job's round)
+            rounds.append((x, e.get("round", e.get("world", len(rounds) + 1))))
         elif kind == ev.WorkerStarted.kind:
             saw_workers = True
             running += 1

@@ -63,6 +63,8 @@ from driver.events.job import (
     StateLost,
     Stopping,
     Waiting,
+    WorldStarted,
+    WorldStopping,
 )
 from driver.events.ps import (
     CheckpointFailed,
@@ -110,6 +112,8 @@ __all__ = [
     "StandingBy",
     "StateLost",
     "Waiting",
+    "WorldStarted",
+    "WorldStopping",
     "JobDone",
     "JobFailure",
     "Stopping",

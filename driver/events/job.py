@@ -44,6 +44,43 @@ class RoundFormed(Event):
 
 
 @dataclass(frozen=True)
+class WorldStarted(Event):
+    """Restart mode (``--restart-workers``): world ``world`` started, ``size`` workers
+    on ``hosts`` (in ``GROUP_RANK`` order), ``members`` their worker ids in rank order;
+    ``restarts``: its ``TORCHELASTIC_RESTART_COUNT``; ``seconds`` from the change it
+    answers (a worker's exit, a host lost or added) to its start."""
+
+    kind: ClassVar[str] = "world_started"
+    world: int
+    restarts: int
+    size: int
+    hosts: Sequence[str]
+    members: Sequence[str]
+    seconds: float
+
+    def __str__(self) -> str:
+        restart = f" (restart {self.restarts})" if self.restarts else ""
+        when = f", {format_seconds(self.seconds)} after the change" if self.world > 1 else ""
+        workers = f"{plural(self.size, 'worker')} on {plural(len(self.hosts), 'host')}"
+        return f"world {self.world}{restart} started: {workers}{when}"
+
+
+@dataclass(frozen=True)
+class WorldStopping(Event):
+    """Restart mode: every worker of world ``world`` is stopped because of ``reason``;
+    the next world is a restart (counted against ``--reset-limit``) when ``failure``."""
+
+    kind: ClassVar[str] = "world_stopping"
+    world: int
+    reason: str
+    failure: bool
+
+    def __str__(self) -> str:
+        counted = "a restart" if self.failure else "not counted as a restart"
+        return f"world {self.world} stops ({self.reason}): every worker starts again ({counted})"
+
+
+@dataclass(frozen=True)
 class StateLost(Event):
     """Round ``round`` has no member of round ``previous``, and no snapshot holds the
     state they committed (up to step ``step``, as rank 0 last said): it is lost, and
@@ -122,9 +159,15 @@ class JobDone(Event):
     size: int
     resets: int  # rounds that followed the first, not counting finishing ones
     step: int | None = None
+    world: bool = False  # restart mode: ``round`` is the world, ``resets`` its restarts
 
     def __str__(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""
+        if self.world:
+            return (
+                f"job done in world {self.round} ({plural(self.size, 'worker')}, "
+                f"{plural(self.resets, 'restart')})"
+            )
         return (
             f"job done in round {self.round}{at} ({plural(self.size, 'worker')}, "
             f"{plural(self.resets, 'reset')})"

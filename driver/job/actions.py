@@ -2,7 +2,8 @@
 or as a spare, promote a spare, stop it, kill it, whichever holds it (this driver's
 launcher, ``driver.job.processes``, or its pid for a worker adopted from its
 registration alone, ``driver.lead.adopted_pids``); its record follows
-(``driver.policy.lifecycle``).
+(``driver.policy.lifecycle``). In restart mode, a whole world of them started at once
+(``start_world``).
 
 ``WorkerActions`` works over the job's context (``driver.job.context``): the state, the
 services (the claim that fences each action, the store URL and address the workers are
@@ -20,9 +21,11 @@ from driver import events as ev
 from driver import policy
 from driver.errors import LauncherError, LaunchError
 from driver.job.context import JobContext
-from driver.job.wiring import names_are_labels, worker_bind_host, worker_spec
+from driver.job.lead import JobLead
+from driver.job.wiring import names_are_labels, worker_bind_host, worker_spec, world_spec
+from driver.launch.spec import LaunchSpec
 from driver.policy import decisions as dec
-from driver.policy import lifecycle
+from driver.policy import lifecycle, planner
 from driver.policy.lifecycle import WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -49,20 +52,44 @@ class WorkerActions:
     def launch_spare(self, decision: dec.LaunchSpare) -> Decisions:
         return self._start(decision.host, decision.index, spare=True)
 
+    def bind_host(self, host: str) -> str:
+        """What a worker on ``host`` binds its listener to and advertises
+        (``driver.job.wiring.worker_bind_host``)."""
+        ctx = self._ctx
+        labels = names_are_labels(ctx.config)
+        return worker_bind_host(host, ctx.all_local, ctx.services.advertised_host, labels)
+
+    def start_process(
+        self, worker_id: str, host: str, slot: int, spec: LaunchSpec, spare: bool = False
+    ) -> int:
+        """Start ``spec`` as worker ``worker_id`` in ``slot`` of ``host`` (a spare: its
+        spare index); its record and its ``worker_started`` follow. Returns its pid.
+
+        Raises:
+            LeadershipLost: another driver leads the job.
+            LauncherError: it cannot be started.
+        """
+        ctx = self._ctx
+        ctx.services.claim.check()  # a driver that lost the lead starts nothing
+        pid = ctx.processes.start(worker_id, spec)
+        now = ctx.clock()
+        ctx.state.workers[worker_id] = WorkerRecord.launched(worker_id, host, slot, now, spare)
+        ctx.events.emit(ev.WorkerStarted(worker_id, host, slot, pid, spare))
+        return pid
+
     def _start(self, host: str, slot: int, spare: bool) -> Decisions:
         """Start a worker in ``slot`` of ``host``, or (``spare``) the host's spare number
         ``slot``: one route for both. Returns what a failed start leads to."""
         ctx = self._ctx
         state, services = ctx.state, ctx.services
-        services.claim.check()  # a driver that lost the lead starts nothing
+        services.claim.check()  # a driver that lost the lead makes no id, starts nothing
         worker_id = ctx.processes.new_id(host, f"s{slot}" if spare else slot)
-        labels = names_are_labels(ctx.config)
-        bind = worker_bind_host(host, ctx.all_local, services.advertised_host, labels)
+        bind = self.bind_host(host)
         spec = worker_spec(
             ctx.config, ctx.secret, services.store_url, worker_id, host, slot, bind, spare
         )
         try:
-            pid = ctx.processes.start(worker_id, spec)
+            self.start_process(worker_id, host, slot, spec, spare)
         except LauncherError as exc:
             if spare:
                 step = policy.spare_launch_failed(
@@ -73,10 +100,51 @@ class WorkerActions:
             return policy.launch_failed(
                 worker_id, host, slot, str(exc), None, state.any_registered(), permanent
             )
-        now = ctx.clock()
-        state.workers[worker_id] = WorkerRecord.launched(worker_id, host, slot, now, spare)
-        ctx.events.emit(ev.WorkerStarted(worker_id, host, slot, pid, spare))
         return ()
+
+    def start_world(self, decision: dec.StartWorld, lead: JobLead) -> Decisions:
+        """Start every worker of ``decision.world`` (restart mode,
+        ``driver.policy.restarts``), in rank order, each told its ranks
+        (``driver.job.wiring.world_spec``), after ``lead`` cleared what earlier worlds'
+        workers left in the store (their rank 0's address: a new world must meet its
+        own); then ``lead`` makes the world the job's round (the plan the rules and the
+        agents read). A worker that cannot be started ends the world at once, as a
+        failure (``policy.world_launch_failed``): the plan is then of the workers that
+        did start, which the next turn of the rules stops. Returns what the failed start
+        leads to.
+
+        Raises:
+            LeadershipLost: another driver leads the job.
+            RendezvousError: the store cannot be used.
+        """
+        ctx, world = self._ctx, decision.world
+        lead.clear_worlds()
+        started: list[str] = []
+        failed: list[dec.Decision] = []
+        for seat in world.seats:
+            worker_id = ctx.processes.new_id(seat.host, seat.slot)
+            bind = self.bind_host(seat.host)
+            try:
+                spec = world_spec(
+                    ctx.config, ctx.secret, ctx.services.store_url, worker_id, world, seat, bind
+                )
+                self.start_process(worker_id, seat.host, seat.slot, spec)
+            except LauncherError as exc:
+                permanent = isinstance(exc, LaunchError) and exc.permanent
+                failed += policy.launch_failed(
+                    worker_id, seat.host, seat.slot, str(exc), None, False, permanent
+                )
+                ctx.state.book = policy.world_launch_failed(ctx.state.book, str(exc))
+                break  # the world cannot be whole: its others would only wait for rank 0
+            started.append(worker_id)
+        lead.publish_world(planner.world_plan(world, started))
+        if not failed:
+            ctx.events.emit(
+                ev.WorldStarted(
+                    world.number, world.restarts, world.size, world.hosts, started, decision.seconds
+                )
+            )
+        return failed
 
     def promote(self, decision: dec.Promote) -> Decisions:
         state, now = self._ctx.state, self._ctx.clock()

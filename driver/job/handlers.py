@@ -203,6 +203,8 @@ class MessageHandlers:
         (``driver.policy.preemption``)."""
         ctx = self._ctx
         state = ctx.state
+        if ctx.config.restart_workers:  # no snapshot, no handover: the world ends with it
+            return policy.world_host_preempted(state.workers, message.host)
         snapshots = bool(ctx.config.checkpoint_dir)
         step = policy.host_preempted(
             state.workers,

@@ -111,7 +111,11 @@ class JobLead:
             ctx.adopted.adopt(worker_id, pid, local=ctx.all_local or is_local_host(host))
         for worker_id, process in handed_over.items():
             # Launched by the predecessor, running, not registered yet: it joins later.
-            if worker_id in state.workers or env.ENV_WORKER_ID not in process.spec.env:
+            # In restart mode none ever registers: a member of the world runs when its
+            # agent says so (the world goes on, or stops when a member is gone).
+            known = state.workers.get(worker_id)
+            unseen = known is not None and not known.state.running and ctx.config.restart_workers
+            if (known is not None and not unseen) or env.ENV_WORKER_ID not in process.spec.env:
                 continue
             spec = process.spec
             state.workers[worker_id] = WorkerRecord.launched(worker_id, spec.host, spec.slot, now)
@@ -166,6 +170,37 @@ class JobLead:
         members = list(plan.worker_ids)
         ctx.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
         return ()
+
+    def clear_worlds(self) -> None:
+        """Delete what the workers of earlier worlds (restart mode) said to each other
+        (their rank 0's address), fenced: a world about to start must meet its own rank
+        0, never a stale one.
+
+        Raises:
+            LeadershipLost: another driver leads.
+            RendezvousError: the store cannot be used.
+        """
+        self._ctx.services.steer([Delete(self._ctx.keys.worlds, prefix=True)])
+
+    def publish_world(self, plan: Plan) -> None:
+        """Make ``plan`` (a world of restart mode, its workers started) the job's round:
+        one fenced write with the persisted state that goes with it (its restart
+        counted). The agents prefix its workers' output with their ranks from it.
+
+        Raises:
+            LeadershipLost: another driver leads.
+            RendezvousError: the store cannot be used.
+        """
+        ctx = self._ctx
+        plan = replace(plan, term=ctx.services.claim.record.term)
+        state = self._state_record()
+        ctx.services.steer(
+            [Put(ctx.keys.round, plan.to_json()), Put(ctx.keys.driver_state, state.to_json())]
+        )
+        self._state_written = state
+        ctx.state.plan = plan
+        ctx.state.book = ctx.state.book.new_round()
+        ctx.processes.assign_ranks(plan)
 
     def publish_snapshot_round(self, plan: Plan) -> bool:
         """Publish a round that asks its members for a snapshot (``Plan.snapshot``: the

@@ -8,8 +8,10 @@ claim on the job id lost to another driver (``driver.job.feeds``, ``driver.lead.
 store's health probe alone reports by itself: the loop may be what waits on the
 store.) After each message the loop reconciles: it asks the rules of
 ``driver.policy`` what to do (stop displaced workers, kill hung ones, fill free slots,
-publish the next round, wait, give up) and carries the decisions (``driver.policy.decisions``)
-out, one handler per kind of decision (and per kind of message). The rules are pure
+publish the next round, wait, give up; under ``--restart-workers``, stop and start whole
+worlds instead: ``driver.policy.restarts``) and carries the decisions
+(``driver.policy.decisions``) out, one handler per kind of decision (and per kind of
+message). The rules are pure
 functions; this module is the I/O they need: the store, the worker processes
 (``driver.job.processes``), the event log, the clock. What runs beside the workers
 (the store itself, the claim on the job id, the feeds, the ps shards, the chaos) is
@@ -338,12 +340,14 @@ class Job:
         self._usable = tuple(h.host for h in view.usable)
         self._waits = []
         self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
+        if cfg.restart_workers:  # whole worlds instead of rounds (driver.policy.restarts)
+            self._retire_agents(view)
+            self._step(policy.no_hosts(self.book, view, cfg, now))
+            self._step(policy.world_rule(records, self.plan, self.book, view, cfg, now))
+            return
         self._apply(policy.workers_to_stop(records, view.usable, self.plan, view.blacklisted, now))
         self._apply(policy.spares_to_stop(records, view.usable))
-        # A joined node's agent is the node's own, and its record is what lists the host:
-        # one that discovery has not read yet is no removed host's.
-        agents = self._agents.live_hosts() - self._agents.node_hosts()
-        self._apply(policy.agents_to_retire(agents, self._agents.busy_hosts(), records, view))
+        self._retire_agents(view)
         self._apply(policy.workers_to_kill(records, now))
         self._apply(policy.lapse_waits(records))
         self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
@@ -358,8 +362,15 @@ class Job:
             policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
         )
 
+    def _retire_agents(self, view: dec.HostsView) -> None:
+        # A joined node's agent is the node's own, and its record is what lists the host:
+        # one that discovery has not read yet is no removed host's.
+        agents = self._agents.live_hosts() - self._agents.node_hosts()
+        self._apply(policy.agents_to_retire(agents, self._agents.busy_hosts(), self.workers, view))
+
     def _settle(self) -> int | None:
-        decision = policy.outcome(self.workers, self.plan, self.book)
+        outcome = policy.world_outcome if self.config.restart_workers else policy.outcome
+        decision = outcome(self.workers, self.plan, self.book)
         if isinstance(decision, dec.Fail):
             raise JobFailed(decision.reason)
         if isinstance(decision, dec.Succeed):
@@ -368,8 +379,8 @@ class Job:
             lost = self._services.stop_shards()
             if lost is not None:
                 raise JobFailed(f"training finished, but {lost}")
-            done = ev.JobDone(decision.round, decision.size, decision.resets, decision.step)
-            self.events.emit(done)
+            d, world = decision, self.config.restart_workers
+            self.events.emit(ev.JobDone(d.round, d.size, d.resets, d.step, world))
             return 0
         return None
 
@@ -488,6 +499,7 @@ _DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     dec.HostLost: Job._host_lost,
     dec.RetireAgent: Job._retire_agent,
     dec.SnapshotNow: lambda job, d: job._snapshot_now(d),
+    dec.StartWorld: lambda job, d: job._actions.start_world(d, job._lead),
 }
 
 _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {

@@ -160,9 +160,12 @@ class StopControl:
             self._stop = Stopping(signum, deadline, final.round_id, hosts)
             ctx.events.emit(ev.Stopping(name, final.round_id, final.size))
             return
-        kept = (
-            "" if ctx.config.checkpoint_dir else " (no --checkpoint-dir: their state is not kept)"
-        )
+        if ctx.config.restart_workers:
+            kept = " (the script's own checkpoints are what the same command resumes from)"
+        elif ctx.config.checkpoint_dir:
+            kept = ""
+        else:
+            kept = " (no --checkpoint-dir: their state is not kept)"
         self.end(f"stopped by {name}; all workers were stopped{kept}", signum)
 
     def turn(

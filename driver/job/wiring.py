@@ -2,6 +2,9 @@
 
 * ``job_env``/``worker_env``: the variables every process of the job, and each worker,
   is given on top of what it inherits (``rendezvous.env`` names them);
+* ``torchrun_env``/``world_spec``: a worker of a world of restart mode
+  (``--restart-workers``): the variables torchrun gives it, and its launch (through
+  ``driver.launch.world_entry``, which adds ``MASTER_ADDR``/``MASTER_PORT``);
 * ``runs_all_local``: whether every process of the job runs on this machine;
 * ``worker_spec``: the ``LaunchSpec`` of one worker, with its id, its bind address and
   its log file;
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from driver.config import JobConfig
 from driver.errors import DiscoveryError
@@ -24,6 +29,7 @@ from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.slots import HostSlots
 from driver.hosts.slurm import node_addresses
 from driver.launch.spec import LaunchSpec
+from driver.policy.planner import Seat, World
 from driver.ps.command import shard_command
 from rendezvous import env, open_store
 from rendezvous.backends.embedded import EmbeddedServer
@@ -71,6 +77,71 @@ def worker_env(
         **({env.ENV_SPARE: "1"} if spare else {}),
         **snapshot_env(config),
     }
+
+
+MAX_RESTARTS_UNLIMITED = 2**31 - 1
+"""``TORCHELASTIC_MAX_RESTARTS`` without ``--reset-limit`` (torchrun takes a count: one
+no job reaches, so that ``max - restart count`` is the restarts a script has left)."""
+
+
+def torchrun_env(job_id: str, world: World, seat: Seat, reset_limit: int | None) -> dict[str, str]:
+    """What torchrun tells a worker, for the one in ``seat`` of ``world`` (pure): its
+    ranks and the world's sizes, the restarts so far and allowed, the run's id (the job
+    id); rank 0 serves torch's store itself (``TORCHELASTIC_USE_AGENT_STORE`` False:
+    no agent holds one). ``MASTER_ADDR`` and ``MASTER_PORT`` are not known here: rank
+    0's host picks the port when the world starts (``driver.launch.world_entry``)."""
+    size, rank = str(world.size), str(seat.rank)
+    max_restarts = reset_limit if reset_limit is not None else MAX_RESTARTS_UNLIMITED
+    return {
+        env.TORCH_RANK: rank,
+        env.TORCH_LOCAL_RANK: str(seat.local_rank),
+        env.TORCH_WORLD_SIZE: size,
+        env.TORCH_LOCAL_WORLD_SIZE: str(seat.local_size),
+        env.TORCH_GROUP_RANK: str(seat.group_rank),
+        env.TORCH_GROUP_WORLD_SIZE: str(len(world.hosts)),
+        # One role, the whole world: its ranks are the world's.
+        env.TORCH_ROLE_NAME: "default",
+        env.TORCH_ROLE_RANK: rank,
+        env.TORCH_ROLE_WORLD_SIZE: size,
+        env.TORCH_RESTART_COUNT: str(world.restarts),
+        env.TORCH_MAX_RESTARTS: str(max_restarts),
+        env.TORCH_RUN_ID: job_id,
+        env.TORCH_USE_AGENT_STORE: "False",
+    }
+
+
+def world_spec(
+    config: JobConfig,
+    secret: str,
+    store_url: str,
+    worker_id: str,
+    world: World,
+    seat: Seat,
+    bind_host: str,
+) -> LaunchSpec:
+    """The launch of the worker in ``seat`` of ``world`` (restart mode): the job's
+    command behind ``python -m driver.launch.world_entry`` (the driver's Python, which
+    every host shares, as for the agents), which learns ``MASTER_ADDR``/``MASTER_PORT``
+    and then becomes the command (exec: the same process); labelled and logged as any
+    worker. It is told the job's store (to meet rank 0 there), its worker id, where it
+    may bind, how long it waits for rank 0 (``--start-timeout``) and its world's number.
+
+    Raises:
+        LaunchSpecError: the command or an environment value is unusable.
+    """
+    variables = {
+        **job_env(config, secret, store_url),
+        env.ENV_WORKER_ID: worker_id,
+        env.ENV_HOST: seat.host,
+        env.ENV_SLOT: str(seat.slot),
+        env.ENV_BIND_HOST: bind_host,
+        env.ENV_ROUND_TIMEOUT: f"{config.start_timeout:g}",
+        env.ENV_WORLD: str(world.number),
+        **torchrun_env(config.job_id, world, seat, config.reset_limit),
+    }
+    command = (sys.executable, "-m", "driver.launch.world_entry", "--", *config.command)
+    spec = worker_spec(config, secret, store_url, worker_id, seat.host, seat.slot, bind_host)
+    return replace(spec, command=command, env=variables)
 
 
 def snapshot_env(config: JobConfig) -> dict[str, str]:

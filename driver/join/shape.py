@@ -1,4 +1,5 @@
-"""What every node of a joined job must agree on (pure): the job's size and command.
+"""What every node of a joined job must agree on (pure): the job's size, its command, and
+whether it runs worlds of restart mode (``--restart-workers``).
 
 The leader writes it (``JobKeys.shape``) when it claims the job; a node that joins while
 a leader leads checks its own against it and is refused, in one line naming the first
@@ -25,6 +26,7 @@ def job_shape(config: JobConfig) -> dict:
         "min_np": config.min_np,
         "max_np": config.max_np,
         "command": list(config.command),
+        "restart_workers": config.restart_workers,
     }
 
 
@@ -33,6 +35,10 @@ def shape_difference(mine: Mapping, theirs: Mapping) -> str:
     for key, flag in SHAPE_FLAGS:
         if mine.get(key) != theirs.get(key):
             return f"{flag} {_shown(mine.get(key))} here, {_shown(theirs.get(key))} in the job"
+    if bool(mine.get("restart_workers")) != bool(theirs.get("restart_workers")):
+        # (a shape written before restart mode existed has no such key: not given)
+        here, there = ("given", "not") if mine.get("restart_workers") else ("not given", "given")
+        return f"--restart-workers {here} here, {there} in the job"
     if mine.get("command") != theirs.get("command"):
         return (
             f"the command {' '.join(mine.get('command') or [])!r} here, "

@@ -7,7 +7,7 @@ job's ``Book`` (what the loop remembers between decisions), a ``HostsView`` (the
 manager's answers), the config and ``now``, and returns what to do (``driver.policy.decisions``):
 ``Publish``, ``Wait``, ``Fail``, ``Kill``, ``Stop``, ``Launch``, ``LaunchSpare``,
 ``Leave``, ``Promote``, ``Report`` (an event to emit), ``CountFailure``, ``Probe``,
-``HostLost``,
+``HostLost``, ``StartWorld``,
 ``Succeed``, or nothing. None of them
 touches the store, a process or a clock; the main loop (``driver.job.loop``) carries the
 decisions out. Functions that also update the book return a ``Step`` (the decisions and
@@ -31,7 +31,9 @@ The rules, by concern (each module's docstring lists its own, with its constants
 * ``preemption``: a host the scheduler takes back: a handover when others go on, else a
   snapshot first, then its workers stop;
 * ``departures``: workers that leave on purpose at their next commit (a drained host's),
-  and the handover round that lets the others go on without rolling back.
+  and the handover round that lets the others go on without rolling back;
+* ``restarts``: restart mode (``--restart-workers``): whole worlds started and stopped
+  together, in place of the round rules.
 
 This file names every rule, so the loop (and a test) reads them as one vocabulary:
 ``policy.plan_round``, ``policy.outcome``, ``policy.FINISH_GRACE``.
@@ -71,6 +73,14 @@ from driver.policy.reports import (
     progress_report,
     progress_reported,
     store_health,
+)
+from driver.policy.restarts import (
+    QUICK_FAILURE,
+    QUICK_FAILURES,
+    world_host_preempted,
+    world_launch_failed,
+    world_outcome,
+    world_rule,
 )
 from driver.policy.rounds import (
     FINISH_GRACE,
@@ -165,6 +175,13 @@ __all__ = [
     "leaving_due",
     "LEAVE_WAIT",
     "DRAIN_WAIT",
+    # restarts
+    "world_rule",
+    "world_outcome",
+    "world_host_preempted",
+    "world_launch_failed",
+    "QUICK_FAILURE",
+    "QUICK_FAILURES",
     # suspicion
     "CONFIRM_WINDOW",
     "accusations_due",

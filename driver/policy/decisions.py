@@ -14,6 +14,7 @@ from typing import NamedTuple, Union
 from driver.events import Event
 from driver.hosts.manager import HostManager
 from driver.hosts.slots import HostSlots
+from driver.policy.planner import World
 from rendezvous.plan import Plan
 
 
@@ -158,6 +159,16 @@ class RetireAgent:
     host: str
 
 
+@dataclass(frozen=True)
+class StartWorld:
+    """Start every worker of ``world`` (restart mode: ``driver.policy.restarts``), each
+    told its ranks and the world's (``driver.job.wiring.torchrun_env``); ``seconds``
+    since the change it answers (0 for the first)."""
+
+    world: World
+    seconds: float
+
+
 Decision = Union[
     Publish,
     Wait,
@@ -175,7 +186,17 @@ Decision = Union[
     HostLost,
     SnapshotNow,
     RetireAgent,
+    StartWorld,
 ]
+
+
+class WorldEnd(NamedTuple):
+    """Why the current world of restart mode ends (every worker of it is stopped), and
+    whether the next one counts as a restart (a failure: a worker failed or was killed,
+    a host was lost) or not (the hosts changed on purpose)."""
+
+    reason: str
+    failure: bool
 
 
 @dataclass(frozen=True)
@@ -239,6 +260,10 @@ class Book:
     # The last discovery error said, when, and how many failed runs went unsaid since
     # (``policy.reports.discovery_failed``); reset by a run that succeeds.
     discovery_error: tuple[str, float, int] | None = None
+    # Restart mode (``policy.restarts``): why the current world ends (None: it runs), and
+    # how many worlds in a row ended by a worker's own death soon after their start.
+    world_end: WorldEnd | None = None
+    quick_failures: int = 0
 
     def leaves(self, worker_id: str, until: float) -> Book:
         """``worker_id`` leaves at its next commit, stopped if still running at ``until``."""

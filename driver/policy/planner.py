@@ -13,12 +13,19 @@ Horovod's definitions:
   same ``local_rank`` (at most one per host), in global rank order, and how many there
   are. This is what splitting the world by ``local_rank`` (MPI_Comm_split with rank as
   the key) gives, so it matches ``elastic`` under ``mpiexec``.
+
+A *world* (``--restart-workers``, ``driver.policy.restarts``) is laid out before any of
+its workers starts: every slot of the usable hosts up to ``--max-np``, in placement
+order, ranked in that order (so each host's ranks are consecutive, as torchrun's are);
+its ``group_rank`` is the index of the worker's host among the world's hosts. The plan
+the driver keeps of a world is round ``World.number``, built by ``world_plan``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar
 
 from driver.hosts.slots import HostSlots
@@ -67,15 +74,23 @@ def displaced_workers(workers: Sequence[P], hosts: Sequence[HostSlots]) -> tuple
     return tuple(w for w in workers if slot_of(w) not in positions)
 
 
+def local_layout(hosts: Sequence[str]) -> tuple[list[int], Counter[str]]:
+    """For workers on ``hosts`` (one entry per worker, in rank order): each one's index
+    among the workers of its host, and how many each host has (see the module
+    docstring: what a round and a world of restart mode both give their workers)."""
+    local_sizes = Counter(hosts)
+    ranks: list[int] = []
+    seen_on_host: Counter[str] = Counter()
+    for host in hosts:
+        ranks.append(seen_on_host[host])
+        seen_on_host[host] += 1
+    return ranks, local_sizes
+
+
 def build_plan(round_id: int, workers: Sequence[WorkerInfo]) -> Plan:
     """The plan of round ``round_id`` with ``workers`` in rank order (rank = index).
     Computes local and cross ranks (see the module docstring)."""
-    local_sizes = Counter(w.host for w in workers)
-    local_ranks: list[int] = []
-    seen_on_host: Counter = Counter()
-    for w in workers:
-        local_ranks.append(seen_on_host[w.host])
-        seen_on_host[w.host] += 1
+    local_ranks, local_sizes = local_layout([w.host for w in workers])
     cross_sizes = Counter(local_ranks)
     cross_ranks: list[int] = []
     seen_with_local_rank: Counter = Counter()
@@ -194,3 +209,73 @@ def hold_growth_for_joiners(
     yet. Workers started together (a host added, several slots refilled) then join in one
     re-form instead of one each. A broken round never waits: its survivors are idle."""
     return round_intact and any(age < window for age in joiner_ages)
+
+
+class Seat(NamedTuple):
+    """A worker's place in a world of restart mode: its slot, and its ranks as torchrun
+    gives them (``group_rank``: the index of its host among the world's hosts)."""
+
+    host: str
+    slot: int
+    rank: int
+    local_rank: int
+    local_size: int
+    group_rank: int
+
+
+@dataclass(frozen=True)
+class World:
+    """A world of restart mode: workers started together, whose ranks never change.
+    ``number`` counts the job's worlds from 1 (the driver's plan of the world is round
+    ``number``); ``restarts`` counts the worlds started after a failure
+    (``TORCHELASTIC_RESTART_COUNT``); ``seats`` in rank order."""
+
+    number: int
+    restarts: int
+    seats: tuple[Seat, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.seats)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The world's hosts, in ``group_rank`` order."""
+        return tuple(dict.fromkeys(seat.host for seat in self.seats))
+
+
+def world_slots(hosts: Sequence[HostSlots], max_np: int | None) -> tuple[WorkerSlot, ...]:
+    """The slots a world started now takes: every slot of ``hosts`` (usable, in the
+    job's order) in placement order, cut at ``max_np`` (None: no cap)."""
+    slots = allowed_slots(hosts)
+    return slots if max_np is None else slots[:max_np]
+
+
+def lay_out_world(number: int, restarts: int, slots: Sequence[WorkerSlot]) -> World:
+    """World ``number`` on ``slots`` (rank = index; see the module docstring)."""
+    hosts = [s.host for s in slots]
+    ranks, sizes = local_layout(hosts)
+    groups = {host: i for i, host in enumerate(dict.fromkeys(hosts))}
+    seats = tuple(
+        Seat(s.host, s.slot, rank, ranks[rank], sizes[s.host], groups[s.host])
+        for rank, s in enumerate(slots)
+    )
+    return World(number, restarts, seats)
+
+
+def world_plan(world: World, worker_ids: Sequence[str]) -> Plan:
+    """The plan the driver keeps of ``world`` (round ``world.number``), its seats taken
+    by ``worker_ids`` in rank order: one per seat, or fewer when a worker could not be
+    started (the seats before it; the world then ends at once). Its members have no
+    address: a world's workers find each other through torch's own store
+    (``MASTER_ADDR``).
+
+    Raises:
+        ValueError: more worker ids than seats.
+    """
+    if len(worker_ids) > world.size:
+        raise ValueError(f"{len(worker_ids)} worker ids for a world of {world.size}")
+    return build_plan(
+        world.number,
+        [WorkerInfo(w, seat.host, seat.slot, 0, "") for w, seat in zip(worker_ids, world.seats)],
+    )

@@ -211,6 +211,24 @@ def _broken(
         book, failed = rounds_lost(workers, plan, book)
     if failed is not None:
         return Step((failed,), book)
+    what = f"round {plan.round_id} lost workers; waiting for {min_np} to re-form (have {have})"
+    return waiting_for(what, "round", have, min_np, book, hosts, config, now)
+
+
+def waiting_for(
+    what: str,
+    unit: str,
+    have: int,
+    min_np: int,
+    book: Book,
+    hosts: HostsView,
+    config: JobConfig,
+    now: float,
+) -> Step:
+    """Fewer than ``min_np`` workers (``have``) can be in the job's next ``unit`` (a
+    round, or a world of restart mode) since ``book.broken_since``: say ``what`` is
+    waited for once the wait passed ``WAITING_REPORT_AFTER``, and end the job after
+    ``--elastic-timeout``."""
     decisions: list[Decision] = []
     if book.broken_since is None:
         book = replace(book, broken_since=now, waiting_reported=False)
@@ -218,22 +236,14 @@ def _broken(
     if not book.waiting_reported:
         if now - since > WAITING_REPORT_AFTER:
             book = replace(book, waiting_reported=True)
-            decisions.append(
-                Report(
-                    Waiting(
-                        what=f"round {plan.round_id} lost workers; waiting for {min_np} to re-form "
-                        f"(have {have})",
-                        waited=round(now - since, 3),
-                    )
-                )
-            )
+            decisions.append(Report(Waiting(what=what, waited=round(now - since, 3))))
         else:
-            decisions.append(Wait(since + WAITING_REPORT_AFTER, "a round to re-form"))
+            decisions.append(Wait(since + WAITING_REPORT_AFTER, f"a {unit} to re-form"))
     if now - since > config.elastic_timeout:
         blacklisted = hosts.blacklisted
         decisions.append(
             Fail(
-                f"no round of at least {min_np} workers could form within "
+                f"no {unit} of at least {min_np} workers could form within "
                 f"--elastic-timeout {config.elastic_timeout:g}s (have {have}"
                 + (f"; blacklisted: {', '.join(blacklisted)}" if blacklisted else "")
                 + _no_hosts_note(book, now)

@@ -22,6 +22,7 @@ import socket
 import struct
 
 from rendezvous.errors import RendezvousConfigError
+from rendezvous.net.url import parse_store_url
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
@@ -93,6 +94,33 @@ def address_toward(peer: str) -> str:
                 f"no route from this machine to {peer} ({target}): {exc.strerror or exc}"
             ) from None
         return str(probe.getsockname()[0])
+
+
+def address_toward_store(store_url: str) -> str:
+    """This process's address as its peers should see it, when nobody named one: the
+    local address of its route toward the job's store at ``store_url`` (the job's hosts
+    share that network), never a host name that may not resolve elsewhere; loopback for
+    a store on loopback (a one-machine job).
+
+    Raises:
+        RendezvousConfigError: the store URL does not parse.
+        AddressError: no route leads to the store.
+    """
+    endpoints = parse_store_url(store_url).endpoints
+    if not endpoints:
+        return "127.0.0.1"
+    host = endpoints[0].host
+    return "127.0.0.1" if is_loopback(host) else address_toward(host)
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface that holds IPv4 ``address`` (None: no interface here
+    has it, or it is no IPv4 address)."""
+    for _, name in socket.if_nameindex():
+        with contextlib.suppress(AddressError):
+            if interface_address(name) == address:
+                return name
+    return None
 
 
 def interface_address(name: str) -> str:
@@ -201,6 +229,15 @@ def _resolve_all(name: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Addres
     except (OSError, UnicodeError):
         return []
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+
+
+def name_reaches_out(name: str) -> bool:
+    """True if ``name`` resolves to an address of this machine that is not loopback:
+    what a program that binds to its host name's address (gloo does) needs to be
+    reached from another machine."""
+    return any(
+        not address.is_loopback and _is_own_address(address) for address in _resolve_all(name)
+    )
 
 
 @functools.lru_cache(maxsize=4096)

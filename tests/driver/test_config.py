@@ -519,3 +519,30 @@ def test_each_horovodrun_flag_we_lack_is_one_line_saying_what_to_do(flags):
 def test_several_network_interfaces_are_refused_naming_the_flag():
     with pytest.raises(UsageError, match="--network-interfaces: 'eth0,eth1'"):
         parse_args(["-np", "2", "--network-interfaces", "eth0,eth1", "true"])
+
+
+def test_restart_workers_is_a_mode_of_the_job_with_the_usual_flags():
+    config = parse("--restart-workers", "-np", "4", "-H", "a:2,b:2", "--reset-limit", "3", *CMD)
+    assert config.restart_workers and config.reset_limit == 3 and config.np == 4
+    assert not parse("-np", "2", *CMD).restart_workers
+    assert "--restart-workers" in build_parser().format_help()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--spares", "1"), "--spares"),
+        (("--num-ps", "1"), "--num-ps"),
+        (("--checkpoint-dir", "/tmp/x"), "--checkpoint-dir"),
+        (("--on-state-lost", "restart"), "--on-state-lost restart"),
+    ],
+)
+def test_restart_workers_refuses_what_only_elastic_workers_can_do(flags, named):
+    with pytest.raises(UsageError, match=f"^{named} does not go with --restart-workers: "):
+        parse("--restart-workers", "-np", "2", *flags, *CMD)
+
+
+def test_restart_workers_ignores_a_checkpoint_dir_in_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ELASTIC_CHECKPOINT_DIR", str(tmp_path / "snaps"))
+    config = parse("--restart-workers", "-np", "2", *CMD)
+    assert config.checkpoint_dir is None and not (tmp_path / "snaps").exists()

@@ -320,6 +320,24 @@ def test_a_committed_step_that_goes_back_is_a_rollback(tmp_path):
     assert {"committed step", "rollback", "back to 0"} <= set(texts)
 
 
+def test_the_worlds_of_restart_mode_are_its_rounds():
+    def e(x, cls, **fields):
+        return {"elapsed": x, "kind": cls.kind, **fields}
+
+    def started(x, world, size):
+        return e(x, ev.WorldStarted, world=world, restarts=world - 1, size=size, seconds=0.1)
+
+    events = [
+        started(1.0, 1, 4),
+        e(5.0, ev.WorldStopping, world=1, reason="a host lost", failure=True),
+        started(5.1, 2, 2),
+        e(9.0, ev.JobDone, round=2, size=2, resets=1, world=True),
+    ]
+    tl = build_timeline(events)
+    assert tl.world == ((1.0, 4), (5.1, 2)) and [r for _, r in tl.rounds] == [1, 2]
+    assert summary(tl).startswith("2 rounds") and tl.outcome == "done"
+
+
 @pytest.mark.system
 @pytest.mark.timeout(120)
 def test_the_picture_of_a_real_ps_job(tmp_path):

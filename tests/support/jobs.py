@@ -211,6 +211,18 @@ class ElasticRun:
             f"progress {at_least} (at {self.progress}); stderr:\n{self.stderr_tail()}",
         )
 
+    def output(self) -> str:
+        """What the driver printed on stdout so far (the workers' prefixed lines)."""
+        return "".join(self._lines)
+
+    def wait_output(self, pattern: str, timeout: float = 60) -> re.Match:
+        """The first match of regular expression ``pattern`` in the driver's stdout."""
+        return wait_until(
+            lambda: re.search(pattern, self.output(), re.MULTILINE),
+            timeout,
+            f"output matching {pattern!r}; stderr:\n{self.stderr_tail()}",
+        )
+
     def events(self, kind: str | None = None) -> list[dict]:
         try:
             lines = self.events_path.read_text().splitlines()

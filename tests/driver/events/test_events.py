@@ -134,7 +134,7 @@ def _sample(cls):
 
 def test_every_kind_has_a_class_and_a_readable_text():
     vocabulary = ev.vocabulary()
-    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 46
+    assert set(vocabulary) == ev.KINDS and len(ev.KINDS) == 48
     for kind, cls in vocabulary.items():
         assert cls.kind == kind
         event = _sample(cls)
@@ -172,6 +172,9 @@ def test_events_carry_the_fields_readers_rely_on():
     assert {"step", "path", "error"} <= fields["snapshot_failed"]
     assert {"step", "round", "path"} <= fields["snapshot_resumed"]
     assert {"round", "previous", "step"} <= fields["state_lost"]
+    assert {"world", "restarts", "size", "hosts", "members", "seconds"} <= fields["world_started"]
+    assert {"world", "reason", "failure"} <= fields["world_stopping"]
+    assert "world" in fields["job_done"]
 
 
 def test_the_events_file_is_appended_to_never_truncated(tmp_path):

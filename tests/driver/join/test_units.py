@@ -64,6 +64,19 @@ def test_the_shape_names_the_first_difference(monkeypatch):
     )
 
 
+def test_every_node_runs_worlds_of_restart_mode_or_none_does(monkeypatch):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    plain = job_shape(parse_args(join()))
+    restarting = job_shape(parse_args(join("--restart-workers")))
+    assert restarting["restart_workers"] and shape_difference(restarting, restarting) == ""
+    assert shape_difference(restarting, plain) == "--restart-workers given here, not in the job"
+    assert (
+        shape_difference(plain, restarting) == "--restart-workers not given here, given in the job"
+    )
+    older = {k: v for k, v in plain.items() if k != "restart_workers"}  # before the key
+    assert shape_difference(plain, older) == ""
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

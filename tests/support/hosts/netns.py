@@ -299,6 +299,28 @@ class NetnsHosts:
         """Environment for an ``elastic-run`` that reaches the hosts over ssh."""
         return {**os.environ, "PYTHONPATH": str(ROOT), "ELASTIC_SSH_OPTIONS": self.ssh_options}
 
+    def quick_resolver(self) -> None:
+        """Make name lookups on the hosts fail at once, as on a cluster whose DNS answers.
+
+        The hosts' network reaches no name server, so every lookup would wait out the
+        resolver's timeouts (10 s); torch's TCPStore client does a reverse lookup of its
+        peer on every connect, so torch's workers would time out connecting to their own
+        store. Each host gets (in its own mount namespace) a resolv.conf naming a server
+        on its loopback, where nothing listens: the query is refused, the lookup fails at
+        once.
+
+        Raises:
+            HostsError: the bind mount failed.
+        """
+        conf = self.workdir / "resolv.conf"
+        conf.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        for host in self.hosts:
+            done = host.run(["mount", "--bind", str(conf), "/etc/resolv.conf"])
+            if done.returncode != 0:
+                raise HostsError(
+                    f"cannot give host {host.name} a resolv.conf: {done.stderr.strip()}"
+                )
+
     # -- life
     def start(self) -> NetnsHosts:
         for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):

@@ -15,6 +15,7 @@ outside Slurm.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import sys
@@ -26,6 +27,7 @@ import pytest
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.hosts.netns import running_hosts
 from tests.support.jobs import (
+    WORKLOADS,
     check_exact_sum,
     exact_sum_command,
     formed_round_sizes,
@@ -39,6 +41,7 @@ pytestmark = pytest.mark.system
 
 SAMPLES, EPOCHS = 1200, 6
 SECRET = secrets.token_hex(16)  # the job's: every node's, every allocation's
+WORLD_GATE = WORKLOADS / "world_gate.py"
 
 
 @pytest.fixture
@@ -59,12 +62,14 @@ def batch_script(
     worker: list[str],
     job_id: str = "",
     name: str = "train",
+    flags: str = "",
 ) -> Path:
-    """The sbatch script a user writes: a plain ``srun`` of ``elastic-run --join``, each
-    task's exit status kept (a scancel's SIGTERM must not end the shell before it)."""
+    """The sbatch script a user writes: a plain ``srun`` of ``elastic-run --join``
+    (with ``flags`` more), each task's exit status kept (a scancel's SIGTERM must not end
+    the shell before it)."""
     node = (
         f"{shlex.quote(sys.executable)} -m driver.cli --join --rendezvous {etcd_url} "
-        f"{f'--job-id {job_id} ' if job_id else ''}-np 4 --min-np 2 "
+        f"{f'--job-id {job_id} ' if job_id else ''}-np 4 --min-np 2 {flags}"
         f"--events {tmp_path}/events-$SLURMD_NODENAME.jsonl {shlex.join(worker)}"
     )
     script = tmp_path / f"{name}.sbatch"
@@ -130,6 +135,32 @@ def test_srun_of_elastic_run_join_trains_one_job_across_the_nodes(tmp_path, clus
     # of each node had nothing to do. All exited 0.
     exits = sorted(p.name for p in tmp_path.glob("exit-*"))
     assert exits == sorted(f"exit-{h.name}-{t}" for h in list(hosts)[:2] for t in (0, 1))
+    assert {p.read_text().strip() for p in tmp_path.glob("exit-*")} == {"0"}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.long  # (18 s; restart mode over hosts is in CI by the host-cut test)
+def test_a_world_of_restart_mode_spans_the_joined_nodes(tmp_path, cluster):
+    """``--restart-workers`` in join mode under srun: one world over both nodes' slots,
+    each worker told torchrun's variables (its host's index, rank 0's address on the
+    first node), and the Slurm job completes once every worker exited 0."""
+    hosts, etcd, slurm = cluster
+    out = tmp_path / "out"
+    out.mkdir()
+    gate = [sys.executable, str(WORLD_GATE), str(out)]
+    script = batch_script(tmp_path, etcd.url, gate, flags="--restart-workers ")
+    job = sbatch(slurm, script, [hosts[0].name, hosts[1].name], tmp_path / "job.out")
+    wait_until(lambda: len(list(out.glob("*.json"))) == 4, 90, "the world's 4 workers")
+    told = [json.loads(p.read_text())["env"] for p in out.glob("*.json")]
+    (out / "done").touch()
+    assert wait_for_end(slurm, job, 60) == "COMPLETED", (tmp_path / "job.out").read_text()
+    assert sorted(int(e["RANK"]) for e in told) == [0, 1, 2, 3]
+    assert {(e["GROUP_RANK"], e["LOCAL_WORLD_SIZE"], e["WORLD_SIZE"]) for e in told} == {
+        ("0", "2", "4"),
+        ("1", "2", "4"),
+    }
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in told}) == 1
+    assert told[0]["MASTER_ADDR"] in {hosts[0].address, hosts[1].address}
     assert {p.read_text().strip() for p in tmp_path.glob("exit-*")} == {"0"}
 
 
