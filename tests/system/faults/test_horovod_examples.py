@@ -65,6 +65,7 @@ def test_mnist_shaped_example_survives_chaos_kills(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.long  # (the MNIST-shaped example runs under chaos in CI)
 def test_synthetic_benchmark_shaped_example_survives_chaos_kills(tmp_path):
     iters = 15
     found = run_example(

@@ -75,6 +75,7 @@ def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_e
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.long  # (19 s; the retirement is in CI by the multihost discovery test)
 def test_a_removed_hosts_agent_retires_and_a_fresh_one_serves_it_when_listed_again(
     tmp_path, etcd_server
 ):
