@@ -30,7 +30,7 @@ from tests.support.jobs import (
 from tests.support.linear_model import Problem, one_process
 from tests.support.paths import WORKLOADS
 
-SAMPLES, EPOCHS = 600, 2  # 150 commits per worker: the kill (past 60) and the hold (100) mid-run
+SAMPLES, EPOCHS = 960, 2  # 240 commits per worker: the kill (past 60) and the hold (100) mid-run
 SLOW = ("--work", "160")  # a few ms of compute per step: snapshots are many steps apart
 INTERVAL = "0.5"
 
