@@ -79,6 +79,5 @@ def test_unusable_server_limits_are_refused(bad):
         ServerLimits(**bad)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_free_memory_is_handed_back():
     assert release_free_memory() is True

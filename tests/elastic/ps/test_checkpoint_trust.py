@@ -35,7 +35,6 @@ from tests.support.ps.harness import PSJob
 
 NOBODY = 65534
 GiB = 1 << 30
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="gives files to another user")
 
 
 def _bytes_read() -> int:
@@ -200,7 +199,6 @@ PLANTS: list[Callable[[Path, Path], tuple[str, str]]] = [
 ]
 
 
-@as_root
 @pytest.mark.parametrize("plant", PLANTS, ids=[p.__name__.strip("_") for p in PLANTS])
 def test_a_planted_folder_or_file_is_refused_for_the_previous_checkpoint(tmp_path, caplog, plant):
     root, elsewhere = tmp_path / "ckpt", tmp_path / "elsewhere"
@@ -311,7 +309,6 @@ def test_open_private_file_rules(tmp_path):
 
 
 # ---------------------------------------------------------------- a real shard, all at once
-@as_root
 @pytest.mark.timeout(120)
 def test_a_shard_starts_promptly_from_the_newest_credible_checkpoint_and_says_why(
     embedded_server, tmp_path

@@ -23,7 +23,6 @@ from tests.elastic.ps.test_checkpoint_trust import (
     _bytes_read,
     _give_away,
     _returns_within,
-    as_root,
 )
 from tests.elastic.snapshots.test_files import load, values, write_snapshot
 
@@ -74,7 +73,6 @@ def test_a_manifest_whose_arrays_outgrow_its_parts_is_refused_before_allocating(
     _said(caplog, folder, f"its arrays hold {1 << 40} bytes and its parts")
 
 
-@as_root
 def test_a_snapshot_folder_linked_to_an_open_folder_of_nobody_is_refused(tmp_path, caplog):
     root, elsewhere = tmp_path / "ckpt", tmp_path / "elsewhere"
     root.mkdir(mode=0o700)
@@ -90,7 +88,6 @@ def test_a_snapshot_folder_linked_to_an_open_folder_of_nobody_is_refused(tmp_pat
     _said(caplog, link, f"{link} is a symbolic link to {planted}, not a real folder")
 
 
-@as_root
 @pytest.mark.parametrize("how", ["owned by nobody", "writable by others"])
 def test_a_host_folder_others_control_is_not_read(tmp_path, caplog, how):
     host = tmp_path / "host-b"
@@ -104,7 +101,6 @@ def test_a_host_folder_others_control_is_not_read(tmp_path, caplog, how):
     _said(caplog, str(host), how)
 
 
-@as_root
 @pytest.mark.parametrize("how", ["owned by nobody", "writable by others", "a symbolic link"])
 def test_a_skeleton_others_control_is_not_unpickled(tmp_path, how):
     folder = write_snapshot(tmp_path, 7, values(20_000))

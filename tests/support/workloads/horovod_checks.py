@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch_checks  # type: ignore[import-not-found]  # (beside this script, on sys.path)
 from torch import nn
 
 import elastic.horovod as hvd
@@ -83,21 +84,7 @@ def check_collectives(rank: int) -> dict:
 
 
 def check_broadcasts(rank: int) -> dict:
-    torch.manual_seed(rank)  # every rank starts different
-    model = nn.Linear(5, 3)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
-    if rank == 1:
-        model(torch.randn(2, 5)).sum().backward()
-        opt.step()  # only rank 1 has Adam state
-    weight = model.weight
-    hvd.broadcast_parameters(model.state_dict(), root_rank=1)
-    hvd.broadcast_optimizer_state(opt, root_rank=1)
-    return {
-        "params_same": same_everywhere(model),
-        "same_object": model.weight is weight,
-        "lr": opt.param_groups[0]["lr"],
-        "adam_steps": float(opt.state[model.weight]["step"]) if opt.state else None,
-    }
+    return torch_checks.check_broadcasts(rank, hvd)  # the same check, Horovod's names
 
 
 def one_step(rank: int, passes: int = 1, **options) -> list[float]:

@@ -115,7 +115,9 @@ def check_collectives(rank: int, size: int) -> dict:
     return out
 
 
-def check_broadcasts(rank: int) -> dict:
+def check_broadcasts(rank: int, api=et) -> dict:
+    """The state broadcasts of ``api`` (``elastic.torch``, or ``elastic.horovod``'s
+    names for them: ``horovod_checks``), from rank 1's different state."""
     torch.manual_seed(rank)  # every rank starts different
     model = nn.Linear(5, 3)
     opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
@@ -123,8 +125,8 @@ def check_broadcasts(rank: int) -> dict:
         model(torch.randn(2, 5)).sum().backward()
         opt.step()  # only rank 1 has Adam state
     weight = model.weight
-    et.broadcast_parameters(model.state_dict(), root_rank=1)
-    et.broadcast_optimizer_state(opt, root_rank=1)
+    api.broadcast_parameters(model.state_dict(), root_rank=1)
+    api.broadcast_optimizer_state(opt, root_rank=1)
     return {
         "params_same": same_everywhere(model),
         "same_object": model.weight is weight,
