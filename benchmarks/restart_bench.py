@@ -14,7 +14,9 @@ Failures (t0 = ``time.time()`` just before the failure; each configuration repea
 steps into it):
 
 * ``sigkill``: SIGKILL one worker of a world of 2 on this machine.
-  - ours: ``elastic-run --restart-workers -np 2``;
+  - ours: ``elastic-run --restart-workers -np 2``; ``ours-spares``: the same with
+    ``--spares 2`` (the new world's workers are warm spares that imported torch ahead
+    of need: ``driver.launch.world_spare``);
   - torchrun: ``torchrun --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d
     --rdzv-endpoint 127.0.0.1:PORT --max-restarts K`` (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
     as ``docs/DESIGN.md`` says). With ``--nnodes 1:2`` its agent's new rendezvous waits
@@ -25,8 +27,8 @@ steps into it):
   rebooted machine (its processes killed, its link restored) and the world grows back
   to 4 before the next cut.
   - ours: ``elastic-run --restart-workers -H A:2,B:2 -np 4 --min-np 2 --launcher ssh
-    --blacklist-cooldown-range 20 20``: B's agent's lease lapses (3 s), A's workers are
-    stopped and a world of 2 starts on A; once B's cooldown is over (B is back by then)
+    --blacklist-cooldown-range 20 20`` (``ours-spares``: and ``--spares 2``): B's
+    agent's lease lapses (3 s), A's workers are stopped and a world of 2 starts on A; once B's cooldown is over (B is back by then)
     the world grows back to 4;
   - torchrun: one agent per host, ``--nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d
     --rdzv-endpoint A:29400 --local-addr <host>`` (``GLOO_SOCKET_IFNAME=eth0``): A's
@@ -42,18 +44,20 @@ processes: imported, group formed, checkpoint loaded), and ours' ``world_stoppin
 (t0 to the driver's ``world_stopping``: the failure seen) and ``world_started_s``.
 
 One JSON line per configuration on stdout (nothing else):
-    {"bench": "restart", "failure": "sigkill"|"hostcut", "system": "ours"|"torchrun",
+    {"bench": "restart", "failure": "sigkill"|"hostcut",
+     "system": "ours"|"ours-spares"|"torchrun",
      "command", "definition", "failures", "median_s", "max_s", "samples", ...phases...,
      "phase_samples", "settings", "load_avg"[, "error"]}
 
     python benchmarks/restart_bench.py [--failures 3] [--parts sigkill hostcut]
-        [--systems ours torchrun]        # hostcut: run as root
+        [--systems ours ours-spares torchrun]        # hostcut: run as root
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -205,6 +209,15 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def spare_args(spares: int) -> list[str]:
+    """Ours' flags for ``spares`` warm spares per host (none: no flag)."""
+    return ["--spares", str(spares)] if spares else []
+
+
+def ours_name(spares: int) -> str:
+    return "ours-spares" if spares else "ours"
+
+
 def result_line(failure: str, system: str, command: Sequence[str], settings: dict) -> dict:
     return {
         "bench": "restart",
@@ -274,13 +287,13 @@ def first_event(run: ElasticRun, kind: str, t0: float) -> float | None:
 # --------------------------------------------------------------------------- sigkill
 
 
-def sigkill_ours(args: argparse.Namespace, tmp: Path, rng: random.Random) -> dict:
-    job_args = ["--restart-workers", "-np", "2", "python"]
-    command = [*job_args, *script_args(tmp / "ours-ckpt", args, None)]
-    result = result_line("sigkill", "ours", ["elastic-run", *command], {})
+def sigkill_ours(args: argparse.Namespace, tmp: Path, rng: random.Random, spares: int = 0) -> dict:
+    job_args = ["--restart-workers", "-np", "2", *spare_args(spares), "python"]
+    command = [*job_args, *script_args(tmp / f"ours{spares}-ckpt", args, None)]
+    result = result_line("sigkill", ours_name(spares), ["elastic-run", *command], {})
     samples: list[float] = []
     phases: dict[str, list] = {"ready": [], "world_stopping": [], "world_started": []}
-    run = TimedRun(command, tmp / "ours-sigkill", env={**os.environ, **THREAD_ENV})
+    run = TimedRun(command, tmp / f"ours{spares}-sigkill", env={**os.environ, **THREAD_ENV})
 
     def check() -> None:
         assert run.proc is not None
@@ -403,18 +416,19 @@ def sigkill_torchrun(args: argparse.Namespace, tmp: Path, rng: random.Random) ->
 # --------------------------------------------------------------------------- host cut
 
 
-def hostcut_ours(hosts: NetnsHosts, args: argparse.Namespace, tmp: Path) -> dict:
+def hostcut_ours(hosts: NetnsHosts, args: argparse.Namespace, tmp: Path, spares: int = 0) -> dict:
     a, b = hosts[0], hosts[1]
     job_args = [
         *("--restart-workers", "-H", f"{a.address}:2,{b.address}:2", "-np", "4"),
+        *spare_args(spares),
         # B stays out until A's world has recovered, then comes back (restored by then)
         *("--min-np", "2", "--launcher", "ssh", "--blacklist-cooldown-range", "20", "20"),
     ]
-    command = [*job_args, "python", *script_args(tmp / "ours-cut-ckpt", args, None)]
-    result = result_line("hostcut", "ours", ["elastic-run", *command], {})
+    command = [*job_args, "python", *script_args(tmp / f"ours{spares}-cut-ckpt", args, None)]
+    result = result_line("hostcut", ours_name(spares), ["elastic-run", *command], {})
     samples: list[float] = []
     phases: dict[str, list] = {"ready": [], "world_stopping": [], "world_started": []}
-    run = TimedRun(command, tmp / "ours-hostcut", env={**hosts.env(), **THREAD_ENV})
+    run = TimedRun(command, tmp / f"ours{spares}-hostcut", env={**hosts.env(), **THREAD_ENV})
 
     def check() -> None:
         assert run.proc is not None
@@ -556,7 +570,11 @@ def main() -> None:
         "--parts", nargs="+", default=["sigkill", "hostcut"], choices=["sigkill", "hostcut"]
     )
     ap.add_argument(
-        "--systems", nargs="+", default=["ours", "torchrun"], choices=["ours", "torchrun"]
+        "--systems",
+        nargs="+",
+        default=["ours", "ours-spares", "torchrun"],
+        choices=["ours", "ours-spares", "torchrun"],
+        help="ours-spares: ours with --spares 2 (each host keeps two warm spares)",
     )
     ap.add_argument(
         "--settle-steps", type=int, default=30, help="steps of every rank before a failure"
@@ -590,10 +608,12 @@ def main() -> None:
     rng = random.Random(args.seed)
     runs: dict[str, Callable[..., dict[str, Any]]] = {
         "ours": sigkill_ours,
+        "ours-spares": functools.partial(sigkill_ours, spares=2),
         "torchrun": sigkill_torchrun,
     }
     cuts: dict[str, Callable[..., dict[str, Any]]] = {
         "ours": hostcut_ours,
+        "ours-spares": functools.partial(hostcut_ours, spares=2),
         "torchrun": hostcut_torchrun,
     }
     with bench_workdir("restart-bench-", args.keep) as tmp:

@@ -48,6 +48,7 @@ from driver.hosts.slots import (
 )
 from driver.hosts.slurm import SLURM_JOB_ID
 from driver.join.settings import MAKE_SECRET, JoinSettings, default_job_id, join_settings
+from driver.launch.python_command import python_program
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
 from rendezvous.net.url import StoreURL, parse_store_url
@@ -216,15 +217,21 @@ def _snapshot_settings(directory: str | None, interval: float | None) -> tuple[s
     return directory, interval if interval is not None else interval_env
 
 
-def _check_restart_mode(args) -> None:
+def _check_restart_mode(args, command: Sequence[str]) -> None:
     """``--restart-workers`` runs programs that never call ``elastic.init()``: what only
-    such workers can do is refused, in one line naming the flag.
+    such workers can do is refused, in one line naming the flag. Its spares import a
+    Python program ahead of need: they need a command that is one.
 
     Raises:
         UsageError: a flag restart mode cannot honour.
     """
     refused = (
-        ("--spares", args.spares, "a spare waits inside elastic.init()"),
+        (
+            "--spares",
+            args.spares and python_program(command) is None,
+            "a spare imports a Python program ahead of need: the command must be "
+            "'python SCRIPT [ARG...]' or 'python -m MODULE [ARG...]'",
+        ),
         ("--num-ps", args.num_ps, "the ps shards serve elastic.ps clients"),
         (
             "--checkpoint-dir",
@@ -423,7 +430,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
             "--chaos-below-min-np needs --chaos-kill-interval (chaos is off without it)"
         )
     if args.restart_workers:
-        _check_restart_mode(args)
+        _check_restart_mode(args, command)
         checkpoint_dir, checkpoint_interval = None, DEFAULT_CHECKPOINT_INTERVAL
     else:
         checkpoint_dir, checkpoint_interval = _snapshot_settings(

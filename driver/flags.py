@@ -188,8 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
         "for the job): each runs COMMAND up to elastic.init(), registers and waits, "
         "in no round and on no slot. A failed worker's slot, or a slot added by "
         "discovery, goes to a spare of that host at once instead of a fresh "
-        "process, and a new spare starts behind it. Costs one idle process (its "
-        "memory) per spare (default: 0)",
+        "process, and a new spare starts behind it. With --restart-workers, each "
+        "imports what the Python program (python SCRIPT, python -m MODULE) imports "
+        "and waits, and a new world's worker on its host is a spare instead of a "
+        "fresh process. Costs one idle process (its memory) per spare (default: 0)",
     )
 
     hosts = p.add_argument_group("hosts")

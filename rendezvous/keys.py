@@ -205,6 +205,13 @@ class JobKeys:
         before their program runs."""
         return f"{self.worlds}{world}/master"
 
+    def world_seat(self, worker_id: str) -> str:
+        """The seat a warm spare of restart mode takes in a world (JSON of
+        ``rendezvous.plan.WorldSeat``): written by the driver when it gives the spare a
+        seat, read by the spare, which waits for nothing else (not under ``worlds``:
+        a spare waits across worlds, and its seat is written after they are cleared)."""
+        return f"{self.prefix}seat/{worker_id}"
+
     # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
     @property
     def agents(self) -> str:

@@ -324,6 +324,17 @@ class WorldMaster(JsonRecord):
 
 
 @dataclass(frozen=True)
+class WorldSeat(JsonRecord):
+    """A seat of world ``world`` given to a warm spare of restart mode, under
+    ``JobKeys.world_seat``: ``variables``, what a worker started in that seat is told
+    (its ranks and the world's sizes, as torchrun names them, and the job's own
+    variables for meeting rank 0)."""
+
+    world: int
+    variables: dict[str, str]
+
+
+@dataclass(frozen=True)
 class ProgressRecord(JsonRecord):
     """Training progress under ``JobKeys.progress``: the number of commits (``step``) of
     rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit.

@@ -22,11 +22,21 @@ from driver import policy
 from driver.errors import LauncherError, LaunchError
 from driver.job.context import JobContext
 from driver.job.lead import JobLead
-from driver.job.wiring import names_are_labels, worker_bind_host, worker_spec, world_spec
+from driver.job.wiring import (
+    names_are_labels,
+    seat_env,
+    worker_bind_host,
+    worker_spec,
+    world_spare_spec,
+    world_spec,
+)
 from driver.launch.spec import LaunchSpec
 from driver.policy import decisions as dec
 from driver.policy import lifecycle, planner
 from driver.policy.lifecycle import WorkerRecord
+from driver.policy.planner import Seat, World
+from rendezvous.plan import WorldSeat
+from rendezvous.store import Put
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +95,14 @@ class WorkerActions:
         services.claim.check()  # a driver that lost the lead makes no id, starts nothing
         worker_id = ctx.processes.new_id(host, f"s{slot}" if spare else slot)
         bind = self.bind_host(host)
-        spec = worker_spec(
-            ctx.config, ctx.secret, services.store_url, worker_id, host, slot, bind, spare
-        )
+        if spare and ctx.config.restart_workers:  # a spare that waits for a world's seat
+            spec = world_spare_spec(
+                ctx.config, ctx.secret, services.store_url, worker_id, host, slot, bind
+            )
+        else:
+            spec = worker_spec(
+                ctx.config, ctx.secret, services.store_url, worker_id, host, slot, bind, spare
+            )
         try:
             self.start_process(worker_id, host, slot, spec, spare)
         except LauncherError as exc:
@@ -121,7 +136,12 @@ class WorkerActions:
         lead.clear_worlds()
         started: list[str] = []
         failed: list[dec.Decision] = []
+        spares = policy.world_spares(world, ctx.state.workers)
         for seat in world.seats:
+            spare = spares.get(seat.rank)
+            if spare is not None:
+                started.append(self._seat_spare(spare, world, seat))
+                continue
             worker_id = ctx.processes.new_id(seat.host, seat.slot)
             bind = self.bind_host(seat.host)
             try:
@@ -145,6 +165,20 @@ class WorkerActions:
                 )
             )
         return failed
+
+    def _seat_spare(self, worker_id: str, world: World, seat: Seat) -> str:
+        """Give warm spare ``worker_id`` (restart mode) ``seat`` of ``world``: its seat
+        under ``JobKeys.world_seat``, where it waits, then its promotion. Returns its id.
+
+        Raises:
+            LeadershipLost: another driver leads the job.
+            RendezvousError: the store cannot be used.
+        """
+        ctx = self._ctx
+        record = WorldSeat(world.number, seat_env(ctx.config, world, seat))
+        ctx.services.steer([Put(ctx.keys.world_seat(worker_id), record.to_json())])
+        self.promote(dec.Promote(worker_id, seat.host, seat.slot))
+        return worker_id
 
     def promote(self, decision: dec.Promote) -> Decisions:
         state, now = self._ctx.state, self._ctx.clock()

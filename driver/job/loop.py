@@ -344,6 +344,10 @@ class Job:
             self._retire_agents(view)
             self._step(policy.no_hosts(self.book, view, cfg, now))
             self._step(policy.world_rule(records, self.plan, self.book, view, cfg, now))
+            self._apply(policy.spares_to_stop(records, view.usable))
+            self._apply(
+                policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
+            )
             return
         self._apply(policy.workers_to_stop(records, view.usable, self.plan, view.blacklisted, now))
         self._apply(policy.spares_to_stop(records, view.usable))

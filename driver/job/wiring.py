@@ -133,15 +133,47 @@ def world_spec(
         **job_env(config, secret, store_url),
         env.ENV_WORKER_ID: worker_id,
         env.ENV_HOST: seat.host,
-        env.ENV_SLOT: str(seat.slot),
         env.ENV_BIND_HOST: bind_host,
-        env.ENV_ROUND_TIMEOUT: f"{config.start_timeout:g}",
-        env.ENV_WORLD: str(world.number),
-        **torchrun_env(config.job_id, world, seat, config.reset_limit),
+        **seat_env(config, world, seat),
     }
     command = (sys.executable, "-m", "driver.launch.world_entry", "--", *config.command)
     spec = worker_spec(config, secret, store_url, worker_id, seat.host, seat.slot, bind_host)
     return replace(spec, command=command, env=variables)
+
+
+def seat_env(config: JobConfig, world: World, seat: Seat) -> dict[str, str]:
+    """What the worker in ``seat`` of ``world`` is told of its seat (pure): its slot,
+    torchrun's variables, its world's number and how long it waits for rank 0
+    (``--start-timeout``). A warm spare given the seat is told the same
+    (``rendezvous.plan.WorldSeat``)."""
+    return {
+        env.ENV_SLOT: str(seat.slot),
+        env.ENV_ROUND_TIMEOUT: f"{config.start_timeout:g}",
+        env.ENV_WORLD: str(world.number),
+        **torchrun_env(config.job_id, world, seat, config.reset_limit),
+    }
+
+
+def world_spare_spec(
+    config: JobConfig,
+    secret: str,
+    store_url: str,
+    worker_id: str,
+    host: str,
+    index: int,
+    bind_host: str,
+) -> LaunchSpec:
+    """The launch of warm spare ``index`` of ``host`` in restart mode: the job's command
+    behind ``python -m driver.launch.world_spare``, which imports what the program
+    imports, registers, and waits for a seat in a world (``seat_env``, under
+    ``JobKeys.world_seat``); labelled ``host#I`` and logged as any spare.
+
+    Raises:
+        LaunchSpecError: the command or an environment value is unusable.
+    """
+    command = (sys.executable, "-m", "driver.launch.world_spare", "--", *config.command)
+    spec = worker_spec(config, secret, store_url, worker_id, host, index, bind_host, spare=True)
+    return replace(spec, command=command)
 
 
 def snapshot_env(config: JobConfig) -> dict[str, str]:

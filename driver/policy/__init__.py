@@ -81,6 +81,7 @@ from driver.policy.restarts import (
     world_launch_failed,
     world_outcome,
     world_rule,
+    world_spares,
 )
 from driver.policy.rounds import (
     FINISH_GRACE,
@@ -180,6 +181,7 @@ __all__ = [
     "world_outcome",
     "world_host_preempted",
     "world_launch_failed",
+    "world_spares",
     "QUICK_FAILURE",
     "QUICK_FAILURES",
     # suspicion

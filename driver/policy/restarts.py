@@ -42,6 +42,12 @@ The rules (``world_rule``, asked after every message instead of the round rules)
 * A preempted host (``world_host_preempted``) leaves the job for its cooldown, its
   workers stopped at once: there is no snapshot of ours to wait for (the script keeps
   its own checkpoints).
+* Warm spares (``--spares N``; ``driver.launch.world_spare``): each usable host keeps
+  ``N`` processes that have imported what the program imports and wait for a seat
+  (the pool's rules are ``driver.policy.spares``'). A world's seat goes to a
+  registered spare of its host (``world_spares``; the longest registered first), else
+  to a fresh process. A spare is in no world until it takes a seat: it is no stray,
+  and the next world does not wait for it to exit.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from driver.policy.decisions import (
     Fail,
     HostLost,
     HostsView,
+    Promote,
     Report,
     StartWorld,
     Step,
@@ -67,6 +74,8 @@ from driver.policy.decisions import (
     WorldEnd,
 )
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
+from driver.policy.planner import WorkerSlot, World
+from driver.policy.spares import fill_slots
 from rendezvous.plan import Member, Plan
 
 #: seconds after a world's start within which a worker's error exit counts as the script
@@ -95,7 +104,7 @@ def world_rule(
     if plan is not None and book.world_end is not None:
         why = f"world {plan.round_id} stops: {book.world_end.reason}"
         decisions += [Stop(w, why) for w in members if workers[w].state.active]
-    if any(r.state.running for r in workers.values()):
+    if any(r.state.running and not r.spare for r in workers.values()):
         return Step(tuple(decisions), book)  # their exits are messages: the loop wakes
     if plan is not None and book.world_end is None:
         return Step(tuple(decisions), book)  # every worker exited 0: ``world_outcome``
@@ -143,6 +152,18 @@ def world_host_preempted(workers: Workers, host: str) -> list[Decision]:
     here = sorted(r.worker_id for r in workers.values() if r.host == host and r.state.running)
     stops = [Stop(w, f"its host {host} was preempted") for w in here if workers[w].state.active]
     return [Report(HostPreempted(host, here, snapshot=False)), HostLost(host, "preempted"), *stops]
+
+
+def world_spares(world: World, workers: Workers) -> dict[int, str]:
+    """The registered spares that take seats of ``world``, by rank: on each host, its
+    seats in rank order to its spares longest registered first, as long as it has
+    any (see the module docstring)."""
+    slots = [WorkerSlot(seat.host, seat.slot) for seat in world.seats]
+    return {
+        seat.rank: d.worker_id
+        for seat, d in zip(world.seats, fill_slots(slots, workers))
+        if isinstance(d, Promote)
+    }
 
 
 def world_launch_failed(book: Book, reason: str) -> Book:
@@ -232,7 +253,7 @@ def _strays(workers: Workers, members: Sequence[str]) -> list[Stop]:
     return [
         Stop(r.worker_id, "it is in no world of this driver's")
         for r in workers.values()
-        if r.state.active and r.worker_id not in members
+        if r.state.active and not r.spare and r.worker_id not in members
     ]
 
 

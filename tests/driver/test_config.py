@@ -531,7 +531,6 @@ def test_restart_workers_is_a_mode_of_the_job_with_the_usual_flags():
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (("--spares", "1"), "--spares"),
         (("--num-ps", "1"), "--num-ps"),
         (("--checkpoint-dir", "/tmp/x"), "--checkpoint-dir"),
         (("--on-state-lost", "restart"), "--on-state-lost restart"),
@@ -540,6 +539,19 @@ def test_restart_workers_is_a_mode_of_the_job_with_the_usual_flags():
 def test_restart_workers_refuses_what_only_elastic_workers_can_do(flags, named):
     with pytest.raises(UsageError, match=f"^{named} does not go with --restart-workers: "):
         parse("--restart-workers", "-np", "2", *flags, *CMD)
+
+
+def test_restart_workers_takes_spares_for_a_python_program_only():
+    """A spare of restart mode imports the program ahead of need: it must be one."""
+    for command in (
+        CMD,
+        ["python3", "-m", "pkg.train", "--lr", "1"],
+        ["/usr/bin/python3.11", "t.py"],
+    ):
+        assert parse("--restart-workers", "-np", "2", "--spares", "2", *command).spares == 2
+    for command in (["./train.sh"], ["python", "-u", "t.py"], ["python", "-c", "pass"]):
+        with pytest.raises(UsageError, match=r"^--spares does not go with --restart-workers: "):
+            parse("--restart-workers", "-np", "2", "--spares", "1", *command)
 
 
 def test_restart_workers_ignores_a_checkpoint_dir_in_the_environment(monkeypatch, tmp_path):

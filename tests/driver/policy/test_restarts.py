@@ -261,6 +261,23 @@ def test_workers_of_no_world_are_stopped_and_waited_for_before_a_world_starts():
     )
 
 
+def test_registered_spares_take_their_hosts_seats_and_are_no_strays():
+    """Warm spares (``--spares``) wait across worlds: the next world starts without
+    waiting for them, a registered one takes a seat of its own host (longest
+    registered first), a spare still starting does not."""
+    cfg = config("-np", "3", "--spares", "2")
+    spare = WorkerRecord.launched("s", "a", 0, T0, spare=True)
+    spares = {
+        "a-old": replace(spare, worker_id="a-old", state=S.REGISTERED, registered_seq=1),
+        "a-new": replace(spare, worker_id="a-new", slot=1, state=S.REGISTERED, registered_seq=5),
+        "b-cold": replace(spare, worker_id="b-cold", host="b"),  # not registered yet
+    }
+    step = restarts.world_rule(spares, None, Book(started_at=T0), hosts("a:2,b:1"), cfg, T0)
+    (start,) = step.decisions  # no Stop: a spare is in no world, yet no stray
+    world = start_of(start).world
+    assert restarts.world_spares(world, spares) == {0: "a-old", 1: "a-new"}
+
+
 # ----------------------------------------------------------------------------- limits
 
 

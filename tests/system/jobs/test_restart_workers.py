@@ -86,12 +86,15 @@ def starts(output: str) -> list[tuple[int, int, int]]:
 
 @pytest.mark.timeout(90)
 def test_a_torchrun_script_runs_unchanged_and_a_sigkill_restarts_the_whole_world(tmp_path):
+    """With ``--spares 2`` the restarted world is the warm spares, which imported torch
+    ahead of need (the first world starts fresh, before any spare)."""
     import torch
 
     ckpt = tmp_path / "ckpt"
     command = ["python", str(EXAMPLE), str(ckpt), "--epochs", str(EPOCHS)]
-    args = ["--restart-workers", "-np", "2", *command, "--batch-size", str(BATCH)]
+    args = ["--restart-workers", "-np", "2", "--spares", "2", *command, "--batch-size", str(BATCH)]
     with ElasticRun(args, tmp_path, env=THREADS) as run:
+        run.wait_event("spare_ready", timeout=60, after=1)  # both spares ready
         run.wait_output(r"^\[0\] epoch 1:", timeout=60)  # two epochs checkpointed
         world = run.events("world_started")[0]
         victim = run.worker_pids()[world["members"][1]]
@@ -101,7 +104,10 @@ def test_a_torchrun_script_runs_unchanged_and_a_sigkill_restarts_the_whole_world
         stopping = run.events("world_stopping")
         worlds = [(e["world"], e["restarts"], e["size"]) for e in run.events("world_started")]
         done = run.events("job_done")
+        promoted = {e["worker"] for e in run.events("spare_promoted")}
+        second = set(run.events("world_started")[1]["members"])
     assert worlds == [(1, 0, 2), (2, 1, 2)]
+    assert promoted == second  # both seats went to the spares
     assert len(stopping) == 1 and stopping[0]["failure"]
     assert "killed by SIGKILL" in stopping[0]["reason"]
     assert done and done[0]["world"] and done[0]["resets"] == 1
