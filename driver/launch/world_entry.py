@@ -187,14 +187,23 @@ def run(command: Sequence[str], variables: Mapping[str, str]) -> int:
         return next((code for kind, code in CANNOT_RUN.items() if isinstance(exc, kind)), 126)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Meet rank 0, then become the command (see the module docstring); the exit code
-    when the command never ran."""
+def command_line(argv: Sequence[str] | None, module: str) -> list[str] | None:
+    """The command after ``--`` in ``argv`` (default: this process's arguments); None,
+    after the usage line of ``module`` on stderr, when there is none."""
     command = list(sys.argv[1:] if argv is None else argv)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("usage: python -m driver.launch.world_entry -- COMMAND [ARG...]", file=sys.stderr)
+        print(f"usage: python -m {module} -- COMMAND [ARG...]", file=sys.stderr)
+        return None
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Meet rank 0, then become the command (see the module docstring); the exit code
+    when the command never ran."""
+    command = command_line(argv, "driver.launch.world_entry")
+    if command is None:
         return 2
     environ = dict(os.environ)
     try:

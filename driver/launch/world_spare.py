@@ -43,6 +43,7 @@ from driver.launch import python_command
 from driver.launch.python_command import PythonProgram
 from driver.launch.world_entry import (
     Entry,
+    command_line,
     gloo_interface,
     meet_master,
     program_env,
@@ -170,11 +171,8 @@ def _give_up(why: str) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     """Warm up, wait for a seat, then run the command in it (see the module docstring);
     the exit code when the command did not run here."""
-    command = list(sys.argv[1:] if argv is None else argv)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    if not command:
-        print("usage: python -m driver.launch.world_spare -- COMMAND [ARG...]", file=sys.stderr)
+    command = command_line(argv, "driver.launch.world_spare")
+    if command is None:
         return 2
     environ = dict(os.environ)
     orphan_watch = exit_when_orphaned()
