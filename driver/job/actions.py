@@ -158,6 +158,7 @@ class WorkerActions:
                 break  # the world cannot be whole: its others would only wait for rank 0
             started.append(worker_id)
         lead.publish_world(planner.world_plan(world, started))
+        ctx.state.book = policy.spares_held_for_world(ctx.state.book, world.hosts, ctx.clock())
         if not failed:
             ctx.events.emit(
                 ev.WorldStarted(
@@ -185,7 +186,8 @@ class WorkerActions:
         rec = state.workers[decision.worker_id]
         self._ctx.events.emit(policy.promotion_event(rec, decision.slot, now))
         state.workers[rec.worker_id] = lifecycle.promoted(rec, decision.slot, now)
-        state.book = policy.spare_promoted(state.book.changed(now), rec.host, now)
+        whole_world = self._ctx.config.restart_workers
+        state.book = policy.spare_promoted(state.book.changed(now), rec.host, now, whole_world)
         return ()
 
     def kill(self, decision: dec.Kill) -> Decisions:

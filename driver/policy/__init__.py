@@ -105,6 +105,7 @@ from driver.policy.spares import (
     spare_exited,
     spare_launch_failed,
     spare_promoted,
+    spares_held_for_world,
     spares_to_launch,
     spares_to_stop,
 )
@@ -168,6 +169,7 @@ __all__ = [
     "spare_exited",
     "spare_launch_failed",
     "spare_promoted",
+    "spares_held_for_world",
     "SPARE_RETRY_DELAY",
     "SPARE_REFILL_DELAY",
     # preemption

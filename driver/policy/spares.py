@@ -17,7 +17,8 @@ The rules:
   a missing one is launched (``LaunchSpare``), none once training is done. Not at
   once after a promotion on the host (``spare_promoted``): ``SPARE_REFILL_DELAY``
   later, so that the new spare's start and imports do not take the CPU from the world
-  being re-formed with the promoted one. None on a host where a spare died before
+  being re-formed with the promoted one (``WORLD_SPARE_REFILL_DELAY`` in restart
+  mode, where a whole world starts its program). None on a host where a spare died before
   registering less than ``SPARE_RETRY_DELAY`` ago (a script that never reaches
   ``init()`` there would otherwise be started again in a loop). A ``Wait`` says when.
 * Hosts (``spares_to_stop``): spares run only on usable hosts: a spare whose host left
@@ -61,6 +62,9 @@ SPARE_RETRY_DELAY = 5.0
 #: after a spare of a host was promoted, how long before its replacement starts (the
 #: re-formed round's first steps first: a process start and its imports take a core)
 SPARE_REFILL_DELAY = 1.0
+#: the same in restart mode: every worker of the host starts its program at once there
+#: (its group, its checkpoint), and a spare's imports would take the CPU from them
+WORLD_SPARE_REFILL_DELAY = 5.0
 
 
 def fill_slots(free: Sequence[WorkerSlot], workers: Workers) -> list[Launch | Promote]:
@@ -98,10 +102,20 @@ def _held(book: Book, host: str, until: float, now: float) -> Book:
     return replace(book, spare_holds=tuple(sorted(holds.items())))
 
 
-def spare_promoted(book: Book, host: str, now: float) -> Book:
+def spare_promoted(book: Book, host: str, now: float, whole_world: bool = False) -> Book:
     """A spare of ``host`` was promoted at ``now``: its replacement waits
-    ``SPARE_REFILL_DELAY``."""
-    return _held(book, host, now + SPARE_REFILL_DELAY, now)
+    ``SPARE_REFILL_DELAY``, or (``whole_world``: restart mode, where a whole world
+    starts on the host and forms its process group) ``WORLD_SPARE_REFILL_DELAY``."""
+    delay = WORLD_SPARE_REFILL_DELAY if whole_world else SPARE_REFILL_DELAY
+    return _held(book, host, now + delay, now)
+
+
+def spares_held_for_world(book: Book, hosts: Sequence[str], now: float) -> Book:
+    """Restart mode: a world started at ``now`` on ``hosts``; no spare starts there for
+    ``WORLD_SPARE_REFILL_DELAY`` (its workers are starting their program)."""
+    for host in hosts:
+        book = _held(book, host, now + WORLD_SPARE_REFILL_DELAY, now)
+    return book
 
 
 def spares_to_launch(
