@@ -114,6 +114,7 @@ class RingCommunicator(Communicator):
         self._pending_close: tuple[int, str] | None = None
         self._news = threading.Event()  # set once a close notice came or we broke
         self._monitor: FailureMonitor | None = None
+        self._connector: Connector | None = None  # its dials end when this breaks
         self._transport: Transport = LocalTransport()  # a world of one; else set up below
         self._seq = 0
         self._outputs = OutputCache()
@@ -170,6 +171,10 @@ class RingCommunicator(Communicator):
         settings, links = self._settings, self._links
         deadline = time.monotonic() + settings.connect_timeout
         connector = Connector(self._membership, self._listener, deadline, self._stop_reason)
+        with self._lock:
+            self._connector = connector
+            if self._error is not None:  # broke meanwhile: no dial starts
+                connector.abort(self._error[1])
         data_left, data_right, ctrl_left, ctrl_right = links.connect(
             connector.dial, connector.claim, settings.connect_timeout, self._check
         )
@@ -253,6 +258,8 @@ class RingCommunicator(Communicator):
             if relay:
                 self._links.notify(relay)
             self._links.shutdown()
+            if self._connector is not None:
+                self._connector.abort(msg)
             self._transport.abort(orderly)
             if self._monitor is not None:
                 self._monitor.stop()

@@ -20,7 +20,7 @@ from typing import Callable
 
 from elastic.comm import wire
 from elastic.comm.base import Membership
-from elastic.comm.peers.listener import RingListener, StopCheck, dial
+from elastic.comm.peers.listener import InFlightDials, RingListener, StopCheck, dial
 from elastic.errors import LossCause, PeerLostError
 
 Connect = Callable[[int, int], socket.socket]
@@ -34,7 +34,8 @@ Check = Callable[[], None]
 class Connector:
     """Authenticated connections between ``membership``'s members for its round, made
     through this worker's ``listener`` before ``deadline`` (monotonic), given up early
-    when ``stop()`` gives a reason. The caller owns every socket it gets."""
+    when ``stop()`` gives a reason, and at once on ``abort``. The caller owns every
+    socket it gets."""
 
     def __init__(
         self, membership: Membership, listener: RingListener, deadline: float, stop: StopCheck
@@ -43,6 +44,13 @@ class Connector:
         self._listener = listener
         self._deadline = deadline
         self._stop = stop
+        self._dials = InFlightDials()
+
+    def abort(self, reason: str) -> None:
+        """End every dial under way and to come (``InFlightDials.abort``): what breaks the
+        communicator being built calls it, so that no dial waits on a vanished peer.
+        Never blocks. (A ``claim`` ends within its poll of ``stop()``.)"""
+        self._dials.abort(reason)
 
     def dial(self, rank: int, channel: int) -> socket.socket:
         """A connection to member ``rank``'s listener (see ``listener.dial``)."""
@@ -57,6 +65,7 @@ class Connector:
             m.size,
             self._deadline,
             self._stop,
+            self._dials,
         )
 
     def claim(self, rank: int, channel: int) -> socket.socket:

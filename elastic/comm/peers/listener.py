@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Callable, Protocol
 
 from elastic.comm import wire
@@ -370,6 +371,58 @@ class RingListener:
                 conn.close()
 
 
+class InFlightDials:
+    """The sockets that one communicator's dials still wait on (a connect, a handshake,
+    a verdict), so that the communicator, once it breaks, wakes them at once.
+
+    A peer whose host vanished (cut off: no FIN, no RST) answers nothing: without this a
+    dial under way would wait for it until the setup's deadline (the connect timeout,
+    30 s by default), however soon a newer round made the dial pointless; the waits of
+    ``claim`` and of the neighbour links already end with the round.
+    """
+
+    def __init__(self) -> None:
+        # Re-entrant: abort() may run in a signal handler (a communicator's close) that
+        # interrupted this thread inside one of the short locked sections.
+        self._lock = threading.RLock()
+        self._socks: set[socket.socket] = set()
+        self._reason: str | None = None
+        self.aborted = threading.Event()  # (a dial's pause between attempts ends too)
+
+    @property
+    def reason(self) -> str | None:
+        """Why the dials were aborted, or None while they may go on."""
+        return self._reason
+
+    def abort(self, reason: str) -> None:
+        """Shut down every socket a dial waits on (its connect or read fails at once), and
+        refuse new ones. The first reason stays; never blocks."""
+        with self._lock:
+            if self._reason is None:
+                self._reason = reason
+            self.aborted.set()
+            for sock in self._socks:  # (under the lock: none is closed meanwhile)
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    @contextlib.contextmanager
+    def holding(self, sock: socket.socket) -> Iterator[socket.socket]:
+        """``sock`` woken by ``abort`` while the block runs.
+
+        Raises:
+            CommunicatorClosedError: already aborted (``sock`` is not used).
+        """
+        with self._lock:
+            if self._reason is not None:
+                raise CommunicatorClosedError(self._reason)
+            self._socks.add(sock)
+        try:
+            yield sock
+        finally:
+            with self._lock:
+                self._socks.discard(sock)
+
+
 def dial(
     address: str,
     secret: str,
@@ -380,49 +433,51 @@ def dial(
     world: int,
     deadline: float,
     stop: StopCheck,
+    dials: InFlightDials | None = None,
 ) -> socket.socket:
     """Connect to rank ``dst_rank``'s listener at ``address`` and complete the handshake,
     retrying refused connections (pauses from 0.01 s doubling to 0.25 s) until
-    ``deadline`` (monotonic). The caller owns the socket (blocking, no timeout).
+    ``deadline`` (monotonic). ``dials.abort()`` ends it at once, whatever it waits on.
+    The caller owns the socket (blocking, no timeout).
 
     Raises:
         RendezvousConfigError: ``address`` is not ``HOST:PORT``.
-        CommunicatorClosedError: ``stop()`` gave a reason, or the peer already runs a
-            newer round.
+        CommunicatorClosedError: ``stop()`` gave a reason, ``dials`` were aborted, or the
+            peer already runs a newer round.
         RendezvousAuthError: the listener cannot prove the job secret.
         TimeoutError: at the deadline (the message names the last error).
     """
     target = Endpoint.parse(address, f"rank {dst_rank}'s ring address").sockaddr
-    backoff = Backoff(deadline, initial=0.01, cap=0.25)
+    family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
+    in_flight = dials if dials is not None else InFlightDials()
+    backoff = Backoff(deadline, initial=0.01, cap=0.25, stop=in_flight.aborted)
     last = "no attempt"
     while True:
-        why = stop()
+        why = stop() or in_flight.reason
         if why:
             raise CommunicatorClosedError(why)
         remaining = backoff.remaining()
         if remaining <= 0:
             raise TimeoutError(f"could not connect to rank {dst_rank} at {address}: {last}")
-        try:
-            sock = socket.create_connection(target, timeout=min(remaining, 5.0))
-        except OSError as e:
-            last = str(e) or type(e).__name__
-            backoff.pause(clip=True)
-            continue
         ok = False
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            tune_socket(sock)
-            hello = wire.encode_hello(
-                wire.Hello(channel, round_id, src_rank, dst_rank, world, make_nonce())
-            )
-            client_handshake(
-                sock,
-                secret,
-                hello,
-                wire.HANDSHAKE,
-                deadline=deadline,
-                peer=f"the listener at {address} (rank {dst_rank})",
-            )
-            verdict = recv_exact(sock, 1, deadline)[0]
+            with in_flight.holding(sock):
+                sock.settimeout(min(remaining, 5.0))
+                sock.connect(target)
+                tune_socket(sock)
+                hello = wire.encode_hello(
+                    wire.Hello(channel, round_id, src_rank, dst_rank, world, make_nonce())
+                )
+                client_handshake(
+                    sock,
+                    secret,
+                    hello,
+                    wire.HANDSHAKE,
+                    deadline=deadline,
+                    peer=f"the listener at {address} (rank {dst_rank})",
+                )
+                verdict = recv_exact(sock, 1, deadline)[0]
             if verdict == wire.VERDICT_OK:
                 ok = True
                 sock.settimeout(None)

@@ -259,6 +259,37 @@ def test_newer_round_aborts_a_communicator_still_being_built(listeners, secret):
 
 
 @pytest.mark.timeout(30)
+def test_newer_round_aborts_a_dial_to_a_peer_that_went_silent_mid_handshake(listeners, secret):
+    """A neighbour's host cut off the network just after its kernel took the connection:
+    the dial waits for a handshake answer that never comes. A newer round must end that
+    wait at once, not at the connect deadline (the Slurm cut test's 30 s stall)."""
+    (lst,) = listeners(1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)  # the kernel completes connections; nobody ever answers
+        right = f"127.0.0.1:{silent.getsockname()[1]}"
+        settings = CommSettings(connect_timeout=30, transport="tcp")
+        result: dict[str, BaseException] = {}
+
+        def build():
+            try:
+                RingCommunicator(Membership(1, 0, (lst.address, right), secret), lst, settings)
+            except Exception as e:  # noqa: BLE001 - checked below
+                result["error"] = e
+
+        building = threading.Thread(target=build, daemon=True)
+        building.start()
+        building.join(0.3)  # (the dial is connected and waits for the answer by now)
+        t0 = time.monotonic()
+        lst.advance(2)
+        building.join(5)
+        assert not building.is_alive(), "the dial waited for its connect deadline"
+        assert time.monotonic() - t0 < 1.0
+        assert isinstance(result["error"], CommunicatorClosedError)
+        assert "superseded by round 2" in str(result["error"])
+
+
+@pytest.mark.timeout(30)
 def test_building_a_newer_round_closes_the_older_communicator(listeners, secret):
     lsts = listeners(2)
     old = Built(lsts, 1, secret).join()
