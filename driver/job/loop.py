@@ -264,6 +264,7 @@ class Job:
                 agent_env=job_env(cfg, self.secret, self.store_url),
                 term=self._services.leader_term,
                 on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
+                on_host_ready=lambda host: self.post(msg.AgentReady(host)),
                 patience=cfg.elastic_timeout,
                 steer=self._services.steer,
             )
@@ -343,7 +344,8 @@ class Job:
         if cfg.restart_workers:  # whole worlds instead of rounds (driver.policy.restarts)
             self._retire_agents(view)
             self._step(policy.no_hosts(self.book, view, cfg, now))
-            self._step(policy.world_rule(records, self.plan, self.book, view, cfg, now))
+            ready = self._agents.ready_hosts([h.host for h in view.usable])
+            self._step(policy.world_rule(records, self.plan, self.book, view, cfg, now, ready))
             self._apply(policy.spares_to_stop(records, view.usable))
             self._apply(
                 policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
@@ -409,6 +411,10 @@ class Job:
 
     def _retire_agent(self, decision: dec.RetireAgent) -> Sequence[dec.Decision]:
         self._agents.retire(decision.host)
+        return ()
+
+    def _prepare_host(self, decision: dec.PrepareHost) -> Sequence[dec.Decision]:
+        self._agents.prepare(decision.host)
         return ()
 
     def _wait(self, decision: dec.Wait) -> Sequence[dec.Decision]:
@@ -504,6 +510,7 @@ _DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     dec.RetireAgent: Job._retire_agent,
     dec.SnapshotNow: lambda job, d: job._snapshot_now(d),
     dec.StartWorld: lambda job, d: job._actions.start_world(d, job._lead),
+    dec.PrepareHost: Job._prepare_host,
 }
 
 _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
@@ -513,6 +520,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.FailureReport: lambda job, m: job._messages.on_failure_report(m),
     msg.ProbeAnswered: lambda job, m: job._messages.on_probe_answered(m),
     msg.AgentLost: lambda job, m: job._messages.on_agent_lost(m),
+    msg.AgentReady: lambda job, m: (),  # the rules' next turn sees the host ready
     # Missed reports are hints superseded by process exits: nothing to catch up on.
     msg.FailureResync: lambda job, m: job._messages.on_failure_resync(m),
     msg.HostsFound: Job._hosts_found,

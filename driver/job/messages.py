@@ -92,6 +92,13 @@ class AgentLost:
 
 
 @dataclass(frozen=True)
+class AgentReady:
+    """The agent of ``host`` registered: processes can be started there."""
+
+    host: str
+
+
+@dataclass(frozen=True)
 class HostsFound:
     """A discovery run listed ``hosts``."""
 
@@ -189,6 +196,7 @@ Message = Union[
     FailureResync,
     ProbeAnswered,
     AgentLost,
+    AgentReady,
     HostsFound,
     DiscoveryFailed,
     SignalReceived,

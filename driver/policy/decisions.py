@@ -169,6 +169,14 @@ class StartWorld:
     seconds: float
 
 
+@dataclass(frozen=True)
+class PrepareHost:
+    """Make ``host`` ready to take processes (restart mode: start its agent ahead of
+    the world that would grow onto it; ``AgentService.prepare``)."""
+
+    host: str
+
+
 Decision = Union[
     Publish,
     Wait,
@@ -187,6 +195,7 @@ Decision = Union[
     SnapshotNow,
     RetireAgent,
     StartWorld,
+    PrepareHost,
 ]
 
 

@@ -23,7 +23,13 @@ The rules (``world_rule``, asked after every message instead of the round rules)
   - a worker was stopped (its host preempted) or its slot left the job (discovery
     removed its host or slot): not a failure;
   - the usable slots would make a bigger world (discovery added a host, a blacklisted
-    host came back), as long as no worker of it has finished: not a failure.
+    host came back), as long as no worker of it has finished: not a failure. Only a
+    host *ready* to take processes counts: one whose processes go through an agent
+    once its agent is live. Until then the world goes on and the host's agent is
+    started beside it (``PrepareHost``): a host still listed but dead (a node cut off
+    whose cooldown ended while the cluster still lists it) would otherwise stop a
+    healthy world for a launch that fails, again after every cooldown. An agent that
+    cannot start makes its host lost (its cooldown again), the world untouched.
 
 * Between worlds (``_next_world``): the next world starts once no worker of the job
   runs (a world never overlaps the one before: its ports, devices and files are free),
@@ -64,6 +70,7 @@ from driver.policy.decisions import (
     Fail,
     HostLost,
     HostsView,
+    PrepareHost,
     Promote,
     Report,
     StartWorld,
@@ -88,15 +95,24 @@ _FAILED = (WorkerState.FAILED, WorkerState.KILLED, WorkerState.CHAOS_KILLED)
 
 
 def world_rule(
-    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+    workers: Workers,
+    plan: Plan | None,
+    book: Book,
+    hosts: HostsView,
+    config: JobConfig,
+    now: float,
+    ready: frozenset[str] | None = None,
 ) -> Step:
     """What to do about the current world (``plan``), or the next one (see the module
     docstring): stop the workers of a world that ends, start the next once every
-    worker of the job is gone, wait, or give up."""
+    worker of the job is gone, wait, or give up. ``ready``: the usable hosts that can
+    take a process now (None: all of them)."""
     members = plan.worker_ids if plan is not None else ()
     decisions: list[Decision] = list(_strays(workers, members))
     if plan is not None and book.world_end is None:
-        end = world_end(workers, plan, hosts, config)
+        ready = ready if ready is not None else frozenset(h.host for h in hosts.usable)
+        decisions += [PrepareHost(h.host) for h in hosts.usable if h.host not in ready]
+        end = world_end(workers, plan, hosts, config, ready)
         if end is not None:
             quick = book.quick_failures + 1 if _failed_as_it_started(workers, plan, now) else 0
             book = replace(book, world_end=end, quick_failures=quick)
@@ -112,9 +128,16 @@ def world_rule(
     return Step((*decisions, *step.decisions), step.book)
 
 
-def world_end(workers: Workers, plan: Plan, hosts: HostsView, config: JobConfig) -> WorldEnd | None:
+def world_end(
+    workers: Workers,
+    plan: Plan,
+    hosts: HostsView,
+    config: JobConfig,
+    ready: frozenset[str] | None = None,
+) -> WorldEnd | None:
     """Why the world of ``plan`` must end now, None while it may go on (see the module
-    docstring); a failure comes first, so that it is counted."""
+    docstring); a failure comes first, so that it is counted. The world grows only
+    onto usable hosts that are ``ready`` (None: all of them)."""
     members = [(m, workers[m.worker_id]) for m in plan.members]
     for m, r in members:
         if r.state in _FAILED:
@@ -127,7 +150,8 @@ def world_end(workers: Workers, plan: Plan, hosts: HostsView, config: JobConfig)
         if r.state.running and (m.host, m.slot) not in allowed:
             return WorldEnd(f"the slot of {_label(m)} left the job", failure=False)
     if not any(r.state is WorkerState.FINISHED for _, r in members):
-        usable = len(planner.world_slots(hosts.usable, config.max_np))
+        growable = [h for h in hosts.usable if ready is None or h.host in ready]
+        usable = len(planner.world_slots(growable, config.max_np))
         if usable > plan.size:
             return WorldEnd(
                 f"{usable} slots are usable: the world grows from {plan.size}", failure=False

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Callable
 
-from driver.errors import LaunchError, LeadershipLost
+from driver.errors import LauncherError, LaunchError, LeadershipLost
 from driver.launch.agents.assigned import AssignedProcess
 from driver.launch.agents.handle import AgentProcess, agent_command, reap_agent
 from driver.launch.agents.service import AgentService, AgentWiring
@@ -115,6 +115,8 @@ class AgentLauncher(Launcher, AgentService):
         self._keys = JobKeys(job_id)
         self._term: Callable[[], int] = lambda: 1
         self._on_host_lost: Callable[[str, str], None] = lambda host, detail: None
+        self._on_host_ready: Callable[[str], None] = lambda host: None
+        self._preparing: set[str] = set()  # hosts whose agent ``prepare`` is starting
         self._closing = False
         self._shards = 0
         self._following = False
@@ -135,6 +137,7 @@ class AgentLauncher(Launcher, AgentService):
         """
         self._store, self._term = wiring.store, wiring.term
         self._on_host_lost = wiring.on_host_lost
+        self._on_host_ready = wiring.on_host_ready
         self._fenced = wiring.steer
         self._agent_env = dict(wiring.agent_env)
         self._patience = wiring.patience
@@ -219,6 +222,37 @@ class AgentLauncher(Launcher, AgentService):
             return frozenset(
                 self._hosts_of[p] for p, h in self._handles.items() if h.returncode is None
             )
+
+    def ready_hosts(self, hosts: Sequence[str]) -> frozenset[str]:
+        """See ``AgentService.ready_hosts``."""
+        with self._lock:  # live and registered: one still starting takes nothing yet
+            up = {h for h, a in self._agents.items() if a.alive and a.registered.is_set()}
+        return frozenset(
+            h for h in hosts if self._store is None or not self._use_agent(h) or h in up
+        )
+
+    def prepare(self, host: str) -> None:
+        """See ``AgentService.prepare``."""
+        if self._store is None or not self._use_agent(host):
+            return
+        with self._lock:
+            agent = self._agents.get(host)
+            if host in self._preparing or (agent is not None and agent.alive):
+                return
+            self._preparing.add(host)
+
+        def start() -> None:
+            try:
+                self._ensure_agent(host)
+            except (LauncherError, RendezvousError) as exc:
+                self._on_host_lost(host, f"its agent cannot start: {exc}")
+            except LeadershipLost:
+                pass  # this driver steers nothing more: the loop learns it on its own
+            finally:
+                with self._lock:
+                    self._preparing.discard(host)
+
+        spawn(f"agent-prepare-{host}", start)
 
     def retire(self, host: str) -> None:
         """Ask the agent of ``host`` to exit (``JobKeys.retire`` names it, through the
@@ -413,7 +447,10 @@ class AgentLauncher(Launcher, AgentService):
                 agent.joined = True
         if agent is not None and agent.agent_id == record.agent_id:
             agent.retiring = agent.retiring or record.draining  # its end: no host lost
+            first = not agent.registered.is_set()
             agent.registered.set()
+            if first and agent.alive:
+                self._on_host_ready(record.host)
 
     def _agent_gone(self, host: str) -> None:
         """The agent of ``host`` lost its record: the host is lost (unless the job is

@@ -24,7 +24,8 @@ class AgentWiring:
     """What the agents need of the job once its store is open: the ``store``, the
     variables agents start with (``agent_env``: store URL, job id, secret), the leader's
     term to stamp on assignments (``term()``), what to do when a host's agent is lost
-    (``on_host_lost(host, detail)``), how long a watch may go without the store
+    (``on_host_lost(host, detail)``) and when one first registers
+    (``on_host_ready(host)``), how long a watch may go without the store
     (``patience``), and the leader's fenced write (``steer``; None: a plain put)."""
 
     store: KVStore
@@ -33,6 +34,7 @@ class AgentWiring:
     on_host_lost: Callable[[str, str], None]
     patience: float
     steer: Callable[[Sequence[Put | Delete]], int] | None = None
+    on_host_ready: Callable[[str], None] = lambda host: None
 
 
 class AgentService(abc.ABC):
@@ -70,6 +72,17 @@ class AgentService(abc.ABC):
         there)."""
 
     @abc.abstractmethod
+    def ready_hosts(self, hosts: Sequence[str]) -> frozenset[str]:
+        """Of ``hosts``, those where a process can be started now: a host whose
+        processes go through an agent once its agent is live, any other at once."""
+
+    @abc.abstractmethod
+    def prepare(self, host: str) -> None:
+        """Start the agent of ``host`` in the background, when its processes go through
+        one and none is live or starting there: ``on_host_ready`` follows its
+        registration, ``on_host_lost`` a start that failed."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """The job is over: every agent stops what it runs and exits."""
 
@@ -100,6 +113,12 @@ class NoAgents(AgentService):
         return frozenset()
 
     def retire(self, host: str) -> None:
+        pass
+
+    def ready_hosts(self, hosts: Sequence[str]) -> frozenset[str]:
+        return frozenset(hosts)
+
+    def prepare(self, host: str) -> None:
         pass
 
     def close(self) -> None:

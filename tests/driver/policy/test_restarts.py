@@ -20,6 +20,7 @@ from driver.policy.decisions import (
     Fail,
     HostLost,
     HostsView,
+    PrepareHost,
     Report,
     StartWorld,
     Stop,
@@ -235,6 +236,20 @@ def test_more_slots_restart_the_world_bigger_until_a_worker_has_finished():
     records["w1"] = exited(records["w1"], 0)  # the training ends: no restart for a newcomer
     quiet = restarts.world_rule(records, plan, book, hosts("a:2,b:2"), cfg, T0)
     assert quiet.decisions == () and quiet.book.world_end is None
+
+
+def test_the_world_grows_only_onto_a_host_whose_agent_is_live_and_starts_it_meanwhile():
+    """A host listed again but not ready (its agent not live: a node still cut off once
+    its cooldown ended) must not stop a healthy world: its agent is started beside
+    the world, and the world grows once it is ready."""
+    cfg = config("--min-np", "1", "--host-discovery-script", "/bin/true")
+    plan, records = running(world_of("a:1"))
+    book, view = Book(started_at=T0), hosts("a:1,b:2")
+    waiting = restarts.world_rule(records, plan, book, view, cfg, T0, frozenset({"a"}))
+    assert waiting.decisions == (PrepareHost("b"),) and waiting.book.world_end is None
+    grows = restarts.world_rule(records, plan, book, view, cfg, T0, frozenset({"a", "b"}))
+    assert kinds(grows.decisions) == ["Report", "Stop"]
+    assert "3 slots are usable" in world_stopping(grows.decisions[0]).reason
 
 
 def test_a_preempted_host_leaves_the_job_and_its_workers_stop_now():

@@ -29,9 +29,9 @@ def test_a_host_cut_restarts_the_world_on_the_host_left(three_hosts, tmp_path):
     ckpt = tmp_path / "ckpt"  # the hosts share the file system, as a cluster's home
     args = [
         *("--restart-workers", "-H", f"{a.address}:1,{b.address}:1", "-np", "2"),
-        # b stays out once lost: the job ends on a alone (a cooldown that ended mid-run
-        # would grow the world again, onto a host still cut)
-        *("--min-np", "1", "--launcher", "ssh", "--blacklist-cooldown-range", "120", "120"),
+        # b's cooldown ends while it is still cut: the world must not grow onto it (its
+        # agent cannot start) and stop a healthy world for nothing, again and again
+        *("--min-np", "1", "--launcher", "ssh", "--blacklist-cooldown-range", "1", "1"),
     ]
     command = ["python", str(EXAMPLE), str(ckpt), "--epochs", str(EPOCHS), "--batch-size", "8"]
     env = {**three_hosts.env(), **THREADS}
@@ -43,11 +43,14 @@ def test_a_host_cut_restarts_the_world_on_the_host_left(three_hosts, tmp_path):
             assert lost["host"] == b.address
             second = run.wait_event("world_started", lambda e: e["world"] == 2, timeout=30)
             assert (second["size"], second["hosts"], second["restarts"]) == (1, [a.address], 1)
+            run.wait_event("host_back", lambda e: e["host"] == b.address, timeout=30)
             assert run.wait(timeout=90) == 0, run.stderr_tail()
             stopping = run.events("world_stopping")
+            worlds = [e["world"] for e in run.events("world_started")]
     finally:
         b.restore()
     assert stopping[0]["failure"] and b.address in stopping[0]["reason"]
+    assert worlds == [1, 2] and len(stopping) == 1, stopping
     state = torch.load(Path(ckpt) / "checkpoint.pt", map_location="cpu")
     assert [h["epoch"] for h in state["history"]] == list(range(EPOCHS))
     sizes = [h["world_size"] for h in state["history"]]
