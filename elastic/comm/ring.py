@@ -109,8 +109,7 @@ class RingCommunicator(Communicator):
         self._error: tuple[type, str, dict] | None = None
         self._in_op = True  # construction counts as an operation
         self._released = False
-        # An orderly close (origin rank, reason) that arrived while a collective ran;
-        # it takes effect when the collective ends.
+        # An orderly close (origin, reason) come during a collective: done when it ends.
         self._pending_close: tuple[int, str] | None = None
         self._news = threading.Event()  # set once a close notice came or we broke
         self._monitor: FailureMonitor | None = None
@@ -148,6 +147,9 @@ class RingCommunicator(Communicator):
     @property
     def closed(self) -> bool:
         return self._error is not None
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        return self._broken_evt.wait(timeout)  # set by the break (see Communicator)
 
     @property
     def error(self) -> BaseException | None:
@@ -440,8 +442,7 @@ class RingCommunicator(Communicator):
 
 
 def _break_args(err: BaseException) -> tuple[type, str, dict]:
-    """The error a failed construction breaks the communicator with: a typed one as it
-    is, anything else as CommunicatorClosedError."""
+    """A failed construction's break: a typed error as it is, else CommunicatorClosedError."""
     if isinstance(err, PeerLostError):
         return type(err), str(err), {"rank": err.rank, "direct": err.direct, "cause": err.cause}
     if isinstance(err, _TYPED_ERRORS):
