@@ -6,9 +6,13 @@ another thread ends the wait, and how it is aborted.
   ring peers reach, whatever the host name resolves to). Its ``abort()`` does not end a
   collective that waits on a peer (torch 2.13), so the wait is on the collective's
   future *or* the group's abort, whichever comes first; the abandoned collective ends by
-  itself once a peer's sockets close (a dead process's close at once, a survivor's when
-  it drops the group), or at ``op_timeout``, the last resort. It only ever touches
-  buffers of the group it ran in (``RoundGroup``), so nothing of a later round.
+  itself once a peer's sockets close (a dead process's at once), or at ``op_timeout``,
+  the last resort. It only ever touches buffers of the group it ran in
+  (``RoundGroup``), so nothing of a later round. An aborted gloo group is never freed:
+  torch's destructor waits for its collectives holding the GIL (which their ends need),
+  and freeing one whose peer died can end the process (gloo throws in a destructor).
+  Each round so leaves its group's sockets and threads behind (a few per round: fine
+  for the CPU plane's jobs, which are tests and small runs; NCCL's groups are freed).
 - nccl: ``ProcessGroupNCCL`` with non-blocking communicators (``config.blocking = 0``),
   so that ``abort()`` (``ncclCommAbort``) from the abort thread ends a kernel that waits
   on a lost rank; the waiting thread sees the kernel end and raises. torch's own
@@ -20,6 +24,7 @@ another thread ends the wait, and how it is aborted.
 from __future__ import annotations
 
 import abc
+import ctypes
 import os
 import threading
 from dataclasses import dataclass
@@ -109,6 +114,10 @@ class GlooBackend(GroupBackend):
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=settings.bind_host)]
         return dist.ProcessGroupGloo(store, rank, size, options)
 
+    def abort(self, group: dist.ProcessGroup) -> None:
+        group.abort()
+        _never_free(group)
+
     def wait(self, work, aborted, timeout):
         future = work.get_future()
         future.add_done_callback(lambda _: aborted.wake())
@@ -146,6 +155,11 @@ class NcclBackend(GroupBackend):
         # ``abort()`` ends a kernel stuck on a lost rank, so this sync returns then too.
         finished.synchronize()
         return not aborted.is_set()
+
+
+def _never_free(obj: object) -> None:
+    """One reference more than anything will drop: the object outlives the process."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 #: the backends by name (``elastic.torch.plane.choice``'s "gloo" and "nccl")

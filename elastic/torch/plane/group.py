@@ -83,7 +83,6 @@ class RoundGroup:
         self._aborted = AbortSignal()
         self._why = ""
         self._lock = threading.Lock()
-        self._works: list[dist.Work] = []  # started here and maybe not finished
         threading.Thread(
             target=self._end_with_ring, name=f"elastic-group-r{round_id}", daemon=True
         ).start()
@@ -137,15 +136,6 @@ class RoundGroup:
     def aborted(self) -> bool:
         return self._aborted.is_set()
 
-    @property
-    def busy(self) -> bool:
-        """True while a collective started here has not ended (an abandoned gloo one
-        runs on until its sockets close; its group must stay alive until then: deleting
-        it would wait for the collective on the deleting thread)."""
-        with self._lock:
-            self._works = [w for w in self._works if not w.is_completed()]
-            return bool(self._works)
-
     def error(self, ring_grace: float = 0.0) -> WorkerLostError:
         """The error of a collective the round's end cut short: the ring's (a lost
         member, with who and how, for ``@elastic.run``'s report), once the ring has
@@ -168,8 +158,6 @@ class RoundGroup:
         except Exception as exc:  # torch refuses: the group is broken
             self.abort(f"collective could not start: {exc}")
             raise self.error(RING_GRACE) from exc
-        with self._lock:
-            self._works.append(work)
         return PendingCollective(self, work, finish)
 
     def wait_work(self, work: dist.Work) -> None:

@@ -9,9 +9,9 @@ the round's sync, whose broadcasts all members run. A newcomer is in a round onc
 registered, which ``elastic.torch.init`` does after CUDA started, so no round waits on a
 newcomer's CUDA start.
 
-A retired group with a collective still running (an abandoned gloo one: ``backends``)
-is kept until it ends, then dropped; rank 0 of each new group deletes the store keys of
-older rounds' groups, off the training thread.
+A retired group is aborted (a gloo one is then kept for the life of the process:
+``backends``). Rank 0 of each new group deletes the store keys of older rounds' groups,
+off the training thread.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ class RoundGroups:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._current: RoundGroup | None = None
-        self._retired: list[RoundGroup] = []
 
     def group(self, backend: str) -> RoundGroup:
         """The group of backend ``backend`` ("gloo", "nccl") of the current round,
@@ -84,8 +83,6 @@ class RoundGroups:
             self._current = None
             if current is not None:
                 current.abort("the round ended")
-                self._retired.append(current)
-            self._retired = [g for g in self._retired if g.busy]
             round_id = getattr(comm, "round_id", runtime.round_id)
             group = RoundGroup(
                 BACKENDS[backend](),
