@@ -19,12 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from elastic.comm import Communicator
 from elastic.errors import CommunicatorClosedError, WorkerLostError
 from elastic.torch.plane.backends import AbortSignal, GroupBackend, GroupSettings
 from elastic.torch.plane.store import RoundStore
@@ -36,6 +35,22 @@ log = logging.getLogger(__name__)
 RING_GRACE = 1.0
 _OPS: dict[str, Any] = {"sum": dist.ReduceOp.SUM, "average": dist.ReduceOp.SUM}
 _OPS.update(max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN)
+
+
+class RoundRing(Protocol):
+    """What a group needs of its round's ring communicator (``elastic.comm``): this
+    worker's place, and the round's end (its ``error``, when it has one, says why)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def wait_closed(self, timeout: float | None = None) -> bool: ...
 
 
 class PendingCollective:
@@ -71,7 +86,7 @@ class RoundGroup:
         backend: GroupBackend,
         kv: KVStore,
         prefix: str,
-        ring: Communicator,
+        ring: RoundRing,
         round_id: int,
         settings: GroupSettings,
     ):
