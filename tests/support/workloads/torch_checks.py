@@ -12,8 +12,14 @@ test (``tests/system/jobs/test_torch_jobs.py``) compares workers with each other
         # WorkerLostError writes the step into OUT_DIR/lost-<pid> and the time into
         # OUT_DIR/lost-at-<pid>
 
-Each result also names the plane CPU tensors took (``plane``: "ring", or "gloo" under
-``ELASTIC_TORCH_BACKEND=gloo``).
+Each result also names the plane the tensors took (``plane``: "ring", "gloo" under
+``ELASTIC_TORCH_BACKEND=gloo``, "nccl" for CUDA tensors), and a worker that trained on
+after a loss the time its first step after it ended (``OUT_DIR/recovered-at-<pid>``).
+
+``--device cuda`` runs every check on CUDA tensors (torch's default device), for
+``benchmarks/gpu_check.py``; ``--nccl-hostid-per-worker`` gives each worker its own
+``NCCL_HOSTID`` so that NCCL takes several ranks on one GPU: a trick for tests only (a
+real job has one GPU per rank).
 
 Training data are exact to share: step ``s`` uses a fixed global batch of ``GLOBAL``
 rows (seeded by ``s``); each rank takes a contiguous part and its loss is the sum over
@@ -68,11 +74,10 @@ def make_model() -> Net:
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 + step)
-    return (
-        torch.randn(GLOBAL, DIM, generator=g, dtype=torch.float64),
-        torch.randn(GLOBAL, 4, generator=g, dtype=torch.float64),
-    )
+    g = torch.Generator().manual_seed(1000 + step)  # the same rows on every device
+    x = torch.randn(GLOBAL, DIM, generator=g, dtype=torch.float64, device="cpu")
+    y = torch.randn(GLOBAL, 4, generator=g, dtype=torch.float64, device="cpu")
+    return x.to(torch.get_default_device()), y.to(torch.get_default_device())
 
 
 def my_rows(rank: int, size: int) -> slice:
@@ -88,7 +93,7 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def digest(model: nn.Module) -> str:
     h = hashlib.sha256()
     for t in model.state_dict().values():
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -302,6 +307,8 @@ def run_train(args) -> dict:
     )
     ref = torch.optim.SGD(truth.parameters(), lr=args.lr, momentum=0.9)
     state = et.TorchState(model=model, optimizer=opt, step=0, sizes=[])
+    lost_at: list[float] = []  # when step() raised WorkerLostError here (once)
+    recovered: list[float] = []  # when the first step after it ended
 
     def die_mid_bucket(_param):
         # rank 1, step K: the first bucket has been launched; die in the middle of backward
@@ -327,11 +334,16 @@ def run_train(args) -> dict:
             loss_of(model, x[rows], y[rows]).backward()
             try:
                 opt.step()
+                if lost_at and not recovered:  # the first step trained after a loss
+                    recovered.append(time.time())
+                    (Path(args.out_dir) / f"recovered-at-{os.getpid()}").write_text(
+                        repr(recovered[0])
+                    )
             except et.WorkerLostError:  # the state rolls back: note it in a file
-                lost_at = time.time()
+                lost_at.append(time.time())
                 with open(Path(args.out_dir) / f"lost-{os.getpid()}", "w") as f:
                     f.write(str(state.step))
-                (Path(args.out_dir) / f"lost-at-{os.getpid()}").write_text(repr(lost_at))
+                (Path(args.out_dir) / f"lost-at-{os.getpid()}").write_text(repr(lost_at[0]))
                 raise
             state.step += 1
             if not state.sizes or state.sizes[-1] != elastic.size():
@@ -363,11 +375,17 @@ def main() -> int:
     parser.add_argument("--kill-flag")
     parser.add_argument("--kill-at", type=int, default=5)
     parser.add_argument("--lr", type=float, default=0.1)  # long runs: lower, or it diverges
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--nccl-hostid-per-worker", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    elastic.init()
+    if args.nccl_hostid_per_worker:  # several NCCL ranks on one GPU: tests only
+        os.environ["NCCL_HOSTID"] = os.environ.get("ELASTIC_WORKER_ID", str(os.getpid()))
+    if args.device != "cpu":  # (a default device slows every torch call a little)
+        torch.set_default_device(args.device)
+    et.init()
     result = run_collectives(Path(args.out_dir)) if args.mode == "collectives" else run_train(args)
-    result.update(rank=elastic.rank(), size=elastic.size(), plane=plane("cpu"))
+    result.update(rank=elastic.rank(), size=elastic.size(), plane=plane(args.device))
     worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
     (Path(args.out_dir) / f"{worker}.json").write_text(json.dumps(result))
     elastic.shutdown()
