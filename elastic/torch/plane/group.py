@@ -90,11 +90,8 @@ class RoundGroup:
         round_id: int,
         settings: GroupSettings,
     ):
-        self.backend = backend
-        self.ring = ring
-        self.round_id = round_id
-        self.rank, self.size = ring.rank, ring.size
-        self.settings = settings
+        self.backend, self.settings = backend, settings
+        self.ring, self.round_id, self.rank, self.size = ring, round_id, ring.rank, ring.size
         self._aborted = AbortSignal()
         self._why = ""
         self._lock = threading.Lock()

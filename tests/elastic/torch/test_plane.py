@@ -162,13 +162,14 @@ def test_group_that_cannot_form_raises_worker_lost(kv):
 def test_the_setting_comes_from_init_or_the_environment(monkeypatch):
     from elastic import context
 
+    # (what init() keeps; torch_backend() answers it once a world is open)
     monkeypatch.delenv("ELASTIC_TORCH_BACKEND", raising=False)
-    assert context.torch_backend() == "auto"
+    assert context._checked_torch_backend(None) == "auto"
     monkeypatch.setenv("ELASTIC_TORCH_BACKEND", "gloo")
-    assert context.torch_backend() == "gloo"
+    assert context._checked_torch_backend(None) == "gloo"
     assert context._checked_torch_backend("nccl") == "nccl"  # the argument wins
     monkeypatch.setenv("ELASTIC_TORCH_BACKEND", "mpi")
     with pytest.raises(ValueError, match="ELASTIC_TORCH_BACKEND='mpi'"):
-        context.torch_backend()
+        context._checked_torch_backend(None)
     with pytest.raises(ValueError, match="torch_backend='fast'"):
         context.init(torch_backend="fast")
