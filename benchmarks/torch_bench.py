@@ -46,7 +46,17 @@ BATCH = {"mlp": (1, 2), "cnn": (8,)}  # per worker: small ones make communicatio
 class Group:
     """One implementation's workers, connected back to us for commands."""
 
-    def __init__(self, impl: str, model: str, world: int, batch: int):
+    def __init__(
+        self,
+        impl: str,
+        model: str,
+        world: int,
+        batch: int,
+        extra: list[str] | None = None,
+        more_env: dict[str, str] | None = None,
+    ):
+        """``extra``: more arguments of each worker (``--device cuda`` ...); ``more_env``:
+        more environment (``ELASTIC_TORCH_BACKEND`` ...)."""
         self.procs: list[subprocess.Popen] = []
         srv = socket.socket()
         srv.bind(("127.0.0.1", 0))
@@ -64,8 +74,9 @@ class Group:
             model,
             "--batch",
             str(batch),
+            *(extra or []),
         ]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **(more_env or {}))
         try:
             if impl == "ours":
                 self.procs.append(

@@ -59,22 +59,38 @@ _static_layout: Layout | None = None  # a static world's layout
 #: how this process was started, once ``init()`` opened its world
 WorldKind = Literal["elastic", "mpi", "alone"]
 _kind: WorldKind | None = None
+#: the data planes ``elastic.torch`` offers (``elastic/torch/plane``); "auto" picks by device
+TORCH_BACKENDS = ("auto", "ring", "gloo", "nccl")
+_torch_backend: str | None = None  # ``init(torch_backend=...)``; None: the environment's
 
 
-def init() -> None:
+def init(torch_backend: str | None = None) -> None:
     """Join the job (idempotent). Under elastic-run: register, wait for the first round
     that includes this worker, connect to its peers.
 
+    ``torch_backend`` (one of ``TORCH_BACKENDS``) chooses the data plane of
+    ``elastic.torch``'s tensors, over ``ELASTIC_TORCH_BACKEND``; None leaves it to the
+    variable (default "auto"). Checked before anything starts.
+
     Raises:
+        ValueError: ``torch_backend`` (or the variable) names no backend, or a later
+            call asks for another one than the first.
         RendezvousError: the store is unreachable, no round forms in time, or the
             elastic-run environment is malformed (``RendezvousConfigError``, naming
             the variable).
         ImportError: started by mpiexec, but mpi4py is missing.
     """
-    global _runtime, _static_comm, _static_layout, _snapshots, _kind
+    global _runtime, _static_comm, _static_layout, _snapshots, _kind, _torch_backend
+    chosen = _checked_torch_backend(torch_backend)
     with _lock:
         if _runtime is not None or _static_comm is not None:
+            if torch_backend is not None and chosen != _torch_backend:
+                raise ValueError(
+                    f"elastic.init(torch_backend={torch_backend!r}): this process already "
+                    f"runs with torch_backend={_torch_backend!r}"
+                )
             return
+        _torch_backend = chosen
         if env.text(env.ENV_RENDEZVOUS):
             _runtime = _join_elastic_job()
             _snapshots = _job_snapshots(_runtime)
@@ -91,8 +107,9 @@ def init() -> None:
 
 def shutdown() -> None:
     """Leave the job and release everything (idempotent; also runs at exit)."""
-    global _runtime, _static_comm, _static_layout, _snapshots, _kind
+    global _runtime, _static_comm, _static_layout, _snapshots, _kind, _torch_backend
     with _lock:
+        _torch_backend = None
         runtime, _runtime = _runtime, None
         comm, _static_comm = _static_comm, None
         snapshots, _snapshots = _snapshots, None
@@ -104,6 +121,26 @@ def shutdown() -> None:
         runtime.shutdown()
     if comm is not None:
         comm.close("shutdown")
+
+
+def _checked_torch_backend(argument: str | None) -> str:
+    """The backend ``argument`` names, else ``ELASTIC_TORCH_BACKEND``'s, else "auto".
+
+    Raises ValueError naming the argument or the variable when it is not a backend."""
+    value, source = argument, "torch_backend"
+    if value is None:
+        value, source = env.text(env.ENV_TORCH_BACKEND, "auto") or "auto", env.ENV_TORCH_BACKEND
+    if value not in TORCH_BACKENDS:
+        raise ValueError(f"{source}={value!r}: choose one of {', '.join(TORCH_BACKENDS)}")
+    return value
+
+
+def torch_backend() -> str:
+    """The data plane ``elastic.torch`` was asked for: one of ``TORCH_BACKENDS``
+    (before ``init()``: the environment's).
+
+    Raises ValueError when ``ELASTIC_TORCH_BACKEND`` names no backend."""
+    return _torch_backend or _checked_torch_backend(None)
 
 
 def world_kind() -> WorldKind | None:

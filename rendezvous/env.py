@@ -60,6 +60,7 @@ ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"  # seconds of a worker registration's lease
 ENV_PEER_TIMEOUT = "ELASTIC_PEER_TIMEOUT"  # seconds before a silent ring peer is lost
 ENV_CONNECT_TIMEOUT = "ELASTIC_CONNECT_TIMEOUT"  # seconds to connect to ring neighbours
 ENV_SSH_OPTIONS = "ELASTIC_SSH_OPTIONS"  # extra ssh arguments (shell words) for the driver
+ENV_TORCH_BACKEND = "ELASTIC_TORCH_BACKEND"  # elastic.torch's data plane: auto, ring, gloo, nccl
 
 # -- etcd's own security, passed through to every client of the job
 ENV_ETCD_USER = "ELASTIC_ETCD_USER"

@@ -212,6 +212,17 @@ class JobKeys:
         a spare waits across worlds, and its seat is written after they are cleared)."""
         return f"{self.prefix}seat/{worker_id}"
 
+    # ---- elastic.torch's process groups (``elastic/torch/plane``)
+    @property
+    def torch_groups(self) -> str:
+        """Prefix of the torch.distributed rendezvous keys of every round's process group."""
+        return f"{self.prefix}torch/"
+
+    def torch_group(self, round_id: int) -> str:
+        """Prefix of round ``round_id``'s process group: its members' gloo or NCCL
+        rendezvous keys, so a group of one round never meets one of another."""
+        return f"{self.torch_groups}{round_id}/"
+
     # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
     @property
     def agents(self) -> str:

@@ -8,11 +8,17 @@ step's communication hidden behind backward (ours only)]}``; ``{"cmd": "exit"}``
 
     torch_train.py --impl ours --control HOST:PORT --model mlp --batch 8
     torch_train.py --impl ddp --control HOST:PORT --rank R --world N --port P ...
+
+``--device cuda`` trains on the GPU (ours: the plane ``ELASTIC_TORCH_BACKEND`` picks;
+DDP: ``--ddp-backend nccl``); ``--nccl-hostid-per-worker`` gives each worker its own
+``NCCL_HOSTID`` so that NCCL takes several ranks on one GPU (a trick for tests and
+benchmarks only: ``benchmarks/gpu_check.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import time
@@ -65,16 +71,23 @@ def main() -> int:
     parser.add_argument("--rank", type=int)
     parser.add_argument("--world", type=int)
     parser.add_argument("--port", type=int)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--ddp-backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--nccl-hostid-per-worker", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.nccl_hostid_per_worker:  # several NCCL ranks on one GPU: benchmarks only
+        os.environ["NCCL_HOSTID"] = f"rank{args.rank}-{os.getpid()}"
+    device = torch.device(args.device)
 
     model, sample = build_model(args.model)
+    model = model.to(device)
     timeline = None
     if args.impl == "ours":
         import elastic
         import elastic.torch as et
 
-        elastic.init()
+        et.init()
         rank = elastic.rank()
         distributed = et.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=model.named_parameters()
@@ -89,13 +102,15 @@ def main() -> int:
         import torch.distributed as dist
 
         dist.init_process_group(
-            "gloo",
+            args.ddp_backend,
             init_method=f"tcp://127.0.0.1:{args.port}",
             rank=args.rank,
             world_size=args.world,
         )
         rank = args.rank
-        net = nn.parallel.DistributedDataParallel(model)
+        net = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index or 0] if device.type == "cuda" else None
+        )
         optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
         barrier = dist.barrier
 
@@ -104,8 +119,8 @@ def main() -> int:
     ctl.sock.settimeout(None)
     ctl.send({"rank": rank})
     generator = torch.Generator().manual_seed(rank)
-    x = torch.randn(args.batch, *sample, generator=generator)
-    y = torch.randint(0, 10, (args.batch,), generator=generator)
+    x = torch.randn(args.batch, *sample, generator=generator).to(device)
+    y = torch.randint(0, 10, (args.batch,), generator=generator).to(device)
     loss_fn = nn.CrossEntropyLoss()
     while True:
         msg = ctl.recv()
@@ -122,6 +137,8 @@ def main() -> int:
                 share = timeline().hidden_fraction()
                 if share is not None:
                     hidden.append(share)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the steps' kernels are done, not only queued
         ctl.send({"seconds": time.perf_counter() - started, "hidden": hidden})
     if args.impl == "ours":
         elastic.shutdown()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import pickle
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -259,6 +260,19 @@ class Communicator(abc.ABC):
     def closed(self) -> bool:
         """True once the communicator can no longer run collectives (closed or broken)."""
         return False
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Block until ``closed`` (True) or for ``timeout`` seconds (False); any thread.
+        What runs beside the communicator in its round (``elastic.torch``'s process
+        groups) ends with it. This default looks every 50 ms; the ring waits on the
+        event its break sets."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.closed:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            time.sleep(left)
+        return True
 
     def __enter__(self):
         return self

@@ -34,6 +34,7 @@ from elastic.comm.outbuf import OutputCache
 from elastic.comm.peers.links import Connector, NeighbourLinks
 from elastic.comm.peers.listener import RingListener
 from elastic.comm.peers.monitor import AbortNotice, FailureMonitor
+from elastic.comm.setup_errors import TYPED_ERRORS, setup_break
 from elastic.comm.transports.base import (
     Interrupted,
     LocalTransport,
@@ -49,17 +50,11 @@ from elastic.errors import (
     CommunicatorClosedError,
     LossCause,
     PeerLostError,
-    ShmUnavailableError,
-    WorkerLostError,
 )
-from rendezvous.errors import RendezvousAuthError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# What a failed construction raises as it is (PeerLostError, CommunicatorClosedError, ...).
-_TYPED_ERRORS = (WorkerLostError, RendezvousAuthError, ShmUnavailableError, CollectiveMismatchError)
 
 
 class RingCommunicator(Communicator):
@@ -109,8 +104,7 @@ class RingCommunicator(Communicator):
         self._error: tuple[type, str, dict] | None = None
         self._in_op = True  # construction counts as an operation
         self._released = False
-        # An orderly close (origin rank, reason) that arrived while a collective ran;
-        # it takes effect when the collective ends.
+        # An orderly close (origin, reason) come during a collective: done when it ends.
         self._pending_close: tuple[int, str] | None = None
         self._news = threading.Event()  # set once a close notice came or we broke
         self._monitor: FailureMonitor | None = None
@@ -125,7 +119,7 @@ class RingCommunicator(Communicator):
                 self._setup()
         except BaseException as e:
             err = self._setup_error(e)
-            cls, msg, kw = _break_args(err)
+            cls, msg, kw = setup_break(err)
             self._break(
                 cls, msg, kw=kw, relay=wire.encode_closing(self._rank, f"setup failed: {err}")
             )
@@ -149,6 +143,9 @@ class RingCommunicator(Communicator):
     @property
     def closed(self) -> bool:
         return self._error is not None
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        return self._broken_evt.wait(timeout)  # set by the break (see Communicator)
 
     @property
     def error(self) -> BaseException | None:
@@ -216,7 +213,7 @@ class RingCommunicator(Communicator):
 
     def _setup_error(self, e: BaseException) -> BaseException:
         """The typed error a failed construction raises."""
-        if isinstance(e, _TYPED_ERRORS):
+        if isinstance(e, TYPED_ERRORS):
             return e
         if self._error is not None:
             return self._new_error()
@@ -444,13 +441,3 @@ class RingCommunicator(Communicator):
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""
         self._run(self._transport.barrier, wire.KIND_BARRIER)
-
-
-def _break_args(err: BaseException) -> tuple[type, str, dict]:
-    """The error a failed construction breaks the communicator with: a typed one as it
-    is, anything else as CommunicatorClosedError."""
-    if isinstance(err, PeerLostError):
-        return type(err), str(err), {"rank": err.rank, "direct": err.direct, "cause": err.cause}
-    if isinstance(err, _TYPED_ERRORS):
-        return type(err), str(err), {}
-    return CommunicatorClosedError, f"setup failed: {err!r}", {}

@@ -1,5 +1,8 @@
 """PyTorch support: ``import elastic.torch as et`` (needs the ``torch`` extra).
 
+* ``et.init(backend=None)``: ``elastic.init``, CUDA started first; ``backend`` (or
+  ``ELASTIC_TORCH_BACKEND``) picks the data plane: "auto" (NCCL for CUDA tensors, the
+  ring for the rest), "ring", "gloo", "nccl" (``elastic.torch.plane``);
 * ``et.allreduce(t, op="average")``, ``et.broadcast(t, root=0)``, ``et.allgather(t)``
   and in place ``et.allreduce_``, ``et.broadcast_``: tensors through the job's
   collectives, sharing memory with the transport for CPU tensors;
@@ -35,10 +38,13 @@ from elastic.torch.collectives import (
 )
 from elastic.torch.optimizer import DistributedOptimizer
 from elastic.torch.params import broadcast_optimizer_state, broadcast_parameters
+from elastic.torch.plane import BackendUnavailableError
 from elastic.torch.sampler import ElasticSampler
+from elastic.torch.start import init
 from elastic.torch.state import TorchState
 
 __all__ = [
+    "BackendUnavailableError",
     "DistributedOptimizer",
     "ElasticError",
     "ElasticSampler",
@@ -54,4 +60,5 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "init",
 ]

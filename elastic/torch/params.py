@@ -2,8 +2,9 @@
 ``broadcast_optimizer_state``. Both write into the caller's own tensors and optimizer
 (in place), so every reference the training loop holds sees the new values.
 
-Tensors travel fused: one broadcast per dtype and ``FUSE_BYTES`` of data, not one per
-tensor.
+Tensors travel fused: one broadcast per dtype, device type and ``FUSE_BYTES`` of
+data, not one per tensor, each on its plane (``elastic.torch.plane``): CUDA tensors on
+the round's NCCL group by default, the others on the ring.
 """
 
 from __future__ import annotations
@@ -13,35 +14,61 @@ from typing import Any
 
 import torch
 
-from elastic.torch import _backend
+from elastic.torch import _backend, plane
 from elastic.torch._staging import from_transfer, transfer_view
+from elastic.torch.plane import RoundGroup
 
 #: most bytes fused into one broadcast
 FUSE_BYTES = 64 << 20
 
 
 def _fused_groups(tensors: list[torch.Tensor]) -> list[list[int]]:
-    """Indices of ``tensors`` grouped by dtype (in first-seen order), each group cut at
-    ``FUSE_BYTES`` (pure: the same on every rank that holds the same layout)."""
-    by_dtype: dict[torch.dtype, list[list[int]]] = {}
-    sizes: dict[torch.dtype, int] = {}
+    """Indices of ``tensors`` grouped by dtype and device type (in first-seen order),
+    each group cut at ``FUSE_BYTES`` (pure: the same on every rank that holds the same
+    layout)."""
+    by_kind: dict[tuple[torch.dtype, str], list[list[int]]] = {}
+    sizes: dict[tuple[torch.dtype, str], int] = {}
     for i, t in enumerate(tensors):
-        groups = by_dtype.setdefault(t.dtype, [[]])
+        kind = (t.dtype, t.device.type)
+        groups = by_kind.setdefault(kind, [[]])
         nbytes = t.numel() * t.element_size()
-        if groups[-1] and sizes[t.dtype] + nbytes > FUSE_BYTES:
+        if groups[-1] and sizes[kind] + nbytes > FUSE_BYTES:
             groups.append([])
-            sizes[t.dtype] = 0
+            sizes[kind] = 0
         groups[-1].append(i)
-        sizes[t.dtype] = sizes.get(t.dtype, 0) + nbytes
-    return [g for groups in by_dtype.values() for g in groups]
+        sizes[kind] = sizes.get(kind, 0) + nbytes
+    return [g for groups in by_kind.values() for g in groups]
+
+
+def _broadcast_on_group(group: RoundGroup, chunk: list[torch.Tensor], root: int) -> None:
+    """``root``'s ``chunk`` (one dtype) into every member's, as one fused broadcast on a
+    fresh buffer of the group's device."""
+    device = group.backend.device()
+    if group.rank == root:
+        flat = torch.cat([t.detach().reshape(-1).to(device) for t in chunk])
+    else:
+        flat = torch.empty(sum(t.numel() for t in chunk), dtype=chunk[0].dtype, device=device)
+    group.start_broadcast(flat, root).wait()
+    if group.rank == root:
+        return
+    offset = 0
+    with torch.no_grad():
+        for t in chunk:
+            t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+            offset += t.numel()
 
 
 def broadcast_tensors(tensors: list[torch.Tensor], root: int) -> None:
-    """Write ``root``'s values into every rank's ``tensors`` (same shapes and dtypes on
-    every rank, in the same order), fused. Raises like ``elastic.broadcast``."""
+    """Write ``root``'s values into every rank's ``tensors`` (same shapes, dtypes and
+    device types on every rank, in the same order), fused. Raises like
+    ``elastic.broadcast``."""
     is_root = _backend.world_rank() == root
     for group in _fused_groups(tensors):
         chunk = [tensors[i] for i in group]
+        on_group = plane.group_for(chunk[0].device.type)
+        if on_group is not None:
+            _broadcast_on_group(on_group, chunk, root)
+            continue
         dtype = chunk[0].dtype
         flat = None
         if is_root:
@@ -99,17 +126,18 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable, root_ran
 
 
 class _Slot:
-    """Where a tensor was in a state dict sent as an object (its data travels fused)."""
+    """Where a tensor was in a state dict sent as an object (its data travels fused);
+    ``device``: its device type, so every rank receives it on the same plane."""
 
-    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype, device: str):
+        self.index, self.shape, self.dtype, self.device = index, shape, dtype, device
 
 
 def _split(value: Any, tensors: list[torch.Tensor]) -> Any:
     """``value`` with every tensor replaced by a ``_Slot`` (tensors appended in order)."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype)
+        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype, value.device.type)
     if isinstance(value, dict):
         return {k: _split(v, tensors) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -137,16 +165,24 @@ def _slots(value: Any) -> list[_Slot]:
     return []
 
 
+def _local(device_type: str) -> torch.device:
+    """This process's device of ``device_type`` (its current CUDA device for "cuda")."""
+    if device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
 def broadcast_state_dict(state_dict: dict | None, root: int) -> dict:
     """``root``'s ``state_dict`` (nested dicts and lists of tensors and picklable
     values) on every rank, its tensors sent fused rather than pickled. Off the root the
-    tensors are new CPU tensors; ``state_dict`` is only read on the root."""
+    tensors are new tensors of the root's device types (on this process's device);
+    ``state_dict`` is only read on the root."""
     tensors: list[torch.Tensor] = []
     skeleton = _split(state_dict, tensors) if _backend.world_rank() == root else None
     skeleton = _backend.broadcast_object(skeleton, root)
     if _backend.world_rank() != root:
         slots = sorted(_slots(skeleton), key=lambda s: s.index)
-        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+        tensors = [torch.empty(s.shape, dtype=s.dtype, device=_local(s.device)) for s in slots]
     broadcast_tensors(tensors, root)
     return _fill(skeleton, tensors)
 

@@ -24,6 +24,15 @@ costs no extra collective when nothing is late.
 
 A failed collective (a lost worker) is raised by ``synchronize()``, after every
 launched bucket has finished or failed, and the step's bookkeeping is reset.
+
+The plane (``elastic.torch.plane``). On the ring, the communication thread runs each
+bucket's allreduce to its end. On a round's process group (NCCL for CUDA gradients by
+default, or gloo), it packs the bucket into a buffer of the group's device, starts the
+allreduce and returns: the collectives queue on the group while backward goes on, and
+``synchronize()`` waits for them (a bucket's ``finished`` time is then when it was seen
+done). Those buffers belong to the round's group and are made anew for the next one,
+and results are copied into ``param.grad``, never shared with it: an abandoned
+collective of a lost round may still write into its buffers (``plane.group``).
 """
 
 from __future__ import annotations
@@ -38,9 +47,10 @@ from functools import partial
 import numpy as np
 import torch
 
-from elastic.torch import _backend
+from elastic.torch import _backend, plane
 from elastic.torch._staging import default_staging
 from elastic.torch.buckets import Bucket, ParamSpec, plan_buckets
+from elastic.torch.plane import PendingCollective, RoundGroup
 
 OPS = ("average", "sum")
 COMPRESSIONS = (None, "none", "fp16")
@@ -70,6 +80,18 @@ class StepTimeline:
             total += end - begin
             hidden += max(0.0, min(end, self.wait_started) - begin)
         return hidden / total if total > 0 else None
+
+
+@dataclass
+class BucketResult:
+    """A bucket's reduced messages (one tensor per large gradient, then the fused small
+    ones), the reduced late gradients as (parameter index, tensor) pairs, and the
+    collectives still running on a process group (``synchronize()`` waits for them)."""
+
+    tensors: list[torch.Tensor]
+    corrections: list[tuple[int, torch.Tensor]]
+    pending: list[PendingCollective] = field(default_factory=list)
+    shared: bool = True  # the tensors may become ``param.grad`` as they are (the ring's)
 
 
 class GradientReducer:
@@ -113,6 +135,8 @@ class GradientReducer:
         self.buckets: list[Bucket] = plan_buckets(specs, **kwargs)
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.params}
         self._flat: dict[tuple, torch.Tensor] = {}  # packing buffers (made once)
+        self._group_flat: dict[tuple, torch.Tensor] = {}  # a round group's (made per round)
+        self._flat_group: RoundGroup | None = None  # the group ``_group_flat`` belongs to
         self._expected = [True] * len(params)  # had a gradient in the previous step
         self.timeline = StepTimeline()
         self.last_timeline: StepTimeline | None = None  # of the last synchronized step
@@ -263,14 +287,17 @@ class GradientReducer:
         packed: tuple[bool, ...],
         timeline: StepTimeline,
         late: list[int] | None = None,
-    ) -> tuple[list[np.ndarray], list] | None:
-        """The bucket's messages reduced: one array per large gradient, then one for
-        the fused small ones (the order of ``_unpack``); with ``late`` (the last
-        bucket), also the reduced late gradients, as (parameter index, tensor) pairs."""
+    ) -> BucketResult | None:
+        """The bucket's messages reduced: one per large gradient, then one for the
+        fused small ones (the order of ``_unpack``); with ``late`` (the last bucket),
+        also the reduced late gradients. None in a world of one."""
         if _backend.world_size() == 1:
             return None  # a world of one: the gradients are the result
         spec = self.buckets[bucket]
         took = dict(zip(spec.params, packed))
+        group = plane.group_for(self.params[spec.params[0]].device.type)
+        if group is not None:
+            return self._reduce_on_group(group, bucket, took, timeline, late)
         timeline.started[bucket] = self._clock()
         results = [
             _backend.allreduce_array(self._alone_input(i, took[i]), self.op) for i in spec.alone
@@ -282,7 +309,68 @@ class GradientReducer:
             mask = results[-1][spec.numel :]
             corrections = self._late(late, np.flatnonzero(mask).tolist())
         timeline.finished[bucket] = self._clock()
-        return results, corrections
+        return BucketResult([torch.from_numpy(a) for a in results], corrections)
+
+    def _reduce_on_group(
+        self,
+        group: RoundGroup,
+        bucket: int,
+        took: dict[int, bool],
+        timeline: StepTimeline,
+        late: list[int] | None,
+    ) -> BucketResult:
+        """``_reduce`` on a round's process group: the collectives are started, not
+        waited for, but for the last bucket's (its "late" mask decides what follows)."""
+        if self._flat_group is not group:  # a new round: buffers of its own
+            self._group_flat, self._flat_group = {}, group
+        spec = self.buckets[bucket]
+        like = self.params[spec.params[0]]
+        flats = [self._group_input(group, ("alone", i), [i], like, took) for i in spec.alone]
+        if spec.fused or late is not None:
+            fused = self._group_input(group, ("fused", bucket), spec.fused, like, took, late)
+            flats.append(fused)
+        timeline.started[bucket] = self._clock()
+        pending = [group.start_allreduce(flat, self.op) for flat in flats]
+        corrections = []
+        if late is not None:
+            for collective in pending:
+                collective.wait()
+            mask = flats[-1][spec.numel :]
+            corrections = self._late(late, torch.nonzero(mask).flatten().tolist(), group)
+        return BucketResult(flats, corrections, pending, shared=False)
+
+    def _group_input(
+        self,
+        group: RoundGroup,
+        key: tuple,
+        members: tuple[int, ...] | list[int],
+        like: torch.Tensor,
+        took: dict[int, bool],
+        late: list[int] | None = None,
+    ) -> torch.Tensor:
+        """``members``' gradients packed into the group's buffer ``key`` on its device
+        (zeros for those not taken), then the "late" mask when ``late`` is given."""
+        sizes = [self.params[i].numel() for i in members]
+        tail = len(self.params) if late is not None else 0
+        flat = self._group_flat.get(key)
+        if flat is None:
+            dtype = torch.float16 if self.fp16 else like.dtype
+            flat = torch.empty(sum(sizes) + tail, dtype=dtype, device=group.backend.device())
+            self._group_flat[key] = flat
+        offset = 0
+        with torch.no_grad():
+            for index, numel in zip(members, sizes):
+                part, grad = flat[offset : offset + numel], self.params[index].grad
+                if not took[index] or grad is None:
+                    part.zero_()
+                else:
+                    part.copy_(grad.detach().reshape(-1))
+                offset += numel
+            if late is not None:
+                mask = flat[offset:]
+                mask.zero_()
+                mask[late] = 1.0
+        return flat
 
     # ---- on the training thread ----
     def synchronize(self) -> None:
@@ -305,14 +393,16 @@ class GradientReducer:
             self._launch(last, final=True, late=late)
             futures = list(self._futures)
         results, error = self._wait(futures)
+        for bucket, result in enumerate(results):
+            error = self._finish(bucket, result) or error
         if error is not None:
             with self._lock:
                 self._clear()
             raise error
         for bucket, result in enumerate(results):
             if result is not None:
-                self._unpack(bucket, [torch.from_numpy(a) for a in result[0]])
-        for index, total in (results[-1] or ((), ()))[1]:
+                self._unpack(bucket, result.tensors, result.shared)
+        for index, total in results[-1].corrections if results[-1] is not None else ():
             param = self.params[index]
             param.grad.add_(total.view(param.shape).to(param.grad.device, param.grad.dtype))
         with self._lock:
@@ -320,26 +410,43 @@ class GradientReducer:
             self.timeline.wait_finished = self._clock()
             self._synced = True
 
-    def _late(self, late: list[int], anywhere: list[int]) -> list[tuple[int, torch.Tensor]]:
+    def _finish(self, bucket: int, result: BucketResult | None) -> BaseException | None:
+        """Wait for ``result``'s collectives still running on a group (all of them, even
+        after one failed); the first error, or None."""
+        error = None
+        for collective in result.pending if result is not None else ():
+            try:
+                collective.wait()
+            except BaseException as exc:  # noqa: BLE001 - synchronize() re-raises the first
+                error = error or exc
+        if result is not None and result.pending:
+            self.timeline.finished[bucket] = self._clock()
+        return error
+
+    def _late(
+        self, late: list[int], anywhere: list[int], group: RoundGroup | None = None
+    ) -> list[tuple[int, torch.Tensor]]:
         """On the communication thread: reduce the gradients that came after their
         bucket left on some rank (``anywhere``, agreed by the mask; zeros from ranks
-        where they were on time). Returns (parameter index, reduced gradient) pairs."""
+        where they were on time), on the ring or on ``group``. Returns (parameter
+        index, reduced gradient) pairs."""
         mine = set(late)
         reduced = []
+        device = group.backend.device() if group is not None else torch.device("cpu")
         for index in anywhere:
             param = self.params[index]
             grad = param.grad if index in mine and param.grad is not None else None
             local = (
-                grad.detach().reshape(-1).cpu()
+                grad.detach().reshape(-1).to(device, copy=True)
                 if grad is not None
-                else torch.zeros(param.numel(), dtype=param.dtype)
-            )
-            reduced.append(
-                (
-                    index,
-                    torch.from_numpy(_backend.allreduce_array(local.contiguous().numpy(), self.op)),
-                )
-            )
+                else torch.zeros(param.numel(), dtype=param.dtype, device=device)
+            ).contiguous()
+            if group is not None:
+                group.start_allreduce(local, self.op).wait()
+                reduced.append((index, local))
+                continue
+            total = torch.from_numpy(_backend.allreduce_array(local.numpy(), self.op))
+            reduced.append((index, total))
         return reduced
 
     @staticmethod
@@ -353,7 +460,9 @@ class GradientReducer:
                 error = error or exc
         return results, error
 
-    def _unpack(self, bucket: int, results: list[torch.Tensor]) -> None:
+    def _unpack(self, bucket: int, results: list[torch.Tensor], shared: bool = True) -> None:
+        """Point or copy each gradient of ``bucket`` at its reduced values; ``shared``:
+        the results may become ``param.grad`` as they are (a group's may not)."""
         spec = self.buckets[bucket]
         places = [(index, results[k], 0) for k, index in enumerate(spec.alone)]
         places += [(index, results[-1], offset) for index, offset in zip(spec.fused, spec.offsets)]
@@ -361,10 +470,10 @@ class GradientReducer:
             for index, result, offset in places:
                 param = self.params[index]
                 view = result[offset : offset + param.numel()].view(param.shape)
-                if view.dtype == param.dtype and param.device.type == "cpu":
+                if shared and view.dtype == param.dtype and param.device.type == "cpu":
                     param.grad = view  # shares the transport's result: no copy
                 elif param.grad is None:
-                    param.grad = view.to(device=param.device, dtype=param.dtype)
+                    param.grad = view.to(device=param.device, dtype=param.dtype, copy=True)
                 else:
                     param.grad.copy_(view)
 

@@ -5,9 +5,21 @@ test (``tests/system/jobs/test_torch_jobs.py``) compares workers with each other
     torch_checks.py OUT_DIR collectives   # tensor collectives, parameter and optimizer
                                           # broadcast, TorchState, overlap, equality with
                                           # single-process training on the global batch
-    torch_checks.py OUT_DIR train --steps N [--kill-flag F --kill-at K]
+    torch_checks.py OUT_DIR train --steps N [--lr LR] [--kill-flag F --kill-at K]
         # trains under @elastic.run; with the flag file, rank 1 SIGKILLs itself in a
-        # gradient hook of step K (after the first bucket started), once
+        # gradient hook of step K (after the first bucket started), once, having
+        # written the time into OUT_DIR/killed-at; a worker whose step() raised
+        # WorkerLostError writes the step into OUT_DIR/lost-<pid> and the time into
+        # OUT_DIR/lost-at-<pid>
+
+Each result also names the plane the tensors took (``plane``: "ring", "gloo" under
+``ELASTIC_TORCH_BACKEND=gloo``, "nccl" for CUDA tensors), and a worker that trained on
+after a loss the time its first step after it ended (``OUT_DIR/recovered-at-<pid>``).
+
+``--device cuda`` runs every check on CUDA tensors (torch's default device), for
+``benchmarks/gpu_check.py``; ``--nccl-hostid-per-worker`` gives each worker its own
+``NCCL_HOSTID`` so that NCCL takes several ranks on one GPU: a trick for tests only (a
+real job has one GPU per rank).
 
 Training data are exact to share: step ``s`` uses a fixed global batch of ``GLOBAL``
 rows (seeded by ``s``); each rank takes a contiguous part and its loss is the sum over
@@ -31,6 +43,7 @@ from torch import nn
 
 import elastic
 import elastic.torch as et
+from elastic.torch.plane import plane
 
 GLOBAL = 12
 DIM = 16
@@ -61,11 +74,10 @@ def make_model() -> Net:
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 + step)
-    return (
-        torch.randn(GLOBAL, DIM, generator=g, dtype=torch.float64),
-        torch.randn(GLOBAL, 4, generator=g, dtype=torch.float64),
-    )
+    g = torch.Generator().manual_seed(1000 + step)  # the same rows on every device
+    x = torch.randn(GLOBAL, DIM, generator=g, dtype=torch.float64, device="cpu")
+    y = torch.randn(GLOBAL, 4, generator=g, dtype=torch.float64, device="cpu")
+    return x.to(torch.get_default_device()), y.to(torch.get_default_device())
 
 
 def my_rows(rank: int, size: int) -> slice:
@@ -81,7 +93,7 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def digest(model: nn.Module) -> str:
     h = hashlib.sha256()
     for t in model.state_dict().values():
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -288,24 +300,27 @@ def run_collectives(out_dir: Path) -> dict:
 def run_train(args) -> dict:
     model, truth = make_model(), make_model()
     opt = et.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
         named_parameters=model.named_parameters(),
         op="sum",
         bucket_bytes=2048,
     )
-    ref = torch.optim.SGD(truth.parameters(), lr=0.1, momentum=0.9)
+    ref = torch.optim.SGD(truth.parameters(), lr=args.lr, momentum=0.9)
     state = et.TorchState(model=model, optimizer=opt, step=0, sizes=[])
-    kill_armed = args.kill_flag and os.path.exists(args.kill_flag)
+    lost_at: list[float] = []  # when step() raised WorkerLostError here (once)
+    recovered: list[float] = []  # when the first step after it ended
 
     def die_mid_bucket(_param):
         # rank 1, step K: the first bucket has been launched; die in the middle of backward
         if (
-            kill_armed
+            args.kill_flag
             and elastic.rank() == 1
             and state.step == args.kill_at
             and opt.timeline.launched
+            and os.path.exists(args.kill_flag)  # once: the rank 1 of a later round lives
         ):
             os.unlink(args.kill_flag)
+            (Path(args.out_dir) / "killed-at").write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
 
     first_weight(model).register_post_accumulate_grad_hook(die_mid_bucket)
@@ -319,9 +334,16 @@ def run_train(args) -> dict:
             loss_of(model, x[rows], y[rows]).backward()
             try:
                 opt.step()
+                if lost_at and not recovered:  # the first step trained after a loss
+                    recovered.append(time.time())
+                    (Path(args.out_dir) / f"recovered-at-{os.getpid()}").write_text(
+                        repr(recovered[0])
+                    )
             except et.WorkerLostError:  # the state rolls back: note it in a file
+                lost_at.append(time.time())
                 with open(Path(args.out_dir) / f"lost-{os.getpid()}", "w") as f:
                     f.write(str(state.step))
+                (Path(args.out_dir) / f"lost-at-{os.getpid()}").write_text(repr(lost_at[0]))
                 raise
             state.step += 1
             if not state.sizes or state.sizes[-1] != elastic.size():
@@ -339,7 +361,9 @@ def run_train(args) -> dict:
         "steps": state.step,
         "sizes": state.sizes,
         "digest": digest(model),
-        "lost_files": sorted(p.read_text() for p in Path(args.out_dir).glob("lost-*")),
+        "lost_files": sorted(
+            p.read_text() for p in Path(args.out_dir).glob("lost-*") if p.name[5:].isdigit()
+        ),
     }
 
 
@@ -350,11 +374,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--kill-flag")
     parser.add_argument("--kill-at", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=0.1)  # long runs: lower, or it diverges
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--nccl-hostid-per-worker", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    elastic.init()
+    if args.nccl_hostid_per_worker:  # several NCCL ranks on one GPU: tests only
+        os.environ["NCCL_HOSTID"] = os.environ.get("ELASTIC_WORKER_ID", str(os.getpid()))
+    if args.device != "cpu":  # (a default device slows every torch call a little)
+        torch.set_default_device(args.device)
+    et.init()
     result = run_collectives(Path(args.out_dir)) if args.mode == "collectives" else run_train(args)
-    result.update(rank=elastic.rank(), size=elastic.size())
+    result.update(rank=elastic.rank(), size=elastic.size(), plane=plane(args.device))
     worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
     (Path(args.out_dir) / f"{worker}.json").write_text(json.dumps(result))
     elastic.shutdown()
