@@ -11,7 +11,7 @@ forwarding, torchrun's straight from its workers, so ours pays that hop).
 
 Failures (t0 = ``time.time()`` just before the failure; each configuration repeats it
 ``--failures`` times, waiting for a steady world first: every rank ``--settle-steps``
-steps into it):
+steps into it, and with spares every host's pool refilled):
 
 * ``sigkill``: SIGKILL one worker of a world of 2 on this machine.
   - ours: ``elastic-run --restart-workers -np 2``; ``ours-spares``: the same with
@@ -279,6 +279,33 @@ def until_steady(
     wait_for(steady, STEADY_DEADLINE, f"a steady world of {size}")
 
 
+def idle_spares(run: ElasticRun) -> int:
+    """Spares registered and waiting now, from the driver's events: ready, neither
+    promoted nor gone since."""
+    ready, gone = set(), set()
+    for e in run.events():
+        if e["kind"] == "spare_ready":
+            ready.add(e["worker"])
+        elif e["kind"] in ("spare_promoted", "spare_lost", "worker_stopped", "worker_exited"):
+            gone.add(e["worker"])
+    return len(ready - gone)
+
+
+def until_spares(run: ElasticRun, spares: int, check: Callable[[], None]) -> None:
+    """Wait until ``spares`` spares are idle (none asked for: at once): each failure
+    of ``ours-spares`` comes in the steady state of a job whose pool has refilled.
+
+    Raises:
+        BenchTimeout: not within ``STEADY_DEADLINE``, or the job ended (``check``).
+    """
+
+    def refilled() -> bool:
+        check()
+        return idle_spares(run) >= spares
+
+    wait_for(refilled, STEADY_DEADLINE, f"{spares} idle spares")
+
+
 def first_event(run: ElasticRun, kind: str, t0: float) -> float | None:
     event = next((e for e in run.events(kind) if e["t"] >= t0), None)
     return None if event is None else event["t"] - t0
@@ -305,6 +332,7 @@ def sigkill_ours(args: argparse.Namespace, tmp: Path, rng: random.Random, spares
         since = 0.0
         for n in range(args.failures):
             until_steady(run.lines, 2, args.settle_steps, since, check)
+            until_spares(run, spares, check)  # both of the host's (0: none asked for)
             world = run.events("world_started")[-1]
             victim = run.worker_pids()[rng.choice(world["members"])]
             t0 = time.time()
@@ -440,6 +468,7 @@ def hostcut_ours(hosts: NetnsHosts, args: argparse.Namespace, tmp: Path, spares:
         since = 0.0
         for n in range(args.failures):
             until_steady(run.lines, 4, args.settle_steps, since, check)
+            until_spares(run, 2 * spares, check)  # A's and B's
             t0 = time.time()
             b.cut()
             try:

@@ -64,7 +64,7 @@ SPARE_RETRY_DELAY = 5.0
 SPARE_REFILL_DELAY = 1.0
 #: the same in restart mode: every worker of the host starts its program at once there
 #: (its group, its checkpoint), and a spare's imports would take the CPU from them
-WORLD_SPARE_REFILL_DELAY = 5.0
+WORLD_SPARE_REFILL_DELAY = 2.0
 
 
 def fill_slots(free: Sequence[WorkerSlot], workers: Workers) -> list[Launch | Promote]:
