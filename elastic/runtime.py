@@ -56,16 +56,18 @@ from elastic.errors import (
     WorkerLostError,
 )
 from elastic.orphan import exit_when_orphaned
+from elastic.rounds import RoundReader
 from rendezvous import env, open_store
 from rendezvous.errors import (
     RendezvousConfigError,
     RendezvousConnectionError,
     RendezvousError,
 )
+from rendezvous.host_plan import RoundView
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
-from rendezvous.plan import Member, Plan, WorkerInfo, handover_for, plan_is_current
+from rendezvous.plan import Member, WorkerInfo, handover_for, plan_is_current
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, KVStore, Lease, Watch
 
@@ -136,11 +138,12 @@ class WorkerRuntime:
         self.settings = settings
         self.keys = JobKeys(settings.job_id)
         self._cond = threading.Condition()
-        self._latest: Plan | None = None  # newest plan seen (may not include us)
+        self._latest: RoundView | None = None  # newest round seen (may not include us)
         self.term_seen = 0  # the newest leader term of a plan taken: older ones are refused
-        self.plan: Plan | None = None  # the round our communicator belongs to
+        self.plan: RoundView | None = None  # the round our communicator belongs to
         self.comm: Communicator | None = None
         self._store: KVStore | None = None
+        self._rounds: RoundReader | None = None
         self._lease: Lease | None = None
         self._watch: Watch | None = None
         self._watcher: threading.Thread | None = None
@@ -160,6 +163,7 @@ class WorkerRuntime:
         s = self.settings
         self._orphan_watch = exit_when_orphaned()
         self._store = open_store(s.store_url, s.secret)
+        self._rounds = RoundReader(self._store, self.keys, s.host, self._closed)
         check_job_secret(self._store, self.keys, s.secret)  # (etcd does not check it)
         self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
         self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
@@ -184,12 +188,13 @@ class WorkerRuntime:
         return self._store, self._listener, self._info
 
     def _open_round_watch(self) -> Watch:
-        """Read the current plan, then watch the round key from just after that read."""
-        store, _, _ = self._started()
-        kvs, watch = store.read_and_watch(self.keys.round)
-        for kv in kvs:
-            if kv.key == self.keys.round:
-                self._note_plan(Plan.from_json(kv.value))
+        """Read the current round, then watch the round head from just after that read
+        (``elastic.rounds``: this host's part of each round is read once)."""
+        self._started()
+        assert self._rounds is not None
+        views, watch = self._rounds.read_and_watch()
+        for view in views:
+            self._note_plan(view)
         return watch
 
     def _register(self) -> None:
@@ -276,8 +281,12 @@ class WorkerRuntime:
                 log.warning("round watch ended (%s); following rounds again", exc)
                 self._watch = self._reopen_round_watch()
                 continue
-            if event is not None and event.type == PUT and event.key == self.keys.round:
-                self._note_plan(Plan.from_json(event.value))
+            rounds = self._rounds
+            if event is not None and event.type == PUT and rounds and event.key == rounds.key:
+                latest = self._latest
+                view = rounds.view(event.value, latest.round_id if latest else 0)
+                if view is not None:
+                    self._note_plan(view)
 
     def _reopen_round_watch(self) -> Watch | None:
         """Watch rounds again, trying until it works or the worker shuts down (then the
@@ -292,7 +301,7 @@ class WorkerRuntime:
                 break
         return self._watch
 
-    def _note_plan(self, plan: Plan) -> None:
+    def _note_plan(self, plan: RoundView) -> None:
         with self._cond:
             if not plan_is_current(plan, self._latest, self.term_seen):
                 if plan.term < self.term_seen:
@@ -372,7 +381,7 @@ class WorkerRuntime:
         plan = self.plan
         return plan.member(self.settings.worker_id) if plan is not None else None
 
-    def join(self, after_round: int | None = None) -> Plan:
+    def join(self, after_round: int | None = None) -> RoundView:
         """Wait for a plan newer than ``after_round`` (default: our current round) that
         includes us, and build its communicator.
 
@@ -389,11 +398,13 @@ class WorkerRuntime:
             plan, me = self._wait_for_plan(after, deadline)
             if deadline is None:  # promoted: from now on it waits like any worker
                 deadline = time.monotonic() + self.settings.round_timeout
+            assert self._rounds is not None
             membership = Membership(
                 round_id=plan.round_id,
                 rank=me.rank,
-                addresses=tuple(m.address for m in plan.members),
+                addresses=self._rounds.addresses(plan),
                 secret=self.settings.secret,
+                world=plan.size,
             )
             try:
                 comm = RingCommunicator(
@@ -424,7 +435,7 @@ class WorkerRuntime:
         latest = self._latest
         return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
 
-    def _wait_for_plan(self, after: int, deadline: float | None) -> tuple[Plan, Member]:
+    def _wait_for_plan(self, after: int, deadline: float | None) -> tuple[RoundView, Member]:
         """The first plan newer than ``after`` that includes this worker, and its place
         (``deadline`` None: an idle spare's wait, for as long as the job keeps it).
 
@@ -469,13 +480,16 @@ class WorkerRuntime:
                     )
                 self._cond.wait(min(remaining, 1.0))
 
-    def report_silence(self, plan: Plan, rank: int, quiet: float) -> None:
+    def report_silence(self, plan: RoundView, rank: int, quiet: float) -> None:
         """Tell the driver that member ``rank`` of ``plan`` has sent nothing for ``quiet``
         seconds (best effort, never raises; runs on the ring's monitor thread, so it
         hands the write to a thread of its own and returns at once)."""
         if self._store is None or self._lease is None or not 0 <= rank < plan.size:
             return
-        key, record = reports.silence_report(self.keys, self.settings.worker_id, plan, rank, quiet)
+        report = reports.silence_report(self.keys, self.settings.worker_id, plan, rank, quiet)
+        if report is None:
+            return
+        key, record = report
         threading.Thread(
             target=self._put_report, args=(key, record), name="report-silence", daemon=True
         ).start()
@@ -495,7 +509,10 @@ class WorkerRuntime:
         if store is None or plan is None or self._closed.is_set():
             return True
         me = self.settings.worker_id
-        newer = reports.record_finish(store, self.keys, plan, me, self.committed)
+        assert self._rounds is not None
+        newer = reports.record_finish(
+            store, self.keys, plan, me, self.committed, self._rounds.current
+        )
         if newer is None:
             return True
         log.info("round %d formed as training ended here: joining it", newer.round_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -117,8 +117,24 @@ class Plan:
         )
 
 
+class RoundLike(Protocol):
+    """What a worker reads of a round: the whole ``Plan``, or the view of it its host
+    reads (``rendezvous.host_plan.RoundView``)."""
+
+    @property
+    def round_id(self) -> int: ...
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def handover(self) -> bool: ...
+
+    def member(self, worker_id: str) -> Member | None: ...
+
+
 def handover_for(
-    plan: Plan, latest: Plan | None, current: Plan | None, worker_id: str
+    plan: RoundLike, latest: RoundLike | None, current: RoundLike | None, worker_id: str
 ) -> tuple[bool, bool]:
     """How worker ``worker_id`` takes the newer ``plan``, having formed the round
     ``current`` (None: none yet) and seen ``latest`` before it (pure): whether it defers
@@ -138,7 +154,7 @@ def handover_for(
     return defer, plan.handover and was_in and plan.member(worker_id) is None
 
 
-def plan_is_current(plan: Plan, latest: Plan | None, highest_term: int) -> bool:
+def plan_is_current(plan: RoundLike, latest: RoundLike | None, highest_term: int) -> bool:
     """Whether a worker takes ``plan``, having ``latest`` and the leader term
     ``highest_term`` seen so far (pure): a plan of an older term comes from a driver
     that has lost the lead (a paused old leader that woke up) and is refused; else only

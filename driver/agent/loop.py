@@ -47,8 +47,8 @@ from rendezvous.agent_records import (
     leader_term,
 )
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.host_plan import RoundHead, RoundView, read_view
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
 from rendezvous.watch import follow_in_thread
@@ -116,7 +116,7 @@ class Agent:
         self._assignments: dict[str, Assignment] = {}
         self._table = ProcessTable()
         self._view = AgentView()
-        self._plan: Plan | None = None
+        self._plan: RoundView | None = None  # the newest round, as this host reads it
         self._lease: Lease | None = None
         self._started = time.time()
         self._drain_until: float | None = None  # preempted: ends by then at the latest
@@ -241,7 +241,7 @@ class Agent:
             term = leader_term(record.value if record is not None else None)
             self._view = rules.leader_seen(self._view, term, self._clock())
         elif isinstance(item, news.RoundChanged):
-            self._take_round(item.value)
+            self._take_round(item.view)
         elif isinstance(item, news.Ended):
             self._view = replace(self._view, ended=True)
         elif isinstance(item, news.Exited):
@@ -253,11 +253,8 @@ class Agent:
         except ValueError as exc:
             log.warning("agent of %s: ignoring assignment %s: %s", self.host, process_id, exc)
 
-    def _take_round(self, value: bytes) -> None:
-        try:
-            plan = Plan.from_json(value)
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("agent of %s: unreadable round: %s", self.host, exc)
+    def _take_round(self, plan: RoundView) -> None:
+        if self._plan is not None and plan.round_id <= self._plan.round_id:
             return
         self._plan = plan
         for entry in self._table.alive():
@@ -453,10 +450,21 @@ class Agent:
             value = next((kv.value for kv in kvs if kv.key == leader_key), None)
             post(news.LeaderSeen(leader_term(value)))
 
+        def round_read(head_value: bytes) -> None:
+            # This host's part of the round, read here: the loop does no I/O for it.
+            try:
+                head = RoundHead.from_json(head_value)
+                view = read_view(self._store.get, keys, head, self.host)
+            except (ValueError, RendezvousError) as exc:
+                log.warning("agent of %s: unreadable round: %s", self.host, exc)
+                return
+            if view is not None:
+                post(news.RoundChanged(view))
+
         def round_resync(kvs: Sequence[KeyValue]) -> None:
             for kv in kvs:
-                if kv.key == keys.round:
-                    post(news.RoundChanged(kv.value))
+                if kv.key == keys.plan_head:
+                    round_read(kv.value)
 
         retire_key, agent_id = keys.retire(self.host), self._agent_id.encode()
 
@@ -482,11 +490,9 @@ class Agent:
             ),
             (leader_key, leader_event, leader_resync),
             (
-                keys.round,
+                keys.plan_head,
                 lambda e: (
-                    post(news.RoundChanged(e.value))
-                    if e.type == PUT and e.key == keys.round
-                    else None
+                    round_read(e.value) if e.type == PUT and e.key == keys.plan_head else None
                 ),
                 round_resync,
             ),
