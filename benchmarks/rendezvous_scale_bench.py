@@ -18,6 +18,8 @@ round takes it in. Measured per (store, N):
   watches (``worker_events_per_round`` and ``driver_events_per_round`` split it);
   ``driver_turns_per_round``: the driver's turns of its rules (one per burst of
   messages that changes something).
+* ``store_sent_bytes_per_round``: bytes the store's process sent to its clients
+  (``store_sent_bytes``).
 * ``cpu_ms_per_round``: CPU of the driver process, the store's process (the embedded
   server run alone, ``python -m rendezvous.server``, or etcd) and every simulated
   worker together (``workers``), from ``/proc`` over the measured rounds.
@@ -37,7 +39,8 @@ One JSON line per (store, N) on stdout:
     {"bench": "rendezvous_scale", "store", "workers", "hosts", "host_processes",
      "rounds", "plan_bytes", "leave_ms", "join_ms", "publish_ms", "writes_per_round",
      "watch_events_per_round", "worker_events_per_round", "driver_events_per_round",
-     "driver_turns_per_round", "cpu_ms_per_round", "seconds", "load_avg"[, "error"]}
+     "driver_turns_per_round", "store_sent_bytes_per_round", "cpu_ms_per_round", "seconds",
+     "load_avg"[, "error"]}
 
     nice -n 19 python benchmarks/rendezvous_scale_bench.py [--workers 16 64 256 1024]
         [--stores embedded etcd] [--cycles 5]
@@ -55,7 +58,9 @@ import multiprocessing.connection
 import os
 import queue
 import random
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -376,7 +381,7 @@ class DriverStandIn:
         self._queue: queue.Queue[Message] = queue.Queue()
         self._registered: dict[str, tuple[int, WorkerInfo]] = {}  # by id: (create rev, info)
         self.plan: Plan | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.events = 0
         self.turns = 0
         self.published: dict[int, float] = {}  # round id -> monotonic time of the put
@@ -447,15 +452,39 @@ class DriverStandIn:
         candidate = planner.next_plan(self.plan, live, self._hosts, min_np, None)
         if candidate is None or not planner.needs_new_round(self.plan, candidate):
             return
-        self._store.put(self._keys.round, candidate.to_json())
+        self.publish(candidate)
         with self.lock:
             self.published[candidate.round_id] = time.monotonic()
-        self.plan = candidate
+            self.plan = candidate
+            self.lock.notify_all()
+
+    def publish(self, plan: Plan) -> None:
+        """The whole plan under the round key, every worker's watch (the protocol this
+        benchmark measures), then the failure reports cleared."""
+        self._store.put(self._keys.round, plan.to_json())
         self._store.delete_prefix(self._keys.failures)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             return {"events": self.events, "turns": self.turns, "published": dict(self.published)}
+
+    def wait_round(self, after: int, worker_id: str, present: bool, timeout: float) -> int:
+        """The first round after ``after`` that has (``present``) or lacks ``worker_id``,
+        once published (for a benchmark that does not read the whole plan itself).
+
+        Raises:
+            TimeoutError: none within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                plan = self.plan
+                newer = plan is not None and plan.round_id > after
+                if newer and plan and (plan.member(worker_id) is not None) == present:
+                    return plan.round_id
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no round after {after} with {worker_id} {present}")
+                self.lock.wait(remaining)
 
 
 def driver_main(
@@ -465,12 +494,14 @@ def driver_main(
     job_id: str,
     hosts: list[tuple[str, int]],
     np: int,
+    stand_in_class: type[DriverStandIn] = DriverStandIn,
 ) -> None:
     store = open_store(store_url, secret, PATIENT)
     stop = threading.Event()
-    stand_in = DriverStandIn(store, JobKeys(job_id), [HostSlots(h, s) for h, s in hosts], np)
+    stand_in = stand_in_class(store, JobKeys(job_id), [HostSlots(h, s) for h, s in hosts], np)
     stand_in.follow(stop)
-    spawn("driver-commands", serve_commands, conn, {"stats": stand_in.stats, "stop": stop.set})
+    handlers = {"stats": stand_in.stats, "wait_round": stand_in.wait_round, "stop": stop.set}
+    spawn("driver-commands", serve_commands, conn, handlers)
     stand_in.run(stop)
     store.close()
 
@@ -562,6 +593,20 @@ def etcd_store() -> Iterator[StoreUnderTest]:
 
 
 STORES = {"embedded": embedded_store, "etcd": etcd_store}
+
+
+def store_sent_bytes(store: StoreUnderTest) -> int:
+    """Bytes the store's process has sent to its clients so far, over the connections
+    open now (the kernel's count for each TCP connection from the store's port, ``ss``;
+    the clients keep theirs for the whole run)."""
+    port = store.url.rsplit(":", 1)[1]
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sum(int(m) for m in re.findall(r"bytes_sent:(\d+)", out))
 
 
 # ------------------------------------------------------------------------- one config
@@ -737,6 +782,7 @@ class Bench:
             "driver": self.driver.call("stats"),
             "members": sum(s["events"] for s in call_all(self.host_children, "stats", timeout=60)),
             "revision": self.client.revision(),
+            "sent": store_sent_bytes(self.store),
         }
 
     def run(self) -> dict[str, Any]:
@@ -768,6 +814,7 @@ class Bench:
             "worker_events_per_round": worker_events,
             "driver_events_per_round": driver_events,
             "driver_turns_per_round": per_round(lambda s: s["driver"]["turns"]),
+            "store_sent_bytes_per_round": round(per_round(lambda s: s["sent"])),
             "cpu_ms_per_round": {
                 k: round((after["cpu"][k] - before["cpu"][k]) * 1e3 / rounds, 1)
                 for k in after["cpu"]
