@@ -106,7 +106,7 @@ class HostPart:
                 "round_id": self.round_id,
                 "digest": self.digest,
                 "host": self.host,
-                "members": [asdict(m) for m in self.members],
+                "members": [m.to_dict() for m in self.members],
                 "peers": [[p.rank, p.worker_id, p.address] for p in self.peers],
             },
             sort_keys=True,
@@ -191,9 +191,10 @@ class RoundView:
         return known[1] if known is not None else None
 
 
-def plan_digest(plan: Plan) -> str:
-    """A digest of the whole plan: names it apart from any other plan of its number."""
-    return hashlib.sha256(plan.to_json()).hexdigest()[:24]
+def plan_digest(plan: Plan, encoded: bytes | None = None) -> str:
+    """A digest of the whole plan (``encoded``: its ``to_json``, when already made):
+    names it apart from any other plan of its number."""
+    return hashlib.sha256(plan.to_json() if encoded is None else encoded).hexdigest()[:24]
 
 
 def head_of(plan: Plan, digest: str | None = None) -> RoundHead:
@@ -208,15 +209,16 @@ def head_of(plan: Plan, digest: str | None = None) -> RoundHead:
     )
 
 
-def split_plan(plan: Plan) -> tuple[RoundHead, dict[str, HostPart]]:
-    """``plan``'s head and each host's part (pure; linear in the plan's size).
+def split_plan(plan: Plan, encoded: bytes | None = None) -> tuple[RoundHead, dict[str, HostPart]]:
+    """``plan``'s head and each host's part (pure; linear in the plan's size;
+    ``encoded``: the plan's ``to_json``, when already made).
 
     A host's peers: each member's ring neighbours (rank - 1 and rank + 1, around the
     ring) on other hosts, and the first members of the hosts before and after it in
     order of their first ranks (the leaders' ring of a hierarchical transport: one
     leader per host, the member of lowest rank, as ``elastic.comm.transports.topology``
     groups them when hosts are machines)."""
-    head = head_of(plan)
+    head = head_of(plan, plan_digest(plan, encoded))
     size = plan.size
     by_host: dict[str, list[Member]] = {}
     for m in plan.members:
@@ -265,13 +267,14 @@ class PlanWrites:
 def plan_ops(keys: JobKeys, plan: Plan, previous_round: int | None) -> PlanWrites:
     """The writes that publish ``plan`` (pure; see ``PlanWrites``). ``previous_round``:
     the round published before it, whose parts are deleted (None: none known)."""
-    head, parts = split_plan(plan)
+    whole = plan.to_json()
+    head, parts = split_plan(plan, whole)
     puts = [Put(keys.plan_host(plan.round_id, h), p.to_json()) for h, p in parts.items()]
     cleanup: list[Put | Delete] = []
     if previous_round is not None and previous_round != plan.round_id:
         cleanup.append(Delete(keys.plan_hosts_of(previous_round), prefix=True))
     main: list[Put | Delete] = [
-        Put(keys.round, plan.to_json()),
+        Put(keys.round, whole),
         Put(keys.plan_head, head.to_json()),
         *cleanup,
     ]

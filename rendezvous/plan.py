@@ -54,6 +54,11 @@ class Member:
     cross_rank: int
     cross_size: int
 
+    def to_dict(self) -> dict:
+        """Its fields (what ``dataclasses.asdict`` gives, without its deep copy: a plan
+        of thousands of members is encoded at every round)."""
+        return dict(vars(self))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -95,7 +100,7 @@ class Plan:
         return json.dumps(
             {
                 "round_id": self.round_id,
-                "members": [asdict(m) for m in self.members],
+                "members": [m.to_dict() for m in self.members],
                 "term": self.term,
                 **({"snapshot": self.snapshot} if self.snapshot else {}),
                 **({"snapshot_token": self.snapshot_token} if self.snapshot_token else {}),
