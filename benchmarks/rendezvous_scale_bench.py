@@ -294,22 +294,14 @@ class SimHost:
 
         Raises:
             TimeoutError: some member did not within ``timeout`` (names them)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                members = list(self.members.values())
-                held = {m.spec.member_id: m.held_since(round_id) for m in members}
-                missing = [i for i, t in held.items() if t is None]
-                if not missing:
-                    return {i: t for i, t in held.items() if t is not None}
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    failures = {m.failed for m in members if m.failed}
-                    raise TimeoutError(
-                        f"{len(missing)} members never held round {round_id} "
-                        f"(e.g. {missing[:3]}; failures: {sorted(failures)[:3]})"
-                    )
-                self._cond.wait(min(remaining, 1.0))
+
+        def held() -> dict[str, float | None]:
+            return {i: m.held_since(round_id) for i, m in self.members.items()}
+
+        def failures() -> list[str]:
+            return sorted({m.failed for m in self.members.values() if m.failed})
+
+        return wait_held(self._cond, held, failures, round_id, timeout)
 
     def stats(self) -> dict[str, int]:
         with self._cond:
@@ -320,6 +312,34 @@ class SimHost:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for member in list(self.members.values()):
             member.close()
+
+
+def wait_held(
+    cond: threading.Condition,
+    held: Callable[[], dict[str, float | None]],
+    failures: Callable[[], list[str]],
+    round_id: int,
+    timeout: float,
+) -> dict[str, float]:
+    """Wait on ``cond`` until ``held()`` (each worker's time it held round ``round_id``,
+    None: not yet; read under ``cond``) has a time for every worker; those times.
+
+    Raises:
+        TimeoutError: some did not within ``timeout`` (names them, with ``failures()``)."""
+    deadline = time.monotonic() + timeout
+    with cond:
+        while True:
+            times = held()
+            missing = [i for i, t in times.items() if t is None]
+            if not missing:
+                return {i: t for i, t in times.items() if t is not None}
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{len(missing)} workers never held round {round_id} "
+                    f"(e.g. {missing[:3]}; failures: {failures()[:3]})"
+                )
+            cond.wait(min(remaining, 1.0))
 
 
 def serve_commands(conn: multiprocessing.connection.Connection, handlers: dict) -> None:
@@ -452,17 +472,20 @@ class DriverStandIn:
         candidate = planner.next_plan(self.plan, live, self._hosts, min_np, None)
         if candidate is None or not planner.needs_new_round(self.plan, candidate):
             return
-        self.publish(candidate)
+        written = self.publish(candidate)
         with self.lock:
-            self.published[candidate.round_id] = time.monotonic()
+            self.published[candidate.round_id] = written
             self.plan = candidate
             self.lock.notify_all()
 
-    def publish(self, plan: Plan) -> None:
+    def publish(self, plan: Plan) -> float:
         """The whole plan under the round key, every worker's watch (the protocol this
-        benchmark measures), then the failure reports cleared."""
+        benchmark measures), then the failure reports cleared; the time of the plan's
+        write (a watch may deliver it before this returns)."""
         self._store.put(self._keys.round, plan.to_json())
+        written = time.monotonic()
         self._store.delete_prefix(self._keys.failures)
+        return written
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -786,41 +809,74 @@ class Bench:
         }
 
     def run(self) -> dict[str, Any]:
-        started = time.monotonic()
-        self.start_members()
-        self.cycle()  # warm-up: every code path once
-        before = self.snapshot()
-        leaves, joins, publishes = [], [], []
-        for _ in range(self.args.cycles):
-            leave, join, published = self.cycle()
-            leaves.append(leave)
-            joins.append(join)
-            publishes += [published["leave"], published["join"]]
-        after = self.snapshot()
-        rounds = 2 * self.args.cycles
-
-        def per_round(get: Callable[[dict], float]) -> float:
-            return round((get(after) - get(before)) / rounds, 1)
-
-        driver_events = per_round(lambda s: s["driver"]["events"])
-        worker_events = per_round(lambda s: s["members"])
+        measured = measure_rounds(self.start_members, self.cycle, self.snapshot, self.args.cycles)
         return {
             "plan_bytes": self.observer.plan_bytes,
-            "leave_ms": latency_summary(leaves),
-            "join_ms": latency_summary(joins),
-            "publish_ms": round(statistics.median(publishes) * 1e3, 1),
-            "writes_per_round": per_round(lambda s: s["revision"]),
-            "watch_events_per_round": round(driver_events + worker_events, 1),
-            "worker_events_per_round": worker_events,
-            "driver_events_per_round": driver_events,
-            "driver_turns_per_round": per_round(lambda s: s["driver"]["turns"]),
-            "store_sent_bytes_per_round": round(per_round(lambda s: s["sent"])),
-            "cpu_ms_per_round": {
-                k: round((after["cpu"][k] - before["cpu"][k]) * 1e3 / rounds, 1)
-                for k in after["cpu"]
-            },
-            "seconds": round(time.monotonic() - started, 1),
+            **round_costs(measured, "members", "worker_events_per_round"),
+            "driver_turns_per_round": measured.per_round(lambda s: s["driver"]["turns"]),
         }
+
+
+@dataclass
+class Measured:
+    """What ``measure_rounds`` saw: the snapshots around the measured rounds, each
+    member's latencies per round, and the driver's publish times."""
+
+    before: dict[str, Any]
+    after: dict[str, Any]
+    rounds: int
+    leaves: list[list[float]]
+    joins: list[list[float]]
+    publishes: list[float]
+    seconds: float
+
+    def per_round(self, get: Callable[[dict], float]) -> float:
+        return round((get(self.after) - get(self.before)) / self.rounds, 1)
+
+
+Cycle = Callable[[], tuple[list[float], list[float], dict[str, float]]]
+
+
+def measure_rounds(
+    start: Callable[[], None], cycle: Cycle, snapshot: Callable[[], dict], cycles: int
+) -> Measured:
+    """Start, one warm-up cycle (every code path once), then ``cycles`` measured
+    leave+join cycles between two snapshots."""
+    started = time.monotonic()
+    start()
+    cycle()
+    before = snapshot()
+    leaves, joins, publishes = [], [], []
+    for _ in range(cycles):
+        leave, join, published = cycle()
+        leaves.append(leave)
+        joins.append(join)
+        publishes += [published["leave"], published["join"]]
+    after = snapshot()
+    seconds = round(time.monotonic() - started, 1)
+    return Measured(before, after, 2 * cycles, leaves, joins, publishes, seconds)
+
+
+def round_costs(m: Measured, clients: str, clients_name: str) -> dict[str, Any]:
+    """The costs per round both benchmarks report; ``clients``: the snapshots' count
+    of the store clients' watch events, reported as ``clients_name``."""
+    driver_events = m.per_round(lambda s: s["driver"]["events"])
+    client_events = m.per_round(lambda s: s[clients])
+    return {
+        "leave_ms": latency_summary(m.leaves),
+        "join_ms": latency_summary(m.joins),
+        "publish_ms": round(statistics.median(m.publishes) * 1e3, 1),
+        "writes_per_round": m.per_round(lambda s: s["revision"]),
+        "watch_events_per_round": round(driver_events + client_events, 1),
+        clients_name: client_events,
+        "driver_events_per_round": driver_events,
+        "store_sent_bytes_per_round": round(m.per_round(lambda s: s["sent"])),
+        "cpu_ms_per_round": {
+            k: round((m.after["cpu"][k] - m.before["cpu"][k]) * 1e3 / m.rounds, 1)
+            for k in m.after["cpu"]
+        },
+        "seconds": m.seconds,
+    }
 
 
 def run_config(store_name: str, n: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -218,23 +218,15 @@ class AgentProcess:
 
         Raises:
             TimeoutError: some did not within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                held = {
-                    w: a.held_since(w, round_id) for a in self.agents.values() for w in a.workers
-                }
-                missing = [w for w, t in held.items() if t is None]
-                if not missing:
-                    return {w: t for w, t in held.items() if t is not None}
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    failures = sorted({a.failed for a in self.agents.values() if a.failed})
-                    raise TimeoutError(
-                        f"{len(missing)} workers never held round {round_id} "
-                        f"(e.g. {missing[:3]}; failures: {failures[:3]})"
-                    )
-                self._cond.wait(min(remaining, 1.0))
+
+        def held() -> dict[str, float | None]:
+            agents = self.agents.values()
+            return {w: a.held_since(w, round_id) for a in agents for w in a.workers}
+
+        def failures() -> list[str]:
+            return sorted({a.failed for a in self.agents.values() if a.failed})
+
+        return base.wait_held(self._cond, held, failures, round_id, timeout)
 
     def stats(self) -> dict[str, int]:
         return {"events": sum(a.events for a in self.agents.values())}
@@ -270,17 +262,19 @@ class HostPlanDriver(base.DriverStandIn):
     with the whole plan, its head, the parts (written before it when many) and the
     previous round's parts deleted, and the failure reports cleared."""
 
-    def publish(self, plan: Plan) -> None:
+    def publish(self, plan: Plan) -> float:
         previous = self.plan.round_id if self.plan is not None else None
         writes = plan_ops(self._keys, plan, previous)
         for batch in writes.before:
             self._store.txn([], list(batch))
         self._store.txn([], [*writes.publish, Delete(self._keys.failures, prefix=True)])
+        written = time.monotonic()
         puts = [op for batch in writes.before for op in batch] + list(writes.publish)
         sizes = [len(op.value) for op in puts if isinstance(op, Put)]
         with self.lock:
             self.plan_bytes = {"all": sum(sizes), "whole": len(plan.to_json())}
             self.plan_bytes["head"] = len(writes.head.to_json())
+        return written
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -398,46 +392,19 @@ class Sim:
         }
 
     def run(self) -> dict[str, Any]:
-        started = time.monotonic()
-        self.start()
-        self.cycle()  # warm-up: every code path once
-        before = self.snapshot()
-        leaves, joins, publishes = [], [], []
-        for _ in range(self.args.cycles):
-            leave, join, published = self.cycle()
-            leaves.append(leave)
-            joins.append(join)
-            publishes += [published["leave"], published["join"]]
-        after = self.snapshot()
-        rounds = 2 * self.args.cycles
-
-        def per_round(get: Callable[[dict], float]) -> float:
-            return round((get(after) - get(before)) / rounds, 1)
-
-        driver_events = per_round(lambda s: s["driver"]["events"])
-        agent_events = per_round(lambda s: s["agents"])
+        measured = base.measure_rounds(self.start, self.cycle, self.snapshot, self.args.cycles)
+        costs = base.round_costs(measured, "agents", "agent_events_per_round")
         return {
-            "plan_bytes": after["driver"]["plan_bytes"],
-            "leave_ms": summary(leaves),
-            "join_ms": summary(joins),
-            "publish_ms": round(statistics.median(publishes) * 1e3, 1),
-            "writes_per_round": per_round(lambda s: s["revision"]),
-            "watch_events_per_round": round(driver_events + agent_events, 1),
-            "agent_events_per_round": agent_events,
-            "driver_events_per_round": driver_events,
-            "store_sent_bytes_per_round": round(per_round(lambda s: s["sent"])),
-            "cpu_ms_per_round": {
-                k: round((after["cpu"][k] - before["cpu"][k]) * 1e3 / rounds, 1)
-                for k in after["cpu"]
-            },
-            "seconds": round(time.monotonic() - started, 1),
+            "plan_bytes": measured.after["driver"]["plan_bytes"],
+            **costs,
+            "leave_ms": last_named(costs["leave_ms"]),
+            "join_ms": last_named(costs["join_ms"]),
         }
 
 
-def summary(rounds: list[list[float]]) -> dict[str, float | None]:
+def last_named(summary: dict[str, float | None]) -> dict[str, float | None]:
     """``rendezvous_scale_bench.latency_summary``, its slowest member named ``last``."""
-    s = base.latency_summary(rounds)
-    return {"p50": s["p50"], "p99": s["p99"], "last": s["all_median"]}
+    return {"p50": summary["p50"], "p99": summary["p99"], "last": summary["all_median"]}
 
 
 def run_config(store_name: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
