@@ -3,7 +3,7 @@ peer to blame, when there is one), a peer's silence, rank 0's progress, and the 
 its training.
 
 The records and the writes, apart from ``elastic.runtime`` (a worker's membership),
-which calls them with its store, lease and keys.
+which calls them with its store, its registration's lease and keys.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rendezvous.plan import (
     ProgressRecord,
     progress_period,
 )
-from rendezvous.store import Compare, KVStore, Lease, Put
+from rendezvous.store import Compare, KVStore, Put
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,10 @@ def silence_report(
     return keys.silence(plan.round_id, worker_id, suspect), record
 
 
-def put_report(store: KVStore | None, lease: Lease | None, key: str, record: bytes) -> None:
-    """Write a report under the worker's lease (best effort, never raises)."""
-    if store is None or lease is None:
+def put_report(store: KVStore | None, lease: int, key: str, record: bytes) -> None:
+    """Write a report under the lease of the worker's registration (its own, or its
+    agent's: the report ends with it; best effort, never raises)."""
+    if store is None or not lease:
         return
     try:
         store.put(key, record, lease=lease)

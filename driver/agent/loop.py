@@ -15,6 +15,12 @@ dies, or is cut off, the record lapses within seconds and the driver takes the h
 lost. An agent that finds its lease gone (it was cut off) stops everything and ends: the
 driver gave up on it and starts a fresh agent when it wants the host again.
 
+The workers it starts register and learn their rounds through it
+(``driver.agent.workers``: a Unix socket whose path they find in
+``ELASTIC_AGENT_SOCKET``): their registrations live under the agent's lease, and the
+round it follows is forwarded to them, so the store holds one lease and one watch per
+host.
+
 Output of the processes is forwarded, prefixed ``[rank]`` (the agent follows the round
 key for ranks) or ``[host:slot]`` before a rank, to the streams the launcher was given
 (``driver.agent.output.Tee``: stdout and the per-host log file).
@@ -34,11 +40,13 @@ from typing import Callable
 from driver.agent import news, rules
 from driver.agent.rules import AgentView, ProcState
 from driver.agent.table import ProcessTable, TableEntry
+from driver.agent.workers import WorkerChannel, store_registrations
 from driver.errors import LauncherError, LaunchError
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
+from rendezvous import env
 from rendezvous.agent_records import (
     AGENT_LEASE_TTL,
     AgentRecord,
@@ -118,6 +126,8 @@ class Agent:
         self._view = AgentView()
         self._plan: RoundView | None = None  # the newest round, as this host reads it
         self._lease: Lease | None = None
+        self._channel = WorkerChannel(*store_registrations(store, keys, lambda: self._lease))
+        self._channel_path = ""  # where its workers reach the channel ("": not open)
         self._started = time.time()
         self._drain_until: float | None = None  # preempted: ends by then at the latest
 
@@ -143,6 +153,7 @@ class Agent:
         """
         self._register()
         try:
+            self._channel_path = self._channel.start()
             self._follow()
             while True:
                 reason = self._turn()
@@ -159,6 +170,7 @@ class Agent:
         finally:
             self._done.set()
             self._stop_everything()
+            self._channel.close()
             self._unregister()
 
     def _turn(self) -> str | None:
@@ -297,7 +309,7 @@ class Agent:
                 host=self.host,
                 slot=assignment.slot,
                 command=assignment.command,
-                env=assignment.env,
+                env={**assignment.env, env.ENV_AGENT_SOCKET: self._channel_path},
                 cwd=assignment.cwd or None,
                 label=assignment.label,
                 log_path=assignment.log_path or None,
@@ -324,6 +336,7 @@ class Agent:
         entry = self._table.get(process_id)
         if entry is None or entry.state is ProcState.EXITED:
             return
+        self._channel.forget(process_id)  # (a child of it may hold its channel open)
         ended = self._table.exited(process_id, code, time.time())
         pid = ended.process.pid if ended.process is not None else 0
         self._write_status(process_id, pid, ended.started, code=code, ended=ended.ended)
@@ -459,6 +472,7 @@ class Agent:
                 log.warning("agent of %s: unreadable round: %s", self.host, exc)
                 return
             if view is not None:
+                self._channel.publish(view)  # to the workers at once, not after a turn
                 post(news.RoundChanged(view))
 
         def round_resync(kvs: Sequence[KeyValue]) -> None:
