@@ -153,7 +153,7 @@ class Agent:
         """
         self._register()
         try:
-            self._channel_path = self._channel.start()
+            self._open_channel()
             self._follow()
             while True:
                 reason = self._turn()
@@ -172,6 +172,14 @@ class Agent:
             self._stop_everything()
             self._channel.close()
             self._unregister()
+
+    def _open_channel(self) -> None:
+        """Open the workers' channel; without one (no socket could be made) they are
+        the store's clients themselves, as without an agent."""
+        try:
+            self._channel_path = self._channel.start()
+        except OSError as exc:
+            log.warning("agent of %s: its workers register themselves: %s", self.host, exc)
 
     def _turn(self) -> str | None:
         """Wait for news (up to ``TICK``), take every piece that came, reconcile."""

@@ -131,8 +131,13 @@ class WorkerChannel:
             self._dir = tempfile.mkdtemp(prefix="elastic-agent-", dir="/tmp")
             path = os.path.join(self._dir, SOCKET_NAME)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(128)
+        try:
+            listener.bind(path)
+            listener.listen(128)
+        except OSError:
+            listener.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         self._listener = listener
         spawn("agent-channel", self._accept, listener)
         return path
