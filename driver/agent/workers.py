@@ -73,13 +73,34 @@ def store_registrations(
 
 
 class _Worker:
-    """One connected worker: its socket, and a lock so that a round forwarded and an
-    answer never interleave on it."""
+    """One connected worker: its socket, a lock so that a round forwarded and an answer
+    never interleave on it, and the newest round not yet sent, which a thread of its own
+    sends (a frozen worker that reads nothing blocks that thread only, never the
+    agent's; a round newer than one still waiting replaces it)."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.lock = threading.Lock()
         self.worker_id: str | None = None
+        self._wake = threading.Condition()
+        self._pending: RoundNews | None = None
+        self._closed = False
+
+    def offer(self, news: RoundNews) -> None:
+        """Send round ``news`` soon (from the sending thread)."""
+        with self._wake:
+            self._pending = news
+            self._wake.notify()
+
+    def send_rounds(self) -> None:
+        """The sending thread: each newest round, until the worker is closed or gone."""
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                news, self._pending = self._pending, None
+            if self._closed or news is None or not self.send(news):
+                return
 
     def send(self, message: Message) -> bool:
         """False when the worker is gone (its reader thread then cleans up)."""
@@ -91,6 +112,9 @@ class _Worker:
                 return False
 
     def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
@@ -158,6 +182,7 @@ class WorkerChannel:
             with self._lock:
                 self._connected.add(worker)
             spawn("agent-channel-worker", self._serve, worker)
+            spawn("agent-channel-rounds", worker.send_rounds)
 
     def _serve(self, worker: _Worker) -> None:
         reader = MessageReader(worker.sock)
@@ -181,7 +206,7 @@ class WorkerChannel:
             self._workers[worker_id] = worker
             latest = self._latest
             if latest is not None:
-                worker.send(latest)
+                worker.offer(latest)
         if replaced is not None and replaced is not worker:
             replaced.close()
         try:
@@ -224,7 +249,7 @@ class WorkerChannel:
             self._latest, self._latest_round = news, view.round_id
             targets = list(self._connected)
         for worker in targets:
-            worker.send(news)
+            worker.offer(news)
 
     def close(self) -> None:
         """Stop listening and close every connection (the registrations stay: they end

@@ -180,3 +180,34 @@ def test_a_worker_whose_agent_goes_ends_itself(embedded_server):
         closed.set()
         agent.close()
         store.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_that_reads_nothing_holds_up_no_other_workers_rounds(embedded_server):
+    """A frozen worker (SIGSTOP: it reads nothing) fills its socket's buffer; the
+    agent's rounds still reach the others at once, and ``publish`` never waits."""
+    store = open_store(f"embedded://{embedded_server.address}", embedded_server.secret)
+    agent = HostAgent(store, JobKeys("j"))
+    clients = []
+    try:
+        for worker_id in ("frozen", "live"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(agent.path)
+            send(sock, Register(WorkerInfo(worker_id, HOST, 0, 1, "127.0.0.1:1")))
+            clients.append(sock)
+        live = MessageReader(clients[1])
+        # Rounds of 200 members on this host (about 30 KB each): megabytes in all, more
+        # than the frozen worker's socket holds.
+        infos = [WorkerInfo(f"m{i}", HOST, i, 1, f"127.0.0.1:{1000 + i}") for i in range(200)]
+        for round_id in range(1, 121):
+            agent.channel.publish(view_of(build_plan(round_id, infos), HOST))
+        newest = 0
+        while newest < 120:
+            message = live.next()
+            if isinstance(message, RoundNews):
+                newest = message.view().round_id
+    finally:
+        for sock in clients:
+            sock.close()
+        agent.close()
+        store.close()
