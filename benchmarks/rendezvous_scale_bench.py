@@ -18,6 +18,8 @@ round takes it in. Measured per (store, N):
   watches (``worker_events_per_round`` and ``driver_events_per_round`` split it);
   ``driver_turns_per_round``: the driver's turns of its rules (one per burst of
   messages that changes something).
+* ``store_sent_bytes_per_round``: bytes the store's process sent to its clients
+  (``store_sent_bytes``).
 * ``cpu_ms_per_round``: CPU of the driver process, the store's process (the embedded
   server run alone, ``python -m rendezvous.server``, or etcd) and every simulated
   worker together (``workers``), from ``/proc`` over the measured rounds.
@@ -37,7 +39,8 @@ One JSON line per (store, N) on stdout:
     {"bench": "rendezvous_scale", "store", "workers", "hosts", "host_processes",
      "rounds", "plan_bytes", "leave_ms", "join_ms", "publish_ms", "writes_per_round",
      "watch_events_per_round", "worker_events_per_round", "driver_events_per_round",
-     "driver_turns_per_round", "cpu_ms_per_round", "seconds", "load_avg"[, "error"]}
+     "driver_turns_per_round", "store_sent_bytes_per_round", "cpu_ms_per_round", "seconds",
+     "load_avg"[, "error"]}
 
     nice -n 19 python benchmarks/rendezvous_scale_bench.py [--workers 16 64 256 1024]
         [--stores embedded etcd] [--cycles 5]
@@ -55,7 +58,9 @@ import multiprocessing.connection
 import os
 import queue
 import random
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -289,22 +294,14 @@ class SimHost:
 
         Raises:
             TimeoutError: some member did not within ``timeout`` (names them)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                members = list(self.members.values())
-                held = {m.spec.member_id: m.held_since(round_id) for m in members}
-                missing = [i for i, t in held.items() if t is None]
-                if not missing:
-                    return {i: t for i, t in held.items() if t is not None}
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    failures = {m.failed for m in members if m.failed}
-                    raise TimeoutError(
-                        f"{len(missing)} members never held round {round_id} "
-                        f"(e.g. {missing[:3]}; failures: {sorted(failures)[:3]})"
-                    )
-                self._cond.wait(min(remaining, 1.0))
+
+        def held() -> dict[str, float | None]:
+            return {i: m.held_since(round_id) for i, m in self.members.items()}
+
+        def failures() -> list[str]:
+            return sorted({m.failed for m in self.members.values() if m.failed})
+
+        return wait_held(self._cond, held, failures, round_id, timeout)
 
     def stats(self) -> dict[str, int]:
         with self._cond:
@@ -315,6 +312,34 @@ class SimHost:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for member in list(self.members.values()):
             member.close()
+
+
+def wait_held(
+    cond: threading.Condition,
+    held: Callable[[], dict[str, float | None]],
+    failures: Callable[[], list[str]],
+    round_id: int,
+    timeout: float,
+) -> dict[str, float]:
+    """Wait on ``cond`` until ``held()`` (each worker's time it held round ``round_id``,
+    None: not yet; read under ``cond``) has a time for every worker; those times.
+
+    Raises:
+        TimeoutError: some did not within ``timeout`` (names them, with ``failures()``)."""
+    deadline = time.monotonic() + timeout
+    with cond:
+        while True:
+            times = held()
+            missing = [i for i, t in times.items() if t is None]
+            if not missing:
+                return {i: t for i, t in times.items() if t is not None}
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{len(missing)} workers never held round {round_id} "
+                    f"(e.g. {missing[:3]}; failures: {failures()[:3]})"
+                )
+            cond.wait(min(remaining, 1.0))
 
 
 def serve_commands(conn: multiprocessing.connection.Connection, handlers: dict) -> None:
@@ -376,7 +401,7 @@ class DriverStandIn:
         self._queue: queue.Queue[Message] = queue.Queue()
         self._registered: dict[str, tuple[int, WorkerInfo]] = {}  # by id: (create rev, info)
         self.plan: Plan | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.events = 0
         self.turns = 0
         self.published: dict[int, float] = {}  # round id -> monotonic time of the put
@@ -447,15 +472,42 @@ class DriverStandIn:
         candidate = planner.next_plan(self.plan, live, self._hosts, min_np, None)
         if candidate is None or not planner.needs_new_round(self.plan, candidate):
             return
-        self._store.put(self._keys.round, candidate.to_json())
+        written = self.publish(candidate)
         with self.lock:
-            self.published[candidate.round_id] = time.monotonic()
-        self.plan = candidate
+            self.published[candidate.round_id] = written
+            self.plan = candidate
+            self.lock.notify_all()
+
+    def publish(self, plan: Plan) -> float:
+        """The whole plan under the round key, every worker's watch (the protocol this
+        benchmark measures), then the failure reports cleared; the time of the plan's
+        write (a watch may deliver it before this returns)."""
+        self._store.put(self._keys.round, plan.to_json())
+        written = time.monotonic()
         self._store.delete_prefix(self._keys.failures)
+        return written
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             return {"events": self.events, "turns": self.turns, "published": dict(self.published)}
+
+    def wait_round(self, after: int, worker_id: str, present: bool, timeout: float) -> int:
+        """The first round after ``after`` that has (``present``) or lacks ``worker_id``,
+        once published (for a benchmark that does not read the whole plan itself).
+
+        Raises:
+            TimeoutError: none within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                plan = self.plan
+                newer = plan is not None and plan.round_id > after
+                if newer and plan and (plan.member(worker_id) is not None) == present:
+                    return plan.round_id
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no round after {after} with {worker_id} {present}")
+                self.lock.wait(remaining)
 
 
 def driver_main(
@@ -465,12 +517,14 @@ def driver_main(
     job_id: str,
     hosts: list[tuple[str, int]],
     np: int,
+    stand_in_class: type[DriverStandIn] = DriverStandIn,
 ) -> None:
     store = open_store(store_url, secret, PATIENT)
     stop = threading.Event()
-    stand_in = DriverStandIn(store, JobKeys(job_id), [HostSlots(h, s) for h, s in hosts], np)
+    stand_in = stand_in_class(store, JobKeys(job_id), [HostSlots(h, s) for h, s in hosts], np)
     stand_in.follow(stop)
-    spawn("driver-commands", serve_commands, conn, {"stats": stand_in.stats, "stop": stop.set})
+    handlers = {"stats": stand_in.stats, "wait_round": stand_in.wait_round, "stop": stop.set}
+    spawn("driver-commands", serve_commands, conn, handlers)
     stand_in.run(stop)
     store.close()
 
@@ -562,6 +616,20 @@ def etcd_store() -> Iterator[StoreUnderTest]:
 
 
 STORES = {"embedded": embedded_store, "etcd": etcd_store}
+
+
+def store_sent_bytes(store: StoreUnderTest) -> int:
+    """Bytes the store's process has sent to its clients so far, over the connections
+    open now (the kernel's count for each TCP connection from the store's port, ``ss``;
+    the clients keep theirs for the whole run)."""
+    port = store.url.rsplit(":", 1)[1]
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sum(int(m) for m in re.findall(r"bytes_sent:(\d+)", out))
 
 
 # ------------------------------------------------------------------------- one config
@@ -737,43 +805,78 @@ class Bench:
             "driver": self.driver.call("stats"),
             "members": sum(s["events"] for s in call_all(self.host_children, "stats", timeout=60)),
             "revision": self.client.revision(),
+            "sent": store_sent_bytes(self.store),
         }
 
     def run(self) -> dict[str, Any]:
-        started = time.monotonic()
-        self.start_members()
-        self.cycle()  # warm-up: every code path once
-        before = self.snapshot()
-        leaves, joins, publishes = [], [], []
-        for _ in range(self.args.cycles):
-            leave, join, published = self.cycle()
-            leaves.append(leave)
-            joins.append(join)
-            publishes += [published["leave"], published["join"]]
-        after = self.snapshot()
-        rounds = 2 * self.args.cycles
-
-        def per_round(get: Callable[[dict], float]) -> float:
-            return round((get(after) - get(before)) / rounds, 1)
-
-        driver_events = per_round(lambda s: s["driver"]["events"])
-        worker_events = per_round(lambda s: s["members"])
+        measured = measure_rounds(self.start_members, self.cycle, self.snapshot, self.args.cycles)
         return {
             "plan_bytes": self.observer.plan_bytes,
-            "leave_ms": latency_summary(leaves),
-            "join_ms": latency_summary(joins),
-            "publish_ms": round(statistics.median(publishes) * 1e3, 1),
-            "writes_per_round": per_round(lambda s: s["revision"]),
-            "watch_events_per_round": round(driver_events + worker_events, 1),
-            "worker_events_per_round": worker_events,
-            "driver_events_per_round": driver_events,
-            "driver_turns_per_round": per_round(lambda s: s["driver"]["turns"]),
-            "cpu_ms_per_round": {
-                k: round((after["cpu"][k] - before["cpu"][k]) * 1e3 / rounds, 1)
-                for k in after["cpu"]
-            },
-            "seconds": round(time.monotonic() - started, 1),
+            **round_costs(measured, "members", "worker_events_per_round"),
+            "driver_turns_per_round": measured.per_round(lambda s: s["driver"]["turns"]),
         }
+
+
+@dataclass
+class Measured:
+    """What ``measure_rounds`` saw: the snapshots around the measured rounds, each
+    member's latencies per round, and the driver's publish times."""
+
+    before: dict[str, Any]
+    after: dict[str, Any]
+    rounds: int
+    leaves: list[list[float]]
+    joins: list[list[float]]
+    publishes: list[float]
+    seconds: float
+
+    def per_round(self, get: Callable[[dict], float]) -> float:
+        return round((get(self.after) - get(self.before)) / self.rounds, 1)
+
+
+Cycle = Callable[[], tuple[list[float], list[float], dict[str, float]]]
+
+
+def measure_rounds(
+    start: Callable[[], None], cycle: Cycle, snapshot: Callable[[], dict], cycles: int
+) -> Measured:
+    """Start, one warm-up cycle (every code path once), then ``cycles`` measured
+    leave+join cycles between two snapshots."""
+    started = time.monotonic()
+    start()
+    cycle()
+    before = snapshot()
+    leaves, joins, publishes = [], [], []
+    for _ in range(cycles):
+        leave, join, published = cycle()
+        leaves.append(leave)
+        joins.append(join)
+        publishes += [published["leave"], published["join"]]
+    after = snapshot()
+    seconds = round(time.monotonic() - started, 1)
+    return Measured(before, after, 2 * cycles, leaves, joins, publishes, seconds)
+
+
+def round_costs(m: Measured, clients: str, clients_name: str) -> dict[str, Any]:
+    """The costs per round both benchmarks report; ``clients``: the snapshots' count
+    of the store clients' watch events, reported as ``clients_name``."""
+    driver_events = m.per_round(lambda s: s["driver"]["events"])
+    client_events = m.per_round(lambda s: s[clients])
+    return {
+        "leave_ms": latency_summary(m.leaves),
+        "join_ms": latency_summary(m.joins),
+        "publish_ms": round(statistics.median(m.publishes) * 1e3, 1),
+        "writes_per_round": m.per_round(lambda s: s["revision"]),
+        "watch_events_per_round": round(driver_events + client_events, 1),
+        clients_name: client_events,
+        "driver_events_per_round": driver_events,
+        "store_sent_bytes_per_round": round(m.per_round(lambda s: s["sent"])),
+        "cpu_ms_per_round": {
+            k: round((m.after["cpu"][k] - m.before["cpu"][k]) * 1e3 / m.rounds, 1)
+            for k in m.after["cpu"]
+        },
+        "seconds": m.seconds,
+    }
 
 
 def run_config(store_name: str, n: int, args: argparse.Namespace) -> dict[str, Any]:

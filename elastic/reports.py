@@ -3,27 +3,27 @@ peer to blame, when there is one), a peer's silence, rank 0's progress, and the 
 its training.
 
 The records and the writes, apart from ``elastic.runtime`` (a worker's membership),
-which calls them with its store, lease and keys.
+which calls them with its store, its registration's lease and keys.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Protocol
+from typing import Callable, Protocol
 
 from elastic.errors import LossCause, PeerLostError
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.host_plan import RoundView
 from rendezvous.keys import JobKeys
 from rendezvous.plan import (
     FailureRecord,
     FinishRecord,
     Member,
-    Plan,
     ProgressRecord,
     progress_period,
 )
-from rendezvous.store import Compare, KVStore, Lease, Put
+from rendezvous.store import Compare, KVStore, Put
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def publish_progress(
             log.debug("could not publish progress: %s", exc)
 
 
-def suspect_of(exc: Exception, plan: Plan | None) -> str | None:
+def suspect_of(exc: Exception, plan: RoundView | None) -> str | None:
     """The worker to blame for ``exc``, when this worker saw it stop answering itself
     (``PeerLostError`` with ``direct`` and ``LossCause.SILENT``: SIGSTOP, a hang, a peer
     that never connects to build the round). A crash needs no suspect: the driver sees
@@ -84,7 +84,7 @@ def suspect_of(exc: Exception, plan: Plan | None) -> str | None:
         return None
     if not 0 <= rank < plan.size:
         return None
-    return plan.members[rank].worker_id
+    return plan.worker_at(rank)
 
 
 def failure_record(worker_id: str, round_id: int, reason: str, suspect: str | None) -> bytes:
@@ -93,19 +93,23 @@ def failure_record(worker_id: str, round_id: int, reason: str, suspect: str | No
 
 
 def silence_report(
-    keys: JobKeys, worker_id: str, plan: Plan, rank: int, quiet: float
-) -> tuple[str, bytes]:
+    keys: JobKeys, worker_id: str, plan: RoundView, rank: int, quiet: float
+) -> tuple[str, bytes] | None:
     """The key and record of ``worker_id``'s report that member ``rank`` of ``plan`` has
-    sent nothing for ``quiet`` seconds."""
-    suspect = plan.members[rank].worker_id
+    sent nothing for ``quiet`` seconds (None: the member is not one this host knows,
+    so not a peer of this worker)."""
+    suspect = plan.worker_at(rank)
+    if suspect is None:
+        return None
     reason = f"silent for {quiet:.1f}s"
     record = FailureRecord(worker_id, plan.round_id, reason, suspect, silent=True).to_json()
     return keys.silence(plan.round_id, worker_id, suspect), record
 
 
-def put_report(store: KVStore | None, lease: Lease | None, key: str, record: bytes) -> None:
-    """Write a report under the worker's lease (best effort, never raises)."""
-    if store is None or lease is None:
+def put_report(store: KVStore | None, lease: int, key: str, record: bytes) -> None:
+    """Write a report under the lease of the worker's registration (its own, or its
+    agent's: the report ends with it; best effort, never raises)."""
+    if store is None or not lease:
         return
     try:
         store.put(key, record, lease=lease)
@@ -114,13 +118,19 @@ def put_report(store: KVStore | None, lease: Lease | None, key: str, record: byt
 
 
 def record_finish(
-    store: KVStore, keys: JobKeys, plan: Plan, worker_id: str, commits: int
-) -> Plan | None:
+    store: KVStore,
+    keys: JobKeys,
+    plan: RoundView,
+    worker_id: str,
+    commits: int,
+    current: Callable[[], RoundView | None],
+) -> RoundView | None:
     """Say in the store that ``worker_id``'s training function returned in ``plan``'s
     round: the training is complete (the driver then forms no new round: see
     ``driver.policy``). Written without a lease, so it outlives the process, and only
-    while the round key still holds this round (one transaction; the driver publishes
-    only while no finish is recorded, ``JobKeys.training_finished``).
+    while the round's head still holds this round (one transaction; the driver
+    publishes only while no finish is recorded, ``JobKeys.training_finished``; the head
+    and the whole plan change together). ``current`` reads the round the store holds.
 
     Returns the newer round that includes ``worker_id``, published first (its members
     wait for this worker, which must join it), else None (the finish is recorded, or the
@@ -128,16 +138,15 @@ def record_finish(
     record = FinishRecord(plan.round_id, commits).to_json()
     try:
         result = store.txn(
-            [Compare(keys.round, "value", "==", plan.to_json())],
+            [Compare(keys.plan_head, "value", "==", plan.head.to_json())],
             [Put(keys.finished(worker_id), record), Put(keys.training_finished, record)],
         )
         if result.succeeded:
             return None
-        current = store.get(keys.round)
+        newer = current()
     except RendezvousError as exc:
         log.warning("could not say that this worker finished: %s", exc)
         return None
-    newer = Plan.from_json(current.value) if current is not None else None
     if newer is None or newer.member(worker_id) is None:
         return None  # a round without this worker: nobody waits for it
     return newer

@@ -2,18 +2,20 @@
 
 A worker launched by ``elastic-run`` finds its job in the environment (``rendezvous.env``):
 
-1. it opens its data-plane listener, then registers ``WorkerInfo`` under a lease at
-   ``/elastic/<job>/workers/<id>`` (the lease ends the registration if it dies);
-2. a watch on ``/elastic/<job>/round`` (not a poll per step) records every newer plan;
-   a newer plan closes the current communicator at once, so any collective in flight
-   raises ``WorkerLostError`` instead of hanging on a peer that is gone;
+1. it opens its data-plane listener, then registers ``WorkerInfo`` at
+   ``/elastic/<job>/workers/<id>`` and follows the job's rounds through its round feed
+   (``elastic.follow``: under a lease and a watch of its own, or through its host's
+   agent, which holds one lease and one watch for the host);
+2. the feed hands it every newer round (not a poll per step); a newer round closes the
+   current communicator at once, so any collective in flight raises
+   ``WorkerLostError`` instead of hanging on a peer that is gone;
 3. ``join(after_round)`` waits for a plan newer than ``after_round`` that includes this
    worker and builds the communicator for it.
 
 A warm spare (``--spares``; ``ELASTIC_SPARE=1``) does the same, but its first wait has
 no deadline: it sits in ``elastic.init()`` until the driver promotes it into a round,
 however long that takes. The wait costs nothing: the thread sleeps on a condition
-that the round watch wakes when a plan arrives (a plan that leaves it out puts it
+that the round feed wakes when a plan arrives (a plan that leaves it out puts it
 back to sleep), not on a poll of the store.
 
 Plans carry the leader term of the driver that wrote them: a worker remembers the
@@ -55,19 +57,21 @@ from elastic.errors import (
     WorkerHandedOverError,
     WorkerLostError,
 )
+from elastic.follow import FeedSettings, RoundFeed, feed_name, open_feed
 from elastic.orphan import exit_when_orphaned
+from elastic.rounds import RoundReader
 from rendezvous import env, open_store
 from rendezvous.errors import (
     RendezvousConfigError,
     RendezvousConnectionError,
     RendezvousError,
 )
+from rendezvous.host_plan import RoundView
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
-from rendezvous.plan import Member, Plan, WorkerInfo, handover_for, plan_is_current
-from rendezvous.retry import Backoff
-from rendezvous.store import PUT, KVStore, Lease, Watch
+from rendezvous.plan import Member, WorkerInfo, handover_for, plan_is_current
+from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,7 @@ class WorkerSettings:
     progress_interval: float = 0.0  # seconds between progress records from rank 0 (0: none)
     comm: CommSettings = field(default_factory=CommSettings)
     spare: bool = False  # a warm spare: waits for its first round without a deadline
+    agent_socket: str = ""  # its host agent's socket: it registers through it ("": itself)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -122,6 +127,7 @@ class WorkerSettings:
             lease_ttl=int(env.tuned(env.ENV_LEASE_TTL, 10, environ)),
             progress_interval=env.number(env.ENV_PROGRESS_INTERVAL, 0.0, environ, positive=False),
             spare=env.flag(env.ENV_SPARE, False, environ),
+            agent_socket=env.text(env.ENV_AGENT_SOCKET, "", environ) or "",
             comm=CommSettings(
                 peer_timeout=env.tuned(env.ENV_PEER_TIMEOUT, 30.0, environ),
                 connect_timeout=env.tuned(env.ENV_CONNECT_TIMEOUT, 30.0, environ),
@@ -136,14 +142,13 @@ class WorkerRuntime:
         self.settings = settings
         self.keys = JobKeys(settings.job_id)
         self._cond = threading.Condition()
-        self._latest: Plan | None = None  # newest plan seen (may not include us)
+        self._latest: RoundView | None = None  # newest round seen (may not include us)
         self.term_seen = 0  # the newest leader term of a plan taken: older ones are refused
-        self.plan: Plan | None = None  # the round our communicator belongs to
+        self.plan: RoundView | None = None  # the round our communicator belongs to
         self.comm: Communicator | None = None
         self._store: KVStore | None = None
-        self._lease: Lease | None = None
-        self._watch: Watch | None = None
-        self._watcher: threading.Thread | None = None
+        self._rounds: RoundReader | None = None
+        self._feed: RoundFeed | None = None
         self._listener: RingListener | None = None
         self._closed = threading.Event()
         self._info: WorkerInfo | None = None
@@ -160,15 +165,23 @@ class WorkerRuntime:
         s = self.settings
         self._orphan_watch = exit_when_orphaned()
         self._store = open_store(s.store_url, s.secret)
+        self._rounds = RoundReader(self._store, self.keys, s.host, self._closed)
         check_job_secret(self._store, self.keys, s.secret)  # (etcd does not check it)
         self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
         self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
-        self._watch = self._open_round_watch()
-        self._watcher = threading.Thread(
-            target=self._follow_rounds, name="elastic-rounds", daemon=True
+        feed = FeedSettings(s.worker_id, s.lease_ttl, s.round_timeout, s.agent_socket)
+        self._feed = open_feed(
+            feed_name(feed),
+            feed,
+            store=self._store,
+            keys=self.keys,
+            rounds=self._rounds,
+            on_round=self._note_plan,
+            newest=lambda: self._latest.round_id if self._latest is not None else 0,
+            closed=self._closed,
+            cut_off=lambda: os.kill(os.getpid(), signal.SIGTERM),  # (its handlers run)
         )
-        self._watcher.start()
-        self._register()
+        self._feed.start(self._info)
         if s.progress_interval > 0:
             threading.Thread(
                 target=reports.publish_progress,
@@ -183,49 +196,6 @@ class WorkerRuntime:
             raise RendezvousError("the worker runtime has not been started")
         return self._store, self._listener, self._info
 
-    def _open_round_watch(self) -> Watch:
-        """Read the current plan, then watch the round key from just after that read."""
-        store, _, _ = self._started()
-        kvs, watch = store.read_and_watch(self.keys.round)
-        for kv in kvs:
-            if kv.key == self.keys.round:
-                self._note_plan(Plan.from_json(kv.value))
-        return watch
-
-    def _register(self) -> None:
-        store, _, info = self._started()
-        lease = store.grant_lease(self.settings.lease_ttl)
-        store.put(self.keys.worker(self.settings.worker_id), info.to_json(), lease=lease)
-        lease.keep_alive(on_lost=self._on_lease_lost)
-        self._lease = lease
-
-    def _on_lease_lost(self, exc: Exception) -> None:
-        """Our registration vanished (the store was away longer than the TTL): register
-        again. A worker that cannot for ``round_timeout`` (the job's --elastic-timeout) is
-        cut off from a job that would itself have given up by then: it ends itself
-        (SIGTERM, so its handlers run), as an orphan does, rather than linger on a host
-        nobody reaches."""
-        if self._closed.is_set():
-            return
-        log.warning("worker registration lease lost (%s); registering again", exc)
-        backoff = Backoff.within(
-            self.settings.round_timeout, initial=0.5, cap=0.5, stop=self._closed
-        )
-        while True:
-            try:
-                self._register()
-                return
-            except RendezvousError as err:
-                log.warning("registering again failed: %s", err)
-            if not backoff.pause():
-                if not self._closed.is_set():
-                    log.error(
-                        "cut off from the job's store for %.0fs: stopping this worker",
-                        self.settings.round_timeout,
-                    )
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return
-
     def shutdown(self) -> None:
         """Leave the job: close the communicator, end the registration, close the store."""
         if self._closed.is_set():
@@ -238,14 +208,8 @@ class WorkerRuntime:
             self._cond.notify_all()
         if comm is not None:
             comm.close("worker shut down")
-        if self._watch is not None:
-            self._watch.cancel()
-        if self._lease is not None:
-            # Stop refreshing but do not revoke: a registration vanishing while the process
-            # still runs looks like a hung worker and would make the driver re-form the
-            # round. The driver removes it when it sees the process exit; the lease ends
-            # it anyway if the driver is gone.
-            self._lease.stop_keep_alive()
+        if self._feed is not None:
+            self._feed.close()  # (the registration stays until the process exits)
         if self._listener is not None:
             self._listener.close()
         if self._store is not None:
@@ -257,42 +221,12 @@ class WorkerRuntime:
         return self._store
 
     @property
-    def lease(self) -> Lease | None:
-        """The worker's registration lease (None while it has none)."""
-        return self._lease
+    def lease_id(self) -> int:
+        """The lease of the worker's registration (its own, or its agent's; 0: none)."""
+        return self._feed.lease_id if self._feed is not None else 0
 
     # ---- rounds ----
-    def _follow_rounds(self) -> None:
-        while not self._closed.is_set():
-            watch = self._watch
-            if watch is None:
-                return
-            try:
-                event = watch.get(timeout=1.0)
-            except RendezvousError as exc:
-                # The watch ended for good (store away too long, history compacted): a
-                # worker that stopped following rounds would hang its next round, so
-                # start over from the current plan.
-                log.warning("round watch ended (%s); following rounds again", exc)
-                self._watch = self._reopen_round_watch()
-                continue
-            if event is not None and event.type == PUT and event.key == self.keys.round:
-                self._note_plan(Plan.from_json(event.value))
-
-    def _reopen_round_watch(self) -> Watch | None:
-        """Watch rounds again, trying until it works or the worker shuts down (then the
-        old watch is returned: the loop that asked stops anyway)."""
-        backoff = Backoff(None, initial=1.0, cap=1.0, stop=self._closed)
-        while not self._closed.is_set():
-            try:
-                return self._open_round_watch()
-            except RendezvousError as exc:
-                log.warning("cannot watch rounds yet: %s", exc)
-            if not backoff.pause():
-                break
-        return self._watch
-
-    def _note_plan(self, plan: Plan) -> None:
+    def _note_plan(self, plan: RoundView) -> None:
         with self._cond:
             if not plan_is_current(plan, self._latest, self.term_seen):
                 if plan.term < self.term_seen:
@@ -372,7 +306,7 @@ class WorkerRuntime:
         plan = self.plan
         return plan.member(self.settings.worker_id) if plan is not None else None
 
-    def join(self, after_round: int | None = None) -> Plan:
+    def join(self, after_round: int | None = None) -> RoundView:
         """Wait for a plan newer than ``after_round`` (default: our current round) that
         includes us, and build its communicator.
 
@@ -389,11 +323,13 @@ class WorkerRuntime:
             plan, me = self._wait_for_plan(after, deadline)
             if deadline is None:  # promoted: from now on it waits like any worker
                 deadline = time.monotonic() + self.settings.round_timeout
+            assert self._rounds is not None
             membership = Membership(
                 round_id=plan.round_id,
                 rank=me.rank,
-                addresses=tuple(m.address for m in plan.members),
+                addresses=self._rounds.addresses(plan),
                 secret=self.settings.secret,
+                world=plan.size,
             )
             try:
                 comm = RingCommunicator(
@@ -424,7 +360,7 @@ class WorkerRuntime:
         latest = self._latest
         return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
 
-    def _wait_for_plan(self, after: int, deadline: float | None) -> tuple[Plan, Member]:
+    def _wait_for_plan(self, after: int, deadline: float | None) -> tuple[RoundView, Member]:
         """The first plan newer than ``after`` that includes this worker, and its place
         (``deadline`` None: an idle spare's wait, for as long as the job keeps it).
 
@@ -469,19 +405,22 @@ class WorkerRuntime:
                     )
                 self._cond.wait(min(remaining, 1.0))
 
-    def report_silence(self, plan: Plan, rank: int, quiet: float) -> None:
+    def report_silence(self, plan: RoundView, rank: int, quiet: float) -> None:
         """Tell the driver that member ``rank`` of ``plan`` has sent nothing for ``quiet``
         seconds (best effort, never raises; runs on the ring's monitor thread, so it
         hands the write to a thread of its own and returns at once)."""
-        if self._store is None or self._lease is None or not 0 <= rank < plan.size:
+        if self._store is None or not self.lease_id or not 0 <= rank < plan.size:
             return
-        key, record = reports.silence_report(self.keys, self.settings.worker_id, plan, rank, quiet)
+        report = reports.silence_report(self.keys, self.settings.worker_id, plan, rank, quiet)
+        if report is None:
+            return
+        key, record = report
         threading.Thread(
             target=self._put_report, args=(key, record), name="report-silence", daemon=True
         ).start()
 
     def _put_report(self, key: str, record: bytes) -> None:
-        reports.put_report(self._store, self._lease, key, record)
+        reports.put_report(self._store, self.lease_id, key, record)
 
     def mark_finished(self) -> bool:
         """Say in the store that this worker's training function returned in its round
@@ -495,7 +434,10 @@ class WorkerRuntime:
         if store is None or plan is None or self._closed.is_set():
             return True
         me = self.settings.worker_id
-        newer = reports.record_finish(store, self.keys, plan, me, self.committed)
+        assert self._rounds is not None
+        newer = reports.record_finish(
+            store, self.keys, plan, me, self.committed, self._rounds.current
+        )
         if newer is None:
             return True
         log.info("round %d formed as training ended here: joining it", newer.round_id)
@@ -504,7 +446,7 @@ class WorkerRuntime:
 
     def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""
-        if self._store is None or self._lease is None:
+        if self._store is None or not self.lease_id:
             return
         record = reports.failure_record(self.settings.worker_id, round_id, reason, suspect)
         self._put_report(self.keys.failure(round_id, self.settings.worker_id), record)

@@ -29,6 +29,9 @@ ENV_PROGRESS_INTERVAL = "ELASTIC_PROGRESS_INTERVAL"  # seconds between progress 
 ENV_SPARE = "ELASTIC_SPARE"  # "1": a warm spare (--spares), idle until a round includes it
 ENV_WORLD = "ELASTIC_WORLD"  # --restart-workers: the number of the world the worker starts in
 
+# -- set by a host's agent for each process it starts (``rendezvous.host_channel``)
+ENV_AGENT_SOCKET = "ELASTIC_AGENT_SOCKET"  # the agent's socket: workers register through it
+
 # -- set by elastic-run --restart-workers for each worker, under the names torchrun gives
 #    them (``torch.distributed.init_process_group`` reads RANK, WORLD_SIZE, MASTER_*)
 TORCH_RANK = "RANK"

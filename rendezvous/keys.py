@@ -50,6 +50,26 @@ class JobKeys:
         return f"{self.prefix}round"
 
     @property
+    def plan_head(self) -> str:
+        """The current round's head (JSON of ``rendezvous.host_plan.RoundHead``: round,
+        size, term, the plan's digest), written with ``round`` by the driver only: what
+        workers and agents follow (``rendezvous.host_plan``)."""
+        return f"{self.prefix}plan-head"
+
+    @property
+    def plan_hosts(self) -> str:
+        """Prefix of the rounds' per-host parts (``rendezvous.host_plan.HostPart``)."""
+        return f"{self.prefix}plan-hosts/"
+
+    def plan_hosts_of(self, round_id: int) -> str:
+        """Prefix of round ``round_id``'s per-host parts."""
+        return f"{self.plan_hosts}{round_id:012d}/"
+
+    def plan_host(self, round_id: int, host: str) -> str:
+        """Host ``host``'s part of round ``round_id``: its members and their peers."""
+        return f"{self.plan_hosts_of(round_id)}{_label(host)}"
+
+    @property
     def workers(self) -> str:
         """Prefix of worker registrations, one key per worker under its lease."""
         return f"{self.prefix}workers/"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -54,6 +54,11 @@ class Member:
     cross_rank: int
     cross_size: int
 
+    def to_dict(self) -> dict:
+        """Its fields (what ``dataclasses.asdict`` gives, without its deep copy: a plan
+        of thousands of members is encoded at every round)."""
+        return dict(vars(self))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -95,7 +100,7 @@ class Plan:
         return json.dumps(
             {
                 "round_id": self.round_id,
-                "members": [asdict(m) for m in self.members],
+                "members": [m.to_dict() for m in self.members],
                 "term": self.term,
                 **({"snapshot": self.snapshot} if self.snapshot else {}),
                 **({"snapshot_token": self.snapshot_token} if self.snapshot_token else {}),
@@ -117,8 +122,24 @@ class Plan:
         )
 
 
+class RoundLike(Protocol):
+    """What a worker reads of a round: the whole ``Plan``, or the view of it its host
+    reads (``rendezvous.host_plan.RoundView``)."""
+
+    @property
+    def round_id(self) -> int: ...
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def handover(self) -> bool: ...
+
+    def member(self, worker_id: str) -> Member | None: ...
+
+
 def handover_for(
-    plan: Plan, latest: Plan | None, current: Plan | None, worker_id: str
+    plan: RoundLike, latest: RoundLike | None, current: RoundLike | None, worker_id: str
 ) -> tuple[bool, bool]:
     """How worker ``worker_id`` takes the newer ``plan``, having formed the round
     ``current`` (None: none yet) and seen ``latest`` before it (pure): whether it defers
@@ -138,7 +159,7 @@ def handover_for(
     return defer, plan.handover and was_in and plan.member(worker_id) is None
 
 
-def plan_is_current(plan: Plan, latest: Plan | None, highest_term: int) -> bool:
+def plan_is_current(plan: RoundLike, latest: RoundLike | None, highest_term: int) -> bool:
     """Whether a worker takes ``plan``, having ``latest`` and the leader term
     ``highest_term`` seen so far (pure): a plan of an older term comes from a driver
     that has lost the lead (a paused old leader that woke up) and is refused; else only

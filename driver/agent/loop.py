@@ -15,6 +15,12 @@ dies, or is cut off, the record lapses within seconds and the driver takes the h
 lost. An agent that finds its lease gone (it was cut off) stops everything and ends: the
 driver gave up on it and starts a fresh agent when it wants the host again.
 
+The workers it starts register and learn their rounds through it
+(``driver.agent.workers``: a Unix socket whose path they find in
+``ELASTIC_AGENT_SOCKET``): their registrations live under the agent's lease, and the
+round it follows is forwarded to them, so the store holds one lease and one watch per
+host.
+
 Output of the processes is forwarded, prefixed ``[rank]`` (the agent follows the round
 key for ranks) or ``[host:slot]`` before a rank, to the streams the launcher was given
 (``driver.agent.output.Tee``: stdout and the per-host log file).
@@ -34,11 +40,13 @@ from typing import Callable
 from driver.agent import news, rules
 from driver.agent.rules import AgentView, ProcState
 from driver.agent.table import ProcessTable, TableEntry
+from driver.agent.workers import WorkerChannel, store_registrations
 from driver.errors import LauncherError, LaunchError
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
+from rendezvous import env
 from rendezvous.agent_records import (
     AGENT_LEASE_TTL,
     AgentRecord,
@@ -47,8 +55,8 @@ from rendezvous.agent_records import (
     leader_term,
 )
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.host_plan import RoundHead, RoundView, read_view
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
 from rendezvous.watch import follow_in_thread
@@ -116,8 +124,10 @@ class Agent:
         self._assignments: dict[str, Assignment] = {}
         self._table = ProcessTable()
         self._view = AgentView()
-        self._plan: Plan | None = None
+        self._plan: RoundView | None = None  # the newest round, as this host reads it
         self._lease: Lease | None = None
+        self._channel = WorkerChannel(*store_registrations(store, keys, lambda: self._lease))
+        self._channel_path = ""  # where its workers reach the channel ("": not open)
         self._started = time.time()
         self._drain_until: float | None = None  # preempted: ends by then at the latest
 
@@ -143,6 +153,7 @@ class Agent:
         """
         self._register()
         try:
+            self._open_channel()
             self._follow()
             while True:
                 reason = self._turn()
@@ -159,7 +170,16 @@ class Agent:
         finally:
             self._done.set()
             self._stop_everything()
+            self._channel.close()
             self._unregister()
+
+    def _open_channel(self) -> None:
+        """Open the workers' channel; without one (no socket could be made) they are
+        the store's clients themselves, as without an agent."""
+        try:
+            self._channel_path = self._channel.start()
+        except OSError as exc:
+            log.warning("agent of %s: its workers register themselves: %s", self.host, exc)
 
     def _turn(self) -> str | None:
         """Wait for news (up to ``TICK``), take every piece that came, reconcile."""
@@ -241,7 +261,7 @@ class Agent:
             term = leader_term(record.value if record is not None else None)
             self._view = rules.leader_seen(self._view, term, self._clock())
         elif isinstance(item, news.RoundChanged):
-            self._take_round(item.value)
+            self._take_round(item.view)
         elif isinstance(item, news.Ended):
             self._view = replace(self._view, ended=True)
         elif isinstance(item, news.Exited):
@@ -253,11 +273,8 @@ class Agent:
         except ValueError as exc:
             log.warning("agent of %s: ignoring assignment %s: %s", self.host, process_id, exc)
 
-    def _take_round(self, value: bytes) -> None:
-        try:
-            plan = Plan.from_json(value)
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("agent of %s: unreadable round: %s", self.host, exc)
+    def _take_round(self, plan: RoundView) -> None:
+        if self._plan is not None and plan.round_id <= self._plan.round_id:
             return
         self._plan = plan
         for entry in self._table.alive():
@@ -300,7 +317,7 @@ class Agent:
                 host=self.host,
                 slot=assignment.slot,
                 command=assignment.command,
-                env=assignment.env,
+                env={**assignment.env, env.ENV_AGENT_SOCKET: self._channel_path},
                 cwd=assignment.cwd or None,
                 label=assignment.label,
                 log_path=assignment.log_path or None,
@@ -327,6 +344,7 @@ class Agent:
         entry = self._table.get(process_id)
         if entry is None or entry.state is ProcState.EXITED:
             return
+        self._channel.forget(process_id)  # (a child of it may hold its channel open)
         ended = self._table.exited(process_id, code, time.time())
         pid = ended.process.pid if ended.process is not None else 0
         self._write_status(process_id, pid, ended.started, code=code, ended=ended.ended)
@@ -453,10 +471,22 @@ class Agent:
             value = next((kv.value for kv in kvs if kv.key == leader_key), None)
             post(news.LeaderSeen(leader_term(value)))
 
+        def round_read(head_value: bytes) -> None:
+            # This host's part of the round, read here: the loop does no I/O for it.
+            try:
+                head = RoundHead.from_json(head_value)
+                view = read_view(self._store.get, keys, head, self.host)
+            except (ValueError, RendezvousError) as exc:
+                log.warning("agent of %s: unreadable round: %s", self.host, exc)
+                return
+            if view is not None:
+                self._channel.publish(view)  # to the workers at once, not after a turn
+                post(news.RoundChanged(view))
+
         def round_resync(kvs: Sequence[KeyValue]) -> None:
             for kv in kvs:
-                if kv.key == keys.round:
-                    post(news.RoundChanged(kv.value))
+                if kv.key == keys.plan_head:
+                    round_read(kv.value)
 
         retire_key, agent_id = keys.retire(self.host), self._agent_id.encode()
 
@@ -482,11 +512,9 @@ class Agent:
             ),
             (leader_key, leader_event, leader_resync),
             (
-                keys.round,
+                keys.plan_head,
                 lambda e: (
-                    post(news.RoundChanged(e.value))
-                    if e.type == PUT and e.key == keys.round
-                    else None
+                    round_read(e.value) if e.type == PUT and e.key == keys.plan_head else None
                 ),
                 round_resync,
             ),

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Union
 
+from rendezvous.host_plan import RoundView
 from rendezvous.store import KeyValue
 
 
@@ -33,7 +34,9 @@ class LeaderRecheck:
 
 @dataclass(frozen=True)
 class RoundChanged:
-    value: bytes
+    """A newer round, as this host reads it (its members' ranks)."""
+
+    view: RoundView
 
 
 @dataclass(frozen=True)

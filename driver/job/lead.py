@@ -34,6 +34,7 @@ from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord
 from rendezvous import env
 from rendezvous.errors import RendezvousError
+from rendezvous.host_plan import plan_ops
 from rendezvous.keys import JobKeys
 from rendezvous.net.addresses import is_local_host
 from rendezvous.net.auth import secret_fingerprint
@@ -151,15 +152,12 @@ class JobLead:
         # worker has recorded that its training returned: a round formed after that would
         # hand newcomers a finished training (JobKeys.training_finished).
         state = self._state_record()
-        published = ctx.services.steer_unless(
-            ctx.keys.training_finished,
-            [
-                Put(ctx.keys.round, plan.to_json()),
-                Put(ctx.keys.driver_state, state.to_json()),
-                Delete(ctx.keys.failures, prefix=True),
-            ],
+        published = self._publish_plan(
+            plan,
+            [Put(ctx.keys.driver_state, state.to_json()), Delete(ctx.keys.failures, prefix=True)],
+            unless_finished=True,
         )
-        if published is None:
+        if not published:
             log.info("round %d not formed: the training has finished", plan.round_id)
             ctx.state.book = replace(ctx.state.book, training_done=True)
             return ()
@@ -170,6 +168,31 @@ class JobLead:
         members = list(plan.worker_ids)
         ctx.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
         return ()
+
+    def _publish_plan(
+        self, plan: Plan, also: Sequence[Put | Delete], *, unless_finished: bool
+    ) -> bool:
+        """Write ``plan`` as the job's round (``rendezvous.host_plan.plan_ops``: the
+        whole plan, its head and each host's part) with ``also``, in one fenced
+        transaction, only while no worker recorded that its training returned when
+        ``unless_finished``; a large plan's parts are written first, fenced too (a part
+        of a round never published is no part of it: its digest is not the head's).
+        False when the training had finished (nothing published).
+
+        Raises:
+            LeadershipLost: another driver leads.
+            RendezvousError: the store cannot be used.
+        """
+        services = self._ctx.services
+        previous = self._ctx.state.plan
+        writes = plan_ops(self._ctx.keys, plan, previous.round_id if previous is not None else None)
+        for batch in writes.before:
+            services.steer(batch)
+        ops = [*writes.publish, *also]
+        if not unless_finished:
+            services.steer(ops)
+            return True
+        return services.steer_unless(self._ctx.keys.training_finished, ops) is not None
 
     def clear_worlds(self) -> None:
         """Delete what the workers of earlier worlds (restart mode) said to each other
@@ -194,8 +217,8 @@ class JobLead:
         ctx = self._ctx
         plan = replace(plan, term=ctx.services.claim.record.term)
         state = self._state_record()
-        ctx.services.steer(
-            [Put(ctx.keys.round, plan.to_json()), Put(ctx.keys.driver_state, state.to_json())]
+        self._publish_plan(
+            plan, [Put(ctx.keys.driver_state, state.to_json())], unless_finished=False
         )
         self._state_written = state
         ctx.state.plan = plan
@@ -217,10 +240,7 @@ class JobLead:
             snapshot_token=secrets.token_hex(6),
             handover=False,
         )
-        published = ctx.services.steer_unless(
-            ctx.keys.training_finished, [Put(ctx.keys.round, plan.to_json())]
-        )
-        if published is None:
+        if not self._publish_plan(plan, [], unless_finished=True):
             return False
         ctx.state.plan = plan
         ctx.processes.assign_ranks(plan)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -118,22 +118,30 @@ class CommSettings:
 
 @dataclass(frozen=True)
 class Membership:
-    """One round as this worker sees it: ``addresses`` of every member in rank order
+    """One round as this worker sees it: ``addresses`` of the members in rank order
     (each a listener's ``host:port``), this worker's ``rank``, and the job secret.
+
+    ``addresses`` is every member's, or (``world`` set: the round's size) a mapping
+    from rank to address that knows at least the members this worker connects to: a
+    worker of a large round holds its neighbours' addresses, not the world's
+    (``rendezvous.host_plan``); a mapping may look a rank up when asked.
 
     Raises ValueError when the rank is out of range or addresses are empty."""
 
     round_id: int
     rank: int
-    addresses: Sequence[str]  # any sequence, kept as a tuple
+    addresses: Sequence[str] | Mapping[int, str]  # a sequence is kept as a tuple
     secret: str = field(repr=False)  # never printed in logs or tracebacks
+    world: int = 0  # the round's size when ``addresses`` is a mapping
 
     def __post_init__(self):
-        object.__setattr__(self, "addresses", tuple(self.addresses))
-        if not self.addresses:
+        if not isinstance(self.addresses, Mapping):
+            object.__setattr__(self, "addresses", tuple(self.addresses))
+            object.__setattr__(self, "world", len(self.addresses))
+        if self.world < 1:
             raise ValueError("a membership needs at least one address")
-        if not 0 <= self.rank < len(self.addresses):
-            raise ValueError(f"rank {self.rank} out of range for {len(self.addresses)} members")
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {self.rank} out of range for {self.world} members")
         if self.round_id < 0:
             raise ValueError("round_id must be >= 0")
         if not self.secret:
@@ -141,7 +149,14 @@ class Membership:
 
     @property
     def size(self) -> int:
-        return len(self.addresses)
+        return self.world
+
+    def address_of(self, rank: int) -> str:
+        """The address of member ``rank``.
+
+        Raises:
+            KeyError: the membership does not know it (a mapping that cannot look it up)."""
+        return self.addresses[rank]
 
 
 FailureCallback = Callable[[PeerLostError], Any]

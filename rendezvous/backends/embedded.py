@@ -99,6 +99,9 @@ class EmbeddedServer:
         self._woken_through = 0
         self._encoded: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
         self.wakeups: collections.Counter[str] = collections.Counter()
+        #: the watch streams open now, by prefix (what the store serves, for tests and
+        #: benchmarks: how many watches a job holds)
+        self.watching: collections.Counter[str] = collections.Counter()
         self.batches_encoded = 0
         for name, fn in (
             ("Range", self._range),
@@ -197,28 +200,34 @@ class EmbeddedServer:
         req = _decode(request)
         prefix, next_rev = str(req["prefix"]), int(req["start"])
         generation = self._streams_generation
-        while not self._stop.is_set() and generation == self._streams_generation:
-            changed = self._changed.get(prefix)
-            if changed is None:
-                changed = self._changed[prefix] = asyncio.get_running_loop().create_future()
-            # (taken before reading: no wake-up is missed)
-            events, next_rev = self.kv.events_since(prefix, next_rev, 0.0)
-            if not events:
-                try:
-                    await asyncio.wait_for(asyncio.shield(changed), WATCH_POLL_SECONDS)
-                    self.wakeups[prefix] += 1
-                    continue
-                except asyncio.TimeoutError:
-                    if changed.done():
-                        continue  # woken as the wait ended
-                    # Idle: a batch (a heartbeat) whose ``next`` passes the revisions
-                    # written elsewhere meanwhile (none of them woke this watch, taken
-                    # before its read), so its resume point never falls behind the
-                    # history kept.
-                    next_rev = max(next_rev, self._woken_through + 1)
-            # ``next``: every event below it has been sent (lets an idle watch's resume
-            # point advance, so it never asks for history that could be compacted).
-            yield self._batch(prefix, events, next_rev)
+        self.watching[prefix] += 1
+        try:
+            while not self._stop.is_set() and generation == self._streams_generation:
+                changed = self._changed.get(prefix)
+                if changed is None:
+                    changed = self._changed[prefix] = asyncio.get_running_loop().create_future()
+                # (taken before reading: no wake-up is missed)
+                events, next_rev = self.kv.events_since(prefix, next_rev, 0.0)
+                if not events:
+                    try:
+                        await asyncio.wait_for(asyncio.shield(changed), WATCH_POLL_SECONDS)
+                        self.wakeups[prefix] += 1
+                        continue
+                    except asyncio.TimeoutError:
+                        if changed.done():
+                            continue  # woken as the wait ended
+                        # Idle: a batch (a heartbeat) whose ``next`` passes the revisions
+                        # written elsewhere meanwhile (none of them woke this watch, taken
+                        # before its read), so its resume point never falls behind the
+                        # history kept.
+                        next_rev = max(next_rev, self._woken_through + 1)
+                # ``next``: every event below it has been sent (lets an idle watch's resume
+                # point advance, so it never asks for history that could be compacted).
+                yield self._batch(prefix, events, next_rev)
+        finally:
+            self.watching[prefix] -= 1
+            if self.watching[prefix] <= 0:
+                del self.watching[prefix]
 
     def _batch(self, prefix: str, events: list[Event], next_rev: int) -> bytes:
         """A watch message, encoded once for every watch of ``prefix`` that sends these

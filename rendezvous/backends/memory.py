@@ -76,6 +76,12 @@ class MemoryKV:
         self._leases: dict[int, _LeaseRecord] = {}
         self._next_lease = 0x1000
 
+    @property
+    def lease_count(self) -> int:
+        """The leases alive now (for tests and benchmarks: how many a job holds)."""
+        with self._cond:
+            return len(self._leases)
+
     # ---- reads ----
     def range(self, key: str, prefix: bool) -> tuple[list[KeyValue], int]:
         with self._cond:

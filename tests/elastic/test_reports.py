@@ -12,17 +12,19 @@ import elastic
 from elastic import errors
 from elastic.errors import LossCause, PeerLostError, WorkerLostError
 from elastic.reports import failure_record, publish_progress, silence_report, suspect_of
+from rendezvous.host_plan import RoundView, view_of
 from rendezvous.keys import JobKeys
 from rendezvous.plan import FailureRecord, Member, Plan, ProgressRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
 
-def plan_of(*ids: str) -> Plan:
+def plan_of(*ids: str) -> RoundView:
+    """Round 5 of ``ids`` on one host, as that host reads it."""
     members = tuple(
         Member(w, "h", i, f"127.0.0.1:{7000 + i}", i, i, len(ids), 0, 1) for i, w in enumerate(ids)
     )
-    return Plan(5, members)
+    return view_of(Plan(5, members), "h")
 
 
 PLAN = plan_of("a", "b", "c")
@@ -52,7 +54,9 @@ def test_only_a_loss_seen_here_of_a_member_of_the_plan_names_a_suspect():
 def test_the_reports_are_the_typed_records_the_driver_reads():
     record = FailureRecord.from_json(failure_record("a", 5, "rank 1 lost", "b"))
     assert record == FailureRecord("a", 5, "rank 1 lost", "b")
-    key, data = silence_report(JobKeys("j"), "a", PLAN, 2, 1.25)
+    report = silence_report(JobKeys("j"), "a", PLAN, 2, 1.25)
+    assert report is not None
+    key, data = report
     assert key == JobKeys("j").silence(5, "a", "c")
     assert FailureRecord.from_json(data) == FailureRecord("a", 5, "silent for 1.2s", "c", True)
 

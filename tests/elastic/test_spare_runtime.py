@@ -17,6 +17,7 @@ from rendezvous.keys import JobKeys
 from rendezvous.net.auth import make_secret
 from rendezvous.plan import WorkerInfo
 from tests.support.jobs import wait_until
+from tests.support.rounds import publish_plan
 
 
 def test_the_spare_flag_comes_from_the_environment():
@@ -70,7 +71,7 @@ def test_an_idle_spare_outwaits_the_round_timeout_and_joins_when_promoted():
         threading.Thread(target=join, args=(member, "m"), daemon=True).start()
         # A round that leaves both out: the worker gives up after its round timeout...
         other = WorkerInfo("x", "127.0.0.1", 0, 1, "127.0.0.1:1")
-        store.put(keys.round, build_plan(1, [other]).to_json())
+        publish_plan(store, keys, build_plan(1, [other]))
         wait_until(lambda: "m" in results, 10, "the worker's round timeout")
         assert isinstance(results["m"], RendezvousConnectionError)
         # ... the spare, which waited as long, still waits.
@@ -78,7 +79,7 @@ def test_an_idle_spare_outwaits_the_round_timeout_and_joins_when_promoted():
         # Promoted: the driver publishes a round with its registration.
         kv = store.get(keys.worker("s"))
         assert kv is not None
-        store.put(keys.round, build_plan(2, [WorkerInfo.from_json(kv.value)]).to_json())
+        publish_plan(store, keys, build_plan(2, [WorkerInfo.from_json(kv.value)]), 1)
         waiting.join(10)
         plan = results["s"]
         assert not isinstance(plan, RendezvousError), plan

@@ -56,7 +56,7 @@ class Connector:
         """A connection to member ``rank``'s listener (see ``listener.dial``)."""
         m = self._membership
         return dial(
-            m.addresses[rank],
+            m.address_of(rank),
             m.secret,
             channel,
             m.round_id,

@@ -1,8 +1,12 @@
 """The per-host agents with real processes on this machine (etcd store: every host's
 processes run under its agent, which outlives the driver).
 
+* per-host control: each host's workers are registered under their agent's lease
+  (they register through it, ``rendezvous.host_channel``), no lease of their own;
 * an agent SIGKILLed: its host is lost at once (its lease lapses), its workers are
-  dropped and the job finishes exact on the others;
+  dropped and the job finishes exact on the others; after the host's cooldown a fresh
+  agent serves it, fresh workers register through the fresh agent, and the job
+  finishes exact on every host;
 * a host discovery removes: its agent is retired once its workers are stopped (it
   exits, and that is no lost host); listed again, the host gets a fresh agent that the
   old retirement does not stop;
@@ -20,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from rendezvous.keys import JobKeys
+from rendezvous.plan import WorkerInfo
 from tests.support.jobs import (
     ElasticRun,
     agents,
@@ -29,6 +35,7 @@ from tests.support.jobs import (
     hold_at,
     hosts_file_discovery,
     pid_alive,
+    read_store,
     wait_until,
     write_hosts,
 )
@@ -51,6 +58,22 @@ def held_job(tmp_path, url: str, *host_args: str, hold: int) -> tuple[Path, Path
     return out, gate, job_id, [*args, *command]
 
 
+def registrations_by_host(url: str, job_id: str) -> dict[str, list[str]]:
+    """The job's registered workers by host, each checked to be under the lease of its
+    host's agent (per-host control: the store holds one lease per host, none a worker's)."""
+    keys = JobKeys(job_id)
+    workers, agent_kvs = read_store(
+        url, lambda store: (store.get_prefix(keys.workers)[0], store.get_prefix(keys.agents)[0])
+    )
+    agent_lease = {kv.key[len(keys.agents) :]: kv.lease for kv in agent_kvs}
+    by_host: dict[str, list[str]] = {}
+    for kv in workers:
+        info = WorkerInfo.from_json(kv.value)
+        assert kv.lease and kv.lease == agent_lease.get(info.host), (info, agent_lease)
+        by_host.setdefault(info.host, []).append(info.worker_id)
+    return by_host
+
+
 @pytest.mark.timeout(90)
 def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_exact(
     tmp_path, etcd_server
@@ -59,6 +82,8 @@ def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_e
     out, gate, job_id, argv = held_job(tmp_path, etcd_server.url, *hosts, hold=40)
     with ElasticRun(argv, tmp_path) as run:
         run.wait_progress(40)
+        registered = registrations_by_host(etcd_server.url, job_id)
+        assert sorted(len(ws) for ws in registered.values()) == [2, 2], registered
         victims = [w for w, pid in run.worker_pids().items() if w.startswith("a-")]
         victim_pids = [run.worker_pids()[w] for w in victims]
         os.kill(agents(etcd_server.url, job_id)["a"].pid, signal.SIGKILL)
@@ -72,6 +97,35 @@ def test_an_agent_sigkilled_its_hosts_workers_are_dropped_and_the_job_finishes_e
         gate.unlink()
         assert run.wait(timeout=60) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, 12, final_size=2)
+
+
+@pytest.mark.timeout(120)
+def test_a_hosts_agent_sigkilled_then_restarted_fresh_workers_register_through_it(
+    tmp_path, etcd_server
+):
+    hosts = ("-H", "a:2,b:2", "-np", "4", "--min-np", "2")
+    cooldown = ("--blacklist-cooldown-range", "1", "2")
+    out, gate, job_id, argv = held_job(tmp_path, etcd_server.url, *hosts, *cooldown, hold=30)
+    with ElasticRun(argv, tmp_path) as run:
+        run.wait_progress(30)
+        old = agents(etcd_server.url, job_id)["a"]
+        old_workers = registrations_by_host(etcd_server.url, job_id)["a"]
+        os.kill(old.pid, signal.SIGKILL)
+        run.wait_event("host_unreachable", lambda e: e["host"] == "a", timeout=20)
+        # After its cooldown the host gets a fresh agent, and fresh workers that register
+        # through it (the old ones ended with their agent: nobody registers them now).
+        back = run.wait_event(
+            "round_formed",
+            lambda e: e["size"] == 4 and not set(e["members"]) & set(old_workers),
+            timeout=60,
+        )
+        fresh = agents(etcd_server.url, job_id)["a"]
+        assert fresh.agent_id != old.agent_id and pid_alive(fresh.pid)
+        registered = registrations_by_host(etcd_server.url, job_id)
+        assert len(registered["a"]) == 2 and set(registered["a"]) <= set(back["members"])
+        gate.unlink()
+        assert run.wait(timeout=60) == 0, run.stderr_tail()
+    check_exact_sum(out, SAMPLES, 12, final_size=4)
 
 
 @pytest.mark.timeout(120)

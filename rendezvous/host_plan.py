@@ -1,0 +1,319 @@
+"""A round's plan as each host reads it: a small head every member needs, and one part
+per host with what that host's members need (pure records and pure functions; the
+writes are ``plan_ops``, done by the driver, the reads ``read_view``).
+
+The driver keeps the whole plan (``rendezvous.plan.Plan``, every member in rank order)
+and still writes it to ``JobKeys.round``, once per round: that is the record of the
+job (a successor adopts it, the finish transaction is guarded by the head written
+with it). Nobody follows that key. What hosts follow is ``JobKeys.plan_head``, a
+``RoundHead`` of a constant size (the round, its size, the leader term, a digest of the
+whole plan, what its members do at its start), and what a host reads once per round is
+its own ``HostPart`` under ``JobKeys.plan_host(round, host)``: its members (ranks, local
+and cross ranks, addresses) and the few members of other hosts they connect to (each
+member's ring neighbours, and the first members of the hosts before and after it, the
+leaders of a hierarchical ring). So the bytes a round sends grow with N, not N x N, and
+a worker decodes a constant amount whatever the job's size.
+
+Guarantees (``docs/DESIGN.md``, the round protocol):
+
+* exactly one plan per round number: the parts carry the digest of the plan they were
+  cut from, and a part whose digest is not the head's is not this round's (a part
+  written by a driver whose publish never committed, for the same number);
+* fencing: every write is the leader's fenced transaction, and the head carries the
+  term as the plan did;
+* the finish transaction compares the head's value: head and plan change together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from rendezvous.keys import JobKeys
+from rendezvous.plan import Member, Plan
+from rendezvous.records import Delete, KeyValue, Put
+
+#: parts written in the transaction that publishes the round when the plan has at most
+#: this many hosts (etcd refuses a transaction of more than 128 operations by default);
+#: a larger plan's parts are written before it, ``PART_BATCH`` hosts per transaction
+INLINE_PARTS = 96
+PART_BATCH = 96
+
+
+@dataclass(frozen=True)
+class RoundHead:
+    """What every member of round ``round_id`` needs to know of the world: its
+    ``size``, the leader ``term`` that published it, the ``digest`` of the whole plan
+    (``plan_digest``), and the ``snapshot``, ``snapshot_token`` and ``handover`` of
+    ``Plan``."""
+
+    round_id: int
+    size: int
+    term: int = 0
+    digest: str = ""
+    snapshot: str = ""
+    snapshot_token: str = ""
+    handover: bool = False
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> RoundHead:
+        """Raises:
+        ValueError: not a head (not JSON, or a field missing or of the wrong type)."""
+        try:
+            raw = json.loads(data)
+            return cls(
+                round_id=int(raw["round_id"]),
+                size=int(raw["size"]),
+                term=int(raw.get("term", 0)),
+                digest=str(raw.get("digest", "")),
+                snapshot=str(raw.get("snapshot", "")),
+                snapshot_token=str(raw.get("snapshot_token", "")),
+                handover=bool(raw.get("handover", False)),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a round head: {exc!r}") from None
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A member of another host that a member of this host connects to."""
+
+    rank: int
+    worker_id: str
+    address: str
+
+
+@dataclass(frozen=True)
+class HostPart:
+    """Host ``host``'s part of round ``round_id`` (the plan of digest ``digest``): its
+    ``members`` in rank order, and the ``peers`` on other hosts they connect to."""
+
+    round_id: int
+    digest: str
+    host: str
+    members: tuple[Member, ...] = ()
+    peers: tuple[Peer, ...] = ()
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "round_id": self.round_id,
+                "digest": self.digest,
+                "host": self.host,
+                "members": [m.to_dict() for m in self.members],
+                "peers": [[p.rank, p.worker_id, p.address] for p in self.peers],
+            },
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> HostPart:
+        """Raises:
+        ValueError: not a host part."""
+        try:
+            raw = json.loads(data)
+            return cls(
+                round_id=int(raw["round_id"]),
+                digest=str(raw["digest"]),
+                host=str(raw["host"]),
+                members=tuple(Member(**m) for m in raw["members"]),
+                peers=tuple(Peer(int(r), str(w), str(a)) for r, w, a in raw["peers"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a host part: {exc!r}") from None
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """A round as one host sees it: the ``head`` and the host's ``part`` (None: the
+    round has no member on this host). What a worker holds instead of the whole plan;
+    it answers what a worker asks of its round in constant time."""
+
+    head: RoundHead
+    part: HostPart | None = None
+    _by_rank: Mapping[int, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        known: dict[int, tuple[str, str]] = {}
+        if self.part is not None:
+            known.update((p.rank, (p.worker_id, p.address)) for p in self.part.peers)
+            known.update((m.rank, (m.worker_id, m.address)) for m in self.part.members)
+        object.__setattr__(self, "_by_rank", known)
+
+    @property
+    def round_id(self) -> int:
+        return self.head.round_id
+
+    @property
+    def size(self) -> int:
+        return self.head.size
+
+    @property
+    def term(self) -> int:
+        return self.head.term
+
+    @property
+    def snapshot(self) -> str:
+        return self.head.snapshot
+
+    @property
+    def snapshot_token(self) -> str:
+        return self.head.snapshot_token
+
+    @property
+    def handover(self) -> bool:
+        return self.head.handover
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """The members on this host (not the round's: see ``size``)."""
+        return self.part.members if self.part is not None else ()
+
+    def member(self, worker_id: str) -> Member | None:
+        """The place of ``worker_id`` if it is a member on this host."""
+        return next((m for m in self.members if m.worker_id == worker_id), None)
+
+    def worker_at(self, rank: int) -> str | None:
+        """The worker id of member ``rank`` when this host knows it (its own members and
+        their peers), else None."""
+        known = self._by_rank.get(rank)
+        return known[0] if known is not None else None
+
+    def address_of(self, rank: int) -> str | None:
+        """The data-plane address of member ``rank`` when this host knows it, else None."""
+        known = self._by_rank.get(rank)
+        return known[1] if known is not None else None
+
+
+def plan_digest(plan: Plan, encoded: bytes | None = None) -> str:
+    """A digest of the whole plan (``encoded``: its ``to_json``, when already made):
+    names it apart from any other plan of its number."""
+    return hashlib.sha256(plan.to_json() if encoded is None else encoded).hexdigest()[:24]
+
+
+def head_of(plan: Plan, digest: str | None = None) -> RoundHead:
+    return RoundHead(
+        round_id=plan.round_id,
+        size=plan.size,
+        term=plan.term,
+        digest=plan_digest(plan) if digest is None else digest,
+        snapshot=plan.snapshot,
+        snapshot_token=plan.snapshot_token,
+        handover=plan.handover,
+    )
+
+
+def split_plan(plan: Plan, encoded: bytes | None = None) -> tuple[RoundHead, dict[str, HostPart]]:
+    """``plan``'s head and each host's part (pure; linear in the plan's size;
+    ``encoded``: the plan's ``to_json``, when already made).
+
+    A host's peers: each member's ring neighbours (rank - 1 and rank + 1, around the
+    ring) on other hosts, and the first members of the hosts before and after it in
+    order of their first ranks (the leaders' ring of a hierarchical transport: one
+    leader per host, the member of lowest rank, as ``elastic.comm.transports.topology``
+    groups them when hosts are machines)."""
+    head = head_of(plan, plan_digest(plan, encoded))
+    size = plan.size
+    by_host: dict[str, list[Member]] = {}
+    for m in plan.members:
+        by_host.setdefault(m.host, []).append(m)
+    leaders = [ms[0] for ms in by_host.values()]
+    leader_index = {m.host: i for i, m in enumerate(leaders)}
+    parts: dict[str, HostPart] = {}
+    for host, members in by_host.items():
+        wanted: set[int] = set()
+        for m in members:
+            wanted.update(((m.rank - 1) % size, (m.rank + 1) % size))
+        if len(leaders) > 1:
+            i = leader_index[host]
+            wanted.update(
+                (leaders[(i - 1) % len(leaders)].rank, leaders[(i + 1) % len(leaders)].rank)
+            )
+        own = {m.rank for m in members}
+        peers = tuple(
+            Peer(r, plan.members[r].worker_id, plan.members[r].address)
+            for r in sorted(wanted - own)
+        )
+        parts[host] = HostPart(plan.round_id, head.digest, host, tuple(members), peers)
+    return head, parts
+
+
+def view_of(plan: Plan, host: str) -> RoundView:
+    """Round ``plan`` as ``host`` reads it (pure: what ``read_view`` returns from the
+    store once the plan is published)."""
+    head, parts = split_plan(plan)
+    return RoundView(head, parts.get(host))
+
+
+@dataclass(frozen=True)
+class PlanWrites:
+    """How to publish a plan: ``before`` (transactions of parts, each to be written and
+    fenced on its own, before the plan; empty for a plan of at most ``INLINE_PARTS``
+    hosts) and ``publish`` (the operations of the one transaction that makes the plan
+    the job's: the plan, its head, the parts when few, and the previous round's parts
+    deleted)."""
+
+    before: tuple[tuple[Put, ...], ...]
+    publish: tuple[Put | Delete, ...]
+    head: RoundHead
+
+
+def plan_ops(keys: JobKeys, plan: Plan, previous_round: int | None) -> PlanWrites:
+    """The writes that publish ``plan`` (pure; see ``PlanWrites``). ``previous_round``:
+    the round published before it, whose parts are deleted (None: none known)."""
+    whole = plan.to_json()
+    head, parts = split_plan(plan, whole)
+    puts = [Put(keys.plan_host(plan.round_id, h), p.to_json()) for h, p in parts.items()]
+    cleanup: list[Put | Delete] = []
+    if previous_round is not None and previous_round != plan.round_id:
+        cleanup.append(Delete(keys.plan_hosts_of(previous_round), prefix=True))
+    main: list[Put | Delete] = [
+        Put(keys.round, whole),
+        Put(keys.plan_head, head.to_json()),
+        *cleanup,
+    ]
+    if len(puts) <= INLINE_PARTS:
+        return PlanWrites((), (*main, *puts), head)
+    batches = tuple(tuple(puts[i : i + PART_BATCH]) for i in range(0, len(puts), PART_BATCH))
+    return PlanWrites(batches, tuple(main), head)
+
+
+def view_from(head: RoundHead, part_value: bytes | None) -> RoundView:
+    """The view of ``head`` given the value read under its host's part key (None: no
+    part). A part of another plan of the same number (its digest differs) is no part of
+    this round.
+
+    Raises:
+        ValueError: the part does not parse."""
+    if part_value is None:
+        return RoundView(head)
+    part = HostPart.from_json(part_value)
+    if part.round_id != head.round_id or part.digest != head.digest:
+        return RoundView(head)
+    return RoundView(head, part)
+
+
+def read_view(
+    get: Callable[[str], KeyValue | None], keys: JobKeys, head: RoundHead, host: str
+) -> RoundView | None:
+    """Round ``head`` as ``host`` reads it, with ``get`` (a store's): its part, read
+    once. None when the round is already over: its parts are gone (deleted when a newer
+    round was published) and the head is newer (its own event follows).
+
+    Raises:
+        RendezvousError: from ``get``.
+        ValueError: the part or the head read does not parse."""
+    kv = get(keys.plan_host(head.round_id, host))
+    view = view_from(head, kv.value if kv is not None else None)
+    if view.part is not None:
+        return view
+    current = get(keys.plan_head)
+    if current is not None and RoundHead.from_json(current.value).round_id > head.round_id:
+        return None
+    return view

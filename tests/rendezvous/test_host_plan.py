@@ -1,0 +1,163 @@
+"""A round's plan per host (``rendezvous.host_plan``): what each host reads is its own
+members and the few peers they connect to, the bytes of a round grow linearly with N,
+and the guarantees of the round protocol hold (one plan per round number, the finish
+transaction on the head). Pure units first, then the real stores (embedded and etcd:
+a plan of hundreds of hosts is written in batches etcd accepts)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from driver.policy.planner import build_plan
+from elastic.reports import record_finish
+from elastic.rounds import RoundReader
+from rendezvous.host_plan import (
+    INLINE_PARTS,
+    RoundHead,
+    plan_ops,
+    read_view,
+    split_plan,
+    view_from,
+    view_of,
+)
+from rendezvous.keys import JobKeys
+from rendezvous.plan import FinishRecord, Plan, WorkerInfo
+from rendezvous.store import Put
+from tests.support.rounds import publish_plan
+
+
+def plan_of(round_id: int, hosts: int, per_host: int = 8, interleave: bool = False) -> Plan:
+    """A round of ``hosts`` x ``per_host`` workers (ranks host after host, or dealt
+    round-robin over the hosts when ``interleave``)."""
+    places = [(h, s) for h in range(hosts) for s in range(per_host)]
+    if interleave:
+        places = [(h, s) for s in range(per_host) for h in range(hosts)]
+    workers = [
+        WorkerInfo(f"n{h:04d}-{s}-{h * per_host + s}", f"n{h:04d}", s, 1, f"10.0.{h}.{s}:7000")
+        for h, s in places
+    ]
+    return build_plan(round_id, workers)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("interleave", [False, True])
+def test_each_host_reads_its_members_and_the_peers_they_connect_to(interleave):
+    plan = plan_of(3, hosts=4, per_host=3, interleave=interleave)
+    head, parts = split_plan(plan)
+    assert head == RoundHead(3, 12, 0, head.digest) and len(head.digest) == 24
+    assert sorted(parts) == ["n0000", "n0001", "n0002", "n0003"]
+    leaders = [min(m.rank for m in plan.members if m.host == h) for h in sorted(parts)]
+    for host, part in parts.items():
+        view = view_from(head, part.to_json())
+        assert view.members == tuple(m for m in plan.members if m.host == host)
+        wanted = {(m.rank + d) % 12 for m in view.members for d in (-1, 1)}
+        i = sorted(parts).index(host)
+        wanted |= {leaders[(i - 1) % 4], leaders[(i + 1) % 4]}
+        for rank in wanted:  # each a member's ring neighbour or a neighbouring leader
+            assert view.address_of(rank) == plan.members[rank].address
+            assert view.worker_at(rank) == plan.members[rank].worker_id
+        far = set(range(12)) - wanted - {m.rank for m in view.members}
+        assert all(view.address_of(r) is None for r in far)
+        assert view.size == 12 and view.round_id == 3
+
+
+@pytest.mark.unit
+def test_a_round_s_bytes_grow_linearly_and_a_host_s_part_not_at_all():
+    small, large = plan_of(1, hosts=8), plan_of(1, hosts=512)
+    total = {}
+    for name, plan in (("small", small), ("large", large)):
+        head, parts = split_plan(plan)
+        total[name] = len(head.to_json()) * len(parts) + sum(
+            len(p.to_json()) for p in parts.values()
+        )
+    assert 0.9 * 64 <= total["large"] / total["small"] <= 1.1 * 64  # 64 times the workers
+    biggest = max(len(p.to_json()) for p in split_plan(large)[1].values())
+    assert biggest <= 1.1 * max(len(p.to_json()) for p in split_plan(small)[1].values())
+
+
+@pytest.mark.unit
+def test_a_part_of_another_plan_of_the_same_number_is_no_part_of_this_round():
+    plan = plan_of(7, hosts=2)
+    other = plan_of(7, hosts=3)  # a driver whose publish of round 7 never committed
+    head, _ = split_plan(plan)
+    stale = split_plan(other)[1]["n0002"]
+    assert view_from(head, stale.to_json()).part is None
+    assert view_from(head, None).members == ()
+    with pytest.raises(ValueError):
+        view_from(head, b"{not json")
+
+
+@pytest.mark.unit
+def test_a_large_plan_is_written_in_transactions_etcd_accepts():
+    keys = JobKeys("j")
+    few = plan_ops(keys, plan_of(2, hosts=INLINE_PARTS), previous_round=1)
+    assert few.before == () and len(few.publish) == 3 + INLINE_PARTS  # plan, head, cleanup
+    many = plan_ops(keys, plan_of(2, hosts=512), previous_round=1)
+    assert len(many.publish) == 3 and all(len(b) <= 128 for b in many.before)
+    assert sum(len(b) for b in many.before) == 512
+    written = {op.key for b in many.before for op in b if isinstance(op, Put)}
+    assert written == {keys.plan_host(2, f"n{h:04d}") for h in range(512)}
+
+
+@pytest.mark.timeout(60)
+def test_hosts_read_their_part_of_a_large_round_from_the_store(store_backend):
+    keys = JobKeys("hostplan")
+    store = store_backend.open()
+    first, second = plan_of(1, hosts=200), plan_of(2, hosts=150)
+    publish_plan(store, keys, first)
+    head = RoundHead.from_json(store.get(keys.plan_head).value)
+    for host in ("n0000", "n0123", "n0199"):
+        assert read_view(store.get, keys, head, host) == view_of(first, host)
+    assert Plan.from_json(store.get(keys.round).value) == first  # the record of the job
+    publish_plan(store, keys, second, previous_round=1)
+    # Round 1 is over: its parts are gone, and a host still reading it is told so.
+    assert store.get_prefix(keys.plan_hosts_of(1))[0] == []
+    assert read_view(store.get, keys, head, "n0000") is None
+    newer = RoundHead.from_json(store.get(keys.plan_head).value)
+    left_out = read_view(store.get, keys, newer, "n0170")  # no member there in round 2
+    assert left_out == view_of(second, "n0170") and left_out is not None
+    assert left_out.members == ()
+
+
+@pytest.mark.timeout(60)
+def test_the_finish_holds_only_while_the_head_is_its_round(store_backend):
+    keys = JobKeys("finish")
+    store = store_backend.open()
+    plan = plan_of(4, hosts=2, per_host=2)
+    publish_plan(store, keys, plan)
+    closed = threading.Event()
+    reader = RoundReader(store, keys, "n0001", closed)
+    me = "n0001-0-2"
+    view = reader.current()
+    assert view is not None and view.member(me) is not None
+    newer = plan_of(5, hosts=2, per_host=2)
+    publish_plan(store, keys, newer, previous_round=4)
+    # Round 5 came first: the finish is not recorded, and the worker is told to join it.
+    joined = record_finish(store, keys, view, me, 10, reader.current)
+    assert joined is not None and joined.round_id == 5 and joined.member(me) is not None
+    assert store.get(keys.training_finished) is None
+    assert record_finish(store, keys, joined, me, 12, reader.current) is None
+    assert FinishRecord.from_json(store.get(keys.training_finished).value) == FinishRecord(5, 12)
+    # A far member's address (not in this host's part) is read from the whole plan.
+    addresses = reader.addresses(joined)
+    assert dict(addresses.items()) == {m.rank: m.address for m in newer.members}
+    closed.set()
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_follows_the_head_and_reads_only_newer_rounds(store_backend):
+    keys = JobKeys("follow")
+    store = store_backend.open()
+    publish_plan(store, keys, plan_of(1, hosts=1, per_host=2))
+    reader = RoundReader(store, keys, "n0000", threading.Event())
+    views, watch = reader.read_and_watch()
+    with watch:
+        assert [v.round_id for v in views] == [1]
+        publish_plan(store, keys, plan_of(2, hosts=1, per_host=2), previous_round=1)
+        event = watch.get(timeout=10)
+        assert event is not None and event.key == reader.key
+        view = reader.view(event.value, newer_than=1)
+        assert view is not None and view.round_id == 2 and len(view.members) == 2
+        assert reader.view(event.value, newer_than=2) is None  # not newer: not read

@@ -1,0 +1,24 @@
+"""Publishing a round as the driver does, for tests and benchmarks that stand in for
+the driver: ``rendezvous.host_plan.plan_ops`` written with plain transactions (the
+driver's are fenced on its lead; a stand-in leads nothing)."""
+
+from __future__ import annotations
+
+from rendezvous.host_plan import plan_ops
+from rendezvous.keys import JobKeys
+from rendezvous.plan import Plan
+from rendezvous.store import KVStore
+
+
+def publish_plan(
+    store: KVStore, keys: JobKeys, plan: Plan, previous_round: int | None = None
+) -> int:
+    """Write ``plan`` as the job's round (the whole plan, its head and each host's
+    part; ``previous_round``'s parts deleted); the revision of the last write.
+
+    Raises:
+        RendezvousError: the store cannot be used."""
+    writes = plan_ops(keys, plan, previous_round)
+    for batch in writes.before:
+        store.txn([], list(batch))
+    return store.txn([], list(writes.publish)).revision
