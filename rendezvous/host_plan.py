@@ -12,7 +12,9 @@ its own ``HostPart`` under ``JobKeys.plan_host(round, host)``: its members (rank
 and cross ranks, addresses) and the few members of other hosts they connect to (each
 member's ring neighbours, and the first members of the hosts before and after it, the
 leaders of a hierarchical ring). So the bytes a round sends grow with N, not N x N, and
-a worker decodes a constant amount whatever the job's size.
+a worker decodes a constant amount whatever the job's size. A plan of at most
+``HEAD_PARTS_MEMBERS`` members carries every part in its head too: a small job's
+workers read nothing after the head's watch event, as when the event was the plan.
 
 Guarantees (``docs/DESIGN.md``, the round protocol):
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from rendezvous.keys import JobKeys
@@ -41,6 +43,10 @@ from rendezvous.records import Delete, KeyValue, Put
 #: a larger plan's parts are written before it, ``PART_BATCH`` hosts per transaction
 INLINE_PARTS = 96
 PART_BATCH = 96
+#: a plan of at most this many members carries every host's part in its head too: a
+#: small job's workers then read nothing after the head's watch event (as when the
+#: whole plan was the event), while a large job's head stays of a constant size
+HEAD_PARTS_MEMBERS = 16
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,13 @@ class RoundHead:
     snapshot: str = ""
     snapshot_token: str = ""
     handover: bool = False
+    parts: tuple[HostPart, ...] = ()  # every host's, in a plan of few members
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        raw = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "parts"}
+        if self.parts:
+            raw["parts"] = [p.to_dict() for p in self.parts]
+        return json.dumps(raw, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> RoundHead:
@@ -75,9 +85,15 @@ class RoundHead:
                 snapshot=str(raw.get("snapshot", "")),
                 snapshot_token=str(raw.get("snapshot_token", "")),
                 handover=bool(raw.get("handover", False)),
+                parts=tuple(HostPart.from_dict(p) for p in raw.get("parts", ())),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a round head: {exc!r}") from None
+
+    def part_of(self, host: str) -> HostPart | None:
+        """``host``'s part when the head carries the parts (None: not here, or no
+        member on that host)."""
+        return next((p for p in self.parts if p.host == host), None)
 
 
 @dataclass(frozen=True)
@@ -100,24 +116,32 @@ class HostPart:
     members: tuple[Member, ...] = ()
     peers: tuple[Peer, ...] = ()
 
+    def to_dict(self) -> dict:
+        return {
+            "round_id": self.round_id,
+            "digest": self.digest,
+            "host": self.host,
+            "members": [m.to_dict() for m in self.members],
+            "peers": [[p.rank, p.worker_id, p.address] for p in self.peers],
+        }
+
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "round_id": self.round_id,
-                "digest": self.digest,
-                "host": self.host,
-                "members": [m.to_dict() for m in self.members],
-                "peers": [[p.rank, p.worker_id, p.address] for p in self.peers],
-            },
-            sort_keys=True,
-        ).encode()
+        return json.dumps(self.to_dict(), sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> HostPart:
         """Raises:
         ValueError: not a host part."""
         try:
-            raw = json.loads(data)
+            return cls.from_dict(json.loads(data))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a host part: {exc!r}") from None
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> HostPart:
+        """Raises:
+        ValueError: not a host part."""
+        try:
             return cls(
                 round_id=int(raw["round_id"]),
                 digest=str(raw["digest"]),
@@ -241,6 +265,8 @@ def split_plan(plan: Plan, encoded: bytes | None = None) -> tuple[RoundHead, dic
             for r in sorted(wanted - own)
         )
         parts[host] = HostPart(plan.round_id, head.digest, host, tuple(members), peers)
+    if size <= HEAD_PARTS_MEMBERS:
+        head = replace(head, parts=tuple(parts.values()))
     return head, parts
 
 
@@ -286,8 +312,8 @@ def plan_ops(keys: JobKeys, plan: Plan, previous_round: int | None) -> PlanWrite
 
 def view_from(head: RoundHead, part_value: bytes | None) -> RoundView:
     """The view of ``head`` given the value read under its host's part key (None: no
-    part). A part of another plan of the same number (its digest differs) is no part of
-    this round.
+    part; a head that carries the parts needs none: give it the host's). A part of
+    another plan of the same number (its digest differs) is no part of this round.
 
     Raises:
         ValueError: the part does not parse."""
@@ -309,6 +335,8 @@ def read_view(
     Raises:
         RendezvousError: from ``get``.
         ValueError: the part or the head read does not parse."""
+    if head.parts:  # a small plan's head: every part is in it, nothing to read
+        return RoundView(head, head.part_of(host))
     kv = get(keys.plan_host(head.round_id, host))
     view = view_from(head, kv.value if kv is not None else None)
     if view.part is not None:

@@ -14,8 +14,10 @@ from driver.policy.planner import build_plan
 from elastic.reports import record_finish
 from elastic.rounds import RoundReader
 from rendezvous.host_plan import (
+    HEAD_PARTS_MEMBERS,
     INLINE_PARTS,
     RoundHead,
+    RoundView,
     plan_ops,
     read_view,
     split_plan,
@@ -46,7 +48,8 @@ def plan_of(round_id: int, hosts: int, per_host: int = 8, interleave: bool = Fal
 def test_each_host_reads_its_members_and_the_peers_they_connect_to(interleave):
     plan = plan_of(3, hosts=4, per_host=3, interleave=interleave)
     head, parts = split_plan(plan)
-    assert head == RoundHead(3, 12, 0, head.digest) and len(head.digest) == 24
+    assert head == RoundHead(3, 12, 0, head.digest, parts=tuple(parts.values()))
+    assert len(head.digest) == 24  # (12 members: the head carries the parts too)
     assert sorted(parts) == ["n0000", "n0001", "n0002", "n0003"]
     leaders = [min(m.rank for m in plan.members if m.host == h) for h in sorted(parts)]
     for host, part in parts.items():
@@ -61,6 +64,25 @@ def test_each_host_reads_its_members_and_the_peers_they_connect_to(interleave):
         far = set(range(12)) - wanted - {m.rank for m in view.members}
         assert all(view.address_of(r) is None for r in far)
         assert view.size == 12 and view.round_id == 3
+
+
+@pytest.mark.unit
+def test_a_small_plans_head_carries_the_parts_and_a_host_reads_nothing_more():
+    """A small job's worker reads nothing after the head's event (as when the event was
+    the whole plan); past ``HEAD_PARTS_MEMBERS`` the head is of a constant size."""
+    small = plan_of(2, hosts=2, per_host=HEAD_PARTS_MEMBERS // 2)
+    head, parts = split_plan(small)
+    assert RoundHead.from_json(head.to_json()) == head and len(head.parts) == 2
+
+    def no_read(key: str):
+        raise AssertionError(f"read {key}")
+
+    keys = JobKeys("j")
+    for host, part in parts.items():
+        assert read_view(no_read, keys, head, host) == RoundView(head, part)
+    assert read_view(no_read, keys, head, "elsewhere") == RoundView(head)
+    large_head, _ = split_plan(plan_of(2, hosts=2, per_host=HEAD_PARTS_MEMBERS // 2 + 1))
+    assert large_head.parts == () and len(large_head.to_json()) < 300
 
 
 @pytest.mark.unit
