@@ -17,7 +17,7 @@ from tests.system.jobs.test_restart_workers import EXAMPLE, THREADS
 
 pytestmark = pytest.mark.chaos
 
-EPOCHS = 8
+EPOCHS = 6
 
 
 @pytest.mark.timeout(120)

@@ -86,15 +86,12 @@ def starts(output: str) -> list[tuple[int, int, int]]:
 
 @pytest.mark.timeout(90)
 def test_a_torchrun_script_runs_unchanged_and_a_sigkill_restarts_the_whole_world(tmp_path):
-    """With ``--spares 2`` the restarted world is the warm spares, which imported torch
-    ahead of need (the first world starts fresh, before any spare)."""
     import torch
 
     ckpt = tmp_path / "ckpt"
     command = ["python", str(EXAMPLE), str(ckpt), "--epochs", str(EPOCHS)]
-    args = ["--restart-workers", "-np", "2", "--spares", "2", *command, "--batch-size", str(BATCH)]
+    args = ["--restart-workers", "-np", "2", *command, "--batch-size", str(BATCH)]
     with ElasticRun(args, tmp_path, env=THREADS) as run:
-        run.wait_event("spare_ready", timeout=60, after=1)  # both spares ready
         run.wait_output(r"^\[0\] epoch 1:", timeout=60)  # two epochs checkpointed
         world = run.events("world_started")[0]
         victim = run.worker_pids()[world["members"][1]]
@@ -104,10 +101,7 @@ def test_a_torchrun_script_runs_unchanged_and_a_sigkill_restarts_the_whole_world
         stopping = run.events("world_stopping")
         worlds = [(e["world"], e["restarts"], e["size"]) for e in run.events("world_started")]
         done = run.events("job_done")
-        promoted = {e["worker"] for e in run.events("spare_promoted")}
-        second = set(run.events("world_started")[1]["members"])
     assert worlds == [(1, 0, 2), (2, 1, 2)]
-    assert promoted == second  # both seats went to the spares
     assert len(stopping) == 1 and stopping[0]["failure"]
     assert "killed by SIGKILL" in stopping[0]["reason"]
     assert done and done[0]["world"] and done[0]["resets"] == 1
@@ -157,6 +151,34 @@ def test_a_host_that_discovery_adds_restarts_the_world_bigger_not_as_a_restart(t
     assert {e["TORCHELASTIC_RESTART_COUNT"] for e in second} == {"0"}
     assert len({e["MASTER_PORT"] for e in second}) == 1  # one master, a port of its own
     assert not [k for e in (first, *second) for k in e if k.startswith("ELASTIC_")]
+
+
+@pytest.mark.timeout(60)
+def test_warm_spares_take_the_seats_of_the_restarted_world(tmp_path):
+    """``--spares 2``: the world after a SIGKILL is the two spares that were waiting,
+    each running the program in its own process (the pid the driver started) with the
+    seat's ranks, a restart count of 1, rank 0's address and none of the job's wiring;
+    new spares start behind them."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--restart-workers", "-np", "2", "--spares", "2", sys.executable, str(WORLD_GATE)]
+    with ElasticRun([*args, str(out)], tmp_path) as run:
+        run.wait_event("spare_ready", timeout=30, after=1)  # both spares waiting
+        first = run.events("world_started")[0]
+        os.kill(run.worker_pids()[first["members"][1]], signal.SIGKILL)
+        second = run.wait_event("world_started", lambda e: e["world"] == 2, timeout=30)
+        wait_until(lambda: len(told(out)) == 4, 30, "world 2's workers")
+        run.wait_event("spare_ready", timeout=30, after=3)  # the pool refilled
+        (out / "done").touch()
+        assert run.wait(timeout=30) == 0, run.stderr_tail()
+        promoted = [e["worker"] for e in run.events("spare_promoted")]
+        pids = run.worker_pids()
+    assert sorted(promoted) == sorted(second["members"]) and second["restarts"] == 1
+    restarted = [t for t in told(out) if t["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert sorted(t["pid"] for t in restarted) == sorted(pids[w] for w in promoted)
+    assert sorted(t["env"]["RANK"] for t in restarted) == ["0", "1"]
+    assert len({t["env"]["MASTER_PORT"] for t in restarted}) == 1
+    assert not [k for t in restarted for k in t["env"] if k.startswith("ELASTIC_")]
 
 
 @pytest.mark.timeout(90)

@@ -160,6 +160,7 @@ def epochs_printed(run: ElasticRun) -> int:
 
 
 @pytest.mark.chaos
+@pytest.mark.long  # CI's torch chaos: the Horovod MNIST example's (ring), the gloo plane's
 @pytest.mark.timeout(180)
 def test_torch_example_survives_random_sigkills(tmp_path):
     """SIGKILL a random member twice, each time once the world is back to two workers

@@ -83,6 +83,7 @@ def test_the_allocations_nodes_train_and_a_drained_node_leaves_with_nothing_roll
     assert [r["rollbacks"] for r in results] == [0, 0], results
 
 
+@pytest.mark.long  # restart mode's host cut runs in CI on ssh hosts (test_restart_hostcut)
 @pytest.mark.timeout(150)
 def test_restart_mode_runs_a_world_over_the_allocation_and_a_cut_node_restarts_it(
     tmp_path, cluster

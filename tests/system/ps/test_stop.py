@@ -37,7 +37,8 @@ def _acked(out: Path) -> int:
     [
         ("sync", "SIGTERM"),
         ("async", "SIGTERM"),
-        ("sync", "SIGINT"),
+        # SIGINT takes SIGTERM's route (rendezvous.signals): in the long runs only
+        pytest.param("sync", "SIGINT", marks=pytest.mark.long),
         ("sync", "end"),
         ("async", "end"),
     ],
