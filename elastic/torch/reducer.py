@@ -437,7 +437,8 @@ class GradientReducer:
             param = self.params[index]
             grad = param.grad if index in mine and param.grad is not None else None
             local = (
-                grad.detach().reshape(-1).to(device, copy=True)
+                # A group reduces in place (its own copy); the ring returns a new array
+                grad.detach().reshape(-1).to(device, copy=group is not None)
                 if grad is not None
                 else torch.zeros(param.numel(), dtype=param.dtype, device=device)
             ).contiguous()
