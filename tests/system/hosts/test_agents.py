@@ -193,6 +193,7 @@ def test_the_driver_sigkilled_training_goes_on_then_agents_stop_after_driver_tim
         assert not agents(etcd_server.url, job_id)
 
 
+@pytest.mark.long  # the driver timeout's stop runs in CI with the driver alone gone
 @pytest.mark.timeout(90)
 def test_with_the_driver_and_its_store_both_gone_agents_stop_after_driver_timeout(
     tmp_path, etcd_single

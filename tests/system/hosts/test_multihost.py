@@ -124,6 +124,7 @@ def test_a_cut_host_that_returns_is_taken_back_as_fresh_workers(three_hosts, tmp
     check_exact_sum(out, SAMPLES, EPOCHS)
 
 
+@pytest.mark.long  # the store's own member failover runs in CI: test_store_outages
 @pytest.mark.timeout(150)
 def test_cutting_the_etcd_leaders_host_the_job_goes_on_with_the_other_members(
     three_hosts, tmp_path

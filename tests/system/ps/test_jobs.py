@@ -111,10 +111,16 @@ def test_a_shard_killed_without_a_checkpoint_gets_its_variables_back_and_trainin
         assert run.wait(timeout=60) == 0, run.stderr_tail()
     log = (tmp_path / "stderr.log").read_text()
     assert "ps shard 0 lost its variables; re-creating them from init()" in log, log
+    # The variables start again from init(): the step goes back. The worker that
+    # re-creates them first sees it; the other may resume only after the step passed
+    # its own last one (then it sees no step go back, but goes on to the end too).
+    resets = []
     for steps_file in out.glob("*.steps"):
         steps = [int(line) for line in steps_file.read_text().split()]
-        restart = next(i for i in range(1, len(steps)) if steps[i] < steps[i - 1])
-        assert steps[restart - 1] >= 20 and steps[-1] >= 100, steps  # went on from the start
+        assert steps[-1] >= 100, steps
+        back = [i for i in range(1, len(steps)) if steps[i] < steps[i - 1]]
+        resets += [steps[i - 1] for i in back]
+    assert resets and min(resets) >= 20, resets  # went on from the start, once it was 20+
     assert len(ps_results(out)) == 2
 
 
