@@ -112,8 +112,9 @@ def test_same_weights_for_world_sizes_1_to_4(tmp_path, flavour):
 
 @pytest.mark.chaos
 @pytest.mark.timeout(240)
-# torch's run is long (15 s of the suite): torch under kills is in CI by the torch
-# example's chaos test; the world change's arithmetic by the numpy run.
+# torch's run is long (15 s of the suite): torch under kills is in CI by the Horovod
+# MNIST example's and the gloo plane's chaos tests; the world change's arithmetic by the
+# numpy run.
 @pytest.mark.parametrize(
     ("flavour", "kills"), [("numpy", 2), pytest.param("torch", 1, marks=pytest.mark.long)]
 )

@@ -116,6 +116,7 @@ def test_losing_every_holder_without_a_snapshot_fails_naming_the_step(tmp_path):
     assert not run.events("round_formed")[1:], "no round of newcomers trained from scratch"
 
 
+@pytest.mark.long  # resume from a snapshot runs in CI with numpy; torch's codec in tests/elastic
 @pytest.mark.timeout(200)
 def test_a_torch_job_killed_whole_resumes_with_the_weights_of_one_process(tmp_path):
     """TorchState (model, optimizer, ElasticSampler) through a whole-job SIGKILL and a
