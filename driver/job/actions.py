@@ -34,7 +34,7 @@ from driver.launch.spec import LaunchSpec
 from driver.policy import decisions as dec
 from driver.policy import lifecycle, planner
 from driver.policy.lifecycle import WorkerRecord
-from driver.policy.planner import Seat, World
+from driver.policy.planner import World
 from rendezvous.plan import WorldSeat
 from rendezvous.store import Put
 
@@ -137,10 +137,12 @@ class WorkerActions:
         started: list[str] = []
         failed: list[dec.Decision] = []
         spares = policy.world_spares(world, ctx.state.workers)
+        self._seat_spares(spares, world)
         for seat in world.seats:
             spare = spares.get(seat.rank)
             if spare is not None:
-                started.append(self._seat_spare(spare, world, seat))
+                self.promote(dec.Promote(spare, seat.host, seat.slot))
+                started.append(spare)
                 continue
             worker_id = ctx.processes.new_id(seat.host, seat.slot)
             bind = self.bind_host(seat.host)
@@ -167,19 +169,27 @@ class WorkerActions:
             )
         return failed
 
-    def _seat_spare(self, worker_id: str, world: World, seat: Seat) -> str:
-        """Give warm spare ``worker_id`` (restart mode) ``seat`` of ``world``: its seat
-        under ``JobKeys.world_seat``, where it waits, then its promotion. Returns its id.
+    def _seat_spares(self, spares: dict[int, str], world: World) -> None:
+        """Give each warm spare of ``spares`` (by rank; restart mode) its seat of
+        ``world`` under ``JobKeys.world_seat``, where it waits: one fenced write for all.
 
         Raises:
             LeadershipLost: another driver leads the job.
             RendezvousError: the store cannot be used.
         """
+        if not spares:
+            return
         ctx = self._ctx
-        record = WorldSeat(world.number, seat_env(ctx.config, world, seat))
-        ctx.services.steer([Put(ctx.keys.world_seat(worker_id), record.to_json())])
-        self.promote(dec.Promote(worker_id, seat.host, seat.slot))
-        return worker_id
+        seats = {seat.rank: seat for seat in world.seats}
+        ctx.services.steer(
+            [
+                Put(
+                    ctx.keys.world_seat(worker_id),
+                    WorldSeat(world.number, seat_env(ctx.config, world, seats[rank])).to_json(),
+                )
+                for rank, worker_id in spares.items()
+            ]
+        )
 
     def promote(self, decision: dec.Promote) -> Decisions:
         state, now = self._ctx.state, self._ctx.clock()
