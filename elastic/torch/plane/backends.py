@@ -4,8 +4,13 @@ another thread ends the wait, and how it is aborted.
 
 - gloo: ``ProcessGroupGloo`` bound to the worker's data-plane address (the address its
   ring peers reach, whatever the host name resolves to). Its ``abort()`` does not end a
-  collective that waits on a peer (torch 2.13), so the wait is on the collective's
-  future *or* the group's abort, whichever comes first; the abandoned collective ends by
+  collective that waits on a peer (torch 2.13), so the wait is on the collective *or*
+  the group's abort, whichever comes first: ``Work.wait`` in slices of ``WAIT_SLICE``
+  (it returns the moment the collective ends; between slices the abort is looked at).
+  Not a done-callback on the collective's future: that is Python run from gloo's
+  thread whenever the collective ends, and an abandoned collective can end at any
+  time, even while the interpreter shuts down (seen: a SIGSEGV in
+  ``PyThreadState_New`` at a survivor's exit). The abandoned collective ends by
   itself once a peer's sockets close (a dead process's at once), or at ``op_timeout``,
   the last resort. It only ever touches buffers of the group it ran in
   (``RoundGroup``), so nothing of a later round. An aborted gloo group is never freed:
@@ -27,9 +32,9 @@ import abc
 import ctypes
 import os
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -51,31 +56,9 @@ class GroupSettings:
             raise ValueError("connect_timeout and op_timeout must be > 0")
 
 
-class AbortSignal:
-    """Set once when a group is aborted; a wait on a collective ends at it (any thread)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._set = False
-
-    def set(self) -> None:
-        with self._cond:
-            self._set = True
-            self._cond.notify_all()
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def wake(self) -> None:
-        """Make waiters look again at what they wait for."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_for(self, done: Callable[[], bool], timeout: float) -> None:
-        """Return once ``done()``, the abort, or ``timeout`` seconds; ``wake()`` makes
-        it look at ``done()`` again."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._set or done(), timeout)
+#: how often a gloo collective's wait looks at the group's abort (the most an abort
+#: adds to a survivor's time to raise; a finished collective ends the wait at once)
+WAIT_SLICE = 0.02
 
 
 class GroupBackend(abc.ABC):
@@ -92,7 +75,7 @@ class GroupBackend(abc.ABC):
         Raises RuntimeError (torch's) when it cannot form."""
 
     @abc.abstractmethod
-    def wait(self, work: dist.Work, aborted: AbortSignal, timeout: float) -> bool:
+    def wait(self, work: dist.Work, aborted: threading.Event, timeout: float) -> bool:
         """Block until ``work`` finished (True) or the group is aborted (False), at most
         ``timeout`` seconds (False). Raises what the collective raised."""
 
@@ -119,13 +102,18 @@ class GlooBackend(GroupBackend):
         _never_free(group)
 
     def wait(self, work, aborted, timeout):
-        future = work.get_future()
-        future.add_done_callback(lambda _: aborted.wake())
-        aborted.wait_for(future.done, timeout)
-        if not future.done():
-            return False
-        future.wait()  # raises the collective's error
-        return True
+        deadline = time.monotonic() + timeout
+        while not aborted.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                work.wait(timedelta(seconds=min(WAIT_SLICE, left)))
+                return True
+            except RuntimeError:  # torch's "timed out" for a slice, or the collective's error
+                if work.is_completed():
+                    raise
+        return False
 
 
 class NcclBackend(GroupBackend):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.errors import CommunicatorClosedError, WorkerLostError
-from elastic.torch.plane.backends import AbortSignal, GroupBackend, GroupSettings
+from elastic.torch.plane.backends import GroupBackend, GroupSettings
 from elastic.torch.plane.store import RoundStore
 from rendezvous.store import KVStore
 
@@ -92,7 +92,7 @@ class RoundGroup:
     ):
         self.backend, self.settings = backend, settings
         self.ring, self.round_id, self.rank, self.size = ring, round_id, ring.rank, ring.size
-        self._aborted = AbortSignal()
+        self._aborted = threading.Event()
         self._why = ""
         self._lock = threading.Lock()
         threading.Thread(
