@@ -178,7 +178,8 @@ class SimAgent:
         return t0
 
     def report(self, round_id: int) -> None:
-        """The failure of round ``round_id`` its workers saw, said once for the host."""
+        """The failure of round ``round_id`` its workers saw, said once for the host (a
+        crash: no suspect, ``elastic.reports.suspect_of``)."""
         reporter = f"agent-{self.host}"
         record = FailureRecord(reporter, round_id, "peer lost (simulated)").to_json()
         self._store.put(self._keys.failure(round_id, reporter), record, lease=self._lease)
