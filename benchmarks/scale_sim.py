@@ -14,10 +14,11 @@ with the product's writes (``rendezvous.host_plan.plan_ops``: the whole plan onc
 the head, one part per host).
 
 A round, as in ``rendezvous_scale_bench``: a worker leaves (its agent saw its process
-exit and deletes its registration), every other host's agent reports the failure once
-for its workers (a ring's abort reaches each of them), the driver plans and publishes
-the next round; then a replacement registers through the same agent and a second round
-takes it in. Per (store, N), over the measured rounds:
+exit and deletes its registration), its two ring neighbours report the failure (they
+saw its connection close; the others hear of it from them, which they do not report:
+``elastic.reports.worth_reporting``), the driver plans and publishes the next round;
+then a replacement registers through the same agent and a second round takes it in.
+Per (store, N), over the measured rounds:
 
 * ``leave_ms`` / ``join_ms``: from the change (just before the registration's delete,
   or the replacement's put) to each worker holding its part: p50 and p99 over every
@@ -177,10 +178,9 @@ class SimAgent:
         self.held.pop(member_id, None)
         return t0
 
-    def report(self, round_id: int) -> None:
-        """The failure of round ``round_id`` its workers saw, said once for the host (a
-        crash: no suspect, ``elastic.reports.suspect_of``)."""
-        reporter = f"agent-{self.host}"
+    def report(self, round_id: int, reporter: str) -> None:
+        """The failure of round ``round_id`` as worker ``reporter`` of this host saw it
+        (a crash: no suspect, ``elastic.reports.suspect_of``), under the agent's lease."""
         record = FailureRecord(reporter, round_id, "peer lost (simulated)").to_json()
         self._store.put(self._keys.failure(round_id, reporter), record, lease=self._lease)
 
@@ -226,12 +226,16 @@ class AgentProcess:
 
     def leave(self, member_id: str, host: str, round_id: int) -> float | None:
         """The worker ``member_id`` of ``host`` exits, if ``host`` is here (its t0 is
-        returned); every other agent here reports the failure once. Returns once the
-        reports are written."""
-        others = [a for h, a in self.agents.items() if h != host]
-        written = [self._pool.submit(a.report, round_id) for a in others]
+        returned), and its two ring neighbours (counted on its host: the writes are the
+        store's either way) report the failure. Returns once the reports are written."""
         agent = self.agents.get(host)
-        t0 = agent.remove(member_id) if agent is not None else None
+        if agent is None:
+            return None
+        written = [
+            self._pool.submit(agent.report, round_id, f"{member_id}-{side}")
+            for side in ("left", "right")
+        ]
+        t0 = agent.remove(member_id)
         for done in written:
             done.result(timeout=base.COMMAND_DEADLINE)
         return t0
