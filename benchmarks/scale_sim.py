@@ -478,18 +478,28 @@ FITTED = {
 
 
 def linear_fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
-    """Least squares ``y = slope * n + intercept`` over ``points`` (n, y), and the
-    largest error of the fit relative to y."""
+    """Least squares ``y = slope * n + intercept`` over ``points`` (n, y), the largest
+    error of the fit relative to y, and ``power``: the least-squares slope of log y
+    against log n (a cost linear in N has a power near 1, one growing as N x N near 2;
+    the relative error of a line is large where a fixed cost weighs on the small N)."""
     ns, ys = [p[0] for p in points], [p[1] for p in points]
     mean_n, mean_y = statistics.fmean(ns), statistics.fmean(ys)
     var = sum((n - mean_n) ** 2 for n in ns)
     slope = sum((n - mean_n) * (y - mean_y) for n, y in points) / var if var else 0.0
     intercept = mean_y - slope * mean_n
     worst = max(abs(slope * n + intercept - y) / abs(y) for n, y in points if y)
+    logs = [(math.log(n), math.log(y)) for n, y in points if n > 0 and y > 0]
+    power = float("nan")
+    if len(logs) >= 2:
+        mean_x, mean_ly = statistics.fmean(x for x, _ in logs), statistics.fmean(y for _, y in logs)
+        var_x = sum((x - mean_x) ** 2 for x, _ in logs)
+        if var_x:
+            power = sum((x - mean_x) * (y - mean_ly) for x, y in logs) / var_x
     return {
         "slope": round(slope, 3),
         "intercept": round(intercept, 1),
         "max_rel_err": round(worst, 3),
+        "power": round(power, 2),
     }
 
 
