@@ -84,6 +84,7 @@ from driver.job.messages import (  # noqa: E402
     RegistryChanged,
     RegistryResync,
     changes_nothing,
+    read_through_accusations,
 )
 from driver.job.wiring import worker_id_for  # noqa: E402
 from driver.policy import planner  # noqa: E402
@@ -91,7 +92,7 @@ from driver.threads import spawn  # noqa: E402
 from rendezvous import open_store  # noqa: E402
 from rendezvous.errors import RendezvousError  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
-from rendezvous.plan import Plan, WorkerInfo  # noqa: E402
+from rendezvous.plan import FailureRecord, Plan, WorkerInfo  # noqa: E402
 from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch  # noqa: E402
 from rendezvous.watch import follow_prefix  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
@@ -201,7 +202,8 @@ class SimMember:
         self.failed = f"lease lost: {exc}"
 
     def report_failure(self, round_id: int) -> None:
-        """What ``elastic.runtime.report_failure`` writes when a collective failed."""
+        """What ``elastic.runtime.report_failure`` writes when a collective failed
+        because a member crashed (no suspect: ``elastic.reports.suspect_of``)."""
         record = {
             "worker_id": self.spec.member_id,
             "round_id": round_id,
@@ -389,7 +391,8 @@ class DriverStandIn:
     every change; a fresh read if the watch is lost) as ``driver.job.messages`` on a queue,
     wakes once per burst of messages, reads each report, plans with
     ``driver.policy.planner.next_plan`` after every burst that changes something (as
-    ``driver.job.loop`` runs its rules: ``driver.job.messages.changes_nothing``), and publishes
+    ``driver.job.loop`` runs its rules: ``driver.job.messages.changes_nothing``, and a
+    failure report only when it changes the accusations), and publishes
     a new plan the way ``driver.job.loop`` does: the round key, then the failure reports
     cleared. The first round waits for ``np``."""
 
@@ -405,6 +408,9 @@ class DriverStandIn:
         self.events = 0
         self.turns = 0
         self.published: dict[int, float] = {}  # round id -> monotonic time of the put
+        self._accused_round = 0
+        self._accused: set[str] = set()
+        self._reporters: set[str] = set()
 
     def follow(self, stop: threading.Event) -> None:
         feeds = (
@@ -443,15 +449,20 @@ class DriverStandIn:
                 except queue.Empty:
                     break
             # no decision for a burst that changes nothing (as driver.job.loop's rules)
-            changed = not all(changes_nothing(m, self.plan) for m in burst)
+            changed = False
             for m in burst:
-                self._handle(m)
+                changed |= self._handle(m)
             with self.lock:
                 self.turns += changed
             if changed:
                 self._decide()
 
-    def _handle(self, message: Message) -> None:
+    def _handle(self, message: Message) -> bool:
+        """Take ``message``; whether the rules must run for it (``driver.job.loop``)."""
+        quiet = changes_nothing(message, self.plan)
+        if isinstance(message, FailureReport) and read_through_accusations(message):
+            assert message.record is not None  # (read_through_accusations says so)
+            return self._accuse(message.record)
         prefix = self._keys.workers
         if isinstance(message, RegistryChanged):
             worker_id = message.event.key[len(prefix) :]
@@ -465,6 +476,23 @@ class DriverStandIn:
                 kv.key[len(prefix) :]: (kv.create_revision, WorkerInfo.from_json(kv.value))
                 for kv in message.kvs
             }
+        return not quiet
+
+    def _accuse(self, report: FailureRecord) -> bool:
+        """``driver.policy.suspicion.failure_reported``'s bookkeeping: a report of the
+        current round clears its reporter of any accusation and accuses its suspect when
+        registered and not yet accused; whether the accusations changed."""
+        if self.plan is None or report.round_id != self.plan.round_id:
+            return False
+        if self._accused_round != self.plan.round_id:
+            self._accused_round, self._accused, self._reporters = self.plan.round_id, set(), set()
+        before = set(self._accused)
+        self._reporters.add(report.worker_id)
+        self._accused -= self._reporters
+        suspect = report.suspect
+        if suspect in self._registered and suspect not in self._reporters:
+            self._accused.add(suspect)
+        return self._accused != before
 
     def _decide(self) -> None:
         live = [info for _, info in sorted(self._registered.values(), key=lambda r: r[0])]

@@ -2,10 +2,11 @@
 agent per host is the store's client for its workers.
 
 Each simulated host is an agent with its own store client and connection, one lease
-(kept alive by the client's thread) and one watch, of the round's head
-(``JobKeys.plan_head``); on each head it reads its host's part of the round once
-(``rendezvous.host_plan.read_view``), and every worker of the host then holds its
-part of the plan (a worker is told by its agent over a local channel, which costs the
+(kept alive by the client's thread) and, as the product's agent, two watches: of the
+round's head (``JobKeys.plan_head``) and of its host's parts
+(``JobKeys.plan_host_prefix``); on each head it takes its host's part of the round
+(``rendezvous.host_plan.read_view``: the part its watch delivered, written before the
+head, or else read once), and every worker of the host then holds its part of the plan (a worker is told by its agent over a local channel, which costs the
 store nothing: the simulation counts it as free). A worker costs the store only its
 registration, written by its agent under the agent's lease. The driver is the stand-in
 of ``rendezvous_scale_bench`` (the driver's watches, messages and planner) publishing
@@ -13,10 +14,11 @@ with the product's writes (``rendezvous.host_plan.plan_ops``: the whole plan onc
 the head, one part per host).
 
 A round, as in ``rendezvous_scale_bench``: a worker leaves (its agent saw its process
-exit and deletes its registration), every other host's agent reports the failure once
-for its workers (a ring's abort reaches each of them), the driver plans and publishes
-the next round; then a replacement registers through the same agent and a second round
-takes it in. Per (store, N), over the measured rounds:
+exit and deletes its registration), its two ring neighbours report the failure (they
+saw its connection close; the others hear of it from them, which they do not report:
+``elastic.reports.worth_reporting``), the driver plans and publishes the next round;
+then a replacement registers through the same agent and a second round takes it in.
+Per (store, N), over the measured rounds:
 
 * ``leave_ms`` / ``join_ms``: from the change (just before the registration's delete,
   or the replacement's put) to each worker holding its part: p50 and p99 over every
@@ -73,13 +75,18 @@ from driver.job.wiring import worker_id_for  # noqa: E402
 from driver.threads import spawn  # noqa: E402
 from rendezvous import open_store  # noqa: E402
 from rendezvous.errors import RendezvousError  # noqa: E402
-from rendezvous.host_plan import RoundHead, plan_ops, read_view  # noqa: E402
+from rendezvous.host_plan import LatestParts, RoundHead, plan_ops, read_view  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
 from rendezvous.plan import FailureRecord, Plan, WorkerInfo  # noqa: E402
 from rendezvous.store import PUT, Delete, KVStore, Lease, Put, Watch  # noqa: E402
 
-#: simulated agents per process (each with its own store client, lease and watch)
+#: simulated agents per process (each with its own store client, lease and watches)
 AGENTS_PER_PROCESS = 128
+#: how often gRPC's Python client wakes a thread blocked in a call (its own default is
+#: 0.1 s, so that signal handlers run): an agent on its own host has a few calls open,
+#: but a process of 128 simulated agents has hundreds, and their wake-ups alone took
+#: most of its CPU. The store sees the same requests either way.
+GRPC_WAKE_SECONDS = 5.0
 
 
 # -------------------------------------------------------------------------- agents
@@ -103,6 +110,10 @@ class SimAgent:
         self._latest = 0
         self._lease: Lease = self._store.grant_lease(base.LEASE_TTL)
         self._lease.keep_alive(on_lost=self._lost)
+        self._parts = LatestParts()
+        kvs, parts_watch = self._store.read_and_watch(keys.plan_host_prefix(host))
+        self._parts.reset({kv.key: kv.value for kv in kvs})
+        self._parts_follower = spawn(f"agent-parts-{host}", self._follow_parts, parts_watch)
         kvs, watch = self._store.read_and_watch(keys.plan_head)
         for kv in kvs:
             if kv.key == keys.plan_head:
@@ -125,11 +136,22 @@ class SimAgent:
             if event.type == PUT and event.key == self._keys.plan_head:
                 self._take(event.value)
 
+    def _follow_parts(self, watch: Watch) -> None:
+        while not self._closed.is_set():
+            try:
+                event = watch.get(timeout=30.0)
+            except RendezvousError as exc:
+                self.failed = f"parts watch ended: {exc}"
+                return
+            if event is not None:
+                self.events += 1
+                self._parts.seen(event.key, event.value if event.type == PUT else None)
+
     def _take(self, head_value: bytes) -> None:
         head = RoundHead.from_json(head_value)
         if head.round_id <= self._latest:
             return
-        view = read_view(self._store.get, self._keys, head, self.host)
+        view = read_view(self._store.get, self._keys, head, self.host, self._parts.snapshot())
         if view is None:
             return
         self._latest = head.round_id
@@ -156,9 +178,9 @@ class SimAgent:
         self.held.pop(member_id, None)
         return t0
 
-    def report(self, round_id: int) -> None:
-        """The failure of round ``round_id`` its workers saw, said once for the host."""
-        reporter = f"agent-{self.host}"
+    def report(self, round_id: int, reporter: str) -> None:
+        """The failure of round ``round_id`` as worker ``reporter`` of this host saw it
+        (a crash: no suspect, ``elastic.reports.suspect_of``), under the agent's lease."""
         record = FailureRecord(reporter, round_id, "peer lost (simulated)").to_json()
         self._store.put(self._keys.failure(round_id, reporter), record, lease=self._lease)
 
@@ -170,6 +192,7 @@ class SimAgent:
         self._lease.stop_keep_alive()
         self._store.close()
         self._follower.join(timeout=5)
+        self._parts_follower.join(timeout=5)
 
 
 class AgentProcess:
@@ -203,12 +226,16 @@ class AgentProcess:
 
     def leave(self, member_id: str, host: str, round_id: int) -> float | None:
         """The worker ``member_id`` of ``host`` exits, if ``host`` is here (its t0 is
-        returned); every other agent here reports the failure once. Returns once the
-        reports are written."""
-        others = [a for h, a in self.agents.items() if h != host]
-        written = [self._pool.submit(a.report, round_id) for a in others]
+        returned), and its two ring neighbours (counted on its host: the writes are the
+        store's either way) report the failure. Returns once the reports are written."""
         agent = self.agents.get(host)
-        t0 = agent.remove(member_id) if agent is not None else None
+        if agent is None:
+            return None
+        written = [
+            self._pool.submit(agent.report, round_id, f"{member_id}-{side}")
+            for side in ("left", "right")
+        ]
+        t0 = agent.remove(member_id)
         for done in written:
             done.result(timeout=base.COMMAND_DEADLINE)
         return t0
@@ -240,6 +267,10 @@ class AgentProcess:
 def agents_main(
     conn: multiprocessing.connection.Connection, store_url: str, secret: str | None, job_id: str
 ) -> None:
+    if store_url.startswith("etcd"):
+        import grpc._common  # the client etcd is spoken with (see GRPC_WAKE_SECONDS)
+
+        grpc._common.MAXIMUM_WAIT_TIMEOUT = GRPC_WAKE_SECONDS
     agents = AgentProcess(store_url, secret, job_id)
     base.serve_commands(
         conn,
@@ -263,12 +294,13 @@ class HostPlanDriver(base.DriverStandIn):
     previous round's parts deleted, and the failure reports cleared."""
 
     def publish(self, plan: Plan) -> float:
-        previous = self.plan.round_id if self.plan is not None else None
-        writes = plan_ops(self._keys, plan, previous)
+        writes = plan_ops(self._keys, plan, self.plan)
         for batch in writes.before:
             self._store.txn([], list(batch))
         self._store.txn([], [*writes.publish, Delete(self._keys.failures, prefix=True)])
         written = time.monotonic()
+        for batch in writes.after:
+            self._store.txn([], list(batch))
         puts = [op for batch in writes.before for op in batch] + list(writes.publish)
         sizes = [len(op.value) for op in puts if isinstance(op, Put)]
         with self.lock:
@@ -446,18 +478,28 @@ FITTED = {
 
 
 def linear_fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
-    """Least squares ``y = slope * n + intercept`` over ``points`` (n, y), and the
-    largest error of the fit relative to y."""
+    """Least squares ``y = slope * n + intercept`` over ``points`` (n, y), the largest
+    error of the fit relative to y, and ``power``: the least-squares slope of log y
+    against log n (a cost linear in N has a power near 1, one growing as N x N near 2;
+    the relative error of a line is large where a fixed cost weighs on the small N)."""
     ns, ys = [p[0] for p in points], [p[1] for p in points]
     mean_n, mean_y = statistics.fmean(ns), statistics.fmean(ys)
     var = sum((n - mean_n) ** 2 for n in ns)
     slope = sum((n - mean_n) * (y - mean_y) for n, y in points) / var if var else 0.0
     intercept = mean_y - slope * mean_n
     worst = max(abs(slope * n + intercept - y) / abs(y) for n, y in points if y)
+    logs = [(math.log(n), math.log(y)) for n, y in points if n > 0 and y > 0]
+    power = float("nan")
+    if len(logs) >= 2:
+        mean_x, mean_ly = statistics.fmean(x for x, _ in logs), statistics.fmean(y for _, y in logs)
+        var_x = sum((x - mean_x) ** 2 for x, _ in logs)
+        if var_x:
+            power = sum((x - mean_x) * (y - mean_ly) for x, y in logs) / var_x
     return {
         "slope": round(slope, 3),
         "intercept": round(intercept, 1),
         "max_rel_err": round(worst, 3),
+        "power": round(power, 2),
     }
 
 

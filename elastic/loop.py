@@ -34,7 +34,7 @@ from elastic.errors import (
     WorkerHandedOverError,
     WorkerLostError,
 )
-from elastic.reports import suspect_of
+from elastic.reports import suspect_of, worth_reporting
 from elastic.state import State, active
 from rendezvous.plan import SNAPSHOT_FINAL
 
@@ -90,7 +90,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                     "was superseded" if superseded else "lost a worker",
                     exc,
                 )
-                if not superseded:
+                if not superseded and worth_reporting(exc):
                     runtime.report_failure(
                         runtime.round_id, str(exc), suspect_of(exc, runtime.plan)
                     )

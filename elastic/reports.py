@@ -87,6 +87,15 @@ def suspect_of(exc: Exception, plan: RoundView | None) -> str | None:
     return plan.worker_at(rank)
 
 
+def worth_reporting(exc: Exception) -> bool:
+    """Whether a worker whose collective failed with ``exc`` reports it: not when it
+    only heard of the loss from another member (``LossCause.RELAYED``), which saw it
+    and reports it. Otherwise every member of a round of thousands would write a report
+    for one loss, all at the moment the next round is being planned; the driver learns
+    of the loss from the members that saw it, the process exit, or the lease."""
+    return not (isinstance(exc, PeerLostError) and exc.cause is LossCause.RELAYED)
+
+
 def failure_record(worker_id: str, round_id: int, reason: str, suspect: str | None) -> bytes:
     """The failure report of ``worker_id``: a collective of ``round_id`` failed."""
     return FailureRecord(worker_id, round_id, reason, suspect).to_json()

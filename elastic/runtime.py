@@ -340,7 +340,7 @@ class WorkerRuntime:
                 )
             except WorkerLostError as exc:
                 log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
-                if not isinstance(exc, CommunicatorClosedError):
+                if not isinstance(exc, CommunicatorClosedError) and reports.worth_reporting(exc):
                     self.report_failure(plan.round_id, str(exc), reports.suspect_of(exc, plan))
                 after = plan.round_id
                 continue

@@ -7,20 +7,25 @@ and still writes it to ``JobKeys.round``, once per round: that is the record of 
 job (a successor adopts it, the finish transaction is guarded by the head written
 with it). Nobody follows that key. What hosts follow is ``JobKeys.plan_head``, a
 ``RoundHead`` of a constant size (the round, its size, the leader term, a digest of the
-whole plan, what its members do at its start), and what a host reads once per round is
-its own ``HostPart`` under ``JobKeys.plan_host(round, host)``: its members (ranks, local
-and cross ranks, addresses) and the few members of other hosts they connect to (each
-member's ring neighbours, and the first members of the hosts before and after it, the
-leaders of a hierarchical ring). So the bytes a round sends grow with N, not N x N, and
-a worker decodes a constant amount whatever the job's size. A plan of at most
-``HEAD_PARTS_MEMBERS`` members carries every part in its head too: a small job's
-workers read nothing after the head's watch event, as when the event was the plan.
+whole plan, what its members do at its start), and what a host needs of a round is its
+own ``HostPart`` under ``JobKeys.plan_host(host, round)`` (two keys per host, by the
+round's parity, overwritten every other round): its members (ranks, local and cross ranks, addresses) and the few members of
+other hosts they connect to (each member's ring neighbours, and the first members of
+the hosts before and after it, the leaders of a hierarchical ring). So the bytes a
+round sends grow with N, not N x N, and a worker decodes a constant amount whatever the
+job's size. A plan of at most ``HEAD_PARTS_MEMBERS`` members carries every part in its
+head too: a small job's workers read nothing after the head's watch event, as when the
+event was the plan. An agent watches its host's parts as well as the head
+(``LatestParts``): a large plan's parts are written before its head, so the part is
+there when the head's event comes and the agent reads nothing either; a part not yet
+seen is read once (``read_view``).
 
 Guarantees (``docs/DESIGN.md``, the round protocol):
 
-* exactly one plan per round number: the parts carry the digest of the plan they were
-  cut from, and a part whose digest is not the head's is not this round's (a part
-  written by a driver whose publish never committed, for the same number);
+* exactly one plan per round number: the parts carry the round and the digest of the
+  plan they were cut from, and a part whose digest is not the head's is not this
+  round's (a part written by a driver whose publish never committed, for the same
+  number, or a part of another round);
 * fencing: every write is the leader's fenced transaction, and the head carries the
   term as the plan did;
 * the finish transaction compares the head's value: head and plan change together.
@@ -30,7 +35,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -281,33 +287,45 @@ def view_of(plan: Plan, host: str) -> RoundView:
 class PlanWrites:
     """How to publish a plan: ``before`` (transactions of parts, each to be written and
     fenced on its own, before the plan; empty for a plan of at most ``INLINE_PARTS``
-    hosts) and ``publish`` (the operations of the one transaction that makes the plan
-    the job's: the plan, its head, the parts when few, and the previous round's parts
-    deleted)."""
+    hosts), ``publish`` (the operations of the one transaction that makes the plan the
+    job's: the plan, its head, and the parts and deletions when few) and ``after`` (the
+    deletions of the parts of hosts the plan no longer has, when many: written after
+    it, so a round's parts stay readable while it is the job's)."""
 
-    before: tuple[tuple[Put, ...], ...]
+    before: tuple[tuple[Put | Delete, ...], ...]
     publish: tuple[Put | Delete, ...]
     head: RoundHead
+    after: tuple[tuple[Put | Delete, ...], ...] = ()
 
 
-def plan_ops(keys: JobKeys, plan: Plan, previous_round: int | None) -> PlanWrites:
-    """The writes that publish ``plan`` (pure; see ``PlanWrites``). ``previous_round``:
-    the round published before it, whose parts are deleted (None: none known)."""
+def plan_ops(keys: JobKeys, plan: Plan, previous: Plan | None) -> PlanWrites:
+    """The writes that publish ``plan`` (pure; see ``PlanWrites``). ``previous``: the
+    plan published before it (None: none known), whose hosts that ``plan`` does not
+    have lose their parts (a host's part keys are overwritten otherwise).
+
+    When the parts do not fit in the publishing transaction, they are written before
+    it: an agent watching its parts then holds its part when the head's event comes."""
     whole = plan.to_json()
     head, parts = split_plan(plan, whole)
-    puts = [Put(keys.plan_host(plan.round_id, h), p.to_json()) for h, p in parts.items()]
-    cleanup: list[Put | Delete] = []
-    if previous_round is not None and previous_round != plan.round_id:
-        cleanup.append(Delete(keys.plan_hosts_of(previous_round), prefix=True))
-    main: list[Put | Delete] = [
-        Put(keys.round, whole),
-        Put(keys.plan_head, head.to_json()),
-        *cleanup,
+    puts = [Put(keys.plan_host(h, plan.round_id), p.to_json()) for h, p in parts.items()]
+    gone = [
+        Delete(keys.plan_host_prefix(h), prefix=True)
+        for h in sorted(hosts_of(previous) - parts.keys())
     ]
-    if len(puts) <= INLINE_PARTS:
-        return PlanWrites((), (*main, *puts), head)
-    batches = tuple(tuple(puts[i : i + PART_BATCH]) for i in range(0, len(puts), PART_BATCH))
-    return PlanWrites(batches, tuple(main), head)
+    main: list[Put | Delete] = [Put(keys.round, whole), Put(keys.plan_head, head.to_json())]
+    if len(puts) + len(gone) <= INLINE_PARTS:
+        return PlanWrites((), (*main, *puts, *gone), head)
+    return PlanWrites(batched(puts), tuple(main), head, batched(gone))
+
+
+def hosts_of(plan: Plan | None) -> set[str]:
+    """The hosts that have a part of ``plan`` (pure)."""
+    return {m.host for m in plan.members} if plan is not None else set()
+
+
+def batched(ops: Sequence[Put | Delete]) -> tuple[tuple[Put | Delete, ...], ...]:
+    """``ops`` in transactions of at most ``PART_BATCH`` operations (pure)."""
+    return tuple(tuple(ops[i : i + PART_BATCH]) for i in range(0, len(ops), PART_BATCH))
 
 
 def view_from(head: RoundHead, part_value: bytes | None) -> RoundView:
@@ -326,18 +344,33 @@ def view_from(head: RoundHead, part_value: bytes | None) -> RoundView:
 
 
 def read_view(
-    get: Callable[[str], KeyValue | None], keys: JobKeys, head: RoundHead, host: str
+    get: Callable[[str], KeyValue | None],
+    keys: JobKeys,
+    head: RoundHead,
+    host: str,
+    known: Mapping[str, bytes] | None = None,
 ) -> RoundView | None:
-    """Round ``head`` as ``host`` reads it, with ``get`` (a store's): its part, read
-    once. None when the round is already over: its parts are gone (deleted when a newer
-    round was published) and the head is newer (its own event follows).
+    """Round ``head`` as ``host`` reads it: from the head when it carries the parts,
+    from ``known`` (the host's part keys' values as a watch last delivered them,
+    ``LatestParts``) when the part there is the head's, else its part read once with
+    ``get`` (a store's). None when the round is already over: its part was overwritten
+    by a newer round's, and the head is newer (its own event follows).
 
     Raises:
         RendezvousError: from ``get``.
         ValueError: the part or the head read does not parse."""
     if head.parts:  # a small plan's head: every part is in it, nothing to read
         return RoundView(head, head.part_of(host))
-    kv = get(keys.plan_host(head.round_id, host))
+    key = keys.plan_host(host, head.round_id)
+    seen = known.get(key) if known is not None else None
+    if seen is not None:
+        try:
+            view = view_from(head, seen)
+        except ValueError:  # read again below
+            view = RoundView(head)
+        if view.part is not None:
+            return view
+    kv = get(key)
     view = view_from(head, kv.value if kv is not None else None)
     if view.part is not None:
         return view
@@ -345,3 +378,29 @@ def read_view(
     if current is not None and RoundHead.from_json(current.value).round_id > head.round_id:
         return None
     return view
+
+
+class LatestParts:
+    """A host's part keys' values as its watch last delivered them (any thread): what
+    ``read_view`` is given, so that a head whose part came first needs no read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, bytes] = {}
+
+    def seen(self, key: str, value: bytes | None) -> None:
+        """``key`` now holds ``value`` (None: deleted)."""
+        with self._lock:
+            if value is None:
+                self._values.pop(key, None)
+            else:
+                self._values[key] = value
+
+    def reset(self, values: Mapping[str, bytes]) -> None:
+        """The keys hold ``values`` and nothing else (a watch's fresh read)."""
+        with self._lock:
+            self._values = dict(values)
+
+    def snapshot(self) -> dict[str, bytes]:
+        with self._lock:
+            return dict(self._values)

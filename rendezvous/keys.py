@@ -58,16 +58,18 @@ class JobKeys:
 
     @property
     def plan_hosts(self) -> str:
-        """Prefix of the rounds' per-host parts (``rendezvous.host_plan.HostPart``)."""
+        """Prefix of the hosts' parts of the round (``rendezvous.host_plan.HostPart``)."""
         return f"{self.prefix}plan-hosts/"
 
-    def plan_hosts_of(self, round_id: int) -> str:
-        """Prefix of round ``round_id``'s per-host parts."""
-        return f"{self.plan_hosts}{round_id:012d}/"
+    def plan_host_prefix(self, host: str) -> str:
+        """Prefix of host ``host``'s parts: what its agent watches."""
+        return f"{self.plan_hosts}{_label(host)}/"
 
-    def plan_host(self, round_id: int, host: str) -> str:
-        """Host ``host``'s part of round ``round_id``: its members and their peers."""
-        return f"{self.plan_hosts_of(round_id)}{_label(host)}"
+    def plan_host(self, host: str, round_id: int) -> str:
+        """Host ``host``'s part of round ``round_id`` (its members and their peers): one
+        of two keys, by the round's parity, so that a round's part stays readable
+        while the next round's parts are written, before its head."""
+        return f"{self.plan_host_prefix(host)}{round_id % 2}"
 
     @property
     def workers(self) -> str:

@@ -55,7 +55,7 @@ from rendezvous.agent_records import (
     leader_term,
 )
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
-from rendezvous.host_plan import RoundHead, RoundView, read_view
+from rendezvous.host_plan import LatestParts, RoundHead, RoundView, read_view
 from rendezvous.keys import JobKeys
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
@@ -458,8 +458,9 @@ class Agent:
             log.debug("agent of %s: cannot revoke its lease: %s", self.host, exc)
 
     def _follow(self) -> None:
-        """The feeds (assignments, leader, round, the job's end, this agent's retirement),
-        each in a daemon thread until the agent ends."""
+        """The feeds (assignments, leader, round: this host's parts and the head, the
+        job's end, this agent's retirement), each in a daemon thread until the agent
+        ends."""
         keys, post = self._keys, self._queue.put
         leader_key = keys.driver
 
@@ -471,11 +472,14 @@ class Agent:
             value = next((kv.value for kv in kvs if kv.key == leader_key), None)
             post(news.LeaderSeen(leader_term(value)))
 
+        parts = LatestParts()  # this host's parts, as their watch delivers them
+
         def round_read(head_value: bytes) -> None:
-            # This host's part of the round, read here: the loop does no I/O for it.
+            # This host's part of the round, read here: the loop does no I/O for it
+            # (and this thread none when the part's event came first).
             try:
                 head = RoundHead.from_json(head_value)
-                view = read_view(self._store.get, keys, head, self.host)
+                view = read_view(self._store.get, keys, head, self.host, parts.snapshot())
             except (ValueError, RendezvousError) as exc:
                 log.warning("agent of %s: unreadable round: %s", self.host, exc)
                 return
@@ -511,6 +515,11 @@ class Agent:
                 lambda kvs: post(news.AssignedAll(list(kvs))),
             ),
             (leader_key, leader_event, leader_resync),
+            (
+                keys.plan_host_prefix(self.host),
+                lambda e: parts.seen(e.key, e.value if e.type == PUT else None),
+                lambda kvs: parts.reset({kv.key: kv.value for kv in kvs}),
+            ),
             (
                 keys.plan_head,
                 lambda e: (

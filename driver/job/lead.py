@@ -176,7 +176,8 @@ class JobLead:
         whole plan, its head and each host's part) with ``also``, in one fenced
         transaction, only while no worker recorded that its training returned when
         ``unless_finished``; a large plan's parts are written first, fenced too (a part
-        of a round never published is no part of it: its digest is not the head's).
+        of a round never published is no part of it: its digest is not the head's), and
+        the parts of many hosts it left out deleted after it.
         False when the training had finished (nothing published).
 
         Raises:
@@ -185,14 +186,17 @@ class JobLead:
         """
         services = self._ctx.services
         previous = self._ctx.state.plan
-        writes = plan_ops(self._ctx.keys, plan, previous.round_id if previous is not None else None)
+        writes = plan_ops(self._ctx.keys, plan, previous)
         for batch in writes.before:
             services.steer(batch)
         ops = [*writes.publish, *also]
         if not unless_finished:
             services.steer(ops)
-            return True
-        return services.steer_unless(self._ctx.keys.training_finished, ops) is not None
+        elif services.steer_unless(self._ctx.keys.training_finished, ops) is None:
+            return False
+        for batch in writes.after:
+            services.steer(batch)
+        return True
 
     def clear_worlds(self) -> None:
         """Delete what the workers of earlier worlds (restart mode) said to each other

@@ -444,9 +444,16 @@ class Job:
 
     # ------------------------------------------------------------------ messages
     def _handle(self, message: msg.Message) -> None:
-        if not msg.changes_nothing(message, self.plan, self.book.progress_said_at is not None):
-            self._changed = True
+        quiet = msg.changes_nothing(message, self.plan, self.book.progress_said_at is not None)
+        accused = self.book.accused
         self._apply(_MESSAGES[type(message)](self, message))
+        if msg.read_through_accusations(message):
+            # Every survivor of a round of thousands reports its failure: a turn of the
+            # rules for each would read every worker once per worker. The rules read a
+            # report only through the accusations it makes or clears.
+            quiet = self.book.accused == accused
+        if not quiet:
+            self._changed = True
 
     def _step(self, step: dec.Step) -> None:
         """Carry out a rule's decisions and keep its book."""

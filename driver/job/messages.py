@@ -211,6 +211,15 @@ Message = Union[
 ]
 
 
+def read_through_accusations(message: Message) -> bool:
+    """A failure report (not a silence report): the rules read it only through the
+    accusations it makes or clears (``policy.failure_reported``), so it asks for a turn
+    of the rules only when those changed."""
+    return isinstance(message, FailureReport) and (
+        message.record is not None and not message.record.silent
+    )
+
+
 def changes_nothing(message: Message, plan: Plan | None, progress_said: bool = False) -> bool:
     """A failure report's deletion (or an unreadable one), or a failure report about a
     round other than the current one: the rules read nothing from it

@@ -11,7 +11,13 @@ import pytest
 import elastic
 from elastic import errors
 from elastic.errors import LossCause, PeerLostError, WorkerLostError
-from elastic.reports import failure_record, publish_progress, silence_report, suspect_of
+from elastic.reports import (
+    failure_record,
+    publish_progress,
+    silence_report,
+    suspect_of,
+    worth_reporting,
+)
 from rendezvous.host_plan import RoundView, view_of
 from rendezvous.keys import JobKeys
 from rendezvous.plan import FailureRecord, Member, Plan, ProgressRecord
@@ -40,6 +46,14 @@ def test_a_neighbour_seen_silent_is_the_suspect_whatever_the_message_says():
 def test_a_crash_or_hearsay_blames_nobody_even_with_silent_words(cause):
     exc = PeerLostError("rank 1 lost: no heartbeat (did not answer)", 1, True, cause)
     assert suspect_of(exc, PLAN) is None
+
+
+def test_a_loss_heard_from_another_member_is_not_reported_again():
+    relayed = PeerLostError("rank 1 lost (seen by rank 2)", rank=1, cause=LossCause.RELAYED)
+    assert not worth_reporting(relayed)
+    for cause in (LossCause.CLOSED, LossCause.SILENT, LossCause.UNKNOWN):
+        assert worth_reporting(PeerLostError("x", rank=1, direct=True, cause=cause))
+    assert worth_reporting(WorkerLostError("rank 1 lost"))
 
 
 def test_only_a_loss_seen_here_of_a_member_of_the_plan_names_a_suspect():

@@ -79,7 +79,9 @@ def test_an_idle_spare_outwaits_the_round_timeout_and_joins_when_promoted():
         # Promoted: the driver publishes a round with its registration.
         kv = store.get(keys.worker("s"))
         assert kv is not None
-        publish_plan(store, keys, build_plan(2, [WorkerInfo.from_json(kv.value)]), 1)
+        publish_plan(
+            store, keys, build_plan(2, [WorkerInfo.from_json(kv.value)]), build_plan(1, [other])
+        )
         waiting.join(10)
         plan = results["s"]
         assert not isinstance(plan, RendezvousError), plan

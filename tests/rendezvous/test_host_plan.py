@@ -16,6 +16,7 @@ from elastic.rounds import RoundReader
 from rendezvous.host_plan import (
     HEAD_PARTS_MEMBERS,
     INLINE_PARTS,
+    LatestParts,
     RoundHead,
     RoundView,
     plan_ops,
@@ -26,7 +27,7 @@ from rendezvous.host_plan import (
 )
 from rendezvous.keys import JobKeys
 from rendezvous.plan import FinishRecord, Plan, WorkerInfo
-from rendezvous.store import Put
+from rendezvous.store import Delete, Put
 from tests.support.rounds import publish_plan
 
 
@@ -114,33 +115,75 @@ def test_a_part_of_another_plan_of_the_same_number_is_no_part_of_this_round():
 @pytest.mark.unit
 def test_a_large_plan_is_written_in_transactions_etcd_accepts():
     keys = JobKeys("j")
-    few = plan_ops(keys, plan_of(2, hosts=INLINE_PARTS), previous_round=1)
-    assert few.before == () and len(few.publish) == 3 + INLINE_PARTS  # plan, head, cleanup
-    many = plan_ops(keys, plan_of(2, hosts=512), previous_round=1)
-    assert len(many.publish) == 3 and all(len(b) <= 128 for b in many.before)
-    assert sum(len(b) for b in many.before) == 512
+    before = plan_of(1, hosts=INLINE_PARTS + 1)
+    few = plan_ops(keys, plan_of(2, hosts=INLINE_PARTS), previous=plan_of(1, hosts=2))
+    assert few.before == () == few.after and len(few.publish) == 2 + INLINE_PARTS
+    many = plan_ops(keys, plan_of(2, hosts=512), previous=before)
+    assert len(many.publish) == 2 and all(len(b) <= 128 for b in many.before)
+    assert sum(len(b) for b in many.before) == 512 and many.after == ()
     written = {op.key for b in many.before for op in b if isinstance(op, Put)}
-    assert written == {keys.plan_host(2, f"n{h:04d}") for h in range(512)}
+    assert written == {keys.plan_host(f"n{h:04d}", 2) for h in range(512)}
+    # The hosts a plan leaves out lose their parts: with it when few, after it when many.
+    shrunk = plan_ops(keys, plan_of(3, hosts=2), previous=before)
+    gone = [op for b in shrunk.after for op in b]
+    assert len(shrunk.publish) == 2 and len(gone) == INLINE_PARTS - 1
+    assert all(isinstance(op, Delete) and op.prefix for op in gone)
+    assert {op.key for op in gone} == {
+        keys.plan_host_prefix(f"n{h:04d}") for h in range(2, INLINE_PARTS + 1)
+    }
+
+
+@pytest.mark.unit
+def test_a_part_its_watch_delivered_is_taken_without_a_read():
+    keys = JobKeys("j")
+    plan = plan_of(5, hosts=HEAD_PARTS_MEMBERS)  # a head without the parts
+    writes = plan_ops(keys, plan, None)
+    head = writes.head
+    assert not head.parts
+    seen = LatestParts()
+    for op in writes.publish:
+        if isinstance(op, Put) and op.key.startswith(keys.plan_host_prefix("n0003")):
+            seen.seen(op.key, op.value)
+
+    def no_reads(key):
+        raise AssertionError(f"read {key}")
+
+    assert read_view(no_reads, keys, head, "n0003", seen.snapshot()) == view_of(plan, "n0003")
+    # The other parity's key (the round before) is no part of this round: read then.
+    stale = {keys.plan_host("n0003", 4): seen.snapshot()[keys.plan_host("n0003", 5)]}
+    reads: list[str] = []
+    read_view(lambda k: reads.append(k), keys, head, "n0003", stale)
+    assert reads == [keys.plan_host("n0003", 5), keys.plan_head]
 
 
 @pytest.mark.timeout(60)
 def test_hosts_read_their_part_of_a_large_round_from_the_store(store_backend):
     keys = JobKeys("hostplan")
     store = store_backend.open()
-    first, second = plan_of(1, hosts=200), plan_of(2, hosts=150)
+    first, second, third = plan_of(1, hosts=200), plan_of(2, hosts=150), plan_of(3, hosts=150)
     publish_plan(store, keys, first)
     head = RoundHead.from_json(store.get(keys.plan_head).value)
     for host in ("n0000", "n0123", "n0199"):
         assert read_view(store.get, keys, head, host) == view_of(first, host)
     assert Plan.from_json(store.get(keys.round).value) == first  # the record of the job
-    publish_plan(store, keys, second, previous_round=1)
-    # Round 1 is over: its parts are gone, and a host still reading it is told so.
-    assert store.get_prefix(keys.plan_hosts_of(1))[0] == []
-    assert read_view(store.get, keys, head, "n0000") is None
+    # Round 2's parts are written before its head: round 1 reads as before meanwhile.
+    writes = plan_ops(keys, second, first)
+    for batch in writes.before:
+        store.txn([], list(batch))
+    assert read_view(store.get, keys, head, "n0123") == view_of(first, "n0123")
+    store.txn([], list(writes.publish))
+    for batch in writes.after:
+        store.txn([], list(batch))
+    # The hosts left out lost their parts; round 1 still reads until round 3 is out.
+    assert store.get_prefix(keys.plan_host_prefix("n0170"))[0] == []
+    assert read_view(store.get, keys, head, "n0000") == view_of(first, "n0000")
     newer = RoundHead.from_json(store.get(keys.plan_head).value)
     left_out = read_view(store.get, keys, newer, "n0170")  # no member there in round 2
     assert left_out == view_of(second, "n0170") and left_out is not None
     assert left_out.members == ()
+    publish_plan(store, keys, third, second)
+    # Round 1 is over: its parts were overwritten, and a host still reading it is told so.
+    assert read_view(store.get, keys, head, "n0000") is None
 
 
 @pytest.mark.timeout(60)
@@ -155,7 +198,7 @@ def test_the_finish_holds_only_while_the_head_is_its_round(store_backend):
     view = reader.current()
     assert view is not None and view.member(me) is not None
     newer = plan_of(5, hosts=2, per_host=2)
-    publish_plan(store, keys, newer, previous_round=4)
+    publish_plan(store, keys, newer, plan)
     # Round 5 came first: the finish is not recorded, and the worker is told to join it.
     joined = record_finish(store, keys, view, me, 10, reader.current)
     assert joined is not None and joined.round_id == 5 and joined.member(me) is not None
@@ -177,7 +220,7 @@ def test_a_reader_follows_the_head_and_reads_only_newer_rounds(store_backend):
     views, watch = reader.read_and_watch()
     with watch:
         assert [v.round_id for v in views] == [1]
-        publish_plan(store, keys, plan_of(2, hosts=1, per_host=2), previous_round=1)
+        publish_plan(store, keys, plan_of(2, hosts=1, per_host=2), plan_of(1, hosts=1, per_host=2))
         event = watch.get(timeout=10)
         assert event is not None and event.key == reader.key
         view = reader.view(event.value, newer_than=1)

@@ -10,15 +10,17 @@ from rendezvous.plan import Plan
 from rendezvous.store import KVStore
 
 
-def publish_plan(
-    store: KVStore, keys: JobKeys, plan: Plan, previous_round: int | None = None
-) -> int:
+def publish_plan(store: KVStore, keys: JobKeys, plan: Plan, previous: Plan | None = None) -> int:
     """Write ``plan`` as the job's round (the whole plan, its head and each host's
-    part; ``previous_round``'s parts deleted); the revision of the last write.
+    part; the parts of ``previous``'s hosts it left out deleted); the revision of the
+    publishing write.
 
     Raises:
         RendezvousError: the store cannot be used."""
-    writes = plan_ops(keys, plan, previous_round)
+    writes = plan_ops(keys, plan, previous)
     for batch in writes.before:
         store.txn([], list(batch))
-    return store.txn([], list(writes.publish)).revision
+    revision = store.txn([], list(writes.publish)).revision
+    for batch in writes.after:
+        store.txn([], list(batch))
+    return revision

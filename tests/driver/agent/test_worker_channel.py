@@ -123,7 +123,7 @@ def test_a_hosts_workers_hold_one_lease_and_one_watch_and_get_their_rounds(embed
         for t in threads:
             t.join(timeout=30)
         assert sorted(rt.member.rank for rt in runtimes if rt.member is not None) == [0, 1, 2]
-        publish_plan(store, keys, build_plan(2, infos[:2]), previous_round=1)
+        publish_plan(store, keys, build_plan(2, infos[:2]), build_plan(1, infos))
         wait_until(lambda: all(rt.pending_round() == 2 for rt in runtimes), 10, "round 2 to arrive")
     finally:
         for rt in runtimes:

@@ -385,9 +385,10 @@ def test_a_signal_ends_the_wait_for_the_ps_shards_at_once():
 def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypatch):
     """A round of thousands ends with a report from every survivor, mostly after the
     next round is out: those, and the reports' deletions, run no turn of the rules (each
-    turn reads every worker), while a report about the current round does."""
+    turn reads every worker); nor do those of the current round that accuse nobody (a
+    crash's: its process exit says it), while one that accuses a member does."""
     job, _, events, _ = harness("-np", "2")
-    a, _ = first_round(job, 2)
+    a, b = first_round(job, 2)
     turns: list[int] = []
     reconcile = job._reconcile
 
@@ -397,8 +398,10 @@ def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypat
 
     monkeypatch.setattr(job, "_reconcile", counted)
 
-    def report(round_id: int, reporter: str, kind: str = PUT) -> FailureReport:
-        record = FailureRecord(reporter, round_id, "peer lost").to_json()
+    def report(
+        round_id: int, reporter: str, kind: str = PUT, suspect: str | None = None
+    ) -> FailureReport:
+        record = FailureRecord(reporter, round_id, "peer lost", suspect).to_json()
         key = job.keys.failure(round_id, reporter)
         return FailureReport.from_event(Event(kind, KeyValue(key, record, 1, 1, 1)))
 
@@ -413,7 +416,9 @@ def test_reports_about_a_round_the_job_has_left_turn_no_rules(harness, monkeypat
         job.turn(max_wait=10.0)
     assert turns == []
     assert sum(1 for e in events if e.kind == "failure_reported") >= 100  # each still said
-    job.post(report(job.plan.round_id, a))
+    job.post(report(job.plan.round_id, a))  # accuses nobody: no turn asked for...
+    job.turn(max_wait=10.0)
+    job.post(report(job.plan.round_id, a, suspect=b))  # ... this one asks for one
     job.turn(max_wait=10.0)
     job.turn(max_wait=0.0)
     assert turns == [1]
