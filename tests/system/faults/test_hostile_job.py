@@ -302,6 +302,7 @@ def _steps_per_second(run: ElasticRun, window: float) -> float:
     return (run.progress - start) / (time.monotonic() - t0)
 
 
+@pytest.mark.long  # 14 s; CI keeps the probes test above (every port, every kind of probe)
 @pytest.mark.timeout(120)
 def test_a_connection_flood_costs_the_job_nothing(tmp_path):
     """A driver with 1024 descriptors (soft and hard: it cannot raise them) is sent 1100

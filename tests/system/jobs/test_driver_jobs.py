@@ -621,6 +621,7 @@ def test_sigterm_while_ps_shards_start_is_honoured_at_once(tmp_path):
 # ----------------------------------------------------------------------------- a driver that talks
 
 
+@pytest.mark.long  # 16 s; CI's etcd outage: the chaos run that kills and restarts etcd
 @pytest.mark.timeout(120)
 def test_an_etcd_outage_is_said_at_once_again_and_when_it_ends(tmp_path, etcd_single):
     """etcd SIGKILLed mid-run for about 7 s: the driver says so at once, again every few

@@ -54,8 +54,9 @@ def kill_everything(run: ElasticRun) -> None:
 @pytest.mark.timeout(120)
 def test_a_job_killed_whole_resumes_from_its_newest_snapshot(tmp_path):
     """The whole process tree SIGKILLed at once mid-run, then the same command again: it
-    resumes from the newest complete snapshot, losing at most one interval of steps,
-    and finishes exact (each sample once per epoch)."""
+    resumes from the newest complete snapshot, losing at most one interval of steps and
+    the snapshot's write (the README's promise), and finishes exact (each sample once
+    per epoch)."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     out.mkdir()
     with ElasticRun(snapshot_args(ckpt, out), tmp_path / "run1") as run:
@@ -69,7 +70,11 @@ def test_a_job_killed_whole_resumes_from_its_newest_snapshot(tmp_path):
         assert run.wait(timeout=90) == 0, run.stderr_tail()
         (resumed,) = run.events("snapshot_resumed")
     assert resumed["step"] >= written[-1]  # the newest complete (or one finished as it died)
-    assert reached - resumed["step"] <= interval_steps + 10, (reached, resumed, written)
+    # The kill may come as the next snapshot is being written (it started an interval
+    # after the newest one, whose event this test waited for): that one is lost too, and
+    # a write takes less than an interval (snapshots do not overlap).
+    lost = reached - resumed["step"]
+    assert lost <= 2 * interval_steps + 10, (reached, resumed, written)
     check_exact_sum(out, SAMPLES, EPOCHS)
 
 
