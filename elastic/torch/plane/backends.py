@@ -111,8 +111,9 @@ class GlooBackend(GroupBackend):
                 work.wait(timedelta(seconds=min(WAIT_SLICE, left)))
                 return True
             except RuntimeError:  # torch's "timed out" for a slice, or the collective's error
-                if work.is_completed():
-                    raise
+                if work.is_completed():  # failed, or finished just after the slice ended
+                    work.wait()  # its own outcome: raises the collective's error, if any
+                    return True
         return False
 
 

@@ -51,6 +51,34 @@ def test_plane_for_refuses_what_cannot_run():
         plane_for("mpi", "cpu", size=2, world="elastic", nccl_available=False)
 
 
+class SliceWork:
+    """A collective (pure logic: no I/O) whose first wait of a slice times out as it
+    ends: torch says "timed out", and the work is complete when looked at."""
+
+    def __init__(self, error: Exception | None):
+        self.error, self.waits = error, 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        if timeout is not None and self.waits == 1:
+            raise RuntimeError("Operation timed out!")
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return self.waits >= 1
+
+
+def test_a_collective_ending_as_its_wait_slice_times_out_is_its_own_outcome():
+    """The race seen in a benchmark: the slice's "timed out" was taken for the
+    collective's failure when the collective had just finished."""
+    aborted = threading.Event()
+    assert GlooBackend().wait(SliceWork(None), aborted, timeout=5.0) is True
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        GlooBackend().wait(SliceWork(RuntimeError("Connection closed by peer")), aborted, 5.0)
+
+
 def test_stale_rounds_and_settings():
     keys = JobKeys("j")
     found = [keys.torch_group(r) + "0/0" for r in (3, 7, 10, 12)] + [keys.round]
