@@ -78,7 +78,7 @@ from rendezvous.errors import RendezvousError  # noqa: E402
 from rendezvous.host_plan import LatestParts, RoundHead, plan_ops, read_view  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
 from rendezvous.plan import FailureRecord, Plan, WorkerInfo  # noqa: E402
-from rendezvous.store import PUT, Delete, KVStore, Lease, Put, Watch  # noqa: E402
+from rendezvous.store import PUT, Delete, Event, KVStore, Lease, Put, Watch  # noqa: E402
 
 #: simulated agents per process (each with its own store client, lease and watches)
 AGENTS_PER_PROCESS = 128
@@ -113,39 +113,35 @@ class SimAgent:
         self._parts = LatestParts()
         kvs, parts_watch = self._store.read_and_watch(keys.plan_host_prefix(host))
         self._parts.reset({kv.key: kv.value for kv in kvs})
-        self._parts_follower = spawn(f"agent-parts-{host}", self._follow_parts, parts_watch)
+        self._parts_follower = spawn(
+            f"agent-parts-{host}", self._follow, parts_watch, "parts", self._part_event
+        )
         kvs, watch = self._store.read_and_watch(keys.plan_head)
         for kv in kvs:
             if kv.key == keys.plan_head:
                 self._take(kv.value)
-        self._follower = spawn(f"agent-{host}", self._follow, watch)
+        self._follower = spawn(f"agent-{host}", self._follow, watch, "round", self._head_event)
 
     def _lost(self, exc: Exception) -> None:
         self.failed = f"lease lost: {exc}"
 
-    def _follow(self, watch: Watch) -> None:
+    def _follow(self, watch: Watch, what: str, on_event: Callable[[Event], None]) -> None:
         while not self._closed.is_set():
             try:
                 event = watch.get(timeout=30.0)  # close() ends the watch at once
             except RendezvousError as exc:
-                self.failed = f"round watch ended: {exc}"
-                return
-            if event is None:
-                continue
-            self.events += 1
-            if event.type == PUT and event.key == self._keys.plan_head:
-                self._take(event.value)
-
-    def _follow_parts(self, watch: Watch) -> None:
-        while not self._closed.is_set():
-            try:
-                event = watch.get(timeout=30.0)
-            except RendezvousError as exc:
-                self.failed = f"parts watch ended: {exc}"
+                self.failed = f"{what} watch ended: {exc}"
                 return
             if event is not None:
                 self.events += 1
-                self._parts.seen(event.key, event.value if event.type == PUT else None)
+                on_event(event)
+
+    def _head_event(self, event: Event) -> None:
+        if event.type == PUT and event.key == self._keys.plan_head:
+            self._take(event.value)
+
+    def _part_event(self, event: Event) -> None:
+        self._parts.seen(event.key, event.value if event.type == PUT else None)
 
     def _take(self, head_value: bytes) -> None:
         head = RoundHead.from_json(head_value)
