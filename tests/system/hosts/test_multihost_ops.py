@@ -120,6 +120,7 @@ def test_a_remote_worker_sigkilled_is_replaced_and_the_job_finishes_exact(
     check_exact_sum(out, SAMPLES, EPOCHS)
 
 
+@pytest.mark.long  # 20 s; CI's discovery growth and shrink: tests/system/faults/test_chaos.py
 @pytest.mark.timeout(180)
 # etcd only: its agents outlive the driver's session (detached), the harder retirement;
 # the embedded store's remote hosts are covered by the SIGKILL test above (20 s saved).
