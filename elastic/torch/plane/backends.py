@@ -76,8 +76,9 @@ class GroupBackend(abc.ABC):
 
     @abc.abstractmethod
     def wait(self, work: dist.Work, aborted: threading.Event, timeout: float) -> bool:
-        """Block until ``work`` finished (True) or the group is aborted (False), at most
-        ``timeout`` seconds (False). Raises what the collective raised."""
+        """Block until ``work`` finished (True: its result stands, even if the group was
+        aborted since) or the group is aborted first (False), at most ``timeout``
+        seconds (False). Raises what the collective raised."""
 
     def device(self) -> torch.device:
         """Where the group's tensors live."""
@@ -102,19 +103,22 @@ class GlooBackend(GroupBackend):
         _never_free(group)
 
     def wait(self, work, aborted, timeout):
+        # A finished collective is the round's result even when the round ended since
+        # (a peer that finished its last step and exited closes the ring at once): only
+        # one still waiting is cut short.
         deadline = time.monotonic() + timeout
-        while not aborted.is_set():
+        while True:
+            if work.is_completed():  # its own outcome: raises the collective's error
+                work.wait()
+                return True
             left = deadline - time.monotonic()
-            if left <= 0:
+            if aborted.is_set() or left <= 0:
                 return False
             try:
                 work.wait(timedelta(seconds=min(WAIT_SLICE, left)))
                 return True
             except RuntimeError:  # torch's "timed out" for a slice, or the collective's error
-                if work.is_completed():  # failed, or finished just after the slice ended
-                    work.wait()  # its own outcome: raises the collective's error, if any
-                    return True
-        return False
+                continue  # (a failed collective is complete: raised above)
 
 
 class NcclBackend(GroupBackend):

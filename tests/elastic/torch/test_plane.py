@@ -79,6 +79,19 @@ def test_a_collective_ending_as_its_wait_slice_times_out_is_its_own_outcome():
         GlooBackend().wait(SliceWork(RuntimeError("Connection closed by peer")), aborted, 5.0)
 
 
+def test_a_finished_collective_stands_though_the_round_ended_before_its_wait():
+    """Seen in a full run: a survivor's last allreduce had finished when its peer, done
+    with its last step, exited and closed the ring; the wait read the round's end as a
+    loss, and the survivor rolled back into a round that never came (training had
+    finished). A collective still waiting is cut short."""
+    aborted = threading.Event()
+    aborted.set()
+    finished = SliceWork(None)
+    finished.waits = 1
+    assert GlooBackend().wait(finished, aborted, timeout=5.0) is True
+    assert GlooBackend().wait(SliceWork(None), aborted, timeout=5.0) is False
+
+
 def test_stale_rounds_and_settings():
     keys = JobKeys("j")
     found = [keys.torch_group(r) + "0/0" for r in (3, 7, 10, 12)] + [keys.round]
