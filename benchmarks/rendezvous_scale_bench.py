@@ -88,6 +88,8 @@ from driver.job.messages import (  # noqa: E402
 )
 from driver.job.wiring import worker_id_for  # noqa: E402
 from driver.policy import planner  # noqa: E402
+from driver.policy.decisions import Book  # noqa: E402
+from driver.policy.suspicion import failure_reported  # noqa: E402
 from driver.threads import spawn  # noqa: E402
 from rendezvous import open_store  # noqa: E402
 from rendezvous.errors import RendezvousError  # noqa: E402
@@ -408,9 +410,7 @@ class DriverStandIn:
         self.events = 0
         self.turns = 0
         self.published: dict[int, float] = {}  # round id -> monotonic time of the put
-        self._accused_round = 0
-        self._accused: set[str] = set()
-        self._reporters: set[str] = set()
+        self._book = Book(time.monotonic())  # the rules' accusations (``_accuse``)
 
     def follow(self, stop: threading.Event) -> None:
         feeds = (
@@ -479,20 +479,12 @@ class DriverStandIn:
         return not quiet
 
     def _accuse(self, report: FailureRecord) -> bool:
-        """``driver.policy.suspicion.failure_reported``'s bookkeeping: a report of the
-        current round clears its reporter of any accusation and accuses its suspect when
-        registered and not yet accused; whether the accusations changed."""
-        if self.plan is None or report.round_id != self.plan.round_id:
-            return False
-        if self._accused_round != self.plan.round_id:
-            self._accused_round, self._accused, self._reporters = self.plan.round_id, set(), set()
-        before = set(self._accused)
-        self._reporters.add(report.worker_id)
-        self._accused -= self._reporters
-        suspect = report.suspect
-        if suspect in self._registered and suspect not in self._reporters:
-            self._accused.add(suspect)
-        return self._accused != before
+        """The report taken as ``driver.policy.suspicion.failure_reported`` takes it;
+        whether the accusations changed. (No worker records: the reports here name no
+        suspect, as a crash's.)"""
+        book = failure_reported({}, self.plan, self._book, report, time.monotonic()).book
+        changed, self._book = book.accused != self._book.accused, book
+        return changed
 
     def _decide(self) -> None:
         live = [info for _, info in sorted(self._registered.values(), key=lambda r: r[0])]
@@ -504,6 +496,7 @@ class DriverStandIn:
         with self.lock:
             self.published[candidate.round_id] = written
             self.plan = candidate
+            self._book = self._book.new_round()
             self.lock.notify_all()
 
     def publish(self, plan: Plan) -> float:

@@ -147,7 +147,7 @@ class SimAgent:
         head = RoundHead.from_json(head_value)
         if head.round_id <= self._latest:
             return
-        view = read_view(self._store.get, self._keys, head, self.host, self._parts.snapshot())
+        view = read_view(self._store.get, self._keys, head, self.host, self._parts.get)
         if view is None:
             return
         self._latest = head.round_id

@@ -34,7 +34,6 @@ from elastic.errors import (
     WorkerHandedOverError,
     WorkerLostError,
 )
-from elastic.reports import suspect_of, worth_reporting
 from elastic.state import State, active
 from rendezvous.plan import SNAPSHOT_FINAL
 
@@ -90,10 +89,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                     "was superseded" if superseded else "lost a worker",
                     exc,
                 )
-                if not superseded and worth_reporting(exc):
-                    runtime.report_failure(
-                        runtime.round_id, str(exc), suspect_of(exc, runtime.plan)
-                    )
+                runtime.report_loss(runtime.plan, exc)
                 state.restore()
             runtime = context.current_runtime()
             if runtime is not None:  # a static world has no next round to join

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Callable, Protocol
 
-from elastic.errors import LossCause, PeerLostError
+from elastic.errors import CommunicatorClosedError, LossCause, PeerLostError
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.host_plan import RoundView
 from rendezvous.keys import JobKeys
@@ -88,11 +88,14 @@ def suspect_of(exc: Exception, plan: RoundView | None) -> str | None:
 
 
 def worth_reporting(exc: Exception) -> bool:
-    """Whether a worker whose collective failed with ``exc`` reports it: not when it
-    only heard of the loss from another member (``LossCause.RELAYED``), which saw it
-    and reports it. Otherwise every member of a round of thousands would write a report
-    for one loss, all at the moment the next round is being planned; the driver learns
-    of the loss from the members that saw it, the process exit, or the lease."""
+    """Whether a worker whose collective failed with ``exc`` reports it: not when its
+    round was superseded (``CommunicatorClosedError``: no loss), nor when it only heard
+    of the loss from another member (``LossCause.RELAYED``), which saw it and reports
+    it. Otherwise every member of a round of thousands would write a report for one
+    loss, all at the moment the next round is being planned; the driver learns of the
+    loss from the members that saw it, the process exit, or the lease."""
+    if isinstance(exc, CommunicatorClosedError):
+        return False
     return not (isinstance(exc, PeerLostError) and exc.cause is LossCause.RELAYED)
 
 

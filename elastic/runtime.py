@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 from elastic import reports
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import (
-    CommunicatorClosedError,
     WorkerExpelledError,
     WorkerHandedOverError,
     WorkerLostError,
@@ -340,8 +339,7 @@ class WorkerRuntime:
                 )
             except WorkerLostError as exc:
                 log.info("round %d could not form (%s); waiting for the next", plan.round_id, exc)
-                if not isinstance(exc, CommunicatorClosedError) and reports.worth_reporting(exc):
-                    self.report_failure(plan.round_id, str(exc), reports.suspect_of(exc, plan))
+                self.report_loss(plan, exc)
                 after = plan.round_id
                 continue
             with self._cond:
@@ -443,6 +441,12 @@ class WorkerRuntime:
         log.info("round %d formed as training ended here: joining it", newer.round_id)
         self._note_plan(newer)  # join() need not wait for the watch to deliver it
         return False
+
+    def report_loss(self, plan: RoundView | None, exc: Exception) -> None:
+        """Tell the driver a collective of round ``plan`` failed with ``exc``, when it is
+        worth it (``reports.worth_reporting``), naming its suspect (best effort)."""
+        if plan is not None and reports.worth_reporting(exc):
+            self.report_failure(plan.round_id, str(exc), reports.suspect_of(exc, plan))
 
     def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""

@@ -348,13 +348,13 @@ def read_view(
     keys: JobKeys,
     head: RoundHead,
     host: str,
-    known: Mapping[str, bytes] | None = None,
+    known: Callable[[str], bytes | None] | None = None,
 ) -> RoundView | None:
     """Round ``head`` as ``host`` reads it: from the head when it carries the parts,
-    from ``known`` (the host's part keys' values as a watch last delivered them,
-    ``LatestParts``) when the part there is the head's, else its part read once with
-    ``get`` (a store's). None when the round is already over: its part was overwritten
-    by a newer round's, and the head is newer (its own event follows).
+    from ``known`` (a key's value as a watch last delivered it: ``LatestParts.get``)
+    when the part there is the head's, else its part read once with ``get`` (a
+    store's). None when the round is already over: its part was overwritten by a newer
+    round's, and the head is newer (its own event follows).
 
     Raises:
         RendezvousError: from ``get``.
@@ -362,14 +362,9 @@ def read_view(
     if head.parts:  # a small plan's head: every part is in it, nothing to read
         return RoundView(head, head.part_of(host))
     key = keys.plan_host(host, head.round_id)
-    seen = known.get(key) if known is not None else None
-    if seen is not None:
-        try:
-            view = view_from(head, seen)
-        except ValueError:  # read again below
-            view = RoundView(head)
-        if view.part is not None:
-            return view
+    seen = known(key) if known is not None else None
+    if seen is not None and (view := view_from(head, seen)).part is not None:
+        return view
     kv = get(key)
     view = view_from(head, kv.value if kv is not None else None)
     if view.part is not None:
@@ -381,8 +376,9 @@ def read_view(
 
 
 class LatestParts:
-    """A host's part keys' values as its watch last delivered them (any thread): what
-    ``read_view`` is given, so that a head whose part came first needs no read."""
+    """A host's part keys' values as its watch last delivered them (any thread): its
+    ``get`` is what ``read_view`` is given, so that a head whose part came first needs
+    no read."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -401,6 +397,6 @@ class LatestParts:
         with self._lock:
             self._values = dict(values)
 
-    def snapshot(self) -> dict[str, bytes]:
+    def get(self, key: str) -> bytes | None:
         with self._lock:
-            return dict(self._values)
+            return self._values.get(key)

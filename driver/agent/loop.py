@@ -479,7 +479,7 @@ class Agent:
             # (and this thread none when the part's event came first).
             try:
                 head = RoundHead.from_json(head_value)
-                view = read_view(self._store.get, keys, head, self.host, parts.snapshot())
+                view = read_view(self._store.get, keys, head, self.host, parts.get)
             except (ValueError, RendezvousError) as exc:
                 log.warning("agent of %s: unreadable round: %s", self.host, exc)
                 return

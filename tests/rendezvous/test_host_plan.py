@@ -148,11 +148,11 @@ def test_a_part_its_watch_delivered_is_taken_without_a_read():
     def no_reads(key):
         raise AssertionError(f"read {key}")
 
-    assert read_view(no_reads, keys, head, "n0003", seen.snapshot()) == view_of(plan, "n0003")
+    assert read_view(no_reads, keys, head, "n0003", seen.get) == view_of(plan, "n0003")
     # The other parity's key (the round before) is no part of this round: read then.
-    stale = {keys.plan_host("n0003", 4): seen.snapshot()[keys.plan_host("n0003", 5)]}
+    stale = {keys.plan_host("n0003", 4): seen.get(keys.plan_host("n0003", 5))}
     reads: list[str] = []
-    read_view(lambda k: reads.append(k), keys, head, "n0003", stale)
+    read_view(lambda k: reads.append(k), keys, head, "n0003", stale.get)
     assert reads == [keys.plan_host("n0003", 5), keys.plan_head]
 
 

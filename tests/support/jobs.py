@@ -53,14 +53,6 @@ def wait_until(
         time.sleep(interval)  # polling a condition (a file, a process) with a deadline
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def write_whole(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` at once (rename): a process reading it meanwhile
     sees the old text or the new, never a half-written or empty file."""
@@ -208,13 +200,15 @@ class ElasticRun:
         assert self.proc is not None
         if self.host is not None:  # nsenter leads: the driver is its child
             return self.stderr_tail()
-        workers = [pid for pid in self.worker_pids().values() if _alive(pid)]
+        workers = [pid for pid in self.worker_pids().values() if pid_alive(pid)]
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGABRT)
         # their dumps relayed, or not at all: the driver's is wanted either way
         with contextlib.suppress(TimeoutError):
-            wait_until(lambda: not any(_alive(p) for p in workers), 5, "dumps", error=TimeoutError)
+            wait_until(
+                lambda: not any(pid_alive(p) for p in workers), 5, "dumps", error=TimeoutError
+            )
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
