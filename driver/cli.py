@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import NoReturn
 
 from driver.config import parse_args, unshared_secret_note
 from driver.errors import (
@@ -31,6 +32,7 @@ from driver.events.log import line_prefix
 from driver.job.loop import Job
 from driver.join.node import JoinedNode
 from rendezvous.errors import ElasticError
+from rendezvous.process_exit import exit_process
 from rendezvous.resources import raise_fd_limit
 
 PROG = "elastic-run"
@@ -100,5 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             node.close()
 
 
+def run() -> NoReturn:
+    """The ``elastic-run`` command: ``main``, then the process ends at once with its
+    status, with no interpreter finalization to hang in (``rendezvous.process_exit``)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

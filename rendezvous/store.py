@@ -237,6 +237,11 @@ class Watch:
                 return
             yield ev
 
+    @property
+    def ended(self) -> bool:
+        """Cancelled, or its client closed: ``get`` has nothing more to give."""
+        return self._cancelled.is_set() or self._store._closed
+
     def cancel(self) -> None:
         self._cancelled.set()
         with self._lock:

@@ -58,6 +58,8 @@ def follow_prefix(
                 continue
             if event is not None:
                 on_event(event)
+            elif watch.ended:  # its client was closed under it: nothing more will come
+                return
     finally:
         if watch is not None:
             watch.cancel()

@@ -31,6 +31,7 @@ from elastic.ps.shard.server import ShardServer
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous.net import auth
 from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
+from rendezvous.process_exit import exit_process
 from rendezvous.resources import raise_fd_limit
 from rendezvous.signals import relay_signals
 
@@ -146,4 +147,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # no finalization to hang in (rendezvous.process_exit)

@@ -353,6 +353,10 @@ class EtcdStore(KVStore):
             raise NotSentError(f"etcd keep-alive at {self.endpoint}: {exc}") from None
         except grpc.RpcError as exc:
             raise translate_rpc_error(exc, f"etcd keep-alive at {self.endpoint}") from None
+        finally:
+            # Ended here, not left to the garbage collector's ``__del__`` at some later
+            # moment (one at interpreter exit can hang: rendezvous.process_exit).
+            responses.cancel()
         raise LeaseNotFoundError(f"lease {lease_id:x}: keep-alive got no answer")
 
     def _revoke(self, lease_id: int) -> None:

@@ -337,3 +337,29 @@ def test_idle_embedded_watch_advances_past_history_it_does_not_need():
         s.close()
     finally:
         server.stop()
+
+
+def test_a_follower_ends_when_its_client_is_closed_under_it(store_backend):
+    """``follow_prefix`` on a client closed before its ``stop``: it returns (its watch
+    has nothing more to give) instead of asking the ended watch again and again."""
+    from rendezvous.watch import follow_in_thread
+
+    s = store_backend.open()
+    seen: list[Event] = []
+    first = threading.Event()
+    thread = follow_in_thread(
+        "follower",
+        s,
+        "/f/",
+        on_event=lambda ev: (seen.append(ev), first.set()),
+        on_resync=lambda kvs: None,
+        on_lost=lambda exc: None,
+        stop=threading.Event(),
+        patience=5.0,
+    )
+    s.put("/f/a", b"1")
+    assert first.wait(timeout=10)
+    assert [ev.kv.key for ev in seen] == ["/f/a"]
+    s.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
