@@ -347,11 +347,16 @@ def test_a_follower_ends_when_its_client_is_closed_under_it(store_backend):
     s = store_backend.open()
     seen: list[Event] = []
     first = threading.Event()
+
+    def on_event(ev: Event) -> None:
+        seen.append(ev)
+        first.set()
+
     thread = follow_in_thread(
         "follower",
         s,
         "/f/",
-        on_event=lambda ev: (seen.append(ev), first.set()),
+        on_event=on_event,
         on_resync=lambda kvs: None,
         on_lost=lambda exc: None,
         stop=threading.Event(),
