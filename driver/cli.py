@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import NoReturn
 
 from driver.config import parse_args, unshared_secret_note
 from driver.errors import (
@@ -44,7 +43,16 @@ def _say(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """``elastic-run`` with ``argv``: its exit status. ``argv`` None (the installed
+    command): this process's own arguments, and the process ends with the status once the
+    job is over, with no interpreter finalization to hang in
+    (``rendezvous.process_exit``)."""
+    if argv is None:
+        exit_process(_run(sys.argv[1:]))
+    return _run(argv)
+
+
+def _run(argv: list[str]) -> int:
     try:
         config = parse_args(argv)
         node = JoinedNode(config, config.join) if config.join is not None else None
@@ -102,11 +110,5 @@ def main(argv: list[str] | None = None) -> int:
             node.close()
 
 
-def run() -> NoReturn:
-    """The ``elastic-run`` command: ``main``, then the process ends at once with its
-    status, with no interpreter finalization to hang in (``rendezvous.process_exit``)."""
-    exit_process(main())
-
-
 if __name__ == "__main__":
-    run()
+    main()

@@ -24,6 +24,7 @@ for a process that only wants the names (a ps shard imports the package, never `
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import threading
@@ -102,7 +103,17 @@ def init(torch_backend: str | None = None) -> None:
             _static_comm, _static_layout = _world_of_one()
             _snapshots = _snapshots_alone()
             _kind = "alone"
-        atexit.register(shutdown)
+        atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit() -> None:
+    """``shutdown``, then a garbage collection while the daemon threads still run: a gRPC
+    call left for the collector to end must not be ended in the interpreter's
+    finalization, whose collection can wait forever on a lock held by a daemon thread
+    that finalization stopped (``rendezvous.process_exit`` says how; the user's script
+    ends its process, so it cannot simply skip finalization as our programs do)."""
+    shutdown()
+    gc.collect()
 
 
 def shutdown() -> None:
