@@ -197,7 +197,9 @@ def test_a_cut_node_leaves_the_others_training_to_an_exact_end(tmp_path, cluster
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("ending", ["scancel", "preempted"])
+# A preemption is what users fear; an scancel ends the allocation the same way (its
+# steps get SIGTERM, then SIGKILL) and runs with -m long (the suite's 15 minutes).
+@pytest.mark.parametrize("ending", [pytest.param("scancel", marks=pytest.mark.long), "preempted"])
 def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path, cluster, ending):
     hosts, etcd, slurm = cluster
     out, gate = tmp_path / "out", tmp_path / "gate"
