@@ -18,6 +18,7 @@ from rendezvous.errors import (
     ValueTooLargeError,
 )
 from rendezvous.store import DELETE, PUT
+from rendezvous.watch import follow_in_thread
 from tests.support.etcd_cluster import free_ports
 
 
@@ -342,8 +343,6 @@ def test_idle_embedded_watch_advances_past_history_it_does_not_need():
 def test_a_follower_ends_when_its_client_is_closed_under_it(store_backend):
     """``follow_prefix`` on a client closed before its ``stop``: it returns (its watch
     has nothing more to give) instead of asking the ended watch again and again."""
-    from rendezvous.watch import follow_in_thread
-
     s = store_backend.open()
     seen: list[Event] = []
     first = threading.Event()
