@@ -53,11 +53,26 @@ def kill_randomly(run: ElasticRun, kills: int, rng: random.Random, gap: int = 40
     return victims
 
 
+SURVIVORS_GO_ON, WAIT_FOR_REPLACEMENT = ["-np", "4", "--min-np", "2"], ["-np", "4"]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "sizes",
-    [["-np", "4", "--min-np", "2"], ["-np", "4"]],
-    ids=["survivors-go-on", "wait-for-replacement"],
+    "store_args, sizes",
+    [
+        # CI runs each store and each way of going on once; the long runs all four (the
+        # suite's 15 minutes). The store is the driver's business, not the round's.
+        pytest.param("embedded", SURVIVORS_GO_ON, id="embedded-survivors-go-on"),
+        pytest.param("etcd", WAIT_FOR_REPLACEMENT, id="etcd-wait-for-replacement"),
+        pytest.param("etcd", SURVIVORS_GO_ON, id="etcd-survivors-go-on", marks=pytest.mark.long),
+        pytest.param(
+            "embedded",
+            WAIT_FOR_REPLACEMENT,
+            id="embedded-wait-for-replacement",
+            marks=pytest.mark.long,
+        ),
+    ],
+    indirect=["store_args"],
 )
 def test_random_sigkills_finish_exact(tmp_path, store_args, sizes):
     out = tmp_path / "out"
@@ -123,6 +138,13 @@ def test_etcd_killed_and_restarted_mid_run(tmp_path, etcd_single):
 
 
 @pytest.mark.timeout(120)
+# etcd in CI (a job across machines is where discovery grows and shrinks); the embedded
+# store's run with -m long (the suite's 15 minutes)
+@pytest.mark.parametrize(
+    "store_args",
+    ["etcd", pytest.param("embedded", marks=pytest.mark.long)],
+    indirect=True,
+)
 def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_args):
     out = tmp_path / "out"
     out.mkdir()

@@ -157,6 +157,13 @@ def test_sigkilled_worker_is_replaced_in_its_slot(tmp_path, store_args):
 
 
 @pytest.mark.timeout(90)
+# The blacklist is the driver's (driver.policy): the embedded store in CI, etcd's run
+# with -m long (the suite's 15 minutes)
+@pytest.mark.parametrize(
+    "store_args",
+    ["embedded", pytest.param("etcd", marks=pytest.mark.long)],
+    indirect=True,
+)
 def test_failing_host_is_blacklisted_and_comes_back(tmp_path, store_args):
     out = tmp_path / "out"
     out.mkdir()
