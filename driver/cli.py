@@ -31,7 +31,7 @@ from driver.events.log import line_prefix
 from driver.job.loop import Job
 from driver.join.node import JoinedNode
 from rendezvous.errors import ElasticError
-from rendezvous.process_exit import exit_process
+from rendezvous.process_exit import run_then_exit
 from rendezvous.resources import raise_fd_limit
 
 PROG = "elastic-run"
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     job is over, with no interpreter finalization to hang in
     (``rendezvous.process_exit``)."""
     if argv is None:
-        exit_process(_run(sys.argv[1:]))
+        run_then_exit(lambda: _run(sys.argv[1:]))
     return _run(argv)
 
 

@@ -108,12 +108,14 @@ def init(torch_backend: str | None = None) -> None:
 
 def _shutdown_at_exit() -> None:
     """``shutdown``, then a garbage collection while the daemon threads still run: a gRPC
-    call left for the collector to end must not be ended in the interpreter's
-    finalization, whose collection can wait forever on a lock held by a daemon thread
-    that finalization stopped (``rendezvous.process_exit`` says how; the user's script
-    ends its process, so it cannot simply skip finalization as our programs do)."""
-    shutdown()
-    gc.collect()
+    call left for the collector to end (one in a reference cycle) must not be ended in
+    the interpreter's finalization, whose collection can wait forever on a lock held by
+    a daemon thread that finalization stopped (``rendezvous.process_exit`` says how;
+    the user's script ends its process, so it cannot skip finalization as ours do)."""
+    try:
+        shutdown()
+    finally:
+        gc.collect()
 
 
 def shutdown() -> None:

@@ -15,7 +15,7 @@ import threading
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError
 from rendezvous.net import auth
-from rendezvous.process_exit import exit_process
+from rendezvous.process_exit import run_then_exit
 from rendezvous.resources import raise_fd_limit
 from rendezvous.signals import relay_signals
 
@@ -52,4 +52,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())  # no finalization to hang in (rendezvous.process_exit)
+    run_then_exit(main)  # no finalization to hang in (rendezvous.process_exit)

@@ -31,7 +31,7 @@ from driver.launch.local import LocalLauncher
 from rendezvous import env, open_store
 from rendezvous.errors import ElasticError
 from rendezvous.keys import JobKeys
-from rendezvous.process_exit import exit_process
+from rendezvous.process_exit import run_then_exit
 from rendezvous.signals import relay_signals
 from rendezvous.store import StoreSettings
 
@@ -141,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())  # no finalization to hang in (rendezvous.process_exit)
+    run_then_exit(main)  # no finalization to hang in (rendezvous.process_exit)

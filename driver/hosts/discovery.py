@@ -36,6 +36,11 @@ class HostDiscovery(ABC):
         """The job ends (thread-safe): stop any program ``find_hosts`` runs now, and
         run none later."""
 
+    def close(self) -> None:  # noqa: B027 (most sources hold nothing: nothing to do)
+        """The job is over and no ``find_hosts`` runs any more: let go of what the
+        source holds (a connection to a cluster). The driver ends without the
+        interpreter's exit hooks (``rendezvous.process_exit``): this is their place."""
+
 
 @dataclass(frozen=True)
 class DiscoverySettings:

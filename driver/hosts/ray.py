@@ -13,6 +13,7 @@ there, and the driver's own handlers are put back at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from typing import Any
@@ -69,6 +70,12 @@ class RayDiscovery(HostDiscovery):
 
     def __repr__(self) -> str:
         return f"RayDiscovery({self.address!r})"
+
+    def close(self) -> None:
+        """Leave the cluster as a Ray driver does at its end (``ray.shutdown``: its
+        ``atexit`` hook, which the driver's exit skips); best effort."""
+        with contextlib.suppress(Exception):
+            self._ray.shutdown()
 
     def find_hosts(self) -> tuple[HostSlots, ...]:
         """The cluster's alive nodes now.

@@ -332,6 +332,7 @@ class Job:
             self._agents.close()
         self._agents.stop_following()
         self._services.close()
+        self.discovery.close()  # after the poll's thread is told to stop (``_stop``)
 
     # ------------------------------------------------------------------ decisions
     def _reconcile(self) -> None:

@@ -31,7 +31,7 @@ from elastic.ps.shard.server import ShardServer
 from rendezvous.env import ENV_RENDEZVOUS
 from rendezvous.net import auth
 from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
-from rendezvous.process_exit import exit_process
+from rendezvous.process_exit import run_then_exit
 from rendezvous.resources import raise_fd_limit
 from rendezvous.signals import relay_signals
 
@@ -147,4 +147,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())  # no finalization to hang in (rendezvous.process_exit)
+    run_then_exit(main)  # no finalization to hang in (rendezvous.process_exit)
