@@ -1,6 +1,7 @@
 """How our own programs end: ``exit_process``, without the interpreter's finalization.
 
-The driver, the agents, the ps shards and the standalone store hold gRPC channels whose
+The driver, the agents, the ps shards, the standalone store and a restart-mode
+worker's entry (until it becomes the program) hold gRPC channels whose
 completion threads are daemons. When the main thread returns, Python's finalization
 stops every daemon thread the moment it next wants the GIL, wherever it is, even
 inside ``with call._state.condition``; the garbage collection that follows runs a

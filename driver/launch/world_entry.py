@@ -41,6 +41,7 @@ from rendezvous.errors import ElasticError
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
 from rendezvous.plan import WorldMaster
+from rendezvous.process_exit import run_then_exit
 from rendezvous.store import KVStore
 
 WIRING = (
@@ -218,4 +219,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_then_exit(main)  # no finalization to hang in (rendezvous.process_exit)
