@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 STORE_WAIT = 60.0
 """Seconds a node waits for the store another node serves (``embedded://HOST:PORT``)."""
+STORE_LINGER = 5.0
+"""Seconds at most that a node whose job ended keeps serving the job's store while other
+nodes still watch it: they learn the end from it (a standby reads that nothing of the
+job is left, then exits 0), which they cannot once it is gone."""
 
 
 class JoinedNode:
@@ -79,9 +83,13 @@ class JoinedNode:
             store.close()
 
     def close(self) -> None:
-        """After the job: the agent (``stop_agent``), then the store this node served."""
+        """After the job: the agent (``stop_agent``), then the store this node served,
+        once the other nodes have left it (up to ``STORE_LINGER``) when the job ended
+        rather than this node leaving it (drained: the others lose the store anyway)."""
         self.stop_agent()
         if self._server is not None:
+            if not self._left:
+                self._server.wait_unwatched(STORE_LINGER)
             self._server.stop()
 
     def agree(self, store: KVStore) -> None:

@@ -102,6 +102,7 @@ class EmbeddedServer:
         #: the watch streams open now, by prefix (what the store serves, for tests and
         #: benchmarks: how many watches a job holds)
         self.watching: collections.Counter[str] = collections.Counter()
+        self._watching_changed = threading.Condition()  # (``wait_unwatched``)
         self.batches_encoded = 0
         for name, fn in (
             ("Range", self._range),
@@ -122,6 +123,12 @@ class EmbeddedServer:
         self._expirer = threading.Thread(target=self._expire_loop, name="lease-expiry", daemon=True)
         self._expirer.start()
         return address
+
+    def wait_unwatched(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until no watch stream is open (its clients are
+        gone); True if none is."""
+        with self._watching_changed:
+            return self._watching_changed.wait_for(lambda: not self.watching, timeout)
 
     def stop(self) -> None:
         self._stop.set()
@@ -225,9 +232,11 @@ class EmbeddedServer:
                 # point advance, so it never asks for history that could be compacted).
                 yield self._batch(prefix, events, next_rev)
         finally:
-            self.watching[prefix] -= 1
-            if self.watching[prefix] <= 0:
-                del self.watching[prefix]
+            with self._watching_changed:
+                self.watching[prefix] -= 1
+                if self.watching[prefix] <= 0:
+                    del self.watching[prefix]
+                self._watching_changed.notify_all()
 
     def _batch(self, prefix: str, events: list[Event], next_rev: int) -> bytes:
         """A watch message, encoded once for every watch of ``prefix`` that sends these

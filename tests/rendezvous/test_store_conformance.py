@@ -283,6 +283,19 @@ def test_embedded_watch_survives_dropped_streams(embedded_server):
     s.close()
 
 
+def test_embedded_server_waits_until_its_watchers_are_gone(embedded_server):
+    """``wait_unwatched``: what a node that served a job's store waits for before it
+    stops (``driver.join.node.STORE_LINGER``): no watch stream open any more."""
+    s = open_store(f"embedded://{embedded_server.address}", embedded_server.secret)
+    assert embedded_server.wait_unwatched(0.0)
+    with s.watch_prefix("/w/") as watch:
+        s.put("/w/1", b"1")
+        drain(watch, 1)
+        assert not embedded_server.wait_unwatched(0.2)
+    assert embedded_server.wait_unwatched(10)
+    s.close()
+
+
 def test_embedded_many_concurrent_clients(embedded_server):
     url = f"embedded://{embedded_server.address}"
     clients = [open_store(url, embedded_server.secret) for _ in range(16)]
