@@ -39,10 +39,36 @@ STATE_LOST_ACTIONS = ("fail", "restart")
 
 
 class _RaisingParser(argparse.ArgumentParser):
-    """argparse reports errors by printing and exiting; we want a ``UsageError``."""
+    """argparse reports errors by printing and exiting; we want a ``UsageError``. No
+    flag is ever taken by a prefix of its name: ``allow_abbrev=False`` covers only
+    ``--long`` flags, and argparse still reads ``-n 2`` as ``-np 2``."""
+
+    def _get_option_tuples(self, option_string: str) -> list:
+        return []  # (argparse's prefix matching, for flags of one dash too)
 
     def error(self, message: str):
-        raise UsageError(message)
+        raise UsageError(self._name_full_flags(message))
+
+    def _name_full_flags(self, message: str) -> str:
+        """An unrecognized argument that abbreviates one of our flags names the flag in
+        full: a typo must not look like a flag we do not have."""
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return message
+        flags = [f for action in self._actions for f in action.option_strings]
+        hints = []
+        for arg in message[len(prefix) :].split():
+            name = arg.split("=", 1)[0]
+            if not name.startswith("-") or len(name) < 2:
+                continue
+            meant = sorted(f for f in flags if f.startswith(name) and f != name)
+            if meant:
+                hints.append(
+                    f"{name} is no flag (abbreviations are not taken): did you mean "
+                    + " or ".join(meant)
+                    + "?"
+                )
+        return message + ("; " + "; ".join(hints) if hints else "")
 
 
 def _number_type(

@@ -30,7 +30,12 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from elastic.errors import ElasticError, WorkerHandedOverError, WorkerLostError
+from elastic.errors import (
+    ElasticError,
+    TrainingFinishedError,
+    WorkerHandedOverError,
+    WorkerLostError,
+)
 from rendezvous import env
 
 if TYPE_CHECKING:
@@ -205,7 +210,8 @@ def _join_elastic_job() -> WorkerRuntime:
     runtime.start()
     try:
         runtime.join(after_round=0)
-    except WorkerHandedOverError as exc:  # its host left before its first round formed
+    # Its host left before its first round formed, or the training finished first.
+    except (WorkerHandedOverError, TrainingFinishedError) as exc:
         runtime.shutdown()
         log.warning("%s", exc)
         raise SystemExit(0) from None

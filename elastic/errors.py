@@ -91,6 +91,14 @@ class WorkerHandedOverError(ElasticError):
     ends there. ``@elastic.run`` turns it into a clean exit (status 0)."""
 
 
+class TrainingFinishedError(ElasticError):
+    """Another worker's training function returned having committed the final step
+    (``JobKeys.training_finished``: that commit is the job's result) while this worker
+    waited for a round: it lost its round at the job's last step, or it joined as the
+    job ended. No round forms after a finish, and nothing is left for it to do.
+    ``@elastic.run`` turns it into a clean exit (status 0)."""
+
+
 class ReplacedStateWarning(UserWarning):
     """An ``ObjectState`` holds an object that ``restore()`` and ``sync()`` replace with a
     copy (a torch module, optimizer, scheduler, sampler, tensor: anything with
@@ -111,5 +119,6 @@ __all__ = [
     "SnapshotError",
     "WorkerExpelledError",
     "WorkerHandedOverError",
+    "TrainingFinishedError",
     "ReplacedStateWarning",
 ]

@@ -4,6 +4,8 @@
     on WorkerLostError:      restore the last commit, join the next round, sync, again;
     on HostsUpdatedInterrupt: join the next round, sync, again (left out of a
                              handover, ``Plan.handover``: exit 0, the host leaves);
+    waiting for a round:     another worker's finish (the job's result) ends the wait:
+                             exit 0, nothing is left to do;
     after every re-form:     the state's reset callbacks;
     when fn returns:         record the finish in the store, unless a newer round that
                              includes this worker formed first: then restore the last
@@ -31,6 +33,7 @@ import elastic.context as context
 from elastic.errors import (
     CommunicatorClosedError,
     HostsUpdatedInterrupt,
+    TrainingFinishedError,
     WorkerHandedOverError,
     WorkerLostError,
 )
@@ -95,7 +98,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
             if runtime is not None:  # a static world has no next round to join
                 try:
                     runtime.join()
-                except WorkerHandedOverError as exc:
+                except (WorkerHandedOverError, TrainingFinishedError) as exc:
                     log.warning("%s", exc)
                     raise SystemExit(0) from None
             state.on_reset()

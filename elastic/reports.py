@@ -129,6 +129,18 @@ def put_report(store: KVStore | None, lease: int, key: str, record: bytes) -> No
         log.debug("could not report: %s", exc)
 
 
+def training_finished(store: KVStore, keys: JobKeys) -> FinishRecord | None:
+    """The finish record of the job (``JobKeys.training_finished``), if a worker wrote
+    one: the training is complete. None when there is none, or it cannot be read now
+    (best effort: the caller asks again). Never raises."""
+    try:
+        kv = store.get(keys.training_finished)
+        return FinishRecord.from_json(kv.value) if kv is not None else None
+    except (RendezvousError, ValueError, TypeError) as exc:
+        log.debug("could not read the finish record: %s", exc)
+        return None
+
+
 def record_finish(
     store: KVStore,
     keys: JobKeys,
@@ -147,7 +159,7 @@ def record_finish(
     Returns the newer round that includes ``worker_id``, published first (its members
     wait for this worker, which must join it), else None (the finish is recorded, or the
     store cannot be reached: best effort). Never raises."""
-    record = FinishRecord(plan.round_id, commits).to_json()
+    record = FinishRecord(plan.round_id, commits, worker_id).to_json()
     try:
         result = store.txn(
             [Compare(keys.plan_head, "value", "==", plan.head.to_json())],

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from elastic import reports
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import (
+    TrainingFinishedError,
     WorkerExpelledError,
     WorkerHandedOverError,
     WorkerLostError,
@@ -76,6 +77,10 @@ log = logging.getLogger(__name__)
 
 #: an idle spare's wait for its round wakes at least this often (a plan wakes it at once)
 SPARE_WAKE = 60.0
+#: a member waiting for its next round reads the job's finish record this often: no
+#: round forms after a finish, so a member that lost its round at the last step, or a
+#: newcomer of the job's last moment, learns from it that the job is done
+FINISH_POLL = 0.25
 
 
 @dataclass(frozen=True)
@@ -312,6 +317,8 @@ class WorkerRuntime:
         Raises:
             RendezvousError: no such round comes within ``round_timeout``.
             WorkerHandedOverError: a handover left this worker out (its host leaves).
+            TrainingFinishedError: another worker finished the training meanwhile (its
+                commit is the job's result): no round will come.
         """
         _, listener, _ = self._started()
         after = self.round_id if after_round is None else after_round
@@ -319,7 +326,12 @@ class WorkerRuntime:
         idle_spare = self.settings.spare and self.plan is None
         deadline = None if idle_spare else time.monotonic() + self.settings.round_timeout
         while True:
-            plan, me = self._wait_for_plan(after, deadline)
+            poll_at = None if deadline is None else time.monotonic() + FINISH_POLL
+            found = self._wait_for_plan(after, deadline, poll_at)
+            if found is None:
+                self._raise_if_training_finished()
+                continue
+            plan, me = found
             if deadline is None:  # promoted: from now on it waits like any worker
                 deadline = time.monotonic() + self.settings.round_timeout
             assert self._rounds is not None
@@ -358,9 +370,32 @@ class WorkerRuntime:
         latest = self._latest
         return self._closed.is_set() or (latest is not None and latest.round_id > round_id)
 
-    def _wait_for_plan(self, after: int, deadline: float | None) -> tuple[RoundView, Member]:
+    def _raise_if_training_finished(self) -> None:
+        """Raise ``TrainingFinishedError`` when the job's finish record is in the store
+        (read with no lock held: the round feed must not wait on it).
+
+        Raises:
+            TrainingFinishedError: a worker's training function returned having
+                committed the final step.
+        """
+        if self._store is None:
+            return
+        record = reports.training_finished(self._store, self.keys)
+        if record is None:
+            return
+        who = f"worker {record.worker}" if record.worker else "another worker"
+        raise TrainingFinishedError(
+            f"the training finished in round {record.round} at step {record.commits} "
+            f"({who}): that commit is the job's result, and this worker, which had "
+            f"committed {self.committed} steps, has nothing left to do"
+        )
+
+    def _wait_for_plan(
+        self, after: int, deadline: float | None, poll_at: float | None = None
+    ) -> tuple[RoundView, Member] | None:
         """The first plan newer than ``after`` that includes this worker, and its place
-        (``deadline`` None: an idle spare's wait, for as long as the job keeps it).
+        (``deadline`` None: an idle spare's wait, for as long as the job keeps it); None
+        when ``poll_at`` comes first (the caller looks at the store, then waits again).
 
         Raises:
             RendezvousError: the worker shut down meanwhile.
@@ -392,7 +427,10 @@ class WorkerRuntime:
                     # notifies the condition: the timeout is only a safety net.
                     self._cond.wait(SPARE_WAKE)
                     continue
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                if poll_at is not None and now >= poll_at:
+                    return None
+                remaining = deadline - now
                 if remaining <= 0:
                     have = (
                         f"round {plan.round_id} ({plan.size} workers)" if plan else "no round yet"
@@ -401,7 +439,7 @@ class WorkerRuntime:
                         f"worker {me} waited {self.settings.round_timeout:.0f}s for a round after "
                         f"{after} that includes it; the store has {have}"
                     )
-                self._cond.wait(min(remaining, 1.0))
+                self._cond.wait(min(remaining, 1.0, (poll_at or now + 1.0) - now))
 
     def report_silence(self, plan: RoundView, rank: int, quiet: float) -> None:
         """Tell the driver that member ``rank`` of ``plan`` has sent nothing for ``quiet``

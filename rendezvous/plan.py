@@ -409,10 +409,12 @@ class FailureRecord(JsonRecord):
 class FinishRecord(JsonRecord):
     """Under ``JobKeys.finished(worker)`` and ``JobKeys.training_finished``: a worker's
     training function returned in round ``round`` after ``commits`` commits (the
-    driver's word that training is done, and the step it ended at)."""
+    driver's word that training is done, and the step it ended at); ``worker``: whose
+    (empty in records of older versions)."""
 
     round: int
     commits: int
+    worker: str = ""
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,28 @@ class Waiting(Event):
 
 
 @dataclass(frozen=True)
+class TrainingFinished(Event):
+    """A worker's training function returned in round ``round`` having committed step
+    ``step``: that commit is the job's result (``driver.policy.exits.finished_outcome``);
+    the others finish, or are told the training is done. ``host``/``slot``: the
+    worker's (empty, -1 when the driver does not know it)."""
+
+    kind: ClassVar[str] = "training_finished"
+    round: int
+    step: int
+    worker: str = ""
+    host: str = ""
+    slot: int = -1
+
+    def __str__(self) -> str:
+        who = f"worker {self.host}:{self.slot}" if self.host else "a worker"
+        return (
+            f"training finished in round {self.round} at step {self.step} ({who} returned "
+            "from its training function); the job ends as its workers exit"
+        )
+
+
+@dataclass(frozen=True)
 class JobDone(Event):
     """Every member of the final round ``round`` (of ``size``) exited 0, with ``step``
     commits (None: the workers commit no state)."""

@@ -129,9 +129,17 @@ class WorkerFailed(Event):
     in_round: bool = False
     chaos: bool = False  # killed by --chaos-kill-interval: not its host's fault
     reason: str | None = None
+    # It ended after the training had finished (``driver.policy.exits``): a signal then
+    # is no failure of the job; an error code of its own still is.
+    after_finish: bool = False
 
     def __str__(self) -> str:
-        text = f"{worker_label(self.host, self.slot, self.rank)} failed"
+        label = worker_label(self.host, self.slot, self.rank)
+        text = (
+            f"{label} ended after the training finished"
+            if self.after_finish
+            else (f"{label} failed")
+        )
         if self.code is not None:
             text += f" ({describe_code(self.code)})"
         if self.chaos:

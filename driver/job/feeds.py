@@ -40,6 +40,7 @@ from driver.job.messages import (
     SignalReceived,
     SnapshotReported,
     StoreLost,
+    TrainingFinished,
 )
 from driver.policy.decisions import StoreHealth
 from driver.policy.reports import store_health
@@ -120,6 +121,7 @@ def follow_workers_and_failures(
         follow(prefix, lambda e: each([e.kv]) if e.type == PUT else None, each)
 
     records(keys.progress, lambda kv: ProgressReported(kv.value))
+    records(keys.training_finished, lambda kv: TrainingFinished(kv.value))
     records(keys.snapshots, lambda kv: SnapshotReported.from_kv(keys, kv))
     records(keys.preemptions, lambda kv: HostPreempted(kv.value.decode(errors="replace")))
 

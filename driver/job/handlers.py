@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 
 from driver import events as ev
 from driver import policy
@@ -44,11 +43,12 @@ class MessageHandlers:
         if rec.info is not None:
             # Do not wait for its lease: the process is gone.
             services.delete_quietly(keys.worker(rec.worker_id))
-        # An exit 0 after the worker's @elastic.run function returned: training is done.
+        # Its @elastic.run function returned having committed the final step: the
+        # training is done, whatever its exit (the watch may not have said so yet).
         finish = services.value(keys.finished(rec.worker_id))
         returned = finish is not None
-        if finish is not None and message.code == 0:
-            self._final_step(finish)
+        if finish is not None:
+            self.on_training_finished(finish)
         state.workers[rec.worker_id], (decisions, state.book) = policy.worker_exited(
             rec,
             message.code,
@@ -59,13 +59,6 @@ class MessageHandlers:
             any_registered=state.any_registered(),
             trained_to_end=returned and message.code == 0,
         )
-        if returned and message.code != 0 and not state.book.done_slots:
-            # Its training returned, then it failed: a finish counts once its worker exits
-            # 0, so the job goes on as if it had not finished (relaunch, re-form, and the
-            # rules for workers failing at their end).
-            services.delete_quietly(keys.finished(rec.worker_id))
-            services.delete_quietly(keys.training_finished)
-            state.book = replace(state.book, training_done=False)
         return decisions
 
     def note_exit(self, message: msg.ProcessExited) -> None:
@@ -159,19 +152,36 @@ class MessageHandlers:
         )
         return ()
 
-    def _final_step(self, finish: bytes) -> None:
-        """A worker's finish record: the step its training ended at is the job's last
-        word on progress (rank 0's last report may be up to a report period older)."""
+    def on_training_finished(self, finish: bytes) -> Decisions:
+        """A worker's finish record (``JobKeys.training_finished``, or its own
+        ``finished/<id>``): the training is complete, and its commit is the job's
+        result. Said once; the step it ended at is the job's last word on progress
+        (rank 0's last report may be up to a report period older)."""
+        state, ctx = self._ctx.state, self._ctx
+        if state.book.training_done:
+            return ()
+        now = ctx.clock()
+        state.book = state.book.training_finished(now)
         try:
             record = FinishRecord.from_json(finish)
         except (ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable finish record: %s", exc)
-            return
-        state, ctx = self._ctx.state, self._ctx
+            return ()
         if record.commits or state.book.progress_step is not None:  # (0: no state committed)
             state.book = policy.progress_reported(
-                state.book, record.commits, record.round, ctx.config, ctx.clock()
+                state.book, record.commits, record.round, ctx.config, now
             )
+        rec = state.workers.get(record.worker)
+        ctx.events.emit(
+            ev.TrainingFinished(
+                round=record.round,
+                step=record.commits,
+                worker=record.worker,
+                host=rec.host if rec is not None else "",
+                slot=rec.slot if rec is not None else -1,
+            )
+        )
+        return ()
 
     def on_snapshot(self, message: msg.SnapshotReported) -> Decisions:
         """What a worker's snapshot said: say it, and keep the newest complete one of
@@ -222,7 +232,7 @@ class MessageHandlers:
         state, chaos = ctx.state, ctx.services.chaos
         cfg = ctx.config
         candidates = policy.chaos_candidates(
-            state.workers, state.plan, state.book, cfg.min_np, cfg.chaos_below_min_np
+            state.workers, state.plan, state.book, cfg.min_np, cfg.np, cfg.chaos_below_min_np
         )
         victim = chaos.strike(candidates) if chaos and candidates else None
         if victim is None or chaos is None:

@@ -159,7 +159,7 @@ class JobLead:
         )
         if not published:
             log.info("round %d not formed: the training has finished", plan.round_id)
-            ctx.state.book = replace(ctx.state.book, training_done=True)
+            ctx.state.book = ctx.state.book.training_finished(ctx.clock())
             return ()
         self._state_written = state
         ctx.state.plan = plan

@@ -536,6 +536,7 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.SignalReceived: Job._signalled,
     msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
     msg.ProgressReported: lambda job, m: job._messages.on_progress(m),
+    msg.TrainingFinished: lambda job, m: job._messages.on_training_finished(m.record),
     msg.SnapshotReported: lambda job, m: job._messages.on_snapshot(m),
     msg.HostPreempted: lambda job, m: job._messages.on_preempted(m),
     msg.KillRequested: lambda job, m: job._actions.kill(dec.Kill(m.worker_id, m.reason)),

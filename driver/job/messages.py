@@ -153,6 +153,14 @@ class SnapshotReported:
 
 
 @dataclass(frozen=True)
+class TrainingFinished:
+    """A worker recorded that its training function returned (``JobKeys.training_finished``,
+    a ``FinishRecord`` as written): the training is complete."""
+
+    record: bytes
+
+
+@dataclass(frozen=True)
 class HostPreempted:
     """The agent of ``host`` got SIGTERM (``JobKeys.preempted``): the scheduler takes the
     host back."""
@@ -202,6 +210,7 @@ Message = Union[
     SignalReceived,
     StoreLost,
     ProgressReported,
+    TrainingFinished,
     SnapshotReported,
     HostPreempted,
     KillRequested,

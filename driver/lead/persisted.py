@@ -188,7 +188,7 @@ def rebuild_view(
         resets=state.resets,
         failure_streak=state.failure_streak,
         done_slots=frozenset(done_slots),
-        training_done=training_done,
+        training_done_at=now if training_done else None,
         change_at=now if lost_members else None,
     )
     strikes = {str(h): int(n) for h, n in state.strikes}

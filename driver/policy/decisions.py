@@ -236,9 +236,11 @@ class Book:
     all_failed_rounds: frozenset[int] = frozenset()
     done_slots: frozenset[tuple[str, int]] = frozenset()
     probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
-    # A member exited 0 after its @elastic.run function returned: training is complete,
-    # so no new round forms and no slot is refilled (the others finish as they are).
-    training_done: bool = False
+    # When the driver learned that a worker's @elastic.run function returned having
+    # committed the final step (its finish record, ``JobKeys.training_finished``): that
+    # commit is the job's result, so no new round forms, no slot is refilled, the chaos
+    # kills nobody, and what dies after it is no failure of the job (``policy.exits``).
+    training_done_at: float | None = None
     # Failure reports of the current round: who reported, and who stands accused since
     # when and why (a kill waits for the accused's own silence: ``policy.suspicion``).
     reporters: frozenset[str] = frozenset()
@@ -273,6 +275,16 @@ class Book:
     # how many worlds in a row ended by a worker's own death soon after their start.
     world_end: WorldEnd | None = None
     quick_failures: int = 0
+
+    @property
+    def training_done(self) -> bool:
+        """The training is complete (see ``training_done_at``)."""
+        return self.training_done_at is not None
+
+    def training_finished(self, now: float) -> Book:
+        """The driver learned at ``now`` that the training is complete (kept from the
+        first time it learned it)."""
+        return self if self.training_done_at is not None else replace(self, training_done_at=now)
 
     def leaves(self, worker_id: str, until: float) -> Book:
         """``worker_id`` leaves at its next commit, stopped if still running at ``until``."""

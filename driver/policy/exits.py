@@ -21,8 +21,10 @@ The rules:
   finished and all exited 0; it fails when some finished and others failed (the finished
   ones cannot be replaced: their state is gone), or when workers finished before any
   round formed. A worker the driver stopped did not finish, whatever its code.
-* After a finish (``outcome``): when a worker has finished and every member of the
-  current round then failed, the job fails: nobody holds the state to hand on.
+* After a finish (``finished_outcome``): once a worker recorded that its training
+  returned, that commit is the job's result. The job ends when no worker runs; what a
+  signal or a kill ends after the finish fails nothing, an error code of a worker's own
+  does (the script's end fails), and so does a finish after which no worker exited 0.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def worker_exited(
         decisions = [Report(WorkerExited(worker=wid, host=host, slot=slot, code=code, rank=rank))]
         book = book.finished(host, slot, member is not None, now)
         if trained_to_end and member is not None:
-            book = replace(book, training_done=True)
+            book = book.training_finished(now)
     elif done.state is WorkerState.STOPPED:
         decisions = [Report(WorkerStopped(worker=wid, host=host, slot=slot, code=code))]
     elif code in CANNOT_RUN_CODES and not rec.ever_registered and rec.kill_reason is None:
@@ -99,10 +101,11 @@ def worker_exited(
                     in_round=member is not None,
                     chaos=chaos,
                     reason=f"killed by the driver: {rec.kill_reason}" if killed else None,
+                    after_finish=book.training_done,
                 )
             )
         ]
-        if not chaos:
+        if not chaos and not book.training_done:  # (nothing is relaunched after the end)
             decisions.append(CountFailure(rec.host, code))
     if member is not None:
         book = book.changed(now)
@@ -161,10 +164,13 @@ def finish_code(rec: WorkerRecord) -> int | None:
 
 
 def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail | None:
-    """``Succeed`` when every member of the round exited 0; ``Fail`` when the round
+    """Once the training finished (``book.training_done``): ``finished_outcome``.
+    Before: ``Succeed`` when every member of the round exited 0; ``Fail`` when the round
     ended with some members finished and others failed, or with every member failed
     after a worker of an earlier round finished, or workers finished before a first
     round; None while the job runs (or a round of failures that re-forming handles)."""
+    if book.training_done:
+        return finished_outcome(workers, plan, book)
     if plan is None:
         if book.done_slots and not any(r.state.running for r in workers.values()):
             if any(r.ever_registered for r in workers.values()):
@@ -193,3 +199,49 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
             "after other workers had finished"
         )
     return Succeed(plan.round_id, plan.size, book.resets, book.progress_step)
+
+
+def finished_outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail | None:
+    """The job's end once a worker recorded that its training function returned having
+    committed the final step: that commit is the job's result. The job ends when no
+    worker (spares aside) runs any more. What ended after the finish by a signal or a
+    kill (the chaos, a lost host, the driver) fails nothing: the others were told the
+    training is done, or finished themselves. It fails when a worker exited with an
+    error code of its own after the finish (the script's end fails: said as the script
+    failing when every member of the round did), or when no worker exited 0 after it
+    (the script's end ran nowhere)."""
+    if any(r.state.running and not r.spare for r in workers.values()):
+        return None
+    done_at = book.training_done_at if book.training_done_at is not None else 0.0
+    ended = [
+        r
+        for r in workers.values()
+        if not r.spare and r.exit_code is not None and r.since >= done_at
+    ]
+    errors = [r for r in ended if r.died_on_its_own and (r.exit_code or 0) > 0]
+    members = [workers[m.worker_id] for m in plan.members] if plan is not None else []
+    round_id = plan.round_id if plan is not None else 0
+    if errors:
+        codes = sorted({r.exit_code for r in errors if r.exit_code is not None})
+        if members and all(r in errors for r in members):
+            return Fail(
+                f"the training script fails: every worker of round {round_id} exited with "
+                f"an error after its training finished (codes {codes}); see the worker "
+                "output above"
+            )
+        r = errors[0]
+        member = plan.member(r.worker_id) if plan is not None else None
+        rank = f"rank {member.rank} " if member is not None else ""
+        return Fail(
+            f"worker {rank}({r.worker_id}) exited with {describe_code(r.exit_code)} after "
+            "the training finished: the script's end fails; see the worker output above"
+        )
+    if not any(r.state is WorkerState.FINISHED for r in [*ended, *members]):
+        signals = sorted({describe_code(r.exit_code) for r in ended})
+        return Fail(
+            "the training finished, but every worker was killed before it exited ("
+            + ", ".join(signals)
+            + "): the script's end after its training ran nowhere"
+        )
+    size = plan.size if plan is not None else 0
+    return Succeed(round_id, size, book.resets, book.progress_step)

@@ -119,19 +119,31 @@ def lapse_waits(workers: Workers) -> list[Wait]:
     ]
 
 
+def chaos_floor(min_np: int, np: int) -> int:
+    """The fewest active members a chaos kill may leave in any round: ``--min-np``, the
+    world the user declared survivable; in a fixed-size job (``min_np`` is ``np``), one
+    short of it (the replacement's wait, which is what such a job survives); never 0."""
+    return max(1, min_np if min_np < np else np - 1)
+
+
 def chaos_candidates(
-    workers: Workers, plan: Plan | None, book: Book, min_np: int, below_min_np: bool = False
+    workers: Workers,
+    plan: Plan | None,
+    book: Book,
+    min_np: int,
+    np: int,
+    below_min_np: bool = False,
 ) -> list[str]:
-    """Members of the round the chaos may kill: none once a worker finished (the end of
-    training is not the time to test recovery), and none when the kill would take the
-    round below ``min_np``, nor, in a job whose ``min_np`` is the round's size (a fixed
-    size), more than one worker short of it: the world the chaos tests is one the user
-    declared survivable (``below_min_np``: ``--chaos-below-min-np`` lifts this)."""
-    if plan is None or book.done_slots:
+    """Members of the round the chaos may kill: none once a worker finished or the
+    training is done (the end of training is not the time to test recovery, and its
+    commit is the job's result), and none when the kill would leave fewer active
+    members than ``chaos_floor`` (``below_min_np``: ``--chaos-below-min-np`` lifts this,
+    the last member included). A shrunk round counts against ``--min-np``, not its size."""
+    if plan is None or book.done_slots or book.training_done:
         return []
     active = [m.worker_id for m in plan.members if workers[m.worker_id].state.active]
-    floor = max(1, min(min_np, plan.size - 1))
-    if not below_min_np and len(active) - 1 < floor:
+    floor = 0 if below_min_np else chaos_floor(min_np, np)
+    if len(active) - 1 < floor:
         return []
     return active
 

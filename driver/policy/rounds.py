@@ -11,10 +11,10 @@ The rules:
 * First round (``plan_round``): wait for ``-np`` registered workers, up to
   ``--start-timeout``; once there are, wait ``FIRST_ROUND_GRACE`` for the rest of those
   launched (spares aside), so a job on 8 slots forms one round of 8.
-* Training done: once a member exits 0 after its ``@elastic.run`` function returned (it
-  says so in the store: ``JobKeys.finished``), no round forms again: the others finish
-  as they are, whatever the time they take (a re-formed round at the end would hand a
-  finished job to a new world). The store enforces it: a round is published only while
+* Training done: once a worker's ``@elastic.run`` function returned (it says so in the
+  store: ``JobKeys.training_finished``, which the driver follows), no round forms again:
+  the others finish as they are, whatever the time they take, or are told the training
+  is done (a re-formed round at the end would hand a finished job to a new world). The store enforces it: a round is published only while
   ``JobKeys.training_finished`` does not exist, and a worker records its finish only
   while the round key is still its round (else it joins the newer round).
 * Finish grace: after a member exits 0 without saying so, no round for ``FINISH_GRACE`` (the others are

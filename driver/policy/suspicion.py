@@ -53,7 +53,9 @@ def failure_reported(
     reported itself accuses it (see the module docstring)."""
     reporter = report.worker_id
     decisions: tuple[Decision, ...] = (_report_event(report),)
-    if plan is None or report.round_id != plan.round_id:
+    # Once the training is done nobody is accused: the peer that went quiet may be a
+    # finisher running the script's end, which must not be killed for it.
+    if plan is None or report.round_id != plan.round_id or book.training_done:
         return Step(decisions, book)
     reporters = book.reporters | {reporter}
     accused = tuple(a for a in book.accused if a[0] not in reporters)
@@ -100,7 +102,7 @@ def silence_reported(
     decisions: list[Decision] = [_report_event(report)]
     rec = workers.get(report.suspect) if report.suspect is not None else None
     current = plan is not None and report.round_id == plan.round_id
-    if not current or rec is None or not rec.state.active or rec.info is None:
+    if not current or book.training_done or rec is None or not rec.state.active or rec.info is None:
         return Step(tuple(decisions), book)
     if rec.host in book.probing:
         return Step(tuple(decisions), book)

@@ -143,7 +143,7 @@ def test_the_state_record_carries_what_a_successor_needs():
         resets=2,
         failure_streak=1,
         done_slots=frozenset({("h1", 0)}),
-        training_done=True,
+        training_done_at=1.0,
     )
     stopping = WorkerRecord("h1-1-3", "h1", 1, 0.0, WorkerState.STOPPING)
     live = WorkerRecord("h1-2-4", "h1", 2, 0.0, WorkerState.REGISTERED)

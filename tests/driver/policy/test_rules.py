@@ -388,7 +388,7 @@ def test_no_round_and_no_launch_once_training_is_done():
     a = rec("a", 0)
     p = plan_of(1, a, rec("b", 1))
     t = table(a, rec("b", 1, state=S.FINISHED, exit_code=0))
-    book = Book(0.0, member_finished_at=10.0, training_done=True)
+    book = Book(0.0, member_finished_at=10.0, training_done_at=0.0)
     cfg = config("-np", "2", "--min-np", "1")
     decisions, after = policy.plan_round(t, p, book, view(), cfg, now=10.0 + 60.0)
     assert decisions == () and after == book
@@ -677,32 +677,45 @@ def test_an_unreachable_host_is_lost_with_every_worker_running_there():
 
 def test_chaos_never_takes_the_round_below_min_np():
     """The world the chaos tests is one the user declared survivable: never below
-    --min-np, and in a job of fixed size never more than one worker short."""
+    --min-np, in a round already shrunk too, and in a job of fixed size never more than
+    one worker short."""
     a, b, c, d = rec("a", 0), rec("b", 1), rec("c", 2), rec("d", 3)
     p = plan_of(1, a, b, c, d)
     full, one_down = table(a, b, c, d), table(a, b, c, rec("d", 3, state=S.CHAOS_KILLED))
     two_down = table(a, b, rec("c", 2, state=S.FAILED), rec("d", 3, state=S.CHAOS_KILLED))
     # -np 4 --min-np 2: down to 2, never to 1.
-    assert policy.chaos_candidates(one_down, p, Book(0.0), min_np=2) == ["a", "b", "c"]
-    assert policy.chaos_candidates(two_down, p, Book(0.0), min_np=2) == []
+    assert policy.chaos_candidates(one_down, p, Book(0.0), min_np=2, np=4) == ["a", "b", "c"]
+    assert policy.chaos_candidates(two_down, p, Book(0.0), min_np=2, np=4) == []
+    # -np 3 --min-np 2, a round already down to 2: its size is no floor.
+    shrunk = plan_of(2, a, b)
+    assert policy.chaos_candidates(table(a, b), shrunk, Book(0.0), min_np=2, np=3) == []
+    assert policy.chaos_candidates(table(a, b, c), plan_of(3, a, b, c), Book(0.0), 2, 3) == [
+        "a",
+        "b",
+        "c",
+    ]
     # -np 4 (min 4): one short at a time, while the round is whole.
-    assert policy.chaos_candidates(full, p, Book(0.0), min_np=4) == ["a", "b", "c", "d"]
-    assert policy.chaos_candidates(one_down, p, Book(0.0), min_np=4) == []
+    assert policy.chaos_candidates(full, p, Book(0.0), min_np=4, np=4) == ["a", "b", "c", "d"]
+    assert policy.chaos_candidates(one_down, p, Book(0.0), min_np=4, np=4) == []
     # -np 1: its only worker holds the state: never, unless asked.
     solo = plan_of(1, a)
-    assert policy.chaos_candidates(table(a), solo, Book(0.0), min_np=1) == []
-    assert policy.chaos_candidates(table(a), solo, Book(0.0), 1, below_min_np=True) == ["a"]
-    assert policy.chaos_candidates(two_down, p, Book(0.0), 2, below_min_np=True) == ["a", "b"]
+    assert policy.chaos_candidates(table(a), solo, Book(0.0), min_np=1, np=1) == []
+    assert policy.chaos_candidates(table(a), solo, Book(0.0), 1, 1, below_min_np=True) == ["a"]
+    assert policy.chaos_candidates(two_down, p, Book(0.0), 2, 4, below_min_np=True) == ["a", "b"]
+    assert [policy.chaos_floor(m, n) for m, n in [(2, 3), (2, 2), (1, 1), (3, 8)]] == [2, 1, 1, 3]
 
 
 def test_chaos_picks_active_members_and_spares_the_end():
     a, b, c = rec("a", 0), rec("b", 1), rec("c", 2)
     p = plan_of(1, a, b, c)
     t = table(a, rec("b", 1, state=S.CHAOS_KILLED), c)
-    assert policy.chaos_candidates(t, p, Book(0.0), min_np=1) == ["a", "c"]
+    assert policy.chaos_candidates(t, p, Book(0.0), min_np=1, np=3) == ["a", "c"]
     done = Book(0.0, done_slots=frozenset({("h", 2)}))
-    assert policy.chaos_candidates(t, p, done, min_np=1) == []
-    assert policy.chaos_candidates(t, None, Book(0.0), min_np=1) == []
+    assert policy.chaos_candidates(t, p, done, min_np=1, np=3) == []
+    # A worker's training returned (its finish record), though none has exited yet.
+    returned = Book(0.0, training_done_at=5.0)
+    assert policy.chaos_candidates(t, p, returned, min_np=1, np=3) == []
+    assert policy.chaos_candidates(t, None, Book(0.0), min_np=1, np=3) == []
     assert policy.chaos_kill(c, p, pid=77, kills=2) == [
         Report(ev.ChaosKill(worker="c", host="h", slot=2, rank=2, pid=77, kill=2)),
         Kill("c", "chaos", chaos=True),

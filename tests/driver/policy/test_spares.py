@@ -120,7 +120,7 @@ def test_spares_hold_no_slot_and_do_not_count_against_max_np():
 
 def test_no_promotion_once_training_is_done():
     t = table(rec("a", 0), spare("s", 0))
-    done = Book(0.0, training_done=True)
+    done = Book(0.0, training_done_at=0.0)
     assert policy.slots_to_fill(t, hs("h:2"), done, config("-np", "2", "--spares", "1")) == []
 
 
@@ -160,7 +160,7 @@ def test_a_spare_that_cannot_be_started_is_lost_and_holds_its_host():
 
 def test_no_spare_without_the_flag_once_training_is_done_or_off_the_usable_hosts():
     assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0), 0, 1.0) == []
-    assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0, training_done=True), 1, 1.0) == []
+    assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0, training_done_at=0.0), 1, 1.0) == []
     # A blacklisted or cooling host is not in the usable list: no spare there.
     assert policy.spares_to_launch({}, P1, hs("h:1"), Book(0.0), 1, 1.0) == [LaunchSpare("h", 0)]
 
