@@ -52,7 +52,12 @@ from driver.launch.python_command import python_program
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
 from rendezvous.net.url import StoreURL, parse_store_url
-from rendezvous.private_dir import InsecureDirectoryError, check_private_dir
+from rendezvous.private_dir import (
+    InsecureDirectoryError,
+    UnwritableDirectoryError,
+    check_private_dir,
+    probe_writable,
+)
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")
@@ -208,7 +213,8 @@ def _snapshot_settings(directory: str | None, interval: float | None) -> tuple[s
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         check_private_dir(directory, "--checkpoint-dir")
-    except InsecureDirectoryError as exc:
+        probe_writable(directory, "--checkpoint-dir")
+    except (InsecureDirectoryError, UnwritableDirectoryError) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(

@@ -65,8 +65,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                     if not skip_sync:
                         state.sync()
                     skip_sync = False
-                    if _snapshot_asked(state):
-                        log.warning("the job is stopping; this worker's state is written")
+                    if _stop_asked(state):
                         raise SystemExit(0)
                     result = func(state, *args, **kwargs)
                 finished = context.current_runtime()
@@ -106,15 +105,24 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     return wrapper
 
 
-def _snapshot_asked(state: State) -> bool:
+def _stop_asked(state: State) -> bool:
     """Write the snapshot this round's plan asks for, if any (``Plan.snapshot``); True
-    when the plan asks the workers to stop after it."""
+    when the plan asks the workers to stop after it (said in one line that tells
+    whether this worker's state is on disk)."""
     snapshots, runtime = context.snapshots(), context.current_runtime()
     if snapshots is not None:
-        return snapshots.take_requested(state)
-    return (
+        taken = snapshots.take_requested(state)
+        if taken.stop and taken.error is None:
+            log.warning("the job is stopping; this worker's state is written")
+        elif taken.stop:
+            log.warning("the job is stopping; this worker's state is NOT written: %s", taken.error)
+        return taken.stop
+    stop = (
         runtime is not None and runtime.plan is not None and runtime.plan.snapshot == SNAPSHOT_FINAL
     )
+    if stop:
+        log.warning("the job is stopping; this worker's state is not kept (no --checkpoint-dir)")
+    return stop
 
 
 __all__ = ["run"]

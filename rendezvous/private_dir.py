@@ -53,6 +53,35 @@ def _user(uid: int) -> str:
         return str(uid)
 
 
+class UnwritableDirectoryError(RendezvousConfigError):
+    """A directory the job must write in, where it cannot create a file (read-only,
+    immutable, full, or another user's permissions); the message names it and why."""
+
+
+def probe_writable(path: str, what: str) -> None:
+    """Create and remove a file in ``path`` (named ``what`` in the message): the only
+    test that holds for root too (``os.access`` says yes to root whatever the folder's
+    attributes, and an immutable or read-only-mounted folder refuses it all the same).
+
+    Raises:
+        UnwritableDirectoryError: the file cannot be made, written or removed.
+    """
+    probe = os.path.join(path, f".elastic-probe-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UnwritableDirectoryError(
+            f"{what} {path}: cannot write in it ({exc.strerror or exc}): snapshots there "
+            "would all fail, and a rerun would start from scratch"
+        ) from None
+
+
 def check_private_dir(path: str, what: str) -> None:
     """Refuse ``path`` (named ``what`` in the message, e.g. the flag that gave it) unless
     it is a directory owned by this process's effective user and not writable by group

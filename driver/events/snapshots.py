@@ -44,18 +44,26 @@ class SnapshotWritten(Event):
 class SnapshotFailed(Event):
     """The snapshot of step ``step`` in ``path`` could not be written, or could not be
     read back (``error``: why: a full disk, a worker that died while writing, a torn
-    or corrupt file); the snapshot before it stands."""
+    or corrupt file). ``previous``: the step of the newest complete snapshot the driver
+    knows of there, which stands (None: there is none, so nothing on disk holds the
+    state yet)."""
 
     kind: ClassVar[str] = "snapshot_failed"
     step: int
     path: str
     host: str
     error: str
+    previous: int | None = None
 
     def __str__(self) -> str:
+        stands = (
+            f"the one of step {self.previous} stands"
+            if self.previous is not None
+            else "there is no earlier one: nothing on disk holds the state yet"
+        )
         return (
             f"snapshot of step {self.step} in {_where(self.path, self.host)} is not usable "
-            f"({self.error}); the one before it stands"
+            f"({self.error}); {stands}"
         )
 
 

@@ -204,7 +204,9 @@ class MessageHandlers:
             state.book = state.book.snapshot_complete(record.host, record.step)
             event = ev.SnapshotResumed(record.step, record.round_id, record.path, record.host)
         else:
-            event = ev.SnapshotFailed(record.step, record.path, record.host, record.error)
+            held = [s for h, s in state.book.snapshots if h in ("", record.host)]
+            previous = max(held) if held else None
+            event = ev.SnapshotFailed(record.step, record.path, record.host, record.error, previous)
         self._ctx.events.emit(event)
         return ()
 

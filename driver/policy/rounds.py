@@ -53,7 +53,7 @@ from driver.config import JobConfig
 from driver.events import StateLost, Waiting, describe_code
 from driver.policy import departures, planner
 from driver.policy.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
-from driver.policy.lifecycle import Workers, WorkerState
+from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from rendezvous.plan import Plan, WorkerInfo
 
 #: after the first ``-np`` workers registered, how long to wait for the rest of those
@@ -126,7 +126,7 @@ def plan_round(
         ):
             if departures.is_handover(plan, candidate, workers, book):
                 candidate = replace(candidate, handover=True)
-            return _publish(candidate, plan, book, config, now)
+            return _publish(candidate, plan, book, workers, config, now)
         decisions.append(Wait(max(joiners) + JOIN_BATCH_WINDOW, "new workers to register"))
     if plan is None:
         return Step(tuple(decisions), book)
@@ -135,7 +135,9 @@ def plan_round(
     return _broken(workers, plan, book, len(live), min_np, hosts, config, now)
 
 
-def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig, now: float) -> Step:
+def _publish(
+    candidate: Plan, plan: Plan | None, book: Book, workers: Workers, config: JobConfig, now: float
+) -> Step:
     resets = book.resets
     if plan is not None and not book.done_slots:
         # (Rounds for stragglers after a member finished are not resets.)
@@ -154,6 +156,9 @@ def _publish(candidate: Plan, plan: Plan | None, book: Book, config: JobConfig, 
     book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
     decisions: list[Decision] = [Publish(candidate, round(took, 3))]
     if plan is not None and not set(plan.worker_ids) & set(candidate.worker_ids):
+        failing = _script_failed_round(workers, plan)
+        if failing is not None and book.progress_step is not None:
+            return Step((failing,), book)  # the cause, not what it cost
         lost = _state_lost(candidate, plan, book, config)
         if isinstance(lost, Fail):
             return Step((lost,), book)
@@ -255,15 +260,31 @@ def waiting_for(
     return Step(tuple(decisions), book)
 
 
+def _script_failed_round(workers: Workers, plan: Plan) -> Fail | None:
+    """Every member of ``plan`` exited with an error code of its own (no signal, no
+    stop), and its committed state went with them: the reason is the script failing,
+    said as such (what it cost, the state, follows in the same line)."""
+    members = [workers[m.worker_id] for m in plan.members if m.worker_id in workers]
+    if not members or not all(_own_error(r) for r in members):
+        return None
+    codes = sorted({r.exit_code for r in members if r.exit_code is not None})
+    return Fail(
+        f"every worker of round {plan.round_id} exited with an error (codes {codes}): the "
+        "training script fails; see the worker output above (the state they had committed "
+        "went with them)"
+    )
+
+
+def _own_error(r: WorkerRecord) -> bool:
+    return r.state is WorkerState.FAILED and r.exit_code is not None and r.exit_code > 0
+
+
 def script_fails(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | None]:
     """Every member of two rounds in a row exited with an error code of its own (no
     signal, no stop): the script fails deterministically, and replacing the workers
     again would only repeat it. The book remembers rounds whose members all failed."""
     members = [workers[m.worker_id] for m in plan.members]
-    if not members or not all(
-        r.state is WorkerState.FAILED and r.exit_code is not None and r.exit_code > 0
-        for r in members
-    ):
+    if not members or not all(_own_error(r) for r in members):
         return book, None
     book = replace(book, all_failed_rounds=book.all_failed_rounds | {plan.round_id})
     if plan.round_id - 1 not in book.all_failed_rounds:

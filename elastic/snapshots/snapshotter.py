@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from elastic.errors import SnapshotError
 from elastic.snapshots import codec, files, parts, schedule
@@ -111,6 +111,15 @@ class SyncWorld(Protocol):
     def broadcast_object(self, obj: Any = None, root: int = 0) -> Any: ...
 
 
+class RequestedSnapshot(NamedTuple):
+    """What ``Snapshotter.take_requested`` did: ``stop``, the plan asks the workers to
+    stop after it; ``error``, why this worker's part (or the snapshot) was not written
+    (None: it is durable)."""
+
+    stop: bool
+    error: str | None
+
+
 @dataclass
 class _Job:
     """One part to write: ``payload`` (a state's committed values) of commit ``step``."""
@@ -122,6 +131,7 @@ class _Job:
     asked: float  # when the commit was made (monotonic)
     final: bool = False
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: str | None = None  # why this part, or the snapshot, was not written
 
 
 class Snapshotter:
@@ -343,19 +353,25 @@ class Snapshotter:
         return Layout(where.host, root, where.local_rank, where.local_size, host=where.host)
 
     # ------------------------------------------------------------------ on request
-    def take_requested(self, state: SnapshotState) -> bool:
+    def take_requested(self, state: SnapshotState) -> RequestedSnapshot:
         """When the round's plan asks for a snapshot (right after its sync), write this
         member's part of the commit every member now holds and wait until it is
-        durable (and, for the part 0 writer, the whole snapshot). Returns True when the
-        plan asks the workers to stop after it."""
+        durable (and, for the part 0 writer, the whole snapshot). Says whether the plan
+        asks the workers to stop after it, and whether this worker's part was written
+        (or why not)."""
         where, layout = self._round_info(), self._layout
+        stop = bool(where and where.asks == SNAPSHOT_FINAL)
         if where is None or not where.asks or layout is None or self._disabled:
-            return bool(where and where.asks == SNAPSHOT_FINAL)
+            why = f"snapshots are off: {self._disabled}" if self._disabled else "none was taken"
+            return RequestedSnapshot(stop, why)
         at = SnapshotAt(where.round_id, state._commits, where.token or f"r{where.round_id}")
-        job = self._capture(state, at, layout, self._clock(), final=where.asks == SNAPSHOT_FINAL)
-        if job is not None and not job.done.wait(self.settings.part_deadline + 10.0):
+        job = self._capture(state, at, layout, self._clock(), final=stop)
+        if job is None:
+            return RequestedSnapshot(stop, f"snapshots are off: {self._disabled}")
+        if not job.done.wait(self.settings.part_deadline + 10.0):
             log.warning("the requested snapshot of commit %d did not finish in time", at.step)
-        return where.asks == SNAPSHOT_FINAL
+            return RequestedSnapshot(stop, f"the snapshot of commit {at.step} did not finish")
+        return RequestedSnapshot(stop, job.error)
 
     # ------------------------------------------------------------------ the writer thread
     def _write_jobs(self) -> None:
@@ -391,6 +407,7 @@ class Snapshotter:
                 "cannot write part %d of the snapshot of commit %d: %s", layout.index, at.step, why
             )
             part = SnapshotPart(layout.index, error=why)
+            job.error = why
         finally:
             job.state._snapshot_returned(job.payload)
         self._coordination.part_written(layout.group, at, part)
@@ -466,6 +483,7 @@ class Snapshotter:
             job.done.set()
 
     def _abandon(self, job: _Job, folder: str, why: str) -> None:
+        job.error = why
         files.remove(folder)
         log.warning("snapshot of commit %d abandoned: %s", job.at.step, why)
         record = SnapshotRecord(
