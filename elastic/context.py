@@ -189,6 +189,7 @@ def note_commit(commits: int, state: SnapshotState | None = None) -> None:
     runtime, snapshots = _runtime, _snapshots
     if runtime is not None:
         runtime.committed = commits
+        runtime.commit_round = runtime.round_id
     if snapshots is not None and state is not None:
         snapshots.on_commit(state, commits)
 

@@ -64,7 +64,7 @@ def publish_progress(
         committed, member, store = runtime.committed, runtime.member, runtime.store
         if member is None or member.rank != 0 or not committed or store is None:
             continue
-        record = ProgressRecord(committed, runtime.round_id, worker_id)
+        record = ProgressRecord(committed, runtime.round_id, worker_id, runtime.commit_round)
         try:
             store.put(runtime.keys.progress, record.to_json())
             published = True

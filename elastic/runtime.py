@@ -160,6 +160,9 @@ class WorkerRuntime:
         self._expelled = False  # the driver took us out: no round will include us again
         self._handed_over = False  # left out of a handover: our host leaves the job
         self.committed = 0  # commits this worker holds (``State.commit`` sets it)
+        # The round of its newest commit: a commit is made after the round's sync and
+        # its step's collectives, so every member of that round holds the state.
+        self.commit_round = 0
 
     # ---- start / stop ----
     def start(self) -> None:

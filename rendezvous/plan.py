@@ -358,12 +358,15 @@ class WorldSeat(JsonRecord):
 @dataclass(frozen=True)
 class ProgressRecord(JsonRecord):
     """Training progress under ``JobKeys.progress``: the number of commits (``step``) of
-    rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit.
+    rank 0 of round ``round_id`` (worker ``worker_id``), which holds the newest commit,
+    made in round ``commit_round`` (every member of that round held the state then: a
+    commit follows the round's sync and its step's collectives; 0 from older versions).
     Rewritten every ``progress_period``, changed or not."""
 
     step: int
     round_id: int
     worker_id: str = ""
+    commit_round: int = 0
 
 
 @dataclass(frozen=True)

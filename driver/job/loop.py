@@ -362,7 +362,7 @@ class Job:
         self._step(policy.progress_report(self.book, self.plan, cfg, now))
         self._step(policy.accusations_due(records, self.book, now))
         self._step(policy.drains_due(records, self.book, now))
-        self._step(policy.leaving_due(records, self.book, now))
+        self._step(policy.leaving_due(records, self.book, now, self.plan, bool(cfg.checkpoint_dir)))
         self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
         # Last: a new spare's start must not delay the round a promotion just formed.
         self._apply(

@@ -250,6 +250,9 @@ class Book:
     no_hosts_said_at: float | None = None
     progress_step: int | None = None
     progress_round: int = 0
+    # The newest round rank 0 said it committed in: every member of that round holds the
+    # state (a departing holder may go once a round it shares with others reached it).
+    commit_round: int = 0
     progress_at: float | None = None
     progress_seen: tuple[tuple[float, int], ...] = ()
     progress_back_from: int | None = None

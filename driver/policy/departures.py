@@ -12,19 +12,30 @@ workers killed: they are alive and hold the newest commit like everyone else. So
   member still runs: the members finish the step in flight on the old ring and change
   rounds at their next commit, so no step is rolled back; the ones left out exit 0
   there. A round that only adds workers to an intact one is a handover too.
+* ``state_holders``: leaving members go only once the state is safe without them. While
+  no member of the round that stays has committed in it (a world replaced whole:
+  discovery swapped every host, every pod was deleted), they stay planned, on their
+  departing hosts: the next round grows them by the newcomers (a handover: the
+  newcomers get the state in its sync), and only once rank 0 has committed in a round
+  the newcomers share is the round without them published (a handover again: they
+  leave at that commit, nothing rolled back).
 * ``leaving_due``: a leaving worker still running at its deadline (its script commits
   rarely, or no round could form without it) is stopped; the others then lose at most
-  the step in flight, as with any lost worker.
+  the step in flight, as with any lost worker. A whole world's holders wait
+  ``HANDOFF_WAIT`` for newcomers; with ``--checkpoint-dir`` a snapshot of their commit
+  is taken before they go.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
-from driver.policy.decisions import Book, Decision, Leave, Step, Stop, Wait
+from driver.hosts.slots import HostSlots
+from driver.policy.decisions import Book, Decision, Leave, SnapshotNow, Step, Stop, Wait
 from driver.policy.lifecycle import Workers
-from rendezvous.plan import Plan
+from rendezvous.plan import SNAPSHOT_NOW, Plan, WorkerInfo
 
 LEAVE_WAIT = 15.0
 """Seconds a leaving worker has to reach its next commit and leave on its own before it
@@ -32,9 +43,58 @@ is stopped (a scheduler's grace is 30 s by default, Kubernetes' and Slurm's Kill
 the agent's own drain ends 25 s after its SIGTERM)."""
 
 
-def leave_at_commit(worker_ids: Iterable[str], reason: str, now: float) -> list[Decision]:
-    """A ``Leave`` for each of ``worker_ids``, due ``LEAVE_WAIT`` after ``now``."""
-    return [Leave(w, reason, now + LEAVE_WAIT) for w in worker_ids]
+HANDOFF_WAIT = 60.0
+"""Seconds the last holders of the state (every member of the round is leaving: a world
+replaced whole) wait for newcomers to take it before they go anyway (after a snapshot,
+with ``--checkpoint-dir``). Said in ``--help`` (``--host-discovery-script``)."""
+
+
+def leave_at_commit(
+    worker_ids: Iterable[str], reason: str, now: float, wait: float = LEAVE_WAIT
+) -> list[Decision]:
+    """A ``Leave`` for each of ``worker_ids``, due ``wait`` after ``now``."""
+    return [Leave(w, reason, now + wait) for w in worker_ids]
+
+
+class Holders(NamedTuple):
+    """Leaving members that the next round must keep (``state_holders``): their
+    registrations, and their hosts as slots the planner may place them on."""
+
+    infos: tuple[WorkerInfo, ...]
+    hosts: tuple[HostSlots, ...]
+
+
+def state_holders(
+    plan: Plan | None,
+    candidate: Plan | None,
+    workers: Workers,
+    book: Book,
+    usable: Sequence[HostSlots],
+) -> Holders | None:
+    """The leaving members of ``plan`` that must stay planned because the state is not
+    safe without them (see the module docstring): ``candidate`` (the round the usable
+    hosts give) keeps no member of ``plan`` that stays, or rank 0 has not committed in
+    ``plan``'s round yet (its newcomers may not hold the state). None when none must."""
+    if plan is None or not book.leaving:
+        return None
+    leaving = {w for w, _ in book.leaving}
+    infos = []
+    for member in plan.members:
+        rec = workers.get(member.worker_id)
+        if member.worker_id in leaving and rec is not None and rec.state.running and rec.info:
+            infos.append(rec.info)
+    if not infos:
+        return None
+    kept = set(candidate.worker_ids) if candidate is not None else set()
+    stays = any(w in kept and w not in leaving for w in plan.worker_ids)
+    if stays and book.commit_round >= plan.round_id:
+        return None
+    have = {h.host for h in usable}
+    slots: dict[str, int] = {}
+    for info in infos:
+        if info.host not in have:
+            slots[info.host] = max(slots.get(info.host, 0), info.slot + 1)
+    return Holders(tuple(infos), tuple(HostSlots(h, n) for h, n in slots.items()))
 
 
 def is_handover(plan: Plan | None, candidate: Plan, workers: Workers, book: Book) -> bool:
@@ -53,22 +113,39 @@ def is_handover(plan: Plan | None, candidate: Plan, workers: Workers, book: Book
     )
 
 
-def leaving_due(workers: Workers, book: Book, now: float) -> Step:
+def leaving_due(
+    workers: Workers, book: Book, now: float, plan: Plan | None = None, snapshots: bool = False
+) -> Step:
     """Forget the leaving workers that exited; stop those whose deadline passed; wait
-    for the rest."""
+    for the rest. When every member of ``plan`` is leaving and one is due, they hold
+    the only copy of the state: with ``snapshots`` (``--checkpoint-dir``) the round is
+    published again asking for a snapshot of it first (``SnapshotNow``), and they are
+    stopped once it is complete (their hosts drain: ``policy.preemption.drains_due``)."""
     decisions: list[Decision] = []
     kept = []
+    leaving = {w for w, _ in book.leaving}
+    last_holders = plan is not None and all(w in leaving for w in plan.worker_ids)
+    due = [w for w, until in book.leaving if now >= until and _running(workers, w)]
+    if due and last_holders and snapshots and plan is not None and not book.draining:
+        again = replace(plan, round_id=plan.round_id + 1, snapshot=SNAPSHOT_NOW)
+        hosts = sorted({workers[w].host for w in plan.worker_ids if _running(workers, w)})
+        until_snapshot = now + LEAVE_WAIT
+        draining = tuple((h, again.round_id, until_snapshot) for h in hosts)
+        return Step((SnapshotNow(again),), replace(book, leaving=(), draining=draining))
     for worker_id, until in book.leaving:
         rec = workers.get(worker_id)
         if rec is None or not rec.state.running:
             continue
         if now >= until:
-            decisions.append(
-                Stop(worker_id, f"it did not leave at a commit within {LEAVE_WAIT:g}s")
-            )
+            decisions.append(Stop(worker_id, "it did not leave at a commit in time"))
             continue
         kept.append((worker_id, until))
         decisions.append(Wait(until, f"{worker_id} to leave at its next commit"))
     if len(kept) == len(book.leaving):
         return Step(tuple(decisions), book)
     return Step(tuple(decisions), replace(book, leaving=tuple(kept)))
+
+
+def _running(workers: Workers, worker_id: str) -> bool:
+    rec = workers.get(worker_id)
+    return rec is not None and rec.state.running

@@ -48,7 +48,7 @@ from driver.policy.decisions import (
     Stop,
     Wait,
 )
-from driver.policy.departures import leave_at_commit
+from driver.policy.departures import HANDOFF_WAIT, LEAVE_WAIT, leave_at_commit
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.spares import fill_slots
 from rendezvous.plan import Plan
@@ -81,7 +81,8 @@ def workers_to_stop(
     """Stop the active workers (not spares) whose host or slot left the job (and say so).
     A registered member of ``plan`` whose host was not blacklisted (discovery dropped it,
     or its slot) leaves at its next commit instead, while other members go on
-    (``driver.policy.departures``)."""
+    (``driver.policy.departures``); when every member's host left (a world replaced
+    whole), they stay until newcomers hold the state, up to ``HANDOFF_WAIT``."""
     active = [r for r in workers.values() if r.state.active and not r.spare]
     reason = "its host or slot left the job"
     displaced = planner.displaced_workers(active, usable)
@@ -91,8 +92,9 @@ def workers_to_stop(
     decisions: list[Decision] = []
     for r in displaced:
         event = WorkerStopping(worker=r.worker_id, host=r.host, slot=r.slot, reason=reason)
-        if stays and r.live and r.worker_id in members and r.host not in blacklisted:
-            decisions += [Report(event), *leave_at_commit([r.worker_id], reason, now)]
+        if r.live and r.worker_id in members and r.host not in blacklisted:
+            wait = LEAVE_WAIT if stays else HANDOFF_WAIT
+            decisions += [Report(event), *leave_at_commit([r.worker_id], reason, now, wait)]
         else:
             decisions += [Report(event), Stop(r.worker_id, reason)]
     return decisions

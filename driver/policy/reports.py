@@ -121,9 +121,12 @@ def store_health(
     return StoreHealth(health.down_since, now, error), [StoreUnreachable(since, error)]
 
 
-def progress_reported(book: Book, step: int, round_id: int, config: JobConfig, now: float) -> Book:
-    """Rank 0 of round ``round_id`` holds ``step`` commits, as the driver heard at
-    ``now`` (its progress record, or the record of a worker whose training finished).
+def progress_reported(
+    book: Book, step: int, round_id: int, config: JobConfig, now: float, commit_round: int = 0
+) -> Book:
+    """Rank 0 of round ``round_id`` holds ``step`` commits, the newest made in round
+    ``commit_round`` (0: not said), as the driver heard at ``now`` (its progress record,
+    or the record of a worker whose training finished).
     A record of an older round than the newest heard is ignored: that rank 0 had not
     yet seen its round end. A step below the newest heard went back: the rate's window
     starts over at it, and the next line says so."""
@@ -145,6 +148,7 @@ def progress_reported(book: Book, step: int, round_id: int, config: JobConfig, n
         progress_at=now,
         progress_seen=seen[start:],
         progress_back_from=back_from,
+        commit_round=max(book.commit_round, commit_round),
     )
 
 

@@ -51,6 +51,7 @@ from dataclasses import replace
 
 from driver.config import JobConfig
 from driver.events import StateLost, Waiting, describe_code
+from driver.hosts.slots import HostSlots
 from driver.policy import departures, planner
 from driver.policy.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
@@ -71,6 +72,9 @@ JOIN_BATCH_WINDOW = 3.0
 #: or killed by the driver or the chaos) that end the job: each time the job started
 #: over from nothing, and it would again (a worker that always crashes at its end)
 LOST_ROUNDS_LIMIT = 3
+#: while leaving workers hold the only copy of the state, how often the rules look
+#: whether a round without them may form (rank 0's commit in the newcomers' round)
+HOLD_LOOK = 0.25
 #: the loop looks at the job at least this often, whatever it waits for
 MAX_SLEEP = 1.0
 MIN_SLEEP = 0.01
@@ -112,9 +116,19 @@ def plan_round(
         min_np = config.np
     else:
         min_np = config.min_np
-    candidate = planner.next_plan(plan, live, hosts.usable, min_np, config.max_np)
-    intact = plan is not None and planner.round_is_intact(plan, live, hosts.usable)
+    usable: Sequence[HostSlots] = hosts.usable
+    candidate = planner.next_plan(plan, live, usable, min_np, config.max_np)
     decisions: list[Decision] = []
+    holders = departures.state_holders(plan, candidate, workers, book, usable)
+    if holders is not None:
+        # The state is not safe without its leaving holders yet: plan them on their
+        # departing hosts, so the next round grows them by the newcomers, and look again
+        # once rank 0 commits in it.
+        live, usable = [*holders.infos, *live], [*usable, *holders.hosts]
+        max_np = config.max_np + len(holders.infos) if config.max_np is not None else None
+        candidate = planner.next_plan(plan, live, usable, min_np, max_np)
+        decisions.append(Wait(now + HOLD_LOOK, "the newcomers to hold the state"))
+    intact = plan is not None and planner.round_is_intact(plan, live, usable)
     if candidate is not None and planner.needs_new_round(plan, candidate):
         joiners = [
             r.launched_at
