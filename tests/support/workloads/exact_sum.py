@@ -84,6 +84,17 @@ def main() -> int:
     parser.add_argument("--crash-at", type=int, default=0)
     parser.add_argument("--exit-slot", type=int, help="the worker on this slot exits 0 early")
     parser.add_argument("--exit-at", type=int, default=0, help="... after this many commits")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="simulated compute per step, in seconds (a job that lasts, whatever the CPU)",
+    )
+    parser.add_argument(
+        "--hold-after",
+        help="once training returned and the result is written, wait while this file "
+        "exists before exiting: a test catches a finished worker that has not exited",
+    )
     args = parser.parse_args()
     if (
         args.fail_host
@@ -117,6 +128,8 @@ def main() -> int:
                 while args.pause_while and held(args.pause_while, state.commits):
                     time.sleep(0.01)  # simulated slow compute, held by the test
                 np.linalg.matrix_power(work, 8)  # compute that does not touch the result
+                if args.step_seconds:
+                    time.sleep(args.step_seconds)  # simulated compute of a fixed length
                 contribution = np.zeros(args.samples + 1)
                 contribution[idx] = 1.0
                 contribution[-1] = values[idx].sum()
@@ -160,6 +173,8 @@ def main() -> int:
     worker = os.environ.get("ELASTIC_WORKER_ID", f"rank{elastic.rank()}")
     with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
         json.dump(result, f)
+    while args.hold_after and os.path.exists(args.hold_after):
+        time.sleep(0.01)  # finished, held alive by the test
     elastic.shutdown()
     return 0
 
