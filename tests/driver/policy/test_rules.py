@@ -22,10 +22,12 @@ from driver.policy.decisions import (
     HostsView,
     Kill,
     Launch,
+    Leave,
     Probe,
     Publish,
     Report,
     RetireAgent,
+    SnapshotNow,
     Stop,
     StoreHealth,
     Succeed,
@@ -1091,3 +1093,127 @@ def test_the_job_done_line_says_the_step_training_ended_at():
     event = ev.JobDone(succeed.round, succeed.size, succeed.resets, succeed.step)
     assert str(event) == "job done in round 3 at step 60 (2 workers, 2 resets)"
     assert str(ev.JobDone(3, 2, 2)) == "job done in round 3 (2 workers, 2 resets)"
+
+
+# ----------------------------------------------------------------------------- the finish
+
+
+def test_after_the_finish_a_signal_fails_nothing():
+    """A worker's training returned (its record): that commit is the job's result. A
+    member SIGKILLed after it (the chaos racing the finish, a lost host) fails nothing,
+    and the job ends once nobody runs."""
+    p = plan_of(2, rec("a", 0), rec("b", 1))
+    finished = Book(0.0, training_done_at=5.0, progress_step=90)
+    running = table(rec("a", 0, state=S.FINISHED, exit_code=0, since=6.0), rec("b", 1))
+    assert policy.outcome(running, p, finished) is None
+    killed = table(
+        rec("a", 0, state=S.FINISHED, exit_code=0, since=6.0),
+        rec("b", 1, state=S.FAILED, exit_code=-9, since=6.5),
+    )
+    assert policy.outcome(killed, p, finished) == Succeed(round=2, size=2, resets=0, step=90)
+
+
+def test_after_the_finish_an_error_of_the_script_fails_the_job():
+    p = plan_of(2, rec("a", 0), rec("b", 1))
+    finished = Book(0.0, training_done_at=5.0)
+    one = table(
+        rec("a", 0, state=S.FINISHED, exit_code=0, since=6.0),
+        rec("b", 1, state=S.FAILED, exit_code=1, since=6.0),
+    )
+    reason = only([policy.outcome(one, p, finished)], Fail).reason
+    assert reason.startswith("worker rank 1 (b) exited with exit 1 after the training finished")
+    every = table(
+        rec("a", 0, state=S.FAILED, exit_code=1, since=6.0),
+        rec("b", 1, state=S.FAILED, exit_code=1, since=6.0),
+    )
+    reason = only([policy.outcome(every, p, finished)], Fail).reason
+    assert reason.startswith("the training script fails: every worker of round 2")
+    # An error before the finish was replaced as usual: not the script's end.
+    early = table(
+        rec("a", 0, state=S.FINISHED, exit_code=0, since=6.0),
+        rec("b", 1, state=S.FINISHED, exit_code=0, since=6.0),
+        rec("z", 2, state=S.FAILED, exit_code=1, since=1.0),
+    )
+    assert isinstance(policy.outcome(early, p, finished), Succeed)
+
+
+def test_after_the_finish_with_nobody_exiting_0_the_job_fails():
+    p = plan_of(2, rec("a", 0), rec("b", 1))
+    t = table(
+        rec("a", 0, state=S.FAILED, exit_code=-9, since=6.0),
+        rec("b", 1, state=S.FAILED, exit_code=-9, since=6.0),
+    )
+    reason = only([policy.outcome(t, p, Book(0.0, training_done_at=5.0))], Fail).reason
+    assert "every worker was killed before it exited" in reason
+
+
+def test_after_the_finish_no_report_accuses_and_no_worker_is_relaunched():
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(2, a, b)
+    finished = Book(0.0, training_done_at=5.0)
+    report = FailureRecord("a", 2, "connection closed", suspect="b")
+    _, book = policy.failure_reported(table(a, b), p, finished, report, now=6.0)
+    assert book.accused == ()
+    cfg = config("-np", "2")
+    assert policy.slots_to_fill(table(a), hs("h:2"), finished, cfg) == []
+
+
+def test_a_round_whose_workers_all_fail_on_their_own_says_the_script_fails():
+    """Every member of round 1 exits 1 after committing: the next round has none of
+    them, and the reason is the script failing, not the state lost."""
+    cfg = config("-np", "2", checkpoint_dir="/ckpt")
+    p = plan_of(1, rec("a", 0), rec("b", 1))
+    t = table(
+        rec("a", 0, state=S.FAILED, exit_code=1),
+        rec("b", 1, state=S.FAILED, exit_code=1),
+        rec("c", 0, seq=10),
+        rec("d", 1, seq=11),
+    )
+    step = policy.plan_round(t, p, Book(0.0, progress_step=40), view("h:2"), cfg, now=1.0)
+    reason = only(step.decisions, Fail).reason
+    assert "the training script fails" in reason and "state was lost" not in reason
+
+
+# ----------------------------------------------------------------------------- a world replaced
+
+
+def test_a_world_replaced_whole_keeps_its_holders_until_the_newcomers_commit():
+    """Every member's host left (discovery swapped the hosts): the members leave at a
+    commit, but stay planned until rank 0 has committed in a round with the newcomers."""
+    old = [rec("a", 0, host="old"), rec("b", 1, host="old")]
+    p1 = plan_of(1, *old)
+    cfg = config("--min-np", "2", "-H", "new:2")
+    new = [rec("c", 0, host="new", seq=10), rec("d", 1, host="new", seq=11)]
+    usable = view("new:2")
+    stop = policy.workers_to_stop(table(*old), usable.usable, p1, now=0.0)
+    assert kinds(stop) == [Report, Leave, Report, Leave]
+    assert [d.until for d in stop if isinstance(d, Leave)] == [60.0, 60.0]
+    leaving = Book(0.0, leaving=(("a", 60.0), ("b", 60.0)), commit_round=1)
+    gone = [
+        dataclasses.replace(r, state=S.STOPPING) for r in old
+    ]  # (Leave: counted as stopping, still running and registered)
+    t = table(*gone, *new)
+    step = policy.plan_round(t, p1, leaving, usable, cfg, now=1.0)
+    grown = only([d for d in step.decisions if isinstance(d, Publish)], Publish).plan
+    assert grown.worker_ids == ("a", "b", "c", "d") and grown.handover
+    # Round 2 formed; until rank 0 commits in it, the holders stay.
+    step = policy.plan_round(t, grown, leaving, usable, cfg, now=2.0)
+    assert not [d for d in step.decisions if isinstance(d, Publish)]
+    assert any(isinstance(d, Wait) for d in step.decisions)
+    # Once it has, the round without them follows, as a handover.
+    committed = dataclasses.replace(leaving, commit_round=2)
+    step = policy.plan_round(t, grown, committed, usable, cfg, now=3.0)
+    last = only([d for d in step.decisions if isinstance(d, Publish)], Publish).plan
+    assert last.worker_ids == ("c", "d") and last.handover
+
+
+def test_holders_with_no_newcomer_get_a_snapshot_before_they_go():
+    old = [rec("a", 0, host="old", state=S.STOPPING), rec("b", 1, host="old", state=S.STOPPING)]
+    p1 = plan_of(1, *old)
+    leaving = Book(0.0, leaving=(("a", 60.0), ("b", 60.0)))
+    step = policy.leaving_due(table(*old), leaving, 61.0, p1, snapshots=True)
+    assert kinds(step.decisions) == [SnapshotNow]
+    assert step.book.leaving == () and [h for h, _, _ in step.book.draining] == ["old"]
+    # Without a checkpoint folder they are stopped: the loss is then said loudly.
+    step = policy.leaving_due(table(*old), leaving, 61.0, p1, snapshots=False)
+    assert kinds(step.decisions) == [Stop, Stop]
