@@ -34,6 +34,9 @@ DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
 DEFAULT_PROGRESS_INTERVAL = 10.0
 DEFAULT_DRIVER_TIMEOUT = 300.0
 DEFAULT_CHECKPOINT_INTERVAL = 30.0
+#: seconds the last holders of the state (every member's host dropped at once: a world
+#: replaced whole) wait for newcomers to take it (``driver.policy.departures``)
+HANDOFF_WAIT = 60.0
 PS_MODES = ("async", "sync")
 STATE_LOST_ACTIONS = ("fail", "restart")
 
@@ -236,7 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="executable run every --discovery-interval; prints one HOST or "
         "HOST:SLOTS per line (blank lines and # comments ignored, a host "
-        "listed twice is an error). Hosts it stops listing are removed",
+        "listed twice is an error). Hosts it stops listing are removed: their "
+        "workers leave at their next commit; when it drops every host of the round at "
+        f"once, they stay until the newcomers hold the state (up to {HANDOFF_WAIT:g}s; "
+        "then, with --checkpoint-dir, after a snapshot of it)",
     )
     hosts.add_argument(
         "--slots-per-host",

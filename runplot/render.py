@@ -39,6 +39,7 @@ LIVE_COLOUR = "#9ecae1"
 STEP_COLOUR = "#2ca02c"
 CHECKPOINT_COLOUR = "#8c564b"
 ROLLBACK_COLOUR = "#d62728"
+SNAPSHOT_COLOUR = "#9467bd"
 LANE_POINTS = 880.0  # the plot's width in points, for spacing markers in the lane
 LABEL_GAP = 22.0  # round labels closer than this many points are left out
 _END_KINDS = (ev.JobDone.kind, ev.JobFailure.kind)
@@ -74,7 +75,7 @@ def render(tl: Timeline, path: Path, title: str) -> None:
     x_max = max([tl.duration, 1e-3] + [m.x for m in tl.markers])
     rows = marker_rows([m.x * LANE_POINTS / x_max for m in tl.markers])
     lanes = max(rows, default=0) + 1
-    has_steps = bool(tl.steps or tl.checkpoints)
+    has_steps = bool(tl.steps or tl.checkpoints or tl.worlds)
     heights = [0.35 * lanes, 3.0] + ([2.6] if has_steps else [])
     fig = figure_class(figsize=(10, sum(heights) + 1.0))
     axes = fig.subplots(
@@ -122,13 +123,14 @@ def _world(ax: Any, tl: Timeline, x_max: float) -> None:
     if tl.world:
         xs = [0.0] + [x for x, _ in tl.world] + [tl.duration]
         ys = [0] + [s for _, s in tl.world] + [tl.world[-1][1]]
-        ax.step(xs, ys, where="post", color=WORLD_COLOUR, lw=2.4, label="world size (per round)")
+        unit = "world" if tl.worlds else "round"
+        ax.step(xs, ys, where="post", color=WORLD_COLOUR, lw=2.4, label=f"world size (per {unit})")
         ax.plot([x for x, _ in tl.world], [s for _, s in tl.world], "o", color=WORLD_COLOUR, ms=4)
         last = -1e9
         for (x, size), (_, rnd) in zip(tl.world, tl.rounds):
             if (x - last) * LANE_POINTS / x_max > LABEL_GAP:  # skip labels that would overlap
                 ax.annotate(
-                    f"r{rnd}",
+                    f"{'w' if tl.worlds else 'r'}{rnd}",
                     (x, size),
                     textcoords="offset points",
                     xytext=(3, 5),
@@ -182,6 +184,19 @@ def _markers(lane: Any, axes: Any, tl: Timeline, rows: list[int]) -> None:
 
 
 def _steps(ax: Any, tl: Timeline) -> None:
+    if tl.worlds and not tl.steps:
+        # Restart mode: the workers report no commit; each world runs the script anew,
+        # so the panel shows which world ran when.
+        xs = [x for x, _ in tl.rounds] + [tl.duration]
+        ys = [float(n) for _, n in tl.rounds]
+        ax.step(
+            xs, [*ys, ys[-1]] if ys else [], where="post", color=STEP_COLOUR, lw=2, label="world"
+        )
+        ax.set_ylabel("world (restart mode)")
+        ax.set_ylim(bottom=0)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.grid(True, color="#e6e6e6")
+        return
     if tl.steps:
         ax.plot(
             [x for x, _ in tl.steps],
@@ -202,6 +217,37 @@ def _steps(ax: Any, tl: Timeline) -> None:
             mfc="white",
             mew=1.8,
             label="checkpoint (ps step)",
+        )
+    if tl.snapshots:
+        ax.plot(
+            [x for x, _ in tl.snapshots],
+            [s for _, s in tl.snapshots],
+            "s",
+            ls="none",
+            ms=6,
+            mfc="white",
+            mew=1.6,
+            color=SNAPSHOT_COLOUR,
+            label="snapshot written",
+        )
+    if tl.resumes:
+        ax.plot(
+            [x for x, _ in tl.resumes],
+            [s for _, s in tl.resumes],
+            "D",
+            ls="none",
+            ms=7,
+            color=SNAPSHOT_COLOUR,
+            label="resumed from a snapshot",
+        )
+    for x, step in tl.resumes:
+        ax.annotate(
+            f"resumed at {step:g}",
+            (x, step),
+            textcoords="offset points",
+            xytext=(4, 6),
+            fontsize=8,
+            color=SNAPSHOT_COLOUR,
         )
     if tl.rollbacks:
         ax.plot(

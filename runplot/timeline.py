@@ -51,6 +51,11 @@ class Timeline:
     # (elapsed, the step training went back to): the committed step lower than the one
     # before, or ps shards restarted behind the step they had reached
     rollbacks: tuple[tuple[float, float], ...] = ()
+    # (elapsed, step) of each snapshot written, and of each round that resumed from one
+    snapshots: tuple[tuple[float, float], ...] = ()
+    resumes: tuple[tuple[float, float], ...] = ()
+    # restart mode (``world_started``): the world sizes are worlds', labelled "w<N>"
+    worlds: bool = False
     outcome: str = ""  # "done", "failed: ...", or "" (no end event)
     counts: dict[str, int] = field(default_factory=dict, hash=False)
 
@@ -179,6 +184,8 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
     steps: list[tuple[float, float]] = []
     checkpoints: list[tuple[float, float]] = []
     rollbacks: list[tuple[float, float]] = []
+    snapshots: list[tuple[float, float]] = []
+    resumes: list[tuple[float, float]] = []
     markers: list[Marker] = []
     counts: dict[str, int] = {}
     running = 0
@@ -200,6 +207,10 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
             live.append((x, running))
         step = _number(e.get("step"))
         newest = steps[-1][1] if steps else None
+        if kind == ev.SnapshotWritten.kind and step is not None:
+            snapshots.append((x, step))
+        elif kind == ev.SnapshotResumed.kind and step is not None:
+            resumes.append((x, step))
         if kind in _STEP_NOW and step is not None:
             if newest is not None and step < newest:
                 rollbacks.append((x, step))
@@ -232,6 +243,9 @@ def build_timeline(events: Iterable[dict]) -> Timeline:
         checkpoints=tuple(checkpoints),
         markers=tuple(markers),
         rollbacks=tuple(rollbacks),
+        snapshots=tuple(snapshots),
+        resumes=tuple(resumes),
+        worlds=counts.get(ev.WorldStarted.kind, 0) > 0,
         outcome=outcome,
         counts=counts,
     )

@@ -43,10 +43,8 @@ is stopped (a scheduler's grace is 30 s by default, Kubernetes' and Slurm's Kill
 the agent's own drain ends 25 s after its SIGTERM)."""
 
 
-HANDOFF_WAIT = 60.0
-"""Seconds the last holders of the state (every member of the round is leaving: a world
-replaced whole) wait for newcomers to take it before they go anyway (after a snapshot,
-with ``--checkpoint-dir``). Said in ``--help`` (``--host-discovery-script``)."""
+# (``driver.flags.HANDOFF_WAIT``: how long a whole world's holders wait for newcomers;
+# said in ``--help``, so it lives with the flags' defaults.)
 
 
 def leave_at_commit(

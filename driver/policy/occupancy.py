@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 
 from driver.config import JobConfig
 from driver.events import ChaosKill, WorkerStopping
+from driver.flags import HANDOFF_WAIT
 from driver.hosts.slots import HostSlots
 from driver.policy import planner
 from driver.policy.decisions import (
@@ -48,7 +49,7 @@ from driver.policy.decisions import (
     Stop,
     Wait,
 )
-from driver.policy.departures import HANDOFF_WAIT, LEAVE_WAIT, leave_at_commit
+from driver.policy.departures import LEAVE_WAIT, leave_at_commit
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.spares import fill_slots
 from rendezvous.plan import Plan

@@ -402,3 +402,35 @@ def test_without_matplotlib_an_existing_picture_is_left_alone(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "matplotlib is not installed" in lines[0], done.stderr
     assert not (tmp_path / "run.png").exists() and old.read_text() == "<svg/>"
+
+
+def test_snapshots_and_a_resume_are_marked_on_the_step_curve(tmp_path):
+    path = tmp_path / "run.jsonl"
+    events = [
+        {"elapsed": 0.5, "kind": "round_formed", "round": 1, "size": 2},
+        {"elapsed": 0.6, "kind": "snapshot_resumed", "step": 4663, "round": 1, "path": "/c"},
+        {"elapsed": 2.0, "kind": "progress", "round": 1, "size": 2, "step": 5000},
+        {"elapsed": 2.5, "kind": "snapshot_written", "step": 5100, "round": 1, "path": "/c"},
+        {"elapsed": 3.0, "kind": "job_done", "round": 1, "size": 2, "resets": 0, "step": 5400},
+    ]
+    write_events(path, events, torn=False)
+    tl = build_timeline(load_events(path)[0])
+    assert tl.resumes == ((0.6, 4663.0),) and tl.snapshots == ((2.5, 5100.0),)
+    texts = svg_texts(plot(path, tmp_path / "run.svg"))
+    assert {"snapshot written", "resumed from a snapshot", "resumed at 4663"} <= set(texts)
+
+
+def test_restart_mode_worlds_are_labelled_as_worlds_with_their_panel(tmp_path):
+    path = tmp_path / "run.jsonl"
+    world = {"restarts": 0, "hosts": ["h"], "members": ["a", "b"], "seconds": 0.0}
+    events = [
+        {"elapsed": 0.5, "kind": "world_started", "world": 1, "size": 2, **world},
+        {"elapsed": 2.0, "kind": "world_started", "world": 2, "size": 1, **world},
+        {"elapsed": 3.0, "kind": "job_done", "round": 2, "size": 1, "resets": 1, "world": True},
+    ]
+    write_events(path, events, torn=False)
+    tl = build_timeline(load_events(path)[0])
+    assert tl.worlds
+    texts = svg_texts(plot(path, tmp_path / "run.svg"))
+    assert {"w1", "w2", "world (restart mode)", "world size (per world)"} <= set(texts)
+    assert "r1" not in texts
