@@ -33,6 +33,7 @@ class Progressing(Protocol):
 
     keys: JobKeys
     committed: int
+    commit_round: int
 
     @property
     def store(self) -> KVStore | None: ...

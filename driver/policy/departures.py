@@ -56,10 +56,11 @@ def leave_at_commit(
 
 class Holders(NamedTuple):
     """Leaving members that the next round must keep (``state_holders``): their
-    registrations, and their hosts as slots the planner may place them on."""
+    registrations, and the usable hosts with their slots added (the hosts and slots
+    they leave), for the planner to place them on."""
 
     infos: tuple[WorkerInfo, ...]
-    hosts: tuple[HostSlots, ...]
+    usable: tuple[HostSlots, ...]
 
 
 def state_holders(
@@ -72,8 +73,9 @@ def state_holders(
     """The leaving members of ``plan`` that must stay planned because the state is not
     safe without them (see the module docstring): ``candidate`` (the round the usable
     hosts give) keeps no member of ``plan`` that stays, or rank 0 has not committed in
-    ``plan``'s round yet (its newcomers may not hold the state). None when none must."""
-    if plan is None or not book.leaving:
+    ``plan``'s round yet (its newcomers may not hold the state). None when none must,
+    and before anything was committed (there is no state to keep)."""
+    if plan is None or not book.leaving or book.progress_step is None:
         return None
     leaving = {w for w, _ in book.leaving}
     infos = []
@@ -87,11 +89,9 @@ def state_holders(
     stays = any(w in kept and w not in leaving for w in plan.worker_ids)
     if stays and book.commit_round >= plan.round_id:
         return None
-    have = {h.host for h in usable}
-    slots: dict[str, int] = {}
-    for info in infos:
-        if info.host not in have:
-            slots[info.host] = max(slots.get(info.host, 0), info.slot + 1)
+    slots = {h.host: h.slots for h in usable}
+    for info in infos:  # (a host discovery dropped, or a slot it took away)
+        slots[info.host] = max(slots.get(info.host, 0), info.slot + 1)
     return Holders(tuple(infos), tuple(HostSlots(h, n) for h, n in slots.items()))
 
 

@@ -29,6 +29,7 @@ The rules:
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -201,15 +202,31 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
     return Succeed(plan.round_id, plan.size, book.resets, book.progress_step)
 
 
+#: signals a process raises on itself when it crashes (an abort, a bad access, a bad
+#: instruction): after the finish, the script's end failing, unlike a kill from outside
+#: (SIGKILL: the chaos, the OOM killer; SIGTERM, SIGINT, SIGHUP: a scheduler, a person)
+CRASH_SIGNALS = frozenset(
+    {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGSYS}
+)
+
+
+def _the_scripts_error(code: int | None) -> bool:
+    """An exit with an error code of the script's own, or a crash of its own."""
+    if code is None:
+        return False
+    return code > 0 or -code in CRASH_SIGNALS
+
+
 def finished_outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail | None:
     """The job's end once a worker recorded that its training function returned having
     committed the final step: that commit is the job's result. The job ends when no
-    worker (spares aside) runs any more. What ended after the finish by a signal or a
-    kill (the chaos, a lost host, the driver) fails nothing: the others were told the
-    training is done, or finished themselves. It fails when a worker exited with an
-    error code of its own after the finish (the script's end fails: said as the script
-    failing when every member of the round did), or when no worker exited 0 after it
-    (the script's end ran nowhere)."""
+    worker (spares aside) runs any more. What ended after the finish by a kill from
+    outside (the chaos, a lost host, the driver, a SIGKILL or SIGTERM) fails nothing:
+    the others were told the training is done, or finished themselves. It fails when a
+    worker exited with an error code of its own, or crashed (``CRASH_SIGNALS``), after
+    the finish (the script's end fails: said as the script failing when every member of
+    the round did), or when no worker exited 0 after it (the script's end ran
+    nowhere)."""
     if any(r.state.running and not r.spare for r in workers.values()):
         return None
     done_at = book.training_done_at if book.training_done_at is not None else 0.0
@@ -218,7 +235,7 @@ def finished_outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed
         for r in workers.values()
         if not r.spare and r.exit_code is not None and r.since >= done_at
     ]
-    errors = [r for r in ended if r.died_on_its_own and (r.exit_code or 0) > 0]
+    errors = [r for r in ended if r.died_on_its_own and _the_scripts_error(r.exit_code)]
     members = [workers[m.worker_id] for m in plan.members] if plan is not None else []
     round_id = plan.round_id if plan is not None else 0
     if errors:
@@ -233,8 +250,8 @@ def finished_outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed
         member = plan.member(r.worker_id) if plan is not None else None
         rank = f"rank {member.rank} " if member is not None else ""
         return Fail(
-            f"worker {rank}({r.worker_id}) exited with {describe_code(r.exit_code)} after "
-            "the training finished: the script's end fails; see the worker output above"
+            f"worker {rank}({r.worker_id}) ended ({describe_code(r.exit_code)}) after the "
+            "training finished: the script's end fails; see the worker output above"
         )
     if not any(r.state is WorkerState.FINISHED for r in [*ended, *members]):
         signals = sorted({describe_code(r.exit_code) for r in ended})

@@ -124,7 +124,7 @@ def plan_round(
         # The state is not safe without its leaving holders yet: plan them on their
         # departing hosts, so the next round grows them by the newcomers, and look again
         # once rank 0 commits in it.
-        live, usable = [*holders.infos, *live], [*usable, *holders.hosts]
+        live, usable = [*holders.infos, *live], holders.usable
         max_np = config.max_np + len(holders.infos) if config.max_np is not None else None
         candidate = planner.next_plan(plan, live, usable, min_np, max_np)
         decisions.append(Wait(now + HOLD_LOOK, "the newcomers to hold the state"))
@@ -170,12 +170,10 @@ def _publish(
     book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
     decisions: list[Decision] = [Publish(candidate, round(took, 3))]
     if plan is not None and not set(plan.worker_ids) & set(candidate.worker_ids):
-        failing = _script_failed_round(workers, plan)
-        if failing is not None and book.progress_step is not None:
-            return Step((failing,), book)  # the cause, not what it cost
         lost = _state_lost(candidate, plan, book, config)
         if isinstance(lost, Fail):
-            return Step((lost,), book)
+            # The cause, when it is the script, not only what it cost.
+            return Step((_script_failed_round(workers, plan) or lost,), book)
         decisions += lost
     return Step(tuple(decisions), book)
 

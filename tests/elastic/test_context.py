@@ -156,6 +156,8 @@ class _RuntimeStandIn:
     """What ``State.commit`` reaches of a worker runtime through ``elastic.context``."""
 
     committed = 0
+    commit_round = 0
+    round_id = 3
 
     def pending_round(self):
         return None
@@ -167,7 +169,7 @@ def test_a_commit_tells_the_runtime_its_count_and_nothing_else(monkeypatch):
     state = ObjectState(epoch=0)
     for _ in range(3):
         state.commit()
-    assert runtime.committed == 3
+    assert runtime.committed == 3 and runtime.commit_round == 3  # (made in round 3)
     injected = ObjectState(ScriptedWorld(1), epoch=0)  # a world of its own: not the runtime's
     injected.commit()
     assert runtime.committed == 3

@@ -110,6 +110,7 @@ class Rank0:
         self.store = store
         self.keys = JobKeys("j")
         self.committed = 7
+        self.commit_round = 4
         self.member = PLAN.members[0]
         self.round_id = 5
 
@@ -130,4 +131,4 @@ def test_rank_0_rewrites_its_step_every_second_even_unchanged():
     finally:
         closed.set()
         thread.join(timeout=5)
-    assert store.puts[:2] == [ProgressRecord(7, 5, "a")] * 2
+    assert store.puts[:2] == [ProgressRecord(7, 5, "a", commit_round=4)] * 2

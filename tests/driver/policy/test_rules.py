@@ -1121,7 +1121,7 @@ def test_after_the_finish_an_error_of_the_script_fails_the_job():
         rec("b", 1, state=S.FAILED, exit_code=1, since=6.0),
     )
     reason = only([policy.outcome(one, p, finished)], Fail).reason
-    assert reason.startswith("worker rank 1 (b) exited with exit 1 after the training finished")
+    assert reason.startswith("worker rank 1 (b) ended (exit 1) after the training finished")
     every = table(
         rec("a", 0, state=S.FAILED, exit_code=1, since=6.0),
         rec("b", 1, state=S.FAILED, exit_code=1, since=6.0),
@@ -1188,7 +1188,7 @@ def test_a_world_replaced_whole_keeps_its_holders_until_the_newcomers_commit():
     stop = policy.workers_to_stop(table(*old), usable.usable, p1, now=0.0)
     assert kinds(stop) == [Report, Leave, Report, Leave]
     assert [d.until for d in stop if isinstance(d, Leave)] == [60.0, 60.0]
-    leaving = Book(0.0, leaving=(("a", 60.0), ("b", 60.0)), commit_round=1)
+    leaving = Book(0.0, leaving=(("a", 60.0), ("b", 60.0)), commit_round=1, progress_step=9)
     gone = [
         dataclasses.replace(r, state=S.STOPPING) for r in old
     ]  # (Leave: counted as stopping, still running and registered)

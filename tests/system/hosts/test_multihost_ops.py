@@ -20,6 +20,7 @@ from tests.support.jobs import (
     EXACT_SUM,
     ElasticRun,
     check_exact_sum,
+    exact_sum_command,
     hold_at,
     hosts_file_discovery,
     wait_until,
@@ -233,3 +234,39 @@ def test_a_sync_ps_shards_host_cut_the_shard_moves_and_its_stale_self_never_serv
     results = check_converged(out, steps)
     assert {r["step"] for r in results} == {steps}, results
     assert not set(lost["workers"]) & {p.stem for p in out.glob("*.json")}
+
+
+@pytest.mark.timeout(180)
+def test_discovery_swapping_every_host_keeps_the_state_across_machines(three_hosts, tmp_path):
+    """The discovery script swaps host a for host b (a node pool replaced whole): a's
+    workers stay until b's hold the newest commit (a round of 4), then leave at a commit;
+    nothing is rolled back and the result is exact."""
+    a, b, _ = three_hosts
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    out.mkdir()
+    epochs = 4  # 20 ms a step: the job outlasts b's workers' start over ssh
+    script, hosts = hosts_file_discovery(tmp_path, f"{a.address}:2\n")
+    hold_at(hold, 20)
+    args = [
+        *("--min-np", "2", "--host-discovery-script", str(script)),
+        *("--discovery-interval", "0.2", "--launcher", "ssh"),
+        *exact_sum_command(out, SAMPLES, epochs, "--step-seconds", "0.02"),
+        *("--pause-while", str(hold)),
+    ]
+    with ElasticRun(args, tmp_path, env=three_hosts.env()) as run:
+        run.wait_progress(20)
+        first = members_on(run, a)
+        write_hosts(hosts, f"{b.address}:2\n")
+        run.wait_event("host_removed", lambda e: e["host"] == a.address, timeout=30)
+        hold.unlink()  # (a's workers must commit to hand over)
+        both = run.wait_event("round_formed", lambda e: e["size"] == 4, timeout=90)
+        assert set(first) <= set(both["members"])
+        alone = run.wait_event("round_formed", lambda e: e["size"] == 2, after=1, timeout=60)
+        assert not set(alone["members"]) & set(first)
+        assert run.wait(timeout=120) == 0, run.stderr_tail()
+        left = {e["worker"] for e in run.events("worker_stopped") if e["code"] == 0}
+        assert set(first) <= left and not run.events("worker_failed")
+        assert not [e for e in run.events("progress") if e.get("back_from")]
+    nothing_left(a, b)
+    results = check_exact_sum(out, SAMPLES, epochs, final_size=2)
+    assert [size for size, _ in results[0]["sizes"]] == [2, 4, 2]
