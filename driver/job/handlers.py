@@ -148,7 +148,13 @@ class MessageHandlers:
             return ()
         state, ctx = self._ctx.state, self._ctx
         state.book = policy.progress_reported(
-            state.book, record.step, record.round_id, ctx.config, ctx.clock(), record.commit_round
+            state.book,
+            record.step,
+            record.round_id,
+            ctx.config,
+            ctx.clock(),
+            record.commit_round,
+            state.plan,
         )
         return ()
 

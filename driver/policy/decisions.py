@@ -250,9 +250,10 @@ class Book:
     no_hosts_said_at: float | None = None
     progress_step: int | None = None
     progress_round: int = 0
-    # The newest round rank 0 said it committed in: every member of that round holds the
-    # state (a departing holder may go once a round it shares with others reached it).
-    commit_round: int = 0
+    # The members of the round rank 0 last said it committed in (its progress record's
+    # ``commit_round``, while that round was the current one): each holds the newest
+    # commit, so leaving workers may go once one of them stays (``policy.departures``).
+    commit_members: frozenset[str] = frozenset()
     progress_at: float | None = None
     progress_seen: tuple[tuple[float, int], ...] = ()
     progress_back_from: int | None = None

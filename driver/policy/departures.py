@@ -12,8 +12,8 @@ workers killed: they are alive and hold the newest commit like everyone else. So
   member still runs: the members finish the step in flight on the old ring and change
   rounds at their next commit, so no step is rolled back; the ones left out exit 0
   there. A round that only adds workers to an intact one is a handover too.
-* ``state_holders``: leaving members go only once the state is safe without them. While
-  no member of the round that stays has committed in it (a world replaced whole:
+* ``state_holders``: leaving members go only once the state is safe without them: while
+  no worker that stays is known to hold the newest commit (a world replaced whole:
   discovery swapped every host, every pod was deleted), they stay planned, on their
   departing hosts: the next round grows them by the newcomers (a handover: the
   newcomers get the state in its sync), and only once rank 0 has committed in a round
@@ -72,9 +72,10 @@ def state_holders(
 ) -> Holders | None:
     """The leaving members of ``plan`` that must stay planned because the state is not
     safe without them (see the module docstring): ``candidate`` (the round the usable
-    hosts give) keeps no member of ``plan`` that stays, or rank 0 has not committed in
-    ``plan``'s round yet (its newcomers may not hold the state). None when none must,
-    and before anything was committed (there is no state to keep)."""
+    hosts give) keeps, staying, none of the workers known to hold the newest commit
+    (``Book.commit_members``: the members of the round rank 0 last committed in; a
+    newcomer holds nothing until rank 0 commits in a round with it). None when none
+    must, and before anything was committed (there is no state to keep)."""
     if plan is None or not book.leaving or book.progress_step is None:
         return None
     leaving = {w for w, _ in book.leaving}
@@ -85,9 +86,9 @@ def state_holders(
             infos.append(rec.info)
     if not infos:
         return None
+    # Safe when the candidate keeps, staying, a worker known to hold the newest commit.
     kept = set(candidate.worker_ids) if candidate is not None else set()
-    stays = any(w in kept and w not in leaving for w in plan.worker_ids)
-    if stays and book.commit_round >= plan.round_id:
+    if any(w in kept and w not in leaving for w in book.commit_members):
         return None
     slots = {h.host: h.slots for h in usable}
     for info in infos:  # (a host discovery dropped, or a slot it took away)

@@ -122,11 +122,18 @@ def store_health(
 
 
 def progress_reported(
-    book: Book, step: int, round_id: int, config: JobConfig, now: float, commit_round: int = 0
+    book: Book,
+    step: int,
+    round_id: int,
+    config: JobConfig,
+    now: float,
+    commit_round: int = 0,
+    plan: Plan | None = None,
 ) -> Book:
     """Rank 0 of round ``round_id`` holds ``step`` commits, the newest made in round
     ``commit_round`` (0: not said), as the driver heard at ``now`` (its progress record,
-    or the record of a worker whose training finished).
+    or the record of a worker whose training finished). When that is ``plan``'s round,
+    its members are the commit's holders (``Book.commit_members``).
     A record of an older round than the newest heard is ignored: that rank 0 had not
     yet seen its round end. A step below the newest heard went back: the rate's window
     starts over at it, and the next line says so."""
@@ -148,7 +155,11 @@ def progress_reported(
         progress_at=now,
         progress_seen=seen[start:],
         progress_back_from=back_from,
-        commit_round=max(book.commit_round, commit_round),
+        commit_members=(
+            frozenset(plan.worker_ids)
+            if plan is not None and commit_round == plan.round_id
+            else book.commit_members
+        ),
     )
 
 

@@ -204,7 +204,9 @@ def test_the_finish_holds_only_while_the_head_is_its_round(store_backend):
     assert joined is not None and joined.round_id == 5 and joined.member(me) is not None
     assert store.get(keys.training_finished) is None
     assert record_finish(store, keys, joined, me, 12, reader.current) is None
-    assert FinishRecord.from_json(store.get(keys.training_finished).value) == FinishRecord(5, 12, me)
+    assert FinishRecord.from_json(store.get(keys.training_finished).value) == FinishRecord(
+        5, 12, me
+    )
     # A far member's address (not in this host's part) is read from the whole plan.
     addresses = reader.addresses(joined)
     assert dict(addresses.items()) == {m.rank: m.address for m in newer.members}

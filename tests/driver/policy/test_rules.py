@@ -1188,7 +1188,8 @@ def test_a_world_replaced_whole_keeps_its_holders_until_the_newcomers_commit():
     stop = policy.workers_to_stop(table(*old), usable.usable, p1, now=0.0)
     assert kinds(stop) == [Report, Leave, Report, Leave]
     assert [d.until for d in stop if isinstance(d, Leave)] == [60.0, 60.0]
-    leaving = Book(0.0, leaving=(("a", 60.0), ("b", 60.0)), commit_round=1, progress_step=9)
+    holders = frozenset({"a", "b"})
+    leaving = Book(0.0, leaving=(("a", 60.0), ("b", 60.0)), commit_members=holders, progress_step=9)
     gone = [
         dataclasses.replace(r, state=S.STOPPING) for r in old
     ]  # (Leave: counted as stopping, still running and registered)
@@ -1201,7 +1202,7 @@ def test_a_world_replaced_whole_keeps_its_holders_until_the_newcomers_commit():
     assert not [d for d in step.decisions if isinstance(d, Publish)]
     assert any(isinstance(d, Wait) for d in step.decisions)
     # Once it has, the round without them follows, as a handover.
-    committed = dataclasses.replace(leaving, commit_round=2)
+    committed = policy.progress_reported(leaving, 12, 2, cfg, 3.0, commit_round=2, plan=grown)
     step = policy.plan_round(t, grown, committed, usable, cfg, now=3.0)
     last = only([d for d in step.decisions if isinstance(d, Publish)], Publish).plan
     assert last.worker_ids == ("c", "d") and last.handover
