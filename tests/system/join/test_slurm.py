@@ -242,3 +242,39 @@ def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path
     assert wait_for_end(slurm, first, 120) == "COMPLETED", (tmp_path / "first.out").read_text()
     results = check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
     assert [r["rollbacks"] for r in results] == [0] * 4, results
+
+
+@pytest.mark.timeout(180)
+def test_the_first_allocation_scancelled_after_a_second_joined_hands_over_its_state(
+    tmp_path, cluster
+):
+    """A job moves to a new allocation: the second joins, then the first (whose nodes
+    hold the state, the driver's lead among them) is scancelled. Its workers stay until
+    the second's hold the newest commit, then leave at a commit; the job finishes on the
+    second allocation, exact."""
+    hosts, etcd, slurm = cluster
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    out.mkdir()
+    hold_at(gate, 20)  # training waits at commit 20 while the job grows
+    job_id = f"move-{secrets.token_hex(4)}"
+    worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
+    first = sbatch(
+        slurm,
+        batch_script(tmp_path, etcd.url, worker, job_id, "first"),
+        [hosts[0].name, hosts[1].name],
+        tmp_path / "first.out",
+    )
+    wait_for_round(tmp_path, 4)
+    second = sbatch(
+        slurm,
+        batch_script(tmp_path, etcd.url, worker, job_id, "second"),
+        [hosts[2].name],
+        tmp_path / "second.out",
+    )
+    wait_for_round(tmp_path, 6)
+    slurm.scancel(first)
+    gate.unlink()  # (the first's workers must commit, in a round with the second's)
+    assert wait_for_end(slurm, first, 90) in ("CANCELLED", "COMPLETED")
+    assert wait_for_end(slurm, second, 150) == "COMPLETED", (tmp_path / "second.out").read_text()
+    assert last_round_size(tmp_path) == 2
+    check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
