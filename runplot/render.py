@@ -14,6 +14,7 @@ drawing a run never changes the caller's backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,60 +219,38 @@ def _steps(ax: Any, tl: Timeline) -> None:
             mew=1.8,
             label="checkpoint (ps step)",
         )
-    if tl.snapshots:
-        ax.plot(
-            [x for x, _ in tl.snapshots],
-            [s for _, s in tl.snapshots],
-            "s",
-            ls="none",
-            ms=6,
-            mfc="white",
-            mew=1.6,
-            color=SNAPSHOT_COLOUR,
-            label="snapshot written",
-        )
-    if tl.resumes:
-        ax.plot(
-            [x for x, _ in tl.resumes],
-            [s for _, s in tl.resumes],
-            "D",
-            ls="none",
-            ms=7,
-            color=SNAPSHOT_COLOUR,
-            label="resumed from a snapshot",
-        )
-    for x, step in tl.resumes:
-        ax.annotate(
-            f"resumed at {step:g}",
-            (x, step),
-            textcoords="offset points",
-            xytext=(4, 6),
-            fontsize=8,
-            color=SNAPSHOT_COLOUR,
-        )
-    if tl.rollbacks:
-        ax.plot(
-            [x for x, _ in tl.rollbacks],
-            [s for _, s in tl.rollbacks],
-            "v",
-            ls="none",
-            ms=8,
-            color=ROLLBACK_COLOUR,
-            mew=1.8,
-            label="rollback",
-        )
-    for x, step in tl.rollbacks:
-        ax.annotate(
-            f"back to {step:g}",
-            (x, step),
-            textcoords="offset points",
-            xytext=(4, -12),
-            fontsize=8,
-            color=ROLLBACK_COLOUR,
-        )
+    _points(ax, tl.snapshots, "s", SNAPSHOT_COLOUR, "snapshot written", ms=6, mfc="white", mew=1.6)
+    _points(ax, tl.resumes, "D", SNAPSHOT_COLOUR, "resumed from a snapshot", ms=7)
+    _annotated(ax, tl.resumes, "resumed at {:g}", SNAPSHOT_COLOUR, (4, 6))
+    _points(ax, tl.rollbacks, "v", ROLLBACK_COLOUR, "rollback", ms=8, mew=1.8)
+    _annotated(ax, tl.rollbacks, "back to {:g}", ROLLBACK_COLOUR, (4, -12))
     if tl.steps and tl.checkpoints:
         ax.set_ylabel("step")
     else:
         ax.set_ylabel("committed step" if tl.steps else "checkpoint step")
     ax.set_ylim(bottom=0)
     ax.grid(True, color="#e6e6e6")
+
+
+def _points(
+    ax: Any, points: Sequence[tuple[float, float]], shape: str, colour: str, label: str, **style
+) -> None:
+    """``points`` as unjoined markers of ``shape`` (none: nothing drawn, no legend)."""
+    if points:
+        xs, ys = [x for x, _ in points], [y for _, y in points]
+        ax.plot(xs, ys, shape, ls="none", color=colour, label=label, **style)
+
+
+def _annotated(
+    ax: Any, points: Sequence[tuple[float, float]], text: str, colour: str, offset: tuple
+) -> None:
+    """Each of ``points`` labelled with ``text`` formatted with its step."""
+    for x, step in points:
+        ax.annotate(
+            text.format(step),
+            (x, step),
+            textcoords="offset points",
+            xytext=offset,
+            fontsize=8,
+            color=colour,
+        )

@@ -196,33 +196,34 @@ def test_a_cut_node_leaves_the_others_training_to_an_exact_end(tmp_path, cluster
     check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
 
 
+def two_allocations(tmp_path: Path, cluster, out: Path, gate: Path) -> tuple[str, str]:
+    """A job of two nodes (the first allocation), then a second allocation of one node
+    joining it: the Slurm job ids, once a round of all 6 workers formed. Training waits
+    at commit 20 (``gate``) while the job grows; ``out`` takes the results."""
+    hosts, etcd, slurm = cluster
+    out.mkdir()
+    hold_at(gate, 20)
+    job_id = f"grow-{secrets.token_hex(4)}"  # both allocations join this job
+    worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
+    allocations = []
+    for name, nodes, size in (("first", hosts[:2], 4), ("second", hosts[2:3], 6)):
+        script = batch_script(tmp_path, etcd.url, worker, job_id, name)
+        nodes_named = [h.name for h in nodes]
+        allocations.append(sbatch(slurm, script, nodes_named, tmp_path / f"{name}.out"))
+        wait_for_round(tmp_path, size)
+    return allocations[0], allocations[1]
+
+
 @pytest.mark.timeout(180)
 # A preemption is what users fear; an scancel ends the allocation the same way (its
 # steps get SIGTERM, then SIGKILL) and runs with -m long (the suite's 15 minutes).
 @pytest.mark.parametrize("ending", [pytest.param("scancel", marks=pytest.mark.long), "preempted"])
 def test_a_second_allocation_joins_then_drains_with_nothing_rolled_back(tmp_path, cluster, ending):
-    hosts, etcd, slurm = cluster
+    hosts, _, slurm = cluster
     out, gate = tmp_path / "out", tmp_path / "gate"
-    out.mkdir()
-    hold_at(gate, 20)  # training waits at commit 20 while the job grows
-    job_id = f"grow-{secrets.token_hex(4)}"  # both allocations join this job
-    worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
-    first = sbatch(
-        slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "first"),
-        [hosts[0].name, hosts[1].name],
-        tmp_path / "first.out",
-    )
-    wait_for_round(tmp_path, 4)
     asked = time.monotonic()
-    second = sbatch(
-        slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "second"),
-        [hosts[2].name],
-        tmp_path / "second.out",
-    )
-    wait_for_round(tmp_path, 6)
-    print(f"sbatch of the second allocation to its round: {time.monotonic() - asked:.2f}s")
+    first, second = two_allocations(tmp_path, cluster, out, gate)
+    print(f"both allocations to their round of 6: {time.monotonic() - asked:.2f}s")
     if ending == "scancel":
         slurm.scancel(second)
     else:  # a job of a higher partition wants the node: Slurm preempts the second
@@ -252,26 +253,9 @@ def test_the_first_allocation_scancelled_after_a_second_joined_hands_over_its_st
     hold the state, the driver's lead among them) is scancelled. Its workers stay until
     the second's hold the newest commit, then leave at a commit; the job finishes on the
     second allocation, exact."""
-    hosts, etcd, slurm = cluster
+    _, _, slurm = cluster
     out, gate = tmp_path / "out", tmp_path / "gate"
-    out.mkdir()
-    hold_at(gate, 20)  # training waits at commit 20 while the job grows
-    job_id = f"move-{secrets.token_hex(4)}"
-    worker = exact_sum_command(out, SAMPLES, EPOCHS, "--pause-while", str(gate))
-    first = sbatch(
-        slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "first"),
-        [hosts[0].name, hosts[1].name],
-        tmp_path / "first.out",
-    )
-    wait_for_round(tmp_path, 4)
-    second = sbatch(
-        slurm,
-        batch_script(tmp_path, etcd.url, worker, job_id, "second"),
-        [hosts[2].name],
-        tmp_path / "second.out",
-    )
-    wait_for_round(tmp_path, 6)
+    first, second = two_allocations(tmp_path, cluster, out, gate)
     slurm.scancel(first)
     gate.unlink()  # (the first's workers must commit, in a round with the second's)
     assert wait_for_end(slurm, first, 90) in ("CANCELLED", "COMPLETED")
