@@ -54,9 +54,10 @@ from rendezvous.agent_records import (
     ProcessStatus,
     leader_term,
 )
-from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.errors import LeaseNotFoundError, RendezvousConfigError, RendezvousError
 from rendezvous.host_plan import LatestParts, RoundHead, RoundView, read_view
 from rendezvous.keys import JobKeys
+from rendezvous.private_dir import make_private_dir, probe_writable
 from rendezvous.retry import Backoff
 from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
 from rendezvous.watch import follow_in_thread
@@ -80,6 +81,19 @@ DRAINED = "preempted; its processes were stopped"
 DRAIN_GRACE = 25.0
 """Seconds a preempted agent keeps its processes for the job to snapshot their state
 and stop them, before it stops them itself (within Kubernetes' 30 s default grace)."""
+
+
+def checkpoint_dir_problem(host: str, folder: str) -> str | None:
+    """Why ``host`` cannot keep snapshots in ``folder`` (the job's ``--checkpoint-dir``,
+    which may be this host's own, host-local), or None: made when missing, private,
+    and a probe file written and removed there (the driver checks its own machine's
+    the same way before anything starts)."""
+    try:
+        make_private_dir(folder, "--checkpoint-dir")
+        probe_writable(folder, "--checkpoint-dir")
+    except (RendezvousConfigError, OSError) as exc:
+        return f"on host {host}: {exc}"
+    return None
 
 
 class Agent:
@@ -122,6 +136,7 @@ class Agent:
         self._done = threading.Event()  # the feeds and the lease thread end
         self._store_away = threading.Event()  # the lease could not be refreshed for a TTL
         self._assignments: dict[str, Assignment] = {}
+        self._checked_dirs: set[str] = set()  # checkpoint folders this host can write in
         self._table = ProcessTable()
         self._view = AgentView()
         self._plan: RoundView | None = None  # the newest round, as this host reads it
@@ -312,6 +327,12 @@ class Agent:
 
     def _start(self, assignment: Assignment) -> None:
         now = time.time()
+        unwritable = self._checkpoint_dir_problem(assignment)
+        if unwritable is not None:  # every snapshot of this host would fail: say so now
+            log.warning("agent of %s: cannot start %s: %s", self.host, assignment.id, unwritable)
+            self._table.add(TableEntry(assignment, None, ProcState.EXITED, now, -1, now))
+            self._write_status(assignment.id, 0, now, code=-1, error=unwritable, permanent=True)
+            return
         try:
             spec = LaunchSpec(
                 host=self.host,
@@ -335,6 +356,17 @@ class Agent:
         self._table.add(TableEntry(assignment, process, ProcState.RUNNING, now))
         self._write_status(assignment.id, process.pid, now)
         spawn(f"wait-{assignment.id}", self._wait_exit, assignment.id, process)
+
+    def _checkpoint_dir_problem(self, assignment: Assignment) -> str | None:
+        """Why this host cannot keep the assignment's snapshots (``checkpoint_dir_problem``),
+        checked once per folder that holds."""
+        folder = assignment.env.get(env.ENV_CHECKPOINT_DIR, "")
+        if not folder or folder in self._checked_dirs:
+            return None
+        problem = checkpoint_dir_problem(self.host, folder)
+        if problem is None:
+            self._checked_dirs.add(folder)
+        return problem
 
     def _wait_exit(self, process_id: str, process: WorkerProcess) -> None:
         code = process.wait(timeout=None)

@@ -8,12 +8,10 @@ for a finished worker, and a kill after the finish fails nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -28,6 +26,7 @@ from tests.support.jobs import (
     write_hosts,
 )
 from tests.support.paths import ROOT
+from tests.support.unwritable import unwritable
 
 SAMPLES, BATCH = 240, 4
 DONE = re.compile(r"job done in round \d+ at step (\d+)")
@@ -167,25 +166,6 @@ def test_an_abbreviated_flag_is_refused_naming_the_full_one(flag, meant):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and meant in lines[0] and "abbreviations" in lines[0], done.stderr
-
-
-@contextlib.contextmanager
-def unwritable(folder: Path):
-    """``folder`` made unwritable even for root: immutable (``chattr +i``), or where the
-    file system has no such attribute (tmpfs), a read-only bind mount of itself."""
-    folder.mkdir(mode=0o700)
-    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
-        try:
-            yield folder
-        finally:
-            subprocess.run(["chattr", "-i", str(folder)], check=True)
-        return
-    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
 
 
 def test_an_unwritable_checkpoint_dir_is_one_line_and_exit_2(tmp_path):
