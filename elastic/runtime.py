@@ -159,6 +159,10 @@ class WorkerRuntime:
         self._orphan_watch: threading.Event | None = None
         self._expelled = False  # the driver took us out: no round will include us again
         self._handed_over = False  # left out of a handover: our host leaves the job
+        # The round whose ring join() is building (None: none): a newer round ends that
+        # build at once, a handover too (the step a handover lets finish is on the ring
+        # this worker already left).
+        self._forming: int | None = None
         self.committed = 0  # commits this worker holds (``State.commit`` sets it)
         # The round of its newest commit: a commit is made after the round's sync and
         # its step's collectives, so every member of that round holds the state.
@@ -251,6 +255,8 @@ class WorkerRuntime:
             defer, handed_over = handover_for(
                 plan, self._latest, self.plan, self.settings.worker_id
             )
+            if self._forming is not None and self._forming < plan.round_id:
+                defer = False
             self._latest = plan
             self.term_seen = max(self.term_seen, plan.term)
             left_out = self.member is not None and plan.member(self.settings.worker_id) is None
@@ -345,6 +351,11 @@ class WorkerRuntime:
                 secret=self.settings.secret,
                 world=plan.size,
             )
+            with self._cond:
+                if self.superseded(plan.round_id):
+                    after = plan.round_id  # (a newer round came as this one was read)
+                    continue
+                self._forming = plan.round_id
             try:
                 comm = RingCommunicator(
                     membership,
@@ -357,6 +368,9 @@ class WorkerRuntime:
                 self.report_loss(plan, exc)
                 after = plan.round_id
                 continue
+            finally:
+                with self._cond:
+                    self._forming = None
             with self._cond:
                 if self.superseded(plan.round_id):
                     comm.close("superseded while forming")

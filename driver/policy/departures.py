@@ -75,9 +75,11 @@ def state_holders(
     hosts give) keeps, staying, none of the workers known to hold the newest commit
     (``Book.commit_members``: the members of the round rank 0 last committed in; a
     newcomer holds nothing until rank 0 commits in a round with it). None when none
-    must, and before anything was committed (there is no state to keep)."""
-    if plan is None or not book.leaving or book.progress_step is None:
-        return None
+    must: before anything was committed (there is no state to keep), and while no round
+    could form without them anyway (``candidate`` None: the round waits for workers,
+    up to ``--elastic-timeout``, as a broken one does)."""
+    if plan is None or candidate is None or not book.leaving or book.progress_step is None:
+        return None  # (no round without them yet: the round waits, as any broken one)
     leaving = {w for w, _ in book.leaving}
     infos = []
     for member in plan.members:
