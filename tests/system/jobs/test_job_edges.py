@@ -131,9 +131,12 @@ EXAMPLES = {"train_digits.py": 900, "train_torch_digits.py": 276}
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_the_readme_examples_under_the_readme_chaos_flag(tmp_path, example):
-    """The README's command with its chaos flag, at 1, 2 and 3 s: each run ends 0 and
-    exact (the driver's last step and rank 0's are the example's full count)."""
-    for interval in (1, 2, 3):
+    """The README's command with its chaos flag, at 1 to 3 s: each run ends 0 and exact
+    (the driver's last step and rank 0's are the example's full count). The torch
+    example, 4 times longer, runs at the ends of the range only (the suite's time);
+    ``benchmarks/chaos_examples.py`` runs each 20 times beside CPU burners."""
+    intervals = (1, 3) if example == "train_torch_digits.py" else (1, 2, 3)
+    for interval in intervals:
         workdir = tmp_path / f"every-{interval}s"
         args = ["-np", "3", "--min-np", "2", "--chaos-kill-interval", str(interval)]
         args += ["--chaos-max-kills", "20", "python", str(ROOT / "examples" / example)]
