@@ -4,6 +4,7 @@ folder refused up front."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,8 @@ def unwritable(folder: Path) -> Iterator[Path]:
     """``folder`` made unwritable even for root: immutable (``chattr +i``), or where the
     file system has no such attribute (tmpfs), a read-only bind mount of itself."""
     folder.mkdir(mode=0o700)
-    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+    immutable = ["chattr", "+i", str(folder)]
+    if shutil.which("chattr") and subprocess.run(immutable, capture_output=True).returncode == 0:
         try:
             yield folder
         finally:
