@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             os.setsid()
     log_path = args.log_file or (default_log_path(args.job_id, args.host) if args.detach else "")
-    log_file = open_log(log_path) if log_path else None
+    try:
+        log_file = open_log(log_path) if log_path else None
+    except OSError as exc:  # (a planted link, another user's file: refused, one line)
+        print(f"agent: {exc}", file=sys.stderr)
+        return 2
     # Binary streams as far as the forwarders' write_line is concerned.
     out = cast(BinaryIO, Tee(sys.stdout.buffer, log_file))
     err = cast(BinaryIO, Tee(sys.stderr.buffer, log_file))
