@@ -174,7 +174,9 @@ def main() -> int:
     with open(os.path.join(args.out_dir, f"{worker}.json"), "w") as f:
         json.dump(result, f)
     while args.hold_after and os.path.exists(args.hold_after):
-        time.sleep(0.01)  # finished, held alive by the test
+        # Polls the gate as the pause loop above does: the test holds a finished worker
+        # alive until it removes the file (no deadline: the job's end stops the worker).
+        time.sleep(0.01)
     elastic.shutdown()
     return 0
 
