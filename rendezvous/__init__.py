@@ -31,6 +31,7 @@ from rendezvous.errors import (
     RendezvousError,
 )
 from rendezvous.net.url import StoreURL, parse_store_url
+from rendezvous.signing import RecordSigner
 from rendezvous.store import (
     Compare,
     Delete,
@@ -72,7 +73,8 @@ BACKENDS = {"embedded": _embedded, "etcd": _etcd}
 def open_store(
     url: str, secret: str | None = None, settings: StoreSettings | None = None, check: bool = True
 ) -> KVStore:
-    """A client of the store at ``url``.
+    """A client of the store at ``url``; with ``secret``, one that signs the records it
+    writes and ignores those it reads without the job's signature.
 
     With ``check``, one read proves the store answers (and accepts the secret) within
     ``settings.connect_timeout``. Raises RendezvousConfigError (bad URL),
@@ -80,6 +82,10 @@ def open_store(
     settings = settings or StoreSettings()
     parsed = parse_store_url(url)
     store = BACKENDS[parsed.scheme](parsed, secret, settings)
+    if secret:
+        # What the job writes carries its signature, and what does not is ignored
+        # (``rendezvous.signing``): on etcd, anyone who reaches the store can write.
+        store.signer = RecordSigner(secret)
     if check:
         from dataclasses import replace
 

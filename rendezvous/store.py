@@ -24,7 +24,8 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Callable
+from dataclasses import replace
+from typing import Callable, cast
 
 from rendezvous.errors import (
     LeaseNotFoundError,
@@ -35,6 +36,7 @@ from rendezvous.errors import (
     ValueTooLargeError,
     WatchCompactedError,
 )
+from rendezvous.rate_log import RateLimitedLog
 from rendezvous.records import (  # re-exported (__all__): the interface speaks them
     DELETE,
     PUT,
@@ -47,6 +49,7 @@ from rendezvous.records import (  # re-exported (__all__): the interface speaks 
     TxnResult,
     op_from_dict,
 )
+from rendezvous.signing import RecordSigner, record_kind, split
 
 __all__ = [
     "DELETE",
@@ -65,6 +68,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: seconds between two lines about ignored records of one kind
+UNSIGNED_LOG_INTERVAL = 60.0
 
 
 class Lease:
@@ -210,7 +216,9 @@ class Watch:
         floor = self.next_revision
         for ev in events:
             if ev.revision >= floor:  # older ones were delivered before a reconnect
-                self._queue.put(ev)
+                opened = self._store._opened(ev.kv) if ev.type == PUT else ev.kv
+                if opened is not None:  # (a forged write: as if it never happened)
+                    self._queue.put(ev if opened is ev.kv else Event(ev.type, opened))
                 self.next_revision = max(self.next_revision, ev.revision + 1)
         if progress is not None:
             self.next_revision = max(self.next_revision, progress + 1)
@@ -270,6 +278,10 @@ class KVStore(abc.ABC):
         self.settings = settings
         self._closed = False
         self._watches: weakref.WeakSet[Watch] = weakref.WeakSet()
+        #: signs what this client writes and checks what it reads (``rendezvous.signing``);
+        #: ``open_store`` sets it from the job's secret
+        self.signer: RecordSigner | None = None
+        self._unsigned = RateLimitedLog(UNSIGNED_LOG_INTERVAL, log, "records")
 
     # ---- what a backend implements (one attempt each; raise typed errors) ----
     @abc.abstractmethod
@@ -344,13 +356,54 @@ class KVStore(abc.ABC):
                 f"{self.settings.max_value_bytes} bytes"
             )
 
+    def _opened(self, kv: KeyValue) -> KeyValue | None:
+        """``kv`` with its value's signature checked and taken off; None (and said, once
+        a minute for each kind of record) when it is not the job's. Without a signer (a
+        client without the job's secret: an observer, such as a test or a tool) the
+        signature is taken off unchecked: etcd hides nothing from who can reach it, and
+        what such a client writes is ignored by the job."""
+        if self.signer is None:
+            body = split(kv.value)[0]
+            return kv if body is kv.value else replace(kv, value=body)
+        value = self.signer.open(kv.key, kv.value)
+        if value is None:
+            kind = record_kind(kv.key)
+            self._unsigned.warn(
+                kind,
+                f"ignored the {kind!r} record at {kv.key} (revision {kv.mod_revision}): it "
+                "does not carry the job's signature, so a writer without the job's secret "
+                "put it there",
+            )
+            return None
+        return replace(kv, value=value)
+
+    def _signed(self, op: Put | Delete) -> Put | Delete:
+        if self.signer is None or not isinstance(op, Put):
+            return op
+        return replace(op, value=self.signer.sign(op.key, op.value))
+
+    def _signed_compare(self, compare: Compare) -> Compare:
+        if self.signer is None or compare.target != "value":
+            return compare
+        return replace(compare, value=self.signer.sign(compare.key, cast(bytes, compare.value)))
+
     def get(self, key: str) -> KeyValue | None:
+        """The value at ``key``, or None (also when it is not signed by the job)."""
         kvs, _ = self._call(lambda: self._range(key, False))
-        return kvs[0] if kvs else None
+        return self._opened(kvs[0]) if kvs else None
+
+    def get_unchecked(self, key: str) -> bytes | None:
+        """The value at ``key`` without its signature, which is not checked: only for a
+        diagnosis (``rendezvous.job_secret``), never to act on."""
+        kvs, _ = self._call(lambda: self._range(key, False))
+        return split(kvs[0].value)[0] if kvs else None
 
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        """All keys under ``prefix`` sorted by key, and the store revision they were read at."""
-        return self._call(lambda: self._range(prefix, True))
+        """All keys under ``prefix`` sorted by key (those signed by the job), and the store
+        revision they were read at."""
+        kvs, revision = self._call(lambda: self._range(prefix, True))
+        opened = [kv for kv in map(self._opened, kvs) if kv is not None]
+        return opened, revision
 
     def revision(self) -> int:
         """The store's current revision."""
@@ -376,7 +429,11 @@ class KVStore(abc.ABC):
         failure: Sequence[Put | Delete] = (),
         _repeatable: bool = False,
     ) -> TxnResult:
-        """Apply ``success`` if every compare holds, else ``failure``, atomically at one revision."""
+        """Apply ``success`` if every compare holds, else ``failure``, atomically at one
+        revision. Values put, and those compared, are signed (``signer``)."""
+        compares = [self._signed_compare(c) for c in compares]
+        success = [self._signed(op) for op in success]
+        failure = [self._signed(op) for op in failure]
         for op in (*success, *failure):
             if isinstance(op, Put):
                 self._check_value(op.key, op.value)

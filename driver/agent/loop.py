@@ -59,7 +59,7 @@ from rendezvous.host_plan import LatestParts, RoundHead, RoundView, read_view
 from rendezvous.keys import JobKeys
 from rendezvous.private_dir import make_private_dir, probe_writable
 from rendezvous.retry import Backoff
-from rendezvous.store import PUT, Event, KeyValue, KVStore, Lease
+from rendezvous.store import PUT, Compare, Event, KeyValue, KVStore, Lease, Put
 from rendezvous.watch import follow_in_thread
 
 log = logging.getLogger(__name__)
@@ -465,6 +465,8 @@ class Agent:
             try:
                 lease.refresh()
             except LeaseNotFoundError:
+                if self._register_again():
+                    return
                 self.request_shutdown(f"its lease lapsed ({exc}): the driver took the host as lost")
                 return
             except RendezvousError as err:
@@ -476,6 +478,38 @@ class Agent:
                 return
             if not backoff.pause():
                 return
+
+    def _register_again(self) -> bool:
+        """After the store let the agent's lease lapse (it stalled for longer than the
+        TTL, and expired every lease when it answered again), write the agent's record,
+        and its workers' registrations, under a new lease: the driver waits for them
+        (``driver.launch.agents.launcher.AGENT_RETURN_GRACE``) before it takes the host
+        as lost. Only into an empty seat: a record of another agent there means this
+        one was replaced. False when it was, or the store cannot be used (the agent
+        then ends, as a cut-off agent does).
+        """
+        key = self._keys.agent(self.host)
+        try:
+            lease = self._store.grant_lease(self._lease_ttl)
+            seat_empty = Compare(key, "create", "==", 0)
+            ops = [Put(key, self._record(), lease.id)]
+            if self._drain_until is not None:
+                ops.append(Put(self._keys.preempted(self.host), self.host.encode(), lease.id))
+            if not self._store.txn([seat_empty], ops).succeeded:
+                lease.revoke()
+                return False
+        except RendezvousError as err:
+            log.warning("agent of %s: cannot register again: %s", self.host, err)
+            return False
+        self._lease = lease
+        self._store_away.clear()
+        self._keep_alive(lease)
+        self._channel.register_again()
+        self._queue.put(news.LeaderRecheck())
+        log.warning(
+            "agent of %s: its lease lapsed while the store was away; registered again", self.host
+        )
+        return True
 
     def _unregister(self) -> None:
         lease = self._lease

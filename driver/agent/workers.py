@@ -82,6 +82,7 @@ class _Worker:
         self.sock = sock
         self.lock = threading.Lock()
         self.worker_id: str | None = None
+        self.record = b""  # its registration (``WorkerInfo``), as it sent it
         self._wake = threading.Condition()
         self._pending: RoundNews | None = None
         self._closed = False
@@ -202,6 +203,7 @@ class WorkerChannel:
             # First the newest round, then the registration: a round that includes the
             # worker comes after its registration, so it is forwarded, never missed.
             worker.worker_id = worker_id
+            worker.record = message.info.to_json()
             replaced = self._workers.get(worker_id)
             self._workers[worker_id] = worker
             latest = self._latest
@@ -210,12 +212,26 @@ class WorkerChannel:
         if replaced is not None and replaced is not worker:
             replaced.close()
         try:
-            lease_id = self._register(worker_id, message.info.to_json())
+            lease_id = self._register(worker_id, worker.record)
         except RendezvousError as exc:
             log.warning("cannot register worker %s: %s", worker_id, exc)
             worker.send(Refused(str(exc)))
             return
         worker.send(Registered(lease_id))
+
+    def register_again(self) -> None:
+        """Write every connected worker's registration again (under the agent's new
+        lease, after the store let the old one lapse) and tell each worker the new
+        lease (what its reports are written under)."""
+        with self._lock:
+            workers = list(self._workers.items())
+        for worker_id, worker in workers:
+            try:
+                lease_id = self._register(worker_id, worker.record)
+            except RendezvousError as exc:
+                log.warning("cannot register worker %s again: %s", worker_id, exc)
+                continue
+            worker.send(Registered(lease_id))
 
     def _drop(self, worker: _Worker) -> None:
         """The worker's connection ended: so does its registration."""

@@ -42,6 +42,7 @@ from driver.job.messages import (
     StoreLost,
     TrainingFinished,
 )
+from driver.job.store_trouble import StoreTrouble
 from driver.policy.decisions import StoreHealth
 from driver.policy.reports import store_health
 from driver.threads import spawn
@@ -132,21 +133,26 @@ def probe_store(
     stop: threading.Event,
     interval: float = PROBE_INTERVAL,
     clock: Callable[[], float] = time.monotonic,
+    trouble: StoreTrouble | None = None,
 ) -> None:
     """Read the store's revision every ``interval`` seconds through ``client`` (its calls
     must give up within seconds) in a daemon thread until ``stop``, and ``emit`` what
     ``driver.policy.reports.store_health`` says of it. The thread says it itself, not
     through the loop: the loop may be the one waiting for the store. ``client`` is the
-    caller's."""
+    caller's. ``trouble``: where each look is noted (``driver.job.store_trouble``)."""
 
     def probe() -> None:
         health = StoreHealth()
         while not stop.wait(interval):
+            if trouble is not None:
+                trouble.asking()
             try:
                 client.revision()
                 answered, error = True, ""
             except RendezvousError as exc:
                 answered, error = False, str(exc)
+            if trouble is not None:
+                trouble.answered(answered)
             if stop.is_set():
                 return
             health, said = store_health(health, answered, error, clock())

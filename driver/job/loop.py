@@ -267,6 +267,7 @@ class Job:
                 on_host_ready=lambda host: self.post(msg.AgentReady(host)),
                 patience=cfg.elastic_timeout,
                 steer=self._services.steer,
+                store_trouble=self._services.store_trouble.explains_lapse,
             )
         )
         if cfg.uses_discovery:

@@ -30,6 +30,7 @@ from driver.hosts.slots import HostSlots
 from driver.job import feeds
 from driver.job import messages as msg
 from driver.job.chaos import ChaosMonkey
+from driver.job.store_trouble import StoreTrouble
 from driver.job.wiring import (
     driver_address,
     job_env,
@@ -43,7 +44,7 @@ from driver.job.wiring import (
 from driver.join.shape import check_shape, shape_bytes
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess
-from driver.lead.claim import DriverClaim, new_record
+from driver.lead.claim import DriverClaim, check_secret, new_record
 from driver.lead.terms import ClaimAction, describe_leader
 from driver.ps.shard_hosts import ShardPlacement
 from driver.ps.supervisor import PSSupervisor
@@ -93,6 +94,7 @@ class JobServices:
         self._server: EmbeddedServer | None = None
         self._claim: DriverClaim | None = None
         self._probe: KVStore | None = None  # the store's health probe's own client
+        self.store_trouble = StoreTrouble()  # what the probe saw: lapses it explains
         self._ps: PSSupervisor | None = None
         self.chaos: ChaosMonkey | None = None
         self.store: KVStore | None = None
@@ -116,6 +118,9 @@ class JobServices:
             cfg, self._secret, self._all_local, self.advertised_host
         )
         self.store = store
+        # Before anything is read: with another secret than the job's, every record of
+        # it would look forged, and a live job stale (one line naming the variable).
+        check_secret(store, self._keys, self._secret, cfg.standby)
         # Refused (JobIdInUseError) while another driver leads a job of this id, unless
         # a standby: then it waits here until that driver is gone.
         self._claim = claim = DriverClaim.take(
@@ -153,7 +158,7 @@ class JobServices:
             revision=revision,
         )
         self._probe = quick_store(self.store_url, self._secret)
-        feeds.probe_store(self._probe, self._events.emit, self._stop)
+        feeds.probe_store(self._probe, self._events.emit, self._stop, trouble=self.store_trouble)
 
     def _standing_by(self, leader: DriverRecord) -> None:
         self._agree()

@@ -48,11 +48,12 @@ from driver.lead.terms import (
     term_bytes,
 )
 from driver.threads import spawn
-from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.errors import LeaseNotFoundError, RendezvousAuthError, RendezvousError
+from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.plan import DriverRecord
 from rendezvous.retry import Backoff
-from rendezvous.store import Compare, Delete, KeyValue, KVStore, Lease, Put
+from rendezvous.store import Compare, Delete, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class DriverClaim:
                 leader, job_alive(kvs, keys), standby=standby, saw_leader=waited_on is not None
             )
             if action is ClaimAction.REFUSE:
-                raise JobIdInUseError(_in_use(keys, leader_kv))
+                raise JobIdInUseError(_in_use(keys, leader_kv.value if leader_kv else None))
             if action is ClaimAction.ENDED:
                 raise JobEnded(
                     f"job {keys.job_id!r} ended under its leader "
@@ -396,6 +397,27 @@ class DriverClaim:
             return DriverRecord.from_json(kv.value)
 
 
+def check_secret(store: KVStore, keys: JobKeys, secret: str, standby: bool) -> None:
+    """Before a claim: refuse a driver whose secret is not the job's, for which every
+    record of the job would look forged (a live job stale, its keys deleted). A live
+    leader is named first, as ``take`` would (what a second driver of a busy id most
+    needs to hear), unless this driver stands by.
+
+    Raises:
+        JobIdInUseError: another driver leads (and this one does not stand by).
+        RendezvousAuthError: the job runs with another secret.
+        RendezvousError: the store cannot be read.
+    """
+    try:
+        check_job_secret(store, keys, secret)
+    except RendezvousAuthError:
+        # (unchecked: only to name the holder in the refusal, never to act on)
+        leader = store.get_unchecked(keys.driver)
+        if leader is not None and not standby:
+            raise JobIdInUseError(_in_use(keys, leader)) from None
+        raise
+
+
 def _wait_vacant(
     store: KVStore,
     keys: JobKeys,
@@ -440,11 +462,11 @@ def _wait_vacant(
                 last_beat = None  # its record's deletion follows
 
 
-def _in_use(keys: JobKeys, holder_kv: KeyValue | None) -> str:
-    if holder_kv is None:
+def _in_use(keys: JobKeys, holder_value: bytes | None) -> str:
+    if holder_value is None:
         return (
             f"job ID {keys.job_id!r} was just taken by another driver starting at the same "
             "time; pick another --job-id"
         )
-    holder = DriverRecord.from_json(holder_kv.value)
+    holder = DriverRecord.from_json(holder_value)
     return f"job ID {keys.job_id!r} is running: {describe_driver(holder)}; pick another --job-id"

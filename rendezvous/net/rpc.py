@@ -61,6 +61,7 @@ from rendezvous.errors import (
 )
 from rendezvous.net import auth
 from rendezvous.net.url import Endpoint
+from rendezvous.rate_log import RateLimitedLog
 from rendezvous.resources import connection_cap, release_free_memory
 
 log = logging.getLogger(__name__)
@@ -209,28 +210,6 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-class RateLimitedLog:
-    """One warning per interval for a kind of refusal, with the count since the last
-    (thread-safe; servers other than ``RpcServer`` use it too, with their ``logger``)."""
-
-    def __init__(self, interval: float = _REFUSAL_LOG_INTERVAL, logger: logging.Logger = log):
-        self._interval = interval
-        self._log = logger
-        self._lock = threading.Lock()
-        self._next: dict[str, float] = {}
-        self._count: dict[str, int] = {}
-
-    def warn(self, kind: str, message: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            count = self._count[kind] = self._count.get(kind, 0) + 1
-            if now < self._next.get(kind, 0.0):
-                return
-            self._count[kind] = 0
-            self._next[kind] = now + self._interval
-        self._log.warning("%s (%d such calls since the last line)", message, count)
-
-
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, MalformedRequest):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -309,7 +288,7 @@ class RpcServer:
             return told
 
         self._incarnation_handler = grpc.stream_unary_rpc_method_handler(tell)
-        self._refusals = RateLimitedLog()
+        self._refusals = RateLimitedLog(_REFUSAL_LOG_INTERVAL, log)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._pool: futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

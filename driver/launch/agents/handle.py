@@ -48,6 +48,10 @@ class AgentProcess:
         self.lost = False
         self.retiring = False  # asked to exit (its host was removed): its leaving is no loss
         self.joined = False  # a joined node's own agent (elastic-run --join)
+        # Its lease lapsed while the store was in trouble: waited on to register again
+        # (``returned`` is set when it does).
+        self.lapsed = threading.Event()
+        self.returned = threading.Event()
 
     @property
     def alive(self) -> bool:

@@ -71,6 +71,16 @@ log = logging.getLogger(__name__)
 AGENT_START_TIMEOUT = 30.0
 """Seconds a new agent has to register (ssh connection and Python's start included)."""
 
+AGENT_RETURN_GRACE = 15.0
+"""Seconds an agent whose lease lapsed while the store was in trouble has to register
+again, once the store answers, before its host is taken as lost (it does in a second or
+two: ``driver.agent.loop``). A host really cut off meanwhile is found by its ring peers'
+reports, which do not wait on this."""
+
+LAPSE_WINDOW = AGENT_LEASE_TTL + 5.0
+"""Seconds after the store was last in trouble within which a lapsed lease may be the
+store's doing (its TTL, and the probe's interval with its timeout)."""
+
 PROCESS_START_TIMEOUT = 30.0
 """Seconds an agent has to report a process it was assigned as started (or failed)."""
 
@@ -126,6 +136,7 @@ class AgentLauncher(Launcher, AgentService):
         self._patience = 0.0
         self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
         self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
+        self._store_trouble: Callable[[float], bool] = lambda window: False
 
     def attach(self, wiring: AgentWiring) -> None:
         """Use the job's store from now on (``AgentWiring``: ``term()``, the leader's term
@@ -139,6 +150,7 @@ class AgentLauncher(Launcher, AgentService):
         self._on_host_lost = wiring.on_host_lost
         self._on_host_ready = wiring.on_host_ready
         self._fenced = wiring.steer
+        self._store_trouble = wiring.store_trouble
         self._agent_env = dict(wiring.agent_env)
         self._patience = wiring.patience
         with self._lock:
@@ -268,6 +280,12 @@ class AgentLauncher(Launcher, AgentService):
         except (RendezvousError, LeadershipLost) as exc:
             agent.retiring = False  # asked again at the next reconcile
             log.warning("cannot ask the agent of removed host %s to exit: %s", host, exc)
+
+    def _retire_lost(self, host: str, agent_id: str) -> None:
+        try:
+            self._steer(self._keys.retire(host), agent_id.encode())
+        except (RendezvousError, LeadershipLost) as exc:
+            log.warning("cannot ask the agent of lost host %s to exit: %s", host, exc)
 
     def lost_hosts(self) -> frozenset[str]:
         """Hosts whose agent was lost (until a new agent is started there)."""
@@ -445,19 +463,47 @@ class AgentLauncher(Launcher, AgentService):
                 # A node that joined (``elastic-run --join``) brings its own agent.
                 agent = self._agents[record.host] = AgentProcess(record.host, record.agent_id, None)
                 agent.joined = True
+        if agent is not None and agent.agent_id == record.agent_id and agent.lost:
+            # Back after its host was taken as lost (its processes' exits taken, its
+            # assignments withdrawn): nothing of the job is its any more.
+            log.warning(
+                "the agent of lost host %s registered again: asking it to exit", record.host
+            )
+            spawn(f"agent-unwanted-{record.host}", self._retire_lost, record.host, agent.agent_id)
+            return
         if agent is not None and agent.agent_id == record.agent_id:
+            if agent.lapsed.is_set():
+                agent.lapsed.clear()
+                agent.returned.set()
+                log.warning("the agent of %s registered again: its host goes on", record.host)
             agent.retiring = agent.retiring or record.draining  # its end: no host lost
             first = not agent.registered.is_set()
             agent.registered.set()
             if first and agent.alive:
                 self._on_host_ready(record.host)
 
-    def _agent_gone(self, host: str) -> None:
+    def _agent_gone(self, host: str, waited: bool = False) -> None:
         """The agent of ``host`` lost its record: the host is lost (unless the job is
-        ending, when agents leave on purpose)."""
+        ending, when agents leave on purpose). Unless the store was in trouble just
+        before (``AgentWiring.store_trouble``): every lease lapses when a stalled store
+        answers again, so the agent has ``AGENT_RETURN_GRACE`` seconds to register
+        again (``_await_return``; ``waited``: that time is up)."""
         with self._lock:
             agent = self._agents.get(host)
             if agent is None or agent.lost or not agent.registered.is_set() or self._closing:
+                return
+            if not waited and not agent.retiring and self._store_trouble(LAPSE_WINDOW):
+                if agent.lapsed.is_set():
+                    return  # (waited on already)
+                agent.lapsed.set()
+                agent.returned.clear()
+                spawn(f"agent-return-{host}", self._await_return, agent)
+                log.warning(
+                    "the agent of %s lost its lease while the store was away: waiting up "
+                    "to %gs for it to register again",
+                    host,
+                    AGENT_RETURN_GRACE,
+                )
                 return
             handles = [
                 h
@@ -473,7 +519,12 @@ class AgentLauncher(Launcher, AgentService):
             withdrawn = [pid for pid, h in self._hosts_of.items() if h == host]
             for process_id in withdrawn:
                 self._assignments.pop(process_id, None)
-        detail = f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
+        detail = (
+            f"its agent's lease lapsed while the store was away and it did not register "
+            f"again within {AGENT_RETURN_GRACE:g}s"
+            if waited
+            else f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
+        )
         self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
         for handle in handles:
             handle.ended(-signal.SIGKILL, presumed=True)
@@ -482,6 +533,23 @@ class AgentLauncher(Launcher, AgentService):
         spawn(f"withdraw-{host}", self._withdraw, host, withdrawn)
         if agent.process is not None:
             spawn(f"agent-lost-{host}", agent.process.kill)
+
+    def _await_return(self, agent: AgentProcess) -> None:
+        """Wait for ``agent``, whose lease lapsed while the store was in trouble, to
+        register again: ``AGENT_RETURN_GRACE`` seconds counted from when the store is
+        out of trouble; then, unless it did, or the job ends, its host is lost."""
+        deadline = time.monotonic() + AGENT_RETURN_GRACE
+        while not agent.returned.wait(max(0.0, deadline - time.monotonic())):
+            if self._unfollow.is_set():
+                return
+            if self._store_trouble(LAPSE_WINDOW):  # still away: it cannot register yet
+                deadline = time.monotonic() + AGENT_RETURN_GRACE
+                continue
+            with self._lock:
+                if self._agents.get(agent.host) is not agent:
+                    return  # (replaced meanwhile)
+            self._agent_gone(agent.host, waited=True)
+            return
 
     def _withdraw(self, host: str, process_ids: Sequence[str]) -> None:
         """Delete the assignments of a lost host's processes: they are dead to the

@@ -26,7 +26,10 @@ class AgentWiring:
     term to stamp on assignments (``term()``), what to do when a host's agent is lost
     (``on_host_lost(host, detail)``) and when one first registers
     (``on_host_ready(host)``), how long a watch may go without the store
-    (``patience``), and the leader's fenced write (``steer``; None: a plain put)."""
+    (``patience``), the leader's fenced write (``steer``; None: a plain put), and
+    whether the store was in trouble within a window of seconds before now
+    (``store_trouble(window)``: an agent's lapsed lease may then be the store's doing,
+    ``driver.job.store_trouble``)."""
 
     store: KVStore
     agent_env: Mapping[str, str]
@@ -35,6 +38,7 @@ class AgentWiring:
     patience: float
     steer: Callable[[Sequence[Put | Delete]], int] | None = None
     on_host_ready: Callable[[str], None] = lambda host: None
+    store_trouble: Callable[[float], bool] = lambda window: False
 
 
 class AgentService(abc.ABC):

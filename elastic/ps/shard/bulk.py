@@ -37,7 +37,7 @@ from elastic.ps.protocol import GET, PUT, Part
 from elastic.ps.settings import BulkLimits
 from elastic.ps.shard.staging import Staging
 from rendezvous.errors import ElasticError
-from rendezvous.net.rpc import RateLimitedLog
+from rendezvous.rate_log import RateLimitedLog
 from rendezvous.retry import Backoff
 
 log = logging.getLogger("elastic.ps.shard.bulk")
