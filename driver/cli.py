@@ -9,13 +9,15 @@ driver took the job over (this one steers nothing more; the job goes on under th
 leader); 128 + N when signal N stopped it (143 for SIGTERM, 130 for SIGINT), after its
 final snapshot with ``--checkpoint-dir``: a stopped job is resumable, not failed; 0 for
 a ``--standby`` whose job ended under its leader; 2 for bad arguments (and a
-``--log-dir`` that cannot be made, an ``--events`` file that cannot be opened).
+``--log-dir`` that cannot be made, an ``--events`` file that cannot be opened, an etcd
+that speaks TLS where the URL does not or the reverse).
 ``--version`` prints the version and exits 0.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from driver.config import parse_args, unshared_secret_note
@@ -27,6 +29,7 @@ from driver.errors import (
     LeadershipLost,
     UsageError,
 )
+from driver.etcd_security import check_transport
 from driver.events.log import line_prefix
 from driver.job.loop import Job
 from driver.join.node import JoinedNode
@@ -55,10 +58,14 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     try:
         config = parse_args(argv)
+        # The --etcd-* flags, for this driver's own clients and every process it starts
+        # (each inherits this environment), as ELASTIC_ETCD_* (driver.etcd_security).
+        os.environ.update(config.etcd_env)
         node = JoinedNode(config, config.join) if config.join is not None else None
         if node is not None and config.join is not None and config.join.spare_task:
             _say(f"--join: another task of node {config.join.host}, whose first task joins")
             return 0
+        check_transport(config.rendezvous)
         if node is not None:
             node.prepare()  # before the job: its secret, and the shape it must agree on
         job = Job(config, leave=node.leave if node is not None else None)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from driver.errors import HostSpecError, UsageError
+from driver.etcd_security import etcd_environment
 from driver.flags import (
     DEFAULT_CHECKPOINT_INTERVAL,
     DEFAULT_DRIVER_TIMEOUT,
@@ -77,7 +78,7 @@ class JobConfig:
     discovery_script: str | None  # absolute path
     slots_per_host: int
     discovery_interval: float
-    rendezvous: StoreURL  # scheme "embedded" (no endpoints) or "etcd"
+    rendezvous: StoreURL  # scheme "embedded" (no endpoints) or "etcd" (``tls``: etcds://)
     job_id: str
     network_interface: str | None  # the interface whose address the driver advertises
     driver_address: str | None  # the address the driver advertises (wins over the above)
@@ -113,6 +114,9 @@ class JobConfig:
     # --restart-workers: whole worlds of workers started with torchrun's variables, every
     # worker restarted when one fails or the hosts change (``driver.policy.restarts``)
     restart_workers: bool = False
+    # the ELASTIC_ETCD_* variables the --etcd-* flags set, for every process of the job
+    # (``driver.etcd_security``; elastic-run puts them in its own environment)
+    etcd_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def uses_discovery(self) -> bool:
@@ -163,7 +167,7 @@ def _parse_rendezvous(text: str, join: bool = False) -> StoreURL:
         # driver picks that address itself, so a user-given one would be ignored.
         raise UsageError(
             f"--rendezvous {text}: use 'embedded' (the driver chooses the "
-            f"embedded store's address) or etcd://HOST:PORT[,HOST:PORT...]"
+            f"embedded store's address), etcd://HOST:PORT[,HOST:PORT...] or etcds://..."
         )
     return url
 
@@ -389,6 +393,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         raise UsageError(f"--blacklist-cooldown-range: MIN {low:g} is above MAX {high:g}")
 
     rendezvous = _parse_rendezvous(args.rendezvous, args.join)
+    etcd_env = etcd_environment(vars(args), rendezvous, os.environ)
 
     if args.job_id is None:
         args.job_id = default_job_id(args.join)  # under Slurm: its job id
@@ -486,4 +491,5 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         ps_replicas=args.ps_replicas or 0,
         join=join,
         restart_workers=args.restart_workers,
+        etcd_env=tuple(sorted(etcd_env.items())),
     )

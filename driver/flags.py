@@ -156,15 +156,21 @@ keeping the trained state: --checkpoint-dir DIR snapshots it every --checkpoint-
 the same command started again (after a crash, a preemption, a requeue) resumes from the
 newest snapshot. SIGTERM or SIGINT writes a final snapshot first.
 
+etcd's own security: anyone who reaches etcd's port can read the job's records and
+delete or overwrite them (a record without the job's signature is ignored, but one
+deleted still stops the job). Let only the job reach etcd, or make etcd check who
+calls: etcds:// with client certificates (--etcd-cert, --etcd-key) or etcd users
+(--etcd-user, with the password in ELASTIC_ETCD_PASSWORD).
+
 exit status: 0 when every worker of the final round (with --restart-workers: of a
 world) exited 0; 1 with a one-line reason when the job failed (reset limit exceeded,
 elastic timeout, no usable hosts, a program that cannot start, a job id that a live job
-holds, the committed state lost); 2 for bad arguments; 3 when another driver took the
-job over (this one steers nothing more and leaves the workers to it); 128+N when stopped
-by signal N (143: SIGTERM, 130: SIGINT), after a final snapshot with --checkpoint-dir: a
-stopped job is not a failed one, and the same command resumes it; 0 for a --standby
-whose job ended under its leader, and for a --join node that left on SIGTERM while the
-job goes on elsewhere."""
+holds, the committed state lost); 2 for bad arguments (also: an etcd that speaks TLS
+where the URL does not, or the reverse); 3 when another driver took the job over (this one steers nothing more and
+leaves the workers to it); 128+N when stopped by signal N (143: SIGTERM, 130: SIGINT),
+after a final snapshot with --checkpoint-dir: a stopped job is not a failed one, and the
+same command resumes it; 0 for a --standby whose job ended under its leader, and for a
+--join node that left on SIGTERM while the job goes on elsewhere."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -297,8 +303,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--rendezvous",
         default=DEFAULT_RENDEZVOUS,
         metavar="URL",
-        help="'embedded' (the driver runs the store) or "
-        "etcd://HOST:PORT[,HOST:PORT...] (default: %(default)s)",
+        help="'embedded' (the driver runs the store), etcd://HOST:PORT[,HOST:PORT...], or "
+        "etcds://HOST:PORT[,HOST:PORT...]: etcd over TLS, for every process of the job, "
+        "trusting --etcd-ca-cert, else the CAs this machine trusts (etcd:// with a CA or "
+        "client certificate given is TLS too) (default: %(default)s)",
+    )
+    # etcd's own security: each flag sets its ELASTIC_ETCD_* variable for every process
+    # of the job (driver.etcd_security); the password has no flag, on purpose.
+    store.add_argument(
+        "--etcd-ca-cert",
+        metavar="PATH",
+        help="(etcd) the CA certificate etcd's certificate is checked against; TLS to etcd. "
+        "Every process of the job reads PATH, on its own host: give each host the file "
+        "there (default: $ELASTIC_ETCD_CA_CERT; with etcds:// and neither, the CAs this "
+        "machine trusts)",
+    )
+    store.add_argument(
+        "--etcd-cert",
+        metavar="PATH",
+        help="(etcd) the client certificate shown to an etcd that asks for one "
+        "(--client-cert-auth); needs --etcd-key; TLS to etcd; on every host, as "
+        "--etcd-ca-cert (default: $ELASTIC_ETCD_CERT)",
+    )
+    store.add_argument(
+        "--etcd-key",
+        metavar="PATH",
+        help="(etcd) the private key of --etcd-cert (default: $ELASTIC_ETCD_KEY)",
+    )
+    store.add_argument(
+        "--etcd-user",
+        metavar="NAME",
+        help="(etcd) the etcd user every process of the job authenticates as (etcd's auth "
+        "enabled). Its password is read from ELASTIC_ETCD_PASSWORD only, never from a flag: "
+        "a command line is visible to every user of the machine (default: "
+        "$ELASTIC_ETCD_USER)",
     )
     store.add_argument(
         "--job-id",
@@ -324,8 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="make this node a host of job --job-id: run its agent and workers here; the "
         "first node leads, the others stand by and take over. Hosts are the live joined "
         "nodes, and those of -H or --host-discovery-script where given (their agents "
-        "started by ssh, as without --join). The store: --rendezvous etcd://..., or embedded://NODE:PORT, served by the "
-        "node named NODE (the job then lasts as long as that node: etcd for anything "
+        "started by ssh, as without --join). The store: --rendezvous etcd://... (or "
+        "etcds://...), or embedded://NODE:PORT, served by the node named NODE (the job then lasts as long as that node: etcd for anything "
         "long). Needs the job's secret: ELASTIC_JOB_SECRET or --job-secret-file, the same "
         "on every node",
     )

@@ -1,6 +1,7 @@
 """The rendezvous KV store: one interface (``KVStore``), two backends chosen by URL.
 
     store = open_store("etcd://10.0.0.5:2379,10.0.0.6:2379", secret)
+    store = open_store("etcds://10.0.0.5:2379", secret)  # etcd over TLS
     store = open_store("embedded://127.0.0.1:40123", secret)
 
 Backends register by scheme in ``BACKENDS``; each is a ``KVStore`` subclass built
@@ -64,7 +65,7 @@ def _embedded(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVS
 def _etcd(url: StoreURL, secret: str | None, settings: StoreSettings) -> KVStore:
     from rendezvous.backends.etcd import EtcdCredentials, EtcdStore
 
-    return EtcdStore(url.endpoints, settings, EtcdCredentials.from_env(os.environ))
+    return EtcdStore(url.endpoints, settings, EtcdCredentials.from_env(os.environ, tls=url.tls))
 
 
 BACKENDS = {"embedded": _embedded, "etcd": _etcd}

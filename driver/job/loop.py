@@ -525,6 +525,7 @@ _DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
 _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.ProcessExited: lambda job, m: job._messages.on_exit(m),
     msg.RegistryChanged: lambda job, m: job._messages.on_registry(m),
+    msg.RegistrationRead: lambda job, m: job._messages.on_registration_read(m),
     msg.RegistryResync: lambda job, m: job._messages.on_registry_resync(m),
     msg.FailureReport: lambda job, m: job._messages.on_failure_report(m),
     msg.ProbeAnswered: lambda job, m: job._messages.on_probe_answered(m),

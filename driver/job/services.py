@@ -312,6 +312,22 @@ class JobServices:
             self.chaos = ChaosMonkey(cfg.chaos_kill_interval, cfg.chaos_max_kills, tick)
             self.chaos.start()
 
+    def read_registration_later(self, worker_id: str, delay: float) -> None:
+        """In ``delay`` seconds (unless the job ends first), read worker ``worker_id``'s
+        registration and post it (``msg.RegistrationRead``; its value None when it is
+        gone, and when the store cannot be read: ``readable`` False)."""
+
+        def read() -> None:
+            if self._stop.wait(delay) or self.store is None:
+                return
+            try:
+                kv, readable = self.store.get(self._keys.worker(worker_id)), True
+            except RendezvousError:
+                kv, readable = None, False
+            self._post(msg.RegistrationRead(worker_id, kv, readable))
+
+        spawn(f"registration-{worker_id}", read)
+
     def require_store(self) -> KVStore:
         """The store's client.
 

@@ -87,8 +87,8 @@ def join_settings(
     environ = os.environ if environ is None else environ
     if rendezvous.scheme != "etcd" and len(rendezvous.endpoints) != 1:
         raise UsageError(
-            "--join needs --rendezvous etcd://HOST:PORT[,...] (a store that outlives any "
-            "node), or embedded://HOST:PORT (the node named HOST serves it, and the job "
+            "--join needs --rendezvous etcd://HOST:PORT[,...] or etcds://... (a store "
+            "that outlives any node), or embedded://HOST:PORT (the node named HOST serves it, and the job "
             "lasts as long as that node)"
         )
     if job_id is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import ssl
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -98,15 +99,26 @@ class EtcdCredentials:
     """How to prove ourselves to etcd: user/password (etcd auth) and TLS files (a CA to
     trust the servers, and a client certificate and key when they ask for one).
 
+    TLS is used when the URL says ``etcds://`` (``tls_required``) and, as before that
+    scheme existed, whenever a CA or a client certificate is given (with ``etcd://``
+    too: a file given is never ignored). Without a CA file the servers' certificates
+    are checked against the system's roots (``system_roots``).
+
     ``from_env`` reads ``ELASTIC_ETCD_USER``/``_PASSWORD``/``_CA_CERT``/``_CERT``/``_KEY``:
     elastic-run's environment passes to its workers and shards, so the whole job uses
-    them. Raises RendezvousConfigError naming the setting or file that is wrong."""
+    them.
+
+    Raises:
+        RendezvousConfigError: a password without a user, a certificate without its
+            key or a key without its certificate (naming the variables).
+    """
 
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     ca_cert: str | None = None
     cert: str | None = None
     key: str | None = None
+    tls_required: bool = False  # the URL said etcds://
 
     def __post_init__(self):
         if self.password and not self.user:
@@ -115,20 +127,33 @@ class EtcdCredentials:
             raise RendezvousConfigError(f"{ENV_CERT} and {ENV_KEY} go together: set both")
 
     @classmethod
-    def from_env(cls, environ) -> EtcdCredentials:
+    def from_env(cls, environ, tls: bool = False) -> EtcdCredentials:
+        """The credentials ``environ`` holds; ``tls``: the URL said ``etcds://``.
+
+        Raises:
+            RendezvousConfigError: as the class does.
+        """
         return cls(
             user=environ.get(ENV_USER) or None,
             password=environ.get(ENV_PASSWORD),
             ca_cert=environ.get(ENV_CA_CERT) or None,
             cert=environ.get(ENV_CERT) or None,
             key=environ.get(ENV_KEY) or None,
+            tls_required=tls,
         )
 
     @property
     def tls(self) -> bool:
-        return bool(self.ca_cert or self.cert)
+        return self.tls_required or bool(self.ca_cert or self.cert)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
+        """gRPC's TLS credentials from the files (read now: a missing file is said at
+        once, not at the first call).
+
+        Raises:
+            RendezvousConfigError: a file cannot be read (naming its variable).
+        """
+
         def read(path, name):
             if not path:
                 return None
@@ -141,10 +166,26 @@ class EtcdCredentials:
                 ) from None
 
         return grpc.ssl_channel_credentials(
-            root_certificates=read(self.ca_cert, ENV_CA_CERT),
+            root_certificates=read(self.ca_cert, ENV_CA_CERT) or system_roots(),
             private_key=read(self.key, ENV_KEY),
             certificate_chain=read(self.cert, ENV_CERT),
         )
+
+
+def system_roots() -> bytes | None:
+    """The CA certificates this machine trusts, from the bundle OpenSSL uses
+    (``SSL_CERT_FILE`` when set, else the distribution's, e.g.
+    ``/etc/ssl/certs/ca-certificates.crt``); None when there is none, and gRPC then
+    uses the roots it ships. (gRPC never reads the system's store by itself: an etcd
+    certificate from a CA installed on the machine, as companies do, would be refused.)"""
+    path = ssl.get_default_verify_paths().cafile
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read() or None
+    except OSError:
+        return None
 
 
 def _key_range(key: str, prefix: bool) -> tuple[bytes, bytes]:

@@ -1,7 +1,13 @@
-"""Parsing of store URLs (pure): ``embedded://HOST:PORT`` and ``etcd://HOST:PORT[,HOST:PORT...]``.
+"""Parsing of store URLs (pure): ``embedded://HOST:PORT``, ``etcd://HOST:PORT[,HOST:PORT...]``
+and ``etcds://HOST:PORT[,HOST:PORT...]`` (etcd over TLS).
 
 ``embedded`` alone (the CLI's default) names the store the driver runs; the driver
 turns it into ``embedded://HOST:PORT`` for its workers once the server has a port.
+
+``etcds`` is the etcd backend with TLS required: its ``StoreURL`` has the scheme
+``etcd`` (the backend, what every "is this etcd?" check asks) and ``tls`` set, and it
+is written back as ``etcds://``, so the URL the driver hands its workers, agents and
+shards (``ELASTIC_RENDEZVOUS``) asks them for TLS too.
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ from dataclasses import dataclass
 
 from rendezvous.errors import RendezvousConfigError
 
-SCHEMES = ("embedded", "etcd")
+SCHEMES = ("embedded", "etcd", "etcds")
+TLS_SCHEME = "etcds"  # the etcd backend, over TLS
 _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*|[0-9A-Fa-f:.]+")
 
 
@@ -61,13 +68,22 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class StoreURL:
+    """``scheme`` names the backend ("embedded" or "etcd"); ``tls``: the URL said
+    ``etcds://``, so every client of the job must speak TLS to etcd."""
+
     scheme: str
     endpoints: tuple[Endpoint, ...]
+    tls: bool = False
+
+    @property
+    def url_scheme(self) -> str:
+        """The scheme as written in the URL (``etcds`` for etcd over TLS)."""
+        return TLS_SCHEME if self.tls else self.scheme
 
     def __str__(self) -> str:
         if not self.endpoints:
             return self.scheme
-        return f"{self.scheme}://" + ",".join(str(e) for e in self.endpoints)
+        return f"{self.url_scheme}://" + ",".join(str(e) for e in self.endpoints)
 
 
 def parse_endpoint(text: str, url: str) -> Endpoint:
@@ -80,7 +96,8 @@ def parse_store_url(url: str) -> StoreURL:
     """Raises RendezvousConfigError with a one-line reason for anything malformed."""
     if not isinstance(url, str) or not url.strip():
         raise RendezvousConfigError(
-            "empty store URL: expected 'embedded' or etcd://HOST:PORT[,...]"
+            "empty store URL: expected 'embedded', etcd://HOST:PORT[,...] or "
+            "etcds://HOST:PORT[,...]"
         )
     url = url.strip()
     if url == "embedded":
@@ -88,8 +105,8 @@ def parse_store_url(url: str) -> StoreURL:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in SCHEMES:
         raise RendezvousConfigError(
-            f"bad store URL {url!r}: expected 'embedded', "
-            "embedded://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]"
+            f"bad store URL {url!r}: expected 'embedded', embedded://HOST:PORT, "
+            "etcd://HOST:PORT[,HOST:PORT...] or etcds://HOST:PORT[,HOST:PORT...] (TLS)"
         )
     parts = rest.rstrip("/").split(",")
     if not rest or any(not p.strip() for p in parts):
@@ -97,4 +114,6 @@ def parse_store_url(url: str) -> StoreURL:
     endpoints = tuple(parse_endpoint(p, url) for p in parts)
     if scheme == "embedded" and len(endpoints) != 1:
         raise RendezvousConfigError(f"bad store URL {url!r}: the embedded store has one endpoint")
+    if scheme == TLS_SCHEME:
+        return StoreURL("etcd", endpoints, tls=True)
     return StoreURL(scheme, endpoints)

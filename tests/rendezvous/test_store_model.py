@@ -53,8 +53,39 @@ def test_parse_bad_urls_name_the_problem(url, fragment):
 
 
 def test_url_round_trips():
-    for url in ["embedded", "etcd://a:1,b:2", "etcd://[::1]:5"]:
+    for url in ["embedded", "etcd://a:1,b:2", "etcd://[::1]:5", "etcds://a:1,b:2"]:
         assert str(parse_store_url(url)) == url
+
+
+def test_etcds_is_the_etcd_backend_with_tls_and_says_so_when_written_back():
+    """Every "is this etcd?" rule holds for etcds, and the URL handed to the job's
+    processes (``str``) asks them for TLS too."""
+    url = parse_store_url("etcds://a:1, b:2")
+    assert (url.scheme, url.tls, url.url_scheme) == ("etcd", True, "etcds")
+    assert url.endpoints == (Endpoint("a", 1), Endpoint("b", 2))
+    assert str(url) == "etcds://a:1,b:2"
+    assert not parse_store_url("etcd://a:1").tls
+    with pytest.raises(RendezvousConfigError, match="etcds://"):
+        parse_store_url("etcdtls://a:1")
+
+
+@pytest.mark.parametrize(
+    "tls_required,ca,cert,expected",
+    [
+        (False, None, None, False),  # etcd://, nothing given: plain
+        (False, "ca.pem", None, True),  # etcd:// with a CA: TLS, as before etcds existed
+        (False, None, "c.pem", True),  # ... or with a client certificate
+        (True, None, None, True),  # etcds://: TLS, the system's roots
+        (True, "ca.pem", "c.pem", True),
+    ],
+)
+def test_when_the_etcd_client_speaks_tls(tls_required, ca, cert, expected):
+    from rendezvous.backends.etcd import EtcdCredentials
+
+    credentials = EtcdCredentials(
+        ca_cert=ca, cert=cert, key="k.pem" if cert else None, tls_required=tls_required
+    )
+    assert credentials.tls is expected
 
 
 def test_prefix_end():

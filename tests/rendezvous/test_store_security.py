@@ -1,39 +1,25 @@
 """etcd with user/password auth and with mutual TLS: credentials from ELASTIC_ETCD_* pass
-through to the client; missing or wrong ones give a typed error, never a hang."""
+through to the client; missing or wrong ones give a typed error, never a hang. The
+``etcds://`` scheme asks for TLS, trusting the given CA, else the system's roots."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import time
 
 import pytest
 
-from rendezvous import StoreSettings, open_store
+from rendezvous import StoreSettings, open_store, parse_store_url
 from rendezvous.errors import RendezvousAuthError, RendezvousError
+from rendezvous.net.url import Endpoint
 from tests.conftest import FAST
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.pki import tls_etcd, tls_url, write_pki
 
 SHORT = StoreSettings(request_timeout=1.0, retry_deadline=2.0, connect_timeout=3.0)
 
 
-def enable_auth(url: str, password: str) -> None:
-    """Create etcd's root user and turn authentication on (through etcd's own API)."""
-    import grpc
-    from etcd3 import etcdrpc
-
-    channel = grpc.insecure_channel(url.split("://", 1)[1])
-    try:
-        auth = etcdrpc.AuthStub(channel)
-        auth.UserAdd(etcdrpc.AuthUserAddRequest(name="root", password=password), timeout=5)
-        auth.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
-        auth.AuthEnable(etcdrpc.AuthEnableRequest(), timeout=5)
-    finally:
-        channel.close()
-
-
 def test_user_and_password_pass_through(etcd_single, monkeypatch):
-    enable_auth(etcd_single.url, "s3cret")
+    etcd_single.enable_auth("s3cret")
     monkeypatch.delenv("ELASTIC_ETCD_USER", raising=False)
     t0 = time.monotonic()
     with pytest.raises(RendezvousAuthError, match="ELASTIC_ETCD_USER"):
@@ -57,75 +43,8 @@ def test_user_and_password_pass_through(etcd_single, monkeypatch):
         store.close()
 
 
-def _write_pki(tmp_path):
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def name(cn):
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def issue(subject, key, issuer, issuer_key, ca=False, usage=None, san=None):
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(subject))
-            .issuer_name(name(issuer))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if usage:
-            builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return builder.sign(issuer_key, hashes.SHA256())
-
-    def save(stem, cert, key):
-        (tmp_path / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        (tmp_path / f"{stem}-key.pem").write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.TraditionalOpenSSL,
-                serialization.NoEncryption(),
-            )
-        )
-        return str(tmp_path / f"{stem}.pem"), str(tmp_path / f"{stem}-key.pem")
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = issue("test-ca", ca_key, "test-ca", ca_key, ca=True)
-    server_key, client_key = (
-        ec.generate_private_key(ec.SECP256R1()),
-        ec.generate_private_key(ec.SECP256R1()),
-    )
-    server = issue(
-        "127.0.0.1",
-        server_key,
-        "test-ca",
-        ca_key,
-        usage=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
-        san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-    )
-    client = issue("client", client_key, "test-ca", ca_key, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
-    ca_path, _ = save("ca", ca, ca_key)
-    server_cert, server_key_path = save("server", server, server_key)
-    client_cert, client_key_path = save("client", client, client_key)
-    return {
-        "ca": ca_path,
-        "cert": server_cert,
-        "key": server_key_path,
-        "client_cert": client_cert,
-        "client_key": client_key_path,
-    }
-
-
 def test_mutual_tls_pass_through(tmp_path, monkeypatch):
-    pki = _write_pki(tmp_path)
+    pki = write_pki(tmp_path)
     monkeypatch.setenv("ELASTIC_ETCD_CA_CERT", pki["ca"])
     monkeypatch.setenv("ELASTIC_ETCD_CERT", pki["client_cert"])
     monkeypatch.setenv("ELASTIC_ETCD_KEY", pki["client_key"])
@@ -155,3 +74,62 @@ def test_bad_credential_settings_are_named(monkeypatch, tmp_path):
     monkeypatch.setenv("ELASTIC_ETCD_KEY", str(tmp_path / "k.pem"))
     with pytest.raises(RendezvousConfigError, match="cannot read"):
         open_store("etcd://127.0.0.1:1", settings=SHORT)
+
+
+@pytest.fixture
+def tls_cluster(tmp_path):
+    with tls_etcd(tmp_path / "pki") as (cluster, pki):
+        yield cluster, pki
+
+
+def _client_certificate_only(monkeypatch, pki) -> None:
+    """The environment holds the client certificate and key, and no CA file."""
+    for name in ("ELASTIC_ETCD_USER", "ELASTIC_ETCD_PASSWORD", "ELASTIC_ETCD_CA_CERT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ELASTIC_ETCD_CERT", pki["client_cert"])
+    monkeypatch.setenv("ELASTIC_ETCD_KEY", pki["client_key"])
+
+
+def _round_trip(url: str, key: str) -> None:
+    store = open_store(url, settings=FAST)
+    try:
+        store.put(key, b"v")
+        kv = store.get(key)
+        assert kv is not None and kv.value == b"v"
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60)
+def test_etcds_trusts_the_given_ca_else_the_systems_roots(tls_cluster, monkeypatch, tmp_path):
+    cluster, pki = tls_cluster
+    url = tls_url(cluster)
+    _client_certificate_only(monkeypatch, pki)
+    monkeypatch.setenv("ELASTIC_ETCD_CA_CERT", pki["ca"])
+    _round_trip(url, "/etcds/given-ca")
+    # No CA file: the roots this machine trusts, from the bundle OpenSSL reads
+    # (SSL_CERT_FILE, as an operator who installed the CA machine-wide would have it).
+    monkeypatch.delenv("ELASTIC_ETCD_CA_CERT")
+    monkeypatch.setenv("SSL_CERT_FILE", pki["ca"])
+    _round_trip(url, "/etcds/system-roots")
+    # Roots that do not hold etcd's CA: refused, a typed error, and soon.
+    other = write_pki(tmp_path / "other")
+    monkeypatch.setenv("SSL_CERT_FILE", other["ca"])
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError):
+        open_store(url, settings=SHORT)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.timeout(60)
+def test_the_tls_probe_tells_a_tls_etcd_from_a_plain_one(tls_cluster, etcd_server):
+    from rendezvous.net.tls_probe import speaks_tls
+    from tests.support.etcd_cluster import free_ports
+
+    cluster, _ = tls_cluster
+    (tls,) = parse_store_url(cluster.url).endpoints
+    (plain,) = parse_store_url(etcd_server.url).endpoints
+    assert speaks_tls(tls) is True  # it asks for a client certificate: still TLS
+    assert speaks_tls(plain) is False
+    (closed,) = free_ports(1)
+    assert speaks_tls(Endpoint("127.0.0.1", closed), timeout=1.0) is None

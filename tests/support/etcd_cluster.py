@@ -51,7 +51,9 @@ class EtcdCluster:
         timing_ms: tuple[int, int] = (50, 500),
     ):
         """``tls``: {"cert", "key", "ca"} file paths: clients must then speak TLS and show a
-        certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env).
+        certificate signed by ``ca`` (the client side reads ELASTIC_ETCD_* from the env;
+        the cluster's own readiness check uses "client_cert" and "client_key" when the
+        dict has them, as ``tests.support.pki.write_pki`` makes it).
         ``hosts``: one test host per member (``tests.support.hosts.netns.NetnsHost``)."""
         self.tls = tls
         self.timing_ms = timing_ms  # (heartbeat, election timeout): etcd's are (100, 1000)
@@ -156,7 +158,7 @@ class EtcdCluster:
 
     def wait_ready(self, i: int) -> None:
         """Until member ``i`` answers a read (it has a leader)."""
-        from rendezvous import StoreSettings, open_store
+        from rendezvous import StoreSettings
         from rendezvous.errors import RendezvousError
 
         deadline = time.monotonic() + self.ready_timeout
@@ -167,7 +169,7 @@ class EtcdCluster:
                 break
             if _port_open(self.addresses[i], self.client_ports[i]):
                 try:
-                    open_store(self.member_url(i), settings=settings).close()
+                    self._client(i, settings).close()
                     return
                 except RendezvousError:
                     pass
@@ -175,6 +177,34 @@ class EtcdCluster:
         raise RuntimeError(
             f"etcd member {i} not ready within {self.ready_timeout}s: {self.log_tail(i)}"
         )
+
+    def _client(self, i: int, settings):
+        """A client of member ``i`` that has answered a read: with the cluster's own
+        client certificate when it has one (a test's environment may hold another, or
+        none), else as the environment says.
+
+        Raises:
+            RendezvousError: it does not answer.
+        """
+        from rendezvous import open_store
+
+        if not (self.tls and "client_cert" in self.tls):
+            return open_store(self.member_url(i), settings=settings)
+        from rendezvous.backends.etcd import EtcdCredentials, EtcdStore
+        from rendezvous.net.url import Endpoint
+
+        credentials = EtcdCredentials(
+            ca_cert=self.tls["ca"], cert=self.tls["client_cert"], key=self.tls["client_key"]
+        )
+        store = EtcdStore(
+            [Endpoint(self.addresses[i], self.client_ports[i])], settings, credentials
+        )
+        try:
+            store.revision()
+        except BaseException:
+            store.close()
+            raise
+        return store
 
     def log_tail(self, i: int, lines: int = 10) -> str:
         try:
@@ -214,6 +244,23 @@ class EtcdCluster:
             if status.leader == status.header.member_id:
                 return i
         return None
+
+    def enable_auth(self, password: str) -> None:
+        """Create etcd's root user with ``password`` and turn authentication on (through
+        etcd's own API, on member 0): every client must then log in."""
+        import grpc
+        from etcd3 import etcdrpc
+
+        channel = grpc.insecure_channel(f"{self.addresses[0]}:{self.client_ports[0]}")
+        try:
+            auth = etcdrpc.AuthStub(channel)
+            request = etcdrpc.AuthUserAddRequest(name="root", password=password)
+            auth.UserAdd(request, timeout=5)
+            grant = etcdrpc.AuthUserGrantRoleRequest(user="root", role="root")
+            auth.UserGrantRole(grant, timeout=5)
+            auth.AuthEnable(etcdrpc.AuthEnableRequest(), timeout=5)
+        finally:
+            channel.close()
 
     def restart(self, i: int, wait: bool = True) -> None:
         """Start member ``i`` again on its data dir."""
