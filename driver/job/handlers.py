@@ -19,6 +19,7 @@ from driver.job import messages as msg
 from driver.job.context import JobContext
 from driver.policy import decisions as dec
 from driver.policy import lifecycle
+from driver.policy.lapses import RETURN_GRACE
 from rendezvous.plan import FinishRecord, ProgressRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue
 
@@ -33,6 +34,9 @@ class MessageHandlers:
 
     def __init__(self, ctx: JobContext):
         self._ctx = ctx
+        # Registrations whose lease lapsed while the store was in trouble, not yet
+        # written again: read again after ``RETURN_GRACE`` (``on_registration_read``).
+        self._lapsed: set[str] = set()
 
     def on_exit(self, message: msg.ProcessExited) -> Decisions:
         ctx = self._ctx
@@ -69,9 +73,33 @@ class MessageHandlers:
             state.workers[rec.worker_id] = lifecycle.exited(rec, message.code, self._ctx.clock())
 
     def on_registry(self, message: msg.RegistryChanged) -> Decisions:
+        """A registration written or gone. Gone while the store was in trouble, it may be
+        the store's doing (``driver.policy.lapses``): its agent writes it again, so it
+        counts only if it is still gone after ``RETURN_GRACE``."""
         event = message.event
         worker_id = event.key[len(self._ctx.keys.workers) :]
+        if event.type == PUT:
+            self._lapsed.discard(worker_id)
+        elif self._ctx.services.store_trouble.explains_lapse():
+            self._lapsed.add(worker_id)
+            self._ctx.services.read_registration_later(worker_id, RETURN_GRACE)
+            return ()
         self._set_registration(worker_id, event.kv if event.type == PUT else None)
+        return ()
+
+    def on_registration_read(self, message: msg.RegistrationRead) -> Decisions:
+        """A lapsed registration read again (``on_registry``): still gone, it counts now,
+        unless the store is still in trouble (read again later)."""
+        worker_id = message.worker_id
+        if worker_id not in self._lapsed:
+            return ()  # written again meanwhile: its event came first
+        if message.kv is None and (
+            not message.readable or self._ctx.services.store_trouble.explains_lapse()
+        ):
+            self._ctx.services.read_registration_later(worker_id, RETURN_GRACE)
+            return ()
+        self._lapsed.discard(worker_id)
+        self._set_registration(worker_id, message.kv)
         return ()
 
     def on_registry_resync(self, message: msg.RegistryResync) -> Decisions:

@@ -36,6 +36,17 @@ class RegistryChanged:
 
 
 @dataclass(frozen=True)
+class RegistrationRead:
+    """A registration read again after its lease lapsed while the store was in trouble
+    (``driver.policy.lapses``): ``kv`` None when it is gone, or (``readable`` False)
+    when the store could not be read."""
+
+    worker_id: str
+    kv: KeyValue | None
+    readable: bool = True
+
+
+@dataclass(frozen=True)
 class RegistryResync:
     """Every registration, read afresh after the registry watch ended."""
 
@@ -199,6 +210,7 @@ class LeadLost:
 Message = Union[
     ProcessExited,
     RegistryChanged,
+    RegistrationRead,
     RegistryResync,
     FailureReport,
     FailureResync,

@@ -1,13 +1,6 @@
 """When the job's store last failed to answer in time (``StoreTrouble``), as the driver's
 health probe saw it: what tells a lease that lapsed because its holder was cut off from
-one that lapsed because the store itself stalled.
-
-etcd expires a lease whose TTL passed while it could not be refreshed, and a store
-that was stopped for longer than a TTL (a leader election, a disk stall, SIGSTOP) expires
-every lease of the job the moment it answers again: the agents' records vanish together
-although every host is fine. Their agents take a new lease then and register again
-within a second or two (``driver.agent.loop``); the driver waits that long for them
-(``lapse_explained``) instead of taking every host as lost.
+one that lapsed because the store itself stalled (``driver.policy.lapses``).
 """
 
 from __future__ import annotations
@@ -16,15 +9,11 @@ import threading
 import time
 from typing import Callable
 
+from driver.policy.lapses import LAPSE_WINDOW, lapse_explained
+
 #: a look at the store that takes longer than this is trouble too (etcd answers a
 #: revision read in milliseconds; a stalled one holds the call)
 SLOW_ANSWER = 1.0
-
-
-def lapse_explained(trouble_at: float | None, now: float, window: float) -> bool:
-    """Whether a lease that lapsed at ``now`` may be the store's doing: the store was in
-    trouble (``trouble_at``, its latest moment) within ``window`` seconds before."""
-    return trouble_at is not None and now - trouble_at <= window
 
 
 class StoreTrouble:
@@ -60,6 +49,6 @@ class StoreTrouble:
                 return now
             return self._latest
 
-    def explains_lapse(self, window: float) -> bool:
+    def explains_lapse(self, window: float = LAPSE_WINDOW) -> bool:
         """``lapse_explained`` as of now."""
         return lapse_explained(self.latest(), self._clock(), window)

@@ -47,6 +47,7 @@ from driver.lead.terms import (
     read_term,
     term_bytes,
 )
+from driver.policy.lapses import RETURN_GRACE, lapse_explained
 from driver.threads import spawn
 from rendezvous.errors import LeaseNotFoundError, RendezvousAuthError, RendezvousError
 from rendezvous.job_secret import check_job_secret
@@ -56,6 +57,10 @@ from rendezvous.retry import Backoff
 from rendezvous.store import Compare, Delete, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
+
+STORE_ANSWER = 0.5
+"""Seconds a read of the store may take for a standby to trust what it does not see:
+a leader's beats missing while the store itself answers late are the store's silence."""
 
 DRIVER_LEASE_TTL = 1.0
 """Seconds the leader record outlives a driver that stopped refreshing it (killed, or
@@ -440,18 +445,33 @@ def _wait_vacant(
         watch = watches.enter_context(store.watch_prefix(keys.driver, start_revision=start))
         beats = watches.enter_context(store.watch_prefix(keys.leader_beat, start_revision=start))
         last_beat: float | None = time.monotonic() if beating else None
+        store_silent_at: float | None = None  # when the store last did not answer us
+        vacant_until: float | None = None  # the seat is empty: taken after this
         while True:
             if stop is not None and stop.is_set():
                 raise JobFailed("stopped while standing by; this driver never led the job")
+            if vacant_until is not None and time.monotonic() > vacant_until:
+                return
             event = watch.get(timeout=STANDBY_POLL)
             if event is not None and event.key == keys.driver:
                 if event.type == "delete":
-                    return
+                    if not lapse_explained(store_silent_at, time.monotonic()):
+                        return
+                    # Its lease lapsed when the stalled store answered again, as ours
+                    # did: the leader takes its seat again within seconds.
+                    vacant_until = time.monotonic() + RETURN_GRACE
+                    continue
+                vacant_until = None
                 lease = event.kv.lease  # the leader took its seat again under a new lease
             while (beat := beats.get(timeout=0)) is not None:
                 if beat.key == keys.leader_beat and beat.type != "delete":
                     last_beat = time.monotonic()
             if last_beat is not None and time.monotonic() - last_beat > BEAT_SILENCE:
+                if not _store_answers(store):
+                    # The store itself is silent (stalled, or cut off from us): its
+                    # silence says nothing of the leader's. Count again once it answers.
+                    last_beat = store_silent_at = time.monotonic()
+                    continue
                 log.warning(
                     "the leader of job %s has not beaten for %.1fs: ending its lease",
                     keys.job_id,
@@ -460,6 +480,16 @@ def _wait_vacant(
                 with contextlib.suppress(RendezvousError):
                     store.revoke(lease)
                 last_beat = None  # its record's deletion follows
+
+
+def _store_answers(store: KVStore) -> bool:
+    """Whether ``store`` answers one read within ``STORE_ANSWER`` seconds."""
+    began = time.monotonic()
+    try:
+        store.revision()
+    except RendezvousError:
+        return False
+    return time.monotonic() - began <= STORE_ANSWER
 
 
 def _in_use(keys: JobKeys, holder_value: bytes | None) -> str:

@@ -58,6 +58,7 @@ from driver.launch.base import Launcher
 from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
 from driver.launch.spec import LaunchSpec
+from driver.policy.lapses import LAPSE_WINDOW, RETURN_GRACE
 from driver.threads import spawn
 from rendezvous import env
 from rendezvous.agent_records import AGENT_LEASE_TTL, AgentRecord, Assignment, ProcessStatus
@@ -70,16 +71,6 @@ log = logging.getLogger(__name__)
 
 AGENT_START_TIMEOUT = 30.0
 """Seconds a new agent has to register (ssh connection and Python's start included)."""
-
-AGENT_RETURN_GRACE = 15.0
-"""Seconds an agent whose lease lapsed while the store was in trouble has to register
-again, once the store answers, before its host is taken as lost (it does in a second or
-two: ``driver.agent.loop``). A host really cut off meanwhile is found by its ring peers'
-reports, which do not wait on this."""
-
-LAPSE_WINDOW = AGENT_LEASE_TTL + 5.0
-"""Seconds after the store was last in trouble within which a lapsed lease may be the
-store's doing (its TTL, and the probe's interval with its timeout)."""
 
 PROCESS_START_TIMEOUT = 30.0
 """Seconds an agent has to report a process it was assigned as started (or failed)."""
@@ -486,7 +477,7 @@ class AgentLauncher(Launcher, AgentService):
         """The agent of ``host`` lost its record: the host is lost (unless the job is
         ending, when agents leave on purpose). Unless the store was in trouble just
         before (``AgentWiring.store_trouble``): every lease lapses when a stalled store
-        answers again, so the agent has ``AGENT_RETURN_GRACE`` seconds to register
+        answers again, so the agent has ``RETURN_GRACE`` seconds to register
         again (``_await_return``; ``waited``: that time is up)."""
         with self._lock:
             agent = self._agents.get(host)
@@ -502,7 +493,7 @@ class AgentLauncher(Launcher, AgentService):
                     "the agent of %s lost its lease while the store was away: waiting up "
                     "to %gs for it to register again",
                     host,
-                    AGENT_RETURN_GRACE,
+                    RETURN_GRACE,
                 )
                 return
             handles = [
@@ -521,7 +512,7 @@ class AgentLauncher(Launcher, AgentService):
                 self._assignments.pop(process_id, None)
         detail = (
             f"its agent's lease lapsed while the store was away and it did not register "
-            f"again within {AGENT_RETURN_GRACE:g}s"
+            f"again within {RETURN_GRACE:g}s"
             if waited
             else f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
         )
@@ -536,14 +527,14 @@ class AgentLauncher(Launcher, AgentService):
 
     def _await_return(self, agent: AgentProcess) -> None:
         """Wait for ``agent``, whose lease lapsed while the store was in trouble, to
-        register again: ``AGENT_RETURN_GRACE`` seconds counted from when the store is
+        register again: ``RETURN_GRACE`` seconds counted from when the store is
         out of trouble; then, unless it did, or the job ends, its host is lost."""
-        deadline = time.monotonic() + AGENT_RETURN_GRACE
+        deadline = time.monotonic() + RETURN_GRACE
         while not agent.returned.wait(max(0.0, deadline - time.monotonic())):
             if self._unfollow.is_set():
                 return
             if self._store_trouble(LAPSE_WINDOW):  # still away: it cannot register yet
-                deadline = time.monotonic() + AGENT_RETURN_GRACE
+                deadline = time.monotonic() + RETURN_GRACE
                 continue
             with self._lock:
                 if self._agents.get(agent.host) is not agent:

@@ -1,0 +1,31 @@
+"""Leases that lapse because the store stalled, not because their holder went.
+
+etcd expires a lease whose TTL passed while it could not be refreshed, and a store
+that was stopped for longer than a TTL (a leader election, a disk stall, SIGSTOP)
+expires every lease of the job the moment it answers again: the agents' records and
+the workers' registrations vanish together although every host is fine. Their agents
+take a new lease then and write them again within a second or two
+(``driver.agent.loop``); the driver waits ``RETURN_GRACE`` for that
+(``driver.launch.agents.launcher``, ``driver.job.handlers``) when the store was in
+trouble just before (``lapse_explained``; what the probe saw:
+``driver.job.store_trouble``), instead of taking every host as lost. A host that is
+really cut off meanwhile is found by its ring peers' reports, which do not wait.
+"""
+
+from __future__ import annotations
+
+from rendezvous.agent_records import AGENT_LEASE_TTL
+
+RETURN_GRACE = 15.0
+"""Seconds a record whose lease lapsed while the store was in trouble has to be written
+again, counted from when the store is out of trouble, before its loss counts."""
+
+LAPSE_WINDOW = AGENT_LEASE_TTL + 5.0
+"""Seconds after the store was last in trouble within which a lapsed lease may be the
+store's doing (the agent's TTL, and the probe's interval with its timeout)."""
+
+
+def lapse_explained(trouble_at: float | None, now: float, window: float = LAPSE_WINDOW) -> bool:
+    """Whether a lease that lapsed at ``now`` may be the store's doing: the store was in
+    trouble (``trouble_at``, its latest moment) within ``window`` seconds before."""
+    return trouble_at is not None and now - trouble_at <= window
