@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 
+from driver.checkpoint_folder import claim_checkpoint_dir
 from driver.config import parse_args, unshared_secret_note
 from driver.errors import (
     DriverError,
@@ -33,6 +34,7 @@ from driver.etcd_security import check_transport
 from driver.events.log import line_prefix
 from driver.job.loop import Job
 from driver.join.node import JoinedNode
+from rendezvous.checkpoint_claim import FolderClaim
 from rendezvous.errors import ElasticError
 from rendezvous.process_exit import run_then_exit
 from rendezvous.resources import raise_fd_limit
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
+    folder: FolderClaim | None = None
     try:
         config = parse_args(argv)
         # The --etcd-* flags, for this driver's own clients and every process it starts
@@ -68,11 +71,19 @@ def _run(argv: list[str]) -> int:
         check_transport(config.rendezvous)
         if node is not None:
             node.prepare()  # before the job: its secret, and the shape it must agree on
+        # One job per --checkpoint-dir, held for this driver's life; last, so that a
+        # start refused for another reason leaves the folder's owner as it was (a
+        # joined node's job id is given: the node built above runs as the same one).
+        config, folder, owner_note = claim_checkpoint_dir(config)
+        if owner_note:
+            _say(owner_note)
         job = Job(config, leave=node.leave if node is not None else None)
         if (note := unshared_secret_note(config)) is not None:
             _say(note)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        if folder is not None:
+            folder.close()
         return 2
     logging.basicConfig(
         level=logging.DEBUG
@@ -115,6 +126,8 @@ def _run(argv: list[str]) -> int:
     finally:
         if node is not None:
             node.close()
+        if folder is not None:
+            folder.close()
 
 
 if __name__ == "__main__":

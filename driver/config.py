@@ -114,6 +114,9 @@ class JobConfig:
     # --restart-workers: whole worlds of workers started with torchrun's variables, every
     # worker restarted when one fails or the hosts change (``driver.policy.restarts``)
     restart_workers: bool = False
+    # --job-id was given (or SLURM_JOB_ID under --join); else job_id is a fresh one, and a
+    # --checkpoint-dir's own job wins (``driver.checkpoint_folder``)
+    job_id_given: bool = False
     # the ELASTIC_ETCD_* variables the --etcd-* flags set, for every process of the job
     # (``driver.etcd_security``; elastic-run puts them in its own environment)
     etcd_env: tuple[tuple[str, str], ...] = ()
@@ -463,6 +466,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         discovery_timeout=args.discovery_timeout,
         rendezvous=rendezvous,
         job_id=job_id,
+        job_id_given=args.job_id is not None,
         network_interface=args.network_interface,
         driver_address=args.driver_address,
         reset_limit=args.reset_limit,

@@ -78,6 +78,12 @@ class SnapshotError(ElasticError):
     file of the snapshot is missing, torn or corrupt (the message names it)."""
 
 
+class SnapshotStructureError(SnapshotError):
+    """A snapshot holds another state than the one it would load into (an attribute the
+    state lacks, an array of another shape or dtype): refused, not loaded. The message
+    names its manifest and what differs."""
+
+
 class WorkerExpelledError(RendezvousError):
     """The driver took this worker out of the job (its host stopped answering, or it
     hung): a newer round left it out and its registration is gone. Its state is stale;
@@ -117,6 +123,7 @@ __all__ = [
     "CollectiveMismatchError",
     "ShmUnavailableError",
     "SnapshotError",
+    "SnapshotStructureError",
     "WorkerExpelledError",
     "WorkerHandedOverError",
     "TrainingFinishedError",

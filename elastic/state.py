@@ -122,6 +122,13 @@ class State:
     def _snapshot_returned(self, payload: Any) -> None:
         """The snapshot is done with ``payload`` (from the snapshot's thread)."""
 
+    def _snapshot_values(self) -> Any:
+        """The values of the last commit as a snapshot holds them, to look at on the
+        training thread and let go at once (what a snapshot's structure is checked
+        against before it loads; unlike ``_snapshot_payload`` nothing is lent). A
+        subclass that cannot say: NotImplementedError, and no structure is checked."""
+        raise NotImplementedError
+
     def _load_snapshot(self, values: Any, commits: int) -> None:
         """Take ``values`` (a ``_snapshot_payload`` written to disk and read back) as the
         last commit, ``commits`` commits into the training, and restore it. Attributes
@@ -255,6 +262,9 @@ class ObjectState(State):
 
     def _snapshot_payload(self) -> dict:
         return self._saved  # a fresh copy at every save, never changed in place
+
+    def _snapshot_values(self) -> dict:
+        return self._saved
 
     def _load_snapshot(self, values: Any, commits: int) -> None:
         self._saved = {**self._saved, **values}

@@ -81,6 +81,14 @@ def register_leaf_codec(kind: str, cls: type, encode: Encode, decode: Decode) ->
     _CODECS[kind] = (cls, encode, decode)
 
 
+def leaf_kind(obj: Any) -> str | None:
+    """The kind of leaf codec that writes ``obj`` (its class registered), or None."""
+    for kind, (cls, _, _) in _CODECS.items():
+        if isinstance(obj, cls):
+            return kind
+    return None
+
+
 def _encode_ndarray(array: np.ndarray) -> tuple[dict, LeafBytes] | None:
     if array.dtype.hasobject:
         return None  # objects, not bytes: pickled

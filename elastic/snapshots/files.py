@@ -1,14 +1,18 @@
 """The files of one snapshot on disk (no networking, no decisions about when).
 
-A snapshot of commit ``step`` is a folder ``snap-<step>-<token>`` under its root (the
-checkpoint directory, or ``host-<label>`` in it when each host keeps its own copy; the
-token tells this attempt from a torn one of an earlier run at the same step):
+A snapshot of commit ``step`` is a folder ``snap-<step>-<token>-j<job>`` under its root
+(the checkpoint directory, or ``host-<label>`` in it when each host keeps its own copy;
+the token tells this attempt from a torn one of an earlier run at the same step, and
+``<job>`` is a digest of the job's id, so that even a torn folder says whose it is):
 
 * ``part-<k>-of-<n>.bin``: part ``k``, the raw bytes of its pieces of the state's arrays
   (``elastic.snapshots.parts``), written by one worker;
 * ``skeleton.pkl``: the state without its large arrays (``elastic.snapshots.codec``);
 * ``MANIFEST.json``, written last: every file with its size and SHA-256, the arrays'
-  kinds, shapes and sizes. A snapshot is complete when its manifest is there.
+  kinds, shapes and sizes, and its tags: the job's id and the structure of the state
+  (``elastic.snapshots.structure``). A snapshot is complete when its manifest is there.
+  One of an older version (format 1) has no structure: it is "legacy"
+  (``elastic.snapshots.keeping``).
 
 Every file is written whole or not at all (a temporary name, fsync, rename; the folder
 fsynced after the manifest), so a crash mid-write leaves the previous snapshot whole and
@@ -24,6 +28,9 @@ reader) and of the size its manifest says, checked on the open descriptor before
 read, and no larger than this machine's memory in all. A manifest's numbers must be
 what a writer writes (no negative step). A folder refused so is said once, in one line
 naming it and why, and never read.
+
+Which snapshots this job may load, prune, or delete to make room on a full disk is
+``elastic.snapshots.keeping``'s decision (pure); this module lists and deletes.
 """
 
 from __future__ import annotations
@@ -39,9 +46,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from elastic.errors import SnapshotError
+from elastic.snapshots import keeping
 from elastic.snapshots.codec import Leaf
 from elastic.snapshots.parts import Piece
+from elastic.snapshots.structure import Structure
 from elastic.snapshots.uncached import UncachedFile
+from rendezvous import disk_room
 from rendezvous.private_dir import (
     PrivateFile,
     PrivateFileError,
@@ -52,7 +62,8 @@ from rendezvous.private_dir import (
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+LEGACY_FORMAT = 1  # before the tags: no structure (read, said "legacy": ``keeping``)
 PREFIX = "snap-"
 MANIFEST = "MANIFEST.json"
 SKELETON = "skeleton.pkl"
@@ -92,6 +103,7 @@ class Manifest:
     skeleton: FileEntry
     leaves: tuple[LeafEntry, ...]
     parts: tuple[FileEntry, ...]
+    structure: Structure | None = None  # None: a legacy snapshot (format 1)
     format: int = FORMAT
 
     @property
@@ -99,14 +111,17 @@ class Manifest:
         return self.skeleton.bytes + sum(p.bytes for p in self.parts)
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, indent=1).encode()
+        raw = asdict(self)
+        raw["structure"] = self.structure.to_json() if self.structure is not None else None
+        return json.dumps(raw, sort_keys=True, indent=1).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
         """Raises ``ValueError``/``TypeError``/``KeyError`` on anything malformed."""
         raw = json.loads(data)
-        if raw.get("format") != FORMAT:
+        if raw.get("format") not in (FORMAT, LEGACY_FORMAT):
             raise ValueError(f"unknown snapshot format {raw.get('format')!r}")
+        tagged = raw["format"] == FORMAT
         manifest = cls(
             step=_count(raw, "step", 0),
             round_id=_count(raw, "round_id", 0),
@@ -116,6 +131,8 @@ class Manifest:
             skeleton=FileEntry(**raw["skeleton"]),
             leaves=tuple(LeafEntry(**leaf) for leaf in raw["leaves"]),
             parts=tuple(FileEntry(**part) for part in raw["parts"]),
+            structure=Structure.from_json(raw["structure"]) if tagged else None,
+            format=raw["format"],
         )
         for entry in (manifest.skeleton, *manifest.parts):
             if os.path.basename(entry.file) != entry.file or entry.file in ("", ".", ".."):
@@ -153,9 +170,10 @@ def _make_folder(directory: str) -> None:
     os.makedirs(directory, mode=0o700, exist_ok=True)
 
 
-def folder(root: str, step: int, token: str) -> str:
-    """The folder of attempt ``token`` at a snapshot of commit ``step`` under ``root``."""
-    return os.path.join(root, f"{PREFIX}{step:012d}-{token}")
+def folder(root: str, step: int, token: str, job_id: str) -> str:
+    """The folder of job ``job_id``'s attempt ``token`` at a snapshot of commit ``step``
+    under ``root``."""
+    return os.path.join(root, f"{PREFIX}{step:012d}-{token}-{keeping.job_tag(job_id)}")
 
 
 def part_name(index: int, parts: int) -> str:
@@ -286,9 +304,8 @@ def roots(directory: str) -> list[str]:
 
 
 def complete(root: str) -> list[tuple[Manifest, str]]:
-    """The complete snapshots under ``root``, newest first, with their folders. (Of any
-    job: a checkpoint directory belongs to one training, whichever job ids its runs had,
-    so that the same command started again resumes it.)"""
+    """The complete snapshots under ``root``, newest first, with their folders, of every
+    job (whose is ``keeping``'s to say)."""
     found: list[tuple[Manifest, str]] = []
     with contextlib.suppress(OSError):
         for name in os.listdir(root):
@@ -366,28 +383,57 @@ def read(directory: str, manifest: Manifest, cut) -> tuple[bytes, list[bytearray
     return bytes(skeleton), buffers
 
 
-def prune(root: str, keep: int, written: int) -> None:
-    """Keep the ``keep`` newest complete snapshots under ``root``; delete older ones, and
-    incomplete folders of commits before ``written`` (the snapshot just completed): never
-    a folder a snapshot may still be writing, nor one of a newer commit."""
-    snapshots = complete(root)
-    for _, path in snapshots[keep:]:
-        shutil.rmtree(path, ignore_errors=True)
-    kept = {path for _, path in snapshots[:keep]}
+def torn(root: str) -> list[tuple[int, str]]:
+    """The snapshot folders under ``root`` with no manifest (a torn attempt, or one still
+    being written), each with its commit. One whose manifest is there but refused is not
+    among them: it is kept, for a person to look at."""
+    found: list[tuple[int, str]] = []
     with contextlib.suppress(OSError):
         for name in os.listdir(root):
             path = os.path.join(root, name)
-            if not name.startswith(PREFIX) or path in kept:
-                continue
-            step = _step_of(name)
-            # Without a manifest (written last) it is a torn attempt; one with a manifest
-            # that was refused is kept, for a person to look at.
-            if (
-                step is not None
-                and step < written
-                and not os.path.lexists(os.path.join(path, MANIFEST))
-            ):
-                shutil.rmtree(path, ignore_errors=True)
+            step = _step_of(name) if name.startswith(PREFIX) else None
+            if step is not None and not os.path.lexists(os.path.join(path, MANIFEST)):
+                found.append((step, path))
+    return found
+
+
+def _found(root: str, job_id: str, structure: Structure) -> keeping.Found:
+    """What is under ``root``, as ``keeping`` decides on it: whose each complete and
+    each torn snapshot is, for job ``job_id`` whose state is of ``structure``."""
+    return keeping.Found(
+        complete=tuple(
+            keeping.Snapshot(
+                path,
+                manifest.step,
+                manifest.written,
+                keeping.whose(manifest.job_id, manifest.structure, job_id, structure),
+            )
+            for manifest, path in complete(root)
+        ),
+        torn=tuple(
+            keeping.Snapshot(path, step, 0.0, keeping.whose_folder(path, job_id))
+            for step, path in torn(root)
+        ),
+    )
+
+
+def prune(root: str, keep: int, written: int, job_id: str, structure: Structure) -> None:
+    """Keep the ``keep`` newest complete snapshots of job ``job_id``'s state (of
+    ``structure``) under ``root``, delete older ones of it, and torn folders of its own
+    of commits before ``written`` (the snapshot just completed): never a folder a
+    snapshot may still be writing, nor another job's or another state's
+    (``keeping.to_prune``)."""
+    for path in keeping.to_prune(_found(root, job_id, structure), keep, written):
+        remove(path)
+
+
+def make_room(root: str, step: int, needed: int, job_id: str, structure: Structure) -> list[str]:
+    """On a full disk: delete job ``job_id``'s oldest snapshots under ``root`` (torn
+    folders first, never the newest complete one, nor another job's or another state's:
+    ``keeping.room``) until the file system has ``needed`` bytes free for the snapshot
+    of commit ``step``; the folders deleted."""
+    victims = keeping.room(_found(root, job_id, structure), step)
+    return disk_room.make_room(root, victims, needed, remove)
 
 
 def set_aside(directory: str) -> str | None:
@@ -403,7 +449,11 @@ def set_aside(directory: str) -> str | None:
 
 
 def remove(directory: str) -> None:
-    """Delete an abandoned snapshot's folder (best effort)."""
+    """Delete a snapshot's folder (best effort): its manifest first, so that a process
+    that ends halfway (a worker's exit as it prunes) leaves a torn folder, never a
+    "complete" one missing files."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(directory, MANIFEST))
     shutil.rmtree(directory, ignore_errors=True)
 
 

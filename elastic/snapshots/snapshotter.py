@@ -15,10 +15,14 @@ member offers and loads when a round syncs, and the snapshot a round asks for.
   writes into the directory itself, but tells the driver that only that host is known
   to read it (no other host checked).
 * **Sync.** When a round syncs, each member offers its live commit and the newest
-  complete snapshot it can read; the newest of all wins (``schedule.choose_source``).
-  When that is a snapshot, its holder loads it (every checksum checked: a torn or
-  corrupt one is said, and every member skips it for the one before) and broadcasts
-  it as a live commit would be.
+  complete snapshot of this job it can read (another job's is never offered:
+  ``keeping``); the newest of all wins (``schedule.choose_source``). When that is a
+  snapshot, its holder loads it (every checksum checked, and its structure against the
+  state's: a torn or corrupt one, or one of another state, is said, and every member
+  skips it for the one before) and broadcasts it as a live commit would be.
+* **A full disk.** A file of a snapshot the disk refuses for want of space is written
+  once more after the oldest of this job's snapshots made room (``files.make_room``:
+  never the newest complete one); when that fails too, the snapshot is abandoned.
 * **On request.** A round the driver publishes with a snapshot to take
   (``Plan.snapshot``: a stop, or a host about to go) makes every member write its part
   of the commit they just synced, and wait until it is durable.
@@ -42,11 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from elastic.errors import SnapshotError
-from elastic.snapshots import codec, files, parts, schedule
+from elastic.errors import SnapshotError, SnapshotStructureError
+from elastic.snapshots import codec, files, keeping, parts, schedule
 from elastic.snapshots.coordination import Coordination
 from elastic.snapshots.settings import SnapshotSettings
+from elastic.snapshots.structure import Structure, describe, differences, summary
 from elastic.thread_priority import lower_this_thread
+from rendezvous import disk_room
 from rendezvous.keys import JobKeys
 from rendezvous.plan import SNAPSHOT_FINAL, SnapshotAt, SnapshotPart, SnapshotRecord
 
@@ -95,6 +101,8 @@ class SnapshotState(Protocol):
     def _snapshot_payload(self) -> Any: ...
 
     def _snapshot_returned(self, payload: Any) -> None: ...
+
+    def _snapshot_values(self) -> Any: ...
 
     def _load_snapshot(self, values: Any, commits: int) -> None: ...
 
@@ -165,6 +173,7 @@ class Snapshotter:
         self._asked: tuple[int, int] | None = None  # (round, step) this process asked for
         self._handled: set[tuple[int, int]] = set()  # (round, step) captured or missed
         self._unreadable: set[str] = set()  # folders that failed to load
+        self._foreign: set[tuple[str, str]] = set()  # (root, job id) of others' said
         self._disabled = ""  # why this state cannot be snapshotted ("" while it can)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._writer = threading.Thread(
@@ -267,24 +276,41 @@ class Snapshotter:
         return source.step
 
     def _readable(self) -> tuple[files.Manifest, str] | None:
-        """The newest complete snapshot this member can read (not one that failed)."""
-        found = [
-            item
-            for root in files.roots(self.settings.directory)
-            for item in files.complete(root)
-            if item[1] not in self._unreadable
-        ]
+        """The newest complete snapshot of this job this member can read (not one that
+        failed); another job's are said once per root and job, and never offered."""
+        found = []
+        for root in files.roots(self.settings.directory):
+            for manifest, path in files.complete(root):
+                if not keeping.loadable(manifest.job_id, manifest.structure, self._keys.job_id):
+                    self._say_foreign(root, manifest.job_id)
+                elif path not in self._unreadable:
+                    found.append((manifest, path))
         found.sort(key=lambda item: (item[0].step, item[0].written), reverse=True)
         return found[0] if found else None
+
+    def _say_foreign(self, root: str, job_id: str) -> None:
+        if (root, job_id) not in self._foreign:
+            self._foreign.add((root, job_id))
+            log.warning(
+                "the snapshots of job %s in %s are not this job's (%s): never loaded nor "
+                "deleted by it",
+                job_id,
+                root,
+                self._keys.job_id,
+            )
 
     def _load(
         self, state: SnapshotState, path: str, manifest: files.Manifest, where: Round | None
     ) -> bool:
         """Load the snapshot in ``path`` into ``state``; False (said to the driver) when a
-        file of it is torn or corrupt, or its values do not fit the state (a changed
-        model: the state then holds what it held)."""
+        file of it is torn or corrupt, its structure is not the state's (checked before
+        a byte of it is read; a legacy one's on the values read), or its values do not
+        load (the state then holds what it held)."""
         host = where.host if where else ""  # a host that reads it, at least
         try:
+            ours = _structure_of(state)
+            if manifest.structure is not None and ours is not None:
+                _check_fits(path, manifest.structure, ours)
             skeleton, buffers = files.read(path, manifest, parts.cut)
             values = codec.join(
                 skeleton,
@@ -292,7 +318,17 @@ class Snapshotter:
                 [leaf.meta for leaf in manifest.leaves],
                 buffers,
             )
+            if manifest.structure is None and ours is not None:
+                _check_fits(path, describe(values), ours)
             state._load_snapshot(values, manifest.step)
+        except SnapshotStructureError as exc:
+            # Not corrupt (kept as it is, for the script it belongs to), and said as
+            # what it is: another state than this script's, refused.
+            why = str(exc)
+            log.warning("%s; trying the one before", why)
+            record = SnapshotRecord(manifest.step, manifest.round_id, path, host=host, error=why)
+            self._coordination.say(self._keys.snapshot_failed(ALL), record)
+            return False
         except Exception as exc:  # noqa: BLE001  (anything a snapshot's bytes can cause)
             why = str(exc) if isinstance(exc, SnapshotError) else f"it does not load: {exc!r}"
             moved = files.set_aside(path) if isinstance(exc, SnapshotError) else None
@@ -390,15 +426,24 @@ class Snapshotter:
 
     def _write(self, job: _Job) -> None:
         at, layout = job.at, job.layout
-        folder = files.folder(layout.root, at.step, at.token)
+        folder = files.folder(layout.root, at.step, at.token, self._keys.job_id)
         leaves: list[codec.Leaf] = []
         skeleton_entry: files.FileEntry | None = None
+        structure = Structure((), ())
         try:
+            structure = describe(job.payload)
             skeleton, leaves = codec.split(job.payload)
+            room = _Room(layout.root, at.step, len(skeleton) + sum(x.nbytes for x in leaves))
             pieces = parts.cut([leaf.nbytes for leaf in leaves], layout.parts)[layout.index]
-            written = files.write_part(folder, layout.index, layout.parts, pieces, leaves)
+            written = self._with_room(
+                room,
+                structure,
+                lambda: files.write_part(folder, layout.index, layout.parts, pieces, leaves),
+            )
             if layout.index == 0:
-                skeleton_entry = files.write_skeleton(folder, skeleton)
+                skeleton_entry = self._with_room(
+                    room, structure, lambda: files.write_skeleton(folder, skeleton)
+                )
             sizes = _sizes_digest([leaf.nbytes for leaf in leaves])
             part = SnapshotPart(layout.index, written.sha256, written.bytes, leaves=sizes)
         except (OSError, SnapshotError) as exc:
@@ -417,10 +462,34 @@ class Snapshotter:
         entries = tuple(files.LeafEntry(leaf.kind, leaf.meta, leaf.nbytes) for leaf in leaves)
         threading.Thread(
             target=self._finish,
-            args=(job, folder, skeleton_entry, entries),
+            args=(job, folder, skeleton_entry, entries, structure),
             name="elastic-snapshot-finish",
             daemon=True,
         ).start()
+
+    def _with_room(self, room: _Room, structure: Structure, write: Callable[[], Any]) -> Any:
+        """``write()``; when the disk refuses it for want of space, once more after this
+        job's oldest snapshots in the root made room for the whole snapshot (never the
+        newest complete one: ``files.make_room``).
+
+        Raises:
+            OSError: the second attempt failed too (or the first, for another reason)."""
+        try:
+            return write()
+        except OSError as exc:
+            if not disk_room.is_no_space(exc):
+                raise
+            deleted = files.make_room(
+                room.root, room.step, room.needed, self._keys.job_id, structure
+            )
+            log.warning(
+                "the disk of %s is full (%s): %s, and the snapshot of commit %d is written again",
+                room.root,
+                exc.strerror or exc,
+                f"deleted {', '.join(deleted)} to make room" if deleted else "nothing to delete",
+                room.step,
+            )
+        return write()
 
     def _finish(
         self,
@@ -428,6 +497,7 @@ class Snapshotter:
         folder: str,
         skeleton: files.FileEntry | None,
         leaves: tuple[files.LeafEntry, ...],
+        structure: Structure,
     ) -> None:
         """Part 0's writer: wait for every part, then write the manifest (the snapshot is
         complete), say so and prune the oldest; or abandon it and say why."""
@@ -460,9 +530,11 @@ class Snapshotter:
                     files.FileEntry(files.part_name(p.part, layout.parts), p.bytes, p.sha256)
                     for p in got
                 ),
+                structure=structure,
             )
+            room = _Room(layout.root, at.step, len(manifest.to_json()))
             try:
-                files.write_manifest(folder, manifest)
+                self._with_room(room, structure, lambda: files.write_manifest(folder, manifest))
             except OSError as exc:
                 self._abandon(job, folder, f"{folder}: {exc.strerror or exc}")
                 return
@@ -477,7 +549,8 @@ class Snapshotter:
                 bytes=manifest.nbytes,
             )
             self._coordination.say(self._keys.snapshot_done(layout.group), record)
-            files.prune(layout.root, self.settings.keep, at.step)  # after: it may be slow
+            # after: it may be slow
+            files.prune(layout.root, self.settings.keep, at.step, self._keys.job_id, structure)
         finally:
             self._coordination.forget_parts(layout.group, at)
             job.done.set()
@@ -496,6 +569,38 @@ class Snapshotter:
         depend on others are abandoned: the previous complete one stands)."""
         self._coordination.close()
         self._jobs.put(None)
+
+
+@dataclass(frozen=True)
+class _Room:
+    """What a full disk must make room for: the snapshot of commit ``step`` in ``root``,
+    ``needed`` bytes (the whole snapshot: every writer of a shared root needs its part)."""
+
+    root: str
+    step: int
+    needed: int
+
+
+def _structure_of(state: SnapshotState) -> Structure | None:
+    """The structure of ``state``'s last commit (None: the state cannot say, and no
+    snapshot's structure is checked against it)."""
+    try:
+        return describe(state._snapshot_values())
+    except NotImplementedError:
+        return None
+
+
+def _check_fits(path: str, snapshot: Structure, state: Structure) -> None:
+    """Raises:
+    SnapshotStructureError: values of structure ``snapshot`` (the snapshot in ``path``)
+        do not fit a state of ``state``'s (one line naming its manifest and what
+        differs)."""
+    found = differences(snapshot, state)
+    if found:
+        raise SnapshotStructureError(
+            f"snapshot {os.path.join(path, files.MANIFEST)} is refused: it holds another "
+            f"state than this script's: {summary(found)}"
+        )
 
 
 def _token() -> str:

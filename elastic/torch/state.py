@@ -142,6 +142,9 @@ class TorchState(State):
             self._lent = self._saved
         return self._saved
 
+    def _snapshot_values(self) -> dict[str, Any]:
+        return self._saved  # looked at, not lent: no spare copy is made
+
     def _snapshot_returned(self, payload: Any) -> None:
         with self._loan:
             lent = self._lent

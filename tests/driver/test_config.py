@@ -140,6 +140,7 @@ def test_every_flag_sets_its_field(script):
         discovery_interval=0.5,
         rendezvous=StoreURL("etcd", (Endpoint("h1", 2379), Endpoint("h2", 2380))),
         job_id="my.job_1",
+        job_id_given=True,
         network_interface=None,
         driver_address=None,
         reset_limit=5,

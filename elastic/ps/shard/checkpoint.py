@@ -41,7 +41,6 @@ docs/DESIGN.md), and the newest credible one is used instead.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -63,6 +62,7 @@ from elastic.ps.errors import (
 )
 from elastic.ps.partition import Slice, assemble, slice_for
 from elastic.ps.shard.checkpoint_check import check_checkpoint
+from rendezvous import disk_room
 from rendezvous.private_dir import (
     PrivateFile,
     PrivateFileError,
@@ -77,7 +77,6 @@ DIGEST_BYTES = hashlib.sha256().digest_size
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
 _DIR_RE = re.compile(r"^ckpt-(\d{10})$")
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 # The next checkpoint is taken to need this much more than the newest complete one:
 # variables created since, and a manifest that grows with them.
 GROWTH = 1.05
@@ -244,7 +243,7 @@ def write_atomic(path: str, parts, trailer: bool = False) -> tuple[int, str]:
 
 def _write_failed(path: str, exc: OSError) -> PSCheckpointWriteError:
     """The typed error of a write of ``path`` that the system refused with ``exc``."""
-    cls = PSNoSpaceError if exc.errno in _NO_SPACE else PSCheckpointWriteError
+    cls = PSNoSpaceError if disk_room.is_no_space(exc) else PSCheckpointWriteError
     return cls(f"cannot write {path}: {exc.strerror or exc}")
 
 
@@ -567,12 +566,6 @@ def prune(root: str, keep: int) -> None:
             remove_checkpoint(root, checkpoint_id)
 
 
-def free_bytes(root: str) -> int:
-    """Bytes the job's user may still write on the filesystem of ``root``. Raises OSError."""
-    st = os.statvfs(root)
-    return st.f_bavail * st.f_frsize
-
-
 def _bytes_on_disk(root: str, checkpoint_id: int) -> int:
     """What complete checkpoint ``checkpoint_id`` takes on its filesystem: its files and
     manifest, each rounded up to whole blocks. Raises OSError, PSCheckpointError."""
@@ -595,14 +588,9 @@ def make_room(root: str) -> list[int]:
     if not complete:
         return []
     victims = [i for i in ids if i not in complete] + complete[:-1]
-    deleted: list[int] = []
     try:
         needed = GROWTH * _bytes_on_disk(root, complete[-1])
-        for checkpoint_id in victims:
-            if free_bytes(root) >= needed:
-                break
-            remove_checkpoint(root, checkpoint_id)
-            deleted.append(checkpoint_id)
     except (OSError, PSCheckpointError) as exc:
         log.warning("cannot make room for a checkpoint in %s: %s", root, exc)
-    return deleted
+        return []
+    return disk_room.make_room(root, victims, needed, lambda i: remove_checkpoint(root, i))
