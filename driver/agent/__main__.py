@@ -6,8 +6,9 @@ The store's URL and the job's secret come from the environment (``ELASTIC_RENDEZ
 session the agent was started in (its ssh session, the driver's process group), so
 that the driver's death does not end the agent: used with an etcd store, where the job
 can outlive its driver. Output of the processes goes to stdout and to ``--log-file``
-(default with ``--detach``: ``elastic-agent-JOB-HOST.log`` in the temporary
-directory), whose path is in the agent's record.
+(default with ``--detach``: ``JOB-HOST.log`` in ``elastic-agent-logs-UID``, a folder
+of mode 0700 of the agent's user in the temporary directory: ``default_log_path``),
+whose path is in the agent's record.
 
 Exit status: 0 once the agent stopped its processes (job over, SIGTERM, no driver for
 ``--driver-timeout``); 2 for bad arguments or environment; 1 when the store cannot be
@@ -31,6 +32,7 @@ from driver.launch.local import LocalLauncher
 from rendezvous import env, open_store
 from rendezvous.errors import ElasticError
 from rendezvous.keys import JobKeys
+from rendezvous.private_dir import InsecureDirectoryError, make_private_dir
 from rendezvous.process_exit import run_then_exit
 from rendezvous.signals import relay_signals
 from rendezvous.store import StoreSettings
@@ -77,8 +79,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def default_log_path(job_id: str, host: str) -> str:
+    """``JOB-HOST.log`` in this user's own folder of agent logs under the temporary
+    directory (``elastic-agent-logs-UID``, mode 0700: ``LOG_FOLDER_WHAT``), which
+    nobody else can plant a file or a link in."""
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in host)
-    return os.path.join(tempfile.gettempdir(), f"elastic-agent-{job_id}-{safe}.log")
+    folder = os.path.join(tempfile.gettempdir(), f"elastic-agent-logs-{os.geteuid()}")
+    return os.path.join(folder, f"{job_id}-{safe}.log")
+
+
+LOG_FOLDER_WHAT = "the agents' log folder"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             os.setsid()
     log_path = args.log_file or (default_log_path(args.job_id, args.host) if args.detach else "")
     try:
+        if log_path and not args.log_file:
+            make_private_dir(os.path.dirname(log_path), LOG_FOLDER_WHAT)
         log_file = open_log(log_path) if log_path else None
-    except OSError as exc:  # (a planted link, another user's file: refused, one line)
+    except (OSError, InsecureDirectoryError) as exc:  # (planted, another user's: one line)
         print(f"agent: {exc}", file=sys.stderr)
         return 2
     # Binary streams as far as the forwarders' write_line is concerned.

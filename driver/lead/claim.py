@@ -42,6 +42,7 @@ from driver.lead.terms import (
     describe_leader,
     fence,
     job_alive,
+    keys_deleted_reason,
     lost_reason,
     next_term,
     read_term,
@@ -297,9 +298,9 @@ class DriverClaim:
         verdict = after_failed_fence(holder, self.record, read_term(term.value if term else None))
         if verdict is FenceFailure.LOST:
             self._lose(lost_reason(self.keys.job_id, holder, self.record))
-        other = self._retake()
-        if other is not None:
-            self._lose(lost_reason(self.keys.job_id, other, self.record))
+        lost = self._retake()
+        if lost is not None:
+            self._lose(lost)
 
     def step_down(self) -> None:
         """Give the lead up, leaving the job as it is (keys and processes) for another
@@ -351,22 +352,22 @@ class DriverClaim:
         backoff = Backoff(None, initial=0.5, cap=2.0, stop=self._released)
         while not self._released.is_set():
             try:
-                holder = self._retake()
+                lost = self._retake()
             except RendezvousError as err:
                 log.debug("claiming job %s again failed: %s", self.keys.job_id, err)
-                holder = None
             else:
-                if holder is None:
+                if lost is None:
                     return
-                self._lost = lost_reason(self.keys.job_id, holder, self.record)
-                self._on_taken(self._lost)
+                self._lost = lost
+                self._on_taken(lost)
                 return
             if not backoff.pause():
                 return
 
-    def _retake(self) -> DriverRecord | None:
-        """Write the record again under a new lease, at our term. None when done; the
-        record of the driver that leads now when another does.
+    def _retake(self) -> str | None:
+        """Write the record again under a new lease, at our term. None when done; why
+        this driver does not lead any more when it cannot (another leads, or the job's
+        keys were deleted from under it).
 
         Raises:
             RendezvousError: the store cannot be used (the caller tries again).
@@ -396,10 +397,12 @@ class DriverClaim:
                 return None
             lease.revoke()
             kv = store.get(driver)
-            if kv is None:
-                # The seat is empty but the term moved on: a newer leader came and went.
-                return DriverRecord("", "?", 0, 0.0, self.record.term + 1)
-            return DriverRecord.from_json(kv.value)
+            if kv is not None:
+                return lost_reason(self.keys.job_id, DriverRecord.from_json(kv.value), self.record)
+            if store.get(self.keys.term) is None:
+                return keys_deleted_reason(self.keys.job_id, self.record)
+            # The seat is empty but the term moved on: a newer leader came and went.
+            return lost_reason(self.keys.job_id, None, self.record)
 
 
 def check_secret(store: KVStore, keys: JobKeys, secret: str, standby: bool) -> None:

@@ -112,3 +112,14 @@ def lost_reason(job_id: str, holder: DriverRecord | None, ours: DriverRecord) ->
         f"this driver (term {ours.term}) no longer leads job {job_id!r}: {who} took over; "
         "it steers nothing more and leaves the job's processes to the new leader"
     )
+
+
+def keys_deleted_reason(job_id: str, ours: DriverRecord) -> str:
+    """The one line a driver exits with when its job's keys, the leader term included,
+    were deleted from the store by someone else (nobody took over: there is no job left
+    in the store to lead)."""
+    return (
+        f"this driver (term {ours.term}) no longer leads job {job_id!r}: the job's keys "
+        "were deleted from the store by someone else (no driver took over); it steers "
+        "nothing more"
+    )

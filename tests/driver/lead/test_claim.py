@@ -198,3 +198,17 @@ def test_a_standby_ends_the_lease_of_a_leader_that_stopped_beating(etcd):
     leader._lease.stop_keep_alive()
     result[0].release(etcd)
     worker_lease.revoke()
+
+
+@pytest.mark.timeout(60)
+def test_keys_deleted_from_under_the_leader_are_said_as_such(etcd):
+    """Someone deletes every key of the job (the term too): the leader's next steer
+    says that, not that a driver "pid 0 on host ?" took over."""
+    keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
+    claim = take(etcd, keys)
+    claim._lease.stop_keep_alive()
+    etcd.delete_prefix(keys.prefix)
+    etcd.revoke(claim.lease_id)
+    with pytest.raises(LeadershipLost, match="keys were deleted from the store by someone else"):
+        claim.steer([Put(keys.round, b"never written")])
+    assert "pid 0" not in (claim.lost or "")
