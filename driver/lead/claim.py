@@ -194,6 +194,7 @@ class DriverClaim:
                 # Two steps (etcd refuses a put inside a range the same transaction
                 # deletes), each guarded by the seat being empty at the term we read.
                 if not store.txn([absent, same_term], [Delete(keys.prefix, prefix=True)]).succeeded:
+                    _refuse_forged_seat(store, keys)
                     continue  # another driver moved first: decide again on what it did
                 term_rev = 0
             lease = store.grant_lease(ttl)
@@ -209,6 +210,7 @@ class DriverClaim:
                     spawn("leader-beat", claim._beat)
                 return claim
             lease.revoke()  # another driver took the seat between our read and write
+            _refuse_forged_seat(store, keys)
 
     def _beat(self) -> None:
         """Rewrite the beat under our lease every ``BEAT_INTERVAL`` while leading."""
@@ -483,6 +485,23 @@ def _wait_vacant(
                 with contextlib.suppress(RendezvousError):
                     store.revoke(lease)
                 last_beat = None  # its record's deletion follows
+
+
+def _refuse_forged_seat(store: KVStore, keys: JobKeys) -> None:
+    """After a claim found the leader's seat taken: refuse to go on when what holds it
+    is a record the job did not sign (a stranger's, which every read ignores: the seat
+    would look empty for ever, and the claim would spin).
+
+    Raises:
+        JobFailed: the seat holds such a record (one line naming the key).
+        RendezvousError: the store cannot be read.
+    """
+    if store.get(keys.driver) is None and store.get_unchecked(keys.driver) is not None:
+        raise JobFailed(
+            f"job {keys.job_id!r}: the leader's seat {keys.driver} holds a record without "
+            "the job's signature (written by a client of the store without the job's "
+            "secret); nothing was touched: delete that key or pick another --job-id"
+        )
 
 
 def _store_answers(store: KVStore) -> bool:

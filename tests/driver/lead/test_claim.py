@@ -212,3 +212,18 @@ def test_keys_deleted_from_under_the_leader_are_said_as_such(etcd):
     with pytest.raises(LeadershipLost, match="keys were deleted from the store by someone else"):
         claim.steer([Put(keys.round, b"never written")])
     assert "pid 0" not in (claim.lost or "")
+
+
+@pytest.mark.timeout(60)
+def test_a_seat_held_by_an_unsigned_record_is_refused_not_spun_on(etcd_server):
+    """A stranger (no secret) writes the leader's seat: a driver of the job, which
+    ignores that record, says so in one line instead of trying for ever."""
+    keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
+    with (
+        open_store(etcd_server.url, "job-secret", FAST) as job,
+        open_store(etcd_server.url, settings=FAST) as stranger,
+    ):
+        stranger.put(keys.driver, DriverRecord("x", "evil", 1, 0.0, 9).to_json())
+        with pytest.raises(JobFailed, match="holds a record without the job's signature"):
+            take(job, keys)
+        assert stranger.get(keys.driver) is not None  # (nothing touched)
