@@ -506,10 +506,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="write snapshots of the workers' committed state (every State: numpy, "
         "objects, torch, the samplers' progress) to DIR every --checkpoint-interval, "
         "from a committed copy, off the training path, each worker writing a part; "
-        "keeps the newest 3. A job started (again) with a DIR that holds one resumes "
-        "from the newest. DIR must be this user's own, not writable by others; one "
-        "DIR per training. On storage every host sees, or host-local: each host then "
-        "keeps its own copy (default: $ELASTIC_CHECKPOINT_DIR, else none)",
+        "keeps the newest 3 (on a full disk the oldest make room, never the newest). A "
+        "job started (again) with a DIR that holds one resumes from the newest. DIR "
+        "must be this user's own, not writable by others. One job per DIR: the driver "
+        "records its job there; another job on a DIR in use is refused, a job without "
+        "--job-id is its DIR's job, and another job's snapshots are never loaded nor "
+        "deleted, nor one of another state (its arrays' shapes) loaded. On storage "
+        "every host sees, or host-local: each host then keeps its own copy (default: "
+        "$ELASTIC_CHECKPOINT_DIR, else none)",
     )
     state.add_argument(
         "--checkpoint-interval",

@@ -11,8 +11,12 @@ with one job:
   arrays as raw bytes (numpy here; ``elastic.torch`` registers tensors);
 * ``parts``: how those arrays are cut into the parts the workers write in parallel
   (pure);
+* ``structure``: the structure of a state (its attributes, its arrays' shapes) a
+  snapshot is tagged with, and what differs between two (pure);
+* ``keeping``: whose each snapshot in a folder is (its job, its state), and which a
+  job loads, prunes, or deletes for room on a full disk (pure);
 * ``files``: the files of one snapshot on disk: parts, a manifest written last,
-  checksums, the newest complete one, pruning (no networking);
+  checksums, the newest complete one, pruning and room on a full disk (no networking);
 * ``uncached``: a large file written around the page cache (``O_DIRECT``), through it
   where the file system refuses;
 * ``schedule``: when rank 0 asks for the next snapshot, and of which commit (pure);
