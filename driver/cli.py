@@ -10,7 +10,8 @@ leader); 128 + N when signal N stopped it (143 for SIGTERM, 130 for SIGINT), aft
 final snapshot with ``--checkpoint-dir``: a stopped job is resumable, not failed; 0 for
 a ``--standby`` whose job ended under its leader; 2 for bad arguments (and a
 ``--log-dir`` that cannot be made, an ``--events`` file that cannot be opened, an etcd
-that speaks TLS where the URL does not or the reverse).
+that speaks TLS where the URL does not or the reverse, a ``--join`` node whose job has
+ended, without ``--new-job``).
 ``--version`` prints the version and exits 0.
 """
 

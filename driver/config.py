@@ -378,8 +378,14 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
             "--launcher slurm runs inside a Slurm allocation (sbatch or salloc): "
             f"{SLURM_JOB_ID} is not set"
         )
-    if not args.join and (args.host_name or args.job_secret_file):
-        flag = "--host-name" if args.host_name else "--job-secret-file"
+    if not args.join and (args.host_name or args.job_secret_file or args.new_job):
+        flag = (
+            "--host-name"
+            if args.host_name
+            else "--job-secret-file"
+            if args.job_secret_file
+            else "--new-job"
+        )
         raise UsageError(f"{flag} is for join mode: add --join")
     np, min_np, max_np, hosts = _resolve_sizes(
         args.np,
@@ -421,7 +427,12 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
 
     join = (
         join_settings(
-            rendezvous, args.job_id, args.host_name, args.slots_per_host, args.job_secret_file
+            rendezvous,
+            args.job_id,
+            args.host_name,
+            args.slots_per_host,
+            args.job_secret_file,
+            new_job=args.new_job,
         )
         if args.join
         else None

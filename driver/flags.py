@@ -166,7 +166,8 @@ exit status: 0 when every worker of the final round (with --restart-workers: of 
 world) exited 0; 1 with a one-line reason when the job failed (reset limit exceeded,
 elastic timeout, no usable hosts, a program that cannot start, a job id that a live job
 holds, the committed state lost); 2 for bad arguments (also: an etcd that speaks TLS
-where the URL does not, or the reverse); 3 when another driver took the job over (this one steers nothing more and
+where the URL does not, or the reverse; a --join node whose job has ended, without
+--new-job); 3 when another driver took the job over (this one steers nothing more and
 leaves the workers to it); 128+N when stopped by signal N (143: SIGTERM, 130: SIGINT),
 after a final snapshot with --checkpoint-dir: a stopped job is not a failed one, and the
 same command resumes it; 0 for a --standby whose job ended under its leader, and for a
@@ -374,6 +375,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--job-id defaults to SLURM_JOB_ID",
     )
     join.add_argument("--job-secret-file", metavar="PATH", help="read the job's secret here")
+    join.add_argument(
+        "--new-job",
+        action="store_true",
+        help="start job --job-id over when it has ended (its training finished, or it "
+        "failed): a new job under the same id, from the script's start or from "
+        "--checkpoint-dir's newest snapshot. Without it a node that joins an ended job is "
+        "refused (exit 2), naming how and when the job ended, so that a late node does not "
+        "train it again from scratch. A job stopped by a signal is resumed either way",
+    )
     store.add_argument(
         "--network-interface",
         metavar="NAME",

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ROOT = "/elastic"
+ENDED_ROOT = "/elastic-ended"
+"""Where the outcome of a joined job that ended stays (``JobKeys.outcome``): beside the
+jobs' prefixes, not under one (a job id cannot hold '/', so ``/elastic-ended/<job>``
+is no job's key), since the job's own keys are deleted at its end."""
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,14 @@ class JobKeys:
         exits (a driver that dies leaves no such key: agents then wait for a successor
         for ``--driver-timeout``)."""
         return f"{self.prefix}ended"
+
+    @property
+    def outcome(self) -> str:
+        """How and when a joined job (``--join``) ended (JSON of
+        ``driver.join.ended.JobOutcome``), written by its leader at the end, after which
+        everything under ``prefix`` is deleted; it stays, so that a node joining later is
+        refused instead of starting the job over (``--new-job`` deletes it)."""
+        return f"{ENDED_ROOT}/{self.job_id}"
 
 
 def _label(name: str) -> str:

@@ -60,6 +60,7 @@ from driver.job.processes import WorkerProcesses
 from driver.job.services import JobServices
 from driver.job.state import JobState
 from driver.job.wiring import job_env, runs_all_local
+from driver.join import ended
 from driver.launch.agents.service import AgentService, AgentWiring, NoAgents
 from driver.launch.base import Launcher
 from driver.launch.process import WorkerProcess
@@ -112,6 +113,7 @@ class Job:
         self.config = config
         self._leave = leave  # join mode: this node's host drains (its agent is told)
         self._leaving = False  # SIGTERM came to a joined node
+        self._outcome: ended.JobOutcome | None = None  # how the job ended, once it did
         self.events = events
         self.discovery = discovery
         self.keys = JobKeys(config.job_id)
@@ -222,10 +224,14 @@ class Job:
         except LeadershipLost as exc:
             self.events.emit(ev.LeadershipLostEvent(reason=str(exc)))
             raise
+        except JobStopped as exc:
+            self._outcome = ended.outcome_of(ended.STOPPED, str(exc))
+            raise
         except (JobFailed, DiscoveryError, RendezvousError) as exc:
             rounds = self.plan.round_id if self.plan else 0
             seconds = round(self._clock() - self.book.started_at, 3)
             self.events.emit(ev.JobFailure(reason=str(exc), rounds=rounds, seconds=seconds))
+            self._outcome = ended.outcome_of(ended.FAILED, str(exc))
             raise
         finally:
             self.close()
@@ -332,7 +338,7 @@ class Job:
             self._actions.stop_all()
             self._agents.close()
         self._agents.stop_following()
-        self._services.close()
+        self._services.close(self._outcome)  # (join mode keeps it: driver.join.ended)
         self.discovery.close()  # after the poll's thread is told to stop (``_stop``)
 
     # ------------------------------------------------------------------ decisions
@@ -388,7 +394,9 @@ class Job:
             if lost is not None:
                 raise JobFailed(f"training finished, but {lost}")
             d, world = decision, self.config.restart_workers
-            self.events.emit(ev.JobDone(d.round, d.size, d.resets, d.step, world))
+            done = ev.JobDone(d.round, d.size, d.resets, d.step, world)
+            self.events.emit(done)
+            self._outcome = ended.outcome_of(ended.DONE, str(done))
             return 0
         return None
 

@@ -41,11 +41,12 @@ from driver.job.wiring import (
     shard_commands,
     worker_bind_host,
 )
+from driver.join.ended import JobOutcome, record_outcome
 from driver.join.shape import check_shape, shape_bytes
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess
 from driver.lead.claim import DriverClaim, check_secret, new_record
-from driver.lead.terms import ClaimAction, describe_leader
+from driver.lead.terms import ClaimAction, describe_leader, fence
 from driver.ps.shard_hosts import ShardPlacement
 from driver.ps.supervisor import PSSupervisor
 from driver.threads import spawn
@@ -384,23 +385,27 @@ class JobServices:
             return None
         return self._ps.stop()
 
-    def close(self) -> None:
+    def close(self, outcome: JobOutcome | None = None) -> None:
         """Delete the job's keys and end the driver's lease (when this driver still
-        leads the job); close the store's clients and stop the embedded server."""
+        leads the job: in join mode, after keeping the job's ``outcome``, when it has
+        one: ``driver.join.ended``); close the store's clients and stop the embedded
+        server."""
         if self._claim is not None and self._claim.lost is None:
-            self._release_claim(self._claim)
+            self._release_claim(self._claim, outcome if self._config.join else None)
         for client in (self._probe, self.store):
             if client is not None:
                 client.close()
         if self._server is not None:
             self._server.stop()
 
-    def _release_claim(self, claim: DriverClaim) -> None:
-        """Leave nothing in the store: the job's keys and the driver's lease, through a
-        client whose calls give up within seconds (the job is over; an unreachable
-        store must not hold its end)."""
+    def _release_claim(self, claim: DriverClaim, outcome: JobOutcome | None) -> None:
+        """Leave nothing in the store but the ``outcome`` (when given): the job's keys
+        and the driver's lease go, through a client whose calls give up within seconds
+        (the job is over; an unreachable store must not hold its end)."""
         cleaner = quick_store(self.store_url, self._secret)
         try:
+            if outcome is not None:
+                record_outcome(cleaner, self._keys, outcome, fence(self._keys, claim.record))
             claim.release(cleaner)
         except RendezvousError as exc:
             log.warning("could not delete the job's keys from the store: %s", exc)

@@ -16,6 +16,7 @@ from driver.agent.loop import DRAIN_GRACE
 from driver.config import JobConfig
 from driver.errors import UsageError
 from driver.job.wiring import quick_store
+from driver.join.ended import check_not_ended
 from driver.join.settings import JoinSettings
 from driver.join.shape import check_shape
 from driver.launch.agents.handle import agent_command
@@ -93,18 +94,21 @@ class JoinedNode:
             self._server.stop()
 
     def agree(self, store: KVStore) -> None:
-        """Check this node's shape against the job's while a leader leads it (the leader
-        writes it when it claims the job: ``driver.job.services``).
+        """Check that the job has not ended (``driver.join.ended``: with ``--new-job``,
+        forget that it did), and this node's shape against the job's while a leader
+        leads it (the leader writes it when it claims the job: ``driver.job.services``).
 
         Raises:
             UsageError: this node's -np, --min-np, --max-np, command or secret differ
-                from the job's (one line naming the difference; the job is untouched).
+                from the job's (one line naming the difference; the job is untouched),
+                or the job finished or failed and ``--new-job`` is not given.
             RendezvousError: the store cannot be used.
         """
         try:
             check_job_secret(store, self._keys, self._settings.secret)
         except RendezvousAuthError as exc:
             raise UsageError(f"--join: {exc}") from None
+        check_not_ended(store, self._keys, self._settings.new_job)
         shape, leader = store.get(self._keys.shape), store.get(self._keys.driver)
         if shape is None or leader is None:
             return  # no job yet, or one between leaders: this node may lead it

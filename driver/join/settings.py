@@ -64,6 +64,7 @@ class JoinSettings:
     secret: str
     spare_task: bool = False
     serves_port: int | None = None  # embedded://HOST:PORT names this node: it serves the store
+    new_job: bool = False  # --new-job: a job of this id that ended is started over
 
     def __repr__(self) -> str:  # never the secret
         return f"JoinSettings(host={self.host!r}, slots={self.slots})"
@@ -76,6 +77,8 @@ def join_settings(
     slots: int | None,
     secret_file: str | None,
     environ: Mapping[str, str] | None = None,
+    *,
+    new_job: bool = False,
 ) -> JoinSettings:
     """The settings of ``--join``, from its flags and the environment (``slots`` None:
     --slots-per-host not given: Slurm's, ``slurm_slots``, else 1).
@@ -104,6 +107,7 @@ def join_settings(
         slots=slots or (from_slurm[0] if from_slurm else 1),
         secret=_secret(secret_file, environ),
         spare_task=from_slurm is not None and not from_slurm[1],
+        new_job=new_job,
     )
 
 

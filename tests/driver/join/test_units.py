@@ -1,7 +1,9 @@
 """Join mode's pure parts: the joined hosts from the agents' records, the shape every
-node must agree on, and the flags' checks."""
+node must agree on, the flags' checks, and whether a node may join a job that ended."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -10,6 +12,7 @@ from driver.errors import UsageError
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.joined import JoinedDiscovery, joined_hosts
 from driver.hosts.slots import HostSlots
+from driver.join.ended import DONE, FAILED, STOPPED, JobOutcome, refusal
 from driver.join.settings import slurm_slots, tasks_on_node
 from driver.join.shape import check_shape, job_shape, shape_bytes, shape_difference
 from rendezvous.agent_records import AgentRecord
@@ -87,6 +90,7 @@ def test_every_node_runs_worlds_of_restart_mode_or_none_does(monkeypatch):
             "--join needs -np or --min-np",
         ),
         (["--host-name", "a", "-np", "2", "t.py"], "--host-name is for join mode"),
+        (["--new-job", "-np", "2", "t.py"], "--new-job is for join mode"),
     ],
 )
 def test_join_flags_are_checked_in_one_line(monkeypatch, argv, message):
@@ -176,3 +180,38 @@ def test_the_node_named_by_an_embedded_store_serves_it(monkeypatch):
     assert other is not None and other.serves_port is None
     with pytest.raises(UsageError, match=r"embedded://HOST:PORT \(the node named HOST"):
         parse_args(["--join", "--rendezvous", "embedded", "--job-id", "j", "-np", "2", "t.py"])
+
+
+def test_new_job_reaches_the_join_settings(monkeypatch):
+    monkeypatch.setenv("ELASTIC_JOB_SECRET", "s3cret")
+    argv = ["--join", "--rendezvous", ETCD, "--job-id", "j", "-np", "2", "t.py"]
+    plain, new = parse_args(argv), parse_args(["--new-job", *argv])
+    assert plain.join is not None and not plain.join.new_job
+    assert new.join is not None and new.join.new_job
+
+
+def test_a_finished_or_failed_job_refuses_a_node_naming_how_and_when():
+    at = 1_767_225_600.0  # (said in local time, as the driver's lines are)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    done = refusal("j1", JobOutcome(DONE, at, "job done in round 3 at step 120"), False, False)
+    assert done == (
+        f"--join: job 'j1' finished at {when} (job done in round 3 at step 120); a node that "
+        "joins it now would train it again from the start: give --new-job to start a new "
+        "job under this id, or another --job-id"
+    )
+    failed = refusal("j1", JobOutcome(FAILED, at, "reset limit exceeded"), False, False)
+    assert failed is not None and f"job 'j1' failed at {when} (reset limit exceeded)" in failed
+
+
+@pytest.mark.parametrize(
+    "outcome,led,new_job",
+    [
+        (None, False, False),  # no job ended under the id
+        (JobOutcome(STOPPED, 1.0, "SIGTERM"), False, False),  # stopped: resumable
+        (JobOutcome(DONE, 1.0), True, False),  # a new job runs under the id
+        (JobOutcome(DONE, 1.0), False, True),  # --new-job: start over
+        (JobOutcome("unknown", 1.0), False, False),  # a newer writer's outcome
+    ],
+)
+def test_a_node_may_join_unless_the_job_ended_and_nothing_runs_under_its_id(outcome, led, new_job):
+    assert refusal("j1", outcome, led, new_job) is None

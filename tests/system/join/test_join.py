@@ -1,7 +1,8 @@
 """Join mode: the same ``elastic-run --join`` command on every node (here two nodes of
 one machine, named by ``--host-name``) makes one job, with no ssh: the first node leads,
 the other stands by; the job finishes exact and every node exits 0. A node that brings
-another shape, or no secret, is refused in one line and the job is untouched."""
+another shape, or no secret, is refused in one line and the job is untouched; so is a
+node that joins a job that finished or failed, unless it asks for a new job."""
 
 from __future__ import annotations
 
@@ -185,3 +186,79 @@ def test_a_node_serves_the_store_for_the_job_embedded(tmp_path, secret_env):
         assert b.wait(timeout=90) == 0, b.stderr_tail()
         assert a.wait(timeout=30) == 0, a.stderr_tail()
     check_exact_sum(out, SAMPLES, EPOCHS, final_size=4)
+
+
+def _ended_line(run: ElasticRun) -> str:
+    """The one line of a node refused because its job ended (exit 2 checked by the
+    caller): nothing of a job started."""
+    (line,) = run.err_path.read_text().strip().splitlines()
+    assert not run.events("job_started"), run.events()
+    return line
+
+
+@pytest.mark.timeout(150)
+def test_a_node_that_joins_a_finished_job_is_refused_unless_it_asks_for_a_new_job(
+    tmp_path, etcd_server, secret_env
+):
+    """A job that finished stays finished: a node that joins it afterwards (the same
+    command, the same --job-id) is refused in one line naming how and when it ended, and
+    starts nothing; with --new-job it trains a new job under the id to an exact end,
+    whose own end then refuses the next node."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = f"j{uuid.uuid4().hex[:10]}"
+    command = exact_sum_command(out, 400, 4)
+    args = join_args(etcd_server.url, job_id, "a", command, 2)
+    with ElasticRun(args, tmp_path / "first", secret_env) as first:
+        assert first.wait(timeout=60) == 0, first.stderr_tail()
+    done = first.events("job_done")[-1]
+    check_exact_sum(out, 400, 4, final_size=2)
+    results = sorted(p.stat().st_mtime_ns for p in out.iterdir())
+
+    with ElasticRun(args, tmp_path / "late", secret_env) as late:
+        assert late.wait(timeout=30) == 2, late.stderr_tail()
+    line = _ended_line(late)
+    assert line.startswith(f"elastic-run: error: --join: job '{job_id}' finished at 20"), line
+    assert f"(job done in round {done['round']} at step {done['step']}" in line, line
+    assert "give --new-job to start a new job under this id" in line, line
+    assert sorted(p.stat().st_mtime_ns for p in out.iterdir()) == results  # nothing ran
+
+    again = join_args(etcd_server.url, job_id, "a", command, 2, "--new-job")
+    with ElasticRun(again, tmp_path / "again", secret_env) as new:
+        assert new.wait(timeout=60) == 0, new.stderr_tail()
+    check_exact_sum(out, 400, 4, final_size=2)
+    with ElasticRun(args, tmp_path / "later", secret_env) as later:
+        assert later.wait(timeout=30) == 2, later.stderr_tail()
+    assert f"job '{job_id}' finished at" in _ended_line(later)
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_job_refuses_a_late_node_and_a_stopped_one_is_resumed(
+    tmp_path, etcd_server, secret_env
+):
+    failing = ["python", "-c", "raise SystemExit(3)"]
+    failed_id = f"j{uuid.uuid4().hex[:10]}"
+    args = join_args(etcd_server.url, failed_id, "a", failing, 2)
+    with ElasticRun(args, tmp_path / "failed", secret_env) as failed:
+        assert failed.wait(timeout=60) == 1, failed.stderr_tail()
+    with ElasticRun(args, tmp_path / "late", secret_env) as late:
+        assert late.wait(timeout=30) == 2, late.stderr_tail()
+    line = _ended_line(late)
+    assert f"--join: job '{failed_id}' failed at 20" in line and "exit 3" in line, line
+
+    # SIGTERM stops a job, which is no end: the same command takes it up again.
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    out.mkdir()
+    hold_at(gate, 5)
+    stopped_id = f"j{uuid.uuid4().hex[:10]}"
+    command = exact_sum_command(out, 400, 4, "--pause-while", str(gate))
+    args = join_args(etcd_server.url, stopped_id, "a", command, 2)
+    with ElasticRun(args, tmp_path / "stopped", secret_env) as stopped:
+        stopped.wait_event("round_formed", timeout=30)
+        assert stopped.proc is not None
+        stopped.proc.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=40) == 128 + signal.SIGTERM, stopped.stderr_tail()
+    gate.unlink()
+    with ElasticRun(args, tmp_path / "resumed", secret_env) as resumed:
+        assert resumed.wait(timeout=60) == 0, resumed.stderr_tail()
+    check_exact_sum(out, 400, 4, final_size=2)
