@@ -74,7 +74,7 @@ def test_what_a_stranger_writes_is_ignored_and_said(store_backend, caplog):
         assert job.get(prefix + "assign/h1/w1") is None
         kvs, _ = job.get_prefix(prefix)
         assert [(kv.key, kv.value) for kv in kvs] == [(prefix + "seat/w3", b"ours too")]
-        seen = []
+        seen: list[tuple[str, str, bytes]] = []
         deadline = time.monotonic() + 10
         while len(seen) < 2 and time.monotonic() < deadline:
             ev = watch.get(timeout=0.5)
