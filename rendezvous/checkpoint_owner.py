@@ -141,6 +141,12 @@ def decide(directory: str, seen: Seen, me: Claimant, stale_after: float = STALE)
         return Verdict(TAKE, me.job_id)
     lives = holder_lives(seen, me.host, stale_after)
     where = f"--checkpoint-dir {directory}"
+    holder = record.describe()
+    if lives and seen.lock != BUSY:  # told by the record's age alone: it may be a dead one's
+        holder += (
+            f", its record refreshed {seen.age:.0f} s ago (if that driver is gone, the "
+            f"folder is free {stale_after - seen.age:.0f} s from now)"
+        )
     if record.job_id == me.job_id or not me.given:
         if not lives:
             return Verdict(TAKE, record.job_id)
@@ -150,7 +156,7 @@ def decide(directory: str, seen: Seen, me: Claimant, stale_after: float = STALE)
             return Verdict(
                 REFUSE,
                 record.job_id,
-                f"{where} is in use by {record.describe()}: a second driver of one job "
+                f"{where} is in use by {holder}: a second driver of one job "
                 "needs an etcd store (--rendezvous etcd://... --standby); with the embedded "
                 "store it would be a second job on the same snapshots",
             )
@@ -166,6 +172,6 @@ def decide(directory: str, seen: Seen, me: Claimant, stale_after: float = STALE)
     return Verdict(
         REFUSE,
         record.job_id,
-        f"{where} is in use by {record.describe()}: one job per checkpoint folder; give "
+        f"{where} is in use by {holder}: one job per checkpoint folder; give "
         "this job another folder",
     )

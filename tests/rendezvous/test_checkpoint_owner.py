@@ -72,6 +72,7 @@ def test_a_live_jobs_folder_is_refused_naming_the_folder_and_the_job():
             assert v.action == REFUSE, (seen, claimant)
             assert "--checkpoint-dir /ckpt is in use by job x (driver pid 4242" in v.why
             assert "\n" not in v.why
+            assert ("refreshed" in v.why) == (seen.lock != BUSY), v.why
 
 
 @pytest.mark.unit
