@@ -38,11 +38,39 @@ class PsExited(Event):
 
 @dataclass(frozen=True)
 class PsRestarted(Event):
+    """Shard ``shard`` was started again after its process died, and restores checkpoint
+    ``checkpoint`` of step ``step`` (None and 0: it comes back empty; ``checkpoints``:
+    the job writes checkpoints at all), so what it applied after ``step`` is lost;
+    ``reached``: the newest step the shards' records named, when past ``step`` (the
+    loss is at least the steps between). ``driver.ps.restarts`` decides it."""
+
     kind: ClassVar[str] = "ps_restarted"
     shard: int
+    checkpoint: int | None = None
+    step: int = 0
+    reached: int | None = None
+    checkpoints: bool = False
 
     def __str__(self) -> str:
-        return f"ps shard {self.shard} restarted"
+        if self.checkpoint is None:
+            why = (
+                "no checkpoint was complete yet"
+                if self.checkpoints
+                else "no checkpoint: no --ps-checkpoint-dir"
+            )
+            text = (
+                f"ps shard {self.shard} restarted empty ({why}): its state since step 0 is "
+                "lost; its clients re-create its variables from their init() values"
+            )
+        else:
+            text = (
+                f"ps shard {self.shard} restarted from checkpoint {self.checkpoint} at step "
+                f"{self.step}: what it applied after step {self.step} is lost"
+            )
+        if self.reached is not None and self.reached > self.step:
+            lost = plural(self.reached - self.step, "step")
+            text += f" (the shards had reached step {self.reached}: at least {lost})"
+        return text
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ took them, through outages (``rendezvous.watch.follow_prefix``).
   process is which (``on_shard``, ``on_backup``, ``on_replica``);
 * each complete checkpoint (``ps_checkpoint``), each report of checkpoints that fail
   (``ps_checkpoint_failed``) and each rollback (``ps_rollback``) is reported here, once,
-  as ``checkpoint_written``, ``checkpoint_failed`` and ``ps_rolled_back``.
+  as ``checkpoint_written``, ``checkpoint_failed`` and ``ps_rolled_back``;
+* the steps they name are kept (``steps``: the newest complete checkpoint, the newest
+  step named), for what a shard restarted by the driver is said to lose
+  (``driver.ps.restarts``).
 
 Whether the shards stopped with their state in a checkpoint is the newer of the two
 final records, in the store's order: a final ``CheckpointRecord`` (written) or a final
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 from typing import Callable
 
 from driver.events import CheckpointFailed, CheckpointWritten, EventSink, PsRolledBack
+from driver.ps.restarts import ShardSteps
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -75,6 +79,7 @@ class ShardRecords:
         self._last_failure = 0  # ... and of the newest checkpoint failure reported
         # the newest final record (mod revision; the failure, None: written)
         self._final: tuple[int, CheckpointFailed | None] | None = None
+        self._steps = ShardSteps()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,7 +123,9 @@ class ShardRecords:
             elif key.startswith(keys.ps_backups):
                 self._on_backup(ShardInfo.from_json(kv.value))
             elif key.startswith(keys.ps_replicas):
-                self._on_replica(ReplicaRecord.from_json(kv.value), kv.mod_revision)
+                replica = ReplicaRecord.from_json(kv.value)
+                self._note_step(replica.step)
+                self._on_replica(replica, kv.mod_revision)
             elif key == keys.ps_checkpoint:
                 self._take_checkpoint(CheckpointRecord.from_json(kv.value), kv.mod_revision)
             elif key == keys.ps_checkpoint_failed:
@@ -133,9 +140,19 @@ class ShardRecords:
         if self._final is None or revision > self._final[0]:
             self._final = (revision, failure)
 
+    def steps(self) -> ShardSteps:
+        """The shards' steps as their records told them so far."""
+        with self._lock:
+            return self._steps
+
+    def _note_step(self, step: int | None) -> None:
+        with self._lock:
+            self._steps = self._steps.with_step(step)
+
     def _take_checkpoint(self, record: CheckpointRecord, revision: int) -> None:
         taken = (record.checkpoint_id, record.final)
         with self._lock:
+            self._steps = self._steps.with_checkpoint(record.checkpoint_id, record.step)
             if record.final:
                 self._note_final(revision, None)
             # The same checkpoint read again (after a watch ended, or by the final read),
@@ -165,6 +182,7 @@ class ShardRecords:
             newest_step=record.newest_step,
         )
         with self._lock:
+            self._steps = self._steps.with_step(record.step)
             if record.final:
                 self._note_final(revision, event)
             if revision <= self._last_failure:
@@ -180,6 +198,7 @@ class ShardRecords:
 
     def _take_rollback(self, record: RollbackRecord, revision: int) -> None:
         with self._lock:
+            self._steps = self._steps.with_step(record.from_step)
             if revision <= self._last_rollback:
                 return  # read again after a watch ended
             self._last_rollback = revision

@@ -16,7 +16,9 @@ the one route for these facts (``driver.ps.records`` follows it):
   reached writes a ``RollbackRecord`` (``ps_rolled_back``, with the steps lost).
 
 A shard that dies is restarted with the same arguments: it loads the newest complete
-checkpoint, and clients retry until it is back. A shard dying over and over
+checkpoint, and clients retry until it is back. The restart is said with what it loses,
+the shard's updates after the checkpoint's step, or since step 0 when it comes back
+empty (``ps_restarted``, ``driver.ps.restarts``). A shard dying over and over
 (``MAX_RESTARTS`` within ``RESTART_WINDOW``, its backups' deaths counted too) ends the
 job through ``on_fatal``: restarting cannot fix whatever kills it.
 
@@ -61,7 +63,6 @@ from driver.events import (
     PsBackupReady,
     PsExited,
     PsFailedOver,
-    PsRestarted,
     PsStarted,
     describe_code,
 )
@@ -72,6 +73,7 @@ from driver.launch.spec import LaunchSpec
 from driver.ps.command import BACKUP_FLAG, FINAL_CHECKPOINT_TIMEOUT
 from driver.ps.failover import promotion
 from driver.ps.records import ShardRecords
+from driver.ps.restarts import restart_event
 from driver.ps.shard_hosts import ShardPlacement
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
@@ -412,7 +414,8 @@ class PSSupervisor:
             if backup:
                 self._launch_backup(index)
             elif not self._fail_over(index, proc) and self._launch(index):
-                self._events.emit(PsRestarted(shard=index))
+                steps = self._records.steps()
+                self._events.emit(restart_event(index, self.checkpoints, steps))
         except LauncherError as exc:
             self._fail(f"cannot restart ps shard {index}: {exc}")
 

@@ -164,6 +164,21 @@ def test_a_killed_shard_is_restarted_and_ready_again_with_its_new_pid(supervise)
     assert [e.shard for e in events.of("ps_restarted")] == [1] and not fatal
 
 
+def test_a_restart_says_the_checkpoint_it_goes_back_to_and_the_steps_after_it_lost(supervise):
+    """The job checkpoints, and shard 0 said checkpoint 1 of step 10 is complete: shard 1
+    killed comes back from it, and the restart says the updates after step 10 are lost."""
+    sup, _, _, events, fatal = supervise("serve", "serve", checkpoints=True)
+    sup.start()
+    wait_until(lambda: events.of("checkpoint_written"), 15, "the checkpoint event")
+    os.kill(sup._procs[1].pid, signal.SIGKILL)
+    wait_until(lambda: events.of("ps_restarted"), 30, "shard 1 restarted")
+    (restarted,) = events.of("ps_restarted")
+    assert (restarted.shard, restarted.checkpoint, restarted.step) == (1, 1, 10) and not fatal
+    assert str(restarted) == (
+        "ps shard 1 restarted from checkpoint 1 at step 10: what it applied after step 10 is lost"
+    )
+
+
 def test_a_shard_dying_over_and_over_is_fatal(supervise, monkeypatch):
     monkeypatch.setattr(ps_supervisor, "MAX_RESTARTS", 1)
     sup, _, _, events, fatal = supervise("crash")

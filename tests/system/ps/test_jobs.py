@@ -66,7 +66,18 @@ def test_killed_shard_is_restarted_from_its_checkpoint(tmp_path, mode):
         run.wait_event("checkpoint_written", timeout=60)
         hold.write_text("")  # however fast training is, the kills land before its end
         os.kill(shard_pid(run, 1), signal.SIGKILL)
-        run.wait_event("ps_restarted", lambda e: e["shard"] == 1)
+        restarted = run.wait_event("ps_restarted", lambda e: e["shard"] == 1)
+        # Said with what it loses: the updates after the newest checkpoint the driver
+        # heard of (the same or a newer one than the first).
+        (first, *_) = run.events("checkpoint_written")
+        assert restarted["checkpoint"] >= first["checkpoint"], restarted
+        assert restarted["step"] >= first["step"], restarted
+        line = (
+            f"ps shard 1 restarted from checkpoint {restarted['checkpoint']} at step "
+            f"{restarted['step']}: what it applied after step {restarted['step']} is lost"
+        )
+        stderr = tmp_path / "stderr.log"
+        wait_until(lambda: line in stderr.read_text(), 10, f"the restart's line: {line}")
         rounds = len(run.events("round_formed"))
         run.kill_member(0)  # and a worker: no applied update is lost, the job goes on
         run.wait_event("round_formed", after=rounds)
@@ -111,6 +122,11 @@ def test_a_shard_killed_without_a_checkpoint_gets_its_variables_back_and_trainin
         assert run.wait(timeout=60) == 0, run.stderr_tail()
     log = (tmp_path / "stderr.log").read_text()
     assert "ps shard 0 lost its variables; re-creating them from init()" in log, log
+    # The driver says the restart with what it loses: everything, since step 0.
+    assert (
+        "ps shard 0 restarted empty (no checkpoint: no --ps-checkpoint-dir): its state "
+        "since step 0 is lost" in log
+    ), log
     # The variables start again from init(): the step goes back. The worker that
     # re-creates them first sees it; the other may resume only after the step passed
     # its own last one (then it sees no step go back, but goes on to the end too).
