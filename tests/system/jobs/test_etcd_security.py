@@ -1,6 +1,6 @@
 """Whole jobs on an etcd that checks who calls: over TLS with a client certificate
 (``etcds://`` and the ``--etcd-*`` flags alone, no ELASTIC_ETCD_* in the environment:
-every agent and worker must get them from the driver), and with an etcd user and its
+every agent, worker and ps shard must get them from the driver), and with an etcd user and its
 password; and the one line, exit 2, of a URL whose protocol is not the server's."""
 
 from __future__ import annotations
@@ -59,10 +59,12 @@ def test_a_job_on_etcd_over_tls_from_the_flags_alone_ends_exact(tmp_path, tls_cl
         *("--rendezvous", tls_url(cluster), "--job-id", _job_id()),
         *("--etcd-ca-cert", pki["ca"]),
         *("--etcd-cert", pki["client_cert"], "--etcd-key", pki["client_key"]),
-        *("-np", "2", *exact_sum_command(out, SAMPLES, EPOCHS)),
+        # a ps shard too: it serves only once its record is in the store, over TLS
+        *("--num-ps", "1", "-np", "2", *exact_sum_command(out, SAMPLES, EPOCHS)),
     ]
     with ElasticRun(args, tmp_path / "run", NO_ETCD_VARIABLES) as run:
         assert run.wait(timeout=90) == 0, run.stderr_tail()
+        assert [e["shard"] for e in run.events("ps_started")] == [0]
     check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
 
 
