@@ -170,10 +170,15 @@ def test_a_full_disk_prunes_the_oldest_snapshot_to_make_room(tmp_path):
     complete one) and is written; none fails for want of space."""
     out = tmp_path / "out"
     out.mkdir()
-    samples, epochs = 60_000, 20  # a state of 480 kB; steps of 6,000 samples
+    samples, epochs = 60_000, 12  # a state of 480 kB; steps of 6,000 samples
     with small_tmpfs(tmp_path / "ckpt", size="1200k") as ckpt:
-        command = exact_sum_command(out, samples, epochs, "--batch", "3000", "--work", "200")
-        args = ["-np", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.3"]
+        # Steps of 0.04 s at least (5 s in all) and a snapshot every 0.8 s: one snapshot in
+        # flight at a time, as the folder's room is counted for (0.3 s, on a loaded
+        # machine, had two attempts in flight at once, which the folder cannot hold).
+        command = exact_sum_command(
+            out, samples, epochs, "--batch", "3000", "--work", "200", "--step-seconds", "0.04"
+        )
+        args = ["-np", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.8"]
         with ElasticRun([*args, *command], tmp_path / "run") as run:
             assert run.wait(timeout=120) == 0, run.stderr_tail()
             written, failed = run.events("snapshot_written"), run.events("snapshot_failed")
