@@ -424,8 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_ELASTIC_TIMEOUT,
         metavar="SEC",
         help="fail the job after waiting this long for --min-np "
-        "workers once training started, or for a store that does not answer (the job "
-        "trains on through shorter outages) (default: %(default)s)",
+        "workers once training started (default: %(default)s)",
     )
     fault.add_argument(
         "--driver-timeout",

@@ -67,6 +67,7 @@ from driver.launch.process import WorkerProcess
 from driver.lead.adopted_pids import AdoptedProcesses
 from driver.lead.terms import ClaimAction
 from driver.policy import decisions as dec
+from driver.policy.lapses import store_lost_line
 from driver.policy.lifecycle import WorkerRecord
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
@@ -544,7 +545,14 @@ _MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
     msg.HostsFound: Job._hosts_found,
     msg.DiscoveryFailed: Job._discovery_failed,
     msg.SignalReceived: Job._signalled,
-    msg.StoreLost: lambda job, m: job._end(f"lost the rendezvous store: {m.reason}"),
+    msg.StoreLost: lambda job, m: job._end(
+        store_lost_line(
+            m.reason,
+            job._state.book.progress_step,
+            job._state.book.snapshots,
+            job.config.checkpoint_dir,
+        )
+    ),
     msg.ProgressReported: lambda job, m: job._messages.on_progress(m),
     msg.TrainingFinished: lambda job, m: job._messages.on_training_finished(m.record),
     msg.SnapshotReported: lambda job, m: job._messages.on_snapshot(m),

@@ -29,3 +29,28 @@ def lapse_explained(trouble_at: float | None, now: float, window: float = LAPSE_
     """Whether a lease that lapsed at ``now`` may be the store's doing: the store was in
     trouble (``trouble_at``, its latest moment) within ``window`` seconds before."""
     return trouble_at is not None and now - trouble_at <= window
+
+
+def store_lost_line(
+    reason: str,
+    progress_step: int | None,
+    snapshots: tuple[tuple[str, int], ...],
+    checkpoint_dir: str | None,
+) -> str:
+    """The line a job ends with when its store stayed away past ``--elastic-timeout``
+    (``reason``: for how long, and the last error): the newest commit the driver heard
+    of, and what of it stands on disk. A snapshot needs the store to be taken (its
+    writers agree through it, ``elastic.snapshots.coordination``), so the one that
+    stands is the newest completed before the outage."""
+    heard = f"; the newest step heard committed was {progress_step}" if progress_step else ""
+    if not checkpoint_dir:
+        kept = "; there is no --checkpoint-dir, so nothing of the state is kept"
+    elif snapshots:
+        step = max(step for _, step in snapshots)
+        kept = (
+            f"; the newest snapshot, of step {step}, stands in --checkpoint-dir "
+            f"{checkpoint_dir}: the same command resumes from it"
+        )
+    else:
+        kept = f"; no snapshot was completed yet in --checkpoint-dir {checkpoint_dir}"
+    return f"lost the rendezvous store: {reason}{heard}{kept}"
