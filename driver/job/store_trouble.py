@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable
 
-from driver.policy.lapses import LAPSE_WINDOW, lapse_explained
+from driver.policy.lapses import lapse_explained
 
 #: a look at the store that takes longer than this is trouble too (etcd answers a
 #: revision read in milliseconds; a stalled one holds the call)
@@ -49,6 +49,6 @@ class StoreTrouble:
                 return now
             return self._latest
 
-    def explains_lapse(self, window: float = LAPSE_WINDOW) -> bool:
+    def explains_lapse(self) -> bool:
         """``lapse_explained`` as of now."""
-        return lapse_explained(self.latest(), self._clock(), window)
+        return lapse_explained(self.latest(), self._clock())

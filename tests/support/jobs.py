@@ -308,6 +308,21 @@ class ElasticRun:
         self.stop()
 
 
+def run_cli(
+    *args: str, timeout: float = 60, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``elastic-run ARGS`` to its end, from the repository's root (a start that is
+    refused ends at once), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "driver.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
 def exact_sum_command(out_dir: Path, samples: int, epochs: int, *extra: str) -> list[str]:
     """The worker command of ``workloads/exact_sum.py`` (batches of 4)."""
     return [

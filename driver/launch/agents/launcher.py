@@ -58,7 +58,7 @@ from driver.launch.base import Launcher
 from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
 from driver.launch.spec import LaunchSpec
-from driver.policy.lapses import LAPSE_WINDOW, RETURN_GRACE
+from driver.policy.lapses import RETURN_GRACE
 from driver.threads import spawn
 from rendezvous import env
 from rendezvous.agent_records import AGENT_LEASE_TTL, AgentRecord, Assignment, ProcessStatus
@@ -127,7 +127,7 @@ class AgentLauncher(Launcher, AgentService):
         self._patience = 0.0
         self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
         self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
-        self._store_trouble: Callable[[float], bool] = lambda window: False
+        self._store_trouble: Callable[[], bool] = lambda: False
 
     def attach(self, wiring: AgentWiring) -> None:
         """Use the job's store from now on (``AgentWiring``: ``term()``, the leader's term
@@ -483,7 +483,7 @@ class AgentLauncher(Launcher, AgentService):
             agent = self._agents.get(host)
             if agent is None or agent.lost or not agent.registered.is_set() or self._closing:
                 return
-            if not waited and not agent.retiring and self._store_trouble(LAPSE_WINDOW):
+            if not waited and not agent.retiring and self._store_trouble():
                 if agent.lapsed.is_set():
                     return  # (waited on already)
                 agent.lapsed.set()
@@ -533,7 +533,7 @@ class AgentLauncher(Launcher, AgentService):
         while not agent.returned.wait(max(0.0, deadline - time.monotonic())):
             if self._unfollow.is_set():
                 return
-            if self._store_trouble(LAPSE_WINDOW):  # still away: it cannot register yet
+            if self._store_trouble():  # still away: it cannot register yet
                 deadline = time.monotonic() + RETURN_GRACE
                 continue
             with self._lock:

@@ -27,9 +27,9 @@ class AgentWiring:
     (``on_host_lost(host, detail)``) and when one first registers
     (``on_host_ready(host)``), how long a watch may go without the store
     (``patience``), the leader's fenced write (``steer``; None: a plain put), and
-    whether the store was in trouble within a window of seconds before now
-    (``store_trouble(window)``: an agent's lapsed lease may then be the store's doing,
-    ``driver.job.store_trouble``)."""
+    whether the store was in trouble just before now (``store_trouble()``, within
+    ``driver.policy.lapses.LAPSE_WINDOW``: an agent's lapsed lease may then be the
+    store's doing, ``driver.job.store_trouble``)."""
 
     store: KVStore
     agent_env: Mapping[str, str]
@@ -38,7 +38,7 @@ class AgentWiring:
     patience: float
     steer: Callable[[Sequence[Put | Delete]], int] | None = None
     on_host_ready: Callable[[str], None] = lambda host: None
-    store_trouble: Callable[[float], bool] = lambda window: False
+    store_trouble: Callable[[], bool] = lambda: False
 
 
 class AgentService(abc.ABC):

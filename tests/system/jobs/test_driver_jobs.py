@@ -7,8 +7,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -20,6 +18,7 @@ from tests.support.jobs import (
     check_exact_sum,
     hosts_file_discovery,
     pid_alive,
+    run_cli,
     wait_until,
     write_hosts,
     write_whole,
@@ -56,17 +55,6 @@ def ssh_env(sshd_server) -> dict[str, str]:
         *settings.extra_options,
     ]
     return {"ELASTIC_SSH_OPTIONS": shlex.join(options)}
-
-
-def run_cli(*args, timeout=30, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "driver.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,7 @@ for a finished worker, and a kill after the finish fails nothing.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -22,6 +19,7 @@ from tests.support.jobs import (
     exact_sum_results,
     hold_at,
     hosts_file_discovery,
+    run_cli,
     wait_until,
     write_hosts,
 )
@@ -150,22 +148,11 @@ def test_the_readme_examples_under_the_readme_chaos_flag(tmp_path, example):
         assert min(sizes) >= 2  # never below --min-np
 
 
-def elastic_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "driver.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
-
 @pytest.mark.parametrize(
     "flag, meant", [("-n", "-np"), ("--min", "--min-np"), ("--chaos-kill", "--chaos-kill-interval")]
 )
 def test_an_abbreviated_flag_is_refused_naming_the_full_one(flag, meant):
-    done = elastic_run(flag, "2", "python", "-c", "pass")
+    done = run_cli(flag, "2", "python", "-c", "pass")
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and meant in lines[0] and "abbreviations" in lines[0], done.stderr
@@ -173,7 +160,7 @@ def test_an_abbreviated_flag_is_refused_naming_the_full_one(flag, meant):
 
 def test_an_unwritable_checkpoint_dir_is_one_line_and_exit_2(tmp_path):
     with unwritable(tmp_path / "ckpt") as folder:
-        done = elastic_run("-np", "1", "--checkpoint-dir", str(folder), "python", "-c", "1")
+        done = run_cli("-np", "1", "--checkpoint-dir", str(folder), "python", "-c", "1")
         assert list(folder.iterdir()) == []  # the probe left nothing behind
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
@@ -199,7 +186,7 @@ def test_a_script_that_fails_on_every_worker_is_said_as_the_script_failing(tmp_p
         "sys.exit(1)\n"
     )
     ckpt = tmp_path / "ckpt"
-    done = elastic_run("-np", "2", "--checkpoint-dir", str(ckpt), "python", str(script))
+    done = run_cli("-np", "2", "--checkpoint-dir", str(ckpt), "python", str(script))
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "the training script fails" in last, done.stderr

@@ -11,10 +11,7 @@ once per epoch) or the job is wrong, so a snapshot of another job resumed shows.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -25,9 +22,9 @@ from tests.support.jobs import (
     check_exact_sum,
     exact_sum_command,
     hold_at,
+    run_cli,
     wait_until,
 )
-from tests.support.paths import ROOT
 from tests.support.tmpfs import small_tmpfs
 
 SAMPLES, EPOCHS = 960, 2
@@ -40,18 +37,6 @@ def job_args(ckpt, out, *extra: str, samples: int = SAMPLES, job_id: str = "") -
         *(("--job-id", job_id) if job_id else ()),
         *exact_sum_command(out, samples, EPOCHS, *SLOW, *extra),
     ]
-
-
-def elastic_run(*args: str) -> subprocess.CompletedProcess:
-    """``elastic-run ARGS`` to its end (a start that is refused ends at once)."""
-    return subprocess.run(
-        [sys.executable, "-m", "driver.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
 
 
 def snapshots_of(ckpt) -> list[files.Manifest]:
@@ -78,7 +63,7 @@ def test_a_second_job_on_a_folder_in_use_is_refused_and_the_first_keeps_its_snap
             (),  # no --job-id: the folder's job, whose driver lives
             ("--job-id", "first"),  # the same id with the embedded store: a second job too
         ):
-            done = elastic_run(
+            done = run_cli(
                 *("-np", "1", "--checkpoint-dir", str(ckpt), *second, "python", "-c", "1")
             )
             lines = done.stderr.strip().splitlines()
