@@ -177,8 +177,9 @@ def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_arg
         for layout, size in changes:
             run.wait_progress(run.progress + 30)
             hold.write_text("")  # however fast the job is, the change lands mid-epoch
+            formed = len(run.events("round_formed"))  # the first round is of size 1 too
             write_hosts(hosts, layout)
-            run.wait_event("round_formed", lambda e, size=size: e["size"] == size)
+            run.wait_event("round_formed", lambda e, size=size: e["size"] == size, after=formed)
             hold.unlink()
         assert run.wait(timeout=90) == 0, run.stderr_tail()
         sizes = [e["size"] for e in run.events("round_formed")]
