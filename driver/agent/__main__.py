@@ -26,8 +26,9 @@ import sys
 import tempfile
 from typing import BinaryIO, cast
 
-from driver.agent.loop import DEFAULT_DRIVER_TIMEOUT, Agent
+from driver.agent.loop import Agent
 from driver.agent.output import Tee, close_quietly, open_log
+from driver.agent.settings import DEFAULT_DRIVER_TIMEOUT, AgentIdentity, AgentTimings
 from driver.launch.local import LocalLauncher
 from rendezvous import env, open_store
 from rendezvous.errors import ElasticError
@@ -124,13 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(
         store,
         JobKeys(args.job_id),
-        args.host,
+        AgentIdentity(args.host, os.getpid(), args.agent_id, log_path, max(0, args.slots)),
         launcher=LocalLauncher(out, err),
-        driver_timeout=args.driver_timeout,
-        log_path=log_path,
-        pid=os.getpid(),
-        agent_id=args.agent_id,
-        slots=max(0, args.slots),
+        timings=AgentTimings(driver_timeout=args.driver_timeout),
     )
     # SIGTERM is how a scheduler takes a host back (a preemption): the host drains first.
     # SIGINT stops at once.

@@ -39,16 +39,16 @@ from typing import Callable
 
 from driver.agent import news, rules
 from driver.agent.rules import AgentView, ProcState
+from driver.agent.settings import AgentIdentity, AgentTimings
 from driver.agent.table import ProcessTable, TableEntry
 from driver.agent.workers import WorkerChannel, store_registrations
 from driver.errors import LauncherError, LaunchError
 from driver.launch.base import Launcher
-from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
+from driver.launch.process import WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
 from rendezvous import env
 from rendezvous.agent_records import (
-    AGENT_LEASE_TTL,
     AgentRecord,
     Assignment,
     ProcessStatus,
@@ -63,9 +63,6 @@ from rendezvous.store import PUT, Compare, Event, KeyValue, KVStore, Lease, Put
 from rendezvous.watch import follow_in_thread
 
 log = logging.getLogger(__name__)
-
-DEFAULT_DRIVER_TIMEOUT = 300.0
-"""``--driver-timeout``: seconds an agent keeps its processes with no leader."""
 
 TICK = 1.0
 """Longest wait between two reconciles (the driver timeout is checked then)."""
@@ -97,41 +94,28 @@ def checkpoint_dir_problem(host: str, folder: str) -> str | None:
 
 
 class Agent:
-    """The agent of ``host`` in job ``keys``. ``launcher`` starts the processes on this
-    machine (a ``LocalLauncher`` whose output goes where the agent's goes);
-    ``driver_timeout``: seconds without a leader before everything is stopped;
-    ``log_path``: said in the agent's record; ``slots``: the slots its node offers when
-    it joined the job (``elastic-run --join``; 0: a driver started it); ``clock``: the
-    monotonic time."""
+    """The agent ``identity`` (its host, its id) in job ``keys``. ``launcher`` starts the
+    processes on this machine (a ``LocalLauncher`` whose output goes where the agent's
+    goes); ``timings``: how long it waits for a leader, a process, its lease;
+    ``clock``: the monotonic time."""
 
     def __init__(
         self,
         store: KVStore,
         keys: JobKeys,
-        host: str,
+        identity: AgentIdentity,
         *,
         launcher: Launcher,
-        driver_timeout: float = DEFAULT_DRIVER_TIMEOUT,
-        log_path: str = "",
-        stop_grace: float = STOP_GRACE,
-        lease_ttl: float = AGENT_LEASE_TTL,
+        timings: AgentTimings | None = None,
         clock: Callable[[], float] = time.monotonic,
-        pid: int = 0,
-        agent_id: str = "",
-        slots: int = 0,
     ):
-        self.host = host
+        self.host = identity.host
+        self._identity = identity
         self._store = store
         self._keys = keys
         self._launcher = launcher
-        self._driver_timeout = driver_timeout
-        self._log_path = log_path
-        self._stop_grace = stop_grace
-        self._lease_ttl = lease_ttl
+        self._timings = timings or AgentTimings()
         self._clock = clock
-        self._pid = pid
-        self._agent_id = agent_id
-        self._slots = slots
         self._queue: queue.Queue[news.News] = queue.Queue()
         self._done = threading.Event()  # the feeds and the lease thread end
         self._store_away = threading.Event()  # the lease could not be refreshed for a TTL
@@ -225,7 +209,7 @@ class Agent:
             self._table.states(),
             self._view,
             self._clock(),
-            self._driver_timeout,
+            self._timings.driver_timeout,
         )
         for action in actions:
             if isinstance(action, rules.Shutdown):
@@ -413,7 +397,7 @@ class Agent:
         """Stop every process still running (SIGTERM, SIGKILL after the grace, reap) and
         report each exit (best effort: the store may be gone)."""
         alive = self._table.alive()
-        stop_all([e.process for e in alive if e.process is not None], self._stop_grace)
+        stop_all([e.process for e in alive if e.process is not None], self._timings.stop_grace)
         if self._store_away.is_set():
             return  # each report would wait out the store's retry deadline: none is read
         for entry in alive:
@@ -424,12 +408,12 @@ class Agent:
     def _record(self) -> bytes:
         record = AgentRecord(
             self.host,
-            self._pid,
+            self._identity.pid,
             self._started,
             self._view.highest_term,
-            self._log_path,
-            self._agent_id,
-            self._slots,
+            self._identity.log_path,
+            self._identity.agent_id,
+            self._identity.slots,
             draining=self._drain_until is not None,
         )
         return record.to_json()
@@ -441,13 +425,13 @@ class Agent:
         Raises:
             RendezvousError: the store cannot be used.
         """
-        lease = self._store.grant_lease(self._lease_ttl)
+        lease = self._store.grant_lease(self._timings.lease_ttl)
         self._store.put(self._keys.agent(self.host), self._record(), lease.id)
         self._lease = lease
         self._keep_alive(lease)
 
     def _keep_alive(self, lease: Lease) -> None:
-        lease.keep_alive(on_lost=self._lease_lost, interval=max(self._lease_ttl / 3.0, 0.2))
+        lease.keep_alive(on_lost=self._lease_lost, interval=max(self._timings.lease_ttl / 3.0, 0.2))
 
     def _lease_lost(self, exc: Exception) -> None:
         """The lease's refresh failed for longer than its TTL. If the store says the
@@ -490,7 +474,7 @@ class Agent:
         """
         key = self._keys.agent(self.host)
         try:
-            lease = self._store.grant_lease(self._lease_ttl)
+            lease = self._store.grant_lease(self._timings.lease_ttl)
             seat_empty = Compare(key, "create", "==", 0)
             ops = [Put(key, self._record(), lease.id)]
             if self._drain_until is not None:
@@ -558,7 +542,7 @@ class Agent:
                 if kv.key == keys.plan_head:
                     round_read(kv.value)
 
-        retire_key, agent_id = keys.retire(self.host), self._agent_id.encode()
+        retire_key, agent_id = keys.retire(self.host), self._identity.agent_id.encode()
 
         def retire_event(event: Event) -> None:
             # Only a retirement naming this agent: one written for an agent before it
@@ -599,7 +583,7 @@ class Agent:
                 ended_resync,
             ),
         ]
-        if self._agent_id:  # an agent with no id cannot be named, so is never retired
+        if self._identity.agent_id:  # an agent with no id cannot be named, so is never retired
             feeds.append((retire_key, retire_event, retire_resync))
         for prefix, on_event, on_resync in feeds:
             follow_in_thread(
@@ -610,6 +594,6 @@ class Agent:
                 on_resync=on_resync,
                 on_lost=lambda exc: post(news.LeaderSeen(None)),
                 stop=self._done,
-                patience=self._driver_timeout,
+                patience=self._timings.driver_timeout,
                 clock=self._clock,
             )
