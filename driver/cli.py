@@ -36,7 +36,7 @@ from driver.events.log import line_prefix
 from driver.job.loop import Job
 from driver.join.node import JoinedNode
 from rendezvous.checkpoint_claim import FolderClaim
-from rendezvous.errors import ElasticError
+from rendezvous.errors import ElasticError, StoreLoginRefused
 from rendezvous.process_exit import run_then_exit
 from rendezvous.resources import raise_fd_limit
 
@@ -117,6 +117,9 @@ def _run(argv: list[str]) -> int:
         return 128 + exc.signum
     except UsageError as exc:  # a joined node that disagrees with the job it found
         print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except StoreLoginRefused as exc:  # as a missing password is (driver.etcd_security)
+        print(f"{PROG}: error: --etcd-user: {exc}", file=sys.stderr)
         return 2
     except (DriverError, ElasticError) as exc:
         _say(f"job failed: {exc}")

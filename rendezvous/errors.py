@@ -51,6 +51,11 @@ class RendezvousAuthError(RendezvousError):
     """The store (or a peer) refused the request: missing or wrong job secret."""
 
 
+class StoreLoginRefused(RendezvousAuthError):
+    """The store refused its own login (etcd's user and password): a setting that does
+    not hold, which no retry mends."""
+
+
 class RendezvousConfigError(RendezvousError, ValueError):
     """A malformed store URL or an unusable setting."""
 

@@ -31,6 +31,7 @@ from rendezvous.errors import (
     RendezvousAuthError,
     RendezvousConfigError,
     RendezvousConnectionError,
+    StoreLoginRefused,
     WatchCompactedError,
 )
 from rendezvous.net.rpc import translate_rpc_error
@@ -250,7 +251,7 @@ class EtcdStore(KVStore):
 
     def _authenticate(self) -> tuple:
         """The metadata every call carries: etcd's auth token when a user is configured.
-        Raises RendezvousAuthError for a wrong user or password."""
+        Raises StoreLoginRefused for a wrong user or password."""
         if not self.credentials.user or self._metadata:
             return self._metadata
         try:
@@ -268,9 +269,10 @@ class EtcdStore(KVStore):
             raise NotSentError(f"etcd authenticate at {self.endpoint}: {exc}") from None
         except grpc.RpcError as exc:
             if "authentication failed" in (exc.details() or ""):
-                raise RendezvousAuthError(
+                raise StoreLoginRefused(
                     f"etcd at {self.endpoint} refused user "
-                    f"{self.credentials.user!r}: {exc.details()}"
+                    f"{self.credentials.user!r} (its password: {ENV_PASSWORD}): "
+                    f"{exc.details()}"
                 ) from None
             raise translate_rpc_error(exc, f"etcd authenticate at {self.endpoint}") from None
         self._metadata = (("token", token),)

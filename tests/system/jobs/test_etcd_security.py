@@ -32,15 +32,16 @@ def _job_id() -> str:
     return f"sec-{uuid.uuid4().hex[:8]}"
 
 
-def _refused(args: list[str]) -> subprocess.CompletedProcess:
-    """elastic-run with ``args`` that must be refused before any job starts."""
+def _refused(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """elastic-run with ``args`` (and ``env`` over the test's environment) that must be
+    refused before any job starts."""
     return subprocess.run(
         [sys.executable, "-m", "driver.cli", *args, "-np", "1", "true"],
         capture_output=True,
         text=True,
         timeout=30,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **NO_ETCD_VARIABLES},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **NO_ETCD_VARIABLES, **(env or {})},
     )
 
 
@@ -101,3 +102,11 @@ def test_a_job_as_an_etcd_user_with_the_password_from_the_environment_ends_exact
     with ElasticRun(args, tmp_path / "run", env) as run:
         assert run.wait(timeout=90) == 0, run.stderr_tail()
     check_exact_sum(out, SAMPLES, EPOCHS, final_size=2)
+    # A wrong password is a setting that does not hold, as a missing one is: one line
+    # naming the user and the address, exit 2, before any job starts.
+    login = ["--rendezvous", etcd_single.url, "--job-id", _job_id(), "--etcd-user", "root"]
+    wrong = _refused(login, {"ELASTIC_ETCD_PASSWORD": "not-it", "ELASTIC_JOB_SECRET": "s" * 64})
+    assert wrong.returncode == 2, wrong.stderr
+    (line,) = wrong.stderr.strip().splitlines()
+    address = etcd_single.url.split("//")[1]
+    assert "--etcd-user" in line and "'root'" in line and address in line, line
