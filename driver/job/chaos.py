@@ -9,9 +9,13 @@ nothing wrong.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from typing import Callable
+
+from driver.config import JobConfig
+from driver.job.messages import ChaosTick, Message
 
 
 def next_kill_delay(rng: random.Random, interval: float) -> float:
@@ -68,3 +72,12 @@ class ChaosMonkey:
         if victim is not None:
             self.kills += 1
         return victim
+
+
+def chaos_monkey(config: JobConfig, post: Callable[[Message], None]) -> ChaosMonkey | None:
+    """``--chaos-kill-interval``'s timer (None when unset), not started yet: each tick
+    posts ``ChaosTick`` to the loop (``post``)."""
+    if not config.chaos_kill_interval:
+        return None
+    tick = functools.partial(post, ChaosTick())
+    return ChaosMonkey(config.chaos_kill_interval, config.chaos_max_kills, tick)

@@ -2,8 +2,10 @@
 the rules' decisions: a process exit, a registration (or its end), a failure or
 silence report, a probe's answer, a lost agent, rank 0's progress, a chaos tick.
 
-``MessageHandlers`` works over the job's context (``driver.job.context``): the state,
-the services (the store, the chaos), the keys, the processes, the event sink, the clock.
+``MessageHandlers`` is given what it uses: the job's state, its store session (the keys,
+the store's trouble, a registration read again later: ``driver.job.session``), the
+store's quiet reads and fenced deletes (``driver.job.fenced``), the held workers, the
+chaos, the event sink, the clock.
 The main loop (``driver.job.loop``) dispatches these messages to it; each handler returns
 the rules' decisions, which the loop carries out (no handler calls back into the loop).
 """
@@ -12,15 +14,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Callable
 
 from driver import events as ev
 from driver import policy
 from driver.job import messages as msg
-from driver.job.context import JobContext
+from driver.job.chaos import ChaosMonkey
+from driver.job.fenced import FencedStore
+from driver.job.processes import HeldWorkers
+from driver.job.session import StoreSession
+from driver.job.state import JobState
 from driver.policy import decisions as dec
 from driver.policy import lifecycle
 from driver.policy.lapses import RETURN_GRACE
-from rendezvous.plan import FinishRecord, ProgressRecord, WorkerInfo
+from rendezvous.schema.workers import FinishRecord, ProgressRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue
 
 log = logging.getLogger(__name__)
@@ -32,24 +39,39 @@ class MessageHandlers:
     """One handler per message about the workers; each returns the decisions it leads
     to, for the loop to carry out."""
 
-    def __init__(self, ctx: JobContext):
-        self._ctx = ctx
+    def __init__(
+        self,
+        state: JobState,
+        session: StoreSession,
+        fenced: FencedStore,
+        held: HeldWorkers,
+        chaos: ChaosMonkey | None,
+        events: ev.EventSink,
+        clock: Callable[[], float],
+    ):
+        self._state = state
+        self._session = session
+        self._fenced = fenced
+        self._held = held
+        self._chaos = chaos
+        self._events = events
+        self._clock = clock
+        self._config = session.config
         # Registrations whose lease lapsed while the store was in trouble, not yet
         # written again: read again after ``RETURN_GRACE`` (``on_registration_read``).
         self._lapsed: set[str] = set()
 
     def on_exit(self, message: msg.ProcessExited) -> Decisions:
-        ctx = self._ctx
-        state, keys, services = ctx.state, ctx.keys, ctx.services
+        state, keys, fenced = self._state, self._session.keys, self._fenced
         rec = state.workers.get(message.worker_id)
         if rec is None or not rec.state.running:
             return ()  # an adopted worker's end, seen twice (its pid, a kill that gave it up)
         if rec.info is not None:
             # Do not wait for its lease: the process is gone.
-            services.delete_quietly(keys.worker(rec.worker_id))
+            fenced.delete_quietly(keys.worker(rec.worker_id))
         # Its @elastic.run function returned having committed the final step: the
         # training is done, whatever its exit (the watch may not have said so yet).
-        finish = services.value(keys.finished(rec.worker_id))
+        finish = fenced.value(keys.finished(rec.worker_id))
         returned = finish is not None
         if finish is not None:
             self.on_training_finished(finish)
@@ -58,8 +80,8 @@ class MessageHandlers:
             message.code,
             state.plan,
             state.book,
-            ctx.clock(),
-            command=ctx.config.command,
+            self._clock(),
+            command=self._config.command,
             any_registered=state.any_registered(),
             trained_to_end=returned and message.code == 0,
         )
@@ -67,22 +89,22 @@ class MessageHandlers:
 
     def note_exit(self, message: msg.ProcessExited) -> None:
         """A worker's exit while the job stops: its record follows, no rule runs."""
-        state = self._ctx.state
+        state = self._state
         rec = state.workers.get(message.worker_id)
         if rec is not None and rec.state.running:
-            state.workers[rec.worker_id] = lifecycle.exited(rec, message.code, self._ctx.clock())
+            state.workers[rec.worker_id] = lifecycle.exited(rec, message.code, self._clock())
 
     def on_registry(self, message: msg.RegistryChanged) -> Decisions:
         """A registration written or gone. Gone while the store was in trouble, it may be
         the store's doing (``driver.policy.lapses``): its agent writes it again, so it
         counts only if it is still gone after ``RETURN_GRACE``."""
         event = message.event
-        worker_id = event.key[len(self._ctx.keys.workers) :]
+        worker_id = event.key[len(self._session.keys.workers) :]
         if event.type == PUT:
             self._lapsed.discard(worker_id)
-        elif self._ctx.services.store_trouble.explains_lapse():
+        elif self._session.store_trouble.explains_lapse():
             self._lapsed.add(worker_id)
-            self._ctx.services.read_registration_later(worker_id, RETURN_GRACE)
+            self._session.read_registration_later(worker_id, RETURN_GRACE)
             return ()
         self._set_registration(worker_id, event.kv if event.type == PUT else None)
         return ()
@@ -94,9 +116,9 @@ class MessageHandlers:
         if worker_id not in self._lapsed:
             return ()  # written again meanwhile: its event came first
         if message.kv is None and (
-            not message.readable or self._ctx.services.store_trouble.explains_lapse()
+            not message.readable or self._session.store_trouble.explains_lapse()
         ):
-            self._ctx.services.read_registration_later(worker_id, RETURN_GRACE)
+            self._session.read_registration_later(worker_id, RETURN_GRACE)
             return ()
         self._lapsed.discard(worker_id)
         self._set_registration(worker_id, message.kv)
@@ -104,22 +126,21 @@ class MessageHandlers:
 
     def on_registry_resync(self, message: msg.RegistryResync) -> Decisions:
         """The registrations as read afresh after the registry watch was lost."""
-        prefix = self._ctx.keys.workers
+        prefix = self._session.keys.workers
         registered = {kv.key[len(prefix) :]: kv for kv in message.kvs}
-        for rec in list(self._ctx.state.workers.values()):
+        for rec in list(self._state.workers.values()):
             if rec.state.running and (rec.worker_id in registered or rec.info is not None):
                 self._set_registration(rec.worker_id, registered.get(rec.worker_id))
         return ()
 
     def _set_registration(self, worker_id: str, kv: KeyValue | None) -> None:
         """Worker ``worker_id`` is registered as ``kv``, or no longer (None)."""
-        ctx = self._ctx
-        state = ctx.state
+        state = self._state
         rec = state.workers.get(worker_id)
         if rec is None or not rec.state.running:
             return
-        now = ctx.clock()
-        if kv is None and ctx.adopted.lapsed(worker_id):
+        now = self._clock()
+        if kv is None and self._held.adopted.lapsed(worker_id):
             return  # an adopted worker on another host: its lapse is its end (posted)
         if kv is None:
             state.workers[worker_id] = lifecycle.unregistered(rec, now)
@@ -130,10 +151,10 @@ class MessageHandlers:
             state.book = state.book.changed(now)
         elif kv is not None and not rec.ever_registered:  # no membership changed
             took = round(now - rec.launched_at, 3)
-            ctx.events.emit(ev.SpareReady(worker=worker_id, host=rec.host, took=took))
+            self._events.emit(ev.SpareReady(worker=worker_id, host=rec.host, took=took))
 
     def on_failure_report(self, message: msg.FailureReport) -> Decisions:
-        report, state = message.record, self._ctx.state
+        report, state = message.record, self._state
         if report is None:
             return ()  # deleted (a new round settles the old reports) or unreadable
         if report.silent:
@@ -141,9 +162,7 @@ class MessageHandlers:
                 policy.silence_reported(state.workers, state.plan, state.book, report)
             )
         return state.take(
-            policy.failure_reported(
-                state.workers, state.plan, state.book, report, self._ctx.clock()
-            )
+            policy.failure_reported(state.workers, state.plan, state.book, report, self._clock())
         )
 
     def on_failure_resync(self, message: msg.FailureResync) -> Decisions:
@@ -156,7 +175,7 @@ class MessageHandlers:
         return decisions
 
     def on_probe_answered(self, message: msg.ProbeAnswered) -> Decisions:
-        state = self._ctx.state
+        state = self._state
         return state.take(
             policy.probe_answered(
                 state.workers, state.book, message.host, message.reachable, message.detail
@@ -174,27 +193,31 @@ class MessageHandlers:
         except (ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable progress record: %s", exc)
             return ()
-        state, ctx = self._ctx.state, self._ctx
+        state = self._state
         state.book = policy.progress_reported(
             state.book,
             record.step,
             record.round_id,
-            ctx.config,
-            ctx.clock(),
+            self._config,
+            self._clock(),
             record.commit_round,
             state.plan,
         )
         return ()
+
+    def on_finished(self, message: msg.TrainingFinished) -> Decisions:
+        """The job's finish record was written (``on_training_finished``)."""
+        return self.on_training_finished(message.record)
 
     def on_training_finished(self, finish: bytes) -> Decisions:
         """A worker's finish record (``JobKeys.training_finished``, or its own
         ``finished/<id>``): the training is complete, and its commit is the job's
         result. Said once; the step it ended at is the job's last word on progress
         (rank 0's last report may be up to a report period older)."""
-        state, ctx = self._ctx.state, self._ctx
+        state = self._state
         if state.book.training_done:
             return ()
-        now = ctx.clock()
+        now = self._clock()
         state.book = state.book.training_finished(now)
         try:
             record = FinishRecord.from_json(finish)
@@ -203,10 +226,10 @@ class MessageHandlers:
             return ()
         if record.commits or state.book.progress_step is not None:  # (0: no state committed)
             state.book = policy.progress_reported(
-                state.book, record.commits, record.round, ctx.config, now
+                state.book, record.commits, record.round, self._config, now
             )
         rec = state.workers.get(record.worker)
-        ctx.events.emit(
+        self._events.emit(
             ev.TrainingFinished(
                 round=record.round,
                 step=record.commits,
@@ -220,7 +243,7 @@ class MessageHandlers:
     def on_snapshot(self, message: msg.SnapshotReported) -> Decisions:
         """What a worker's snapshot said: say it, and keep the newest complete one of
         each host (the round rules resume from it when the state's holders are lost)."""
-        record, state = message.record, self._ctx.state
+        record, state = message.record, self._state
         if record is None:
             return ()
         if message.kind == "done":
@@ -241,38 +264,35 @@ class MessageHandlers:
             held = [s for h, s in state.book.snapshots if h in ("", record.host)]
             previous = max(held) if held else None
             event = ev.SnapshotFailed(record.step, record.path, record.host, record.error, previous)
-        self._ctx.events.emit(event)
+        self._events.emit(event)
         return ()
 
     def on_preempted(self, message: msg.HostPreempted) -> Decisions:
         """The scheduler takes a host back: a snapshot first, then its workers stop
         (``driver.policy.preemption``)."""
-        ctx = self._ctx
-        state = ctx.state
-        if ctx.config.restart_workers:  # no snapshot, no handover: the world ends with it
+        state = self._state
+        if self._config.restart_workers:  # no snapshot, no handover: the world ends with it
             return policy.world_host_preempted(state.workers, message.host)
-        snapshots = bool(ctx.config.checkpoint_dir)
+        snapshots = bool(self._config.checkpoint_dir)
         step = policy.host_preempted(
             state.workers,
             state.plan,
             state.book,
             message.host,
             snapshots,
-            ctx.clock(),
-            ctx.config.min_np,
+            self._clock(),
+            self._config.min_np,
         )
         return state.take(step)
 
     def on_chaos_tick(self, message: msg.ChaosTick) -> Decisions:
-        ctx = self._ctx
-        state, chaos = ctx.state, ctx.services.chaos
-        cfg = ctx.config
+        state, chaos = self._state, self._chaos
+        cfg = self._config
         candidates = policy.chaos_candidates(
             state.workers, state.plan, state.book, cfg.min_np, cfg.np, cfg.chaos_below_min_np
         )
         victim = chaos.strike(candidates) if chaos and candidates else None
         if victim is None or chaos is None:
             return ()
-        pid = ctx.adopted.pid(victim) if victim in ctx.adopted else None
-        pid, kills = pid or ctx.processes.pid(victim), chaos.kills
-        return policy.chaos_kill(state.workers[victim], state.plan, pid, kills)
+        pid = self._held.pid(victim)
+        return policy.chaos_kill(state.workers[victim], state.plan, pid, chaos.kills)

@@ -2,8 +2,10 @@
 (``JobKeys.driver_state``, fenced by the leader's term), and a job taken over from a
 predecessor's records (``driver.lead.persisted``).
 
-``JobLead`` works over the job's context (``driver.job.context``): its state, services
-and keys, the hosts, the worker processes, the event sink, the clock, ``post``. The main
+``JobLead`` is given what it uses: the job's state, its store session
+(``driver.job.session``: the claim, the keys, what a predecessor left), the fenced
+writes (``driver.job.fenced``), the hosts, the held workers, the event sink, the
+clock. The main
 loop (``driver.job.loop``) calls it for a ``Publish`` decision, after each reconcile
 (``persist``) and once at ``open`` when the claim adopts the job (``adopt``). The end of
 a worker adopted by its pid alone comes back to the loop as an exit, through
@@ -21,10 +23,13 @@ from typing import Callable
 
 from driver import events as ev
 from driver.errors import JobFailed
+from driver.hosts.manager import HostManager
 from driver.hosts.slots import hosts_in_use
 from driver.job import messages as msg
-from driver.job.context import JobContext
-from driver.job.services import JobServices
+from driver.job.fenced import FencedStore
+from driver.job.processes import HeldWorkers
+from driver.job.session import StoreSession
+from driver.job.state import JobState
 from driver.launch.process import WorkerProcess
 from driver.lead import persisted
 from driver.lead.adopted_pids import EXIT_UNKNOWN
@@ -38,21 +43,22 @@ from rendezvous.host_plan import plan_ops
 from rendezvous.keys import JobKeys
 from rendezvous.net.addresses import is_local_host
 from rendezvous.net.auth import secret_fingerprint
-from rendezvous.plan import DriverStateRecord, Plan
+from rendezvous.schema.leader import DriverStateRecord
+from rendezvous.schema.rounds import Plan
 from rendezvous.store import Delete, Put
 
 log = logging.getLogger(__name__)
 
 
 def adopted_exit_reporter(
-    services: JobServices, keys: JobKeys, post: Callable[[msg.Message], None]
+    fenced: FencedStore, keys: JobKeys, post: Callable[[msg.Message], None]
 ) -> Callable[[str], None]:
     """What tells the loop that a worker adopted by its pid alone is gone (called from a
     helper thread, ``driver.lead.adopted_pids``): its exit, code unknown, unless it said
     it finished its training (then 0)."""
 
     def gone(worker_id: str) -> None:
-        finished = services.has_key(keys.finished(worker_id))
+        finished = fenced.has_key(keys.finished(worker_id))
         post(msg.ProcessExited(worker_id, 0 if finished else EXIT_UNKNOWN))
 
     return gone
@@ -64,10 +70,26 @@ when it keeps changing; a change is written at most this late."""
 
 
 class JobLead:
-    """The lead's writes and the takeover of a job, over the job's shared context."""
+    """The lead's writes and the takeover of a job."""
 
-    def __init__(self, ctx: JobContext):
-        self._ctx = ctx
+    def __init__(
+        self,
+        state: JobState,
+        session: StoreSession,
+        fenced: FencedStore,
+        hosts: HostManager,
+        held: HeldWorkers,
+        events: ev.EventSink,
+        clock: Callable[[], float],
+    ):
+        self._state = state
+        self._session = session
+        self._fenced = fenced
+        self._hosts = hosts
+        self._held = held
+        self._events = events
+        self._clock = clock
+        self._config = session.config
         self._state_written: DriverStateRecord | None = None
         self._state_due = 0.0  # the next write of the persisted state, not before
 
@@ -81,15 +103,14 @@ class JobLead:
             JobFailed: this driver does not have the job's secret (it steps down first,
                 leaving the job as it is for a driver that has).
         """
-        ctx = self._ctx
-        state, claim, now = ctx.state, ctx.services.claim, ctx.clock()
+        state, claim, now = self._state, self._session.claim, self._clock()
         view = persisted.rebuild_view(
-            ctx.services.snapshot, ctx.keys, now=now, wall_now=time.time()
+            self._session.snapshot, self._session.keys, now=now, wall_now=time.time()
         )
-        if view.secret_id and view.secret_id != secret_fingerprint(ctx.secret):
+        if view.secret_id and view.secret_id != secret_fingerprint(self._session.secret):
             claim.step_down()
             raise JobFailed(
-                f"cannot take over job {ctx.config.job_id!r}: this driver does not have the "
+                f"cannot take over job {self._config.job_id!r}: this driver does not have the "
                 "job's secret; start it with ELASTIC_JOB_SECRET set as it was for the job's "
                 "first driver (the job was left as it is)"
             )
@@ -97,34 +118,36 @@ class JobLead:
         state.workers.clear()
         state.workers.update(view.workers)
         for c in view.cooldowns:
-            ctx.hosts.restore(c.host, c.strikes, c.until)
-        ctx.processes.continue_ids_after(view.launched)
+            self._hosts.restore(c.host, c.strikes, c.until)
+        self._held.processes.continue_ids_after(view.launched)
         for worker_id, (host, pid) in view.pids.items():
             rec = state.workers[worker_id]
             if not rec.state.running:
                 continue
             process = handed_over.get(worker_id)
             if process is not None:
-                ctx.events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, process.pid))
-                ctx.processes.adopt(worker_id, process)
+                self._events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, process.pid))
+                self._held.processes.adopt(worker_id, process)
                 continue
-            ctx.events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, pid))
-            ctx.adopted.adopt(worker_id, pid, local=ctx.all_local or is_local_host(host))
+            self._events.emit(ev.WorkerAdopted(worker_id, rec.host, rec.slot, pid))
+            self._held.adopted.adopt(
+                worker_id, pid, local=self._session.all_local or is_local_host(host)
+            )
         for worker_id, process in handed_over.items():
             # Launched by the predecessor, running, not registered yet: it joins later.
             # In restart mode none ever registers: a member of the world runs when its
             # agent says so (the world goes on, or stops when a member is gone).
             known = state.workers.get(worker_id)
-            unseen = known is not None and not known.state.running and ctx.config.restart_workers
+            unseen = known is not None and not known.state.running and self._config.restart_workers
             if (known is not None and not unseen) or env.ENV_WORKER_ID not in process.spec.env:
                 continue
             spec = process.spec
             state.workers[worker_id] = WorkerRecord.launched(worker_id, spec.host, spec.slot, now)
-            ctx.events.emit(ev.WorkerAdopted(worker_id, spec.host, spec.slot, process.pid))
-            ctx.processes.adopt(worker_id, process)
+            self._events.emit(ev.WorkerAdopted(worker_id, spec.host, spec.slot, process.pid))
+            self._held.processes.adopt(worker_id, process)
         running = [(r.host, r.slot) for r in state.workers.values() if r.state.running]
-        for host_event in ctx.hosts.keep_in_use(hosts_in_use(running)):
-            ctx.events.emit(host_event)
+        for host_event in self._hosts.keep_in_use(hosts_in_use(running)):
+            self._events.emit(host_event)
         for rec in list(state.workers.values()):
             # What the predecessor was stopping or killing is asked again in this term
             # (an agent refuses its older term's request once it has seen ours).
@@ -132,7 +155,7 @@ class JobLead:
                 self._give_up_again(rec)
         previous = claim.taken.previous
         vacant_at = claim.taken.vacant_at
-        ctx.events.emit(
+        self._events.emit(
             ev.Leading(
                 claim.record.term,
                 "adopted",
@@ -145,8 +168,7 @@ class JobLead:
     def publish(self, decision: dec.Publish) -> Sequence[dec.Decision]:
         """Publish a round (one fenced write) and make it the job's. Leads to no other
         decision (the next turn of the rules sees the round)."""
-        ctx = self._ctx
-        plan = replace(decision.plan, term=ctx.services.claim.record.term)
+        plan = replace(decision.plan, term=self._fenced.term())
         # One fenced write: the plan, the state that goes with it (its reset counted),
         # and the reports about older rounds, which this one settles; only while no
         # worker has recorded that its training returned: a round formed after that would
@@ -154,19 +176,22 @@ class JobLead:
         state = self._state_record()
         published = self._publish_plan(
             plan,
-            [Put(ctx.keys.driver_state, state.to_json()), Delete(ctx.keys.failures, prefix=True)],
+            [
+                Put(self._session.keys.driver_state, state.to_json()),
+                Delete(self._session.keys.failures, prefix=True),
+            ],
             unless_finished=True,
         )
         if not published:
             log.info("round %d not formed: the training has finished", plan.round_id)
-            ctx.state.book = ctx.state.book.training_finished(ctx.clock())
+            self._state.book = self._state.book.training_finished(self._clock())
             return ()
         self._state_written = state
-        ctx.state.plan = plan
-        ctx.state.book = ctx.state.book.new_round()
-        ctx.processes.assign_ranks(plan)
+        self._state.plan = plan
+        self._state.book = self._state.book.new_round()
+        self._held.processes.assign_ranks(plan)
         members = list(plan.worker_ids)
-        ctx.events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
+        self._events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
         return ()
 
     def _publish_plan(
@@ -184,18 +209,18 @@ class JobLead:
             LeadershipLost: another driver leads.
             RendezvousError: the store cannot be used.
         """
-        services = self._ctx.services
-        previous = self._ctx.state.plan
-        writes = plan_ops(self._ctx.keys, plan, previous)
+        fenced = self._fenced
+        previous = self._state.plan
+        writes = plan_ops(self._session.keys, plan, previous)
         for batch in writes.before:
-            services.steer(batch)
+            fenced.steer(batch)
         ops = [*writes.publish, *also]
         if not unless_finished:
-            services.steer(ops)
-        elif services.steer_unless(self._ctx.keys.training_finished, ops) is None:
+            fenced.steer(ops)
+        elif fenced.steer_unless(self._session.keys.training_finished, ops) is None:
             return False
         for batch in writes.after:
-            services.steer(batch)
+            fenced.steer(batch)
         return True
 
     def clear_worlds(self) -> None:
@@ -207,7 +232,7 @@ class JobLead:
             LeadershipLost: another driver leads.
             RendezvousError: the store cannot be used.
         """
-        self._ctx.services.steer([Delete(self._ctx.keys.worlds, prefix=True)])
+        self._fenced.steer([Delete(self._session.keys.worlds, prefix=True)])
 
     def publish_world(self, plan: Plan) -> None:
         """Make ``plan`` (a world of restart mode, its workers started) the job's round:
@@ -218,51 +243,48 @@ class JobLead:
             LeadershipLost: another driver leads.
             RendezvousError: the store cannot be used.
         """
-        ctx = self._ctx
-        plan = replace(plan, term=ctx.services.claim.record.term)
+        plan = replace(plan, term=self._fenced.term())
         state = self._state_record()
         self._publish_plan(
-            plan, [Put(ctx.keys.driver_state, state.to_json())], unless_finished=False
+            plan, [Put(self._session.keys.driver_state, state.to_json())], unless_finished=False
         )
         self._state_written = state
-        ctx.state.plan = plan
-        ctx.state.book = ctx.state.book.new_round()
-        ctx.processes.assign_ranks(plan)
+        self._state.plan = plan
+        self._state.book = self._state.book.new_round()
+        self._held.processes.assign_ranks(plan)
 
     def publish_snapshot_round(self, plan: Plan) -> bool:
         """Publish a round that asks its members for a snapshot (``Plan.snapshot``: the
         final one of a stop, ``driver.job.stopping``, or the one before a preempted host
         goes, ``driver.policy.preemption``), fenced like any round, counted as no reset;
         False when the training finished first (no round is published after that)."""
-        ctx = self._ctx
         # A fresh token names this snapshot's files and parts: never those of an earlier
         # run of the job id whose rounds had the same numbers.
         # (The same members: no handover, whatever the round before was.)
         plan = replace(
             plan,
-            term=ctx.services.claim.record.term,
+            term=self._fenced.term(),
             snapshot_token=secrets.token_hex(6),
             handover=False,
         )
         if not self._publish_plan(plan, [], unless_finished=True):
             return False
-        ctx.state.plan = plan
-        ctx.processes.assign_ranks(plan)
+        self._state.plan = plan
+        self._held.processes.assign_ranks(plan)
         return True
 
     def persist(self) -> tuple[dec.Wait, ...]:
         """Write the persisted state when it changed, at most every
         ``STATE_WRITE_INTERVAL`` (fenced: ``LeadershipLost`` if another driver leads).
         Returns the wait for the next write when this one is not due yet (else none)."""
-        ctx = self._ctx
         record = self._state_record()
         if not persisted.state_changed(self._state_written, record):
             return ()
-        now = ctx.clock()
+        now = self._clock()
         if now < self._state_due:
             return (dec.Wait(self._state_due, "the next write of the driver state"),)
         try:
-            ctx.services.steer([Put(ctx.keys.driver_state, record.to_json())])
+            self._fenced.steer([Put(self._session.keys.driver_state, record.to_json())])
         except RendezvousError as exc:
             log.warning("could not write the driver's state: %s", exc)
             return ()
@@ -271,25 +293,21 @@ class JobLead:
 
     def _give_up_again(self, rec: WorkerRecord) -> None:
         """Stop (or kill) an adopted worker the predecessor had given up on."""
-        ctx = self._ctx
         worker_id = rec.worker_id
         stop = rec.state is lifecycle.WorkerState.STOPPING
-        if worker_id in ctx.processes:
-            (ctx.processes.stop if stop else ctx.processes.kill)(worker_id)
-        elif worker_id in ctx.adopted:
-            (ctx.adopted.stop if stop else ctx.adopted.kill)(worker_id)
+        if worker_id in self._held:
+            (self._held.stop if stop else self._held.kill)(worker_id)
 
     def _state_record(self) -> DriverStateRecord:
-        ctx = self._ctx
-        now, state = ctx.clock(), ctx.state
-        cooldowns = [persisted.Cooldown(h, n, u) for h, n, u in ctx.hosts.cooldowns()]
+        now, state = self._clock(), self._state
+        cooldowns = [persisted.Cooldown(h, n, u) for h, n, u in self._hosts.cooldowns()]
         return persisted.state_record(
-            ctx.services.claim.record.term,
+            self._fenced.term(),
             state.book,
             cooldowns,
-            ctx.processes.launched,
+            self._held.processes.launched,
             state.workers,
-            secret_fingerprint(ctx.secret),
+            secret_fingerprint(self._session.secret),
             now=now,
             wall_now=time.time(),
         )

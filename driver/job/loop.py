@@ -14,13 +14,16 @@ worlds instead: ``driver.policy.restarts``) and carries the decisions
 message). The rules are pure
 functions; this module is the I/O they need: the store, the worker processes
 (``driver.job.processes``), the event log, the clock. What runs beside the workers
-(the store itself, the claim on the job id, the feeds, the ps shards, the chaos) is
-started and stopped by ``driver.job.services``. The loop's parts share one context
-(``driver.job.context``: the state, the services, the processes, the agents, ...): the
-takeover and the lead's writes (``driver.job.lead``), the workers' starts, stops and
-kills (``driver.job.actions``), the messages about workers (``driver.job.handlers``).
-Each part returns the decisions it leads to and the loop carries them out: no part
-calls back into the loop.
+is started and stopped by its own part: the store and the claim on the job id
+(``driver.job.session``, its fenced writes: ``driver.job.fenced``), the ps shards
+(``driver.job.shards``), the chaos (``driver.job.chaos``). Each part of the loop is
+given by name only the collaborators it uses: the takeover and the lead's writes
+(``driver.job.lead``), the workers' starts, stops and kills (``driver.job.actions``),
+the messages about workers (``driver.job.handlers``). Dispatch is by two tables of
+named handlers, one per kind of decision and one per kind of message
+(``Job._decision_handlers``, ``Job._message_handlers``; each dispatch is logged at
+debug level). Each part returns the decisions it leads to and the loop carries them
+out: no part calls back into the loop.
 
 A dead worker is noticed by whichever comes first: its process exit (the launcher),
 its registration lease expiring, or a peer's failure report naming it.
@@ -53,13 +56,15 @@ from driver.hosts.probe import probe
 from driver.job import defaults, feeds, stopping
 from driver.job import messages as msg
 from driver.job.actions import WorkerActions
-from driver.job.context import JobContext
+from driver.job.chaos import chaos_monkey
+from driver.job.fenced import FencedStore
 from driver.job.handlers import MessageHandlers
 from driver.job.lead import JobLead, adopted_exit_reporter
-from driver.job.processes import WorkerProcesses
-from driver.job.services import JobServices
+from driver.job.processes import HeldWorkers, WorkerProcesses
+from driver.job.session import StoreSession
+from driver.job.shards import JobShards
 from driver.job.state import JobState
-from driver.job.wiring import job_env, runs_all_local
+from driver.job.wiring import runs_all_local
 from driver.join import ended
 from driver.launch.agents.service import AgentService, AgentWiring, NoAgents
 from driver.launch.base import Launcher
@@ -73,10 +78,13 @@ from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import make_secret, secret_from_env
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)
+
+Handler = Callable[[Any], Sequence[dec.Decision]]
+"""What carries out one decision, or handles one message: the decisions it leads to."""
 
 
 class Job:
@@ -132,41 +140,42 @@ class Job:
         self._changed = True
         self._due = 0.0
         self._usable: tuple[str, ...] = ()  # the usable hosts' names, as of the last reconcile
-        self._services = JobServices(
+        # What runs beside the workers, each part given only what it uses.
+        session = StoreSession(
             config,
-            self.keys,
             self.secret,
             all_local=self.all_local,
-            launcher=launcher,
             events=events,
             clock=clock,
             post=self.post,
             stop=self._stop,
-            usable_hosts=self._shard_hosts,
         )
-        self._ctx = JobContext(
-            config=config,
-            keys=self.keys,
-            secret=self.secret,
-            state=JobState(book=dec.Book(started_at=clock())),
-            services=self._services,
-            hosts=self.hosts,
-            processes=WorkerProcesses(
-                launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
-            ),
-            adopted=AdoptedProcesses(adopted_exit_reporter(self._services, self.keys, self.post)),
-            agents=agents,
+        self._session = session
+        self._fenced = fenced = FencedStore(session)
+        self._shards = JobShards(
+            config,
+            session,
+            launcher=launcher,
             events=events,
             clock=clock,
-            all_local=self.all_local,
             post=self.post,
+            usable_hosts=self._shard_hosts,
         )
-        self._state = self._ctx.state
+        self._chaos = chaos_monkey(config, self.post)
+        self._state = state = JobState(book=dec.Book(started_at=clock()))
         self._agents = agents
-        self._lead = JobLead(self._ctx)
-        self._actions = WorkerActions(self._ctx)
-        self._messages = MessageHandlers(self._ctx)
-        self._stops = stopping.StopControl(self._ctx, self._lead, self._messages)
+        held = HeldWorkers(
+            WorkerProcesses(
+                launcher, lambda worker_id, code: self.post(msg.ProcessExited(worker_id, code))
+            ),
+            AdoptedProcesses(adopted_exit_reporter(fenced, self.keys, self.post)),
+        )
+        self._lead = lead = JobLead(state, session, fenced, self.hosts, held, events, clock)
+        self._actions = WorkerActions(state, session, fenced, held, lead, events, clock)
+        self._messages = MessageHandlers(state, session, fenced, held, self._chaos, events, clock)
+        self._stops = stopping.StopControl(state, session, lead, self._messages, events, clock)
+        self._on_decision = self._decision_handlers()
+        self._on_message = self._message_handlers()
 
     @property
     def workers(self) -> dict[str, WorkerRecord]:
@@ -190,12 +199,12 @@ class Job:
     @property
     def store(self) -> KVStore | None:
         """The store's client (None until ``open``)."""
-        return self._services.store
+        return self._session.store
 
     @property
     def store_url(self) -> str:
         """The store URL the job's processes use ("" until ``open``)."""
-        return self._services.store_url
+        return self._session.store_url
 
     def post(self, message: msg.Message) -> None:
         """Hand a message to the main loop (thread-safe)."""
@@ -203,7 +212,8 @@ class Job:
             if self._leave is not None and message.signum == signal.SIGTERM:
                 self._leaving = True
                 self._leave()  # join mode: this node's host drains (as a preemption)
-            self._services.interrupt(message.signum)  # open() may wait for the ps shards
+            self._session.interrupt()  # a standby's wait for its leader ends
+            self._shards.interrupt(message.signum)  # open() may wait for the ps shards
         self._queue.put(message)
 
     # ------------------------------------------------------------------ the run
@@ -238,8 +248,9 @@ class Job:
             self.close()
 
     def open(self) -> None:
-        """Find the hosts, open the store, claim the job id, follow the store, start the
-        ps shards and the chaos (``driver.job.services``).
+        """Find the hosts, open the store, claim the job id, follow the store
+        (``driver.job.session``), start the ps shards (``driver.job.shards``) and the
+        chaos (``driver.job.chaos``).
 
         Raises:
             DiscoveryError: the first host discovery failed.
@@ -252,29 +263,29 @@ class Job:
         cfg = self.config
         hosts = self.discovery.find_hosts()  # an error at start is fatal (DiscoveryError)
         try:
-            self._services.open(hosts)
+            self._session.open(hosts)
         except JobFailed:
             if self._leaving:  # a joined node's SIGTERM ended its wait as a standby
                 raise JobLeft("left the job while standing by; its host drains") from None
             raise
-        claim = self._services.claim
+        claim = self._session.claim
         adopting = claim.taken.action is ClaimAction.ADOPT
         handed_over: dict[str, WorkerProcess] = {}
         if adopting:
-            handed_over = dict(self._agents.adopt(self._services.snapshot))
+            handed_over = dict(self._agents.adopt(self._session.snapshot))
             if cfg.uses_discovery:  # found before a standby's wait: take those of now
                 with contextlib.suppress(DiscoveryError):
                     hosts = self.discovery.find_hosts()
         self._agents.attach(
             AgentWiring(
-                self._services.require_store(),
-                agent_env=job_env(cfg, self.secret, self.store_url),
-                term=self._services.leader_term,
+                self._session.require_store(),
+                agent_env=self._session.wiring.env(),
+                term=self._session.leader_term,
                 on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
                 on_host_ready=lambda host: self.post(msg.AgentReady(host)),
                 patience=cfg.elastic_timeout,
-                steer=self._services.steer,
-                store_trouble=self._services.store_trouble.explains_lapse,
+                steer=self._fenced.steer,
+                store_trouble=self._session.store_trouble.explains_lapse,
             )
         )
         if cfg.uses_discovery:
@@ -284,16 +295,15 @@ class Job:
         if adopting:
             self._lead.adopt(handed_over)
             workers_of = set(self.workers)
-            self._services.adopt_shards(
-                {k: p for k, p in handed_over.items() if k not in workers_of}
-            )
+            self._shards.adopt({k: p for k, p in handed_over.items() if k not in workers_of})
         else:
             try:
-                self._services.start_shards()
+                self._shards.start()
             except JobStopped as exc:  # a signal while they started: said like any stop
                 self._stops.end(str(exc), exc.signum)
             self.events.emit(ev.Leading(claim.record.term, "started", 0, "", 0.0))
-        self._services.start_chaos()
+        if self._chaos is not None:
+            self._chaos.start()
 
     def turn(self, max_wait: float | None = None) -> int | None:
         """One round of the loop: reconcile, check the outcome, then handle the next
@@ -334,12 +344,14 @@ class Job:
         lead leaves the job's processes and keys to the new leader); close the store."""
         self._stop.set()
         self.discovery.cancel()  # a script still running must not outlive the job
-        self._services.stop()
-        if self._services.leads:
+        if self._chaos is not None:
+            self._chaos.stop()
+        self._shards.stop(self._session.leads)
+        if self._session.leads:
             self._actions.stop_all()
             self._agents.close()
         self._agents.stop_following()
-        self._services.close(self._outcome)  # (join mode keeps it: driver.join.ended)
+        self._session.close(self._outcome)  # (join mode keeps it: driver.join.ended)
         self.discovery.close()  # after the poll's thread is told to stop (``_stop``)
 
     # ------------------------------------------------------------------ decisions
@@ -391,7 +403,7 @@ class Job:
         if isinstance(decision, dec.Succeed):
             # The ps shards stop first: what the job trained is in their final
             # checkpoint, and a job that could not write it is no plain success.
-            lost = self._services.stop_shards()
+            lost = self._shards.stop(self._session.leads)
             if lost is not None:
                 raise JobFailed(f"training finished, but {lost}")
             d, world = decision, self.config.restart_workers
@@ -407,10 +419,64 @@ class Job:
         pending = list(decisions)[::-1]
         while pending:
             decision = pending.pop()
-            pending.extend(reversed(_DECISIONS[type(decision)](self, decision)))
+            handler = self._on_decision[type(decision)]
+            log.debug("decision %s: %s", type(decision).__name__, handler.__qualname__)
+            pending.extend(reversed(handler(decision)))
 
-    def _end(self, reason: str) -> NoReturn:
-        raise JobFailed(reason)
+    def _decision_handlers(self) -> dict[type, Handler]:
+        """What carries out each kind of decision: a handler returns the decisions it
+        leads to, and ``_apply`` carries them out in turn."""
+        actions, lead = self._actions, self._lead
+        return {
+            dec.Publish: lead.publish,
+            dec.Wait: self._wait,
+            dec.Fail: self._fail,
+            dec.Kill: actions.kill,
+            dec.Stop: actions.stop,
+            dec.Leave: actions.leave,
+            dec.Launch: actions.launch,
+            dec.LaunchSpare: actions.launch_spare,
+            dec.Promote: actions.promote,
+            dec.Report: self._report,
+            dec.CountFailure: self._count_failure,
+            dec.Probe: self._probe_host,
+            dec.HostLost: self._host_lost,
+            dec.RetireAgent: self._retire_agent,
+            dec.SnapshotNow: self._snapshot_now,
+            dec.StartWorld: actions.start_world,
+            dec.PrepareHost: self._prepare_host,
+        }
+
+    def _message_handlers(self) -> dict[type, Handler]:
+        """What handles each kind of message: a handler returns the decisions it leads
+        to, which ``_handle`` carries out."""
+        on = self._messages
+        return {
+            msg.ProcessExited: on.on_exit,
+            msg.RegistryChanged: on.on_registry,
+            msg.RegistrationRead: on.on_registration_read,
+            msg.RegistryResync: on.on_registry_resync,
+            msg.FailureReport: on.on_failure_report,
+            msg.ProbeAnswered: on.on_probe_answered,
+            msg.AgentLost: on.on_agent_lost,
+            msg.AgentReady: self._agent_ready,
+            msg.FailureResync: on.on_failure_resync,
+            msg.HostsFound: self._hosts_found,
+            msg.DiscoveryFailed: self._discovery_failed,
+            msg.SignalReceived: self._signalled,
+            msg.StoreLost: self._store_lost,
+            msg.ProgressReported: on.on_progress,
+            msg.TrainingFinished: on.on_finished,
+            msg.SnapshotReported: on.on_snapshot,
+            msg.HostPreempted: on.on_preempted,
+            msg.KillRequested: self._kill_requested,
+            msg.ChaosTick: on.on_chaos_tick,
+            msg.Fatal: self._fatal,
+            msg.LeadLost: self._lead_lost,
+        }
+
+    def _fail(self, decision: dec.Fail) -> NoReturn:
+        raise JobFailed(decision.reason)
 
     def _report(self, decision: dec.Report) -> Sequence[dec.Decision]:
         self.events.emit(decision.event)
@@ -457,7 +523,9 @@ class Job:
     def _handle(self, message: msg.Message) -> None:
         quiet = msg.changes_nothing(message, self.plan, self.book.progress_said_at is not None)
         accused = self.book.accused
-        self._apply(_MESSAGES[type(message)](self, message))
+        handler = self._on_message[type(message)]
+        log.debug("message %s: %s", type(message).__name__, handler.__qualname__)
+        self._apply(handler(message))
         if msg.read_through_accusations(message):
             # Every survivor of a round of thousands reports its failure: a turn of the
             # rules for each would read every worker once per worker. The rules read a
@@ -485,14 +553,30 @@ class Job:
         if join and self._leaving and message.signum == signal.SIGTERM:
             others = self._agents.node_hosts() - {join.host}
             if others:  # a node leaves a job that goes on: its host drains, others lead
-                if self._services.leads:
-                    self._services.claim.step_down()
+                if self._session.leads:
+                    self._session.claim.step_down()
                 raise JobLeft(f"left the job: {join.host} drains; {len(others)} node(s) go on")
         self._stops.signalled(message.signum)  # a stop starts, or the job ends now
         return ()
 
     def _lead_lost(self, message: msg.LeadLost) -> NoReturn:
         raise LeadershipLost(message.reason)
+
+    def _agent_ready(self, message: msg.AgentReady) -> Sequence[dec.Decision]:
+        return ()  # the rules' next turn sees the host ready
+
+    def _store_lost(self, message: msg.StoreLost) -> NoReturn:
+        book = self._state.book
+        line = store_lost_line(
+            message.reason, book.progress_step, book.snapshots, self.config.checkpoint_dir
+        )
+        raise JobFailed(line)
+
+    def _kill_requested(self, message: msg.KillRequested) -> Sequence[dec.Decision]:
+        return self._actions.kill(dec.Kill(message.worker_id, message.reason))
+
+    def _fatal(self, message: msg.Fatal) -> NoReturn:
+        raise JobFailed(message.reason)
 
     # ------------------------------------------------------------------ helpers
     def _emit_host_events(self, host_events: Sequence[ev.HostEvent]) -> None:
@@ -507,58 +591,3 @@ class Job:
         agent was just lost, which the loop may not have handled yet)."""
         lost = self._agents.lost_hosts()
         return tuple(h for h in self._usable if h not in lost)
-
-
-# What carries out each kind of decision, and each kind of message: a handler returns the
-# decisions it leads to, and ``Job._apply`` carries them out in turn.
-_DECISIONS: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
-    dec.Publish: lambda job, d: job._lead.publish(d),
-    dec.Wait: Job._wait,
-    dec.Fail: lambda job, d: job._end(d.reason),
-    dec.Kill: lambda job, d: job._actions.kill(d),
-    dec.Stop: lambda job, d: job._actions.stop(d),
-    dec.Leave: lambda job, d: job._actions.leave(d),
-    dec.Launch: lambda job, d: job._actions.launch(d),
-    dec.LaunchSpare: lambda job, d: job._actions.launch_spare(d),
-    dec.Promote: lambda job, d: job._actions.promote(d),
-    dec.Report: Job._report,
-    dec.CountFailure: Job._count_failure,
-    dec.Probe: Job._probe_host,
-    dec.HostLost: Job._host_lost,
-    dec.RetireAgent: Job._retire_agent,
-    dec.SnapshotNow: lambda job, d: job._snapshot_now(d),
-    dec.StartWorld: lambda job, d: job._actions.start_world(d, job._lead),
-    dec.PrepareHost: Job._prepare_host,
-}
-
-_MESSAGES: dict[type, Callable[[Job, Any], Sequence[dec.Decision]]] = {
-    msg.ProcessExited: lambda job, m: job._messages.on_exit(m),
-    msg.RegistryChanged: lambda job, m: job._messages.on_registry(m),
-    msg.RegistrationRead: lambda job, m: job._messages.on_registration_read(m),
-    msg.RegistryResync: lambda job, m: job._messages.on_registry_resync(m),
-    msg.FailureReport: lambda job, m: job._messages.on_failure_report(m),
-    msg.ProbeAnswered: lambda job, m: job._messages.on_probe_answered(m),
-    msg.AgentLost: lambda job, m: job._messages.on_agent_lost(m),
-    msg.AgentReady: lambda job, m: (),  # the rules' next turn sees the host ready
-    # Missed reports are hints superseded by process exits: nothing to catch up on.
-    msg.FailureResync: lambda job, m: job._messages.on_failure_resync(m),
-    msg.HostsFound: Job._hosts_found,
-    msg.DiscoveryFailed: Job._discovery_failed,
-    msg.SignalReceived: Job._signalled,
-    msg.StoreLost: lambda job, m: job._end(
-        store_lost_line(
-            m.reason,
-            job._state.book.progress_step,
-            job._state.book.snapshots,
-            job.config.checkpoint_dir,
-        )
-    ),
-    msg.ProgressReported: lambda job, m: job._messages.on_progress(m),
-    msg.TrainingFinished: lambda job, m: job._messages.on_training_finished(m.record),
-    msg.SnapshotReported: lambda job, m: job._messages.on_snapshot(m),
-    msg.HostPreempted: lambda job, m: job._messages.on_preempted(m),
-    msg.KillRequested: lambda job, m: job._actions.kill(dec.Kill(m.worker_id, m.reason)),
-    msg.ChaosTick: lambda job, m: job._messages.on_chaos_tick(m),
-    msg.Fatal: lambda job, m: job._end(m.reason),
-    msg.LeadLost: Job._lead_lost,
-}

@@ -19,8 +19,9 @@ from driver.job.wiring import worker_id_for
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
+from driver.lead.adopted_pids import AdoptedProcesses
 from driver.threads import spawn
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 
 
 class WorkerProcesses:
@@ -96,3 +97,34 @@ class WorkerProcesses:
     def stop_all(self, worker_ids: list[str]) -> None:
         """Stop these workers together and wait until they are gone (the job's end)."""
         stop_all([self._processes[worker_id] for worker_id in worker_ids], STOP_GRACE)
+
+
+class HeldWorkers:
+    """The job's workers, whichever holds each: a process this driver started or was
+    handed (``processes``), or a worker adopted by its pid alone (``adopted``,
+    ``driver.lead.adopted_pids``). A stop or a kill goes to the one that holds it."""
+
+    def __init__(self, processes: WorkerProcesses, adopted: AdoptedProcesses):
+        self.processes = processes
+        self.adopted = adopted
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self.processes or worker_id in self.adopted
+
+    def kill(self, worker_id: str) -> None:
+        """SIGKILL the worker."""
+        (self.adopted if worker_id in self.adopted else self.processes).kill(worker_id)
+
+    def stop(self, worker_id: str) -> None:
+        """Stop the worker (SIGKILL after a grace); its exit is reported like any other."""
+        (self.adopted if worker_id in self.adopted else self.processes).stop(worker_id)
+
+    def pid(self, worker_id: str) -> int:
+        """The worker's pid (an adopted one's, when known here)."""
+        adopted = self.adopted.pid(worker_id) if worker_id in self.adopted else None
+        return adopted or self.processes.pid(worker_id)
+
+    def stop_all(self, worker_ids: list[str]) -> None:
+        """Stop these workers together and wait until they are gone (the job's end)."""
+        self.adopted.stop_all([w for w in worker_ids if w in self.adopted])
+        self.processes.stop_all([w for w in worker_ids if w not in self.adopted])

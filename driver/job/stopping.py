@@ -10,7 +10,8 @@ failure, and the same command resumes it). Without a checkpoint directory, or on
 second signal, it ends at once.
 
 ``final_plan`` and ``Stopping`` are the rules (pure); ``StopControl`` carries them out
-for the loop (``driver.job.loop``), over the job's context: while a stop waits, no rule
+for the loop (``driver.job.loop``), given the job's state, its store session, the lead
+(for the final round) and the message handlers (for the snapshots' records): while a stop waits, no rule
 of the job runs (nothing starts), and only the snapshots' records, the workers' exits
 and what ends a job reach it.
 """
@@ -26,12 +27,14 @@ from typing import NoReturn
 from driver import events as ev
 from driver.errors import JobStopped
 from driver.job import messages as msg
-from driver.job.context import JobContext
 from driver.job.handlers import MessageHandlers
 from driver.job.lead import JobLead
+from driver.job.session import StoreSession
+from driver.job.state import JobState
 from driver.policy import planner
 from driver.policy.lifecycle import Workers
-from rendezvous.plan import SNAPSHOT_FINAL, Plan, SnapshotRecord
+from rendezvous.schema.rounds import SNAPSHOT_FINAL, Plan
+from rendezvous.schema.snapshots import SnapshotRecord
 
 FINAL_SNAPSHOT_GRACE = 30.0
 """Seconds a stop waits for its final snapshot before it ends without one (the
@@ -128,8 +131,20 @@ class StopControl:
     """A stop's steps, for the loop: ``signalled`` starts it (or ends the job now),
     ``turn`` waits for its final snapshot and ends the job when it may."""
 
-    def __init__(self, ctx: JobContext, lead: JobLead, handlers: MessageHandlers):
-        self._ctx = ctx
+    def __init__(
+        self,
+        state: JobState,
+        session: StoreSession,
+        lead: JobLead,
+        handlers: MessageHandlers,
+        events: ev.EventSink,
+        clock: Callable[[], float],
+    ):
+        self._state = state
+        self._session = session
+        self._config = session.config
+        self._events = events
+        self._clock = clock
         self._lead = lead
         self._handlers = handlers
         self._stop: Stopping | None = None
@@ -146,23 +161,23 @@ class StopControl:
         Raises:
             JobStopped: the job ends now (no snapshot to wait for, or a second signal).
         """
-        ctx, name = self._ctx, signal_name(signum)
+        name = signal_name(signum)
         if self._stop is not None:
             self.end(f"stopped by {name} again, before the final snapshot was complete", signum)
-        final = final_plan(ctx.state.plan, ctx.state.workers) if ctx.services.leads else None
+        final = final_plan(self._state.plan, self._state.workers) if self._session.leads else None
         if (
-            ctx.config.checkpoint_dir
+            self._config.checkpoint_dir
             and final is not None
             and self._lead.publish_snapshot_round(final)
         ):
             hosts = frozenset(m.host for m in final.members)
-            deadline = ctx.clock() + FINAL_SNAPSHOT_GRACE
+            deadline = self._clock() + FINAL_SNAPSHOT_GRACE
             self._stop = Stopping(signum, deadline, final.round_id, hosts)
-            ctx.events.emit(ev.Stopping(name, final.round_id, final.size))
+            self._events.emit(ev.Stopping(name, final.round_id, final.size))
             return
-        if ctx.config.restart_workers:
+        if self._config.restart_workers:
             kept = " (the script's own checkpoints are what the same command resumes from)"
-        elif ctx.config.checkpoint_dir:
+        elif self._config.checkpoint_dir:
             kept = ""
         else:
             kept = " (no --checkpoint-dir: their state is not kept)"
@@ -180,11 +195,11 @@ class StopControl:
         Raises:
             JobStopped: the stop is over.
         """
-        stop, ctx = self._stop, self._ctx
+        stop = self._stop
         assert stop is not None
-        if stop.over(ctx.clock()):
+        if stop.over(self._clock()):
             self.end(stop.line(self._newest()), stop.signum)
-        wait = max(min(stop.deadline - ctx.clock(), 0.5), 0.01)
+        wait = max(min(stop.deadline - self._clock(), 0.5), 0.01)
         try:
             message = inbox.get(timeout=wait if max_wait is None else min(wait, max_wait))
         except queue.Empty:
@@ -194,16 +209,16 @@ class StopControl:
             self._handlers.on_snapshot(message)
         elif isinstance(message, msg.ProcessExited):
             self._handlers.note_exit(message)
-            plan, workers = ctx.state.plan, ctx.state.workers
+            plan, workers = self._state.plan, self._state.workers
             members = plan.worker_ids if plan is not None else ()
             if not any(w in workers and workers[w].state.running for w in members):
-                stop.members_gone(ctx.clock())
+                stop.members_gone(self._clock())
         elif isinstance(message, (msg.SignalReceived, msg.StoreLost, msg.Fatal, msg.LeadLost)):
             handle(message)
 
     def _newest(self) -> tuple[int, str] | None:
         """The newest complete snapshot this job knows of, as (step, where)."""
-        known, directory = self._ctx.state.book.snapshots, self._ctx.config.checkpoint_dir
+        known, directory = self._state.book.snapshots, self._config.checkpoint_dir
         if not known or not directory:
             return None
         host, step = max(known, key=lambda item: item[1])
@@ -215,12 +230,11 @@ class StopControl:
         Raises:
             JobStopped: always.
         """
-        ctx = self._ctx
         newest = self._newest()
         step, path = newest if newest is not None else (None, None)
         if self._stop is not None and self._stop.written:
             final = next(iter(self._stop.written.values()))
             step, path = final.step, final.path
-        seconds = round(ctx.clock() - ctx.state.book.started_at, 3)
-        ctx.events.emit(ev.JobStop(signal_name(signum), reason, step, path, seconds))
+        seconds = round(self._clock() - self._state.book.started_at, 3)
+        self._events.emit(ev.JobStop(signal_name(signum), reason, step, path, seconds))
         raise JobStopped(reason, signum)

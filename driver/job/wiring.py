@@ -1,5 +1,7 @@
 """How a job is wired to its processes and its store (pure, except ``open_job_store``).
 
+* ``JobWiring``/``WorkerSeat``: what every process of the job is told (its config, its
+  secret, its store), and where one worker runs (its id, host, slot, bind address);
 * ``job_env``/``worker_env``: the variables every process of the job, and each worker,
   is given on top of what it inherits (``rendezvous.env`` names them);
 * ``torchrun_env``/``world_spec``: a worker of a world of restart mode
@@ -21,7 +23,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from driver.config import JobConfig
 from driver.errors import DiscoveryError
@@ -54,27 +56,46 @@ def job_env(config: JobConfig, secret: str, store_url: str) -> dict[str, str]:
     }
 
 
-def worker_env(
-    config: JobConfig,
-    secret: str,
-    store_url: str,
-    worker_id: str,
-    host: str,
-    slot: int,
-    bind_host: str,
-    spare: bool = False,
-) -> dict[str, str]:
-    """The job's own variables for one worker (pure); they are added to the inherited ones.
-    A spare is told so (its ``slot``: its index among its host's spares)."""
+@dataclass(frozen=True)
+class JobWiring:
+    """What every process of one job is started with: the job's ``config``, its
+    ``secret`` and the URL of the store its processes meet in (``store_url``)."""
+
+    config: JobConfig
+    secret: str
+    store_url: str
+
+    def env(self) -> dict[str, str]:
+        """``job_env`` of this job."""
+        return job_env(self.config, self.secret, self.store_url)
+
+
+@dataclass(frozen=True)
+class WorkerSeat:
+    """Where one worker runs: its id (``worker_id``), its ``host``, its ``slot`` (a
+    spare's: its index among its host's spares, ``spare`` True), and what it binds its
+    listener to and advertises (``bind_host``: ``worker_bind_host``)."""
+
+    worker_id: str
+    host: str
+    slot: int
+    bind_host: str
+    spare: bool = False
+
+
+def worker_env(wiring: JobWiring, seat: WorkerSeat) -> dict[str, str]:
+    """The job's own variables for the worker in ``seat`` (pure); they are added to the
+    inherited ones. A spare is told so."""
+    config = wiring.config
     return {
-        **job_env(config, secret, store_url),
-        env.ENV_WORKER_ID: worker_id,
-        env.ENV_HOST: host,
-        env.ENV_SLOT: str(slot),
-        env.ENV_BIND_HOST: bind_host,
+        **wiring.env(),
+        env.ENV_WORKER_ID: seat.worker_id,
+        env.ENV_HOST: seat.host,
+        env.ENV_SLOT: str(seat.slot),
+        env.ENV_BIND_HOST: seat.bind_host,
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
         env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
-        **({env.ENV_SPARE: "1"} if spare else {}),
+        **({env.ENV_SPARE: "1"} if seat.spare else {}),
         **snapshot_env(config),
     }
 
@@ -110,16 +131,9 @@ def torchrun_env(job_id: str, world: World, seat: Seat, reset_limit: int | None)
     }
 
 
-def world_spec(
-    config: JobConfig,
-    secret: str,
-    store_url: str,
-    worker_id: str,
-    world: World,
-    seat: Seat,
-    bind_host: str,
-) -> LaunchSpec:
-    """The launch of the worker in ``seat`` of ``world`` (restart mode): the job's
+def world_spec(wiring: JobWiring, worker: WorkerSeat, world: World, seat: Seat) -> LaunchSpec:
+    """The launch of ``worker`` in ``seat`` of ``world`` (restart mode: ``worker`` is in
+    the seat's host and slot): the job's
     command behind ``python -m driver.launch.world_entry`` (the driver's Python, which
     every host shares, as for the agents), which learns ``MASTER_ADDR``/``MASTER_PORT``
     and then becomes the command (exec: the same process); labelled and logged as any
@@ -129,23 +143,23 @@ def world_spec(
     Raises:
         LaunchSpecError: the command or an environment value is unusable.
     """
+    config = wiring.config
     variables = {
-        **job_env(config, secret, store_url),
-        env.ENV_WORKER_ID: worker_id,
+        **wiring.env(),
+        env.ENV_WORKER_ID: worker.worker_id,
         env.ENV_HOST: seat.host,
-        env.ENV_BIND_HOST: bind_host,
+        env.ENV_BIND_HOST: worker.bind_host,
         **seat_env(config, world, seat),
     }
     command = (sys.executable, "-m", "driver.launch.world_entry", "--", *config.command)
-    spec = worker_spec(config, secret, store_url, worker_id, seat.host, seat.slot, bind_host)
-    return replace(spec, command=command, env=variables)
+    return replace(worker_spec(wiring, worker), command=command, env=variables)
 
 
 def seat_env(config: JobConfig, world: World, seat: Seat) -> dict[str, str]:
     """What the worker in ``seat`` of ``world`` is told of its seat (pure): its slot,
     torchrun's variables, its world's number and how long it waits for rank 0
     (``--start-timeout``). A warm spare given the seat is told the same
-    (``rendezvous.plan.WorldSeat``)."""
+    (``rendezvous.schema.worlds.WorldSeat``)."""
     return {
         env.ENV_SLOT: str(seat.slot),
         env.ENV_ROUND_TIMEOUT: f"{config.start_timeout:g}",
@@ -154,16 +168,8 @@ def seat_env(config: JobConfig, world: World, seat: Seat) -> dict[str, str]:
     }
 
 
-def world_spare_spec(
-    config: JobConfig,
-    secret: str,
-    store_url: str,
-    worker_id: str,
-    host: str,
-    index: int,
-    bind_host: str,
-) -> LaunchSpec:
-    """The launch of warm spare ``index`` of ``host`` in restart mode: the job's command
+def world_spare_spec(wiring: JobWiring, seat: WorkerSeat) -> LaunchSpec:
+    """The launch of the warm spare in ``seat`` in restart mode: the job's command
     behind ``python -m driver.launch.world_spare``, which imports what the program
     imports, registers, and waits for a seat in a world (``seat_env``, under
     ``JobKeys.world_seat``); labelled ``host#I`` and logged as any spare.
@@ -171,9 +177,8 @@ def world_spare_spec(
     Raises:
         LaunchSpecError: the command or an environment value is unusable.
     """
-    command = (sys.executable, "-m", "driver.launch.world_spare", "--", *config.command)
-    spec = worker_spec(config, secret, store_url, worker_id, host, index, bind_host, spare=True)
-    return replace(spec, command=command)
+    command = (sys.executable, "-m", "driver.launch.world_spare", "--", *wiring.config.command)
+    return replace(worker_spec(wiring, replace(seat, spare=True)), command=command)
 
 
 def snapshot_env(config: JobConfig) -> dict[str, str]:
@@ -269,31 +274,23 @@ def worker_id_for(host: str, slot: int | str, sequence: int) -> str:
     return f"{safe_host}-{slot}-{sequence}"
 
 
-def worker_spec(
-    config: JobConfig,
-    secret: str,
-    store_url: str,
-    worker_id: str,
-    host: str,
-    slot: int,
-    bind_host: str,
-    spare: bool = False,
-) -> LaunchSpec:
-    """The launch of one worker: the job's command in the driver's working directory,
+def worker_spec(wiring: JobWiring, seat: WorkerSeat) -> LaunchSpec:
+    """The launch of the worker in ``seat``: the job's command in the driver's working directory,
     labelled ``host:slot`` (a spare: ``host#I``, its spare index), logged to
     ``--log-dir`` if given.
 
     Raises:
         LaunchSpecError: the command or an environment value is unusable.
     """
-    log_path = os.path.join(config.log_dir, f"{worker_id}.log") if config.log_dir else None
+    config, host, slot = wiring.config, seat.host, seat.slot
+    log_path = os.path.join(config.log_dir, f"{seat.worker_id}.log") if config.log_dir else None
     return LaunchSpec(
         host=host,
         slot=slot,
         command=tuple(config.command),
-        env=worker_env(config, secret, store_url, worker_id, host, slot, bind_host, spare),
+        env=worker_env(wiring, seat),
         cwd=os.getcwd(),
-        label=f"{host}#{slot}" if spare else f"{host}:{slot}",
+        label=f"{host}#{slot}" if seat.spare else f"{host}:{slot}",
         log_path=log_path,
     )
 

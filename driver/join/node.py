@@ -96,7 +96,7 @@ class JoinedNode:
     def agree(self, store: KVStore) -> None:
         """Check that the job has not ended (``driver.join.ended``: with ``--new-job``,
         forget that it did), and this node's shape against the job's while a leader
-        leads it (the leader writes it when it claims the job: ``driver.job.services``).
+        leads it (the leader writes it when it claims the job: ``driver.job.session``).
 
         Raises:
             UsageError: this node's -np, --min-np, --max-np, command or secret differ

@@ -24,11 +24,12 @@ from driver.job.messages import (
     SignalReceived,
     changes_nothing,
 )
-from driver.job.wiring import job_env, worker_env
+from driver.job.wiring import JobWiring, WorkerSeat, job_env, worker_env
 from driver.launch.base import Launcher
 from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord, WorkerState
-from rendezvous.plan import FailureRecord, Plan, ProgressRecord, WorkerInfo
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import FailureRecord, ProgressRecord, WorkerInfo
 from rendezvous.store import DELETE, PUT, Event, KeyValue, KVStore
 from tests.support.jobs import wait_until
 
@@ -355,7 +356,8 @@ def test_registry_resync_registers_and_unregisters():
 
 def test_worker_env_carries_the_job_and_the_worker():
     job = _job_with()
-    env = worker_env(job.config, "s3cret", "embedded://h:1", "w-1", "h", 2, "127.0.0.1")
+    wiring = JobWiring(job.config, "s3cret", "embedded://h:1")
+    env = worker_env(wiring, WorkerSeat("w-1", "h", 2, "127.0.0.1"))
     assert env["ELASTIC_JOB_SECRET"] == "s3cret" and env["ELASTIC_WORKER_ID"] == "w-1"
     assert env["ELASTIC_SLOT"] == "2" and env["ELASTIC_RENDEZVOUS"] == "embedded://h:1"
     assert set(job_env(job.config, "s3cret", "u")) <= set(env)

@@ -8,7 +8,13 @@ import sys
 import pytest
 
 from driver.config import parse_args
-from driver.job.wiring import MAX_RESTARTS_UNLIMITED, torchrun_env, world_spec
+from driver.job.wiring import (
+    MAX_RESTARTS_UNLIMITED,
+    JobWiring,
+    WorkerSeat,
+    torchrun_env,
+    world_spec,
+)
 from driver.policy import planner
 from driver.policy.planner import WorkerSlot
 
@@ -49,7 +55,9 @@ def test_a_world_worker_starts_behind_the_entry_with_the_job_wiring():
         ["--restart-workers", "-np", "4", "-H", "a:2,b:2", "--job-id", "j", "python", "t.py"]
     )
     seat = WORLD.seats[2]
-    spec = world_spec(config, "s3cret", "embedded://d:1", "b-0-9", WORLD, seat, "10.0.0.2")
+    wiring = JobWiring(config, "s3cret", "embedded://d:1")
+    worker = WorkerSeat("b-0-9", seat.host, seat.slot, "10.0.0.2")
+    spec = world_spec(wiring, worker, WORLD, seat)
     entry = (sys.executable, "-m", "driver.launch.world_entry", "--")
     assert spec.command == (*entry, "python", "t.py")
     assert (spec.host, spec.slot, spec.label) == ("b", 0, "b:0")
