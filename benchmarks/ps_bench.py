@@ -43,7 +43,7 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from elastic.ps.client import PSClient  # noqa: E402
+from ps.client import PSClient  # noqa: E402
 from rendezvous import env, open_store  # noqa: E402
 from rendezvous.backends.embedded import EmbeddedServer  # noqa: E402
 from rendezvous.keys import JobKeys  # noqa: E402
@@ -200,7 +200,7 @@ class Shards:
             argv = [
                 sys.executable,
                 "-m",
-                "elastic.ps.server",
+                "ps.server",
                 "--index",
                 str(i),
                 "--num-shards",

@@ -15,7 +15,7 @@ opening, so a recorded handshake cannot be replayed for another round, rank or r
 the two labels (one pair per channel kind) stop either side being used as an oracle for
 the other direction, or one channel's answers for another channel. What follows the
 handshake (a verdict byte, requests) is the channel's business. The ring builds its
-opening in ``comm.wire``; the ps bulk channel's is ``elastic.ps.bulk``'s ``MAGIC`` and a
+opening in ``comm.wire``; the ps bulk channel's is ``ps.bulk``'s ``MAGIC`` and a
 nonce.
 
 Example, both halves, for a channel of one's own:

@@ -1,6 +1,6 @@
 """Room on a full disk for a new checkpoint: the oldest of a writer's own checkpoints
 deleted until the file system has the space the next one takes. Shared by the ps
-shards' checkpoints (``elastic.ps.shard.checkpoint``) and the workers' snapshots
+shards' checkpoints (``ps.shard.checkpoint``) and the workers' snapshots
 (``elastic.snapshots.files``): each decides which folders may go, oldest first (never
 the newest complete one), and this deletes no more of them than it must.
 """

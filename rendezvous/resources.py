@@ -1,6 +1,6 @@
 """What a serving process keeps for itself whatever its peers do: file descriptors and
 memory (the one place for these process-wide limits; the gRPC servers' own caps are
-``rendezvous.net.rpc.ServerLimits``, the ps bulk port's ``elastic.ps.settings.BulkLimits``).
+``rendezvous.net.rpc.ServerLimits``, the ps bulk port's ``ps.settings.BulkLimits``).
 
 Descriptors. Every connection a server holds is a descriptor, and so is everything the
 process must still do: a driver starting a worker needs pipes, a shard writing a
@@ -14,7 +14,7 @@ Memory. Calls refused by thousands are freed when they end, but glibc keeps the 
 pages (in many arenas: gRPC's threads each have one) and the process stays at its peak.
 ``release_free_memory`` hands them back (``malloc_trim``); servers call it once a flood
 of refusals is over, not on a timer (a shard keeps large freed buffers on purpose:
-``elastic.ps.memory``).
+``ps.memory``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The command line of a ps shard, and of its backup (pure): ``python -m
-elastic.ps.server`` with the job's ps settings (the driver starts a command; it never
+ps.server`` with the job's ps settings (the driver starts a command; it never
 imports ``elastic``)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def shard_command(
     command = [
         sys.executable,
         "-m",
-        "elastic.ps.server",
+        "ps.server",
         "--index",
         str(index),
         "--num-shards",

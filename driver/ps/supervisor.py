@@ -1,7 +1,7 @@
 """Parameter-server shards under the driver (``--num-ps N``): start, watch, restart, and
 with ``--ps-replicas 1`` a backup per shard and the failover to it.
 
-Each shard is ``python -m elastic.ps.server --index I ...`` (the driver starts a command;
+Each shard is ``python -m ps.server --index I ...`` (the driver starts a command;
 it never imports ``elastic``). Shards tell the driver what it needs through the store,
 the one route for these facts (``driver.ps.records`` follows it):
 

@@ -1,5 +1,5 @@
 """What a hostile client sends, and how a server process is measured from outside, for
-the hostile tests (one server in ``tests/rendezvous`` and ``tests/elastic/ps``, a whole
+the hostile tests (one server in ``tests/rendezvous`` and ``tests/ps``, a whole
 job in ``tests/system/faults/test_hostile_job.py``).
 
 Probes speak to an address with no secret: gRPC calls with no proof or a wrong one

@@ -17,7 +17,7 @@ import pytest
 
 from elastic.errors import SnapshotError
 from elastic.snapshots import files
-from tests.elastic.ps.test_checkpoint_trust import (
+from tests.ps.test_checkpoint_trust import (
     NOBODY,
     GiB,
     _bytes_read,

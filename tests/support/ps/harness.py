@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Callable
 
 from driver.ps.command import shard_command
-from elastic.ps.client import PSClient
-from elastic.ps.client.link import ShardLink
-from elastic.ps.registry import StoreRegistry
-from elastic.ps.settings import ClientSettings
+from ps.client import PSClient
+from ps.client.link import ShardLink
+from ps.registry import StoreRegistry
+from ps.settings import ClientSettings
 from rendezvous import env, open_store
 from rendezvous.keys import JobKeys
 from rendezvous.plan import CheckpointRecord, Member, Plan, ShardInfo

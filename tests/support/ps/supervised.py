@@ -13,7 +13,7 @@ from pathlib import Path
 from driver.events import Event
 from driver.launch.local import LocalLauncher
 from driver.ps.supervisor import PSSupervisor
-from elastic.ps.client.link import ShardLink
+from ps.client.link import ShardLink
 from rendezvous import open_store
 from rendezvous.plan import ShardInfo
 from tests.support.ps.harness import PSJob

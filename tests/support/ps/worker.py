@@ -70,7 +70,7 @@ def _pushed(args, client) -> None:
 
 
 def run_lsq(args, client) -> dict:
-    from elastic.ps.errors import PSRoundChangedError
+    from ps.errors import PSRoundChangedError
 
     X, y = make_problem()
     Xr, yr = data_of(X, y, args.rank, args.size, args.data)

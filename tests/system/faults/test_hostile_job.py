@@ -32,8 +32,8 @@ import pytest
 
 from elastic.comm import wire
 from elastic.netio import CHALLENGE_SIZE, NONCE_BYTES, PROOF_SIZE
-from elastic.ps.bulk import MAGIC as BULK_MAGIC
-from elastic.ps.protocol import SERVICE as PS_SERVICE
+from ps.bulk import MAGIC as BULK_MAGIC
+from ps.protocol import SERVICE as PS_SERVICE
 from rendezvous import open_store
 from rendezvous.backends.embedded import SERVICE as STORE_SERVICE
 from rendezvous.env import ENV_JOB_ID, ENV_RENDEZVOUS, ENV_SECRET

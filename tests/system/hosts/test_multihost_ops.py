@@ -78,7 +78,7 @@ def fresh_member(run: ElasticRun, host, old: list[str]) -> dict:
 
 def shards_on(host) -> list[int]:
     """The ps shard processes running on ``host``."""
-    return [p for p in host.pids() if "elastic.ps.server" in command_line(p)]
+    return [p for p in host.pids() if "ps.server" in command_line(p)]
 
 
 def members_on(run: ElasticRun, host) -> list[str]:

@@ -593,7 +593,7 @@ def test_a_worker_failing_at_its_end_is_not_relaunched_again_and_again(
 
 SLOW_SHARD = """\
 import sys, time
-if "--num-shards" in sys.argv:  # a ps shard (python -m elastic.ps.server ...)
+if "--num-shards" in sys.argv:  # a ps shard (python -m ps.server ...)
     time.sleep(120)  # the thing under test: a shard that never becomes ready
 """
 

@@ -169,7 +169,7 @@ def test_new_job_resumes_from_the_checkpoint_dir(tmp_path):
     assert all(r["first_step"] >= saved for r in results), (saved, results)
 
 
-@pytest.mark.long  # ps workers killed mid-run: tests/elastic/ps/test_training.py in CI
+@pytest.mark.long  # ps workers killed mid-run: tests/ps/test_training.py in CI
 @pytest.mark.timeout(120)
 def test_the_ps_example_trains_the_digits_through_a_killed_worker(tmp_path):
     """The README's ps example as a user runs it (2 workers, 2 shards, sync): a worker

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastic.ps.client import PSClient
-from elastic.ps.settings import ClientSettings
-from elastic.ps.shard import checkpoint as ck
-from tests.elastic.ps.test_failures import _shard_alone, check_gd, full_data_sync_workers
+from ps.client import PSClient
+from ps.settings import ClientSettings
+from ps.shard import checkpoint as ck
+from tests.ps.test_failures import _shard_alone, check_gd, full_data_sync_workers
 from tests.support.jobs import WORKLOADS, ElasticRun, wait_until
 from tests.support.ps.harness import PSJob
 

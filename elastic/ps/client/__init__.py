@@ -1,8 +1,0 @@
-"""The worker's side of the parameter servers: ``PSClient`` and ``connect``."""
-
-from __future__ import annotations
-
-from elastic.ps.client.client import PSClient
-from elastic.ps.client.connect import connect
-
-__all__ = ["PSClient", "connect"]
