@@ -20,6 +20,7 @@ from driver.hosts.registry import make_discovery, source_name
 from driver.job.wiring import quick_store
 from driver.launch.agents.handle import uses_agent
 from driver.launch.agents.launcher import AgentLauncher
+from driver.launch.agents.service import AgentStarts
 from driver.launch.base import Launcher
 from driver.launch.registry import get_launcher
 from driver.launch.spec import ssh_settings_from_env
@@ -77,17 +78,15 @@ def agent_launcher(config: JobConfig) -> AgentLauncher:
         # (slurm: every host a step of the allocation, its agent the job's store client)
         return uses_agent(local, etcd)
 
-    return AgentLauncher(
-        base,
-        base,
+    starts = AgentStarts(
         job_id=config.job_id,
         driver_timeout=config.driver_timeout,
         detach=etcd or config.join is not None,  # (join: any node may lead next)
-        use_agent=use_agent,
         joined=config.join is not None,
         # in join mode, the hosts of -H or a script get agents started as without it
         starts_agents=config.join is None or bool(config.hosts or config.discovery_script),
     )
+    return AgentLauncher(base, base, starts, use_agent=use_agent)
 
 
 def discovery(config: JobConfig) -> HostDiscovery:

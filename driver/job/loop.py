@@ -280,11 +280,10 @@ class Job:
             AgentWiring(
                 self._session.require_store(),
                 agent_env=self._session.wiring.env(),
-                term=self._session.leader_term,
                 on_host_lost=lambda host, detail: self.post(msg.AgentLost(host, detail)),
                 on_host_ready=lambda host: self.post(msg.AgentReady(host)),
                 patience=cfg.elastic_timeout,
-                steer=self._fenced.steer,
+                leader=self._fenced,
                 store_trouble=self._session.store_trouble.explains_lapse,
             )
         )

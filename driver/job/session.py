@@ -178,11 +178,6 @@ class StoreSession:
         """This driver leads the job (or never got to lead it): its end is the job's."""
         return self._claim is None or self._claim.lost is None
 
-    def leader_term(self) -> int:
-        """The term of this driver's leadership (the claim's record), stamped on what
-        it writes for the agents."""
-        return self._claim.record.term if self._claim is not None else 1
-
     def require_store(self) -> KVStore:
         """The store's client.
 

@@ -52,7 +52,7 @@ from typing import Callable
 from driver.errors import LauncherError, LaunchError, LeadershipLost
 from driver.launch.agents.assigned import AssignedProcess
 from driver.launch.agents.handle import AgentProcess, agent_command, reap_agent
-from driver.launch.agents.service import AgentService, AgentWiring
+from driver.launch.agents.service import AgentService, AgentStarts, AgentWiring
 from driver.launch.agents.snapshot import read_agent_keys
 from driver.launch.base import Launcher
 from driver.launch.output import PrefixFn, Stream
@@ -61,9 +61,9 @@ from driver.launch.spec import LaunchSpec
 from driver.policy.lapses import RETURN_GRACE
 from driver.threads import spawn
 from rendezvous import env
-from rendezvous.agent_records import AGENT_LEASE_TTL, AgentRecord, Assignment, ProcessStatus
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
+from rendezvous.schema.agents import AGENT_LEASE_TTL, AgentRecord, Assignment, ProcessStatus
 from rendezvous.store import PUT, Delete, Event, KeyValue, KVStore, Put
 from rendezvous.watch import follow_in_thread
 
@@ -87,13 +87,9 @@ class AgentLauncher(Launcher, AgentService):
         self,
         starter: Launcher,
         direct: Launcher,
+        starts: AgentStarts,
         *,
-        job_id: str,
-        driver_timeout: float,
-        detach: bool,
         use_agent: Callable[[str], bool],
-        joined: bool = False,
-        starts_agents: bool = True,
         out: Stream | None = None,
         err: Stream | None = None,
     ):
@@ -101,19 +97,16 @@ class AgentLauncher(Launcher, AgentService):
         self._starter = starter
         self._direct = direct
         self._agent_env: dict[str, str] = {}
-        self._job_id = job_id
-        self._driver_timeout = driver_timeout
-        self._detach = detach
+        self._starts = starts
         self._use_agent = use_agent
-        self._joined = joined
-        self._starts_agents = starts_agents  # (in join mode: for hosts of -H or a script)
+        self._joined = starts.joined
         self._lock = threading.Lock()
         self._agents: dict[str, AgentProcess] = {}
         self._handles: dict[str, AssignedProcess] = {}
         self._hosts_of: dict[str, str] = {}  # process id -> host
         self._assignments: dict[str, Assignment] = {}
         self._store: KVStore | None = None
-        self._keys = JobKeys(job_id)
+        self._keys = JobKeys(starts.job_id)
         self._term: Callable[[], int] = lambda: 1
         self._on_host_lost: Callable[[str, str], None] = lambda host, detail: None
         self._on_host_ready: Callable[[str], None] = lambda host: None
@@ -130,17 +123,18 @@ class AgentLauncher(Launcher, AgentService):
         self._store_trouble: Callable[[], bool] = lambda: False
 
     def attach(self, wiring: AgentWiring) -> None:
-        """Use the job's store from now on (``AgentWiring``: ``term()``, the leader's term
-        for assignments; ``steer``, its fenced write); follow the agents' records and
+        """Use the job's store from now on (``AgentWiring``: ``leader.term()``, the
+        leader's term for assignments; ``leader.steer``, its fenced write); follow the agents' records and
         process reports until ``stop_following`` (after ``close``: the exits of what the
         job's end stops are reports too), from the first launch through an agent on (a
         job with no agent watches nothing more), or at once when agents were adopted or
         join. The adopted assignments of agentless hosts are withdrawn (``_withdraw``).
         """
-        self._store, self._term = wiring.store, wiring.term
+        self._store, leader = wiring.store, wiring.leader
+        if leader is not None:
+            self._term, self._fenced = leader.term, leader.steer
         self._on_host_lost = wiring.on_host_lost
         self._on_host_ready = wiring.on_host_ready
-        self._fenced = wiring.steer
         self._store_trouble = wiring.store_trouble
         self._agent_env = dict(wiring.agent_env)
         self._patience = wiring.patience
@@ -378,7 +372,7 @@ class AgentLauncher(Launcher, AgentService):
         """
         if self._joined and self._node_agent(host):
             return
-        if not self._starts_agents:
+        if not self._starts.starts_agents:
             raise LaunchError(f"{host} has no agent: its node left the job")
         with self._lock:
             self._start_following()
@@ -389,7 +383,11 @@ class AgentLauncher(Launcher, AgentService):
                 spawn(f"agent-retired-{host}", reap_agent, agent.process)  # the host is back
             agent_id = uuid.uuid4().hex[:12]
             command = agent_command(
-                self._job_id, host, agent_id, self._driver_timeout, self._detach
+                self._keys.job_id,
+                host,
+                agent_id,
+                self._starts.driver_timeout,
+                self._starts.detach,
             )
             spec = LaunchSpec(
                 host=host,

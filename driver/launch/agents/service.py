@@ -13,30 +13,61 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from driver.launch.process import WorkerProcess
 from rendezvous.store import Delete, KeyValue, KVStore, Put
 
 
 @dataclass(frozen=True)
+class AgentStarts:
+    """How a job's agents are started: for job ``job_id``, each keeping its processes
+    ``driver_timeout`` seconds without a leader, ``detach``ed from the ssh session (a
+    job whose store outlives its driver); ``joined``: the nodes run their own agents
+    (``elastic-run --join``), and ``starts_agents``: agents are started for the other
+    hosts (in join mode, those of ``-H`` or a script)."""
+
+    job_id: str
+    driver_timeout: float
+    detach: bool
+    joined: bool = False
+    starts_agents: bool = True
+
+
+class Leader(Protocol):
+    """The lead the agents' writes are fenced on (``driver.job.fenced.FencedStore``)."""
+
+    def term(self) -> int:
+        """The leader's term, stamped on assignments."""
+        ...
+
+    def steer(self, ops: Sequence[Put | Delete]) -> int:
+        """Write ``ops`` fenced on the lead.
+
+        Raises:
+            LeadershipLost: another driver leads.
+            RendezvousError: the store cannot be used.
+        """
+        ...
+
+
+@dataclass(frozen=True)
 class AgentWiring:
     """What the agents need of the job once its store is open: the ``store``, the
-    variables agents start with (``agent_env``: store URL, job id, secret), the leader's
-    term to stamp on assignments (``term()``), what to do when a host's agent is lost
-    (``on_host_lost(host, detail)``) and when one first registers
-    (``on_host_ready(host)``), how long a watch may go without the store
-    (``patience``), the leader's fenced write (``steer``; None: a plain put), and
+    variables agents start with (``agent_env``: store URL, job id, secret), what to do
+    when a host's agent is lost (``on_host_lost(host, detail)``) and when one first
+    registers (``on_host_ready(host)``), how long a watch may go without the store
+    (``patience``), the ``leader`` (its term stamped on assignments, its fenced write;
+    None: term 1 and plain puts), and
     whether the store was in trouble just before now (``store_trouble()``, within
     ``driver.policy.lapses.LAPSE_WINDOW``: an agent's lapsed lease may then be the
     store's doing, ``driver.job.store_trouble``)."""
 
     store: KVStore
     agent_env: Mapping[str, str]
-    term: Callable[[], int]
     on_host_lost: Callable[[str, str], None]
     patience: float
-    steer: Callable[[Sequence[Put | Delete]], int] | None = None
+    leader: Leader | None = None
     on_host_ready: Callable[[str], None] = lambda host: None
     store_trouble: Callable[[], bool] = lambda: False
 

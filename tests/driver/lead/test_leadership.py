@@ -1,6 +1,6 @@
 """Leadership and takeover as pure rules: what a starting driver does
 (``driver.lead.terms``), fencing and what a failed fence means, the worker's refusal of
-an older term's plan (``rendezvous.plan.plan_is_current``), the leader's persisted state
+an older term's plan (``rendezvous.schema.rounds.plan_is_current``), the leader's persisted state
 and a successor's view rebuilt from the store's records (``driver.lead.persisted``)."""
 
 from __future__ import annotations
@@ -31,14 +31,9 @@ from driver.policy.decisions import Book
 from driver.policy.lifecycle import WorkerRecord, WorkerState
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import secret_fingerprint
-from rendezvous.plan import (
-    DriverRecord,
-    DriverStateRecord,
-    Member,
-    Plan,
-    WorkerInfo,
-    plan_is_current,
-)
+from rendezvous.schema.leader import DriverRecord, DriverStateRecord
+from rendezvous.schema.rounds import Member, Plan, plan_is_current
+from rendezvous.schema.workers import WorkerInfo
 from rendezvous.store import Compare, KeyValue
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
@@ -263,12 +258,13 @@ def test_the_host_manager_takes_over_strikes_and_cooldowns():
 
 def test_a_successor_takes_over_the_agents_and_what_they_run():
     from driver.launch.agents.launcher import AgentLauncher
+    from driver.launch.agents.service import AgentStarts
     from driver.launch.registry import get_launcher
-    from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
+    from rendezvous.schema.agents import AgentRecord, Assignment, ProcessStatus
 
     local = get_launcher("local")
     launcher = AgentLauncher(
-        local, local, job_id="j", driver_timeout=60, detach=True, use_agent=lambda h: True
+        local, local, AgentStarts("j", 60, detach=True), use_agent=lambda h: True
     )
 
     def assigned(process_id: str, kind: str, label: str) -> KeyValue:

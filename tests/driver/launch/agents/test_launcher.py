@@ -9,11 +9,11 @@ import uuid
 import pytest
 
 from driver.launch.agents.launcher import AgentLauncher
-from driver.launch.agents.service import AgentWiring
+from driver.launch.agents.service import AgentStarts, AgentWiring
 from driver.launch.registry import get_launcher
 from rendezvous import open_store
-from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
 from rendezvous.keys import JobKeys
+from rendezvous.schema.agents import AgentRecord, Assignment, ProcessStatus
 from tests.support.jobs import wait_until
 
 
@@ -31,14 +31,13 @@ def adopting(store, keys: JobKeys, lost: list[str]) -> tuple[AgentLauncher, dict
     id), attached; the hosts it takes as lost are appended to ``lost``."""
     local = get_launcher("local")
     launcher = AgentLauncher(
-        local, local, job_id=keys.job_id, driver_timeout=60, detach=True, use_agent=lambda h: True
+        local, local, AgentStarts(keys.job_id, 60, detach=True), use_agent=lambda h: True
     )
     handles = launcher.adopt(store.get_prefix(keys.prefix)[0])
     launcher.attach(
         AgentWiring(
             store,
             agent_env={},
-            term=lambda: 1,
             on_host_lost=lambda host, detail: lost.append(host),
             patience=10.0,
         )
