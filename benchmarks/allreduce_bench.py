@@ -13,7 +13,7 @@ One JSON line per configuration:
      "median_ms": {...}, "busbw_GBps": {...}, "ratio_ours_gloo", "ratio_ours_tcp_gloo",
      "ratio_ours_mpi", "ours_transport", "load_avg"}
 
-    python benchmarks/allreduce_bench.py [--worlds 2 4] [--sizes-mib 1 16 64]
+    python -m benchmarks.allreduce_bench [--worlds 2 4] [--sizes-mib 1 16 64]
         [--blocks 4] [--iters 4] [--impls ours ours_tcp gloo mpi]
 
 gloo needs torch, the ``bench`` extra (imported only by its worker processes); MPI needs
@@ -29,42 +29,18 @@ connection, the network's own figure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import socket
-import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness.allreduce import Group, available, measure, summarize
+from benchmarks.harness.control import Line
+from benchmarks.harness.processes import free_port
 
 ALL_IMPLS = ("ours", "ours_tcp", "gloo", "mpi")
 WORKER_IMPLS = (*ALL_IMPLS, "raw_tcp")
-
-
-# --- control channel (JSON lines over TCP), shared by parent and workers -----------
-
-
-class Line:
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.f = sock.makefile("rwb")
-
-    def send(self, obj) -> None:
-        self.f.write(json.dumps(obj).encode() + b"\n")
-        self.f.flush()
-
-    def recv(self):
-        line = self.f.readline()
-        if not line:
-            raise EOFError("control connection closed")
-        return json.loads(line)
 
 
 # --- worker side -----------------------------------------------------------------------
@@ -215,181 +191,6 @@ def _raw_tcp_pair(ctl: Line, bind: str, rank: int):
         return out
 
     return barrier, allreduce
-
-
-# --- parent side -----------------------------------------------------------------------
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-Spawn = Callable[[list[str], int], subprocess.Popen]
-"""``spawn(argv, rank)``: start rank ``rank``'s worker (``argv`` without ``--bind``)."""
-
-
-def spawn_here(argv: list[str], rank: int) -> subprocess.Popen:
-    return subprocess.Popen(argv, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-
-
-class Group:
-    """One implementation's worker processes and their control connections, started by
-    ``spawn`` (here by default); they reach this process at ``control_host``."""
-
-    def __init__(
-        self,
-        impl: str,
-        world: int,
-        secret: str,
-        ours_settings: str = "{}",
-        *,
-        spawn: Spawn = spawn_here,
-        control_host: str = "127.0.0.1",
-    ):
-        self.impl = impl
-        self.world = world
-        self.procs: list[subprocess.Popen] = []
-        self.lines: list[Line] = []
-        srv = socket.socket()
-        srv.bind((control_host, 0))
-        srv.listen(world)
-        srv.settimeout(120)
-        control = f"{control_host}:{srv.getsockname()[1]}"
-        me = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            impl,
-            "--control",
-            control,
-            "--secret",
-            secret,
-            "--ours-settings",
-            ours_settings,
-        ]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        try:
-            if impl == "mpi":
-                self.procs.append(
-                    subprocess.Popen(
-                        [shutil.which("mpiexec") or "mpiexec", "-n", str(world), *me], env=env
-                    )
-                )
-            else:
-                for r in range(world):
-                    self.procs.append(spawn(me + ["--rank", str(r), "--world", str(world)], r))
-            by_rank: dict[int, Line] = {}
-            for _ in range(world):
-                conn, _ = srv.accept()
-                conn.settimeout(600)
-                line = Line(conn)
-                by_rank[line.recv()["rank"]] = line
-            self.lines = [by_rank[r] for r in range(world)]
-        finally:
-            srv.close()
-        if impl in ("ours", "ours_tcp", "raw_tcp"):
-            addresses = [ln.recv()["address"] for ln in self.lines]
-            for ln in self.lines:
-                ln.send({"addresses": addresses})
-        elif impl == "gloo":
-            masters = [ln.recv()["master"] for ln in self.lines]  # every rank answers
-            for ln in self.lines:
-                ln.send({"master": masters[0]})
-        transports = [ln.recv()["transport"] for ln in self.lines]  # every rank answers
-        self.transport = transports[0]
-
-    def run(self, mib: int, iters: int, warmup: int) -> list[float]:
-        """Per timed call, the slowest rank's seconds."""
-        for ln in self.lines:
-            ln.send({"cmd": "run", "mib": mib, "iters": iters, "warmup": warmup})
-        per_rank = [ln.recv()["times"] for ln in self.lines]
-        return [max(ts) for ts in zip(*per_rank)]
-
-    def close(self) -> None:
-        for ln in self.lines:
-            with contextlib.suppress(OSError, AttributeError):
-                ln.send({"cmd": "exit"})
-        deadline = time.monotonic() + 20
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def available(impl: str) -> str | None:
-    """None when ``impl`` can run here, else why not."""
-    try:
-        if impl == "gloo":
-            import importlib.util
-
-            if importlib.util.find_spec("torch") is None:
-                return "torch is not installed (./scripts/install bench)"
-        if impl == "mpi":
-            import importlib.util
-
-            if importlib.util.find_spec("mpi4py") is None or not shutil.which("mpiexec"):
-                return "mpi4py/mpiexec missing (./scripts/install mpi)"
-    except Exception as e:  # noqa: BLE001 - report and skip
-        return str(e)
-    return None
-
-
-def measure(
-    groups: dict[str, Group], mib: int, blocks: int, iters: int, warmup: int
-) -> dict[str, list[float]]:
-    """Every group's timed calls of ``mib`` MiB (the slowest rank's seconds each), taken in
-    ``blocks`` interleaved turns of ``iters`` calls (``warmup`` more in the first)."""
-    impls = list(groups)
-    samples: dict[str, list[float]] = {impl: [] for impl in impls}
-    for block in range(blocks):
-        # Rotate the order so no implementation always runs right after the same
-        # neighbour (cache and scheduler state).
-        order = impls[block % len(impls) :] + impls[: block % len(impls)]
-        for impl in order:
-            samples[impl] += groups[impl].run(mib, iters, warmup if block == 0 else 0)
-    return samples
-
-
-def summarize(
-    bench: str,
-    where: dict,
-    groups: dict[str, Group],
-    samples: dict[str, list[float]],
-    mib: int,
-    world: int,
-    args,
-) -> dict:
-    """One configuration's JSON row: ``where`` it ran, median times, the bus bandwidth of
-    every collective (``raw_tcp`` is none), and ours against gloo and MPI."""
-    nbytes = mib * (1 << 20)
-    med = {impl: statistics.median(ts) for impl, ts in samples.items()}
-    busbw = {
-        impl: 2 * (world - 1) / world * nbytes / t / 1e9
-        for impl, t in med.items()
-        if impl != "raw_tcp"
-    }
-    row: dict = {
-        "bench": bench,
-        **where,
-        "size_mib": mib,
-        "dtype": "float32",
-        "timed_calls": args.blocks * args.iters,
-        "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
-        "busbw_GBps": {k: round(v, 3) for k, v in busbw.items()},
-    }
-    if "gloo" in busbw:
-        for impl in ("ours", "ours_tcp"):
-            if impl in busbw:
-                row[f"ratio_{impl}_gloo"] = round(busbw[impl] / busbw["gloo"], 3)
-    if "mpi" in busbw and "ours" in busbw:
-        row["ratio_ours_mpi"] = round(busbw["ours"] / busbw["mpi"], 3)
-    if "ours" in groups:
-        row["ours_transport"] = groups["ours"].transport
-    return row
 
 
 def main() -> None:

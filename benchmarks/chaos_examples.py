@@ -10,7 +10,7 @@ processes spin beside the runs (the load of CI's shared 2 cores). Prints one JSO
 per run and one per example with the counts (ok, failed, hung), then exits 1 if any run
 was not ok.
 
-Usage: python benchmarks/chaos_examples.py [--runs 20] [--intervals 1,2,3] [--burners 2]
+Usage: python -m benchmarks.chaos_examples [--runs 20] [--intervals 1,2,3] [--burners 2]
        [--examples train_digits.py,train_torch_digits.py] [--timeout 240]
 """
 
@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness.paths import ROOT
+
 DONE = re.compile(r"job done in round \d+ at step (\d+)")
 RANK0_DONE = re.compile(r"^\[0\] done: (\d+) steps", re.M)
 

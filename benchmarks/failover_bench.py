@@ -27,7 +27,7 @@ One JSON line per configuration on stdout:
      "max_s", "leading_s": [...], "vacant_to_leading_s_median", "round_s_median",
      "kill_to_round_s_median", "load_avg"[, "error"]}
 
-    python benchmarks/failover_bench.py [--samples 5] [--workers 2] [--timing fast default]
+    python -m benchmarks.failover_bench [--samples 5] [--workers 2] [--timing fast default]
 """
 
 from __future__ import annotations
@@ -45,11 +45,8 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
-from tests.support.jobs import ElasticRun, exact_sum_command, pid_alive  # noqa: E402
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.jobs import ElasticRun, exact_sum_command, pid_alive
 
 TIMINGS = {"fast": (50, 500), "default": (100, 1000)}
 DEADLINE = 60.0

@@ -13,7 +13,7 @@ One JSON line per configuration:
     {"bench": "failure_detect", "signal", "mode", "transport", "world_size", "trials",
      "samples", "median_s", "p90_s", "max_s", "next_call_median_s", "load_avg"}
 
-    python benchmarks/failure_detect_bench.py [--trials 10] [--worlds 2 4]
+    python -m benchmarks.failure_detect_bench [--trials 10] [--worlds 2 4]
 """
 
 from __future__ import annotations
@@ -24,14 +24,9 @@ import os
 import random
 import signal
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.support.comm.harness import Workers  # noqa: E402
+from tests.support.comm.harness import Workers
 
 
 def quantile(xs, q):

@@ -50,8 +50,8 @@ on stdout:
      "steps", "steps_per_s", "max_commit_gap_s", "gc_pauses", "gc_pause_median_s",
      "gc_pause_max_s", "job_exit", "load_avg_median", "load_avg_max", "load_avg"[, "error"]}
 
-    sudo python benchmarks/false_alarm_run.py [--duration 600] [--placement test-hosts]
-    python benchmarks/false_alarm_run.py --duration 30 --placement local   # about a minute
+    sudo python -m benchmarks.false_alarm_run [--duration 600] [--placement test-hosts]
+    python -m benchmarks.false_alarm_run --duration 30 --placement local   # about a minute
 """
 
 from __future__ import annotations
@@ -66,21 +66,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from hostcut_bench import reap, require_root  # noqa: E402
-from recovery_bench import (  # noqa: E402
-    STEADY_DEADLINE,
-    BenchTimeout,
-    OursJob,
-    bench_workdir,
-    wait_for,
-)
-
-from tests.support.hosts.netns import HostsError, NetnsHosts, running_hosts  # noqa: E402
-from tests.support.jobs import wait_until  # noqa: E402
+from benchmarks.harness.ours import OursJob
+from benchmarks.harness.testhosts import reap, require_root
+from benchmarks.harness.waits import STEADY_DEADLINE, BenchTimeout, wait_for
+from benchmarks.harness.workdir import bench_workdir
+from tests.support.hosts.netns import HostsError, NetnsHosts, running_hosts
+from tests.support.jobs import wait_until
 
 WORKERS = 4
 SLOTS = 2  # workers per test host

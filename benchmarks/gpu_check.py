@@ -1,7 +1,7 @@
 """``elastic.torch``'s data planes on this machine, one JSON line per check: on a GPU,
 the NCCL plane; without one, what a CPU can check of the same plane (gloo).
 
-    python benchmarks/gpu_check.py [--models mlp cnn] [--world 2] [--blocks 3]
+    python -m benchmarks.gpu_check [--models mlp cnn] [--world 2] [--blocks 3]
         [--steps 10] [--skip-steps]
 
 Finishes in under 8 minutes on one GPU. The lines, in order:
@@ -43,14 +43,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other by file name
-
-from allreduce_bench import free_port  # noqa: E402
-from torch_bench import Group, parameters_m  # noqa: E402
-
-from tests.support.jobs import ElasticRun  # noqa: E402
+from benchmarks.harness.paths import ROOT
+from benchmarks.harness.processes import free_port
+from benchmarks.harness.torch_groups import Group, parameters_m
+from tests.support.jobs import ElasticRun
 
 CHECKS = ROOT / "tests" / "support" / "workloads" / "torch_checks.py"
 SHRINK = ROOT / "benchmarks" / "workloads" / "nccl_shrink.py"

@@ -26,7 +26,7 @@ One JSON line per configuration:
      "median_ms": {...}, "busbw_GBps": {...}, "raw_tcp_GBps", "ratio_ours_gloo",
      "ours_link_fraction", "ours_transport", "load_avg"}
 
-    sudo python benchmarks/hier_bench.py [--sizes-mib 16 64] [--blocks 5] [--iters 3]
+    sudo python -m benchmarks.hier_bench [--sizes-mib 16 64] [--blocks 5] [--iters 3]
         [--impls ours gloo raw_tcp] [--slots 2] [--ours-settings JSON]
 """
 
@@ -36,16 +36,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from allreduce_bench import Group, available, measure, summarize  # noqa: E402
-
-from tests.support.hosts.netns import NetnsHost, running_hosts  # noqa: E402
+from benchmarks.harness.allreduce import Group, available, measure, summarize
+from benchmarks.harness.paths import ROOT
+from tests.support.hosts.netns import NetnsHost, running_hosts
 
 HOSTS = 2
 SLOTS = 2

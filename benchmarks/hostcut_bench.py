@@ -65,15 +65,14 @@ configuration on stdout (nothing else):
      ...phase medians..., "phase_samples" (each phase, cut by cut), "settings", "job_exit",
      "load_avg_at_cuts" (just after each recovery), "load_avg" (at the end)[, "error"]}
 
-    sudo python benchmarks/hostcut_bench.py [--cuts 5] [--configs embedded etcd torchrun]
-    sudo python benchmarks/hostcut_bench.py --cuts 1 --configs embedded   # about a minute
+    sudo python -m benchmarks.hostcut_bench [--cuts 5] [--configs embedded etcd torchrun]
+    sudo python -m benchmarks.hostcut_bench --cuts 1 --configs embedded   # about a minute
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -85,31 +84,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recovery_bench import (  # noqa: E402
-    FINISH_DEADLINE,
-    STEADY_DEADLINE,
-    THREAD_ENV,
-    TORCH_STEPS,
-    BenchTimeout,
-    CommitLog,
-    OursJob,
-    bench_workdir,
-    median_or_none,
-    summary,
-    wait_for,
-)
-
-from tests.support.etcd_cluster import ETCD, EtcdCluster  # noqa: E402
-from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts  # noqa: E402
+from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.ours import OursJob
+from benchmarks.harness.paths import TORCH_STEPS
+from benchmarks.harness.processes import THREAD_ENV
+from benchmarks.harness.stats import load_avg, median_or_none, summary
+from benchmarks.harness.testhosts import RDZV_PORT, reap, require_root, require_tools
+from benchmarks.harness.waits import FINISH_DEADLINE, STEADY_DEADLINE, BenchTimeout, wait_for
+from benchmarks.harness.workdir import bench_workdir
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
 
 CONFIGS = ("embedded", "etcd", "torchrun")
 SLOTS = 2  # workers per host
 WORLD = 2 * SLOTS
-RDZV_PORT = 29400  # on A's own network namespace: nothing else there uses it
 
 DEFINITIONS = {
     "ours": "B's link cut -> every survivor on A has committed a step in a round newer "
@@ -136,38 +124,6 @@ class TimeLimit:
         if left < timeout:
             what += f" (within the configuration's time limit of {self.seconds:.0f}s)"
         return wait_for(predicate, max(0.0, min(timeout, left)), what)
-
-
-def reap(*hosts: NetnsHost) -> None:
-    """SIGKILL every process of ``hosts`` but their init and sshd: on hosts this benchmark
-    made, those are the job's (agents, workers, their ssh sessions)."""
-    for host in hosts:
-        for pid in host.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(BenchTimeout):
-        wait_for(lambda: not any(h.pids() for h in hosts), 10.0, "the hosts' processes to end")
-
-
-def require_root(prog: str) -> None:
-    """Exit with a one-line error unless this process is root (the test hosts need it)."""
-    if os.geteuid() != 0:
-        sys.exit(
-            f"{prog}: needs root: the test hosts are network and PID namespaces "
-            f"(run: sudo {sys.executable} {' '.join(sys.argv)})"
-        )
-
-
-def require_tools(configs: list[str]) -> None:
-    """Exit with a one-line error when a configuration's peer is missing: the ``etcd``
-    binary for ``etcd``, torch for ``torchrun``."""
-    if "etcd" in configs and not os.access(ETCD, os.X_OK):
-        sys.exit(f"hostcut_bench: {ETCD} not found: install etcd, or leave out --configs etcd")
-    if "torchrun" in configs and importlib.util.find_spec("torch") is None:
-        sys.exit(
-            f"hostcut_bench: torch is not installed for {sys.executable}: install it "
-            "(pip install torch), or leave out --configs torchrun"
-        )
 
 
 def seconds_after(t0: float, record: dict | None) -> float | None:
@@ -208,10 +164,6 @@ def finish_line(
         load_avg=load_avg(),
     )
     return result
-
-
-def load_avg() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 # --------------------------------------------------------------------------- ours
@@ -587,7 +539,7 @@ def main() -> None:
     if not 0 < args.cooldown[0] <= args.cooldown[1]:
         ap.error("--cooldown: need 0 < MIN <= MAX")
     require_root("hostcut_bench")
-    require_tools(args.configs)
+    require_tools(args.configs, "hostcut_bench")
     with bench_workdir("hostcut-bench-", args.keep) as tmp:
         try:
             with running_hosts(3, tmp / "hosts") as hosts:

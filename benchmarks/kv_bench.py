@@ -4,30 +4,21 @@ Runs both backends in one invocation (the embedded server as its own process, as
 driver would be; etcd started on free loopback ports) and prints one JSON line per
 backend and operation: {"bench": "kv", "backend", "op", "n", "p50_ms", "p99_ms", "mean_ms"}.
 
-    python benchmarks/kv_bench.py [--n 500]
+    python -m benchmarks.kv_bench [--n 500]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from rendezvous import open_store  # noqa: E402
-from rendezvous.net.auth import ENV_SECRET, make_secret  # noqa: E402
-from rendezvous.server import READY_PREFIX  # noqa: E402
-from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
+from benchmarks.harness.stores import embedded_store
+from rendezvous import open_store
+from tests.support.etcd_cluster import EtcdCluster
 
 
 def percentile(values, q):
@@ -91,36 +82,6 @@ def measure(backend, url, secret, n):
     report(backend, "watch_notify", notify)
     store.close()
     watcher.close()
-
-
-@contextlib.contextmanager
-def embedded_store() -> Iterator[tuple[str, str, int]]:
-    """The embedded store alone in a process (``python -m rendezvous.server``), as the
-    driver would be: its (address, secret, pid). Stopped on the way out.
-
-    Raises:
-        RuntimeError: the server did not say it was ready."""
-    secret = make_secret()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rendezvous.server"],
-        cwd=ROOT,
-        env={**os.environ, ENV_SECRET: secret},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdout is not None  # stdout=PIPE
-    try:
-        line = server.stdout.readline()
-        if not line.startswith(READY_PREFIX):
-            raise RuntimeError(f"the embedded store did not start: {line!r}")
-        yield line.split()[1], secret, server.pid
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
 
 
 def main():

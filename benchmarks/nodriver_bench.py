@@ -35,7 +35,7 @@ One JSON line per configuration on stdout:
      "without_steps_s_median", "ratio", "paired_ratio_median", "noise", "unchanged", "with_steps_s": [...],
      "without_steps_s": [...], "load_avg"[, "error"]}
 
-    python benchmarks/nodriver_bench.py [--samples 5] [--workers 2 4] [--window 3]
+    python -m benchmarks.nodriver_bench [--samples 5] [--workers 2 4] [--window 3]
 """
 
 from __future__ import annotations
@@ -50,25 +50,16 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recovery_bench import (  # noqa: E402
-    STEPS,
-    THREAD_ENV,
-    BenchTimeout,
-    CommitLog,
-    bench_workdir,
-    kill_group,
-    wait_for,
-)
-
-from rendezvous import open_store  # noqa: E402
-from rendezvous.agent_records import AgentRecord  # noqa: E402
-from rendezvous.keys import JobKeys  # noqa: E402
-from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
-from tests.support.jobs import ElasticRun, pid_alive  # noqa: E402
+from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.paths import STEPS
+from benchmarks.harness.processes import THREAD_ENV, kill_group
+from benchmarks.harness.waits import BenchTimeout, wait_for
+from benchmarks.harness.workdir import bench_workdir
+from rendezvous import open_store
+from rendezvous.agent_records import AgentRecord
+from rendezvous.keys import JobKeys
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.jobs import ElasticRun, pid_alive
 
 DEADLINE = 60.0  # any wait: a job's start, a lease's lapse, an adoption, the finish
 DRIVER_TIMEOUT = 600  # agents keep their workers this long with no driver: all of the run

@@ -2,8 +2,8 @@
 the same bytes, the cost of a replica (``--ps-replicas 1``) on it, and the step-time cost
 of checkpointing.
 
-    python benchmarks/ps_bench.py                    # full run (a few minutes)
-    python benchmarks/ps_bench.py --sizes 16 --shards 2 --reps 5 --skip-checkpoint
+    python -m benchmarks.ps_bench                    # full run (a few minutes)
+    python -m benchmarks.ps_bench --sizes 16 --shards 2 --reps 5 --skip-checkpoint
 
 Prints one JSON line per measured configuration:
 
@@ -37,18 +37,15 @@ import threading
 import time
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from ps.client import PSClient  # noqa: E402
-from rendezvous import env, open_store  # noqa: E402
-from rendezvous.backends.embedded import EmbeddedServer  # noqa: E402
-from rendezvous.keys import JobKeys  # noqa: E402
-from rendezvous.net import auth  # noqa: E402
-from rendezvous.plan import CheckpointRecord, ReplicaRecord, ShardInfo  # noqa: E402
+from benchmarks.harness.paths import ROOT
+from ps.client import PSClient
+from rendezvous import env, open_store
+from rendezvous.backends.embedded import EmbeddedServer
+from rendezvous.keys import JobKeys
+from rendezvous.net import auth
+from rendezvous.plan import CheckpointRecord, ReplicaRecord, ShardInfo
 
 MiB = 1 << 20
 
@@ -192,7 +189,7 @@ class Shards:
         environ = {
             **os.environ,
             env.ENV_SECRET: secret,
-            "PYTHONPATH": ROOT,
+            "PYTHONPATH": str(ROOT),
             env.ENV_RENDEZVOUS: f"embedded://{self._server.address}",
             env.ENV_JOB_ID: job_id,
         }

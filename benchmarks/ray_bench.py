@@ -23,7 +23,7 @@ One JSON line on stdout:
     {"bench": "ray", "system": "ours", "measure": "cut", "definition", "median_s",
      "p90_s", "max_s", "samples", "settings", "load_avg"[, "error"]}
 
-    sudo python benchmarks/ray_bench.py [--cuts 5]
+    sudo python -m benchmarks.ray_bench [--cuts 5]
 """
 
 from __future__ import annotations
@@ -37,24 +37,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from hostcut_bench import load_avg, reap, require_root  # noqa: E402
-from recovery_bench import (  # noqa: E402
-    STEADY_DEADLINE,
-    THREAD_ENV,
-    WORKLOADS,
-    BenchTimeout,
-    CommitLog,
-    bench_workdir,
-    summary,
-    wait_for,
-)
-
-from tests.support.hosts.netns import HostsError, NetnsHosts, running_hosts  # noqa: E402
-from tests.support.ray_cluster import RayCluster  # noqa: E402
+from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.paths import ROOT, WORKLOADS
+from benchmarks.harness.processes import THREAD_ENV
+from benchmarks.harness.stats import load_avg, summary
+from benchmarks.harness.testhosts import reap, require_root
+from benchmarks.harness.waits import STEADY_DEADLINE, BenchTimeout, wait_for
+from benchmarks.harness.workdir import bench_workdir
+from tests.support.hosts.netns import HostsError, NetnsHosts, running_hosts
+from tests.support.ray_cluster import RayCluster
 
 SLOTS = 2
 DEFINITION = (

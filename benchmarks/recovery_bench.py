@@ -47,49 +47,36 @@ One JSON line per configuration on stdout (nothing else):
      "torchrun-restart", "workers", "kills", "definition", "median_s", "p90_s", "max_s",
      "samples", ...phase medians..., "job_exit", "load_avg"[, "error"]}
 
-    python benchmarks/recovery_bench.py [--kills 5] [--workers 2 4] [--systems ours torchrun]
+    python -m benchmarks.recovery_bench [--kills 5] [--workers 2 4] [--systems ours torchrun]
         [--modes min-np replace spares]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import glob
 import json
 import os
 import random
-import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.support.jobs import ElasticRun, pid_alive, wait_until  # noqa: E402
-
-WORKLOADS = Path(__file__).resolve().parent / "workloads"
-STEPS = WORKLOADS / "steps.py"
-TORCH_STEPS = WORKLOADS / "torch_steps.py"
-
-#: every wait has a deadline: a recovery (torchrun restarts N processes importing
-#: torch on a loaded 2-core machine) and reaching a steady world again
-RECOVERY_DEADLINE = 120.0
-STEADY_DEADLINE = 120.0
-FINISH_DEADLINE = 60.0
-POLL = 0.01
-
-#: the same thread settings for both systems (torchrun sets OMP_NUM_THREADS=1 itself
-#: for several workers per node); more BLAS threads than cores only adds noise here
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.ours import OursJob, fresh_worker_phases, phase_medians
+from benchmarks.harness.paths import ROOT, TORCH_STEPS
+from benchmarks.harness.processes import THREAD_ENV, free_port, kill_group
+from benchmarks.harness.stats import median_or_none, summary
+from benchmarks.harness.waits import (
+    FINISH_DEADLINE,
+    RECOVERY_DEADLINE,
+    STEADY_DEADLINE,
+    BenchTimeout,
+    wait_for,
+)
+from benchmarks.harness.workdir import bench_workdir
+from tests.support.jobs import pid_alive
 
 DEFINITIONS = {
     "min-np": "SIGKILL -> every survivor has committed a step in a round newer than the kill round",
@@ -100,268 +87,6 @@ DEFINITIONS = {
     "torchrun-restart": "SIGKILL -> every rank of the restarted worker group has committed "
     "a step (resumed from the per-step checkpoint)",
 }
-
-
-class BenchTimeout(Exception):
-    pass
-
-
-def wait_for(predicate, timeout: float, what: str):
-    """Poll ``predicate`` until it returns something true (returned); BenchTimeout after
-    ``timeout`` seconds. (The logs are files: polling them is the simplest correct way.)"""
-    return wait_until(predicate, timeout, what, interval=POLL, error=BenchTimeout)
-
-
-@contextlib.contextmanager
-def bench_workdir(prefix: str, keep: bool):
-    """A temporary folder for the jobs' logs: removed afterwards, or kept (path on stderr)."""
-    tmp = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield tmp
-    finally:
-        if keep:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def quantile(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
-
-
-def summary(samples: list[float]) -> dict:
-    if not samples:
-        return {"median_s": None, "p90_s": None, "max_s": None, "samples": []}
-    return {
-        "median_s": round(statistics.median(samples), 4),
-        "p90_s": round(quantile(samples, 0.9), 4),
-        "max_s": round(max(samples), 4),
-        "samples": [round(s, 4) for s in samples],
-    }
-
-
-def median_or_none(xs):
-    xs = [x for x in xs if x is not None]
-    return round(statistics.median(xs), 4) if xs else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal ``pid``'s process group when it leads one (workers of both systems run in
-    their own session), else the process alone; nothing if it is gone."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class CommitLog:
-    """Follows the ``*.commits`` files the workloads write in one directory.
-
-    ``poll()`` reads what was appended since the last call (whole lines only: a line a
-    SIGKILLed worker tore is left unread). Records are kept per file stem (the worker
-    id for ours, ``torch-g<restart>-rank<r>-<host>-<pid>`` for torchrun). A commit's
-    round is its ``round_field``: ``round`` (ours' round, torchrun's restart count on
-    one node) or ``group`` (the id a torchrun worker group agrees on, across nodes)."""
-
-    def __init__(self, directory: Path, round_field: str = "round"):
-        self.directory = Path(directory)
-        self.round_field = round_field
-        self._offsets: dict[str, int] = {}
-        self.records: dict[str, list[dict]] = defaultdict(list)
-        self.max_round: float = 0
-
-    def poll(self) -> CommitLog:
-        for path in glob.glob(str(self.directory / "*.commits")):
-            key = Path(path).stem
-            offset = self._offsets.get(key, 0)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            for line in data[:end].splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                self.records[key].append(rec)
-                if rec["ev"] == "commit":
-                    self.max_round = max(self.max_round, rec[self.round_field])
-            self._offsets[key] = offset + end
-        return self
-
-    def commits(self, key: str):
-        return (r for r in self.records.get(key, ()) if r["ev"] == "commit")
-
-    def count_in_round(self, key: str, round_id: float) -> int:
-        return sum(1 for r in self.commits(key) if r[self.round_field] == round_id)
-
-    def first_commit_after(self, key: str, round_id: float, t0: float, size: int | None = None):
-        """The time of ``key``'s first commit in a round newer than ``round_id`` logged
-        after ``t0`` (and, if given, in a round of ``size``); None if none yet."""
-        for r in self.commits(key):
-            newer = r[self.round_field] > round_id
-            if newer and r["t"] >= t0 and (size is None or r["size"] == size):
-                return r["t"]
-        return None
-
-    def event(self, key: str, ev: str):
-        return next((r for r in self.records.get(key, ()) if r["ev"] == ev), None)
-
-    def steady_round(self, size: int, settle: int) -> tuple[float, list[str]] | None:
-        """(round, its workers' keys) once the newest round (by ``round_field``) has
-        ``size`` workers, each with ``settle`` commits in it; else None (reads first)."""
-        self.poll()
-        rounds: dict[float, dict[str, int]] = {}
-        for key in self.records:
-            for r in self.commits(key):
-                members = rounds.setdefault(r[self.round_field], {})
-                members[key] = members.get(key, 0) + 1
-        if not rounds:
-            return None
-        members = rounds[max(rounds)]
-        if len(members) == size and min(members.values()) >= settle:
-            return max(rounds), sorted(members)
-        return None
-
-
-# --------------------------------------------------------------------------- ours
-
-#: the phases of a fresh worker's start, in order (``workloads/steps.py`` records them)
-FRESH_PHASES = ("spawned", "start", "init", "joined")
-
-
-def fresh_worker_phases(job: OursJob, workers, t0: float) -> dict:
-    """For the fresh ``workers`` of a re-formed round: seconds from ``t0`` until the last
-    of them reached each phase: ``spawned`` (the driver's worker_started event),
-    ``start`` (its interpreter reached the script), ``init`` (numpy and elastic imported,
-    about to call ``elastic.init()``), ``joined`` (``init()`` returned: registered, in a
-    round, ring connected). None for a phase not seen."""
-    job.log.poll()
-    started = {e["worker"]: e["t"] for e in job.run.events("worker_started")}
-    phases = {}
-    for phase in FRESH_PHASES:
-        if phase == "spawned":
-            times = [started.get(w) for w in workers]
-        else:
-            times = [(job.log.event(w, phase) or {}).get("t") for w in workers]
-        known = [t for t in times if t is not None]
-        phases[phase] = max(known) - t0 if times and len(known) == len(times) else None
-    return phases
-
-
-def phase_medians(rows: list[dict], prefix: str) -> dict:
-    """{prefix + phase + "_s": median over the rows} for the phases in ``rows``."""
-    return (
-        {
-            f"{prefix}{phase}_s": median_or_none([r.get(phase) for r in rows])
-            for phase in FRESH_PHASES
-        }
-        if rows
-        else {}
-    )
-
-
-class OursJob:
-    """``elastic-run`` running ``workloads/steps.py`` (through ``tests.support.jobs.ElasticRun``:
-    its own process group, events file, and a ``stop()`` that reaps every worker).
-
-    ``workload_args``: more arguments for ``steps.py``; ``env``: more environment for
-    ``elastic-run``; ``local``: the workers run on this machine, so the pids they log
-    are ours to signal (workers on test hosts log pids of their host's PID namespace:
-    whoever made the hosts reaps them)."""
-
-    def __init__(
-        self,
-        args: list[str],
-        workdir: Path,
-        work: int,
-        workload_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        local: bool = True,
-    ):
-        self.out = workdir / "out"
-        self.out.mkdir(parents=True)
-        self.log = CommitLog(self.out)
-        self.local = local
-        command = [
-            *(sys.executable, str(STEPS), str(self.out)),
-            *("--work", str(work), *workload_args),
-        ]
-        self.run = ElasticRun([*args, *command], workdir, env={**THREAD_ENV, **(env or {})})
-
-    def start(self) -> OursJob:
-        self.run.start()
-        return self
-
-    def rounds(self) -> list[dict]:
-        return self.run.events("round_formed")
-
-    def current_round(self):
-        rounds = self.rounds()
-        return rounds[-1] if rounds else None
-
-    def check_running(self) -> None:
-        """BenchTimeout at once if elastic-run ended: no point waiting out a deadline."""
-        proc = self.run.proc
-        assert proc is not None, "start() first"
-        if proc.poll() is not None:
-            raise BenchTimeout(
-                f"elastic-run exited with {proc.returncode}: " + self.run.stderr_tail(5)
-            )
-
-    def ready_spares(self) -> set[str]:
-        """The spares registered and neither promoted nor lost yet."""
-        events = self.run.events()
-        ready = {e["worker"] for e in events if e["kind"] == "spare_ready"}
-        gone = {e["worker"] for e in events if e["kind"] in ("spare_promoted", "spare_lost")}
-        return ready - gone
-
-    def steady(self, size: int, settle: int, spares: int = 0):
-        """The current round event when it has ``size`` members, each with ``settle``
-        commits in it and nobody in a newer round, and ``spares`` spares are ready;
-        else None."""
-        self.check_running()
-        if spares and len(self.ready_spares()) < spares:
-            return None
-        current = self.current_round()
-        self.log.poll()
-        if current is None or current["size"] != size or self.log.max_round > current["round"]:
-            return None
-        if all(self.log.count_in_round(m, current["round"]) >= settle for m in current["members"]):
-            return current
-        return None
-
-    def finish(self) -> int | None:
-        """End the job through the stop file; its exit status (None if it had to be
-        stopped by signals)."""
-        (self.out / "stop").touch()
-        try:
-            return self.run.wait(timeout=FINISH_DEADLINE)
-        except AssertionError:
-            return None
-
-    def stop(self) -> None:
-        self.run.stop()
-        if not self.local:
-            return
-        # stop() covers the workers the events file names; a worker that started but
-        # whose event line was never written cannot exist (the event follows the spawn
-        # in the same thread), but the workloads' own start records are checked too.
-        self.log.poll()
-        for key in list(self.log.records):
-            start = self.log.event(key, "start")
-            if start and pid_alive(start["pid"]):
-                kill_group(start["pid"])
 
 
 def ours_config(

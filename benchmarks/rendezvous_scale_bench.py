@@ -42,7 +42,7 @@ One JSON line per (store, N) on stdout:
      "driver_turns_per_round", "store_sent_bytes_per_round", "cpu_ms_per_round", "seconds",
      "load_avg"[, "error"]}
 
-    nice -n 19 python benchmarks/rendezvous_scale_bench.py [--workers 16 64 256 1024]
+    nice -n 19 python -m benchmarks.rendezvous_scale_bench [--workers 16 64 256 1024]
         [--stores embedded etcd] [--cycles 5]
 """
 
@@ -71,13 +71,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import kv_bench  # noqa: E402  (this folder: the store benchmark's embedded server)
-
-from driver.hosts.slots import HostSlots  # noqa: E402
-from driver.job.messages import (  # noqa: E402
+from benchmarks.harness import stores
+from driver.hosts.slots import HostSlots
+from driver.job.messages import (
     FailureReport,
     FailureResync,
     Message,
@@ -86,18 +82,18 @@ from driver.job.messages import (  # noqa: E402
     changes_nothing,
     read_through_accusations,
 )
-from driver.job.wiring import worker_id_for  # noqa: E402
-from driver.policy import planner  # noqa: E402
-from driver.policy.decisions import Book  # noqa: E402
-from driver.policy.suspicion import failure_reported  # noqa: E402
-from driver.threads import spawn  # noqa: E402
-from rendezvous import open_store  # noqa: E402
-from rendezvous.errors import RendezvousError  # noqa: E402
-from rendezvous.keys import JobKeys  # noqa: E402
-from rendezvous.plan import FailureRecord, Plan, WorkerInfo  # noqa: E402
-from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch  # noqa: E402
-from rendezvous.watch import follow_prefix  # noqa: E402
-from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
+from driver.job.wiring import worker_id_for
+from driver.policy import planner
+from driver.policy.decisions import Book
+from driver.policy.suspicion import failure_reported
+from driver.threads import spawn
+from rendezvous import open_store
+from rendezvous.errors import RendezvousError
+from rendezvous.keys import JobKeys
+from rendezvous.plan import FailureRecord, Plan, WorkerInfo
+from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch
+from rendezvous.watch import follow_prefix
+from tests.support.etcd_cluster import EtcdCluster
 
 #: a member's registration lease. A worker's is 10 s (``WorkerSettings.lease_ttl``), but
 #: hundreds of simulated workers share a process on two cores, niced: a keep-alive
@@ -623,7 +619,7 @@ class StoreUnderTest:
 @contextlib.contextmanager
 def embedded_store() -> Iterator[StoreUnderTest]:
     """The embedded store alone in a process (``python -m rendezvous.server``)."""
-    with kv_bench.embedded_store() as (address, secret, pid):
+    with stores.embedded_store() as (address, secret, pid):
         yield StoreUnderTest("embedded", address, secret, pid)
 
 

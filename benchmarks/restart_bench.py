@@ -49,7 +49,7 @@ One JSON line per configuration on stdout (nothing else):
      "command", "definition", "failures", "median_s", "max_s", "samples", ...phases...,
      "phase_samples", "settings", "load_avg"[, "error"]}
 
-    python benchmarks/restart_bench.py [--failures 3] [--parts sigkill hostcut]
+    python -m benchmarks.restart_bench [--failures 3] [--parts sigkill hostcut]
         [--systems ours ours-spares torchrun]        # hostcut: run as root
 """
 
@@ -72,23 +72,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from hostcut_bench import RDZV_PORT, load_avg, reap, require_root  # noqa: E402
-from recovery_bench import (  # noqa: E402
-    THREAD_ENV,
-    BenchTimeout,
-    bench_workdir,
-    free_port,
-    kill_group,
-    median_or_none,
-    wait_for,
-)
-
-from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts  # noqa: E402
-from tests.support.jobs import ElasticRun, pid_alive  # noqa: E402
+from benchmarks.harness.paths import ROOT
+from benchmarks.harness.processes import THREAD_ENV, free_port, kill_group
+from benchmarks.harness.stats import load_avg, median_or_none
+from benchmarks.harness.testhosts import RDZV_PORT, reap, require_root
+from benchmarks.harness.waits import BenchTimeout, wait_for
+from benchmarks.harness.workdir import bench_workdir
+from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
+from tests.support.jobs import ElasticRun, pid_alive
 
 SCRIPT = ROOT / "examples" / "torchrun" / "train_ddp.py"
 STEP = re.compile(r"rank (\d+)/(\d+) restart (\d+): step (\d+)")

@@ -43,7 +43,7 @@ One JSON line per configuration on stdout (nothing else):
      "max_s", "samples", "discovery_interval", "noticed_s", "round_formed_s",
      "definition", "job_exit", "load_avg"[, "error"]}
 
-    python benchmarks/scale_bench.py [--repeats 5] [--discovery-interval 0.2]
+    python -m benchmarks.scale_bench [--repeats 5] [--discovery-interval 0.2]
         [--layouts hosts slots slots-spares]
 """
 
@@ -54,24 +54,13 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recovery_bench import (
-    RECOVERY_DEADLINE,
-    STEADY_DEADLINE,
-    BenchTimeout,
-    OursJob,
-    bench_workdir,
-    fresh_worker_phases,
-    median_or_none,
-    phase_medians,
-    summary,
-    wait_for,
-)
+from benchmarks.harness.ours import OursJob, fresh_worker_phases, phase_medians
+from benchmarks.harness.stats import median_or_none, summary
+from benchmarks.harness.waits import RECOVERY_DEADLINE, STEADY_DEADLINE, BenchTimeout, wait_for
+from benchmarks.harness.workdir import bench_workdir
 
 SHRINK_HOSTS = "localhost:2\n"
 #: layout -> (the hosts file of the grown world, spares per host)

@@ -39,10 +39,10 @@ they mean the same:
      "driver_events_per_round", "store_sent_bytes_per_round", "cpu_ms_per_round",
      "seconds", "load_avg"[, "error"]}
 
-    nice -n 19 python benchmarks/scale_sim.py [--workers 64 512 4096] [--stores etcd embedded]
+    nice -n 19 python -m benchmarks.scale_sim [--workers 64 512 4096] [--stores etcd embedded]
         [--cycles 3] [--agents-per-process 128]
 
-Fits: ``python benchmarks/scale_sim.py --fit FILE`` reads such lines and prints, per
+Fits: ``python -m benchmarks.scale_sim --fit FILE`` reads such lines and prints, per
 store, the least-squares fit of each cost against N (slope per worker, intercept, and
 the largest relative error of the fit: near 0 for a cost linear in N).
 """
@@ -65,20 +65,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import rendezvous_scale_bench as base  # noqa: E402  (this folder: its driver, processes, stores)
-
-from driver.job.wiring import worker_id_for  # noqa: E402
-from driver.threads import spawn  # noqa: E402
-from rendezvous import open_store  # noqa: E402
-from rendezvous.errors import RendezvousError  # noqa: E402
-from rendezvous.host_plan import LatestParts, RoundHead, plan_ops, read_view  # noqa: E402
-from rendezvous.keys import JobKeys  # noqa: E402
-from rendezvous.plan import FailureRecord, Plan, WorkerInfo  # noqa: E402
-from rendezvous.store import PUT, Delete, Event, KVStore, Lease, Put, Watch  # noqa: E402
+from benchmarks import (
+    rendezvous_scale_bench as base,  # (this folder: its driver, processes, stores)
+)
+from driver.job.wiring import worker_id_for
+from driver.threads import spawn
+from rendezvous import open_store
+from rendezvous.errors import RendezvousError
+from rendezvous.host_plan import LatestParts, RoundHead, plan_ops, read_view
+from rendezvous.keys import JobKeys
+from rendezvous.plan import FailureRecord, Plan, WorkerInfo
+from rendezvous.store import PUT, Delete, Event, KVStore, Lease, Put, Watch
 
 #: simulated agents per process (each with its own store client, lease and watches)
 AGENTS_PER_PROCESS = 128

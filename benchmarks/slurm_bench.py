@@ -40,7 +40,7 @@ One JSON line per configuration and measure on stdout (nothing else):
      "definition", "median_s", "p90_s", "max_s", "samples", "settings", "load_avg"[,
      "error"]}
 
-    sudo python benchmarks/slurm_bench.py [--cuts 5] [--grows 3] [--drains 3]
+    sudo python -m benchmarks.slurm_bench [--cuts 5] [--grows 3] [--drains 3]
                                           [--systems ours torchrun]
 """
 
@@ -59,26 +59,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from hostcut_bench import load_avg, reap, require_root, require_tools  # noqa: E402
-from recovery_bench import (  # noqa: E402
-    STEADY_DEADLINE,
-    THREAD_ENV,
-    TORCH_STEPS,
-    WORKLOADS,
-    BenchTimeout,
-    CommitLog,
-    bench_workdir,
-    summary,
-    wait_for,
-)
-
-from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
-from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts  # noqa: E402
-from tests.support.slurm import SlurmCluster  # noqa: E402
+from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.paths import ROOT, TORCH_STEPS, WORKLOADS
+from benchmarks.harness.processes import THREAD_ENV
+from benchmarks.harness.stats import load_avg, summary
+from benchmarks.harness.testhosts import reap, require_root, require_tools
+from benchmarks.harness.waits import STEADY_DEADLINE, BenchTimeout, wait_for
+from benchmarks.harness.workdir import bench_workdir
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
+from tests.support.slurm import SlurmCluster
 
 SYSTEMS = ("ours", "torchrun")
 SLOTS = 2
@@ -297,7 +287,7 @@ def main() -> None:
     args = ap.parse_args()
     args.secret = secrets.token_hex(16)
     require_root("slurm_bench")
-    require_tools(["etcd", *(["torchrun"] if "torchrun" in args.systems else [])])
+    require_tools(["etcd", *(["torchrun"] if "torchrun" in args.systems else [])], "slurm_bench")
     for tool in ("slurmctld", "slurmd", "sbatch"):
         if shutil.which(tool) is None:
             sys.exit(

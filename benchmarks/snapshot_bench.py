@@ -37,7 +37,7 @@ One JSON line per configuration on stdout (nothing else):
     {"bench": "snapshot", "measure": "restart", "system", "restart_s_median",
      "restart_s_samples", "fresh_s_median", "resumed_steps", "lost_steps", "load_avg"}
 
-    python benchmarks/snapshot_bench.py [--rounds 5] [--steps 300] [--restarts 3]
+    python -m benchmarks.snapshot_bench [--rounds 5] [--steps 300] [--restarts 3]
         [--systems ours ddp]
 """
 
@@ -57,20 +57,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from recovery_bench import (  # noqa: E402
-    THREAD_ENV,
-    bench_workdir,
-    free_port,
-    kill_group,
-    median_or_none,
-    wait_for,
-)
-
-from tests.support.jobs import ElasticRun  # noqa: E402
+from benchmarks.harness.paths import ROOT
+from benchmarks.harness.processes import THREAD_ENV, free_port, kill_group
+from benchmarks.harness.stats import median_or_none
+from benchmarks.harness.waits import wait_for
+from benchmarks.harness.workdir import bench_workdir
+from tests.support.jobs import ElasticRun
 
 TRAIN = Path(__file__).resolve().parent / "workloads" / "snapshot_train.py"
 WORKERS = 2
@@ -125,7 +117,8 @@ class DdpJob:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         port = free_port()
-        env = {**os.environ, **THREAD_ENV}
+        # the workload imports its model from benchmarks/, as under elastic-run
+        env = {**os.environ, **THREAD_ENV, "PYTHONPATH": str(ROOT)}
         self.procs = []
         for rank in range(WORKERS):
             with open(workdir / f"rank{rank}.log", "w") as log:

@@ -13,7 +13,7 @@ One JSON line per configuration:
      "blocks", "steps_per_block", "steps_per_s": {"ours", "ddp_gloo"}, "ratio_ours_ddp",
      "hidden_share_ours", "load_avg"}
 
-    python benchmarks/torch_bench.py [--models mlp cnn] [--worlds 2 4] [--blocks 5]
+    python -m benchmarks.torch_bench [--models mlp cnn] [--worlds 2 4] [--blocks 5]
         [--steps 10] [--batches B ...]
 
 Needs torch (``pip install torch==2.13.0``).
@@ -22,127 +22,13 @@ Needs torch (``pip install torch==2.13.0``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other by file name
+from benchmarks.harness.torch_groups import Group, parameters_m
 
-
-from allreduce_bench import Line, free_port  # noqa: E402
-
-WORKER = ROOT / "benchmarks" / "workloads" / "torch_train.py"
 BATCH = {"mlp": (1, 2), "cnn": (8,)}  # per worker: small ones make communication matter
-
-
-class Group:
-    """One implementation's workers, connected back to us for commands."""
-
-    def __init__(
-        self,
-        impl: str,
-        model: str,
-        world: int,
-        batch: int,
-        extra: list[str] | None = None,
-        more_env: dict[str, str] | None = None,
-    ):
-        """``extra``: more arguments of each worker (``--device cuda`` ...); ``more_env``:
-        more environment (``ELASTIC_TORCH_BACKEND`` ...)."""
-        self.procs: list[subprocess.Popen] = []
-        srv = socket.socket()
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(world)
-        srv.settimeout(300)
-        control = f"127.0.0.1:{srv.getsockname()[1]}"
-        worker = [
-            sys.executable,
-            str(WORKER),
-            "--impl",
-            impl,
-            "--control",
-            control,
-            "--model",
-            model,
-            "--batch",
-            str(batch),
-            *(extra or []),
-        ]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **(more_env or {}))
-        try:
-            if impl == "ours":
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "driver.cli", "-np", str(world), *worker],
-                        cwd=ROOT,
-                        env=env,
-                        start_new_session=True,
-                    )
-                )
-            else:
-                port = free_port()
-                for rank in range(world):
-                    self.procs.append(
-                        subprocess.Popen(
-                            [
-                                *worker,
-                                "--rank",
-                                str(rank),
-                                "--world",
-                                str(world),
-                                "--port",
-                                str(port),
-                            ],
-                            cwd=ROOT,
-                            env=env,
-                            start_new_session=True,
-                        )
-                    )
-            lines: list[Line | None] = [None] * world
-            for _ in range(world):
-                conn, _ = srv.accept()
-                conn.settimeout(600)
-                line = Line(conn)
-                lines[line.recv()["rank"]] = line
-            self.lines = [ln for ln in lines if ln is not None]
-        except BaseException:
-            self.close()
-            raise
-        finally:
-            srv.close()
-
-    def run(self, steps: int) -> tuple[float, list[float]]:
-        """Seconds of ``steps`` steps (slowest rank) and rank 0's hidden shares."""
-        for ln in self.lines:
-            ln.send({"cmd": "run", "steps": steps})
-        answers = [ln.recv() for ln in self.lines]
-        return max(a["seconds"] for a in answers), answers[0]["hidden"]
-
-    def close(self) -> None:
-        for ln in getattr(self, "lines", []):
-            with contextlib.suppress(OSError):
-                ln.send({"cmd": "exit"})
-        deadline = time.monotonic() + 30
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
-                p.wait()
-
-
-def parameters_m(model: str) -> float:
-    from workloads.torch_train import build_model  # torch loads only when asked for
-
-    return round(sum(p.numel() for p in build_model(model)[0].parameters()) / 1e6, 2)
 
 
 def measure(model: str, world: int, blocks: int, steps: int, batch: int) -> dict:

@@ -33,17 +33,12 @@ import os
 import sys
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, cast
 
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other by file name
-
-from workloads.torch_train import build_model  # noqa: E402
+from benchmarks.workloads.torch_train import build_model
 
 WARMUP = 3  # steps left out of the durations (allocations, first collectives)
 

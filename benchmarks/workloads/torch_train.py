@@ -22,16 +22,11 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other by file name
-
-from allreduce_bench import Line  # noqa: E402
+from benchmarks.harness.control import Line
 
 
 def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
