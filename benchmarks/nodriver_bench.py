@@ -56,8 +56,8 @@ from benchmarks.harness.processes import THREAD_ENV, kill_group
 from benchmarks.harness.waits import BenchTimeout, wait_for
 from benchmarks.harness.workdir import bench_workdir
 from rendezvous import open_store
-from rendezvous.agent_records import AgentRecord
 from rendezvous.keys import JobKeys
+from rendezvous.schema.agents import AgentRecord
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.jobs import ElasticRun, pid_alive
 

@@ -45,7 +45,7 @@ from rendezvous import env, open_store
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.keys import JobKeys
 from rendezvous.net import auth
-from rendezvous.plan import CheckpointRecord, ReplicaRecord, ShardInfo
+from rendezvous.schema.ps import CheckpointRecord, ReplicaRecord, ShardInfo
 
 MiB = 1 << 20
 

@@ -90,7 +90,8 @@ from driver.threads import spawn
 from rendezvous import open_store
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, Plan, WorkerInfo
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import FailureRecord, WorkerInfo
 from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch
 from rendezvous.watch import follow_prefix
 from tests.support.etcd_cluster import EtcdCluster

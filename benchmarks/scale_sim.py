@@ -74,7 +74,8 @@ from rendezvous import open_store
 from rendezvous.errors import RendezvousError
 from rendezvous.host_plan import LatestParts, RoundHead, plan_ops, read_view
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, Plan, WorkerInfo
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import FailureRecord, WorkerInfo
 from rendezvous.store import PUT, Delete, Event, KVStore, Lease, Put, Watch
 
 #: simulated agents per process (each with its own store client, lease and watches)

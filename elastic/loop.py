@@ -38,7 +38,7 @@ from elastic.errors import (
     WorkerLostError,
 )
 from elastic.state import State, active
-from rendezvous.plan import SNAPSHOT_FINAL
+from rendezvous.schema.rounds import SNAPSHOT_FINAL
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,8 @@ from elastic.errors import CommunicatorClosedError, LossCause, PeerLostError
 from rendezvous.errors import LeaseNotFoundError, RendezvousError
 from rendezvous.host_plan import RoundView
 from rendezvous.keys import JobKeys
-from rendezvous.plan import (
-    FailureRecord,
-    FinishRecord,
-    Member,
-    ProgressRecord,
-    progress_period,
-)
+from rendezvous.schema.rounds import Member
+from rendezvous.schema.workers import FailureRecord, FinishRecord, ProgressRecord, progress_period
 from rendezvous.store import Compare, KVStore, Put
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping
 from rendezvous.errors import RendezvousError
 from rendezvous.host_plan import RoundHead, RoundView, plan_digest, read_view
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan
 from rendezvous.retry import Backoff
+from rendezvous.schema.rounds import Plan
 from rendezvous.store import KVStore, Watch
 
 log = logging.getLogger(__name__)

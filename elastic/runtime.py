@@ -32,7 +32,7 @@ writes: ``elastic.reports``.)
 
 Rank 0 publishes how many commits it holds (``committed``, set by ``State.commit``)
 under ``/elastic/<job>/progress`` from a thread of its own, every
-``rendezvous.plan.progress_period`` (at most a second, at least once per
+``rendezvous.schema.workers.progress_period`` (at most a second, at least once per
 ``progress_interval``): one store write per period per job, never one per step, and
 nothing on the training thread.
 """
@@ -70,7 +70,8 @@ from rendezvous.host_plan import RoundView
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
-from rendezvous.plan import Member, WorkerInfo, handover_for, plan_is_current
+from rendezvous.schema.rounds import Member, handover_for, plan_is_current
+from rendezvous.schema.workers import WorkerInfo
 from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Where shards are found: their records (and, for sync workers, the current round) in
 the rendezvous store of the job.
 
-A shard writes its ``rendezvous.plan.ShardInfo`` under ``JobKeys(job_id).ps_shard(i)``
+A shard writes its ``rendezvous.schema.ps.ShardInfo`` under ``JobKeys(job_id).ps_shard(i)``
 as soon as it serves (``ready`` False: it may still be restoring, and data calls
 answer "not ready" until it is), and again with ``ready`` True once restored; a
 restarted shard overwrites its key (with its new address and incarnation: a call's
@@ -27,15 +27,15 @@ from ps.errors import PSConfigError
 from rendezvous import env, open_store
 from rendezvous.errors import RendezvousConnectionError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import (
+from rendezvous.schema.ps import (
     CheckpointFailedRecord,
     CheckpointRecord,
-    Plan,
     PSConfigRecord,
     ReplicaRecord,
     RollbackRecord,
     ShardInfo,
 )
+from rendezvous.schema.rounds import Plan
 from rendezvous.store import PUT, Compare, Put, Watch
 
 

@@ -1,29 +1,22 @@
-"""The rendezvous KV store: one interface (``KVStore``), two backends chosen by URL.
+"""The rendezvous KV store: one interface (``KVStore``) and three backends
+(``rendezvous.backends``), two of them chosen by URL.
 
     store = open_store("etcd://10.0.0.5:2379,10.0.0.6:2379", secret)
     store = open_store("etcds://10.0.0.5:2379", secret)  # etcd over TLS
     store = open_store("embedded://127.0.0.1:40123", secret)
 
-Backends register by scheme in ``BACKENDS``; each is a ``KVStore`` subclass built
-from ``(StoreURL, secret, StoreSettings)``.
+``etcd`` and ``embedded`` register by scheme in ``BACKENDS``; each is a ``KVStore``
+subclass built from ``(StoreURL, secret, StoreSettings)``. The third, ``memory``, is
+the embedded server's state (an in-memory etcd v3 model), with no URL of its own. The
+records stored under the job's keys are ``rendezvous.schema``.
+
+Importing this package changes no environment variable: gRPC's settings are made
+where gRPC is loaded (``rendezvous.net.grpc_runtime``), when a backend is chosen.
 """
 
 from __future__ import annotations
 
 import os
-
-# etcd3's generated code predates protobuf 4: select the pure-Python runtime before
-# anything imports protobuf (see docs/DESIGN.md, "Known trap"). The project's own services
-# use raw bytes, so only etcd's small messages pay for the slower runtime.
-os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
-# gRPC's fork handlers (on in the Linux wheels) are skipped when another thread is inside
-# gRPC at the fork, and the child may then abort in gRPC's poller ("Check failed:
-# next_worker->state == KICKED", grpc/grpc#32758). A worker's store watches are always
-# inside gRPC, and training scripts fork all the time (torch DataLoader workers): 39 of
-# 300 such forks aborted. No child of ours uses gRPC after a fork (our own subprocesses
-# exec at once), so the handlers buy nothing; they are off unless the user says so.
-# Like the line above, this must run before anything imports grpc.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from rendezvous.errors import (
     ElasticError,

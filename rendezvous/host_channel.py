@@ -28,7 +28,7 @@ from typing import Union
 
 from rendezvous.errors import RendezvousError
 from rendezvous.host_plan import RoundHead, RoundView, view_from
-from rendezvous.plan import WorkerInfo
+from rendezvous.schema.workers import WorkerInfo
 
 #: the longest line either end accepts (a host's part of a round is a few KB)
 MAX_LINE = 16 << 20

@@ -2,7 +2,7 @@
 per host with what that host's members need (pure records and pure functions; the
 writes are ``plan_ops``, done by the driver, the reads ``read_view``).
 
-The driver keeps the whole plan (``rendezvous.plan.Plan``, every member in rank order)
+The driver keeps the whole plan (``rendezvous.schema.rounds.Plan``, every member in rank order)
 and still writes it to ``JobKeys.round``, once per round: that is the record of the
 job (a successor adopts it, the finish transaction is guarded by the head written
 with it). Nobody follows that key. What hosts follow is ``JobKeys.plan_head``, a
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Member, Plan
 from rendezvous.records import Delete, KeyValue, Put
+from rendezvous.schema.rounds import Member, Plan
 
 #: parts written in the transaction that publishes the round when the plan has at most
 #: this many hosts (etcd refuses a transaction of more than 128 operations by default);

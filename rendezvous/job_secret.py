@@ -15,7 +15,7 @@ from rendezvous.env import ENV_SECRET
 from rendezvous.errors import RendezvousAuthError
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import secret_fingerprint
-from rendezvous.plan import DriverStateRecord
+from rendezvous.schema.leader import DriverStateRecord
 from rendezvous.store import KVStore
 
 

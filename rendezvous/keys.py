@@ -23,7 +23,7 @@ class JobKeys:
 
     @property
     def driver(self) -> str:
-        """The driver that leads the job (JSON of ``rendezvous.plan.DriverRecord``),
+        """The driver that leads the job (JSON of ``rendezvous.schema.leader.DriverRecord``),
         written under the driver's own lease: while it exists, the job id is taken."""
         return f"{self.prefix}driver"
 
@@ -44,13 +44,13 @@ class JobKeys:
     @property
     def driver_state(self) -> str:
         """What a successor needs of the leader's policy state (JSON of
-        ``rendezvous.plan.DriverStateRecord``); written by the leader only, fenced. (Not
+        ``rendezvous.schema.leader.DriverStateRecord``); written by the leader only, fenced. (Not
         under the leader key's name: agents watch that name as a prefix.)"""
         return f"{self.prefix}state"
 
     @property
     def round(self) -> str:
-        """The current plan (JSON of ``rendezvous.plan.Plan``); written by the driver only."""
+        """The current plan (JSON of ``rendezvous.schema.rounds.Plan``); written by the driver only."""
         return f"{self.prefix}round"
 
     @property
@@ -98,7 +98,7 @@ class JobKeys:
 
     @property
     def progress(self) -> str:
-        """The job's newest committed step (JSON of ``rendezvous.plan.ProgressRecord``),
+        """The job's newest committed step (JSON of ``rendezvous.schema.workers.ProgressRecord``),
         written by rank 0 every few seconds while it commits; the driver reports it."""
         return f"{self.prefix}progress"
 
@@ -112,7 +112,7 @@ class JobKeys:
 
     @property
     def ps_config(self) -> str:
-        """The job's parameter-server settings (JSON of ``rendezvous.plan.PSConfigRecord``),
+        """The job's parameter-server settings (JSON of ``rendezvous.schema.ps.PSConfigRecord``),
         written by the driver before any worker starts: a ps client of a job without
         shards learns it at once instead of waiting for shards that never come."""
         return f"{self.prefix}ps-config"
@@ -133,14 +133,14 @@ class JobKeys:
 
     @property
     def ps_checkpoint(self) -> str:
-        """The newest complete ps checkpoint (JSON of ``rendezvous.plan.CheckpointRecord``);
+        """The newest complete ps checkpoint (JSON of ``rendezvous.schema.ps.CheckpointRecord``);
         written by the coordinating shard, watched by the driver."""
         return f"{self.prefix}ps-checkpoint"
 
     @property
     def ps_checkpoint_failed(self) -> str:
         """The newest report of ps checkpoints that failed (JSON of
-        ``rendezvous.plan.CheckpointFailedRecord``): written by the coordinating shard
+        ``rendezvous.schema.ps.CheckpointFailedRecord``): written by the coordinating shard
         (rate-limited while failures go on, and when a stop's final checkpoint cannot be
         written), watched by the driver, which says so."""
         return f"{self.prefix}ps-checkpoint-failed"
@@ -149,7 +149,7 @@ class JobKeys:
     @property
     def snapshot_at(self) -> str:
         """The next snapshot: the round and the commit every member writes its part of
-        (JSON of ``rendezvous.plan.SnapshotAt``); written by rank 0, watched by every
+        (JSON of ``rendezvous.schema.snapshots.SnapshotAt``); written by rank 0, watched by every
         member, so all of them snapshot the same commit without a collective."""
         return f"{self.prefix}snapshot-at"
 
@@ -190,7 +190,7 @@ class JobKeys:
     @property
     def ps_backups(self) -> str:
         """Prefix of the ps shards' backups (``--ps-replicas 1``): each writes its
-        ``rendezvous.plan.ShardInfo`` under ``ps_backup(index)`` (never under ``ps``, so
+        ``rendezvous.schema.ps.ShardInfo`` under ``ps_backup(index)`` (never under ``ps``, so
         no client takes a backup for its shard)."""
         return f"{self.prefix}ps-backup/"
 
@@ -200,7 +200,7 @@ class JobKeys:
     @property
     def ps_replicas(self) -> str:
         """Prefix of who holds each ps shard under ``--ps-replicas 1``: its primary and
-        its backup in step (``rendezvous.plan.ReplicaRecord``)."""
+        its backup in step (``rendezvous.schema.ps.ReplicaRecord``)."""
         return f"{self.prefix}ps-replica/"
 
     def ps_replica(self, index: int) -> str:
@@ -209,7 +209,7 @@ class JobKeys:
     @property
     def ps_rollback(self) -> str:
         """The newest rollback of the ps shards to an older state than they had reached
-        (``rendezvous.plan.RollbackRecord``); watched by the driver, which reports it."""
+        (``rendezvous.schema.ps.RollbackRecord``); watched by the driver, which reports it."""
         return f"{self.prefix}ps-rollback"
 
     @property
@@ -227,13 +227,13 @@ class JobKeys:
 
     def world_master(self, world: int) -> str:
         """Where rank 0 of world ``world`` serves torch's c10d store (JSON of
-        ``rendezvous.plan.WorldMaster``): written by rank 0's start, read by the others'
+        ``rendezvous.schema.worlds.WorldMaster``): written by rank 0's start, read by the others'
         before their program runs."""
         return f"{self.worlds}{world}/master"
 
     def world_seat(self, worker_id: str) -> str:
         """The seat a warm spare of restart mode takes in a world (JSON of
-        ``rendezvous.plan.WorldSeat``): written by the driver when it gives the spare a
+        ``rendezvous.schema.worlds.WorldSeat``): written by the driver when it gives the spare a
         seat, read by the spare, which waits for nothing else (not under ``worlds``:
         a spare waits across worlds, and its seat is written after they are cleared)."""
         return f"{self.prefix}seat/{worker_id}"
@@ -249,7 +249,7 @@ class JobKeys:
         rendezvous keys, so a group of one round never meets one of another."""
         return f"{self.torch_groups}{round_id}/"
 
-    # ---- per-host agents (``driver.agent``): records in ``rendezvous.agent_records``
+    # ---- per-host agents (``driver.agent``): records in ``rendezvous.schema.agents``
     @property
     def agents(self) -> str:
         """Prefix of the agents' records, one key per host under the agent's own lease."""

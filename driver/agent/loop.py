@@ -48,17 +48,12 @@ from driver.launch.process import WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
 from rendezvous import env
-from rendezvous.agent_records import (
-    AgentRecord,
-    Assignment,
-    ProcessStatus,
-    leader_term,
-)
 from rendezvous.errors import LeaseNotFoundError, RendezvousConfigError, RendezvousError
 from rendezvous.host_plan import LatestParts, RoundHead, RoundView, read_view
 from rendezvous.keys import JobKeys
 from rendezvous.private_dir import make_private_dir, probe_writable
 from rendezvous.retry import Backoff
+from rendezvous.schema.agents import AgentRecord, Assignment, ProcessStatus, leader_term
 from rendezvous.store import PUT, Compare, Event, KeyValue, KVStore, Lease, Put
 from rendezvous.watch import follow_in_thread
 

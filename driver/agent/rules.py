@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Union
 
-from rendezvous.agent_records import Assignment
+from rendezvous.schema.agents import Assignment
 
 
 class ProcState(enum.Enum):

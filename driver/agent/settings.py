@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from driver.launch.process import STOP_GRACE
-from rendezvous.agent_records import AGENT_LEASE_TTL
+from rendezvous.schema.agents import AGENT_LEASE_TTL
 
 DEFAULT_DRIVER_TIMEOUT = 300.0
 """``--driver-timeout``: seconds an agent keeps its processes with no leader."""

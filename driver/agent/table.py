@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from driver.agent.rules import ProcState
 from driver.launch.process import WorkerProcess
-from rendezvous.agent_records import Assignment
+from rendezvous.schema.agents import Assignment
 
 
 @dataclass(frozen=True)

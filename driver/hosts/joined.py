@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from driver.errors import DiscoveryError
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.slots import HostSlots
-from rendezvous.agent_records import AgentRecord
 from rendezvous.errors import RendezvousError
+from rendezvous.schema.agents import AgentRecord
 
 log = logging.getLogger(__name__)
 

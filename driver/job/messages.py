@@ -14,7 +14,9 @@ from typing import Union
 
 from driver.hosts.slots import HostSlots
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, Plan, SnapshotRecord
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.snapshots import SnapshotRecord
+from rendezvous.schema.workers import FailureRecord
 from rendezvous.store import PUT, Event, KeyValue
 
 log = logging.getLogger(__name__)

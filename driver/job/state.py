@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from driver.policy import decisions as dec
 from driver.policy.lifecycle import WorkerRecord
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from driver.errors import UsageError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import JsonRecord
+from rendezvous.schema.record import JsonRecord
 from rendezvous.store import Compare, Delete, KVStore, Put
 
 DONE, FAILED, STOPPED = "done", "failed", "stopped"

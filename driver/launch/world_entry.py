@@ -40,8 +40,8 @@ from rendezvous import env, open_store
 from rendezvous.errors import ElasticError
 from rendezvous.keys import JobKeys
 from rendezvous.net import addresses
-from rendezvous.plan import WorldMaster
 from rendezvous.process_exit import run_then_exit
+from rendezvous.schema.worlds import WorldMaster
 from rendezvous.store import KVStore
 
 WIRING = (

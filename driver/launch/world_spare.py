@@ -53,7 +53,8 @@ from elastic.orphan import exit_when_orphaned
 from rendezvous import env, open_store
 from rendezvous.errors import ElasticError, RendezvousConnectionError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import WorkerInfo, WorldSeat
+from rendezvous.schema.workers import WorkerInfo
+from rendezvous.schema.worlds import WorldSeat
 from rendezvous.store import KVStore
 
 SPARE_ONLY = (env.ENV_SPARE, env.ENV_PROGRESS_INTERVAL)

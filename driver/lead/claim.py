@@ -53,8 +53,8 @@ from driver.threads import spawn
 from rendezvous.errors import LeaseNotFoundError, RendezvousAuthError, RendezvousError
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverRecord
 from rendezvous.retry import Backoff
+from rendezvous.schema.leader import DriverRecord
 from rendezvous.store import Compare, Delete, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)

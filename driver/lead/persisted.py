@@ -20,7 +20,9 @@ from driver.policy import lifecycle
 from driver.policy.decisions import Book
 from driver.policy.lifecycle import WorkerRecord, WorkerState
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverStateRecord, Plan, WorkerInfo
+from rendezvous.schema.leader import DriverStateRecord
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import WorkerInfo
 from rendezvous.store import KeyValue
 
 LOST_BEFORE_TAKEOVER = "lost before this driver took over"

@@ -26,7 +26,7 @@ import enum
 from collections.abc import Sequence
 
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverRecord
+from rendezvous.schema.leader import DriverRecord
 from rendezvous.store import Compare, KeyValue
 
 

@@ -15,7 +15,7 @@ from driver.events import Event
 from driver.hosts.manager import HostManager
 from driver.hosts.slots import HostSlots
 from driver.policy.planner import World
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ from typing import NamedTuple
 from driver.hosts.slots import HostSlots
 from driver.policy.decisions import Book, Decision, Leave, SnapshotNow, Step, Stop, Wait
 from driver.policy.lifecycle import Workers
-from rendezvous.plan import SNAPSHOT_NOW, Plan, WorkerInfo
+from rendezvous.schema.rounds import SNAPSHOT_NOW, Plan
+from rendezvous.schema.workers import WorkerInfo
 
 LEAVE_WAIT = 15.0
 """Seconds a leaving worker has to reach its next commit and leave on its own before it

@@ -38,7 +38,7 @@ from driver.policy import lifecycle
 from driver.policy.decisions import Book, CountFailure, Decision, Fail, Report, Step, Succeed
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.spares import spare_exited
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 
 #: worker failures in a row, with no round forming, that end the job (at least this many,
 #: or three per slot): the workers die before they can join, restarting will not help

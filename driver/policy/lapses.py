@@ -14,7 +14,7 @@ really cut off meanwhile is found by its ring peers' reports, which do not wait.
 
 from __future__ import annotations
 
-from rendezvous.agent_records import AGENT_LEASE_TTL
+from rendezvous.schema.agents import AGENT_LEASE_TTL
 
 RETURN_GRACE = 15.0
 """Seconds a record whose lease lapsed while the store was in trouble has to be written

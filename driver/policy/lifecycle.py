@@ -26,7 +26,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from rendezvous.plan import WorkerInfo
+from rendezvous.schema.workers import WorkerInfo
 
 
 class WorkerState(enum.Enum):

@@ -52,7 +52,7 @@ from driver.policy.decisions import (
 from driver.policy.departures import LEAVE_WAIT, leave_at_commit
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.spares import fill_slots
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 
 #: a worker whose registration vanished (lease expired) but whose process runs is killed
 #: if it has not registered again after this long: it is hung, and its slot is refilled

@@ -1,6 +1,6 @@
 """Round planning: who is in the next round, with which ranks, and which slots need a worker.
 
-Pure functions over ``rendezvous.plan`` records; the driver does the I/O around them.
+Pure functions over ``rendezvous.schema.rounds`` records; the driver does the I/O around them.
 
 Rank rules (docs/DESIGN.md, round protocol): survivors of the previous round keep their
 relative order, so rank 0 is the oldest surviving worker and holds the newest committed
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar
 
 from driver.hosts.slots import HostSlots
-from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.schema.rounds import Member, Plan
+from rendezvous.schema.workers import WorkerInfo
 
 
 class WorkerSlot(NamedTuple):

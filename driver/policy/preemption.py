@@ -31,7 +31,7 @@ from driver.policy.decisions import (
 )
 from driver.policy.departures import leave_at_commit
 from driver.policy.lifecycle import Workers
-from rendezvous.plan import SNAPSHOT_NOW, Plan
+from rendezvous.schema.rounds import SNAPSHOT_NOW, Plan
 
 DRAIN_WAIT = 20.0
 """Seconds a preempted host's workers wait for the snapshot before they stop anyway

@@ -31,7 +31,8 @@ from driver.config import JobConfig
 from driver.events import Event, HostDiscoveryFailed, Progress, StoreBack, StoreUnreachable, Waiting
 from driver.events.base import plural
 from driver.policy.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
-from rendezvous.plan import Plan, progress_period
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import progress_period
 
 #: how often a wait that may be a mistake is said again (discovery lists no host)
 REPEAT_REPORT_EVERY = 5.0

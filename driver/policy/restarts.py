@@ -83,7 +83,7 @@ from driver.policy.decisions import (
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.planner import WorkerSlot, World
 from driver.policy.spares import fill_slots
-from rendezvous.plan import Member, Plan
+from rendezvous.schema.rounds import Member, Plan
 
 #: seconds after a world's start within which a worker's error exit counts as the script
 #: failing as it starts (its imports, its arguments, its first step)

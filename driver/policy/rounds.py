@@ -55,7 +55,8 @@ from driver.hosts.slots import HostSlots
 from driver.policy import departures, planner
 from driver.policy.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
-from rendezvous.plan import Plan, WorkerInfo
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import WorkerInfo
 
 #: after the first ``-np`` workers registered, how long to wait for the rest of those
 #: launched before the first round (so a job starting on 8 slots forms one round of 8)

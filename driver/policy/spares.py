@@ -55,7 +55,7 @@ from driver.policy.decisions import (
 )
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
 from driver.policy.planner import WorkerSlot
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 
 #: after a spare died before it registered, how long its host gets no new spare
 SPARE_RETRY_DELAY = 5.0

@@ -24,7 +24,8 @@ from dataclasses import replace
 from driver.events import FailureReported, HostUnreachable
 from driver.policy.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step, Wait
 from driver.policy.lifecycle import Workers
-from rendezvous.plan import FailureRecord, Plan
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import FailureRecord
 
 
 def _report_event(report: FailureRecord) -> Report:

@@ -11,7 +11,7 @@ backup in step, the shard restarts from the newest checkpoint instead.
 
 from __future__ import annotations
 
-from rendezvous.plan import ReplicaRecord
+from rendezvous.schema.ps import ReplicaRecord
 
 
 def promotion(

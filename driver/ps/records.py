@@ -29,7 +29,7 @@ from driver.ps.restarts import ShardSteps
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import (
+from rendezvous.schema.ps import (
     CheckpointFailedRecord,
     CheckpointRecord,
     ReplicaRecord,

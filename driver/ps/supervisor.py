@@ -5,7 +5,7 @@ Each shard is ``python -m ps.server --index I ...`` (the driver starts a command
 it never imports ``elastic``). Shards tell the driver what it needs through the store,
 the one route for these facts (``driver.ps.records`` follows it):
 
-* shard ``I`` writes its ``rendezvous.plan.ShardInfo`` under ``JobKeys.ps_shard(I)``:
+* shard ``I`` writes its ``rendezvous.schema.ps.ShardInfo`` under ``JobKeys.ps_shard(I)``:
   ``ready=False`` while it restores a checkpoint, ``ready=True`` once it serves. A shard
   is ready for the supervisor when that record says ready *and* carries the pid of the
   process the supervisor runs as the shard, so the record of a shard that died is never
@@ -78,7 +78,7 @@ from driver.ps.shard_hosts import ShardPlacement
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import ReplicaRecord, ShardInfo
+from rendezvous.schema.ps import ReplicaRecord, ShardInfo
 from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from rendezvous.host_channel import (
     send,
 )
 from rendezvous.host_plan import RoundView
-from rendezvous.plan import WorkerInfo
+from rendezvous.schema.workers import WorkerInfo
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from rendezvous.plan import WorkerInfo
+from rendezvous.schema.workers import WorkerInfo
 
 
 class RoundFeed(Protocol):

@@ -23,8 +23,8 @@ from elastic.rounds import RoundReader
 from rendezvous.errors import RendezvousError
 from rendezvous.host_plan import RoundView
 from rendezvous.keys import JobKeys
-from rendezvous.plan import WorkerInfo
 from rendezvous.retry import Backoff
+from rendezvous.schema.workers import WorkerInfo
 from rendezvous.store import PUT, KVStore, Lease, Watch
 
 log = logging.getLogger(__name__)

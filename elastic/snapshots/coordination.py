@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import SnapshotAt, SnapshotPart, SnapshotRecord
+from rendezvous.schema.snapshots import SnapshotAt, SnapshotPart, SnapshotRecord
 from rendezvous.store import PUT, Event, KeyValue, KVStore
 from rendezvous.watch import follow_in_thread
 

@@ -54,7 +54,8 @@ from elastic.snapshots.structure import Structure, describe, differences, summar
 from elastic.thread_priority import lower_this_thread
 from rendezvous import disk_room
 from rendezvous.keys import JobKeys
-from rendezvous.plan import SNAPSHOT_FINAL, SnapshotAt, SnapshotPart, SnapshotRecord
+from rendezvous.schema.rounds import SNAPSHOT_FINAL
+from rendezvous.schema.snapshots import SnapshotAt, SnapshotPart, SnapshotRecord
 
 log = logging.getLogger(__name__)
 

@@ -59,8 +59,8 @@ from ps.protocol import (
 )
 from ps.settings import ClientSettings
 from rendezvous.errors import RendezvousError, StaleIncarnationError
-from rendezvous.plan import ShardInfo
 from rendezvous.retry import Backoff
+from rendezvous.schema.ps import ShardInfo
 
 log = logging.getLogger("ps.client.client")
 

@@ -33,7 +33,7 @@ from ps.wire import as_pieces, cut, size_of
 from rendezvous.net import auth
 from rendezvous.net.rpc import RpcClient, frame, unframe
 from rendezvous.net.url import Endpoint
-from rendezvous.plan import ShardInfo
+from rendezvous.schema.ps import ShardInfo
 
 log = logging.getLogger("ps.client.link")
 

@@ -34,7 +34,7 @@ from ps.settings import ServerSettings
 from ps.shard.journal import decode
 from ps.shard.state import ShardState
 from rendezvous.errors import RendezvousError
-from rendezvous.plan import ReplicaRecord, ShardInfo
+from rendezvous.schema.ps import ReplicaRecord, ShardInfo
 from rendezvous.store import PUT, KeyValue
 
 log = logging.getLogger("ps.shard.backup")

@@ -28,8 +28,8 @@ from ps.settings import ServerSettings
 from ps.shard.checkpoint import read_checkpoint, write_shard
 from ps.shard.state import ShardState
 from rendezvous.errors import RendezvousAuthError, RendezvousConnectionError
-from rendezvous.plan import ShardInfo
 from rendezvous.retry import Backoff
+from rendezvous.schema.ps import ShardInfo
 
 log = logging.getLogger("ps.shard.control")
 

@@ -93,8 +93,8 @@ from ps.shard.checkpoint import (
 from ps.shard.control import Peers, ShardControl
 from ps.shard.failures import CheckpointFailures
 from ps.shard.state import initial_generation
-from rendezvous.plan import CheckpointFailedRecord, RollbackRecord
 from rendezvous.retry import Backoff
+from rendezvous.schema.ps import CheckpointFailedRecord, RollbackRecord
 
 log = logging.getLogger("ps.shard.coordinator")
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from rendezvous.plan import CheckpointFailedRecord
+from rendezvous.schema.ps import CheckpointFailedRecord
 
 log = logging.getLogger("ps.shard.coordinator")
 

@@ -28,7 +28,7 @@ from ps.shard.control import Peers
 from ps.shard.coordinator import Coordinator
 from ps.shard.state import ShardState, initial_generation
 from rendezvous.errors import RendezvousError
-from rendezvous.plan import RollbackRecord
+from rendezvous.schema.ps import RollbackRecord
 
 log = logging.getLogger("ps.shard.server")
 

@@ -44,8 +44,8 @@ from ps.settings import ServerSettings
 from ps.shard.journal import Op, encode
 from ps.shard.state import ShardState
 from rendezvous.errors import RendezvousError
-from rendezvous.plan import ReplicaRecord
 from rendezvous.retry import Backoff
+from rendezvous.schema.ps import ReplicaRecord
 
 log = logging.getLogger("ps.shard.mirror")
 

@@ -1,7 +1,7 @@
 """A parameter-server shard process (its command line: ``ps.server``).
 
 A shard announces itself and its checkpoints through the rendezvous store only
-(``rendezvous.plan``'s records):
+(``rendezvous.schema.ps``'s records):
 
 * as soon as it serves (control calls at once; data calls answer "not ready" until the
   state is restored), ``ShardInfo(ready=False)`` under ``JobKeys.ps_shard(I)``, so
@@ -83,7 +83,7 @@ from rendezvous.errors import RendezvousError
 from rendezvous.net import auth
 from rendezvous.net.rpc import RpcServer, ServerLimits, frame, unframe
 from rendezvous.net.url import Endpoint
-from rendezvous.plan import CheckpointFailedRecord, CheckpointRecord, RollbackRecord, ShardInfo
+from rendezvous.schema.ps import CheckpointFailedRecord, CheckpointRecord, RollbackRecord, ShardInfo
 
 log = logging.getLogger("ps.shard.server")
 #: the largest gRPC request a shard accepts (payloads above chunk_bytes use the bulk port)

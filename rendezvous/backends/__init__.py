@@ -1,5 +1,6 @@
-"""The store's backends, each a ``KVStore`` (``rendezvous.store``) implementing one
-attempt of each operation: ``embedded`` (a gRPC client, and the server the driver runs,
-over ``memory``'s in-memory store) and ``etcd`` (an etcd v3 cluster). They register by
-URL scheme in ``rendezvous.BACKENDS`` and are imported only when chosen.
+"""The store's three backends. Two are a ``KVStore`` (``rendezvous.store``) implementing
+one attempt of each operation, registered by URL scheme in ``rendezvous.BACKENDS`` and
+imported only when chosen: ``embedded`` (a gRPC client, and the server the driver runs)
+and ``etcd`` (an etcd v3 cluster). The third, ``memory``, is the embedded server's
+state: an in-memory etcd v3 model, with no URL of its own.
 """

@@ -14,9 +14,8 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
-import grpc
-
 from rendezvous.backends.memory import MemoryKV
+from rendezvous.net.grpc_runtime import grpc
 from rendezvous.net.rpc import (
     MalformedRequest,
     RpcClient,

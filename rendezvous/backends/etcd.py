@@ -10,7 +10,6 @@ connect moves the client to the next endpoint before the retry (``_on_connection
 
 from __future__ import annotations
 
-import os
 import queue
 import ssl
 import threading
@@ -18,10 +17,6 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
-
-import grpc
 
 from rendezvous import env
 from rendezvous.backends.memory import prefix_end
@@ -34,6 +29,7 @@ from rendezvous.errors import (
     StoreLoginRefused,
     WatchCompactedError,
 )
+from rendezvous.net.grpc_runtime import grpc
 from rendezvous.net.rpc import translate_rpc_error
 from rendezvous.net.url import Endpoint
 from rendezvous.store import (
@@ -62,7 +58,7 @@ def _import_stubs():
     except TypeError as exc:  # "Descriptors cannot be created directly"
         raise RendezvousConfigError(
             "the etcd client needs PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python set before "
-            f"protobuf is first imported (import rendezvous or elastic earlier): {exc}"
+            f"protobuf is first imported (open the store earlier, or set it): {exc}"
         ) from None
     except ImportError as exc:
         raise RendezvousConfigError(f"the etcd backend needs the etcd3 package: {exc}") from None

@@ -47,9 +47,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass
 
-import grpc
-import grpc.aio
-
 from rendezvous.errors import (
     ElasticError,
     NotSentError,
@@ -60,6 +57,7 @@ from rendezvous.errors import (
     error_class,
 )
 from rendezvous.net import auth
+from rendezvous.net.grpc_runtime import grpc
 from rendezvous.net.url import Endpoint
 from rendezvous.rate_log import RateLimitedLog
 from rendezvous.resources import connection_cap, release_free_memory

@@ -20,7 +20,8 @@ from elastic.reports import (
 )
 from rendezvous.host_plan import RoundView, view_of
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, Member, Plan, ProgressRecord
+from rendezvous.schema.rounds import Member, Plan
+from rendezvous.schema.workers import FailureRecord, ProgressRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

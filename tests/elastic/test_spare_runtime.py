@@ -15,7 +15,7 @@ from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousConnectionError, RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import make_secret
-from rendezvous.plan import WorkerInfo
+from rendezvous.schema.workers import WorkerInfo
 from tests.support.jobs import wait_until
 from tests.support.rounds import publish_plan
 

@@ -343,7 +343,7 @@ def test_a_shard_announces_itself_only_in_the_store(embedded_server, tmp_path):
     """ShardInfo with ready=False as soon as it serves, then ready=True with the same pid;
     each complete checkpoint as a CheckpointRecord; nothing on stdout."""
     from rendezvous import open_store
-    from rendezvous.plan import ShardInfo
+    from rendezvous.schema.ps import ShardInfo
 
     ckpt = str(tmp_path / "ckpt")
     job = PSJob(embedded_server, tmp_path, 1, checkpoint_dir=ckpt, checkpoint_interval=0.1)

@@ -22,7 +22,7 @@ from ps.settings import ClientSettings, ServerSettings
 from ps.shard.failures import CheckpointFailures
 from ps.shard.staging import Staging
 from rendezvous.net.rpc import frame
-from rendezvous.plan import CheckpointFailedRecord
+from rendezvous.schema.ps import CheckpointFailedRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -1,6 +1,7 @@
 """A process whose store client is busy in gRPC can fork (torch DataLoader workers do)
-without its children aborting in gRPC (grpc/grpc#32758): ``import rendezvous`` turns
-gRPC's fork handlers off unless the user set them."""
+without its children aborting in gRPC (grpc/grpc#32758): loading gRPC
+(``rendezvous.net.grpc_runtime``) turns its fork handlers off unless the user set them,
+and ``import rendezvous`` alone changes no environment variable."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def test_children_forked_while_grpc_is_busy_all_exit_cleanly():
 @pytest.mark.timeout(60)
 def test_a_users_own_grpc_fork_setting_is_kept():
     env = dict(os.environ, GRPC_ENABLE_FORK_SUPPORT="1")
-    code = "import os, rendezvous; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
+    code = "import os, rendezvous.net.rpc; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
     done = run_in_session([sys.executable, "-c", code], env, 50)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
+
+
+@pytest.mark.timeout(60)
+def test_importing_rendezvous_changes_no_environment_variable():
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GRPC_ENABLE_FORK_SUPPORT", "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
+    }
+    code = "import os; e = dict(os.environ); import rendezvous; assert dict(os.environ) == e"
+    done = run_in_session([sys.executable, "-c", code], env, 50)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -26,7 +26,8 @@ from rendezvous.host_plan import (
     view_of,
 )
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FinishRecord, Plan, WorkerInfo
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import FinishRecord, WorkerInfo
 from rendezvous.store import Delete, Put
 from tests.support.rounds import publish_plan
 

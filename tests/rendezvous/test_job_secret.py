@@ -12,7 +12,7 @@ from rendezvous.errors import RendezvousAuthError
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import secret_fingerprint
-from rendezvous.plan import DriverStateRecord
+from rendezvous.schema.leader import DriverStateRecord
 
 
 def test_another_secret_than_the_leaders_is_named_in_one_line(etcd_server):

@@ -1,4 +1,4 @@
-"""The records workers write for the driver (``rendezvous.plan``): written and read
+"""The records workers write for the driver (``rendezvous.schema.workers``): written and read
 through one codec, refused whole when a field has the wrong type."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rendezvous.plan import FailureRecord, FinishRecord
+from rendezvous.schema.workers import FailureRecord, FinishRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

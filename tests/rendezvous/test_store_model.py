@@ -7,7 +7,8 @@ import pytest
 from rendezvous.backends.memory import MemoryKV, prefix_end
 from rendezvous.errors import LeaseNotFoundError, RendezvousConfigError, WatchCompactedError
 from rendezvous.net.url import Endpoint, parse_store_url
-from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.schema.rounds import Member, Plan
+from rendezvous.schema.workers import WorkerInfo
 from rendezvous.store import Compare, Delete, Put
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket

@@ -18,8 +18,8 @@ import os
 import sys
 import threading
 
-import rendezvous  # sets gRPC's defaults before anything imports grpc
-from rendezvous.backends.embedded import EmbeddedServer
+import rendezvous
+from rendezvous.backends.embedded import EmbeddedServer  # loads gRPC with its defaults
 
 
 def _child() -> None:

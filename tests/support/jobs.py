@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import IO
 
 from rendezvous import open_store
-from rendezvous.agent_records import AgentRecord
 from rendezvous.keys import JobKeys
-from rendezvous.plan import ProgressRecord
+from rendezvous.schema.agents import AgentRecord
+from rendezvous.schema.workers import ProgressRecord
 from tests.support.paths import ROOT, WORKLOADS
 
 EXACT_SUM = WORKLOADS / "exact_sum.py"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rendezvous.host_plan import plan_ops
 from rendezvous.keys import JobKeys
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 from rendezvous.store import KVStore
 
 

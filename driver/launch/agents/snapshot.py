@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus
 from rendezvous.keys import JobKeys
+from rendezvous.schema.agents import AgentRecord, Assignment, ProcessStatus
 from rendezvous.store import KeyValue
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from driver.agent.rules import (
     leader_seen,
     reconcile,
 )
-from rendezvous.agent_records import AgentRecord, Assignment, ProcessStatus, leader_term
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverRecord
+from rendezvous.schema.agents import AgentRecord, Assignment, ProcessStatus, leader_term
+from rendezvous.schema.leader import DriverRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
@@ -163,7 +163,7 @@ def test_a_backup_runs_on_another_usable_host_than_its_shard():
 
 def test_a_backup_takes_over_only_while_the_record_names_it_in_step():
     from driver.ps.failover import promotion
-    from rendezvous.plan import ReplicaRecord
+    from rendezvous.schema.ps import ReplicaRecord
 
     record = ReplicaRecord(1, "p:1", "b:2", step=40)
     assert promotion(record, "p:1", "b:2") == ReplicaRecord(1, "b:2", "", 40, serving=False)

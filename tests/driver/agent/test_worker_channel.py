@@ -28,7 +28,7 @@ from rendezvous.host_channel import (
 )
 from rendezvous.host_plan import RoundHead, read_view, view_of
 from rendezvous.keys import JobKeys
-from rendezvous.plan import WorkerInfo
+from rendezvous.schema.workers import WorkerInfo
 from rendezvous.store import PUT, KVStore
 from tests.support.jobs import wait_until
 from tests.support.rounds import publish_plan

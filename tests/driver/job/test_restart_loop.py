@@ -9,7 +9,7 @@ import pytest
 
 from driver.config import parse_args
 from driver.job.loop import Job
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 from tests.driver.job.test_loop import Events, FakeClock, FakeLauncher, FakeProcess, turn_until
 from tests.support.jobs import wait_until
 

@@ -15,7 +15,7 @@ from driver.hosts.slots import HostSlots
 from driver.join.ended import DONE, FAILED, STOPPED, JobOutcome, refusal
 from driver.join.settings import slurm_slots, tasks_on_node
 from driver.join.shape import check_shape, job_shape, shape_bytes, shape_difference
-from rendezvous.agent_records import AgentRecord
+from rendezvous.schema.agents import AgentRecord
 
 ETCD = "etcd://127.0.0.1:2379"
 

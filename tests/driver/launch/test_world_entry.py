@@ -18,7 +18,7 @@ from driver.launch import world_entry
 from driver.launch.world_entry import Entry, meet_master, program_env
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import WorldMaster
+from rendezvous.schema.worlds import WorldMaster
 from tests.support.paths import ROOT
 
 MASTER = WorldMaster(world=2, address="10.0.0.5", port=29511, host="a")

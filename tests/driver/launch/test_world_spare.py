@@ -16,7 +16,8 @@ from driver.launch import python_command, world_spare
 from driver.launch.python_command import PythonProgram, python_program
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import WorkerInfo, WorldSeat
+from rendezvous.schema.workers import WorkerInfo
+from rendezvous.schema.worlds import WorldSeat
 from tests.support.jobs import wait_until
 from tests.support.paths import ROOT
 

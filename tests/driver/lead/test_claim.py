@@ -15,7 +15,7 @@ from driver.lead.terms import ClaimAction
 from rendezvous import open_store
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverRecord
+from rendezvous.schema.leader import DriverRecord
 from rendezvous.store import Put
 from tests.conftest import FAST
 from tests.support.jobs import wait_until

@@ -13,7 +13,8 @@ from driver import policy
 from driver.policy.decisions import Book, HostLost, Leave, Publish, Report, SnapshotNow, Stop, Wait
 from driver.policy.departures import LEAVE_WAIT, is_handover, leave_at_commit, leaving_due
 from driver.policy.planner import build_plan
-from rendezvous.plan import WorkerInfo, handover_for
+from rendezvous.schema.rounds import handover_for
+from rendezvous.schema.workers import WorkerInfo
 from tests.driver.policy.test_rules import S, config, hs, rec, table, view
 
 pytestmark = pytest.mark.unit

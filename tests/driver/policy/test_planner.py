@@ -19,7 +19,8 @@ from driver.policy.planner import (
     next_plan,
     round_is_intact,
 )
-from rendezvous.plan import Member, Plan, WorkerInfo
+from rendezvous.schema.rounds import Member, Plan
+from rendezvous.schema.workers import WorkerInfo
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -29,7 +29,7 @@ from driver.policy.decisions import (
     WorldEnd,
 )
 from driver.policy.lifecycle import WorkerRecord, WorkerState
-from rendezvous.plan import Plan
+from rendezvous.schema.rounds import Plan
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -35,7 +35,8 @@ from driver.policy.decisions import (
 )
 from driver.policy.lifecycle import WorkerRecord, WorkerState
 from driver.policy.planner import build_plan
-from rendezvous.plan import FailureRecord, Plan, WorkerInfo
+from rendezvous.schema.rounds import Plan
+from rendezvous.schema.workers import FailureRecord, WorkerInfo
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -26,7 +26,7 @@ from driver.ps import supervisor as ps_supervisor
 from driver.ps.supervisor import PSSupervisor
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointRecord, ShardInfo
+from rendezvous.schema.ps import CheckpointRecord, ShardInfo
 from tests.support.jobs import wait_until
 from tests.support.paths import ROOT
 

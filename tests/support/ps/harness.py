@@ -24,7 +24,8 @@ from ps.registry import StoreRegistry
 from ps.settings import ClientSettings
 from rendezvous import env, open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointRecord, Member, Plan, ShardInfo
+from rendezvous.schema.ps import CheckpointRecord, ShardInfo
+from rendezvous.schema.rounds import Member, Plan
 from rendezvous.store import PUT
 from tests.support.jobs import wait_until
 from tests.support.paths import ROOT

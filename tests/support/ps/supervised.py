@@ -15,7 +15,7 @@ from driver.launch.local import LocalLauncher
 from driver.ps.supervisor import PSSupervisor
 from ps.client.link import ShardLink
 from rendezvous import open_store
-from rendezvous.plan import ShardInfo
+from rendezvous.schema.ps import ShardInfo
 from tests.support.ps.harness import PSJob
 
 

@@ -20,7 +20,8 @@ import pytest
 from driver.lead.claim import BEAT_INTERVAL, BEAT_SILENCE
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverRecord, Plan
+from rendezvous.schema.leader import DriverRecord
+from rendezvous.schema.rounds import Plan
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.jobs import (
     ElasticRun,

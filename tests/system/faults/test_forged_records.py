@@ -15,10 +15,11 @@ from dataclasses import replace
 import pytest
 
 from rendezvous import open_store
-from rendezvous.agent_records import Assignment
 from rendezvous.host_plan import RoundHead
 from rendezvous.keys import JobKeys
-from rendezvous.plan import FailureRecord, WorldSeat
+from rendezvous.schema.agents import Assignment
+from rendezvous.schema.workers import FailureRecord
+from rendezvous.schema.worlds import WorldSeat
 from tests.support.jobs import (
     WORKLOADS,
     ElasticRun,

@@ -38,7 +38,8 @@ from rendezvous import open_store
 from rendezvous.backends.embedded import SERVICE as STORE_SERVICE
 from rendezvous.env import ENV_JOB_ID, ENV_RENDEZVOUS, ENV_SECRET
 from rendezvous.keys import JobKeys
-from rendezvous.plan import ShardInfo, WorkerInfo
+from rendezvous.schema.ps import ShardInfo
+from rendezvous.schema.workers import WorkerInfo
 from tests.support import hostile
 from tests.support.jobs import (
     WORKLOADS,

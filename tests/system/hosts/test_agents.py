@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from rendezvous.keys import JobKeys
-from rendezvous.plan import WorkerInfo
+from rendezvous.schema.workers import WorkerInfo
 from tests.support.jobs import (
     ElasticRun,
     agents,

@@ -663,7 +663,7 @@ def test_progress_lines_and_events_for_a_collective_job(tmp_path, etcd_server):
 
     from rendezvous import open_store
     from rendezvous.keys import JobKeys
-    from rendezvous.plan import ProgressRecord
+    from rendezvous.schema.workers import ProgressRecord
 
     out = tmp_path / "out"
     out.mkdir()

@@ -21,7 +21,7 @@ from driver.launch.process import STOP_GRACE
 from rendezvous import open_store
 from rendezvous.errors import LeaseNotFoundError
 from rendezvous.keys import JobKeys
-from rendezvous.plan import DriverRecord
+from rendezvous.schema.leader import DriverRecord
 from rendezvous.version import package_version
 from tests.support.jobs import ROOT, ElasticRun, check_exact_sum, exact_sum_command
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from rendezvous.plan import DriverRecord, JsonRecord
+from rendezvous.schema.leader import DriverRecord
+from rendezvous.schema.record import JsonRecord
 
 AGENT_LEASE_TTL = 3.0
 """Seconds an agent's record outlives an agent that stopped refreshing it: how soon the
