@@ -39,7 +39,7 @@ FAKE_SHARD = """
 import os, signal, sys
 from rendezvous import env, open_store
 from rendezvous.keys import JobKeys
-from rendezvous.plan import CheckpointFailedRecord, CheckpointRecord, ShardInfo
+from rendezvous.schema.ps import CheckpointFailedRecord, CheckpointRecord, ShardInfo
 index, num_shards, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 if mode == "early":
     sys.exit(3)
