@@ -69,7 +69,7 @@ def recorded() -> Iterator[list[str]]:
         yield calls
     finally:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 def assert_in_order(hops: list[str], calls: list[str]) -> None:
