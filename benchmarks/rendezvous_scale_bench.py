@@ -202,7 +202,7 @@ class SimMember:
 
     def report_failure(self, round_id: int) -> None:
         """What ``elastic.runtime.report_failure`` writes when a collective failed
-        because a member crashed (no suspect: ``elastic.reports.suspect_of``)."""
+        because a member crashed (no suspect: ``elastic.worker_reports.suspect_of``)."""
         record = {
             "worker_id": self.spec.member_id,
             "round_id": round_id,

@@ -16,7 +16,7 @@ steps into it, and with spares every host's pool refilled):
 * ``sigkill``: SIGKILL one worker of a world of 2 on this machine.
   - ours: ``elastic-run --restart-workers -np 2``; ``ours-spares``: the same with
     ``--spares 2`` (the new world's workers are warm spares that imported torch ahead
-    of need: ``driver.launch.world_spare``);
+    of need: ``driver.programs.world_spare``);
   - torchrun: ``torchrun --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d
     --rdzv-endpoint 127.0.0.1:PORT --max-restarts K`` (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
     as ``docs/DESIGN.md`` says). With ``--nnodes 1:2`` its agent's new rendezvous waits

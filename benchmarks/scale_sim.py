@@ -16,7 +16,7 @@ the head, one part per host).
 A round, as in ``rendezvous_scale_bench``: a worker leaves (its agent saw its process
 exit and deletes its registration), its two ring neighbours report the failure (they
 saw its connection close; the others hear of it from them, which they do not report:
-``elastic.reports.worth_reporting``), the driver plans and publishes the next round;
+``elastic.worker_reports.worth_reporting``), the driver plans and publishes the next round;
 then a replacement registers through the same agent and a second round takes it in.
 Per (store, N), over the measured rounds:
 
@@ -174,7 +174,7 @@ class SimAgent:
 
     def report(self, round_id: int, reporter: str) -> None:
         """The failure of round ``round_id`` as worker ``reporter`` of this host saw it
-        (a crash: no suspect, ``elastic.reports.suspect_of``), under the agent's lease."""
+        (a crash: no suspect, ``elastic.worker_reports.suspect_of``), under the agent's lease."""
         record = FailureRecord(reporter, round_id, "peer lost (simulated)").to_json()
         self._store.put(self._keys.failure(round_id, reporter), record, lease=self._lease)
 

@@ -29,7 +29,6 @@ from typing import Callable
 from driver.errors import HostSpecError, UsageError
 from driver.etcd_security import etcd_environment
 from driver.flags import (
-    DEFAULT_CHECKPOINT_INTERVAL,
     DEFAULT_DRIVER_TIMEOUT,
     DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
@@ -49,7 +48,7 @@ from driver.hosts.slots import (
 )
 from driver.hosts.slurm import SLURM_JOB_ID
 from driver.join.settings import MAKE_SECRET, JoinSettings, default_job_id, join_settings
-from driver.launch.python_command import python_program
+from driver.programs.python_command import python_program
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
 from rendezvous.net.url import StoreURL, parse_store_url
@@ -102,7 +101,7 @@ class JobConfig:
     driver_timeout: float = DEFAULT_DRIVER_TIMEOUT  # agents' wait for a driver (etcd)
     ps_placement: str = "driver"  # "driver" | "spread"
     checkpoint_dir: str | None = None  # snapshots of the workers' state (absolute)
-    checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
+    checkpoint_interval: float = env.DEFAULT_CHECKPOINT_INTERVAL
     on_state_lost: str = "fail"  # "fail" | "restart"
     chaos_below_min_np: bool = False  # the chaos may take the round below --min-np
     ps_replicas: int = 0  # 1: each shard has a backup in step
@@ -206,7 +205,7 @@ def _snapshot_settings(directory: str | None, interval: float | None) -> tuple[s
             not private or cannot be made (the message names the flag).
     """
     try:
-        interval_env = env.number(env.ENV_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_INTERVAL)
+        interval_env = env.number(env.ENV_CHECKPOINT_INTERVAL, env.DEFAULT_CHECKPOINT_INTERVAL)
     except RendezvousConfigError as exc:
         raise UsageError(str(exc)) from None
     directory = directory or env.text(env.ENV_CHECKPOINT_DIR)
@@ -215,7 +214,7 @@ def _snapshot_settings(directory: str | None, interval: float | None) -> tuple[s
             raise UsageError(
                 "--checkpoint-interval needs --checkpoint-dir (no snapshots without it)"
             )
-        return None, DEFAULT_CHECKPOINT_INTERVAL
+        return None, env.DEFAULT_CHECKPOINT_INTERVAL
     directory = os.path.abspath(directory)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -456,7 +455,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         )
     if args.restart_workers:
         _check_restart_mode(args, command)
-        checkpoint_dir, checkpoint_interval = None, DEFAULT_CHECKPOINT_INTERVAL
+        checkpoint_dir, checkpoint_interval = None, env.DEFAULT_CHECKPOINT_INTERVAL
     else:
         checkpoint_dir, checkpoint_interval = _snapshot_settings(
             args.checkpoint_dir, args.checkpoint_interval

@@ -105,7 +105,7 @@ class UnknownLauncherError(LauncherError, ValueError):
 class WorldEntryError(LauncherError):
     """A worker of a world (``--restart-workers``) cannot start its program: what the
     driver told it does not parse, or rank 0's address cannot be had (the store, the
-    deadline) (``driver.launch.world_entry``)."""
+    deadline) (``driver.programs.world_entry``)."""
 
 
 # ----------------------------------------------------------------------------- events

@@ -21,6 +21,7 @@ from driver.hosts.manager import BlacklistPolicy
 from driver.hosts.slots import MAX_SLOTS_PER_HOST, MAX_WORKERS, quote_entry
 from driver.launch.registry import launcher_names
 from driver.ps.shard_hosts import PLACEMENTS
+from rendezvous import env
 from rendezvous.version import package_version
 
 DEFAULT_SLOTS_PER_HOST = 1
@@ -33,7 +34,6 @@ DEFAULT_PS_MODE = "async"
 DEFAULT_PS_CHECKPOINT_INTERVAL = 60.0
 DEFAULT_PROGRESS_INTERVAL = 10.0
 DEFAULT_DRIVER_TIMEOUT = 300.0
-DEFAULT_CHECKPOINT_INTERVAL = 30.0
 #: seconds the last holders of the state (every member's host dropped at once: a world
 #: replaced whole) wait for newcomers to take it (``driver.policy.departures``)
 HANDOFF_WAIT = 60.0
@@ -530,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="seconds between two snapshots: at most this much training is lost when "
         "every worker is; needs --checkpoint-dir (default: "
-        f"$ELASTIC_CHECKPOINT_INTERVAL, else {DEFAULT_CHECKPOINT_INTERVAL:g})",
+        f"$ELASTIC_CHECKPOINT_INTERVAL, else {env.DEFAULT_CHECKPOINT_INTERVAL:g})",
     )
     state.add_argument(
         "--on-state-lost",

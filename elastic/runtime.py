@@ -28,7 +28,7 @@ driver learns of it even when it cannot see the peer's process (a remote host). 
 neighbour that has gone silent (``CommSettings.suspect_after``) is reported there too,
 at once, while the collective still waits: a host cut off the network sends nothing
 else, and the driver can ask that host whether it is still there. (The records and their
-writes: ``elastic.reports``.)
+writes: ``elastic.worker_reports``.)
 
 Rank 0 publishes how many commits it holds (``committed``, set by ``State.commit``)
 under ``/elastic/<job>/progress`` from a thread of its own, every
@@ -49,7 +49,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from elastic import reports
+from elastic import worker_reports
 from elastic.comm import CommSettings, Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import (
     TrainingFinishedError,
@@ -196,7 +196,7 @@ class WorkerRuntime:
         self._feed.start(self._info)
         if s.progress_interval > 0:
             threading.Thread(
-                target=reports.publish_progress,
+                target=worker_reports.publish_progress,
                 args=(self, s.worker_id, s.progress_interval, self._closed),
                 name="elastic-progress",
                 daemon=True,
@@ -398,7 +398,7 @@ class WorkerRuntime:
         """
         if self._store is None:
             return
-        record = reports.training_finished(self._store, self.keys)
+        record = worker_reports.training_finished(self._store, self.keys)
         if record is None:
             return
         who = f"worker {record.worker}" if record.worker else "another worker"
@@ -465,7 +465,9 @@ class WorkerRuntime:
         hands the write to a thread of its own and returns at once)."""
         if self._store is None or not self.lease_id or not 0 <= rank < plan.size:
             return
-        report = reports.silence_report(self.keys, self.settings.worker_id, plan, rank, quiet)
+        report = worker_reports.silence_report(
+            self.keys, self.settings.worker_id, plan, rank, quiet
+        )
         if report is None:
             return
         key, record = report
@@ -474,11 +476,11 @@ class WorkerRuntime:
         ).start()
 
     def _put_report(self, key: str, record: bytes) -> None:
-        reports.put_report(self._store, self.lease_id, key, record)
+        worker_reports.put_report(self._store, self.lease_id, key, record)
 
     def mark_finished(self) -> bool:
         """Say in the store that this worker's training function returned in its round
-        (``elastic.reports.record_finish``).
+        (``elastic.worker_reports.record_finish``).
 
         Returns True when the training may end here: the finish is recorded (or the
         store cannot be reached: best effort). False when a newer round that includes
@@ -489,7 +491,7 @@ class WorkerRuntime:
             return True
         me = self.settings.worker_id
         assert self._rounds is not None
-        newer = reports.record_finish(
+        newer = worker_reports.record_finish(
             store, self.keys, plan, me, self.committed, self._rounds.current
         )
         if newer is None:
@@ -500,13 +502,13 @@ class WorkerRuntime:
 
     def report_loss(self, plan: RoundView | None, exc: Exception) -> None:
         """Tell the driver a collective of round ``plan`` failed with ``exc``, when it is
-        worth it (``reports.worth_reporting``), naming its suspect (best effort)."""
-        if plan is not None and reports.worth_reporting(exc):
-            self.report_failure(plan.round_id, str(exc), reports.suspect_of(exc, plan))
+        worth it (``worker_reports.worth_reporting``), naming its suspect (best effort)."""
+        if plan is not None and worker_reports.worth_reporting(exc):
+            self.report_failure(plan.round_id, str(exc), worker_reports.suspect_of(exc, plan))
 
     def report_failure(self, round_id: int, reason: str, suspect: str | None = None) -> None:
         """Tell the driver a collective of ``round_id`` failed (best effort, never raises)."""
         if self._store is None or not self.lease_id:
             return
-        record = reports.failure_record(self.settings.worker_id, round_id, reason, suspect)
+        record = worker_reports.failure_record(self.settings.worker_id, round_id, reason, suspect)
         self._put_report(self.keys.failure(round_id, self.settings.worker_id), record)

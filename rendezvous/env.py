@@ -57,6 +57,10 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 #    a script run alone (no elastic-run) takes them too
 ENV_CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where snapshots go ("" or unset: none)
 ENV_CHECKPOINT_INTERVAL = "ELASTIC_CHECKPOINT_INTERVAL"  # seconds between two snapshots
+#: seconds between two snapshots when neither ``--checkpoint-interval`` nor
+#: ``ELASTIC_CHECKPOINT_INTERVAL`` says: at most this much training is lost when every
+#: worker is (the driver's default for the flag and a worker's when run alone)
+DEFAULT_CHECKPOINT_INTERVAL = 30.0
 
 # -- tuning a user may set (inherited by every process of the job)
 ENV_LEASE_TTL = "ELASTIC_LEASE_TTL"  # seconds of a worker registration's lease

@@ -11,5 +11,5 @@ secret come from the environment, as the workers get them). The modules:
 * ``__main__``: the command line.
 
 The driver's side (starting agents, writing assignments, following their reports) is
-``driver.launch.agents.launcher``.
+``driver.launch.assignments.launcher``.
 """

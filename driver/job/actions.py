@@ -1,7 +1,7 @@
 """The rules' decisions about one worker's process, carried out: start it in a slot
 or as a spare, promote a spare, stop it, kill it, whichever holds it (this driver's
 launcher, ``driver.job.processes``, or its pid for a worker adopted from its
-registration alone, ``driver.lead.adopted_pids``); its record follows
+registration alone, ``driver.leadership.adopted_pids``); its record follows
 (``driver.policy.lifecycle``). In restart mode, a whole world of them started at once
 (``start_world``).
 

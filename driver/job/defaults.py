@@ -17,13 +17,13 @@ from driver.errors import EventLogError, UsageError
 from driver.events.log import EventLog
 from driver.hosts.discovery import DiscoverySettings, HostDiscovery
 from driver.hosts.registry import make_discovery, source_name
-from driver.job.wiring import quick_store
-from driver.launch.agents.handle import uses_agent
-from driver.launch.agents.launcher import AgentLauncher
-from driver.launch.agents.service import AgentStarts
+from driver.launch.assignments.handle import uses_agent
+from driver.launch.assignments.launcher import AgentLauncher
+from driver.launch.assignments.service import AgentStarts
 from driver.launch.base import Launcher
 from driver.launch.registry import get_launcher
 from driver.launch.spec import ssh_settings_from_env
+from driver.quick_store import quick_store
 from rendezvous.keys import JobKeys
 from rendezvous.net.addresses import is_local_host
 
@@ -66,7 +66,7 @@ def launcher(config: JobConfig) -> Launcher:
 
 def agent_launcher(config: JobConfig) -> AgentLauncher:
     """The launcher of ``--launcher`` behind per-host agents: through agents for the
-    hosts ``driver.launch.agents.handle.uses_agent`` picks (every host with etcd,
+    hosts ``driver.launch.assignments.handle.uses_agent`` picks (every host with etcd,
     the ssh hosts with the embedded store), directly for the others."""
     base = launcher(config)
     etcd = config.rendezvous.scheme == "etcd"

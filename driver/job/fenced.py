@@ -1,5 +1,5 @@
 """The job's store as its leader uses it: every write fenced on this driver's lead
-(``driver.lead.claim``: a driver that lost the lead writes nothing more), and reads
+(``driver.leadership.claim``: a driver that lost the lead writes nothing more), and reads
 that log a failure instead of raising, for what the loop only looks up.
 
 ``FencedStore`` works over the store session (``driver.job.session``): the claim and

@@ -1,6 +1,6 @@
 """What the leading driver writes and takes over: the job's rounds, its persisted state
 (``JobKeys.driver_state``, fenced by the leader's term), and a job taken over from a
-predecessor's records (``driver.lead.persisted``).
+predecessor's records (``driver.leadership.persisted``).
 
 ``JobLead`` is given what it uses: the job's state, its store session
 (``driver.job.session``: the claim, the keys, what a predecessor left), the fenced
@@ -31,9 +31,9 @@ from driver.job.processes import HeldWorkers
 from driver.job.session import StoreSession
 from driver.job.state import JobState
 from driver.launch.process import WorkerProcess
-from driver.lead import persisted
-from driver.lead.adopted_pids import EXIT_UNKNOWN
-from driver.lead.terms import describe_leader
+from driver.leadership import persisted
+from driver.leadership.adopted_pids import EXIT_UNKNOWN
+from driver.leadership.terms import describe_leader
 from driver.policy import decisions as dec
 from driver.policy import lifecycle
 from driver.policy.lifecycle import WorkerRecord
@@ -54,7 +54,7 @@ def adopted_exit_reporter(
     fenced: FencedStore, keys: JobKeys, post: Callable[[msg.Message], None]
 ) -> Callable[[str], None]:
     """What tells the loop that a worker adopted by its pid alone is gone (called from a
-    helper thread, ``driver.lead.adopted_pids``): its exit, code unknown, unless it said
+    helper thread, ``driver.leadership.adopted_pids``): its exit, code unknown, unless it said
     it finished its training (then 0)."""
 
     def gone(worker_id: str) -> None:
@@ -94,10 +94,10 @@ class JobLead:
         self._state_due = 0.0  # the next write of the persisted state, not before
 
     def adopt(self, handed_over: dict[str, WorkerProcess]) -> None:
-        """Take the job over from the store's records (``driver.lead.persisted``): its plan,
+        """Take the job over from the store's records (``driver.leadership.persisted``): its plan,
         its registered workers, the book and the blacklist. A worker's process is the
         handle its agent's records gave (``handed_over``, by worker id), else known
-        from its registration alone (``driver.lead.adopted_pids``).
+        from its registration alone (``driver.leadership.adopted_pids``).
 
         Raises:
             JobFailed: this driver does not have the job's secret (it steps down first,

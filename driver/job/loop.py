@@ -4,7 +4,7 @@ One thread owns all state (``Job.run``); everything else only posts messages
 (``driver.job.messages``) to its queue: worker exits (a waiter thread per process),
 registrations, failure reports and rank 0's progress (store watches), discovery
 results (a polling thread), signals, chaos ticks, a ps shard that cannot go on, a
-claim on the job id lost to another driver (``driver.job.feeds``, ``driver.lead.claim``). (The
+claim on the job id lost to another driver (``driver.job.feeds``, ``driver.leadership.claim``). (The
 store's health probe alone reports by itself: the loop may be what waits on the
 store.) After each message the loop reconciles: it asks the rules of
 ``driver.policy`` what to do (stop displaced workers, kill hung ones, fill free slots,
@@ -31,7 +31,7 @@ its registration lease expiring, or a peer's failure report naming it.
 ``Job(config, launcher=..., events=..., clock=..., discovery=...)`` takes what it
 drives, so tests run the whole loop with fake processes and a fake clock (what it
 takes when given nothing: ``driver.job.defaults``); ``run()`` is ``open()``, ``turn()``
-until the job ends, ``close()``. ``open()`` claims the job id (``driver.lead.claim``);
+until the job ends, ``close()``. ``open()`` claims the job id (``driver.leadership.claim``);
 ``close()`` leaves nothing of the job in the store.
 """
 
@@ -66,11 +66,11 @@ from driver.job.shards import JobShards
 from driver.job.state import JobState
 from driver.job.wiring import runs_all_local
 from driver.join import ended
-from driver.launch.agents.service import AgentService, AgentWiring, NoAgents
+from driver.launch.assignments.service import AgentService, AgentWiring, NoAgents
 from driver.launch.base import Launcher
 from driver.launch.process import WorkerProcess
-from driver.lead.adopted_pids import AdoptedProcesses
-from driver.lead.terms import ClaimAction
+from driver.leadership.adopted_pids import AdoptedProcesses
+from driver.leadership.terms import ClaimAction
 from driver.policy import decisions as dec
 from driver.policy.lapses import store_lost_line
 from driver.policy.lifecycle import WorkerRecord

@@ -5,7 +5,7 @@ facts the rules decide on; this class keeps the other half, the process behind e
 record, and does the I/O on it. It is given what it uses (the launcher, and a callback
 for an exit), so it knows nothing of the loop, the records or the rules: the loop asks
 it to act once a rule has decided. With ``elastic-run``'s own launcher
-(``driver.launch.agents.launcher.AgentLauncher``) a host's processes go through its
+(``driver.launch.assignments.launcher.AgentLauncher``) a host's processes go through its
 agent: the launch writes an assignment, the exit comes from the agent's status record,
 and a kill or a stop rewrites the assignment; this class sees the same process handle
 either way.
@@ -19,7 +19,7 @@ from driver.job.wiring import worker_id_for
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
-from driver.lead.adopted_pids import AdoptedProcesses
+from driver.leadership.adopted_pids import AdoptedProcesses
 from driver.threads import spawn
 from rendezvous.schema.rounds import Plan
 
@@ -102,7 +102,7 @@ class WorkerProcesses:
 class HeldWorkers:
     """The job's workers, whichever holds each: a process this driver started or was
     handed (``processes``), or a worker adopted by its pid alone (``adopted``,
-    ``driver.lead.adopted_pids``). A stop or a kill goes to the one that holds it."""
+    ``driver.leadership.adopted_pids``). A stop or a kill goes to the one that holds it."""
 
     def __init__(self, processes: WorkerProcesses, adopted: AdoptedProcesses):
         self.processes = processes

@@ -2,7 +2,7 @@
 id, taken; the feeds that follow the store, started; and, at the end, all of it closed.
 
 ``StoreSession.open`` opens the store (the driver's embedded server, or an etcd client),
-claims the job id (``driver.lead.claim``), says ``job_started``, tells the workers how
+claims the job id (``driver.leadership.claim``), says ``job_started``, tells the workers how
 many ps shards there are, and starts the feeds that follow the store and the store's
 health probe (``driver.job.feeds``). ``close`` releases the job id, deletes the job's
 keys and closes the store.
@@ -32,13 +32,13 @@ from driver.job.wiring import (
     driver_address,
     names_are_labels,
     open_job_store,
-    quick_store,
     worker_bind_host,
 )
 from driver.join.ended import JobOutcome, record_outcome
 from driver.join.shape import check_shape, shape_bytes
-from driver.lead.claim import DriverClaim, check_secret, new_record
-from driver.lead.terms import ClaimAction, describe_leader, fence
+from driver.leadership.claim import DriverClaim, check_secret, new_record
+from driver.leadership.terms import ClaimAction, describe_leader, fence
+from driver.quick_store import quick_store
 from driver.threads import spawn
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousError

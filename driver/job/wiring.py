@@ -6,15 +6,14 @@
   is given on top of what it inherits (``rendezvous.env`` names them);
 * ``torchrun_env``/``world_spec``: a worker of a world of restart mode
   (``--restart-workers``): the variables torchrun gives it, and its launch (through
-  ``driver.launch.world_entry``, which adds ``MASTER_ADDR``/``MASTER_PORT``);
+  ``driver.programs.world_entry``, which adds ``MASTER_ADDR``/``MASTER_PORT``);
 * ``runs_all_local``: whether every process of the job runs on this machine;
 * ``worker_spec``: the ``LaunchSpec`` of one worker, with its id, its bind address and
   its log file;
 * ``shard_commands``: the ps shards' command lines (``--num-ps``, ``--ps-replicas``);
 * ``open_job_store``: the store the job's processes meet in: the driver's own embedded
-  server, or the etcd cluster of ``--rendezvous``;
-* ``quick_store``: a second client of it whose calls give up within seconds, for what
-  must not wait out an outage (the store's health probe, the cleanup at the end).
+  server, or the etcd cluster of ``--rendezvous`` (a second client of it whose calls
+  give up within seconds is ``driver.quick_store``).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.net import addresses
 from rendezvous.net.addresses import is_local_host
 from rendezvous.net.url import Endpoint
-from rendezvous.store import KVStore, StoreSettings
+from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def torchrun_env(job_id: str, world: World, seat: Seat, reset_limit: int | None)
     ranks and the world's sizes, the restarts so far and allowed, the run's id (the job
     id); rank 0 serves torch's store itself (``TORCHELASTIC_USE_AGENT_STORE`` False:
     no agent holds one). ``MASTER_ADDR`` and ``MASTER_PORT`` are not known here: rank
-    0's host picks the port when the world starts (``driver.launch.world_entry``)."""
+    0's host picks the port when the world starts (``driver.programs.world_entry``)."""
     size, rank = str(world.size), str(seat.rank)
     max_restarts = reset_limit if reset_limit is not None else MAX_RESTARTS_UNLIMITED
     return {
@@ -134,7 +133,7 @@ def torchrun_env(job_id: str, world: World, seat: Seat, reset_limit: int | None)
 def world_spec(wiring: JobWiring, worker: WorkerSeat, world: World, seat: Seat) -> LaunchSpec:
     """The launch of ``worker`` in ``seat`` of ``world`` (restart mode: ``worker`` is in
     the seat's host and slot): the job's
-    command behind ``python -m driver.launch.world_entry`` (the driver's Python, which
+    command behind ``python -m driver.programs.world_entry`` (the driver's Python, which
     every host shares, as for the agents), which learns ``MASTER_ADDR``/``MASTER_PORT``
     and then becomes the command (exec: the same process); labelled and logged as any
     worker. It is told the job's store (to meet rank 0 there), its worker id, where it
@@ -151,7 +150,7 @@ def world_spec(wiring: JobWiring, worker: WorkerSeat, world: World, seat: Seat) 
         env.ENV_BIND_HOST: worker.bind_host,
         **seat_env(config, world, seat),
     }
-    command = (sys.executable, "-m", "driver.launch.world_entry", "--", *config.command)
+    command = (sys.executable, "-m", "driver.programs.world_entry", "--", *config.command)
     return replace(worker_spec(wiring, worker), command=command, env=variables)
 
 
@@ -170,14 +169,14 @@ def seat_env(config: JobConfig, world: World, seat: Seat) -> dict[str, str]:
 
 def world_spare_spec(wiring: JobWiring, seat: WorkerSeat) -> LaunchSpec:
     """The launch of the warm spare in ``seat`` in restart mode: the job's command
-    behind ``python -m driver.launch.world_spare``, which imports what the program
+    behind ``python -m driver.programs.world_spare``, which imports what the program
     imports, registers, and waits for a seat in a world (``seat_env``, under
     ``JobKeys.world_seat``); labelled ``host#I`` and logged as any spare.
 
     Raises:
         LaunchSpecError: the command or an environment value is unusable.
     """
-    command = (sys.executable, "-m", "driver.launch.world_spare", "--", *wiring.config.command)
+    command = (sys.executable, "-m", "driver.programs.world_spare", "--", *wiring.config.command)
     return replace(worker_spec(wiring, replace(seat, spare=True)), command=command)
 
 
@@ -320,7 +319,7 @@ def open_job_store(
 ) -> tuple[EmbeddedServer | None, KVStore, str]:
     """The embedded server the driver runs (None with etcd), a client of the store, and
     the store URL workers use. (Keys an earlier job with the same id left are deleted
-    when the driver claims the job id: ``driver.lead.claim``.)
+    when the driver claims the job id: ``driver.leadership.claim``.)
 
     Raises:
         RendezvousError: the store cannot be started or reached.
@@ -340,18 +339,3 @@ def open_job_store(
             server.stop()
         raise
     return server, store, url
-
-
-QUICK_STORE = StoreSettings(request_timeout=2.0, retry_deadline=4.0, connect_timeout=2.0)
-"""A call of a ``quick_store`` client gives up after about this long (an attempt of
-``request_timeout``, retried until ``retry_deadline``)."""
-
-
-def quick_store(url: str, secret: str) -> KVStore:
-    """Another client of the job's store whose calls give up within seconds (see
-    ``QUICK_STORE``); it does no I/O until used.
-
-    Raises:
-        RendezvousConfigError: the URL is malformed.
-    """
-    return open_store(url, secret, QUICK_STORE, check=False)

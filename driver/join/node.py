@@ -11,21 +11,22 @@ import signal
 import subprocess
 import time
 import uuid
+from typing import Protocol
 
 from driver.agent.loop import DRAIN_GRACE
-from driver.config import JobConfig
 from driver.errors import UsageError
-from driver.job.wiring import quick_store
 from driver.join.ended import check_not_ended
 from driver.join.settings import JoinSettings
-from driver.join.shape import check_shape
-from driver.launch.agents.handle import agent_command
+from driver.join.shape import ShapedJob, check_shape
+from driver.launch.assignments.handle import agent_command
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE
+from driver.quick_store import quick_store
 from rendezvous import env
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.errors import RendezvousAuthError, RendezvousError
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
+from rendezvous.net.url import StoreURL
 from rendezvous.retry import Backoff
 from rendezvous.store import KVStore
 
@@ -39,10 +40,21 @@ nodes still watch it: they learn the end from it (a standby reads that nothing o
 job is left, then exits 0), which they cannot once it is gone."""
 
 
+class JoinedJob(ShapedJob, Protocol):
+    """What a joined node reads of the job's configuration besides its shape
+    (``driver.config.JobConfig`` is one)."""
+
+    @property
+    def rendezvous(self) -> StoreURL: ...
+
+    @property
+    def driver_timeout(self) -> float: ...
+
+
 class JoinedNode:
     """This node of job ``config.job_id`` (``config.join`` set)."""
 
-    def __init__(self, config: JobConfig, settings: JoinSettings):
+    def __init__(self, config: JoinedJob, settings: JoinSettings):
         self._config = config
         self._settings = settings
         self._keys = JobKeys(config.job_id)

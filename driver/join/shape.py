@@ -12,14 +12,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Protocol
 
-from driver.config import JobConfig
 from driver.errors import UsageError
 
 SHAPE_FLAGS = (("np", "-np"), ("min_np", "--min-np"), ("max_np", "--max-np"))
 
 
-def job_shape(config: JobConfig) -> dict:
+class ShapedJob(Protocol):
+    """What the shape reads of a job's configuration (``driver.config.JobConfig`` is
+    one: the configuration stands above this package, which it holds as ``join``)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def np(self) -> int: ...
+
+    @property
+    def min_np(self) -> int: ...
+
+    @property
+    def max_np(self) -> int | None: ...
+
+    @property
+    def command(self) -> tuple[str, ...]: ...
+
+    @property
+    def restart_workers(self) -> bool: ...
+
+
+def job_shape(config: ShapedJob) -> dict:
     """This node's shape of the job."""
     return {
         "np": config.np,
@@ -51,12 +74,12 @@ def _shown(value: object) -> str:
     return "unset" if value is None else str(value)
 
 
-def shape_bytes(config: JobConfig) -> bytes:
+def shape_bytes(config: ShapedJob) -> bytes:
     """``job_shape`` as the store holds it."""
     return json.dumps(job_shape(config)).encode()
 
 
-def check_shape(config: JobConfig, stored: bytes | None) -> None:
+def check_shape(config: ShapedJob, stored: bytes | None) -> None:
     """Refuse this node when the job's shape as stored (``stored``; None: not written
     yet) differs from its own.
 

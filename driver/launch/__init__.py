@@ -15,11 +15,13 @@ The package is in layers, each module using only the ones above it:
 * ``local``, ``ssh``, ``auto``: the launchers, one module each;
 * ``registry``: the launchers by name (``LAUNCHERS``, ``get_launcher``), which
   ``--launcher`` offers: a new launcher is a module here and a name there;
-* ``agents/``: the driver's side of the per-host agents, behind the same interface
-  (``AgentLauncher``), and what the job's loop asks of them (``AgentService``);
-* ``world_entry``: not a launcher but what a launched worker of a world of restart mode
-  (``--restart-workers``) runs first, on its host: it meets rank 0 through the store,
-  then becomes the job's command with ``MASTER_ADDR``/``MASTER_PORT`` set.
+* ``assignments/``: the driver's side of the per-host agents (``driver.agent``),
+  behind the same interface (``AgentLauncher``: processes handed to them as assignments
+  through the store), and what the job's loop asks of them (``AgentService``);
+
+What a launched process runs on its host around the job's command (restart mode's
+``world_entry`` and ``world_spare``, the ``ray`` launcher's ``ray_step``) is
+``driver.programs``, with ``python_command`` (what a Python command imports).
 
 Errors are in ``driver.errors`` (``LauncherError`` and its subclasses). This file
 imports nothing, so any layer can be imported without loading the ones below it.

@@ -1,5 +1,5 @@
 """The ``ray`` launcher (``elastic-run --ray ADDRESS``): every process on its Ray node
-through a local ``python -m driver.launch.ray_step`` (an actor pinned to the node runs it
+through a local ``python -m driver.programs.ray_step`` (an actor pinned to the node runs it
 as an ordinary process: see that module), as ``ssh`` runs one through the ssh client.
 
 Hosts are node addresses (``driver.hosts.ray``). The local process carries the remote
@@ -21,7 +21,15 @@ from driver.launch.spec import LaunchSpec
 
 def ray_step_argv(address: str, spec: LaunchSpec, cwd: str) -> list[str]:
     """The local command that runs ``spec`` on the node whose address is ``spec.host``."""
-    return [sys.executable, "-m", "driver.launch.ray_step", address, spec.host, cwd, *spec.command]
+    return [
+        sys.executable,
+        "-m",
+        "driver.programs.ray_step",
+        address,
+        spec.host,
+        cwd,
+        *spec.command,
+    ]
 
 
 class RayLauncher(Launcher):

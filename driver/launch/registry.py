@@ -17,7 +17,7 @@ when it is chosen (``--help`` and the flags never load ssh or the agents' machin
 A new way to start a host's processes (a scheduler's step launcher, a cluster's actor)
 is a ``driver.launch.base.Launcher`` in a module of its own here and a creator in
 ``LAUNCHERS``; ``--launcher`` offers it from then on. ``elastic-run`` puts the chosen
-launcher behind the per-host agents (``driver.launch.agents``) where a host needs one.
+launcher behind the per-host agents (``driver.launch.assignments``) where a host needs one.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ driver runs in, on its host (``srun --overlap --no-kill -N1 -n1 -w HOST``), so S
 accounts for each one, signals it when the job is cancelled or preempted, and cleans up
 after it; no ssh anywhere.
 
-``elastic-run`` runs the hosts' agents this way (``driver.launch.agents``), and the agents
+``elastic-run`` runs the hosts' agents this way (``driver.launch.assignments``), and the agents
 start the workers as their own children, as over ssh. The step gets the driver's
 environment plus the spec's (``--export=ALL``: the job's secret travels in the
 environment, never on a command line). A stop is a SIGTERM to ``srun``, which forwards

@@ -6,7 +6,7 @@ expires every lease of the job the moment it answers again: the agents' records 
 the workers' registrations vanish together although every host is fine. Their agents
 take a new lease then and write them again within a second or two
 (``driver.agent.loop``); the driver waits ``RETURN_GRACE`` for that
-(``driver.launch.agents.launcher``, ``driver.job.handlers``) when the store was in
+(``driver.launch.assignments.launcher``, ``driver.job.handlers``) when the store was in
 trouble just before (``lapse_explained``; what the probe saw:
 ``driver.job.store_trouble``), instead of taking every host as lost. A host that is
 really cut off meanwhile is found by its ring peers' reports, which do not wait.

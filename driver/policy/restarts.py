@@ -48,7 +48,7 @@ The rules (``world_rule``, asked after every message instead of the round rules)
 * A preempted host (``world_host_preempted``) leaves the job for its cooldown, its
   workers stopped at once: there is no snapshot of ours to wait for (the script keeps
   its own checkpoints).
-* Warm spares (``--spares N``; ``driver.launch.world_spare``): each usable host keeps
+* Warm spares (``--spares N``; ``driver.programs.world_spare``): each usable host keeps
   ``N`` processes that have imported what the program imports and wait for a seat
   (the pool's rules are ``driver.policy.spares``'). A world's seat goes to a
   registered spare of its host (``world_spares``; the longest registered first), else

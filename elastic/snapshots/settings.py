@@ -9,10 +9,6 @@ from dataclasses import dataclass
 
 from rendezvous import env
 
-DEFAULT_INTERVAL = 30.0
-"""Seconds between two snapshots unless ``--checkpoint-interval`` says otherwise: at most
-this much training is lost when every worker is."""
-
 
 @dataclass(frozen=True)
 class SnapshotSettings:
@@ -28,7 +24,7 @@ class SnapshotSettings:
     """
 
     directory: str
-    interval: float = DEFAULT_INTERVAL
+    interval: float = env.DEFAULT_CHECKPOINT_INTERVAL
     keep: int = 3
     lead: float = 1.0
     part_deadline: float = 120.0
@@ -57,5 +53,5 @@ class SnapshotSettings:
         directory = env.text(env.ENV_CHECKPOINT_DIR, None, environ)
         if not directory:
             return None
-        interval = env.number(env.ENV_CHECKPOINT_INTERVAL, DEFAULT_INTERVAL, environ)
+        interval = env.number(env.ENV_CHECKPOINT_INTERVAL, env.DEFAULT_CHECKPOINT_INTERVAL, environ)
         return cls(directory=os.path.abspath(directory), interval=interval)

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from driver.policy.planner import build_plan
-from elastic.reports import record_finish
 from elastic.rounds import RoundReader
+from elastic.worker_reports import record_finish
 from rendezvous.host_plan import (
     HEAD_PARTS_MEMBERS,
     INLINE_PARTS,

@@ -52,7 +52,7 @@ def test_a_failed_worker_restarts_the_whole_world_with_the_restart_counted(resta
     first = list(launcher.processes)
     assert [p.spec.env["RANK"] for p in first] == ["0", "1"]
     assert {p.spec.env["TORCHELASTIC_RESTART_COUNT"] for p in first} == {"0"}
-    assert first[0].spec.command[1:4] == ("-m", "driver.launch.world_entry", "--")
+    assert first[0].spec.command[1:4] == ("-m", "driver.programs.world_entry", "--")
     assert job.store.get(stale) is None
     assert published(job).worker_ids == job.plan.worker_ids and job.plan.round_id == 1
     assert [p.rank for p in first] == [0, 1]  # output prefixes

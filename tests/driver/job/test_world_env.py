@@ -58,11 +58,11 @@ def test_a_world_worker_starts_behind_the_entry_with_the_job_wiring():
     wiring = JobWiring(config, "s3cret", "embedded://d:1")
     worker = WorkerSeat("b-0-9", seat.host, seat.slot, "10.0.0.2")
     spec = world_spec(wiring, worker, WORLD, seat)
-    entry = (sys.executable, "-m", "driver.launch.world_entry", "--")
+    entry = (sys.executable, "-m", "driver.programs.world_entry", "--")
     assert spec.command == (*entry, "python", "t.py")
     assert (spec.host, spec.slot, spec.label) == ("b", 0, "b:0")
     assert spec.env["ELASTIC_WORLD"] == "3" and spec.env["RANK"] == "2"
     assert spec.env["ELASTIC_WORKER_ID"] == "b-0-9" and spec.env["ELASTIC_BIND_HOST"] == "10.0.0.2"
     assert spec.env["ELASTIC_JOB_SECRET"] == "s3cret"
     assert spec.env["ELASTIC_ROUND_TIMEOUT"] == f"{config.start_timeout:g}"
-    assert "MASTER_PORT" not in spec.env  # rank 0's host picks it (driver.launch.world_entry)
+    assert "MASTER_PORT" not in spec.env  # rank 0's host picks it (driver.programs.world_entry)

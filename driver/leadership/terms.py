@@ -1,5 +1,5 @@
 """Who leads a job, as pure rules: what a starting driver does, how a steering write is
-fenced, what a failed fence means (the I/O that carries them out: ``driver.lead.claim``).
+fenced, what a failed fence means (the I/O that carries them out: ``driver.leadership.claim``).
 
 * Terms. The leader's record (``JobKeys.driver``, under its lease) carries its term;
   ``JobKeys.term`` keeps the newest term without a lease, so it outlives a leader whose

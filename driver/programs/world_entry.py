@@ -1,4 +1,4 @@
-"""``python -m driver.launch.world_entry -- COMMAND [ARG...]``: how a worker of a world
+"""``python -m driver.programs.world_entry -- COMMAND [ARG...]``: how a worker of a world
 of restart mode (``elastic-run --restart-workers``) begins on its host, before its
 program runs.
 
@@ -203,7 +203,7 @@ def command_line(argv: Sequence[str] | None, module: str) -> list[str] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Meet rank 0, then become the command (see the module docstring); the exit code
     when the command never ran."""
-    command = command_line(argv, "driver.launch.world_entry")
+    command = command_line(argv, "driver.programs.world_entry")
     if command is None:
         return 2
     environ = dict(os.environ)

@@ -1,6 +1,6 @@
 """A process an agent runs for the driver, as the driver holds it (``AssignedProcess``):
 a ``WorkerProcess`` whose pid and exit come from the agent's status records and whose
-signals are asked for through the store (``driver.launch.agents.launcher`` makes and follows them).
+signals are asked for through the store (``driver.launch.assignments.launcher`` makes and follows them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a command line runs when it is a Python program, and what that program imports
 at its top (pure, but for ``program_interpreter`` and ``module_source``, which look).
 
-A warm spare of restart mode (``driver.launch.world_spare``) runs a Python program in
+A warm spare of restart mode (``driver.programs.world_spare``) runs a Python program in
 its own process, after importing ahead of need what the program imports: so it must
 know that the command is one (``python_program``), which interpreter it names, and
 which modules its source imports at its top level (``top_imports``).

@@ -2,7 +2,7 @@
 job that runs none (``NoAgents``).
 
 ``elastic-run``'s own launcher is an ``AgentService`` too
-(``driver.launch.agents.launcher.AgentLauncher``): it starts the agents and talks to them
+(``driver.launch.assignments.launcher.AgentLauncher``): it starts the agents and talks to them
 through the store. A job given a launcher of its own (tests drive the loop with fake
 processes) has no agents: it gets ``NoAgents``, which adopts nothing, follows nothing
 and knows no host, so the loop asks the same questions either way.

@@ -1,4 +1,4 @@
-"""What a worker tells the driver about a failure (``elastic.reports``): whom it blames
+"""What a worker tells the driver about a failure (``elastic.worker_reports``): whom it blames
 is decided by the loss's cause as a value (``LossCause``), never by the words of the
 exception's message."""
 
@@ -11,7 +11,7 @@ import pytest
 import elastic
 from elastic import errors
 from elastic.errors import LossCause, PeerLostError, WorkerLostError
-from elastic.reports import (
+from elastic.worker_reports import (
     failure_record,
     publish_progress,
     silence_report,

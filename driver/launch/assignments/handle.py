@@ -1,7 +1,7 @@
 """The driver's hold on the per-host agents as processes: which hosts run one
 (``uses_agent``), the command line that starts one (``agent_command``), and the handle
 on one started or adopted (``AgentProcess``), the reaping of a retired one
-(``reap_agent``). ``driver.launch.agents.launcher`` does the talking."""
+(``reap_agent``). ``driver.launch.assignments.launcher`` does the talking."""
 
 from __future__ import annotations
 

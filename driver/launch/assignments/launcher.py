@@ -23,7 +23,7 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
 * ``close``: write ``JobKeys.ended`` (agents stop what they run and exit) and wait for
   the agents' own processes.
 * Every write (assignments, their ``want``, ``ended``) goes through ``_steer``: the
-  leader's fenced write (``driver.lead.claim``) when ``attach`` was given one, so a driver
+  leader's fenced write (``driver.leadership.claim``) when ``attach`` was given one, so a driver
   that lost the lead writes nothing.
 * ``adopt``: a driver taking a job over takes its live agents (from their records)
   and the processes they run (from the assignments and process records) as its own:
@@ -50,10 +50,10 @@ from dataclasses import replace
 from typing import Callable
 
 from driver.errors import LauncherError, LaunchError, LeadershipLost
-from driver.launch.agents.assigned import AssignedProcess
-from driver.launch.agents.handle import AgentProcess, agent_command, reap_agent
-from driver.launch.agents.service import AgentService, AgentStarts, AgentWiring
-from driver.launch.agents.snapshot import read_agent_keys
+from driver.launch.assignments.assigned import AssignedProcess
+from driver.launch.assignments.handle import AgentProcess, agent_command, reap_agent
+from driver.launch.assignments.service import AgentService, AgentStarts, AgentWiring
+from driver.launch.assignments.snapshot import read_agent_keys
 from driver.launch.base import Launcher
 from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess

@@ -1,5 +1,5 @@
 """One process on one node of a Ray cluster, run from here as if it ran here: ``python -m
-driver.launch.ray_step ADDRESS NODE_IP CWD COMMAND...`` (the ``ray`` launcher's local
+driver.programs.ray_step ADDRESS NODE_IP CWD COMMAND...`` (the ``ray`` launcher's local
 side, as ``ssh`` is the ``ssh`` launcher's).
 
 This process connects to the cluster at ``ADDRESS`` (a Ray job of its own), places one
@@ -116,7 +116,7 @@ def _status(code: int) -> int:
 def main(argv: list[str]) -> int:
     if len(argv) < 4:
         print(
-            "usage: python -m driver.launch.ray_step ADDRESS NODE_IP CWD COMMAND...",
+            "usage: python -m driver.programs.ray_step ADDRESS NODE_IP CWD COMMAND...",
             file=sys.stderr,
         )
         return 2

@@ -1,4 +1,4 @@
-"""The leader's claim on a real etcd (``driver.lead.claim``): terms, fenced steering, a lapsed
+"""The leader's claim on a real etcd (``driver.leadership.claim``): terms, fenced steering, a lapsed
 lease taken again, a standby that waits and takes over, adoption of a live job."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from driver.errors import JobEnded, JobFailed, JobIdInUseError, LeadershipLost
-from driver.lead import claim as claim_module
-from driver.lead.claim import DriverClaim, new_record
-from driver.lead.terms import ClaimAction
+from driver.leadership import claim as claim_module
+from driver.leadership.claim import DriverClaim, new_record
+from driver.leadership.terms import ClaimAction
 from rendezvous import open_store
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys

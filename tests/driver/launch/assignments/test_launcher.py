@@ -1,4 +1,4 @@
-"""The driver's side of the agents (``driver.launch.agents.launcher.AgentLauncher``) against a real
+"""The driver's side of the agents (``driver.launch.assignments.launcher.AgentLauncher``) against a real
 embedded store: what it writes when a host's agent is lost."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from driver.launch.agents.launcher import AgentLauncher
-from driver.launch.agents.service import AgentStarts, AgentWiring
+from driver.launch.assignments.launcher import AgentLauncher
+from driver.launch.assignments.service import AgentStarts, AgentWiring
 from driver.launch.registry import get_launcher
 from rendezvous import open_store
 from rendezvous.keys import JobKeys

@@ -1,4 +1,4 @@
-"""How a worker of a world of restart mode begins (``driver.launch.world_entry``): rank 0
+"""How a worker of a world of restart mode begins (``driver.programs.world_entry``): rank 0
 says where it serves, the others wait for it, then each becomes the command with
 ``MASTER_ADDR``/``MASTER_PORT`` and without the job's wiring. The pure parts, then real
 processes against a real embedded store."""
@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from driver.errors import WorldEntryError
-from driver.launch import world_entry
-from driver.launch.world_entry import Entry, meet_master, program_env
+from driver.programs import world_entry
+from driver.programs.world_entry import Entry, meet_master, program_env
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.schema.worlds import WorldMaster
@@ -105,7 +105,7 @@ def test_a_worker_becomes_its_command_with_the_masters_address(embedded_server):
     url, secret = f"embedded://{embedded_server.address}", embedded_server.secret
     show = "import json, os; print(json.dumps({'pid': os.getpid(), 'env': dict(os.environ)}))"
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "driver.launch.world_entry", "--", sys.executable, "-c", show]
+    argv = [sys.executable, "-m", "driver.programs.world_entry", "--", sys.executable, "-c", show]
     ranks = [
         subprocess.Popen(
             argv,

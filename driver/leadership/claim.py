@@ -1,6 +1,6 @@
 """The driver's hold on its job: the leader record under ``JobKeys.driver``, kept
 under the driver's own short lease, so the record lives exactly as long as the driver
-(the rules it follows: ``driver.lead.terms``).
+(the rules it follows: ``driver.leadership.terms``).
 
 * ``DriverClaim.take``: a job id names one live job. With a live leader the start is
   refused (``JobIdInUseError`` names it), or, with ``standby``, waits watching the
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from driver.errors import JobEnded, JobFailed, JobIdInUseError, LeadershipLost
-from driver.lead.terms import (
+from driver.leadership.terms import (
     ClaimAction,
     FenceFailure,
     after_failed_fence,

@@ -1,4 +1,4 @@
-"""``python -m driver.launch.world_spare -- COMMAND [ARG...]``: a warm spare of restart
+"""``python -m driver.programs.world_spare -- COMMAND [ARG...]``: a warm spare of restart
 mode (``elastic-run --restart-workers --spares N``), started ahead of need on its host.
 
 A world's restart costs each of its workers a process start and its program's imports
@@ -39,9 +39,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from driver.launch import python_command
-from driver.launch.python_command import PythonProgram
-from driver.launch.world_entry import (
+from driver.programs import python_command
+from driver.programs.python_command import PythonProgram
+from driver.programs.world_entry import (
     Entry,
     command_line,
     gloo_interface,
@@ -172,7 +172,7 @@ def _give_up(why: str) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     """Warm up, wait for a seat, then run the command in it (see the module docstring);
     the exit code when the command did not run here."""
-    command = command_line(argv, "driver.launch.world_spare")
+    command = command_line(argv, "driver.programs.world_spare")
     if command is None:
         return 2
     environ = dict(os.environ)

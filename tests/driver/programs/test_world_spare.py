@@ -1,5 +1,5 @@
-"""A warm spare of restart mode (``driver.launch.world_spare``): what it takes for a Python
-program (``driver.launch.python_command``, pure), then a real spare process against a
+"""A warm spare of restart mode (``driver.programs.world_spare``): what it takes for a Python
+program (``driver.programs.python_command``, pure), then a real spare process against a
 real embedded store: it imports what the program imports, registers, waits for its
 seat, and runs the program in its own process as ``python`` would."""
 
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from driver.launch import python_command, world_spare
-from driver.launch.python_command import PythonProgram, python_program
+from driver.programs import python_command, world_spare
+from driver.programs.python_command import PythonProgram, python_program
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.schema.workers import WorkerInfo
@@ -86,7 +86,7 @@ def test_a_spare_preloads_registers_waits_then_runs_the_program_in_its_seat(
         "ELASTIC_SPARE": "1",
         "PYTHONPATH": str(ROOT),
     }
-    argv = [sys.executable, "-m", "driver.launch.world_spare", "--", sys.executable]
+    argv = [sys.executable, "-m", "driver.programs.world_spare", "--", sys.executable]
     spare = subprocess.Popen(
         [*argv, str(script), "--lr", "1"],
         env={**os.environ, **wiring},
