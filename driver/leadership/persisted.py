@@ -19,9 +19,6 @@ from dataclasses import dataclass, replace
 from driver.policy import lifecycle
 from driver.policy.decisions import Book
 from driver.policy.lifecycle import WorkerRecord, WorkerState
-from driver.policy.memory.failures import FailureBook
-from driver.policy.memory.rounds import RoundBook
-from driver.policy.planner import WorkerSlot
 from rendezvous.keys import JobKeys
 from rendezvous.schema.leader import DriverStateRecord
 from rendezvous.schema.rounds import Plan
@@ -65,15 +62,15 @@ def state_record(
     cooldowns = list(cooldowns)
     return DriverStateRecord(
         term=term,
-        resets=book.rounds.resets,
-        failure_streak=book.failures.streak,
+        resets=book.resets,
+        failure_streak=book.failure_streak,
         blacklist=[
             [c.host, c.strikes, round(wall_now + (c.until - now), 3)]
             for c in cooldowns
             if c.until is not None
         ],
         strikes=[[c.host, c.strikes] for c in cooldowns if c.strikes],
-        done_slots=sorted([host, slot] for host, slot in book.rounds.done_slots),
+        done_slots=sorted([host, slot] for host, slot in book.done_slots),
         training_done=book.training_done,
         launched=launched,
         given_up=sorted(
@@ -188,14 +185,14 @@ def rebuild_view(
     lost_members = plan is not None and any(
         not records[m.worker_id].state.running for m in plan.members
     )
-    rounds = RoundBook(
+    book = Book(
         started_at=now,
         resets=state.resets,
-        done_slots=frozenset(WorkerSlot(h, s) for h, s in done_slots),
+        failure_streak=state.failure_streak,
+        done_slots=frozenset(done_slots),
         training_done_at=now if training_done else None,
         change_at=now if lost_members else None,
     )
-    book = Book(rounds, failures=FailureBook(streak=state.failure_streak))
     strikes = {str(h): int(n) for h, n in state.strikes}
     cooldowns = {
         str(h): Cooldown(str(h), int(n), now + (float(u) - wall_now))
