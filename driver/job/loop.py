@@ -19,7 +19,8 @@ is started and stopped by its own part: the store and the claim on the job id
 (``driver.job.shards``), the chaos (``driver.job.chaos``). Each part of the loop is
 given by name only the collaborators it uses: the takeover and the lead's writes
 (``driver.job.lead``), the workers' starts, stops and kills (``driver.job.actions``),
-the messages about workers (``driver.job.handlers``). Dispatch is by two tables of
+the messages about workers (``driver.job.handlers``), the hosts' decisions and the
+discovery's news (``driver.job.host_actions``). Dispatch is by two tables of
 named handlers, one per kind of decision and one per kind of message
 (``Job._decision_handlers``, ``Job._message_handlers``; each dispatch is logged at
 debug level). Each part returns the decisions it leads to and the loop carries them
@@ -47,18 +48,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Callable, NoReturn
 
 from driver import events as ev
-from driver import policy
 from driver.config import JobConfig
 from driver.errors import DiscoveryError, JobFailed, JobLeft, JobStopped, LeadershipLost
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.manager import HostManager
-from driver.hosts.probe import probe
 from driver.job import defaults, feeds, stopping
 from driver.job import messages as msg
 from driver.job.actions import WorkerActions
 from driver.job.chaos import chaos_monkey
 from driver.job.fenced import FencedStore
 from driver.job.handlers import MessageHandlers
+from driver.job.host_actions import HostActions
 from driver.job.lead import JobLead, adopted_exit_reporter
 from driver.job.processes import HeldWorkers, WorkerProcesses
 from driver.job.session import StoreSession
@@ -72,9 +72,21 @@ from driver.launch.process import WorkerProcess
 from driver.leadership.adopted_pids import AdoptedProcesses
 from driver.leadership.terms import ClaimAction
 from driver.policy import decisions as dec
+from driver.policy import (
+    departures,
+    exits,
+    occupancy,
+    preemption,
+    reports,
+    restarts,
+    rounds,
+    spares,
+    suspicion,
+)
 from driver.policy.lapses import store_lost_line
 from driver.policy.lifecycle import WorkerRecord
-from driver.threads import spawn
+from driver.policy.reports import HostSource, ProgressSettings
+from driver.policy.rounds import RoundSettings
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import make_secret, secret_from_env
@@ -162,7 +174,7 @@ class Job:
             usable_hosts=self._shard_hosts,
         )
         self._chaos = chaos_monkey(config, self.post)
-        self._state = state = JobState(book=dec.Book(started_at=clock()))
+        self._state = state = JobState(book=dec.Book.start(clock()))
         self._agents = agents
         held = HeldWorkers(
             WorkerProcesses(
@@ -174,6 +186,7 @@ class Job:
         self._actions = WorkerActions(state, session, fenced, held, lead, events, clock)
         self._messages = MessageHandlers(state, session, fenced, held, self._chaos, events, clock)
         self._stops = stopping.StopControl(state, session, lead, self._messages, events, clock)
+        self._host_actions = HostActions(state, self.hosts, agents, events, clock, self.post)
         self._on_decision = self._decision_handlers()
         self._on_message = self._message_handlers()
 
@@ -240,7 +253,7 @@ class Job:
             raise
         except (JobFailed, DiscoveryError, RendezvousError) as exc:
             rounds = self.plan.round_id if self.plan else 0
-            seconds = round(self._clock() - self.book.started_at, 3)
+            seconds = round(self._clock() - self.book.rounds.started_at, 3)
             self.events.emit(ev.JobFailure(reason=str(exc), rounds=rounds, seconds=seconds))
             self._outcome = ended.outcome_of(ended.FAILED, str(exc))
             raise
@@ -289,7 +302,7 @@ class Job:
         )
         if cfg.uses_discovery:
             feeds.poll_discovery(self.discovery, cfg.discovery_interval, self.post, self._stop)
-        self._emit_host_events(self.hosts.update(hosts, self._clock()))
+        self._host_actions.emit(self.hosts.update(hosts, self._clock()))
         self._usable = tuple(h.host for h in self.hosts.usable_hosts)
         if adopting:
             self._lead.adopt(handed_over)
@@ -323,8 +336,8 @@ class Job:
                 return code
             self._waits.extend(self._lead.persist())
             self._changed = False
-            self._due = self._clock() + policy.next_wakeup(self._waits, self._clock())
-        wait = max(self._due - self._clock(), policy.MIN_SLEEP)
+            self._due = self._clock() + rounds.next_wakeup(self._waits, self._clock())
+        wait = max(self._due - self._clock(), rounds.MIN_SLEEP)
         try:
             message = self._queue.get(timeout=wait if max_wait is None else min(wait, max_wait))
         except queue.Empty:
@@ -356,46 +369,46 @@ class Job:
     # ------------------------------------------------------------------ decisions
     def _reconcile(self) -> None:
         now, records, cfg = self._clock(), self.workers, self.config
-        self._emit_host_events(self.hosts.release_expired(now))
+        self._host_actions.emit(self.hosts.release_expired(now))
         view = dec.HostsView.of(self.hosts)
         self._usable = tuple(h.host for h in view.usable)
         self._waits = []
-        self._apply(policy.hosts_rule(records, self.plan, self.book, view, cfg, now))
+        settings, source = RoundSettings.from_config(cfg), HostSource.from_config(cfg)
+        self._apply(occupancy.hosts_rule(records, self.plan, self.book, view, settings, now))
         if cfg.restart_workers:  # whole worlds instead of rounds (driver.policy.restarts)
-            self._retire_agents(view)
-            self._step(policy.no_hosts(self.book, view, cfg, now))
+            self._apply(self._host_actions.agents_to_retire(view))
+            self._step(reports.no_hosts(self.book, view, source, now))
             ready = self._agents.ready_hosts([h.host for h in view.usable])
-            self._step(policy.world_rule(records, self.plan, self.book, view, cfg, now, ready))
-            self._apply(policy.spares_to_stop(records, view.usable))
+            world = restarts.world_rule(records, self.plan, self.book, view, settings, now, ready)
+            self._step(world)
+            self._apply(spares.spares_to_stop(records, view.usable))
             self._apply(
-                policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
+                spares.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
             )
             return
-        self._apply(policy.workers_to_stop(records, view.usable, self.plan, view.blacklisted, now))
-        self._apply(policy.spares_to_stop(records, view.usable))
-        self._retire_agents(view)
-        self._apply(policy.workers_to_kill(records, now))
-        self._apply(policy.lapse_waits(records))
-        self._apply(policy.slots_to_fill(records, view.usable, self.book, cfg))
-        self._step(policy.no_hosts(self.book, view, cfg, now))
-        self._step(policy.progress_report(self.book, self.plan, cfg, now))
-        self._step(policy.accusations_due(records, self.book, now))
-        self._step(policy.drains_due(records, self.book, now))
-        self._step(policy.leaving_due(records, self.book, now, self.plan, bool(cfg.checkpoint_dir)))
-        self._step(policy.plan_round(records, self.plan, self.book, view, cfg, now))
+        self._apply(
+            occupancy.workers_to_stop(records, view.usable, self.plan, view.blacklisted, now)
+        )
+        self._apply(spares.spares_to_stop(records, view.usable))
+        self._apply(self._host_actions.agents_to_retire(view))
+        self._apply(occupancy.workers_to_kill(records, now))
+        self._apply(occupancy.lapse_waits(records))
+        self._apply(occupancy.slots_to_fill(records, view.usable, self.book, cfg.max_np))
+        self._step(reports.no_hosts(self.book, view, source, now))
+        progress = ProgressSettings.from_config(cfg)
+        self._step(reports.progress_report(self.book, self.plan, progress, now))
+        self._step(suspicion.accusations_due(records, self.book, now))
+        self._step(preemption.drains_due(records, self.book, now))
+        snapshots = bool(cfg.checkpoint_dir)
+        self._step(departures.leaving_due(records, self.book, now, self.plan, snapshots))
+        self._step(rounds.plan_round(records, self.plan, self.book, view, settings, now))
         # Last: a new spare's start must not delay the round a promotion just formed.
         self._apply(
-            policy.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
+            spares.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
         )
 
-    def _retire_agents(self, view: dec.HostsView) -> None:
-        # A joined node's agent is the node's own, and its record is what lists the host:
-        # one that discovery has not read yet is no removed host's.
-        agents = self._agents.live_hosts() - self._agents.node_hosts()
-        self._apply(policy.agents_to_retire(agents, self._agents.busy_hosts(), self.workers, view))
-
     def _settle(self) -> int | None:
-        outcome = policy.world_outcome if self.config.restart_workers else policy.outcome
+        outcome = restarts.world_outcome if self.config.restart_workers else exits.outcome
         decision = outcome(self.workers, self.plan, self.book)
         if isinstance(decision, dec.Fail):
             raise JobFailed(decision.reason)
@@ -425,7 +438,7 @@ class Job:
     def _decision_handlers(self) -> dict[type, Handler]:
         """What carries out each kind of decision: a handler returns the decisions it
         leads to, and ``_apply`` carries them out in turn."""
-        actions, lead = self._actions, self._lead
+        actions, lead, hosts = self._actions, self._lead, self._host_actions
         return {
             dec.Publish: lead.publish,
             dec.Wait: self._wait,
@@ -437,13 +450,13 @@ class Job:
             dec.LaunchSpare: actions.launch_spare,
             dec.Promote: actions.promote,
             dec.Report: self._report,
-            dec.CountFailure: self._count_failure,
-            dec.Probe: self._probe_host,
-            dec.HostLost: self._host_lost,
-            dec.RetireAgent: self._retire_agent,
+            dec.CountFailure: hosts.count_failure,
+            dec.Probe: hosts.probe,
+            dec.HostLost: hosts.host_lost,
+            dec.RetireAgent: hosts.retire_agent,
             dec.SnapshotNow: self._snapshot_now,
             dec.StartWorld: actions.start_world,
-            dec.PrepareHost: self._prepare_host,
+            dec.PrepareHost: hosts.prepare_host,
         }
 
     def _message_handlers(self) -> dict[type, Handler]:
@@ -460,8 +473,8 @@ class Job:
             msg.AgentLost: on.on_agent_lost,
             msg.AgentReady: self._agent_ready,
             msg.FailureResync: on.on_failure_resync,
-            msg.HostsFound: self._hosts_found,
-            msg.DiscoveryFailed: self._discovery_failed,
+            msg.HostsFound: self._host_actions.hosts_found,
+            msg.DiscoveryFailed: self._host_actions.discovery_failed,
             msg.SignalReceived: self._signalled,
             msg.StoreLost: self._store_lost,
             msg.ProgressReported: on.on_progress,
@@ -485,43 +498,14 @@ class Job:
         self._lead.publish_snapshot_round(decision.plan)
         return ()
 
-    def _retire_agent(self, decision: dec.RetireAgent) -> Sequence[dec.Decision]:
-        self._agents.retire(decision.host)
-        return ()
-
-    def _prepare_host(self, decision: dec.PrepareHost) -> Sequence[dec.Decision]:
-        self._agents.prepare(decision.host)
-        return ()
-
     def _wait(self, decision: dec.Wait) -> Sequence[dec.Decision]:
         self._waits.append(decision)
         return ()
 
-    def _probe_host(self, decision: dec.Probe) -> Sequence[dec.Decision]:
-        def ask() -> None:
-            result = probe(decision.address)
-            self.post(msg.ProbeAnswered(decision.host, result.reachable, result.detail))
-
-        spawn(f"probe-{decision.host}", ask)
-        return ()
-
-    def _host_lost(self, decision: dec.HostLost) -> Sequence[dec.Decision]:
-        self._emit_host_events(self.hosts.host_lost(decision.host, self._clock()))
-        return ()
-
-    def _count_failure(self, decision: dec.CountFailure) -> Sequence[dec.Decision]:
-        self._emit_host_events(self.hosts.record_failure(decision.host, self._clock()))
-        slots = self.hosts.available_slots
-        if not decision.streak:
-            return ()
-        return self._state.take(
-            policy.count_failure(self.book, slots, decision.code, decision.reason)
-        )
-
     # ------------------------------------------------------------------ messages
     def _handle(self, message: msg.Message) -> None:
-        quiet = msg.changes_nothing(message, self.plan, self.book.progress_said_at is not None)
-        accused = self.book.accused
+        quiet = msg.changes_nothing(message, self.plan, self.book.progress.said_at is not None)
+        accused = self.book.failures.accused
         handler = self._on_message[type(message)]
         log.debug("message %s: %s", type(message).__name__, handler.__qualname__)
         self._apply(handler(message))
@@ -529,23 +513,13 @@ class Job:
             # Every survivor of a round of thousands reports its failure: a turn of the
             # rules for each would read every worker once per worker. The rules read a
             # report only through the accusations it makes or clears.
-            quiet = self.book.accused == accused
+            quiet = self.book.failures.accused == accused
         if not quiet:
             self._changed = True
 
     def _step(self, step: dec.Step) -> None:
         """Carry out a rule's decisions and keep its book."""
         self._apply(self._state.take(step))
-
-    def _hosts_found(self, message: msg.HostsFound) -> Sequence[dec.Decision]:
-        self.book = policy.discovery_succeeded(self.book)
-        self._emit_host_events(self.hosts.update(message.hosts, self._clock()))
-        return ()
-
-    def _discovery_failed(self, message: msg.DiscoveryFailed) -> Sequence[dec.Decision]:
-        step = policy.discovery_failed(self.book, message.error, self._clock())
-        self.book = step.book
-        return step.decisions
 
     def _signalled(self, message: msg.SignalReceived) -> Sequence[dec.Decision]:
         join = self.config.join
@@ -567,7 +541,7 @@ class Job:
     def _store_lost(self, message: msg.StoreLost) -> NoReturn:
         book = self._state.book
         line = store_lost_line(
-            message.reason, book.progress_step, book.snapshots, self.config.checkpoint_dir
+            message.reason, book.progress.step, book.progress.snapshots, self.config.checkpoint_dir
         )
         raise JobFailed(line)
 
@@ -578,12 +552,6 @@ class Job:
         raise JobFailed(message.reason)
 
     # ------------------------------------------------------------------ helpers
-    def _emit_host_events(self, host_events: Sequence[ev.HostEvent]) -> None:
-        for host_event in host_events:
-            self.events.emit(host_event)
-        if host_events:
-            self.book = self.book.changed(self._clock())
-
     def _shard_hosts(self) -> tuple[str, ...]:
         """The hosts a ps shard may be started on now (read from the ps supervisor's
         threads: a snapshot the loop replaces at each reconcile, minus the hosts whose
