@@ -407,7 +407,7 @@ class DriverStandIn:
         self.events = 0
         self.turns = 0
         self.published: dict[int, float] = {}  # round id -> monotonic time of the put
-        self._book = Book(time.monotonic())  # the rules' accusations (``_accuse``)
+        self._book = Book.start(time.monotonic())  # the rules' accusations (``_accuse``)
 
     def follow(self, stop: threading.Event) -> None:
         feeds = (
@@ -480,7 +480,7 @@ class DriverStandIn:
         whether the accusations changed. (No worker records: the reports here name no
         suspect, as a crash's.)"""
         book = failure_reported({}, self.plan, self._book, report, time.monotonic()).book
-        changed, self._book = book.accused != self._book.accused, book
+        changed, self._book = book.failures.accused != self._book.failures.accused, book
         return changed
 
     def _decide(self) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import Callable
 
 from driver import events as ev
-from driver import policy
 from driver.errors import LauncherError, LaunchError
 from driver.job.fenced import FencedStore
 from driver.job.lead import JobLead
@@ -31,8 +30,16 @@ from driver.job.wiring import WorkerSeat, seat_env, worker_spec, world_spare_spe
 from driver.launch.spec import LaunchSpec
 from driver.policy import decisions as dec
 from driver.policy import lifecycle, planner
+from driver.policy.exits import launch_failed
 from driver.policy.lifecycle import WorkerRecord
 from driver.policy.planner import World
+from driver.policy.restarts import world_launch_failed, world_spares
+from driver.policy.spares import (
+    promotion_event,
+    spare_launch_failed,
+    spare_promoted,
+    spares_held_for_world,
+)
 from rendezvous.schema.worlds import WorldSeat
 from rendezvous.store import Put
 
@@ -108,12 +115,10 @@ class WorkerActions:
             self.start_process(worker_id, host, slot, spec, spare)
         except LauncherError as exc:
             if spare:
-                step = policy.spare_launch_failed(
-                    worker_id, host, str(exc), state.book, self._clock()
-                )
+                step = spare_launch_failed(worker_id, host, str(exc), state.book, self._clock())
                 return state.take(step)
             permanent = isinstance(exc, LaunchError) and exc.permanent
-            return policy.launch_failed(
+            return launch_failed(
                 worker_id, host, slot, str(exc), None, state.any_registered(), permanent
             )
         return ()
@@ -137,7 +142,7 @@ class WorkerActions:
         lead.clear_worlds()
         started: list[str] = []
         failed: list[dec.Decision] = []
-        spares = policy.world_spares(world, self._state.workers)
+        spares = world_spares(world, self._state.workers)
         self._seat_spares(spares, world)
         for seat in world.seats:
             spare = spares.get(seat.rank)
@@ -152,16 +157,14 @@ class WorkerActions:
                 self.start_process(worker_id, seat.host, seat.slot, spec)
             except LauncherError as exc:
                 permanent = isinstance(exc, LaunchError) and exc.permanent
-                failed += policy.launch_failed(
+                failed += launch_failed(
                     worker_id, seat.host, seat.slot, str(exc), None, False, permanent
                 )
-                self._state.book = policy.world_launch_failed(self._state.book, str(exc))
+                self._state.book = world_launch_failed(self._state.book, str(exc))
                 break  # the world cannot be whole: its others would only wait for rank 0
             started.append(worker_id)
         lead.publish_world(planner.world_plan(world, started))
-        self._state.book = policy.spares_held_for_world(
-            self._state.book, world.hosts, self._clock()
-        )
+        self._state.book = spares_held_for_world(self._state.book, world.hosts, self._clock())
         if not failed:
             self._events.emit(
                 ev.WorldStarted(
@@ -194,10 +197,10 @@ class WorkerActions:
     def promote(self, decision: dec.Promote) -> Decisions:
         state, now = self._state, self._clock()
         rec = state.workers[decision.worker_id]
-        self._events.emit(policy.promotion_event(rec, decision.slot, now))
+        self._events.emit(promotion_event(rec, decision.slot, now))
         state.workers[rec.worker_id] = lifecycle.promoted(rec, decision.slot, now)
         whole_world = self._config.restart_workers
-        state.book = policy.spare_promoted(state.book.changed(now), rec.host, now, whole_world)
+        state.book = spare_promoted(state.book.changed(now), rec.host, now, whole_world)
         return ()
 
     def kill(self, decision: dec.Kill) -> Decisions:

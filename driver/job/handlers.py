@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Callable
 
 from driver import events as ev
-from driver import policy
 from driver.job import messages as msg
 from driver.job.chaos import ChaosMonkey
 from driver.job.fenced import FencedStore
@@ -25,8 +24,9 @@ from driver.job.processes import HeldWorkers
 from driver.job.session import StoreSession
 from driver.job.state import JobState
 from driver.policy import decisions as dec
-from driver.policy import lifecycle
+from driver.policy import exits, lifecycle, occupancy, preemption, reports, restarts, suspicion
 from driver.policy.lapses import RETURN_GRACE
+from driver.policy.reports import ProgressSettings
 from rendezvous.schema.workers import FinishRecord, ProgressRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue
 
@@ -75,7 +75,7 @@ class MessageHandlers:
         returned = finish is not None
         if finish is not None:
             self.on_training_finished(finish)
-        state.workers[rec.worker_id], (decisions, state.book) = policy.worker_exited(
+        state.workers[rec.worker_id], (decisions, state.book) = exits.worker_exited(
             rec,
             message.code,
             state.plan,
@@ -159,10 +159,10 @@ class MessageHandlers:
             return ()  # deleted (a new round settles the old reports) or unreadable
         if report.silent:
             return state.take(
-                policy.silence_reported(state.workers, state.plan, state.book, report)
+                suspicion.silence_reported(state.workers, state.plan, state.book, report)
             )
         return state.take(
-            policy.failure_reported(state.workers, state.plan, state.book, report, self._clock())
+            suspicion.failure_reported(state.workers, state.plan, state.book, report, self._clock())
         )
 
     def on_failure_resync(self, message: msg.FailureResync) -> Decisions:
@@ -177,7 +177,7 @@ class MessageHandlers:
     def on_probe_answered(self, message: msg.ProbeAnswered) -> Decisions:
         state = self._state
         return state.take(
-            policy.probe_answered(
+            suspicion.probe_answered(
                 state.workers, state.book, message.host, message.reachable, message.detail
             )
         )
@@ -194,11 +194,11 @@ class MessageHandlers:
             log.warning("ignoring an unreadable progress record: %s", exc)
             return ()
         state = self._state
-        state.book = policy.progress_reported(
+        state.book = reports.progress_reported(
             state.book,
             record.step,
             record.round_id,
-            self._config,
+            ProgressSettings.from_config(self._config),
             self._clock(),
             record.commit_round,
             state.plan,
@@ -224,9 +224,10 @@ class MessageHandlers:
         except (ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable finish record: %s", exc)
             return ()
-        if record.commits or state.book.progress_step is not None:  # (0: no state committed)
-            state.book = policy.progress_reported(
-                state.book, record.commits, record.round, self._config, now
+        if record.commits or state.book.progress.step is not None:  # (0: no state committed)
+            progress = ProgressSettings.from_config(self._config)
+            state.book = reports.progress_reported(
+                state.book, record.commits, record.round, progress, now
             )
         rec = state.workers.get(record.worker)
         self._events.emit(
@@ -261,7 +262,7 @@ class MessageHandlers:
             state.book = state.book.snapshot_complete(record.host, record.step)
             event = ev.SnapshotResumed(record.step, record.round_id, record.path, record.host)
         else:
-            held = [s for h, s in state.book.snapshots if h in ("", record.host)]
+            held = [s.step for s in state.book.progress.snapshots if s.host in ("", record.host)]
             previous = max(held) if held else None
             event = ev.SnapshotFailed(record.step, record.path, record.host, record.error, previous)
         self._events.emit(event)
@@ -272,9 +273,9 @@ class MessageHandlers:
         (``driver.policy.preemption``)."""
         state = self._state
         if self._config.restart_workers:  # no snapshot, no handover: the world ends with it
-            return policy.world_host_preempted(state.workers, message.host)
+            return restarts.world_host_preempted(state.workers, message.host)
         snapshots = bool(self._config.checkpoint_dir)
-        step = policy.host_preempted(
+        step = preemption.host_preempted(
             state.workers,
             state.plan,
             state.book,
@@ -288,11 +289,11 @@ class MessageHandlers:
     def on_chaos_tick(self, message: msg.ChaosTick) -> Decisions:
         state, chaos = self._state, self._chaos
         cfg = self._config
-        candidates = policy.chaos_candidates(
+        candidates = occupancy.chaos_candidates(
             state.workers, state.plan, state.book, cfg.min_np, cfg.np, cfg.chaos_below_min_np
         )
         victim = chaos.strike(candidates) if chaos and candidates else None
         if victim is None or chaos is None:
             return ()
         pid = self._held.pid(victim)
-        return policy.chaos_kill(state.workers[victim], state.plan, pid, chaos.kills)
+        return occupancy.chaos_kill(state.workers[victim], state.plan, pid, chaos.kills)

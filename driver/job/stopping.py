@@ -218,11 +218,11 @@ class StopControl:
 
     def _newest(self) -> tuple[int, str] | None:
         """The newest complete snapshot this job knows of, as (step, where)."""
-        known, directory = self._state.book.snapshots, self._config.checkpoint_dir
+        known, directory = self._state.book.progress.snapshots, self._config.checkpoint_dir
         if not known or not directory:
             return None
-        host, step = max(known, key=lambda item: item[1])
-        return step, directory + (f" (on {host})" if host else "")
+        newest = max(known, key=lambda held: held.step)
+        return newest.step, directory + (f" (on {newest.host})" if newest.host else "")
 
     def end(self, reason: str, signum: int) -> NoReturn:
         """Say how the stop ended (``job_stopped``), and end the job.
@@ -235,6 +235,6 @@ class StopControl:
         if self._stop is not None and self._stop.written:
             final = next(iter(self._stop.written.values()))
             step, path = final.step, final.path
-        seconds = round(self._clock() - self._state.book.started_at, 3)
+        seconds = round(self._clock() - self._state.book.rounds.started_at, 3)
         self._events.emit(ev.JobStop(signal_name(signum), reason, step, path, seconds))
         raise JobStopped(reason, signum)

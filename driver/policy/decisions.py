@@ -2,18 +2,24 @@
 
 ``driver.policy`` returns these; ``driver.job.loop`` carries them out, one handler per class.
 A ``Step`` pairs decisions with the ``Book`` after them (the loop's memory between
-decisions, replaced, never changed); a ``HostsView`` is what the rules ask of the host
+decisions, one record per concern: ``driver.policy.memory``; replaced, never changed); a ``HostsView`` is what the rules ask of the host
 manager, as of one moment.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Union
 
 from driver.events import Event
 from driver.hosts.manager import HostManager
 from driver.hosts.slots import HostSlots
+from driver.policy.memory.failures import FailureBook
+from driver.policy.memory.hosts import HostBook
+from driver.policy.memory.progress import ProgressBook
+from driver.policy.memory.rounds import RoundBook
+from driver.policy.memory.spares import SpareBook
+from driver.policy.memory.worlds import WorldBook
 from driver.policy.planner import World
 from rendezvous.schema.rounds import Plan
 
@@ -199,125 +205,50 @@ Decision = Union[
 ]
 
 
-class WorldEnd(NamedTuple):
-    """Why the current world of restart mode ends (every worker of it is stopped), and
-    whether the next one counts as a restart (a failure: a worker failed or was killed,
-    a host was lost) or not (the hosts changed on purpose)."""
-
-    reason: str
-    failure: bool
-
-
 @dataclass(frozen=True)
 class Book:
-    """What the loop remembers between decisions; replaced, never changed.
+    """What the loop remembers between decisions, one record per concern
+    (``driver.policy.memory``); replaced, never changed. A rule replaces the records of
+    its own concern and reads the others'. The few changes the loop itself asks for
+    (the membership changed, a round was published, ...) are methods here."""
 
-    ``change_at``: when the membership first changed since the last round (the next
-    round's formation time counts from it). ``done_slots``: slots whose worker finished
-    (they are not refilled). ``all_failed_rounds``: rounds whose members all failed with
-    an error code of their own; ``lost_rounds``: rounds whose members all died on their
-    own, whatever the code or signal. ``no_hosts_since``/``no_hosts_said_at``: since
-    when discovery lists no host, and when that was last said. ``progress_step``,
-    ``progress_round``, ``progress_at``: the newest step rank 0 published, its round,
-    and when it came; ``progress_seen``: (when, step) of its records over the last
-    progress interval, since the step last went back (the rate's window);
-    ``progress_back_from``: the step it went back from since the last progress line;
-    ``progress_said_at``: when the last progress line was said
-    (``driver.policy.reports``)."""
+    rounds: RoundBook
+    failures: FailureBook = field(default_factory=FailureBook)
+    progress: ProgressBook = field(default_factory=ProgressBook)
+    spares: SpareBook = field(default_factory=SpareBook)
+    hosts: HostBook = field(default_factory=HostBook)
+    world: WorldBook = field(default_factory=WorldBook)
 
-    started_at: float
-    resets: int = 0
-    failure_streak: int = 0
-    np_registered_at: float | None = None
-    broken_since: float | None = None
-    waiting_reported: bool = False
-    member_finished_at: float | None = None
-    change_at: float | None = None
-    all_failed_rounds: frozenset[int] = frozenset()
-    done_slots: frozenset[tuple[str, int]] = frozenset()
-    probing: frozenset[str] = frozenset()  # hosts whose reachability is being asked
-    # When the driver learned that a worker's @elastic.run function returned having
-    # committed the final step (its finish record, ``JobKeys.training_finished``): that
-    # commit is the job's result, so no new round forms, no slot is refilled, the chaos
-    # kills nobody, and what dies after it is no failure of the job (``policy.exits``).
-    training_done_at: float | None = None
-    # Failure reports of the current round: who reported, and who stands accused since
-    # when and why (a kill waits for the accused's own silence: ``policy.suspicion``).
-    reporters: frozenset[str] = frozenset()
-    accused: tuple[tuple[str, float, str], ...] = ()
-    lost_rounds: frozenset[int] = frozenset()
-    no_hosts_since: float | None = None
-    no_hosts_said_at: float | None = None
-    progress_step: int | None = None
-    progress_round: int = 0
-    # The members of the round rank 0 last said it committed in (its progress record's
-    # ``commit_round``, while that round was the current one): each holds the newest
-    # commit, so leaving workers may go once one of them stays (``policy.departures``).
-    commit_members: frozenset[str] = frozenset()
-    progress_at: float | None = None
-    progress_seen: tuple[tuple[float, int], ...] = ()
-    progress_back_from: int | None = None
-    progress_said_at: float | None = None
-    # Hosts where no spare is started before a time (``policy.spares``): one of their
-    # spares was just promoted, or died before it registered.
-    spare_holds: tuple[tuple[str, float], ...] = ()
-    # The newest snapshot of the workers' state known to be complete, per host whose disk
-    # holds it ("": in a folder every worker sees), as (host, step).
-    snapshots: tuple[tuple[str, int], ...] = ()
-    # Hosts being preempted, waiting for the snapshot their workers stop after: (host,
-    # the snapshot round asked for, until when it is waited for).
-    draining: tuple[tuple[str, int, float], ...] = ()
-    # Workers of drained hosts that leave at their next commit (``Leave``): (worker id,
-    # until when; after that they are stopped).
-    leaving: tuple[tuple[str, float], ...] = ()
-    # The newest round whose snapshot is known to be complete.
-    snapshot_round: int = 0
-    # The last discovery error said, when, and how many failed runs went unsaid since
-    # (``policy.reports.discovery_failed``); reset by a run that succeeds.
-    discovery_error: tuple[str, float, int] | None = None
-    # Restart mode (``policy.restarts``): why the current world ends (None: it runs), and
-    # how many worlds in a row ended by a worker's own death soon after their start.
-    world_end: WorldEnd | None = None
-    quick_failures: int = 0
+    @classmethod
+    def start(cls, now: float) -> Book:
+        """The book of a job that starts at ``now``."""
+        return cls(RoundBook(started_at=now))
 
     @property
     def training_done(self) -> bool:
-        """The training is complete (see ``training_done_at``)."""
-        return self.training_done_at is not None
+        """The training is complete (``RoundBook.training_done_at``)."""
+        return self.rounds.training_done
 
     def training_finished(self, now: float) -> Book:
-        """The driver learned at ``now`` that the training is complete (kept from the
-        first time it learned it)."""
-        return self if self.training_done_at is not None else replace(self, training_done_at=now)
-
-    def leaves(self, worker_id: str, until: float) -> Book:
-        """``worker_id`` leaves at its next commit, stopped if still running at ``until``."""
-        return replace(self, leaving=(*self.leaving, (worker_id, until)))
-
-    def new_round(self) -> Book:
-        """A round was published: the reports of the one before are settled."""
-        return replace(self, reporters=frozenset(), accused=())
+        """The driver learned at ``now`` that the training is complete."""
+        return replace(self, rounds=self.rounds.training_finished(now))
 
     def changed(self, now: float) -> Book:
         """The membership changed at ``now``."""
-        return self if self.change_at is not None else replace(self, change_at=now)
+        return replace(self, rounds=self.rounds.changed(now))
+
+    def new_round(self) -> Book:
+        """A round was published: the reports of the one before are settled."""
+        return replace(self, failures=self.failures.new_round())
+
+    def leaves(self, worker_id: str, until: float) -> Book:
+        """``worker_id`` leaves at its next commit, stopped if still running at ``until``."""
+        return replace(self, hosts=self.hosts.leaves(worker_id, until))
 
     def snapshot_complete(self, host: str, step: int, round_id: int = 0) -> Book:
         """A snapshot of ``step``, taken in round ``round_id``, is complete on ``host``'s
         disk ("": every worker's)."""
-        book = replace(self, snapshot_round=max(self.snapshot_round, round_id))
-        kept = tuple((h, s) for h, s in self.snapshots if h != host or s > step)
-        if not any(h == host for h, _ in kept):
-            kept = (*kept, (host, step))
-        return replace(book, snapshots=kept)
-
-    def finished(self, host: str, slot: int, in_round: bool, now: float) -> Book:
-        """The worker in ``host:slot`` exited 0 on its own (a member, if ``in_round``)."""
-        return replace(
-            self,
-            done_slots=self.done_slots | {(host, slot)},
-            member_finished_at=now if in_round else self.member_finished_at,
-        )
+        return replace(self, progress=self.progress.snapshot_complete(host, step, round_id))
 
 
 @dataclass(frozen=True)

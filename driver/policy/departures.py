@@ -35,6 +35,7 @@ from typing import NamedTuple
 from driver.hosts.slots import HostSlots
 from driver.policy.decisions import Book, Decision, Leave, SnapshotNow, Step, Stop, Wait
 from driver.policy.lifecycle import Workers
+from driver.policy.memory.hosts import Drain
 from rendezvous.schema.rounds import SNAPSHOT_NOW, Plan
 from rendezvous.schema.workers import WorkerInfo
 
@@ -74,14 +75,14 @@ def state_holders(
     """The leaving members of ``plan`` that must stay planned because the state is not
     safe without them (see the module docstring): ``candidate`` (the round the usable
     hosts give) keeps, staying, none of the workers known to hold the newest commit
-    (``Book.commit_members``: the members of the round rank 0 last committed in; a
+    (``ProgressBook.commit_members``: the members of the round rank 0 last committed in; a
     newcomer holds nothing until rank 0 commits in a round with it). None when none
     must: before anything was committed (there is no state to keep), and while no round
     could form without them anyway (``candidate`` None: the round waits for workers,
     up to ``--elastic-timeout``, as a broken one does)."""
-    if plan is None or candidate is None or not book.leaving or book.progress_step is None:
+    if plan is None or candidate is None or not book.hosts.leaving or book.progress.step is None:
         return None  # (no round without them yet: the round waits, as any broken one)
-    leaving = {w for w, _ in book.leaving}
+    leaving = book.hosts.leaving_ids()
     infos = []
     for member in plan.members:
         rec = workers.get(member.worker_id)
@@ -91,7 +92,7 @@ def state_holders(
         return None
     # Safe when the candidate keeps, staying, a worker known to hold the newest commit.
     kept = set(candidate.worker_ids) if candidate is not None else set()
-    if any(w in kept and w not in leaving for w in book.commit_members):
+    if any(w in kept and w not in leaving for w in book.progress.commit_members):
         return None
     slots = {h.host: h.slots for h in usable}
     for info in infos:  # (a host discovery dropped, or a slot it took away)
@@ -101,13 +102,13 @@ def state_holders(
 
 def is_handover(plan: Plan | None, candidate: Plan, workers: Workers, book: Book) -> bool:
     """Whether ``candidate`` takes over from ``plan`` at the members' next commit: every
-    member of ``plan`` still runs, each one it drops is leaving (``Book.leaving``), and
+    member of ``plan`` still runs, each one it drops is leaving (``HostBook.leaving``), and
     it keeps at least one (the state goes on with it). A round that only grows is one
     too: the newcomers wait for the others' next commit, as under Horovod."""
     if plan is None or plan.snapshot:
         return False
     kept = set(candidate.worker_ids)
-    leaving = {w for w, _ in book.leaving}
+    leaving = book.hosts.leaving_ids()
     return (
         any(w in kept for w in plan.worker_ids)
         and all(w in workers and workers[w].state.running for w in plan.worker_ids)
@@ -125,27 +126,31 @@ def leaving_due(
     stopped once it is complete (their hosts drain: ``policy.preemption.drains_due``)."""
     decisions: list[Decision] = []
     kept = []
-    leaving = {w for w, _ in book.leaving}
+    hb = book.hosts
+    leaving = hb.leaving_ids()
     last_holders = plan is not None and all(w in leaving for w in plan.worker_ids)
-    due = [w for w, until in book.leaving if now >= until and _running(workers, w)]
-    if due and last_holders and snapshots and plan is not None and not book.draining:
+    due = [d.worker_id for d in hb.leaving if now >= d.until and _running(workers, d.worker_id)]
+    if due and last_holders and snapshots and plan is not None and not hb.draining:
         again = replace(plan, round_id=plan.round_id + 1, snapshot=SNAPSHOT_NOW)
         hosts = sorted({workers[w].host for w in plan.worker_ids if _running(workers, w)})
         until_snapshot = now + LEAVE_WAIT
-        draining = tuple((h, again.round_id, until_snapshot) for h in hosts)
-        return Step((SnapshotNow(again),), replace(book, leaving=(), draining=draining))
-    for worker_id, until in book.leaving:
+        draining = tuple(Drain(h, again.round_id, until_snapshot) for h in hosts)
+        return Step(
+            (SnapshotNow(again),), replace(book, hosts=replace(hb, leaving=(), draining=draining))
+        )
+    for departure in hb.leaving:
+        worker_id, until = departure
         rec = workers.get(worker_id)
         if rec is None or not rec.state.running:
             continue
         if now >= until:
             decisions.append(Stop(worker_id, "it did not leave at a commit in time"))
             continue
-        kept.append((worker_id, until))
+        kept.append(departure)
         decisions.append(Wait(until, f"{worker_id} to leave at its next commit"))
-    if len(kept) == len(book.leaving):
+    if len(kept) == len(hb.leaving):
         return Step(tuple(decisions), book)
-    return Step(tuple(decisions), replace(book, leaving=tuple(kept)))
+    return Step(tuple(decisions), replace(book, hosts=replace(hb, leaving=tuple(kept))))
 
 
 def _running(workers: Workers, worker_id: str) -> bool:

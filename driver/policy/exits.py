@@ -76,9 +76,10 @@ def worker_exited(
     decisions: list[Decision]
     if done.state is WorkerState.FINISHED:
         decisions = [Report(WorkerExited(worker=wid, host=host, slot=slot, code=code, rank=rank))]
-        book = book.finished(host, slot, member is not None, now)
+        rounds = book.rounds.finished(host, slot, member is not None, now)
         if trained_to_end and member is not None:
-            book = book.training_finished(now)
+            rounds = rounds.training_finished(now)
+        book = replace(book, rounds=rounds)
     elif done.state is WorkerState.STOPPED:
         decisions = [Report(WorkerStopped(worker=wid, host=host, slot=slot, code=code))]
     elif code in CANNOT_RUN_CODES and not rec.ever_registered and rec.kill_reason is None:
@@ -140,8 +141,8 @@ def count_failure(
 ) -> Step:
     """A worker failed on its own (not the chaos; ``reason``: why it could not start).
     Fails the job past the streak limit."""
-    streak = book.failure_streak + 1
-    book = replace(book, failure_streak=streak)
+    streak = book.failures.streak + 1
+    book = replace(book, failures=replace(book.failures, streak=streak))
     if streak > max(FAILURE_STREAK_MIN, 3 * available_slots):
         last = reason if reason is not None else f"last exit: {describe_code(code)}"
         return Step(
@@ -173,7 +174,7 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
     if book.training_done:
         return finished_outcome(workers, plan, book)
     if plan is None:
-        if book.done_slots and not any(r.state.running for r in workers.values()):
+        if book.rounds.done_slots and not any(r.state.running for r in workers.values()):
             if any(r.ever_registered for r in workers.values()):
                 return Fail("workers exited before the first round formed")
             # The usual cause: a script that never joins (no elastic.init(), no
@@ -186,7 +187,7 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
     codes = {m.worker_id: finish_code(workers[m.worker_id]) for m in plan.members}
     if any(code is None for code in codes.values()):
         return None
-    if 0 not in codes.values() and not book.done_slots:
+    if 0 not in codes.values() and not book.rounds.done_slots:
         return None  # a round of failures: re-forming (or replacing) handles it
     # Some member finished, of this round or (``done_slots``) of an earlier one, and every
     # other failed: nobody alive holds the training state to hand on, and a replacement
@@ -199,7 +200,7 @@ def outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | Fail |
             f"{plan.round_id} exited with {codes[m.worker_id]} "
             "after other workers had finished"
         )
-    return Succeed(plan.round_id, plan.size, book.resets, book.progress_step)
+    return Succeed(plan.round_id, plan.size, book.rounds.resets, book.progress.step)
 
 
 #: signals a process raises on itself when it crashes (an abort, a bad access, a bad
@@ -229,7 +230,7 @@ def finished_outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed
     nowhere)."""
     if any(r.state.running and not r.spare for r in workers.values()):
         return None
-    done_at = book.training_done_at if book.training_done_at is not None else 0.0
+    done_at = book.rounds.training_done_at if book.rounds.training_done_at is not None else 0.0
     ended = [
         r
         for r in workers.values()
@@ -261,4 +262,4 @@ def finished_outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed
             + "): the script's end after its training ran nowhere"
         )
     size = plan.size if plan is not None else 0
-    return Succeed(round_id, size, book.resets, book.progress_step)
+    return Succeed(round_id, size, book.rounds.resets, book.progress.step)

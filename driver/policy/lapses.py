@@ -14,6 +14,7 @@ really cut off meanwhile is found by its ring peers' reports, which do not wait.
 
 from __future__ import annotations
 
+from driver.policy.memory.progress import SnapshotHeld
 from rendezvous.schema.agents import AGENT_LEASE_TTL
 
 RETURN_GRACE = 15.0
@@ -34,7 +35,7 @@ def lapse_explained(trouble_at: float | None, now: float, window: float = LAPSE_
 def store_lost_line(
     reason: str,
     progress_step: int | None,
-    snapshots: tuple[tuple[str, int], ...],
+    snapshots: tuple[SnapshotHeld, ...],
     checkpoint_dir: str | None,
 ) -> str:
     """The line a job ends with when its store stayed away past ``--elastic-timeout``
@@ -46,7 +47,7 @@ def store_lost_line(
     if not checkpoint_dir:
         kept = "; there is no --checkpoint-dir, so nothing of the state is kept"
     elif snapshots:
-        step = max(step for _, step in snapshots)
+        step = max(held.step for held in snapshots)
         kept = (
             f"; the newest snapshot, of step {step}, stands in --checkpoint-dir "
             f"{checkpoint_dir}: the same command resumes from it"

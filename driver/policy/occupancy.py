@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from driver.config import JobConfig
 from driver.events import ChaosKill, WorkerStopping
 from driver.flags import HANDOFF_WAIT
 from driver.hosts.slots import HostSlots
@@ -51,6 +50,7 @@ from driver.policy.decisions import (
 )
 from driver.policy.departures import LEAVE_WAIT, leave_at_commit
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
+from driver.policy.rounds import RoundSettings
 from driver.policy.spares import fill_slots
 from rendezvous.schema.rounds import Plan
 
@@ -60,15 +60,15 @@ REREGISTER_GRACE = 10.0
 
 
 def slots_to_fill(
-    workers: Workers, usable: Sequence[HostSlots], book: Book, config: JobConfig
+    workers: Workers, usable: Sequence[HostSlots], book: Book, max_np: int | None
 ) -> list[Launch | Promote]:
     """A launch, or a spare's promotion, for each free slot (running workers and
-    finished slots occupy theirs, spares none); none once training is done (a newcomer
-    would start it over)."""
+    finished slots occupy theirs, spares none), up to ``max_np`` workers; none once
+    training is done (a newcomer would start it over)."""
     if book.training_done:
         return []
     occupied = [(r.host, r.slot) for r in workers.values() if r.state.running and not r.spare]
-    free = planner.free_slots(usable, occupied + sorted(book.done_slots), config.max_np)
+    free = planner.free_slots(usable, occupied + sorted(book.rounds.done_slots), max_np)
     return fill_slots(free, workers)
 
 
@@ -142,7 +142,7 @@ def chaos_candidates(
     commit is the job's result), and none when the kill would leave fewer active
     members than ``chaos_floor`` (``below_min_np``: ``--chaos-below-min-np`` lifts this,
     the last member included). A shrunk round counts against ``--min-np``, not its size."""
-    if plan is None or book.done_slots or book.training_done:
+    if plan is None or book.rounds.done_slots or book.training_done:
         return []
     active = [m.worker_id for m in plan.members if workers[m.worker_id].state.active]
     floor = 0 if below_min_np else chaos_floor(min_np, np)
@@ -178,16 +178,21 @@ def agents_to_retire(
 
 
 def hosts_rule(
-    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+    workers: Workers,
+    plan: Plan | None,
+    book: Book,
+    hosts: HostsView,
+    config: RoundSettings,
+    now: float,
 ) -> list[Decision]:
     """A wait for the next cooldown to end; and when every host is blacklisted and no
     worker runs, a failure if that end is later than the job may wait."""
     release = hosts.next_release
     if hosts.all_blacklisted and not any(r.state.running for r in workers.values()):
         if plan is None:
-            limit, flag = book.started_at + config.start_timeout, "--start-timeout"
+            limit, flag = book.rounds.started_at + config.start_timeout, "--start-timeout"
         else:
-            since = book.broken_since if book.broken_since is not None else now
+            since = book.rounds.broken_since if book.rounds.broken_since is not None else now
             limit = since + config.elastic_timeout
             flag = "--elastic-timeout"
         if release is None or release > limit:

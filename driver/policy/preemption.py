@@ -31,6 +31,7 @@ from driver.policy.decisions import (
 )
 from driver.policy.departures import leave_at_commit
 from driver.policy.lifecycle import Workers
+from driver.policy.memory.hosts import Drain
 from rendezvous.schema.rounds import SNAPSHOT_NOW, Plan
 
 DRAIN_WAIT = 20.0
@@ -61,8 +62,8 @@ def host_preempted(
     min_np: int = 1,
 ) -> Step:
     """The agent of ``host`` got SIGTERM (see the module docstring)."""
-    leaving = {w for w, _ in book.leaving}
-    if any(h == host for h, _, _ in book.draining) or any(
+    leaving = book.hosts.leaving_ids()
+    if any(d.host == host for d in book.hosts.draining) or any(
         workers[w].host == host for w in leaving if w in workers
     ):
         return Step((), book)  # said already
@@ -88,7 +89,8 @@ def host_preempted(
     if not drain or plan is None:
         return Step((said, *_lost(workers, host, "preempted")), book)
     again = replace(plan, round_id=plan.round_id + 1, snapshot=SNAPSHOT_NOW)
-    book = replace(book, draining=(*book.draining, (host, again.round_id, now + DRAIN_WAIT)))
+    draining = (*book.hosts.draining, Drain(host, again.round_id, now + DRAIN_WAIT))
+    book = replace(book, hosts=replace(book.hosts, draining=draining))
     return Step((said, SnapshotNow(again)), book)
 
 
@@ -97,15 +99,15 @@ def drains_due(workers: Workers, book: Book, now: float) -> Step:
     is over; wait for the others."""
     decisions: list[Decision] = []
     kept = []
-    for host, round_id, until in book.draining:
-        if book.snapshot_round >= round_id or now >= until:
-            why = (
-                "preempted, after its snapshot" if book.snapshot_round >= round_id else "preempted"
-            )
+    done = book.progress.snapshot_round
+    for drain in book.hosts.draining:
+        host, round_id, until = drain
+        if done >= round_id or now >= until:
+            why = "preempted, after its snapshot" if done >= round_id else "preempted"
             decisions += _lost(workers, host, why)
         else:
-            kept.append((host, round_id, until))
+            kept.append(drain)
             decisions.append(Wait(until, f"the snapshot before {host} goes"))
-    if len(kept) == len(book.draining):
+    if len(kept) == len(book.hosts.draining):
         return Step(tuple(decisions), book)
-    return Step(tuple(decisions), replace(book, draining=tuple(kept)))
+    return Step(tuple(decisions), replace(book, hosts=replace(book.hosts, draining=tuple(kept))))

@@ -25,12 +25,14 @@ The rules:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from driver.config import JobConfig
 from driver.events import Event, HostDiscoveryFailed, Progress, StoreBack, StoreUnreachable, Waiting
 from driver.events.base import plural
 from driver.policy.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
+from driver.policy.memory.hosts import DiscoveryError
+from driver.policy.memory.progress import ProgressBook, ProgressSample
 from rendezvous.schema.rounds import Plan
 from rendezvous.schema.workers import progress_period
 
@@ -42,39 +44,78 @@ SILENT_AFTER = 3
 RATE_WINDOW_MIN = 0.5
 
 
-def no_hosts(book: Book, hosts: HostsView, config: JobConfig, now: float) -> Step:
+@dataclass(frozen=True)
+class HostSource:
+    """Where the job's hosts come from, as the empty-list line names it (``no_hosts``):
+    nodes that join (``--join``), ``-H``, a discovery script, the Slurm allocation, a
+    Ray cluster."""
+
+    joined: bool = False
+    listed: bool = False
+    script: bool = False
+    allocation: bool = False
+    ray: bool = False
+
+    @classmethod
+    def from_config(cls, config: JobConfig) -> HostSource:
+        return cls(
+            joined=config.join is not None,
+            listed=bool(config.hosts),
+            script=bool(config.discovery_script),
+            allocation=config.allocation,
+            ray=config.ray is not None,
+        )
+
+
+@dataclass(frozen=True)
+class ProgressSettings:
+    """What the progress rules read of the configuration: ``--progress-interval`` (0:
+    no progress lines)."""
+
+    interval: float
+
+    @classmethod
+    def from_config(cls, config: JobConfig) -> ProgressSettings:
+        return cls(interval=config.progress_interval)
+
+
+def no_hosts(book: Book, hosts: HostsView, source: HostSource, now: float) -> Step:
     """Discovery lists no host at all: say so at once and every ``REPEAT_REPORT_EVERY``
     seconds while it lasts (an empty list is more often a broken script than a wait for
     machines, and either way the user should know what the job waits for). A job that
     has hosts keeps them meanwhile, and says that too."""
+    hb = book.hosts
     if not hosts.none_listed:
-        if book.no_hosts_since is None:
+        if hb.no_hosts_since is None:
             return Step((), book)
-        return Step((), replace(book, no_hosts_since=None, no_hosts_said_at=None))
-    since = book.no_hosts_since if book.no_hosts_since is not None else now
-    said = book.no_hosts_said_at
+        return Step(
+            (), replace(book, hosts=replace(hb, no_hosts_since=None, no_hosts_said_at=None))
+        )
+    since = hb.no_hosts_since if hb.no_hosts_since is not None else now
+    said = hb.no_hosts_said_at
     decisions: list[Decision] = []
     if said is None or now - said >= REPEAT_REPORT_EVERY:
-        what = _none_listed(config)
+        what = _none_listed(source)
         if hosts.usable:
             what += f" (the job keeps its {plural(len(hosts.usable), 'host')} meanwhile)"
         decisions.append(Report(Waiting(what=what, waited=round(now - since, 3))))
         said = now
     decisions.append(Wait(said + REPEAT_REPORT_EVERY, "the next word on the empty host list"))
-    return Step(tuple(decisions), replace(book, no_hosts_since=since, no_hosts_said_at=said))
+    hb = replace(hb, no_hosts_since=since, no_hosts_said_at=said)
+    return Step(tuple(decisions), replace(book, hosts=hb))
 
 
-def _none_listed(config: JobConfig) -> str:
+def _none_listed(source: HostSource) -> str:
     """What the job waits for while its source of hosts lists none, in its words."""
-    if config.join is not None:
-        if config.hosts or config.discovery_script:
+    if source.joined:
+        if source.listed or source.script:
             return "a host: no node has joined, and -H or the discovery script lists none"
         return "a node to join the job (none has yet)"
-    if config.allocation:
+    if source.allocation:
         return "a host: the Slurm allocation has no usable node"
-    if config.ray is not None:
+    if source.ray:
         return "a host: the Ray cluster has no alive node"
-    return f"a host: {'the discovery script' if config.discovery_script else 'the host list'} lists none"
+    return f"a host: {'the discovery script' if source.script else 'the host list'} lists none"
 
 
 DISCOVERY_ERROR_EVERY = 30.0
@@ -86,22 +127,26 @@ def discovery_failed(book: Book, error: str, now: float) -> Step:
     """A discovery run after the first failed with ``error``: say it at once when it is
     news (another error, or the first since a run succeeded), else at most every
     ``DISCOVERY_ERROR_EVERY`` seconds, with the count of failed runs not said."""
-    if book.discovery_error is not None:
-        said, said_at, unsaid = book.discovery_error
-        if said == error and now - said_at < DISCOVERY_ERROR_EVERY:
-            return Step((), replace(book, discovery_error=(said, said_at, unsaid + 1)))
-        again = unsaid if said == error else 0
+    last = book.hosts.discovery_error
+    if last is not None:
+        if last.error == error and now - last.said_at < DISCOVERY_ERROR_EVERY:
+            unsaid = last._replace(unsaid=last.unsaid + 1)
+            return Step((), replace(book, hosts=replace(book.hosts, discovery_error=unsaid)))
+        again = last.unsaid if last.error == error else 0
     else:
         again = 0
+    said = DiscoveryError(error, now, 0)
     return Step(
         (Report(HostDiscoveryFailed(error, again=again)),),
-        replace(book, discovery_error=(error, now, 0)),
+        replace(book, hosts=replace(book.hosts, discovery_error=said)),
     )
 
 
 def discovery_succeeded(book: Book) -> Book:
     """A discovery run succeeded: the next failure is news again."""
-    return book if book.discovery_error is None else replace(book, discovery_error=None)
+    if book.hosts.discovery_error is None:
+        return book
+    return replace(book, hosts=replace(book.hosts, discovery_error=None))
 
 
 def store_health(
@@ -126,7 +171,7 @@ def progress_reported(
     book: Book,
     step: int,
     round_id: int,
-    config: JobConfig,
+    config: ProgressSettings,
     now: float,
     commit_round: int = 0,
     plan: Plan | None = None,
@@ -134,43 +179,43 @@ def progress_reported(
     """Rank 0 of round ``round_id`` holds ``step`` commits, the newest made in round
     ``commit_round`` (0: not said), as the driver heard at ``now`` (its progress record,
     or the record of a worker whose training finished). When that is ``plan``'s round,
-    its members are the commit's holders (``Book.commit_members``).
+    its members are the commit's holders (``ProgressBook.commit_members``).
     A record of an older round than the newest heard is ignored: that rank 0 had not
     yet seen its round end. A step below the newest heard went back: the rate's window
     starts over at it, and the next line says so."""
-    if book.progress_step is not None and round_id < book.progress_round:
+    pb = book.progress
+    if pb.step is not None and round_id < pb.round_id:
         return book
-    seen, back_from = book.progress_seen, book.progress_back_from
-    if book.progress_step is not None and step < book.progress_step:
-        back_from = max(back_from or 0, book.progress_step)
+    seen, back_from = pb.seen, pb.back_from
+    if pb.step is not None and step < pb.step:
+        back_from = max(back_from or 0, pb.step)
         seen = ()
-    seen = (*seen, (now, step))
+    seen = (*seen, ProgressSample(now, step))
     # From the newest report at least an interval old on: the rate's window, no more.
-    start = max(
-        (i for i, (t, _) in enumerate(seen) if t <= now - config.progress_interval), default=0
-    )
-    return replace(
-        book,
-        progress_step=step,
-        progress_round=round_id,
-        progress_at=now,
-        progress_seen=seen[start:],
-        progress_back_from=back_from,
+    start = max((i for i, s in enumerate(seen) if s.at <= now - config.interval), default=0)
+    pb = replace(
+        pb,
+        step=step,
+        round_id=round_id,
+        at=now,
+        seen=seen[start:],
+        back_from=back_from,
         commit_members=(
             frozenset(plan.worker_ids)
             if plan is not None and commit_round == plan.round_id
-            else book.commit_members
+            else pb.commit_members
         ),
     )
+    return replace(book, progress=pb)
 
 
-def progress_rate(book: Book, interval: float) -> float | None:
+def progress_rate(book: ProgressBook, interval: float) -> float | None:
     """Steps per second between the oldest and the newest report of the window (the
     last ``interval`` of wall time as the driver heard it); None while they span less
     than ``RATE_WINDOW_MIN`` of it (the first reports, or right after the step went
     back), and after the step went back, until the next line."""
-    seen = book.progress_seen
-    if book.progress_back_from is not None or len(seen) < 2:
+    seen = book.seen
+    if book.back_from is not None or len(seen) < 2:
         return None
     (first_at, first), (last_at, last) = seen[0], seen[-1]
     if last_at - first_at < RATE_WINDOW_MIN * interval:
@@ -178,25 +223,26 @@ def progress_rate(book: Book, interval: float) -> float | None:
     return round((last - first) / (last_at - first_at), 3)
 
 
-def progress_report(book: Book, plan: Plan | None, config: JobConfig, now: float) -> Step:
+def progress_report(book: Book, plan: Plan | None, config: ProgressSettings, now: float) -> Step:
     """Once rank 0 has reported a step, a line at once and then every
     ``--progress-interval``: the round, its size, the step, the steps per second
     (``progress_rate``), the step it went back from since the last line, and how long
     rank 0 has been quiet when it has for ``SILENT_AFTER`` report periods."""
-    interval, step, said_at = config.progress_interval, book.progress_step, book.progress_said_at
-    if not interval or plan is None or step is None or book.progress_at is None:
+    pb = book.progress
+    interval, step, said_at = config.interval, pb.step, pb.said_at
+    if not interval or plan is None or step is None or pb.at is None:
         return Step((), book)
     if said_at is not None and now - said_at < interval:
         return Step((Wait(said_at + interval, "the next progress line"),), book)
-    quiet = now - book.progress_at
+    quiet = now - pb.at
     heard = quiet <= SILENT_AFTER * progress_period(interval)
     event = Progress(
         round=plan.round_id,
         size=plan.size,
         step=step,
-        steps_per_second=progress_rate(book, interval) if heard else None,
-        back_from=book.progress_back_from,
+        steps_per_second=progress_rate(pb, interval) if heard else None,
+        back_from=pb.back_from,
         quiet_for=None if heard else round(quiet, 3),
     )
-    book = replace(book, progress_said_at=now, progress_back_from=None)
+    book = replace(book, progress=replace(pb, said_at=now, back_from=None))
     return Step((Report(event), Wait(now + interval, "the next progress line")), book)

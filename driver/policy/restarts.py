@@ -61,7 +61,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from driver.config import JobConfig
 from driver.events import HostPreempted, WorldStopping, describe_code
 from driver.policy import planner, rounds
 from driver.policy.decisions import (
@@ -78,10 +77,11 @@ from driver.policy.decisions import (
     Stop,
     Succeed,
     Wait,
-    WorldEnd,
 )
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
+from driver.policy.memory.worlds import WorldBook, WorldEnd
 from driver.policy.planner import WorkerSlot, World
+from driver.policy.rounds import RoundSettings
 from driver.policy.spares import fill_slots
 from rendezvous.schema.rounds import Member, Plan
 
@@ -99,7 +99,7 @@ def world_rule(
     plan: Plan | None,
     book: Book,
     hosts: HostsView,
-    config: JobConfig,
+    config: RoundSettings,
     now: float,
     ready: frozenset[str] | None = None,
 ) -> Step:
@@ -109,20 +109,22 @@ def world_rule(
     take a process now (None: all of them)."""
     members = plan.worker_ids if plan is not None else ()
     decisions: list[Decision] = list(_strays(workers, members))
-    if plan is not None and book.world_end is None:
+    if plan is not None and book.world.end is None:
         ready = ready if ready is not None else frozenset(h.host for h in hosts.usable)
         decisions += [PrepareHost(h.host) for h in hosts.usable if h.host not in ready]
-        end = world_end(workers, plan, hosts, config, ready)
+        end = world_end(workers, plan, hosts, config.max_np, ready)
         if end is not None:
-            quick = book.quick_failures + 1 if _failed_as_it_started(workers, plan, now) else 0
-            book = replace(book, world_end=end, quick_failures=quick)
+            quick = (
+                book.world.quick_failures + 1 if _failed_as_it_started(workers, plan, now) else 0
+            )
+            book = replace(book, world=WorldBook(end, quick))
             decisions.append(Report(WorldStopping(plan.round_id, end.reason, end.failure)))
-    if plan is not None and book.world_end is not None:
-        why = f"world {plan.round_id} stops: {book.world_end.reason}"
+    if plan is not None and book.world.end is not None:
+        why = f"world {plan.round_id} stops: {book.world.end.reason}"
         decisions += [Stop(w, why) for w in members if workers[w].state.active]
     if any(r.state.running and not r.spare for r in workers.values()):
         return Step(tuple(decisions), book)  # their exits are messages: the loop wakes
-    if plan is not None and book.world_end is None:
+    if plan is not None and book.world.end is None:
         return Step(tuple(decisions), book)  # every worker exited 0: ``world_outcome``
     step = _next_world(plan, book, hosts, config, now)
     return Step((*decisions, *step.decisions), step.book)
@@ -132,12 +134,12 @@ def world_end(
     workers: Workers,
     plan: Plan,
     hosts: HostsView,
-    config: JobConfig,
+    max_np: int | None,
     ready: frozenset[str] | None = None,
 ) -> WorldEnd | None:
     """Why the world of ``plan`` must end now, None while it may go on (see the module
     docstring); a failure comes first, so that it is counted. The world grows only
-    onto usable hosts that are ``ready`` (None: all of them)."""
+    onto usable hosts that are ``ready`` (None: all of them), up to ``max_np``."""
     members = [(m, workers[m.worker_id]) for m in plan.members]
     for m, r in members:
         if r.state in _FAILED:
@@ -151,7 +153,7 @@ def world_end(
             return WorldEnd(f"the slot of {_label(m)} left the job", failure=False)
     if not any(r.state is WorkerState.FINISHED for _, r in members):
         growable = [h for h in hosts.usable if ready is None or h.host in ready]
-        usable = len(planner.world_slots(growable, config.max_np))
+        usable = len(planner.world_slots(growable, max_np))
         if usable > plan.size:
             return WorldEnd(
                 f"{usable} slots are usable: the world grows from {plan.size}", failure=False
@@ -162,10 +164,10 @@ def world_end(
 def world_outcome(workers: Workers, plan: Plan | None, book: Book) -> Succeed | None:
     """``Succeed`` once every worker of the world exited 0 (and the world is not
     ending for another reason); None while the job goes on."""
-    if plan is None or book.world_end is not None:
+    if plan is None or book.world.end is not None:
         return None
     if all(workers[w].state is WorkerState.FINISHED for w in plan.worker_ids):
-        return Succeed(plan.round_id, plan.size, book.resets)
+        return Succeed(plan.round_id, plan.size, book.rounds.resets)
     return None
 
 
@@ -193,13 +195,14 @@ def world_spares(world: World, workers: Workers) -> dict[int, str]:
 def world_launch_failed(book: Book, reason: str) -> Book:
     """A worker of the world just started could not be started (``reason``): the world
     ends, as a failure (the rest of it is stopped at the next turn of the rules)."""
-    if book.world_end is not None:
+    if book.world.end is not None:
         return book
-    return replace(book, world_end=WorldEnd(f"a worker could not start: {reason}", failure=True))
+    end = WorldEnd(f"a worker could not start: {reason}", failure=True)
+    return replace(book, world=replace(book.world, end=end))
 
 
 def _next_world(
-    plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+    plan: Plan | None, book: Book, hosts: HostsView, config: RoundSettings, now: float
 ) -> Step:
     """No worker of the job runs, and the world before (if any) has ended: start the
     next one when the usable slots allow it, else wait (or give up)."""
@@ -215,21 +218,21 @@ def _next_world(
         return rounds.waiting_for(
             what, "world", len(slots), config.min_np, book, hosts, config, now
         )
-    end = book.world_end
+    end = book.world.end
     failure = end is not None and end.failure
-    restarts = book.resets + int(failure)
+    restarts = book.rounds.resets + int(failure)
     limit = config.reset_limit
     if end is not None and failure and limit is not None and restarts > limit:
         return Step(
             (
                 Fail(
                     f"restart limit exceeded: world {plan.round_id if plan else 0} failed "
-                    f"({end.reason}) after {book.resets} restart(s) (--reset-limit {limit})"
+                    f"({end.reason}) after {book.rounds.resets} restart(s) (--reset-limit {limit})"
                 ),
             ),
             book,
         )
-    if end is not None and book.quick_failures >= QUICK_FAILURES:
+    if end is not None and book.world.quick_failures >= QUICK_FAILURES:
         return Step(
             (
                 Fail(
@@ -241,29 +244,35 @@ def _next_world(
             ),
             book,
         )
-    took = 0.0 if plan is None or book.change_at is None else now - book.change_at
+    change_at = book.rounds.change_at
+    took = 0.0 if plan is None or change_at is None else now - change_at
     world = planner.lay_out_world(plan.round_id + 1 if plan else 1, restarts, slots)
-    book = replace(
-        book,
+    started_over = replace(
+        book.rounds,
         resets=restarts,
-        world_end=None,
         broken_since=None,
         waiting_reported=False,
         change_at=None,
-        failure_streak=0,
         done_slots=frozenset(),
         member_finished_at=None,
+    )
+    book = replace(
+        book,
+        rounds=started_over,
+        world=replace(book.world, end=None),
+        failures=replace(book.failures, streak=0),
     )
     return Step((StartWorld(world, round(took, 3)),), book)
 
 
-def _first_wait(usable: int, book: Book, config: JobConfig, now: float) -> Step:
+def _first_wait(usable: int, book: Book, config: RoundSettings, now: float) -> Step:
     """The first world waits for ``-np`` slots, up to ``--start-timeout``."""
-    if now - book.started_at <= config.start_timeout:
-        return Step((Wait(book.started_at + config.start_timeout, "-np slots"),), book)
+    started_at, no_hosts_since = book.rounds.started_at, book.hosts.no_hosts_since
+    if now - started_at <= config.start_timeout:
+        return Step((Wait(started_at + config.start_timeout, "-np slots"),), book)
     listed = (
-        f"discovery has listed no host for {now - book.no_hosts_since:.0f}s"
-        if book.no_hosts_since is not None and usable == 0
+        f"discovery has listed no host for {now - no_hosts_since:.0f}s"
+        if no_hosts_since is not None and usable == 0
         else f"only {usable} usable slot(s) for -np {config.np}"
     )
     return Step(

@@ -47,7 +47,7 @@ The rules:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from driver.config import JobConfig
 from driver.events import StateLost, Waiting, describe_code
@@ -55,6 +55,7 @@ from driver.hosts.slots import HostSlots
 from driver.policy import departures, planner
 from driver.policy.decisions import Book, Decision, Fail, HostsView, Publish, Report, Step, Wait
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
+from driver.policy.memory.failures import FailureBook
 from rendezvous.schema.rounds import Plan
 from rendezvous.schema.workers import WorkerInfo
 
@@ -81,6 +82,36 @@ MAX_SLEEP = 1.0
 MIN_SLEEP = 0.01
 
 
+@dataclass(frozen=True)
+class RoundSettings:
+    """What the round rules read of the job's configuration (restart mode's world
+    rules too, ``driver.policy.restarts``; and the wait for blacklisted hosts,
+    ``driver.policy.occupancy.hosts_rule``): the sizes, the timeouts, the reset limit,
+    and what becomes of a lost state."""
+
+    np: int
+    min_np: int
+    max_np: int | None
+    start_timeout: float
+    elastic_timeout: float
+    reset_limit: int | None
+    on_state_lost: str = "fail"
+    checkpoint_dir: str | None = None
+
+    @classmethod
+    def from_config(cls, config: JobConfig) -> RoundSettings:
+        return cls(
+            np=config.np,
+            min_np=config.min_np,
+            max_np=config.max_np,
+            start_timeout=config.start_timeout,
+            elastic_timeout=config.elastic_timeout,
+            reset_limit=config.reset_limit,
+            on_state_lost=config.on_state_lost,
+            checkpoint_dir=config.checkpoint_dir,
+        )
+
+
 def live_infos(workers: Workers) -> list[WorkerInfo]:
     """Registrations of the live workers, in registration order (what the planner takes)."""
     live = sorted(
@@ -91,25 +122,31 @@ def live_infos(workers: Workers) -> list[WorkerInfo]:
 
 
 def plan_round(
-    workers: Workers, plan: Plan | None, book: Book, hosts: HostsView, config: JobConfig, now: float
+    workers: Workers,
+    plan: Plan | None,
+    book: Book,
+    hosts: HostsView,
+    config: RoundSettings,
+    now: float,
 ) -> Step:
     """Whether to publish a round now, wait, or give up (see the module docstring)."""
-    if book.training_done:
+    rb = book.rounds
+    if rb.training_done:
         return Step((), book)
-    if book.member_finished_at is not None and now - book.member_finished_at < FINISH_GRACE:
-        return Step((Wait(book.member_finished_at + FINISH_GRACE, "the others to finish"),), book)
+    if rb.member_finished_at is not None and now - rb.member_finished_at < FINISH_GRACE:
+        return Step((Wait(rb.member_finished_at + FINISH_GRACE, "the others to finish"),), book)
     live = live_infos(workers)
     if plan is None:
         if len(live) < config.np:
-            book = replace(book, np_registered_at=None)
-            if now - book.started_at > config.start_timeout:
+            book = replace(book, rounds=replace(rb, np_registered_at=None))
+            if now - rb.started_at > config.start_timeout:
                 return Step(
                     (Fail(_start_timeout_reason(len(live), book, config, now)),),
                     book,
                 )
-            return Step((Wait(book.started_at + config.start_timeout, "-np workers"),), book)
-        registered_at = book.np_registered_at if book.np_registered_at is not None else now
-        book = replace(book, np_registered_at=registered_at)
+            return Step((Wait(rb.started_at + config.start_timeout, "-np workers"),), book)
+        registered_at = rb.np_registered_at if rb.np_registered_at is not None else now
+        book = replace(book, rounds=replace(rb, np_registered_at=registered_at))
         launched = sum(1 for r in workers.values() if r.state.active and not r.spare)
         grace_end = registered_at + FIRST_ROUND_GRACE
         if len(live) < launched and now < grace_end:
@@ -146,15 +183,22 @@ def plan_round(
     if plan is None:
         return Step(tuple(decisions), book)
     if intact:
-        return Step(tuple(decisions), replace(book, broken_since=None))  # a lapse is over
+        rb = replace(book.rounds, broken_since=None)  # a lapse is over
+        return Step(tuple(decisions), replace(book, rounds=rb))
     return _broken(workers, plan, book, len(live), min_np, hosts, config, now)
 
 
 def _publish(
-    candidate: Plan, plan: Plan | None, book: Book, workers: Workers, config: JobConfig, now: float
+    candidate: Plan,
+    plan: Plan | None,
+    book: Book,
+    workers: Workers,
+    config: RoundSettings,
+    now: float,
 ) -> Step:
-    resets = book.resets
-    if plan is not None and not book.done_slots:
+    rb = book.rounds
+    resets = rb.resets
+    if plan is not None and not rb.done_slots:
         # (Rounds for stragglers after a member finished are not resets.)
         resets += 1
         if config.reset_limit is not None and resets > config.reset_limit:
@@ -167,8 +211,12 @@ def _publish(
                 ),
                 book,
             )
-    took = now - (book.change_at if book.change_at is not None else now)
-    book = replace(book, resets=resets, broken_since=None, change_at=None, failure_streak=0)
+    took = now - (rb.change_at if rb.change_at is not None else now)
+    book = replace(
+        book,
+        rounds=replace(rb, resets=resets, broken_since=None, change_at=None),
+        failures=replace(book.failures, streak=0),
+    )
     decisions: list[Decision] = [Publish(candidate, round(took, 3))]
     if plan is not None and not set(plan.worker_ids) & set(candidate.worker_ids):
         lost = _state_lost(candidate, plan, book, config)
@@ -180,25 +228,25 @@ def _publish(
 
 
 def _state_lost(
-    candidate: Plan, plan: Plan, book: Book, config: JobConfig
+    candidate: Plan, plan: Plan, book: Book, config: RoundSettings
 ) -> Fail | list[Decision]:
     """``candidate`` has no member of ``plan``: what becomes of the state they committed
     (see the module docstring)."""
-    if book.progress_step is None:
+    step, snapshots = book.progress.step, book.progress.snapshots
+    if step is None:
         return []  # nothing committed that anyone knows of: nothing to lose
     hosts = {m.host for m in candidate.members}
-    if any(host == "" or host in hosts for host, _ in book.snapshots):
+    if any(s.host == "" or s.host in hosts for s in snapshots):
         return []  # the round's sync resumes from the snapshot (its reader says so)
-    step = book.progress_step
     if config.on_state_lost == "restart":
         return [Report(StateLost(round=candidate.round_id, previous=plan.round_id, step=step))]
     way_out = "start it again with --checkpoint-dir to keep it"
     if not config.checkpoint_dir:
         where = "there is no --checkpoint-dir"
-    elif book.snapshots:  # on disks only other hosts are known to read (host-local, or alone)
+    elif snapshots:  # on disks only other hosts are known to read (host-local, or alone)
         where = (
             "its snapshots are on hosts the new round does not run on ("
-            + ", ".join(sorted({host for host, _ in book.snapshots}))
+            + ", ".join(sorted({s.host for s in snapshots}))
             + ")"
         )
         way_out = "the same command started where they are resumes from the newest"
@@ -220,13 +268,14 @@ def _broken(
     have: int,
     min_np: int,
     hosts: HostsView,
-    config: JobConfig,
+    config: RoundSettings,
     now: float,
 ) -> Step:
     """The round lost members and no plan of ``min_np`` can form yet."""
-    book, failed = script_fails(workers, plan, book)
+    failures, failed = script_fails(workers, plan, book.failures)
     if failed is None:
-        book, failed = rounds_lost(workers, plan, book)
+        failures, failed = rounds_lost(workers, plan, failures)
+    book = replace(book, failures=failures)
     if failed is not None:
         return Step((failed,), book)
     what = f"round {plan.round_id} lost workers; waiting for {min_np} to re-form (have {have})"
@@ -240,20 +289,21 @@ def waiting_for(
     min_np: int,
     book: Book,
     hosts: HostsView,
-    config: JobConfig,
+    config: RoundSettings,
     now: float,
 ) -> Step:
     """Fewer than ``min_np`` workers (``have``) can be in the job's next ``unit`` (a
-    round, or a world of restart mode) since ``book.broken_since``: say ``what`` is
+    round, or a world of restart mode) since ``RoundBook.broken_since``: say ``what`` is
     waited for once the wait passed ``WAITING_REPORT_AFTER``, and end the job after
     ``--elastic-timeout``."""
     decisions: list[Decision] = []
-    if book.broken_since is None:
-        book = replace(book, broken_since=now, waiting_reported=False)
-    since = book.broken_since if book.broken_since is not None else now
-    if not book.waiting_reported:
+    rb = book.rounds
+    if rb.broken_since is None:
+        rb = replace(rb, broken_since=now, waiting_reported=False)
+    since = rb.broken_since if rb.broken_since is not None else now
+    if not rb.waiting_reported:
         if now - since > WAITING_REPORT_AFTER:
-            book = replace(book, waiting_reported=True)
+            rb = replace(rb, waiting_reported=True)
             decisions.append(Report(Waiting(what=what, waited=round(now - since, 3))))
         else:
             decisions.append(Wait(since + WAITING_REPORT_AFTER, f"a {unit} to re-form"))
@@ -270,7 +320,7 @@ def waiting_for(
         )
     else:
         decisions.append(Wait(since + config.elastic_timeout, "--elastic-timeout"))
-    return Step(tuple(decisions), book)
+    return Step(tuple(decisions), replace(book, rounds=rb))
 
 
 def _script_failed_round(workers: Workers, plan: Plan) -> Fail | None:
@@ -292,7 +342,9 @@ def _own_error(r: WorkerRecord) -> bool:
     return r.state is WorkerState.FAILED and r.exit_code is not None and r.exit_code > 0
 
 
-def script_fails(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | None]:
+def script_fails(
+    workers: Workers, plan: Plan, book: FailureBook
+) -> tuple[FailureBook, Fail | None]:
     """Every member of two rounds in a row exited with an error code of its own (no
     signal, no stop): the script fails deterministically, and replacing the workers
     again would only repeat it. The book remembers rounds whose members all failed."""
@@ -310,7 +362,7 @@ def script_fails(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail |
     )
 
 
-def rounds_lost(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | None]:
+def rounds_lost(workers: Workers, plan: Plan, book: FailureBook) -> tuple[FailureBook, Fail | None]:
     """Every member of ``LOST_ROUNDS_LIMIT`` rounds in a row died on its own, whatever
     its code or signal (a script that aborts at its end, a crash at exit): the job
     started over from nothing each time, and would again. (``script_fails`` ends it
@@ -330,11 +382,12 @@ def rounds_lost(workers: Workers, plan: Plan, book: Book) -> tuple[Book, Fail | 
     )
 
 
-def _start_timeout_reason(registered: int, book: Book, config: JobConfig, now: float) -> str:
+def _start_timeout_reason(registered: int, book: Book, config: RoundSettings, now: float) -> str:
     timeout = f"--start-timeout {config.start_timeout:g}s"
-    if book.no_hosts_since is not None and registered == 0:
+    since = book.hosts.no_hosts_since
+    if since is not None and registered == 0:
         return (
-            f"discovery has listed no host for {now - book.no_hosts_since:.0f}s: "
+            f"discovery has listed no host for {now - since:.0f}s: "
             f"no worker could start within {timeout}"
         )
     return f"only {registered} of {config.np} workers registered within {timeout}"
@@ -342,9 +395,10 @@ def _start_timeout_reason(registered: int, book: Book, config: JobConfig, now: f
 
 def _no_hosts_note(book: Book, now: float) -> str:
     """What to add to a timeout's reason while discovery lists no host."""
-    if book.no_hosts_since is None:
+    since = book.hosts.no_hosts_since
+    if since is None:
         return ""
-    return f"; discovery has listed no host for {now - book.no_hosts_since:.0f}s"
+    return f"; discovery has listed no host for {now - since:.0f}s"
 
 
 def next_wakeup(waits: Sequence[Wait], now: float) -> float:

@@ -54,6 +54,7 @@ from driver.policy.decisions import (
     Wait,
 )
 from driver.policy.lifecycle import WorkerRecord, Workers, WorkerState
+from driver.policy.memory.spares import SpareBook, SpareHold
 from driver.policy.planner import WorkerSlot
 from rendezvous.schema.rounds import Plan
 
@@ -92,14 +93,15 @@ def promotion_event(rec: WorkerRecord, slot: int, now: float) -> SparePromoted:
 
 
 def _holds(book: Book, now: float) -> dict[str, float]:
-    return {host: until for host, until in book.spare_holds if until > now}
+    return {h.host: h.until for h in book.spares.holds if h.until > now}
 
 
 def _held(book: Book, host: str, until: float, now: float) -> Book:
     """The book with no spare started on ``host`` before ``until`` (a later hold stays)."""
     holds = _holds(book, now)
     holds[host] = max(until, holds.get(host, until))
-    return replace(book, spare_holds=tuple(sorted(holds.items())))
+    spares = SpareBook(tuple(SpareHold(h, t) for h, t in sorted(holds.items())))
+    return replace(book, spares=spares)
 
 
 def spare_promoted(book: Book, host: str, now: float, whole_world: bool = False) -> Book:

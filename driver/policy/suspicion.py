@@ -24,6 +24,7 @@ from dataclasses import replace
 from driver.events import FailureReported, HostUnreachable
 from driver.policy.decisions import Book, Decision, HostLost, Kill, Probe, Report, Step, Wait
 from driver.policy.lifecycle import Workers
+from driver.policy.memory.failures import Accusation
 from rendezvous.schema.rounds import Plan
 from rendezvous.schema.workers import FailureRecord
 
@@ -58,17 +59,19 @@ def failure_reported(
     # finisher running the script's end, which must not be killed for it.
     if plan is None or report.round_id != plan.round_id or book.training_done:
         return Step(decisions, book)
-    reporters = book.reporters | {reporter}
-    accused = tuple(a for a in book.accused if a[0] not in reporters)
+    fb = book.failures
+    reporters = fb.reporters | {reporter}
+    accused = tuple(a for a in fb.accused if a.worker_id not in reporters)
     rec = workers.get(report.suspect) if report.suspect is not None else None
     if (
         rec is not None
         and rec.state.active
         and rec.worker_id not in reporters
-        and all(a[0] != rec.worker_id for a in accused)
+        and all(a.worker_id != rec.worker_id for a in accused)
     ):
-        accused += ((rec.worker_id, now, f"reported by {reporter}: {report.reason}"),)
-    return Step(decisions, replace(book, reporters=frozenset(reporters), accused=accused))
+        accused += (Accusation(rec.worker_id, now, f"reported by {reporter}: {report.reason}"),)
+    fb = replace(fb, reporters=frozenset(reporters), accused=accused)
+    return Step(decisions, replace(book, failures=fb))
 
 
 def accusations_due(workers: Workers, book: Book, now: float) -> Step:
@@ -76,7 +79,8 @@ def accusations_due(workers: Workers, book: Book, now: float) -> Step:
     active; wait for the others."""
     decisions: list[Decision] = []
     kept = []
-    for worker_id, since, why in book.accused:
+    for accusation in book.failures.accused:
+        worker_id, since, why = accusation
         rec = workers.get(worker_id)
         if rec is None or not rec.state.active:
             continue
@@ -88,9 +92,11 @@ def accusations_due(workers: Workers, book: Book, now: float) -> Step:
                 )
             )
         else:
-            kept.append((worker_id, since, why))
+            kept.append(accusation)
             decisions.append(Wait(since + CONFIRM_WINDOW, f"{worker_id} to show it is alive"))
-    return Step(tuple(decisions), replace(book, accused=tuple(kept)))
+    return Step(
+        tuple(decisions), replace(book, failures=replace(book.failures, accused=tuple(kept)))
+    )
 
 
 def silence_reported(
@@ -105,16 +111,20 @@ def silence_reported(
     current = plan is not None and report.round_id == plan.round_id
     if not current or book.training_done or rec is None or not rec.state.active or rec.info is None:
         return Step(tuple(decisions), book)
-    if rec.host in book.probing:
+    fb = book.failures
+    if rec.host in fb.probing:
         return Step(tuple(decisions), book)
     decisions.append(Probe(rec.host, rec.info.address))
-    return Step(tuple(decisions), replace(book, probing=book.probing | {rec.host}))
+    return Step(
+        tuple(decisions), replace(book, failures=replace(fb, probing=fb.probing | {rec.host}))
+    )
 
 
 def probe_answered(workers: Workers, book: Book, host: str, reachable: bool, detail: str) -> Step:
     """The probe of ``host`` came back: nothing to do if it answered; else the host is
     lost with every worker still running there."""
-    book = replace(book, probing=book.probing - {host})
+    fb = book.failures
+    book = replace(book, failures=replace(fb, probing=fb.probing - {host}))
     if reachable:
         return Step((), book)
     lost = sorted(r.worker_id for r in workers.values() if r.host == host and r.state.running)

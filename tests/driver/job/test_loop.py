@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from driver import policy
 from driver.config import parse_args
 from driver.errors import JobFailed, JobStopped, LaunchError
 from driver.job.loop import Job
@@ -26,7 +25,7 @@ from driver.job.messages import (
 )
 from driver.job.wiring import JobWiring, WorkerSeat, job_env, worker_env
 from driver.launch.base import Launcher
-from driver.policy import lifecycle
+from driver.policy import lifecycle, spares
 from driver.policy.lifecycle import WorkerRecord, WorkerState
 from rendezvous.schema.rounds import Plan
 from rendezvous.schema.workers import FailureRecord, ProgressRecord, WorkerInfo
@@ -208,7 +207,7 @@ def test_a_failed_member_is_replaced_and_the_round_re_forms(harness):
     register(job, c)
     turn_until(job, lambda: job.plan is not None and job.plan.round_id == 2, "round 2")
     assert job.plan == published(job) and job.plan.worker_ids == (a, c)
-    assert job.book.resets == 1
+    assert job.book.rounds.resets == 1
 
 
 def test_start_timeout_on_the_fake_clock(harness):
@@ -240,7 +239,7 @@ def test_chaos_kills_a_member_that_does_not_count_against_its_host(harness):
     assert launcher.by_worker(kill.worker).killed and kill.kill == 1
     turn_until(job, lambda: any(e.kind == "worker_failed" for e in events), "the exit")
     assert next(e for e in events if e.kind == "worker_failed").chaos
-    assert job.book.failure_streak == 0
+    assert job.book.failures.streak == 0
 
 
 def test_a_launch_failure_is_a_failure_of_its_host(harness):
@@ -300,12 +299,12 @@ def test_a_spare_takes_a_failed_members_slot_and_is_refilled_later(harness):
     launcher.by_worker(b).exit(-9)
     turn_until(job, lambda: job.plan.round_id == 2, "round 2")
     assert job.plan.worker_ids == (a, s) and job.plan.member(s).slot == 1
-    assert published(job) == job.plan and job.book.resets == 1
+    assert published(job) == job.plan and job.book.rounds.resets == 1
     promoted = next(e for e in events if e.kind == "spare_promoted")
     assert (promoted.worker, promoted.slot) == (s, 1)
     # Nothing was started for the slot; the new spare waits for the refill delay.
     assert len(job.workers) == 3 and not spares_of(job)
-    clock.advance(policy.SPARE_REFILL_DELAY + 0.1)
+    clock.advance(spares.SPARE_REFILL_DELAY + 0.1)
     turn_until(job, lambda: spares_of(job), "the new spare")
     (new,) = spares_of(job)
     assert job.workers[new].slot == 0 and job.plan.worker_ids == (a, s)
@@ -317,7 +316,7 @@ def test_a_spare_dying_idle_is_replaced_without_a_round(harness):
     launcher.by_worker(s).exit(-9)
     turn_until(job, lambda: spares_of(job), "the new spare")
     assert job.plan.round_id == 1 and job.plan.worker_ids == (a, b)
-    assert job.book.failure_streak == 0 and job.book.change_at is None
+    assert job.book.failures.streak == 0 and job.book.rounds.change_at is None
     assert "worker_failed" not in events.kinds()
     lost = next(e for e in events if e.kind == "spare_lost")
     assert lost.worker == s and lost.registered
@@ -459,7 +458,7 @@ def test_rank_0s_first_step_is_said_at_once_and_the_rest_turn_no_rules(harness, 
         job.post(progress(step))
         job.turn(max_wait=10.0)
     job.turn(max_wait=0.0)  # (a turn here: the last record asked for one)
-    assert turns == [] and job.book.progress_step == 183
+    assert turns == [] and job.book.progress.step == 183
     clock.now = start + 8.0
     job.post(progress(203))
     job.turn(max_wait=10.0)

@@ -4,13 +4,11 @@ time, checked decision by decision."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import replace
 
 import pytest
 
 from driver import events as ev
-from driver import policy
 from driver.config import parse_args
 from driver.hosts.slots import HostSlots, parse_host_slots
 from driver.policy import planner, restarts
@@ -26,9 +24,11 @@ from driver.policy.decisions import (
     Stop,
     Succeed,
     Wait,
-    WorldEnd,
 )
 from driver.policy.lifecycle import WorkerRecord, WorkerState
+from driver.policy.memory.rounds import RoundBook
+from driver.policy.memory.worlds import WorldBook, WorldEnd
+from driver.policy.rounds import RoundSettings
 from rendezvous.schema.rounds import Plan
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
@@ -42,9 +42,9 @@ def hosts(spec: str) -> HostsView:
     return HostsView(usable=usable, available_slots=sum(h.slots for h in usable))
 
 
-def config(*args: str, **changes):
-    cfg = parse_args(["--restart-workers", *args, "python", "train.py"])
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+def config(*args: str) -> RoundSettings:
+    """The world rules' slice of the configuration the flags ``args`` give."""
+    return RoundSettings.from_config(parse_args(["--restart-workers", *args, "python", "train.py"]))
 
 
 def world_of(spec: str, number: int = 1, restarts_: int = 0) -> planner.World:
@@ -139,7 +139,7 @@ def test_max_np_cuts_a_world_and_its_plan_is_round_number_with_the_same_ranks():
 
 def test_the_first_world_starts_once_the_hosts_hold_np_slots():
     cfg = config("-np", "3", "--host-discovery-script", "/bin/true")
-    book = Book(started_at=T0)
+    book = Book.start(T0)
     waiting = restarts.world_rule({}, None, book, hosts("a:2"), cfg, T0 + 1)
     assert waiting.decisions == (Wait(T0 + cfg.start_timeout, "-np slots"),)
     (decision,) = restarts.world_rule({}, None, book, hosts("a:2,b:2"), cfg, T0 + 1).decisions
@@ -150,9 +150,7 @@ def test_the_first_world_starts_once_the_hosts_hold_np_slots():
 
 def test_the_first_world_fails_the_job_after_the_start_timeout():
     cfg = config("-np", "3", "--host-discovery-script", "/bin/true", "--start-timeout", "5")
-    (fail,) = restarts.world_rule(
-        {}, None, Book(started_at=T0), hosts("a:2"), cfg, T0 + 6
-    ).decisions
+    (fail,) = restarts.world_rule({}, None, Book.start(T0), hosts("a:2"), cfg, T0 + 6).decisions
     assert "only 2 usable slot(s) for -np 3" in failure(fail) and "--start-timeout 5s" in failure(
         fail
     )
@@ -160,9 +158,7 @@ def test_the_first_world_fails_the_job_after_the_start_timeout():
 
 def test_max_np_caps_the_first_world():
     cfg = config("-np", "2", "--max-np", "3", "-H", "a:2,b:2")
-    (start,) = restarts.world_rule(
-        {}, None, Book(started_at=T0), hosts("a:2,b:2"), cfg, T0
-    ).decisions
+    (start,) = restarts.world_rule({}, None, Book.start(T0), hosts("a:2,b:2"), cfg, T0).decisions
     assert start_of(start).world.size == 3
 
 
@@ -173,13 +169,13 @@ def test_a_worker_that_fails_stops_every_other_and_the_next_world_is_a_restart()
     cfg = config("-np", "3")
     plan, records = running(world_of("localhost:3"))
     records["w1"] = exited(records["w1"], 1)
-    book = Book(started_at=T0, change_at=T0 + 100)
+    book = Book(RoundBook(T0, change_at=T0 + 100))
     step = restarts.world_rule(records, plan, book, hosts("localhost:3"), cfg, T0 + 100)
     report, *rest = step.decisions
     event = world_stopping(report)
     assert event.failure and "worker [1] localhost:1 exit 1" in event.reason
     assert stops(rest) == ["w0", "w2"]
-    assert step.book.world_end == WorldEnd(event.reason, failure=True)
+    assert step.book.world.end == WorldEnd(event.reason, failure=True)
     # Once stopping, nothing more is said or sent until they are gone.
     records["w0"] = replace(records["w0"], state=S.STOPPING)
     records["w2"] = replace(records["w2"], state=S.STOPPING)
@@ -200,7 +196,7 @@ def test_a_killed_worker_ends_its_world_at_once_before_its_exit():
     cfg = config("-np", "2", "-H", "a:1,b:1")
     plan, records = running(world_of("a:1,b:1"))
     records["w1"] = replace(records["w1"], state=S.KILLED, kill_reason="its host b is unreachable")
-    step = restarts.world_rule(records, plan, Book(started_at=T0), hosts("a:1"), cfg, T0 + 200)
+    step = restarts.world_rule(records, plan, Book.start(T0), hosts("a:1"), cfg, T0 + 200)
     report, stop = step.decisions
     event = world_stopping(report)
     assert event.failure and "killed by the driver: its host b" in event.reason
@@ -210,7 +206,7 @@ def test_a_killed_worker_ends_its_world_at_once_before_its_exit():
 def test_a_host_that_discovery_removes_restarts_the_world_without_counting_it():
     cfg = config("--min-np", "1", "--host-discovery-script", "/bin/true")
     plan, records = running(world_of("a:1,b:1"))
-    step = restarts.world_rule(records, plan, Book(started_at=T0), hosts("a:1"), cfg, T0 + 200)
+    step = restarts.world_rule(records, plan, Book.start(T0), hosts("a:1"), cfg, T0 + 200)
     report, *rest = step.decisions
     event = world_stopping(report)
     assert not event.failure and "the slot of worker [1] b:0 left the job" in event.reason
@@ -227,7 +223,7 @@ def test_a_host_that_discovery_removes_restarts_the_world_without_counting_it():
 def test_more_slots_restart_the_world_bigger_until_a_worker_has_finished():
     cfg = config("--min-np", "1", "--host-discovery-script", "/bin/true")
     plan, records = running(world_of("a:1"))
-    book = Book(started_at=T0)
+    book = Book.start(T0)
     (report, stop) = restarts.world_rule(records, plan, book, hosts("a:1,b:2"), cfg, T0).decisions
     event = world_stopping(report)
     assert "3 slots are usable: the world grows from 1" in event.reason
@@ -235,7 +231,7 @@ def test_more_slots_restart_the_world_bigger_until_a_worker_has_finished():
     plan, records = running(world_of("a:2"))
     records["w1"] = exited(records["w1"], 0)  # the training ends: no restart for a newcomer
     quiet = restarts.world_rule(records, plan, book, hosts("a:2,b:2"), cfg, T0)
-    assert quiet.decisions == () and quiet.book.world_end is None
+    assert quiet.decisions == () and quiet.book.world.end is None
 
 
 def test_the_world_grows_only_onto_a_host_whose_agent_is_live_and_starts_it_meanwhile():
@@ -244,9 +240,9 @@ def test_the_world_grows_only_onto_a_host_whose_agent_is_live_and_starts_it_mean
     the world, and the world grows once it is ready."""
     cfg = config("--min-np", "1", "--host-discovery-script", "/bin/true")
     plan, records = running(world_of("a:1"))
-    book, view = Book(started_at=T0), hosts("a:1,b:2")
+    book, view = Book.start(T0), hosts("a:1,b:2")
     waiting = restarts.world_rule(records, plan, book, view, cfg, T0, frozenset({"a"}))
-    assert waiting.decisions == (PrepareHost("b"),) and waiting.book.world_end is None
+    assert waiting.decisions == (PrepareHost("b"),) and waiting.book.world.end is None
     grows = restarts.world_rule(records, plan, book, view, cfg, T0, frozenset({"a", "b"}))
     assert kinds(grows.decisions) == ["Report", "Stop"]
     assert "3 slots are usable" in world_stopping(grows.decisions[0]).reason
@@ -265,9 +261,7 @@ def test_workers_of_no_world_are_stopped_and_waited_for_before_a_world_starts():
     """A driver taking the job over finds workers its predecessor started."""
     cfg = config("-np", "1")
     stray = WorkerRecord.launched("old", "localhost", 0, T0)
-    step = restarts.world_rule(
-        {"old": stray}, None, Book(started_at=T0), hosts("localhost:1"), cfg, T0
-    )
+    step = restarts.world_rule({"old": stray}, None, Book.start(T0), hosts("localhost:1"), cfg, T0)
     assert step.decisions == (Stop("old", "it is in no world of this driver's"),)
     stopping = {"old": replace(stray, state=S.STOPPING)}
     assert (
@@ -287,7 +281,7 @@ def test_registered_spares_take_their_hosts_seats_and_are_no_strays():
         "a-new": replace(spare, worker_id="a-new", slot=1, state=S.REGISTERED, registered_seq=5),
         "b-cold": replace(spare, worker_id="b-cold", host="b"),  # not registered yet
     }
-    step = restarts.world_rule(spares, None, Book(started_at=T0), hosts("a:2,b:1"), cfg, T0)
+    step = restarts.world_rule(spares, None, Book.start(T0), hosts("a:2,b:1"), cfg, T0)
     (start,) = step.decisions  # no Stop: a spare is in no world, yet no stray
     world = start_of(start).world
     assert restarts.world_spares(world, spares) == {0: "a-old", 1: "a-new"}
@@ -301,7 +295,7 @@ def test_the_reset_limit_bounds_the_restarts_after_failures():
     plan, records = running(world_of("localhost:2", number=3, restarts_=1))
     for w, code in (("w0", 1), ("w1", -15)):
         records[w] = exited(records[w], code)
-    book = Book(started_at=T0, resets=1)
+    book = Book(RoundBook(T0, resets=1))
     step = restarts.world_rule(records, plan, book, hosts("localhost:2"), cfg, T0 + 500)
     *_, fail = step.decisions
     assert failure(fail).startswith("restart limit exceeded: world 3 failed (worker [0]")
@@ -310,7 +304,7 @@ def test_the_reset_limit_bounds_the_restarts_after_failures():
 
 def test_a_script_that_dies_as_it_starts_ends_the_job_after_three_worlds():
     cfg = config("-np", "1")
-    book = Book(started_at=T0)
+    book = Book.start(T0)
     now = T0
     for number in range(1, restarts.QUICK_FAILURES + 1):
         plan, records = running(world_of("localhost:1", number), at=now)
@@ -326,24 +320,26 @@ def test_killed_workers_say_nothing_of_the_script_however_soon():
     """An operator's SIGKILL (or the OOM killer), and its peer's error that follows it,
     in world after world: restarts, never the end of the job."""
     cfg = config("-np", "2")
-    book, now = Book(started_at=T0), T0
+    book, now = Book.start(T0), T0
     for number in range(1, restarts.QUICK_FAILURES + 2):
         plan, records = running(world_of("localhost:2", number), at=now)
         records["w0"] = exited(records["w0"], 1)  # gloo: connection reset by its peer
         records["w1"] = exited(records["w1"], -9)
         step = restarts.world_rule(records, plan, book, hosts("localhost:2"), cfg, now + 5)
         book, now = step.book, now + 10
-        assert start_of(step.decisions[-1]).world.restarts == number and book.quick_failures == 0
+        assert (
+            start_of(step.decisions[-1]).world.restarts == number and book.world.quick_failures == 0
+        )
 
 
 def test_a_world_that_lived_long_resets_the_count_of_quick_deaths():
     cfg = config("-np", "1")
     plan, records = running(world_of("localhost:1"))
     records["w0"] = exited(records["w0"], 1)
-    book = Book(started_at=T0, quick_failures=2)
+    book = Book(RoundBook(T0), world=WorldBook(quick_failures=2))
     later = T0 + restarts.QUICK_FAILURE + 1
     step = restarts.world_rule(records, plan, book, hosts("localhost:1"), cfg, later)
-    assert step.book.quick_failures == 0 and isinstance(step.decisions[-1], StartWorld)
+    assert step.book.world.quick_failures == 0 and isinstance(step.decisions[-1], StartWorld)
 
 
 def test_below_min_np_the_job_waits_says_so_and_gives_up_after_the_elastic_timeout():
@@ -351,9 +347,9 @@ def test_below_min_np_the_job_waits_says_so_and_gives_up_after_the_elastic_timeo
     plan, records = running(world_of("a:1,b:1"))
     records["w0"] = exited(records["w0"], -15)
     records["w1"] = exited(records["w1"], -9, kill_reason="its host b is unreachable")
-    book = Book(started_at=T0, world_end=WorldEnd("lost", True))
+    book = Book(RoundBook(T0), world=WorldBook(end=WorldEnd("lost", True)))
     first = restarts.world_rule(records, plan, book, hosts("a:1"), cfg, T0)
-    assert kinds(first.decisions) == ["Wait", "Wait"] and first.book.broken_since == T0
+    assert kinds(first.decisions) == ["Wait", "Wait"] and first.book.rounds.broken_since == T0
     later = restarts.world_rule(records, plan, first.book, hosts("a:1"), cfg, T0 + 2)
     waiting = said(later.decisions[0])
     assert isinstance(waiting, ev.Waiting)
@@ -367,22 +363,22 @@ def test_below_min_np_the_job_waits_says_so_and_gives_up_after_the_elastic_timeo
 
 def test_the_job_succeeds_once_every_worker_of_the_world_exited_0():
     plan, records = running(world_of("localhost:2", number=2, restarts_=1))
-    book = Book(started_at=T0, resets=1)
+    book = Book(RoundBook(T0, resets=1))
     records["w0"] = exited(records["w0"], 0)
     assert restarts.world_outcome(records, plan, book) is None  # the other one finishes
     records["w1"] = exited(records["w1"], 0)
     assert restarts.world_outcome(records, plan, book) == Succeed(2, 2, 1)
-    ending = replace(book, world_end=WorldEnd("a host left", False))
+    ending = replace(book, world=WorldBook(WorldEnd("a host left", False)))
     assert restarts.world_outcome(records, plan, ending) is None
     assert restarts.world_outcome({}, None, book) is None
 
 
 def test_a_world_that_could_not_start_ends_as_a_failure():
-    book = restarts.world_launch_failed(Book(started_at=T0), "no ssh")
-    assert book.world_end == WorldEnd("a worker could not start: no ssh", failure=True)
+    book = restarts.world_launch_failed(Book.start(T0), "no ssh")
+    assert book.world.end == WorldEnd("a worker could not start: no ssh", failure=True)
     assert restarts.world_launch_failed(book, "again") is book
 
 
 def test_the_rules_are_on_the_policy_face():
-    assert policy.world_rule is restarts.world_rule
-    assert policy.world_outcome is restarts.world_outcome
+    assert restarts.world_rule is restarts.world_rule
+    assert restarts.world_outcome is restarts.world_outcome
