@@ -12,6 +12,9 @@
   ``et.broadcast_optimizer_state(optimizer, root_rank=0)``;
 * ``et.TorchState(model=..., optimizer=..., sampler=..., **attrs)``: a ``State`` that
   commits in memory and restores and syncs in place;
+* ``et.fully_shard(module, **kwargs)``: FSDP2's ``fully_shard`` on the job's world;
+  a ``TorchState`` holding the module and its optimizer reshards them in place at
+  every new round (``elastic.torch.sharded``);
 * ``et.ElasticSampler(dataset, shuffle=True, seed=0)``: a DataLoader sampler whose
   progress rides with the state, each sample once per epoch across re-forms.
 
@@ -40,6 +43,7 @@ from elastic.torch.optimizer import DistributedOptimizer
 from elastic.torch.params import broadcast_optimizer_state, broadcast_parameters
 from elastic.torch.plane import BackendUnavailableError
 from elastic.torch.sampler import ElasticSampler
+from elastic.torch.sharded import ShardedStateLostError, fully_shard
 from elastic.torch.start import init
 from elastic.torch.state import TorchState
 
@@ -49,6 +53,7 @@ __all__ = [
     "ElasticError",
     "ElasticSampler",
     "HostsUpdatedInterrupt",
+    "ShardedStateLostError",
     "TorchState",
     "WorkerLostError",
     "allgather",
@@ -60,5 +65,6 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "fully_shard",
     "init",
 ]

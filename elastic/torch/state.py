@@ -34,6 +34,8 @@ from elastic.torch.params import (
     broadcast_parameters,
     broadcast_state_dict,
 )
+from elastic.torch.sharded.fsdp import is_sharded
+from elastic.torch.sharded.parts import ShardedParts, is_sharded_optimizer
 
 
 def _has_state_dict(value: Any) -> bool:
@@ -67,6 +69,14 @@ def _copy_into(saved: Any, value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def _sharded_parts(attrs: dict[str, Any]) -> ShardedParts | None:
+    """The sharded modules and optimizers among ``attrs`` (FSDP2's DTensor parameters),
+    or None when there are none."""
+    modules = {k: v for k, v in attrs.items() if isinstance(v, torch.nn.Module) and is_sharded(v)}
+    optimizers = {k: v for k, v in attrs.items() if is_sharded_optimizer(v)}
+    return ShardedParts(modules, optimizers) if modules else None
+
+
 def _clone(value: Any) -> Any:
     """A copy that shares no tensor with ``value`` (loaded objects keep what they get)."""
     return _copy_into(None, value)
@@ -80,7 +90,9 @@ class TorchState(State):
         super().__init__()
         # What the State machinery keeps on the instance is not training state.
         self._own = frozenset(self.__dict__) | {"_own", "_saved", "_lent", "_spare", "_loan"}
+        self._own |= {"_sharded"}
         self.__dict__.update(attrs)
+        self._sharded = _sharded_parts(attrs)
         self._saved: dict[str, Any] = {}
         self._loan = threading.Lock()  # _lent and _spare change on the snapshot's thread too
         self._lent: dict[str, Any] | None = None  # the committed copy a snapshot reads
@@ -88,7 +100,9 @@ class TorchState(State):
         self.save()
 
     def _values(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in self._own}
+        """The attributes kept as whole replicas (the sharded ones have ``_sharded``)."""
+        skip = self._own | (self._sharded.names if self._sharded is not None else frozenset())
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     # ---- State ----
     def save(self) -> None:
@@ -107,9 +121,13 @@ class TorchState(State):
                 )
             else:
                 self._saved[name] = ("value", copy.deepcopy(value))
+        if self._sharded is not None:  # a version of its own: the sync may need it
+            self._sharded.save(self._commits, _clone(self._saved))
 
     def restore(self) -> None:
         self._reset_optimizers()
+        if self._sharded is not None:
+            self._sharded.load_own(self._sharded.latest())
         for name in list(self._values()):
             if name not in self._saved:
                 delattr(self, name)
@@ -135,14 +153,28 @@ class TorchState(State):
 
     def sync(self) -> None:
         self._reset_optimizers()
-        super().sync()
+        if self._sharded is None:
+            super().sync()
+            return
+        # Sharded: the commit adopted is the newest whose every part is held, and the
+        # other attributes come with it (``elastic.torch.sharded.parts``).
+        version = self._sharded.sync()
+        self._saved = version.saved
+        self._pending_progress = None
+        self._saved_commits = version.commit
+        self.restore()
+        self.save()
 
     def _snapshot_payload(self) -> dict[str, Any]:
+        if self._sharded is not None:
+            raise NotImplementedError("snapshots of sharded state (et.fully_shard)")
         with self._loan:
             self._lent = self._saved
         return self._saved
 
     def _snapshot_values(self) -> dict[str, Any]:
+        if self._sharded is not None:
+            raise NotImplementedError("snapshots of sharded state (et.fully_shard)")
         return self._saved  # looked at, not lent: no spare copy is made
 
     def _snapshot_returned(self, payload: Any) -> None:
