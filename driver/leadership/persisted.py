@@ -19,6 +19,9 @@ from dataclasses import dataclass, replace
 from driver.policy import lifecycle
 from driver.policy.decisions import Book
 from driver.policy.lifecycle import WorkerRecord, WorkerState
+from driver.policy.memory.failures import FailureBook
+from driver.policy.memory.rounds import RoundBook
+from driver.policy.planner import WorkerSlot
 from rendezvous.keys import JobKeys
 from rendezvous.schema.leader import DriverStateRecord
 from rendezvous.schema.rounds import Plan
@@ -62,15 +65,15 @@ def state_record(
     cooldowns = list(cooldowns)
     return DriverStateRecord(
         term=term,
-        resets=book.resets,
-        failure_streak=book.failure_streak,
+        resets=book.rounds.resets,
+        failure_streak=book.failures.streak,
         blacklist=[
             [c.host, c.strikes, round(wall_now + (c.until - now), 3)]
             for c in cooldowns
             if c.until is not None
         ],
         strikes=[[c.host, c.strikes] for c in cooldowns if c.strikes],
-        done_slots=sorted([host, slot] for host, slot in book.done_slots),
+        done_slots=sorted([host, slot] for host, slot in book.rounds.done_slots),
         training_done=book.training_done,
         launched=launched,
         given_up=sorted(
@@ -185,14 +188,14 @@ def rebuild_view(
     lost_members = plan is not None and any(
         not records[m.worker_id].state.running for m in plan.members
     )
-    book = Book(
+    rounds = RoundBook(
         started_at=now,
         resets=state.resets,
-        failure_streak=state.failure_streak,
-        done_slots=frozenset(done_slots),
+        done_slots=frozenset(WorkerSlot(h, s) for h, s in done_slots),
         training_done_at=now if training_done else None,
         change_at=now if lost_members else None,
     )
+    book = Book(rounds, failures=FailureBook(streak=state.failure_streak))
     strikes = {str(h): int(n) for h, n in state.strikes}
     cooldowns = {
         str(h): Cooldown(str(h), int(n), now + (float(u) - wall_now))

@@ -29,6 +29,9 @@ from driver.leadership.terms import (
 )
 from driver.policy.decisions import Book
 from driver.policy.lifecycle import WorkerRecord, WorkerState
+from driver.policy.memory.failures import FailureBook
+from driver.policy.memory.rounds import RoundBook
+from driver.policy.planner import WorkerSlot
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import secret_fingerprint
 from rendezvous.schema.leader import DriverRecord, DriverStateRecord
@@ -133,13 +136,10 @@ def test_a_plan_keeps_its_term_and_old_records_read_as_term_0():
 
 
 def test_the_state_record_carries_what_a_successor_needs():
-    book = Book(
-        started_at=0.0,
-        resets=2,
-        failure_streak=1,
-        done_slots=frozenset({("h1", 0)}),
-        training_done_at=1.0,
+    rounds = RoundBook(
+        0.0, resets=2, done_slots=frozenset({WorkerSlot("h1", 0)}), training_done_at=1.0
     )
+    book = Book(rounds, failures=FailureBook(streak=1))
     stopping = WorkerRecord("h1-1-3", "h1", 1, 0.0, WorkerState.STOPPING)
     live = WorkerRecord("h1-2-4", "h1", 2, 0.0, WorkerState.REGISTERED)
     cooldowns = [Cooldown("h2", 2, 130.0), Cooldown("h3", 1, None)]
@@ -162,12 +162,12 @@ def test_the_state_record_carries_what_a_successor_needs():
 
 
 def test_only_news_is_worth_a_write():
-    book = Book(started_at=0.0)
+    book = Book.start(0.0)
     first = state_record(1, book, [Cooldown("h", 1, 50.0)], 0, {}, "", now=0.0, wall_now=10.0)
     later = state_record(1, book, [Cooldown("h", 1, 50.0)], 0, {}, "", now=5.0, wall_now=15.2)
     assert state_changed(None, first)
     assert not state_changed(first, later)  # the same cooldown end, another moment
-    grown = state_record(1, Book(started_at=0.0, resets=1), [], 0, {}, "", now=5.0, wall_now=15.0)
+    grown = state_record(1, Book(RoundBook(0.0, resets=1)), [], 0, {}, "", now=5.0, wall_now=15.0)
     assert state_changed(first, grown)
 
 
@@ -214,8 +214,8 @@ def test_a_successor_rebuilds_the_job_from_the_store():
     }
     assert view.workers["h1-1-7"].registered_seq == 12  # rank order survives
     assert view.pids == {"h1-0-5": ("h1", 50), "h1-1-7": ("h1", 70), "h1-2-6": ("h1", 60)}
-    assert view.book.resets == 3 and view.book.failure_streak == 1
-    assert view.book.change_at is None  # the round is whole: nothing to re-form
+    assert view.book.rounds.resets == 3 and view.book.failures.streak == 1
+    assert view.book.rounds.change_at is None  # the round is whole: nothing to re-form
     assert view.launched == 7 and view.secret_id == "fp"
     assert set(view.cooldowns) == {Cooldown("h9", 2, 560.0), Cooldown("h8", 1, None)}
 
@@ -231,15 +231,15 @@ def test_members_gone_before_the_takeover_are_lost_or_finished():
     assert lost.state is WorkerState.FAILED and lost.kill_reason == LOST_BEFORE_TAKEOVER
     assert not lost.died_on_its_own  # not held against its host or the lost-round rule
     assert done.state is WorkerState.FINISHED and done.exit_code == 0
-    assert view.book.training_done and ("h1", 2) in view.book.done_slots
-    assert view.book.change_at == 50.0  # the round lost members: re-form from now
+    assert view.book.training_done and ("h1", 2) in view.book.rounds.done_slots
+    assert view.book.rounds.change_at == 50.0  # the round lost members: re-form from now
     assert view.launched == 3  # from the ids: no record of the state was written
 
 
 def test_a_job_without_any_plan_or_state_rebuilds_empty():
     view = rebuild_view([kv(KEYS.ps_config)], KEYS, now=1.0, wall_now=2.0)
     assert view.plan is None and view.workers == {} and view.launched == 0
-    assert view.book == Book(started_at=1.0)
+    assert view.book == Book.start(1.0)
 
 
 def test_the_host_manager_takes_over_strikes_and_cooldowns():
