@@ -42,7 +42,7 @@ class PsRestarted(Event):
     ``checkpoint`` of step ``step`` (None and 0: it comes back empty; ``checkpoints``:
     the job writes checkpoints at all), so what it applied after ``step`` is lost;
     ``reached``: the newest step the shards' records named, when past ``step`` (the
-    loss is at least the steps between). ``driver.ps.restarts`` decides it."""
+    loss is at least the steps between). ``driver.policy.ps_restarts`` decides it."""
 
     kind: ClassVar[str] = "ps_restarted"
     shard: int

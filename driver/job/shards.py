@@ -21,7 +21,7 @@ from driver.job.wiring import shard_command_for, shard_commands
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess
 from driver.ps.shard_hosts import ShardPlacement
-from driver.ps.supervisor import PSSupervisor
+from driver.ps.supervisor import PSSupervisor, ShardLaunch, SupervisionSettings
 from driver.threads import spawn
 
 
@@ -128,20 +128,23 @@ class JobShards:
                 return shard_command_for(cfg, index, session.bind_host(host) or host)
 
             placement = ShardPlacement(command, self._usable_hosts)
-        return PSSupervisor(
-            shard_commands(cfg, bind),
-            session.wiring.env(),
-            store=session.require_store(),
-            keys=session.keys,
-            launcher=self._launcher,
-            events=self._events,
-            on_fatal=lambda reason: self._post(msg.Fatal(reason)),
+        launch = ShardLaunch(
+            self._launcher, tuple(shard_commands(cfg, bind)), session.wiring.env(), placement
+        )
+        settings = SupervisionSettings(
             ready_timeout=cfg.start_timeout,
             store_patience=cfg.elastic_timeout,
-            clock=self._clock,
-            placement=placement,
             replicas=cfg.ps_replicas,
             checkpoints=bool(cfg.ps_checkpoint_dir),
+        )
+        return PSSupervisor(
+            launch,
+            settings,
+            store=session.require_store(),
+            keys=session.keys,
+            events=self._events,
+            on_fatal=lambda reason: self._post(msg.Fatal(reason)),
+            clock=self._clock,
         )
 
     def stop(self, leads: bool) -> str | None:

@@ -10,7 +10,7 @@ took them, through outages (``rendezvous.watch.follow_prefix``).
   as ``checkpoint_written``, ``checkpoint_failed`` and ``ps_rolled_back``;
 * the steps they name are kept (``steps``: the newest complete checkpoint, the newest
   step named), for what a shard restarted by the driver is said to lose
-  (``driver.ps.restarts``).
+  (``driver.policy.ps_restarts``).
 
 Whether the shards stopped with their state in a checkpoint is the newer of the two
 final records, in the store's order: a final ``CheckpointRecord`` (written) or a final
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Callable
 
 from driver.events import CheckpointFailed, CheckpointWritten, EventSink, PsRolledBack
-from driver.ps.restarts import ShardSteps
+from driver.policy.ps_restarts import ShardSteps
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys

@@ -18,9 +18,9 @@ the one route for these facts (``driver.ps.records`` follows it):
 A shard that dies is restarted with the same arguments: it loads the newest complete
 checkpoint, and clients retry until it is back. The restart is said with what it loses,
 the shard's updates after the checkpoint's step, or since step 0 when it comes back
-empty (``ps_restarted``, ``driver.ps.restarts``). A shard dying over and over
-(``MAX_RESTARTS`` within ``RESTART_WINDOW``, its backups' deaths counted too) ends the
-job through ``on_fatal``: restarting cannot fix whatever kills it.
+empty (``ps_restarted``). A shard dying over and over (``RestartLimits``, its backups'
+deaths counted too) ends the job through ``on_fatal``: restarting cannot fix whatever
+kills it. That restart policy is ``driver.policy.ps_restarts``.
 
 With ``--ps-replicas 1`` each shard also has a backup process (the same command line
 with ``--backup``; on another host than the shard when the placement has one), which
@@ -31,6 +31,13 @@ shard to the backup (``driver.ps.failover``: a compare-and-swap of the record), 
 serves it at once with every acknowledged step (``ps_failed_over``), and starts a new
 backup for it; without a backup in step the shard restarts from the checkpoint as
 above. A backup that dies is replaced (``ps_backup_exited``).
+
+The supervision is the job loop's and the agent's style: the threads that learn
+something (the records' follower, one waiter per process) only post a message
+(``driver.ps.messages``) to the supervisor's queue; one thread takes them in order and
+asks the pure rules (``driver.ps.rules.decide``: the view, the message, the time) what
+to do, and does it here: start a process, offer a shard to its backup through the
+store, emit an event, give up.
 
 Stopping (``stop``: the job's end, or SIGTERM/SIGINT to the driver) loses no applied
 step: shard 0 is stopped first, with ``STOP_GRACE_COORDINATOR`` seconds before SIGKILL.
@@ -49,31 +56,26 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
-from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from driver.errors import JobFailed, LauncherError
-from driver.events import (
-    EventSink,
-    PsBackupExited,
-    PsBackupReady,
-    PsExited,
-    PsFailedOver,
-    PsStarted,
-    describe_code,
-)
-from driver.events.base import Event
+from driver.events import EventSink, describe_code
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
+from driver.policy.ps_restarts import RestartLimits, restart_event
+from driver.ps import messages as m
+from driver.ps import rules
 from driver.ps.command import BACKUP_FLAG, FINAL_CHECKPOINT_TIMEOUT
 from driver.ps.failover import promotion
+from driver.ps.messages import Handover, Role
 from driver.ps.records import ShardRecords
-from driver.ps.restarts import restart_event
 from driver.ps.shard_hosts import ShardPlacement
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
@@ -83,103 +85,107 @@ from rendezvous.store import KVStore
 
 log = logging.getLogger(__name__)
 
-MAX_RESTARTS = 10
-RESTART_WINDOW = 60.0
-
 STOP_GRACE_COORDINATOR = FINAL_CHECKPOINT_TIMEOUT + 5.0
 """SIGTERM to SIGKILL for shard 0 when the job stops: its final checkpoint's bound plus
 time to exit. With ``STOP_GRACE`` for the workers after it, a stop takes at most about
 30 s, what schedulers commonly allow between SIGTERM and SIGKILL."""
 
+READY_POLL = 0.5
+"""How often ``start`` looks at the clock while it waits (the clock may be injected)."""
 
-class _Shard:
-    """What the supervisor knows of one shard: its processes (the primary that serves
-    it, and with replicas its backup), where they run, and their newest records."""
 
-    def __init__(self, index: int):
-        self.index = index
-        self.primary: WorkerProcess | None = None
-        self.host: str | None = None
-        self.backup: WorkerProcess | None = None
-        self.backup_host: str | None = None
-        self.backup_address: str | None = None  # from the backup process's own record
-        self.replica: ReplicaRecord | None = None
-        self.ready_pid: int | None = None  # the primary process that said it serves
-        self.in_step_pid: int | None = None  # the backup process the replica record names
-        self.failing_over: tuple[str, str] | None = None  # (from, to) until the backup serves
-        self.deaths: deque[float] = deque()  # of its processes, within RESTART_WINDOW
+@dataclass(frozen=True)
+class ShardLaunch:
+    """How the shards' processes start: shard ``i`` runs ``commands[i]`` with ``env``
+    added to the driver's environment, through ``launcher`` (as slot ``i``, output
+    prefixed ``[psI]``, a backup's ``[psI-backup]``), on the driver's machine; or, with a
+    ``placement``, on the host and with the command line it says
+    (``driver.ps.shard_hosts``: a shard whose host is lost moves)."""
 
-    def ready(self, replicas: int) -> bool:
-        primary_ready = self.primary is not None and self.ready_pid == self.primary.pid
-        backup_ready = self.backup is not None and self.in_step_pid == self.backup.pid
-        return primary_ready and (not replicas or backup_ready)
+    launcher: Launcher
+    commands: tuple[tuple[str, ...], ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    placement: ShardPlacement | None = None
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.commands)
+
+    def where(self) -> ShardPlacement:
+        """The placement; without one, every shard on the driver's machine."""
+        return self.placement or ShardPlacement(lambda index, host: self.commands[index])
+
+
+@dataclass(frozen=True)
+class SupervisionSettings:
+    """``ready_timeout``: how long ``start`` waits for the shards; ``store_patience``:
+    how long the store may be unreachable before that is fatal; ``replicas`` 1: each
+    shard has a backup; ``checkpoints``: the shards write checkpoints
+    (``--ps-checkpoint-dir``); ``restarts``: when the job gives up on a shard."""
+
+    ready_timeout: float
+    store_patience: float
+    replicas: int = 0
+    checkpoints: bool = False
+    restarts: RestartLimits = field(default_factory=RestartLimits)
 
 
 class PSSupervisor:
-    """Runs shard ``i`` as ``commands[i]`` with ``env`` added to the driver's environment,
-    on the driver's machine; or, with a ``placement``, on the host and with the command
-    line it says (``driver.ps.shard_hosts``: a shard whose host is lost moves).
-    ``replicas`` 1: each shard has a backup (see the module doc).
+    """Runs the shards as ``launch`` says, with ``settings`` (see the module doc).
 
-    ``store``/``keys``: where the shards' records are; ``launcher`` starts them (as
-    ``localhost`` slot ``i``, output prefixed ``[psI]``, a backup's ``[psI-backup]``);
-    ``events`` receives the ps events; ``on_fatal(reason)`` is called (from a supervisor
-    thread) when the shards cannot go on. ``ready_timeout``: how long ``start`` waits;
-    ``store_patience``: how long the store may be unreachable before that is fatal.
-    ``checkpoints``: the shards checkpoint (``--ps-checkpoint-dir``)."""
+    ``store``/``keys``: where the shards' records are; ``events`` receives the ps events;
+    ``on_fatal(reason)`` is called (from the supervisor's thread) when the shards cannot
+    go on; ``clock`` (monotonic seconds) times the deaths and ``start``'s wait."""
 
     def __init__(
         self,
-        commands: Sequence[tuple[str, ...]],
-        env: Mapping[str, str],
+        launch: ShardLaunch,
+        settings: SupervisionSettings,
         *,
         store: KVStore,
         keys: JobKeys,
-        launcher: Launcher,
         events: EventSink,
         on_fatal: Callable[[str], None],
-        ready_timeout: float,
-        store_patience: float,
         clock: Callable[[], float] = time.monotonic,
-        placement: ShardPlacement | None = None,
-        replicas: int = 0,
-        checkpoints: bool = False,
     ):
-        self.commands = list(commands)
-        self._placement = placement or ShardPlacement(lambda index, host: self.commands[index])
-        self.env = dict(env)
-        self.num_shards = len(self.commands)
-        self.replicas = replicas
-        self.checkpoints = checkpoints
-        self.ready_timeout = ready_timeout
+        self._launch_with = launch
+        self._placement = launch.where()
+        self.settings = settings
         self._store = store
         self._keys = keys
-        self._launcher = launcher
         self._events = events
         self._on_fatal = on_fatal
         self._clock = clock
-        self._lock = threading.Condition()
-        self._shards = {i: _Shard(i) for i in range(self.num_shards)}
-        self._fatal: str | None = None
-        self._stopping = threading.Event()
+        self._view = rules.PSView.fresh(launch.num_shards, settings.replicas)
+        self._inbox: queue.SimpleQueue[m.Message] = queue.SimpleQueue()
+        self._processes: dict[int, WorkerProcess] = {}  # by pid, every one started or adopted
+        # Held around each launch and the stop flag: a launch racing ``stop`` cannot
+        # leave a process behind (either stop sees it, or it is never started).
+        self._launching = threading.Lock()
+        self._stopping = False
+        self._settled = threading.Event()  # every shard ready, or the shards cannot go on
+        self._loop: threading.Thread | None = None
+        self._stop_lock = threading.Lock()
         self._stopped: list[str | None] = []  # ``stop``'s answer, once it returned
         self._records = ShardRecords(
             store,
             keys,
             events,
-            on_shard=self._take_shard,
-            on_backup=self._take_backup,
-            on_replica=self._take_replica,
-            on_lost=self._fail,
-            patience=store_patience,
+            on_shard=lambda info: self._inbox.put(m.PrimaryRecord(info)),
+            on_backup=lambda info: self._inbox.put(m.BackupRecord(info)),
+            on_replica=lambda record, revision: self._inbox.put(m.ReplicaSeen(record)),
+            on_lost=lambda reason: self._inbox.put(m.Fatal(reason)),
+            patience=settings.store_patience,
             clock=clock,
         )
 
-    @property
-    def _procs(self) -> dict[int, WorkerProcess]:
-        """The process serving each shard (its primary)."""
-        with self._lock:
-            return {i: s.primary for i, s in self._shards.items() if s.primary is not None}
+    def primary_pid(self, index: int) -> int | None:
+        """The pid of the process serving shard ``index`` (as far as the supervisor has
+        taken in its news)."""
+        return self._view.shards[index].primary_pid
+
+    def backup_pid(self, index: int) -> int | None:
+        return self._view.shards[index].backup_pid
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -191,25 +197,26 @@ class PSSupervisor:
                 cannot go on (the ``on_fatal`` reason).
             LauncherError: a shard cannot be started.
         """
-        self._records.start()
-        for index in range(self.num_shards):
-            self._launch(index)
-        for index in range(self.num_shards) if self.replicas else ():
-            self._launch_backup(index)
-        deadline = self._clock() + self.ready_timeout
-        with self._lock:
-            while not all(s.ready(self.replicas) for s in self._shards.values()):
-                if self._fatal is not None:
-                    raise JobFailed(self._fatal)
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    missing = [i for i, s in self._shards.items() if not s.ready(self.replicas)]
-                    what = "ps shards (and their backups)" if self.replicas else "ps shards"
-                    raise JobFailed(
-                        f"{what} {missing} not ready within "
-                        f"{self.ready_timeout:g}s (see their output above)"
-                    )
-                self._lock.wait(min(remaining, 0.5))
+        self._begin()
+        hosts = {i: self._start_process(i, Role.PRIMARY, None, "") for i in self._indices()}
+        for index in self._indices() if self.settings.replicas else ():
+            self._start_process(index, Role.BACKUP, None, hosts[index] or "")
+        deadline = self._clock() + self.settings.ready_timeout
+        while not self._settled.is_set():
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                break
+            self._settled.wait(min(remaining, READY_POLL))
+        view = self._view
+        if view.fatal is not None:
+            raise JobFailed(view.fatal)
+        missing = view.not_ready()
+        if missing:
+            what = "ps shards (and their backups)" if self.settings.replicas else "ps shards"
+            raise JobFailed(
+                f"{what} {missing} not ready within "
+                f"{self.settings.ready_timeout:g}s (see their output above)"
+            )
 
     def adopt(
         self,
@@ -225,25 +232,19 @@ class PSSupervisor:
         Raises:
             LauncherError: a missing shard cannot be started.
         """
-        self._records.start()
-        for index in range(self.num_shards):
+        self._begin()
+        for index in self._indices():
             proc = running.get(index)
             if proc is None:
-                self._launch(index)
+                host = self._start_process(index, Role.PRIMARY, None, "")
             else:
-                with self._lock:
-                    shard = self._shards[index]
-                    shard.primary, shard.host = proc, proc.spec.host
-                    shard.ready_pid = proc.pid  # it served its predecessor
-                self._watch(index, proc)
+                self._take_over(index, Role.PRIMARY, proc)
+                host = proc.spec.host
             backup = (backups or {}).get(index)
             if backup is not None:
-                with self._lock:
-                    shard = self._shards[index]
-                    shard.backup, shard.backup_host = backup, backup.spec.host
-                self._watch(index, backup)
-            elif self.replicas:
-                self._launch_backup(index)
+                self._take_over(index, Role.BACKUP, backup)
+            elif self.settings.replicas:
+                self._start_process(index, Role.BACKUP, None, host or "")
 
     def stop(self, coordinator_grace: float = STOP_GRACE_COORDINATOR) -> str | None:
         """Stop every shard: shard 0 first (SIGTERM: its final checkpoint, SIGKILL after
@@ -253,12 +254,21 @@ class PSSupervisor:
         in no checkpoint (shard 0 said it could not write it, or was killed before it
         said anything), None when it is or there is nothing to say. A second call
         returns the first one's answer."""
-        with self._lock:
-            if self._stopped:
-                return self._stopped[0]
-            self._stopping.set()
-            shards = list(self._shards.values())
-        coordinator = shards[0].primary if shards else None
+        with self._stop_lock:
+            if not self._stopped:
+                self._stopped.append(self._stop(coordinator_grace))
+            return self._stopped[0]
+
+    def _stop(self, coordinator_grace: float) -> str | None:
+        with self._launching:
+            self._stopping = True
+        if self._loop is not None:
+            # Every launch posted its news before the flag was set: once the loop took
+            # ``Stop``, the view names every process there is.
+            self._inbox.put(m.Stop())
+            self._loop.join()
+        shards = self._view.shards
+        coordinator = self._process(shards[0].primary_pid) if shards else None
         lost = None
         if coordinator is not None:
             code = coordinator.stop(coordinator_grace)
@@ -267,239 +277,183 @@ class PSSupervisor:
             failure = self._records.final_failure()
             if failure is not None:
                 lost = str(failure)
-            elif self.checkpoints and code == -signal.SIGKILL:  # past its grace
+            elif self.settings.checkpoints and code == -signal.SIGKILL:  # past its grace
                 lost = (
                     f"ps shard 0 was {describe_code(code)} before it wrote a final "
                     "checkpoint: a restart resumes from the newest one, without the steps since"
                 )
-        rest = [s.primary for s in shards[1:]] + [s.backup for s in shards]
-        stop_all([p for p in rest if p is not None], STOP_GRACE)
+        pids = [s.primary_pid for s in shards[1:]] + [s.backup_pid for s in shards]
+        stop_all([p for p in map(self._process, pids) if p is not None], STOP_GRACE)
         self._records.stop()
-        with self._lock:
-            self._stopped.append(lost)
         return lost
 
-    # ---- the records ----
-    def _take_shard(self, info: ShardInfo) -> None:
-        with self._lock:
-            shard = self._shards.get(info.index)
-            proc = shard.primary if shard is not None else None
-            if shard is None or proc is None or not info.ready or info.pid != proc.pid:
-                return
-            if shard.ready_pid == proc.pid:
-                return
-            shard.ready_pid = proc.pid
-            self._lock.notify_all()
-        self._events.emit(PsStarted(shard=info.index, address=info.address, pid=info.pid))
+    def _begin(self) -> None:
+        self._records.start()
+        self._loop = spawn("ps-supervisor", self._run)
 
-    def _take_backup(self, info: ShardInfo) -> None:
-        with self._lock:
-            shard = self._shards.get(info.index)
-            if shard is None or shard.backup is None or info.pid != shard.backup.pid:
-                return
-            shard.backup_address = info.address
-            event = self._newly_in_step(shard)
-        if event is not None:
-            self._events.emit(event)
+    def _indices(self) -> range:
+        return range(self._launch_with.num_shards)
 
-    def _take_replica(self, record: ReplicaRecord, revision: int) -> None:
-        found: list[Event] = []
-        event: Event | None
-        with self._lock:
-            shard = self._shards.get(record.index)
-            if shard is None:
-                return
-            shard.replica = record
-            moved = shard.failing_over
-            if moved is not None and record.serving and record.primary == moved[1]:
-                shard.failing_over = None
-                found.append(PsFailedOver(record.index, moved[0], moved[1], record.step))
-            event = self._newly_in_step(shard)
-            if event is not None:
-                found.append(event)
-        for event in found:
-            self._events.emit(event)
+    def _process(self, pid: int | None) -> WorkerProcess | None:
+        return None if pid is None else self._processes.get(pid)
 
-    def _newly_in_step(self, shard: _Shard) -> PsBackupReady | None:
-        """The event when the replica record now names the shard's backup in step
-        (call under the lock)."""
-        backup, record = shard.backup, shard.replica
-        if (
-            backup is None
-            or record is None
-            or shard.backup_address is None
-            or record.backup != shard.backup_address
-            or shard.in_step_pid == backup.pid
-        ):
-            return None
-        shard.in_step_pid = backup.pid
-        self._lock.notify_all()
-        return PsBackupReady(shard.index, shard.backup_address, backup.pid, record.step)
+    # ---- the loop ----
+    def _run(self) -> None:
+        while True:
+            message = self._inbox.get()
+            self._handle(message)
+            if isinstance(message, m.Stop):
+                return
+
+    def _handle(self, message: m.Message) -> None:
+        """Decide on ``message`` and carry the actions out (in the loop's thread; the
+        news an action brings back is handled at once, before the next message)."""
+        self._view, actions = rules.decide(
+            self._view, message, self._clock(), self.settings.restarts
+        )
+        for action in actions:
+            self._act(action)
+        if not self._view.not_ready():
+            self._settled.set()
+
+    def _act(self, action: rules.Action) -> None:
+        doers: dict[type, Callable[[Any], None]] = {
+            rules.Emit: self._emit,
+            rules.Launch: self._relaunch,
+            rules.TryFailOver: self._offer,
+            rules.GiveUp: self._give_up,
+        }
+        doers[type(action)](action)
+
+    def _emit(self, action: rules.Emit) -> None:
+        self._events.emit(action.event)
+
+    def _offer(self, action: rules.TryFailOver) -> None:
+        self._handle(self._fail_over(action))
+
+    def _give_up(self, action: rules.GiveUp) -> None:
+        if self._stopping:
+            return  # the job's end is under way: nothing is left to fail
+        self._settled.set()
+        self._on_fatal(action.reason)
+
+    def _relaunch(self, action: rules.Launch) -> None:
+        try:
+            host = self._start_process(
+                action.index, action.role, action.previous, action.primary_host, now=True
+            )
+        except LauncherError as exc:
+            self._handle(m.Fatal(f"cannot restart ps shard {action.index}: {exc}"))
+            return
+        if host is not None and action.says_restart:
+            steps = self._records.steps()
+            self._events.emit(restart_event(action.index, self.settings.checkpoints, steps))
 
     # ---- processes ----
-    def _launch(self, index: int) -> bool:
-        """Start shard ``index``'s primary (False when stopping).
-
-        Raises:
-            LauncherError: the shard cannot be started.
-        """
-        with self._lock:
-            previous = self._shards[index].host
-        host = self._placement.host_for(index, previous)
-        command = self._placement.command_for(index, host)
-        proc = self._start(index, host, command, f"ps{index}")
-        if proc is None:
-            return False
-        with self._lock:
-            shard = self._shards[index]
-            shard.primary, shard.host, shard.ready_pid = proc, host, None
-            shard.failing_over = None  # a backup promoted and dead before it served
-        self._watch(index, proc)
-        return True
-
-    def _launch_backup(self, index: int) -> bool:
-        """Start a backup for shard ``index`` (False when stopping).
+    def _start_process(
+        self, index: int, role: Role, previous: str | None, primary_host: str, now: bool = False
+    ) -> str | None:
+        """Start shard ``index``'s ``role`` (``previous``: where its last one ran;
+        ``primary_host``: the shard's, for a backup) and watch it; its host, None when
+        stopping. Its news is handled at once when ``now`` (in the loop's thread), else
+        posted.
 
         Raises:
             LauncherError: it cannot be started.
         """
-        with self._lock:
-            shard = self._shards[index]
-            primary_host, previous = shard.host or "", shard.backup_host
-        host = self._placement.backup_host_for(index, primary_host, previous)
-        command = (*self._placement.command_for(index, host), BACKUP_FLAG)
-        proc = self._start(index, host, command, f"ps{index}-backup")
-        if proc is None:
-            return False
-        with self._lock:
-            shard = self._shards[index]
-            shard.backup, shard.backup_host = proc, host
-            shard.backup_address, shard.in_step_pid = None, None
-        self._watch(index, proc)
-        return True
-
-    def _start(
-        self, index: int, host: str, command: tuple[str, ...], label: str
-    ) -> WorkerProcess | None:
+        placement = self._placement
+        if role is Role.PRIMARY:
+            host = placement.host_for(index, previous)
+            command = placement.command_for(index, host)
+            label = f"ps{index}"
+        else:
+            host = placement.backup_host_for(index, primary_host, previous)
+            command = (*placement.command_for(index, host), BACKUP_FLAG)
+            label = f"ps{index}-backup"
         spec = LaunchSpec(
-            host=host, slot=index, command=command, env=self.env, cwd=os.getcwd(), label=label
+            host=host,
+            slot=index,
+            command=command,
+            env=dict(self._launch_with.env),
+            cwd=os.getcwd(),
+            label=label,
         )
-        # Under the lock with the stopping check, so a restart racing ``stop`` cannot leave
-        # a process behind: either stop sees it, or it is never started.
-        with self._lock:
-            if self._stopping.is_set():
+        with self._launching:
+            if self._stopping:
                 return None
-            return self._launcher.launch(spec)
+            proc = self._launch_with.launcher.launch(spec)
+            self._processes[proc.pid] = proc
+            news = m.Launched(index, role, proc.pid, host)
+            if not now:
+                self._inbox.put(news)  # before ``stop`` can post ``Stop``
+        if now:
+            self._handle(news)
+        self._watch(index, proc)
+        return host
+
+    def _take_over(self, index: int, role: Role, proc: WorkerProcess) -> None:
+        """Supervise ``proc``, started by a predecessor, as shard ``index``'s ``role``."""
+        with self._launching:
+            self._processes[proc.pid] = proc
+            self._inbox.put(m.Adopted(index, role, proc.pid, proc.spec.host))
+        self._watch(index, proc)
 
     def _watch(self, index: int, proc: WorkerProcess) -> None:
         def wait() -> None:
-            self._exited(index, proc, proc.wait(timeout=None))
+            self._inbox.put(m.Exited(index, proc.pid, proc.wait(timeout=None)))
 
         spawn(f"{proc.spec.label}-wait", wait)
 
-    def _exited(self, index: int, proc: WorkerProcess, code: int | None) -> None:
-        if self._stopping.is_set():
-            return
-        with self._lock:
-            shard = self._shards[index]
-            primary, backup = proc is shard.primary, proc is shard.backup
-            if backup:
-                shard.backup, shard.backup_address, shard.in_step_pid = None, None, None
-        if not (primary or backup):
-            return  # a process the shard no longer counts on
-        self._events.emit((PsExited if primary else PsBackupExited)(shard=index, code=code))
-        if self._too_many(shard, code):
-            return
-        try:
-            if backup:
-                self._launch_backup(index)
-            elif not self._fail_over(index, proc) and self._launch(index):
-                steps = self._records.steps()
-                self._events.emit(restart_event(index, self.checkpoints, steps))
-        except LauncherError as exc:
-            self._fail(f"cannot restart ps shard {index}: {exc}")
-
-    def _too_many(self, shard: _Shard, code: int | None) -> bool:
-        """Count a death of the shard's processes; True (and fatal) past the limit."""
-        now = self._clock()
-        with self._lock:
-            history = shard.deaths
-            history.append(now)
-            while history and history[0] < now - RESTART_WINDOW:
-                history.popleft()
-            deaths = len(history)
-        if deaths > MAX_RESTARTS:
-            self._fail(
-                f"ps shard {shard.index} died {deaths} times within "
-                f"{RESTART_WINDOW:g}s (last exit: {code}); giving up"
-            )
-            return True
-        return False
-
-    def _fail_over(self, index: int, dead: WorkerProcess) -> bool:
-        """Give shard ``index`` to its backup if the store says it is in step with the
+    # ---- failover ----
+    def _fail_over(self, action: rules.TryFailOver) -> m.Message:
+        """Offer the shard to its backup if the store says it is in step with the
         primary that died (read afresh, and written by compare-and-swap: see
-        ``driver.ps.failover``), and start a new backup. False: restart it instead.
-
-        Raises:
-            LauncherError: the new backup cannot be started.
-        """
-        with self._lock:
-            backup = self._shards[index].backup
-        if not self.replicas or backup is None or backup.poll() is not None:
-            return False
+        ``driver.ps.failover``): the answer for the rules, or ``Fatal`` when the store
+        cannot tell whether the promotion was written."""
+        index = action.index
+        backup, dead = self._process(action.backup_pid), self._process(action.dead_pid)
+        refused = m.FailOverAnswer(index, None)
+        if backup is None or dead is None or backup.poll() is not None:
+            return refused
         keys = self._keys
         try:
             replica = self._store.get(keys.ps_replica(index))
             dead_info = self._store.get(keys.ps_shard(index))
             backup_info = self._store.get(keys.ps_backup(index))
             if replica is None or dead_info is None or backup_info is None:
-                return False
+                return refused
             dead_address = _address_of(dead_info.value, dead.pid)
             backup_address = _address_of(backup_info.value, backup.pid)
             order = promotion(ReplicaRecord.from_json(replica.value), dead_address, backup_address)
             if order is None or dead_address is None or backup_address is None:
-                return False
+                return refused
         except (RendezvousError, ValueError, TypeError) as exc:
             log.warning("ps shard %d: no failover to its backup (%s); restarting it", index, exc)
-            return False
-        if not self._promote(index, order, replica.mod_revision):
-            return False
-        with self._lock:
-            shard = self._shards[index]
-            shard.primary, shard.host, shard.ready_pid = backup, shard.backup_host, None
-            shard.backup, shard.backup_host, shard.backup_address = None, None, None
-            shard.in_step_pid = None
-            shard.failing_over = (dead_address, backup_address)
-        self._launch_backup(index)
-        return True
+            return refused
+        return self._promote(
+            index, order, replica.mod_revision, Handover(dead_address, backup_address)
+        )
 
-    def _promote(self, index: int, order: ReplicaRecord, revision: int) -> bool:
-        """Write ``order`` if the record is still at ``revision``; whether it was written.
-        When the store's answer is lost, the record is read back to tell: a promotion
-        that was written and then taken for lost would leave two primaries.
-
-        Raises:
-            LauncherError: never; see ``_fail`` for a store that cannot tell."""
+    def _promote(
+        self, index: int, order: ReplicaRecord, revision: int, handover: Handover
+    ) -> m.Message:
+        """Write ``order`` if the record is still at ``revision``: the answer whether it
+        was written. When the store's answer is lost, the record is read back to tell: a
+        promotion that was written and then taken for lost would leave two primaries; a
+        store that cannot tell is ``Fatal`` (neither restart the shard nor count on its
+        backup: the job ends)."""
         key = self._keys.ps_replica(index)
         try:
-            return self._store.compare_and_swap(key, order.to_json(), revision)
+            written = self._store.compare_and_swap(key, order.to_json(), revision)
+            return m.FailOverAnswer(index, handover if written else None)
         except RendezvousError as exc:
             log.warning("ps shard %d: the promotion's answer was lost (%s)", index, exc)
         try:
             current = self._store.get(key)
         except RendezvousError as exc:
-            self._fail(f"cannot tell whether ps shard {index}'s backup took over: {exc}")
-            return True  # neither restart it nor count on it: the job ends
-        return current is not None and ReplicaRecord.from_json(current.value) == order
-
-    def _fail(self, reason: str) -> None:
-        with self._lock:
-            if self._stopping.is_set():
-                return
-            self._fatal = self._fatal or reason
-            self._lock.notify_all()
-        self._on_fatal(reason)
+            return m.Fatal(f"cannot tell whether ps shard {index}'s backup took over: {exc}")
+        written = current is not None and ReplicaRecord.from_json(current.value) == order
+        return m.FailOverAnswer(index, handover if written else None)
 
 
 def _address_of(value: bytes, pid: int) -> str | None:

@@ -22,8 +22,8 @@ from driver.config import parse_args
 from driver.errors import JobFailed
 from driver.job.wiring import job_env
 from driver.launch.local import LocalLauncher
-from driver.ps import supervisor as ps_supervisor
-from driver.ps.supervisor import PSSupervisor
+from driver.policy.ps_restarts import RestartLimits
+from driver.ps.supervisor import PSSupervisor, ShardLaunch, SupervisionSettings
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.schema.ps import CheckpointRecord, ShardInfo
@@ -83,7 +83,12 @@ def supervise(embedded_server):
     made = []
     url = f"embedded://{embedded_server.address}"
 
-    def make(*modes: str, ready_timeout: float = 30.0, checkpoints: bool = False):
+    def make(
+        *modes: str,
+        ready_timeout: float = 30.0,
+        checkpoints: bool = False,
+        restarts: RestartLimits | None = None,
+    ):
         keys = JobKeys(f"t{uuid.uuid4().hex[:10]}")
         store = open_store(url, embedded_server.secret)
         config = parse_args(["-np", "1", "--job-id", keys.job_id, "python", "x.py"])
@@ -94,17 +99,19 @@ def supervise(embedded_server):
             (sys.executable, "-c", FAKE_SHARD, str(i), str(len(modes)), mode)
             for i, mode in enumerate(modes)
         ]
-        sup = PSSupervisor(
-            commands,
-            environment,
-            store=store,
-            keys=keys,
-            launcher=LocalLauncher(io.BytesIO(), io.BytesIO()),
-            events=events,
-            on_fatal=fatal.append,
+        settings = SupervisionSettings(
             ready_timeout=ready_timeout,
             store_patience=30.0,
             checkpoints=checkpoints,
+            restarts=restarts or RestartLimits(),
+        )
+        sup = PSSupervisor(
+            ShardLaunch(LocalLauncher(io.BytesIO(), io.BytesIO()), tuple(commands), environment),
+            settings,
+            store=store,
+            keys=keys,
+            events=events,
+            on_fatal=fatal.append,
         )
         made.append((sup, store))
         return sup, store, keys, events, fatal
@@ -120,7 +127,7 @@ def test_shards_are_ready_through_the_store_and_checkpoints_are_events(supervise
     sup.start()
     started = {e.shard: e for e in events.of("ps_started")}
     assert set(started) == {0, 1} and not fatal
-    assert started[1].address == "127.0.0.1:7101" and started[1].pid == sup._procs[1].pid
+    assert started[1].address == "127.0.0.1:7101" and started[1].pid == sup.primary_pid(1)
     wait_until(lambda: events.of("checkpoint_written"), 15, "the checkpoint event")
     (checkpoint,) = events.of("checkpoint_written")
     assert (checkpoint.checkpoint, checkpoint.step, checkpoint.path, checkpoint.seconds) == (
@@ -139,7 +146,7 @@ def test_a_stale_record_of_another_process_is_not_readiness(supervise):
     with pytest.raises(JobFailed, match=r"ps shards \[0\] not ready within 3s"):
         sup.start()
     # Nor is the new process's own record while it says it is restoring.
-    pid = sup._procs[0].pid
+    pid = sup.primary_pid(0)
 
     def own_record():
         kv = store.get(keys.ps_shard(0))
@@ -153,7 +160,7 @@ def test_a_stale_record_of_another_process_is_not_readiness(supervise):
 def test_a_killed_shard_is_restarted_and_ready_again_with_its_new_pid(supervise):
     sup, _, _, events, fatal = supervise("serve", "serve")
     sup.start()
-    old = sup._procs[1].pid
+    old = sup.primary_pid(1)
     os.kill(old, signal.SIGKILL)
     wait_until(
         lambda: [e for e in events.of("ps_started") if e.shard == 1 and e.pid != old],
@@ -170,7 +177,7 @@ def test_a_restart_says_the_checkpoint_it_goes_back_to_and_the_steps_after_it_lo
     sup, _, _, events, fatal = supervise("serve", "serve", checkpoints=True)
     sup.start()
     wait_until(lambda: events.of("checkpoint_written"), 15, "the checkpoint event")
-    os.kill(sup._procs[1].pid, signal.SIGKILL)
+    os.kill(sup.primary_pid(1), signal.SIGKILL)
     wait_until(lambda: events.of("ps_restarted"), 30, "shard 1 restarted")
     (restarted,) = events.of("ps_restarted")
     assert (restarted.shard, restarted.checkpoint, restarted.step) == (1, 1, 10) and not fatal
@@ -179,18 +186,17 @@ def test_a_restart_says_the_checkpoint_it_goes_back_to_and_the_steps_after_it_lo
     )
 
 
-def test_a_shard_dying_over_and_over_is_fatal(supervise, monkeypatch):
-    monkeypatch.setattr(ps_supervisor, "MAX_RESTARTS", 1)
-    sup, _, _, events, fatal = supervise("crash")
+def test_a_shard_dying_over_and_over_is_fatal(supervise):
+    sup, _, _, events, fatal = supervise("crash", restarts=RestartLimits(max_restarts=1))
     sup.start()  # ready once: then it keeps dying
     wait_until(lambda: fatal, 30, "the supervisor to give up")
     assert fatal == ["ps shard 0 died 2 times within 60s (last exit: 3); giving up"]
     assert [e.code for e in events.of("ps_exited")] == [3, 3]
 
 
-def test_start_ends_at_once_when_the_shards_cannot_go_on(supervise, monkeypatch):
-    monkeypatch.setattr(ps_supervisor, "MAX_RESTARTS", 1)
-    sup, _, _, _, fatal = supervise("early", ready_timeout=60.0)
+def test_start_ends_at_once_when_the_shards_cannot_go_on(supervise):
+    limits = RestartLimits(max_restarts=1)
+    sup, _, _, _, fatal = supervise("early", ready_timeout=60.0, restarts=limits)
     with pytest.raises(JobFailed, match="ps shard 0 died 2 times"):
         sup.start()
     assert len(fatal) == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from driver.events import Event
 from driver.launch.local import LocalLauncher
-from driver.ps.supervisor import PSSupervisor
+from driver.ps.supervisor import PSSupervisor, ShardLaunch, SupervisionSettings
 from ps.client.link import ShardLink
 from rendezvous import open_store
 from rendezvous.schema.ps import ShardInfo
@@ -84,17 +84,16 @@ class SupervisedJob:
         self._store = open_store(self.job.store_url, self.job.secret)  # the supervisor's own
         replicated = ("--replicas", str(replicas)) if replicas else ()
         commands = [(*self.job.shard_argv(i), *replicated) for i in range(num_shards)]
+        launch = ShardLaunch(
+            LocalLauncher(self._output, self._output), tuple(commands), self.job.env()
+        )
         self.supervisor = PSSupervisor(
-            commands,
-            self.job.env(),
+            launch,
+            SupervisionSettings(ready_timeout=60.0, store_patience=30.0, replicas=replicas),
             store=self._store,
             keys=self.job.keys,
-            launcher=LocalLauncher(self._output, self._output),
             events=self.events,
             on_fatal=self.fatal.append,
-            ready_timeout=60.0,
-            store_patience=30.0,
-            replicas=replicas,
         )
 
     def __enter__(self) -> SupervisedJob:
@@ -119,10 +118,14 @@ class SupervisedJob:
             self._output.close()
 
     def primary_pid(self, index: int) -> int:
-        return self.supervisor._shards[index].primary.pid  # type: ignore[union-attr]
+        pid = self.supervisor.primary_pid(index)
+        assert pid is not None, f"shard {index} has no primary"
+        return pid
 
     def backup_pid(self, index: int) -> int:
-        return self.supervisor._shards[index].backup.pid  # type: ignore[union-attr]
+        pid = self.supervisor.backup_pid(index)
+        assert pid is not None, f"shard {index} has no backup"
+        return pid
 
     def record(self, index: int) -> ShardInfo:
         """Shard ``index``'s record in the store now (the process that serves it)."""

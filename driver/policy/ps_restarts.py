@@ -1,4 +1,10 @@
-"""What a ps shard restarted by the driver loses, as the driver knows it (pure).
+"""The ps shards' restart policy (pure): whether a shard whose process died is started
+again or the job gives up on it (``RestartLimits``, ``count_death``, ``give_up``), and
+what a restarted shard is said to lose (``restart_event``).
+
+A shard dying over and over (more than ``max_restarts`` deaths of its processes within
+``window`` seconds, its backup's deaths counted too) ends the job: restarting cannot fix
+whatever kills it. The supervisor (``driver.ps.supervisor``) counts each death here.
 
 A shard whose process died, and that no backup in step takes over, is started again
 with the same command line: it loads the newest complete checkpoint, or comes back
@@ -17,6 +23,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from driver.events import PsRestarted
+
+
+@dataclass(frozen=True)
+class RestartLimits:
+    """How often a shard's processes may die before the job gives up on it: more than
+    ``max_restarts`` deaths within ``window`` seconds."""
+
+    max_restarts: int = 10
+    window: float = 60.0
+
+
+def count_death(deaths: tuple[float, ...], now: float, limits: RestartLimits) -> tuple[float, ...]:
+    """The deaths that still count at ``now`` (within ``limits.window``), with the one at
+    ``now`` added: ``deaths`` are the earlier ones, oldest first."""
+    return (*(t for t in deaths if t >= now - limits.window), now)
+
+
+def give_up(
+    index: int, deaths: tuple[float, ...], code: int | None, limits: RestartLimits
+) -> str | None:
+    """Why the job gives up on shard ``index`` after ``deaths`` (``count_death``'s
+    answer; ``code``: the last exit), or None while a restart may still help."""
+    if len(deaths) <= limits.max_restarts:
+        return None
+    return (
+        f"ps shard {index} died {len(deaths)} times within {limits.window:g}s "
+        f"(last exit: {code}); giving up"
+    )
 
 
 @dataclass(frozen=True)

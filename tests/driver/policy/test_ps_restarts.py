@@ -1,11 +1,11 @@
-"""What a ps shard restarted by the driver is said to lose (``driver.ps.restarts``,
+"""What a ps shard restarted by the driver is said to lose (``driver.policy.ps_restarts``,
 pure): the step it goes back to, from the steps the shards' records named."""
 
 from __future__ import annotations
 
 import pytest
 
-from driver.ps.restarts import ShardSteps, restart_event
+from driver.policy.ps_restarts import ShardSteps, restart_event
 
 pytestmark = pytest.mark.unit
 
