@@ -108,7 +108,10 @@ class RawPeers:
         for _ in range(count):
             port_file = os.path.join(tmp, f"raw-{uuid.uuid4().hex}.port")
             self.procs.append(
-                subprocess.Popen([sys.executable, __file__, "--raw-server", port_file])
+                subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.ps_bench", "--raw-server", port_file],
+                    cwd=ROOT,
+                )
             )
             deadline = time.monotonic() + 30
             while not os.path.exists(port_file):
