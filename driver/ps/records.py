@@ -3,8 +3,8 @@ key of the job (``JobKeys.ps_records``), so the records arrive in the order the 
 took them, through outages (``rendezvous.watch.follow_prefix``).
 
 * a shard's ``ShardInfo`` (``ps_shard(i)``), a backup's (``ps_backup(i)``) and a
-  shard's ``ReplicaRecord`` (``ps_replica(i)``) go to the supervisor, which knows which
-  process is which (``on_shard``, ``on_backup``, ``on_replica``);
+  shard's ``ReplicaRecord`` (``ps_replica(i)``) are posted to the supervisor's queue
+  (``driver.ps.messages``), whose rules know which process is which;
 * each complete checkpoint (``ps_checkpoint``), each report of checkpoints that fail
   (``ps_checkpoint_failed``) and each rollback (``ps_rollback``) is reported here, once,
   as ``checkpoint_written``, ``checkpoint_failed`` and ``ps_rolled_back``;
@@ -26,6 +26,7 @@ from typing import Callable
 
 from driver.events import CheckpointFailed, CheckpointWritten, EventSink, PsRolledBack
 from driver.policy.ps_restarts import ShardSteps
+from driver.ps import messages as m
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -47,9 +48,9 @@ FINAL_RECORD_WAIT = 5.0
 
 class ShardRecords:
     """Follows the ps records of the job under ``keys`` in ``store`` (``start``/``stop``)
-    and reports checkpoints and rollbacks to ``events``. ``on_lost(reason)``: the store
-    stayed unreachable for ``patience`` seconds. The callbacks run in the follower's
-    thread."""
+    and reports checkpoints and rollbacks to ``events``; ``post`` takes the records the
+    supervisor decides on, and ``Fatal`` when the store stayed unreachable for
+    ``patience`` seconds (called in the follower's thread)."""
 
     def __init__(
         self,
@@ -57,20 +58,14 @@ class ShardRecords:
         keys: JobKeys,
         events: EventSink,
         *,
-        on_shard: Callable[[ShardInfo], None],
-        on_backup: Callable[[ShardInfo], None],
-        on_replica: Callable[[ReplicaRecord, int], None],
-        on_lost: Callable[[str], None],
+        post: Callable[[m.Message], None],
         patience: float,
         clock: Callable[[], float],
     ):
         self._store = store
         self._keys = keys
         self._events = events
-        self._on_shard = on_shard
-        self._on_backup = on_backup
-        self._on_replica = on_replica
-        self._on_lost = on_lost
+        self._post = post
         self._patience = patience
         self._clock = clock
         self._lock = threading.Lock()
@@ -106,8 +101,8 @@ class ShardRecords:
             None,
             on_event=on_event,
             on_resync=on_resync,
-            on_lost=lambda exc: self._on_lost(
-                f"lost the rendezvous store while watching the ps shards: {exc}"
+            on_lost=lambda exc: self._post(
+                m.Fatal(f"lost the rendezvous store while watching the ps shards: {exc}")
             ),
             stop=self._stop,
             patience=self._patience,
@@ -119,13 +114,13 @@ class ShardRecords:
         keys, key = self._keys, kv.key
         try:
             if key.startswith(keys.ps):
-                self._on_shard(ShardInfo.from_json(kv.value))
+                self._post(m.PrimaryRecord(ShardInfo.from_json(kv.value)))
             elif key.startswith(keys.ps_backups):
-                self._on_backup(ShardInfo.from_json(kv.value))
+                self._post(m.BackupRecord(ShardInfo.from_json(kv.value)))
             elif key.startswith(keys.ps_replicas):
                 replica = ReplicaRecord.from_json(kv.value)
                 self._note_step(replica.step)
-                self._on_replica(replica, kv.mod_revision)
+                self._post(m.ReplicaSeen(replica))
             elif key == keys.ps_checkpoint:
                 self._take_checkpoint(CheckpointRecord.from_json(kv.value), kv.mod_revision)
             elif key == keys.ps_checkpoint_failed:

@@ -171,10 +171,7 @@ class PSSupervisor:
             store,
             keys,
             events,
-            on_shard=lambda info: self._inbox.put(m.PrimaryRecord(info)),
-            on_backup=lambda info: self._inbox.put(m.BackupRecord(info)),
-            on_replica=lambda record, revision: self._inbox.put(m.ReplicaSeen(record)),
-            on_lost=lambda reason: self._inbox.put(m.Fatal(reason)),
+            post=self._inbox.put,
             patience=settings.store_patience,
             clock=clock,
         )

@@ -1,4 +1,4 @@
-"""No part of the driver's job, agent, lead, launchers or hosts takes more than 7
+"""No part of the driver's job, agent, lead, launchers, hosts or ps shards takes more than 7
 collaborators: a constructor says what a part touches (read from the source, by ``ast``;
 records and settings, dataclasses of values, are not parts)."""
 
@@ -11,7 +11,7 @@ import pytest
 from tests.support.paths import ROOT
 
 MOST_COLLABORATORS = 7
-PACKAGES = ("job", "agent", "leadership", "launch", "hosts")
+PACKAGES = ("job", "agent", "leadership", "launch", "hosts", "ps")
 
 
 def constructors() -> list[tuple[str, int]]:
