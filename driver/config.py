@@ -184,9 +184,10 @@ def _check_script(path: str) -> str:
     return os.path.abspath(path)
 
 
-def _check_checkpoint_dir(path: str | None) -> str | None:
-    """An existing checkpoint root must be the job user's own (the shards create a
-    missing one, and check it again: ``rendezvous.private_dir``)."""
+def _check_ps_checkpoint_dir(path: str | None) -> str | None:
+    """An existing ``--ps-checkpoint-dir`` must be the job user's own (the shards create
+    a missing one, and check it again: ``rendezvous.private_dir``). The workers'
+    ``--checkpoint-dir``, where snapshots go, is ``_snapshot_settings``'s."""
     if path and os.path.lexists(path):
         try:
             check_private_dir(path, "--ps-checkpoint-dir")
@@ -486,7 +487,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         launcher=args.launcher,
         num_ps=args.num_ps,
         ps_mode=args.ps_mode or DEFAULT_PS_MODE,
-        ps_checkpoint_dir=_check_checkpoint_dir(args.ps_checkpoint_dir),
+        ps_checkpoint_dir=_check_ps_checkpoint_dir(args.ps_checkpoint_dir),
         ps_checkpoint_interval=args.ps_checkpoint_interval or DEFAULT_PS_CHECKPOINT_INTERVAL,
         chaos_kill_interval=args.chaos_kill_interval,
         chaos_max_kills=args.chaos_max_kills,

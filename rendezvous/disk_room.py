@@ -1,4 +1,4 @@
-"""Room on a full disk for a new checkpoint: the oldest of a writer's own checkpoints
+"""Room on a full disk for a new ps checkpoint or snapshot: the oldest of a writer's own
 deleted until the file system has the space the next one takes. Shared by the ps
 shards' checkpoints (``ps.shard.checkpoint``) and the workers' snapshots
 (``elastic.snapshots.files``): each decides which folders may go, oldest first (never

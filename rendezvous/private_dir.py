@@ -1,4 +1,5 @@
-"""Directories only the job's user can change (the checkpoint roots), and the files in
+"""Directories only the job's user can change (``--checkpoint-dir``, where snapshots go,
+and ``--ps-checkpoint-dir``, where ps checkpoints go), and the files in
 them that the job may trust.
 
 A directory that another local user created in advance, or can write, is not the job's:
@@ -148,7 +149,7 @@ def _kind(mode: int) -> str:
 
 def physical_memory() -> int:
     """This machine's memory in bytes: a sane bound on what one load may read (a
-    checkpoint larger than it cannot be held, whatever its files say)."""
+    checkpoint or snapshot larger than it cannot be held, whatever its files say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):  # not on this system: no bound beyond the file's own

@@ -4,7 +4,7 @@ A snapshot's part is written once and read only after a failure, so caching it b
 nothing, and filling the cache costs the training processes: the kernel copies every
 byte into freshly allocated cache pages (on a virtual machine, pages the host must back
 first: ~170 ms of CPU per 50 MB on our 2-core VM, against ~10 ms around the cache),
-and a checkpoint of tens of GB evicts what training reads. So the bytes go to the disk
+and a snapshot of tens of GB evicts what training reads. So the bytes go to the disk
 directly (Linux ``O_DIRECT``), through a page-aligned staging buffer (``O_DIRECT``
 wants the memory, the offset and the length aligned to the device's block: a tensor's
 memory is not).
