@@ -17,6 +17,7 @@ import pytest
 
 from elastic.errors import SnapshotError
 from elastic.snapshots import files
+from tests.elastic.snapshots.test_files import load, values, write_snapshot
 from tests.ps.test_checkpoint_trust import (
     NOBODY,
     GiB,
@@ -24,7 +25,6 @@ from tests.ps.test_checkpoint_trust import (
     _give_away,
     _returns_within,
 )
-from tests.elastic.snapshots.test_files import load, values, write_snapshot
 
 
 @pytest.fixture(autouse=True)
