@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from typing import Callable
 
-from benchmarks.harness.control import Line
+from benchmarks.harness.control import ControlServer, Line
 from benchmarks.harness.paths import ROOT
 
 #: the script whose ``--worker`` mode is one rank of a group
@@ -47,11 +46,8 @@ class Group:
         self.world = world
         self.procs: list[subprocess.Popen] = []
         self.lines: list[Line] = []
-        srv = socket.socket()
-        srv.bind((control_host, 0))
-        srv.listen(world)
-        srv.settimeout(120)
-        control = f"{control_host}:{srv.getsockname()[1]}"
+        srv = ControlServer(control_host, world, accept_timeout=120)
+        control = srv.address
         me = [
             sys.executable,
             str(ALLREDUCE_WORKER),
@@ -75,13 +71,7 @@ class Group:
             else:
                 for r in range(world):
                     self.procs.append(spawn(me + ["--rank", str(r), "--world", str(world)], r))
-            by_rank: dict[int, Line] = {}
-            for _ in range(world):
-                conn, _ = srv.accept()
-                conn.settimeout(600)
-                line = Line(conn)
-                by_rank[line.recv()["rank"]] = line
-            self.lines = [by_rank[r] for r in range(world)]
+            self.lines = srv.accept_ranks()
         finally:
             srv.close()
         if impl in ("ours", "ours_tcp", "raw_tcp"):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
 
-from benchmarks.harness.control import Line
+from benchmarks.harness.control import ControlServer
 from benchmarks.harness.paths import ROOT, WORKLOADS
 from benchmarks.harness.processes import free_port
 
@@ -33,11 +32,8 @@ class Group:
         """``extra``: more arguments of each worker (``--device cuda`` ...); ``more_env``:
         more environment (``ELASTIC_TORCH_BACKEND`` ...)."""
         self.procs: list[subprocess.Popen] = []
-        srv = socket.socket()
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(world)
-        srv.settimeout(300)
-        control = f"127.0.0.1:{srv.getsockname()[1]}"
+        srv = ControlServer("127.0.0.1", world, accept_timeout=300)
+        control = srv.address
         worker = [
             sys.executable,
             str(WORKER),
@@ -81,13 +77,7 @@ class Group:
                             start_new_session=True,
                         )
                     )
-            lines: list[Line | None] = [None] * world
-            for _ in range(world):
-                conn, _ = srv.accept()
-                conn.settimeout(600)
-                line = Line(conn)
-                lines[line.recv()["rank"]] = line
-            self.lines = [ln for ln in lines if ln is not None]
+            self.lines = srv.accept_ranks()
         except BaseException:
             self.close()
             raise
