@@ -167,6 +167,13 @@ class PSSupervisor:
         self._loop: threading.Thread | None = None
         self._stop_lock = threading.Lock()
         self._stopped: list[str | None] = []  # ``stop``'s answer, once it returned
+        # Each action the rules return, by its type, to the method that carries it out.
+        self._doers: dict[type, Callable[[Any], None]] = {
+            rules.Emit: self._emit,
+            rules.Launch: self._relaunch,
+            rules.TryFailOver: self._offer,
+            rules.GiveUp: self._give_up,
+        }
         self._records = ShardRecords(
             store,
             keys,
@@ -314,13 +321,7 @@ class PSSupervisor:
             self._settled.set()
 
     def _act(self, action: rules.Action) -> None:
-        doers: dict[type, Callable[[Any], None]] = {
-            rules.Emit: self._emit,
-            rules.Launch: self._relaunch,
-            rules.TryFailOver: self._offer,
-            rules.GiveUp: self._give_up,
-        }
-        doers[type(action)](action)
+        self._doers[type(action)](action)
 
     def _emit(self, action: rules.Emit) -> None:
         self._events.emit(action.event)

@@ -3,6 +3,8 @@ comes at (a fake clock: plain numbers), the view after it and the actions it ask
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 from driver.events import PsBackupExited, PsBackupReady, PsExited, PsFailedOver, PsStarted
@@ -148,3 +150,7 @@ def test_the_first_fatal_reason_is_kept_and_each_is_said():
 def test_records_of_shards_the_job_does_not_have_are_ignored():
     run = Run()
     assert run(ready(5, pid=1)) == () and run(m.BackupRecord(ShardInfo(5, 1, "x:1", 2))) == ()
+
+
+def test_every_message_has_its_named_rule():
+    assert set(typing.get_args(m.Message)) == set(rules._HANDLERS)
