@@ -160,6 +160,8 @@ class ShardedParts:
     @torch.no_grad()
     def load_own(self, version: Version) -> None:
         """Put ``version`` (this worker's, of the current cut) back into the objects."""
+        for module in self.modules.values():
+            fsdp.settle(module)
         for name, module in self.modules.items():
             for fqn, p in module.named_parameters():
                 if isinstance(p, DTensor):
