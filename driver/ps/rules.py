@@ -192,24 +192,28 @@ def _adopted(view: PSView, msg: m.Adopted, now: float, limits: RestartLimits) ->
     return _with(view, shard), actions
 
 
+def _update(
+    view: PSView, index: int, change: Callable[[ShardView], tuple[ShardView, tuple[Action, ...]]]
+) -> Decision:
+    """``change`` applied to shard ``index``; a record of a shard the job does not have
+    changes nothing."""
+    shard = _shard(view, index)
+    if shard is None:
+        return view, NOTHING
+    shard, actions = change(shard)
+    return _with(view, shard), actions
+
+
 def _primary_record(
     view: PSView, msg: m.PrimaryRecord, now: float, limits: RestartLimits
 ) -> Decision:
-    shard = _shard(view, msg.info.index)
-    if shard is None:
-        return view, NOTHING
-    shard, actions = _started(replace(shard, primary_record=msg.info))
-    return _with(view, shard), actions
+    return _update(view, msg.info.index, lambda s: _started(replace(s, primary_record=msg.info)))
 
 
 def _backup_record(
     view: PSView, msg: m.BackupRecord, now: float, limits: RestartLimits
 ) -> Decision:
-    shard = _shard(view, msg.info.index)
-    if shard is None:
-        return view, NOTHING
-    shard, actions = _in_step(replace(shard, backup_record=msg.info))
-    return _with(view, shard), actions
+    return _update(view, msg.info.index, lambda s: _in_step(replace(s, backup_record=msg.info)))
 
 
 def _replica_seen(view: PSView, msg: m.ReplicaSeen, now: float, limits: RestartLimits) -> Decision:
