@@ -63,6 +63,11 @@ ALL = "all"
 """The group of a snapshot every member writes into one folder."""
 
 PROBES = ".probes"
+# How long a closing process waits for the snapshots it has in flight (a periodic one the
+# training's end overtook, most often): its peers are writing their parts of the same
+# commit, so it completes in a moment, and a thread left running at the interpreter's
+# exit can abort it (torch's threads). A peer that is gone makes it wait this long, no more.
+CLOSE_WAIT = 3.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,7 @@ class Snapshotter:
         self._foreign: set[tuple[str, str]] = set()  # (root, job id) of others' said
         self._disabled = ""  # why this state cannot be snapshotted ("" while it can)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._finishers: list[threading.Thread] = []  # part 0's, waiting for the others
         self._writer = threading.Thread(
             target=self._write_jobs, name="elastic-snapshots", daemon=True
         )
@@ -461,12 +467,15 @@ class Snapshotter:
             job.done.set()
             return
         entries = tuple(files.LeafEntry(leaf.kind, leaf.meta, leaf.nbytes) for leaf in leaves)
-        threading.Thread(
+        finisher = threading.Thread(
             target=self._finish,
             args=(job, folder, skeleton_entry, entries, structure),
             name="elastic-snapshot-finish",
             daemon=True,
-        ).start()
+        )
+        with self._lock:
+            self._finishers = [t for t in self._finishers if t.is_alive()] + [finisher]
+        finisher.start()
 
     def _with_room(self, room: _Room, structure: Structure, write: Callable[[], Any]) -> Any:
         """``write()``; when the disk refuses it for want of space, once more after this
@@ -565,11 +574,20 @@ class Snapshotter:
         )
         self._coordination.say(self._keys.snapshot_failed(job.layout.group), record)
 
-    def close(self) -> None:
-        """Stop the writer after the part it may be writing (in-flight snapshots that
-        depend on others are abandoned: the previous complete one stands)."""
-        self._coordination.close()
+    def close(self, wait: float = CLOSE_WAIT) -> None:
+        """Stop the writer once the commits handed to it are written, and wait up to
+        ``wait`` seconds for the snapshots in flight to complete; those that still
+        depend on others then are abandoned (the previous complete one stands)."""
+        deadline = time.monotonic() + wait
         self._jobs.put(None)
+        self._writer.join(timeout=wait)
+        with self._lock:
+            finishers = list(self._finishers)
+        for finisher in finishers:
+            finisher.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._coordination.close()
+        for finisher in finishers:  # a waiting one sees the close within its 1 s poll
+            finisher.join(timeout=2.0)
 
 
 @dataclass(frozen=True)
