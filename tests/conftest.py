@@ -21,11 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from rendezvous import StoreSettings, open_store
 from rendezvous.backends.embedded import EmbeddedServer
 from rendezvous.net.auth import make_secret
 from tests.support.etcd_cluster import EtcdCluster
+
+# Property tests check logic, not speed: hypothesis's 200 ms deadline per example fails
+# them on a loaded 2-core CI machine for a slow example, and flaky is broken.
+hypothesis_settings.register_profile("elastic", deadline=None)
+hypothesis_settings.load_profile("elastic")
 
 # Fixtures that live in their own modules (the real sshd, the comm workers).
 pytest_plugins = ["tests.support.hosts.sshd", "tests.support.comm.harness"]
