@@ -9,28 +9,13 @@ import pytest
 
 from driver import events as ev
 from driver.policy import exits, lifecycle, occupancy, suspicion
-from driver.policy.decisions import (
-    Book,
-    CountFailure,
-    Fail,
-    Report,
-    Succeed,
-)
+from driver.policy.decisions import Book, CountFailure, Fail, Report, Succeed
 from driver.policy.memory.failures import FailureBook
 from driver.policy.memory.progress import ProgressBook
 from driver.policy.memory.rounds import RoundBook
 from driver.policy.planner import WorkerSlot
 from rendezvous.schema.workers import FailureRecord
-from tests.driver.policy.builders import (
-    S,
-    hs,
-    kinds,
-    only,
-    plan_of,
-    rec,
-    settings,
-    table,
-)
+from tests.driver.policy.builders import S, hs, kinds, only, plan_of, rec, settings, table
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

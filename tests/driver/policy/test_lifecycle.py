@@ -7,12 +7,7 @@ import pytest
 
 from driver.policy import lifecycle, rounds
 from driver.policy.lifecycle import WorkerRecord
-from tests.driver.policy.builders import (
-    S,
-    info,
-    rec,
-    table,
-)
+from tests.driver.policy.builders import S, info, rec, table
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

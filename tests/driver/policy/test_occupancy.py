@@ -22,17 +22,7 @@ from driver.policy.decisions import (
 )
 from driver.policy.memory.rounds import RoundBook
 from driver.policy.planner import WorkerSlot
-from tests.driver.policy.builders import (
-    S,
-    hs,
-    kinds,
-    only,
-    plan_of,
-    rec,
-    settings,
-    table,
-    view,
-)
+from tests.driver.policy.builders import S, hs, kinds, only, plan_of, rec, settings, table, view
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -7,30 +7,12 @@ import pytest
 
 from driver import events as ev
 from driver.policy import exits, reports, rounds
-from driver.policy.decisions import (
-    Book,
-    Fail,
-    HostsView,
-    Report,
-    StoreHealth,
-    Succeed,
-    Wait,
-)
+from driver.policy.decisions import Book, Fail, HostsView, Report, StoreHealth, Succeed, Wait
 from driver.policy.memory.rounds import RoundBook
 from driver.policy.reports import HostSource
 from driver.policy.rounds import RoundSettings
 from rendezvous.schema.rounds import Plan
-from tests.driver.policy.builders import (
-    S,
-    config,
-    kinds,
-    only,
-    plan_of,
-    progress,
-    rec,
-    table,
-    view,
-)
+from tests.driver.policy.builders import S, config, kinds, only, plan_of, progress, rec, table, view
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 

@@ -10,13 +10,7 @@ import pytest
 
 from driver import events as ev
 from driver.policy import lifecycle, occupancy, rounds
-from driver.policy.decisions import (
-    Book,
-    Fail,
-    Publish,
-    Report,
-    Wait,
-)
+from driver.policy.decisions import Book, Fail, Publish, Report, Wait
 from driver.policy.memory.failures import FailureBook
 from driver.policy.memory.progress import ProgressBook, SnapshotHeld
 from driver.policy.memory.rounds import RoundBook

@@ -7,24 +7,11 @@ import pytest
 
 from driver import events as ev
 from driver.policy import suspicion
-from driver.policy.decisions import (
-    Book,
-    HostLost,
-    Kill,
-    Probe,
-    Report,
-    Wait,
-)
+from driver.policy.decisions import Book, HostLost, Kill, Probe, Report, Wait
 from driver.policy.memory.failures import FailureBook
 from driver.policy.memory.rounds import RoundBook
 from rendezvous.schema.workers import FailureRecord
-from tests.driver.policy.builders import (
-    S,
-    kinds,
-    plan_of,
-    rec,
-    table,
-)
+from tests.driver.policy.builders import S, kinds, plan_of, rec, table
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
