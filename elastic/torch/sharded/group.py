@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
+from elastic.torch.plane.backends import _never_free
 from elastic.torch.plane.group import RoundGroup
 
 
@@ -142,6 +143,9 @@ def install(group: RoundGroup) -> DeviceMesh:
         world.pg_names[pg] = name
         c10d._register_process_group(name, pg)  # type: ignore[arg-type]
         c10d._update_default_pg(pg)
+        # Like the aborted gloo group under it (``plane.backends``), never freed: its
+        # destructor can wait on a collective abandoned with a lost peer.
+        _never_free(pg)
         mesh = DeviceMesh.from_group(pg, group.backend.device().type)
         setattr(mesh, LAYOUT_KEY, f"{group.round_id}/{group.size}")
         _installed.clear()

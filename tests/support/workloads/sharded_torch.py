@@ -4,11 +4,12 @@ global batches of ``ElasticSampler(global_batch_size=B)``; or the same training 
 plain process (``--reference``), for the tests to compare.
 
     sharded_torch.py OUT_DIR [--reference] [--epochs E] [--global-batch B]
-        [--kill-flag F --kill-rank R --kill-at K]
+        [--kill-flag F --kill-rank R --kill-at K] [--grow-to N --grow-at K]
 
 With ``--kill-flag``: the worker of rank R SIGKILLs itself in the middle of step K
 (after its forward, before its backward), once (the flag file is removed first), having
-written the time into OUT_DIR/killed-at. The end: OUT_DIR/result.json from rank 0 (the
+written the time into OUT_DIR/killed-at. With ``--grow-to N``: after step K's commit
+the workers wait until the world has N workers again (the replacement). The end: OUT_DIR/result.json from rank 0 (the
 full parameters, the steps, the world sizes seen, the visits) and OUT_DIR/<worker>.json
 from each worker of the last round.
 """
@@ -105,6 +106,8 @@ def main() -> int:
     parser.add_argument("--kill-flag")
     parser.add_argument("--kill-rank", type=int, default=1)
     parser.add_argument("--kill-at", type=int, default=6)
+    parser.add_argument("--grow-to", type=int, default=0, help="world size to wait for")
+    parser.add_argument("--grow-at", type=int, default=12, help="after this step's commit")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.reference:
@@ -159,6 +162,8 @@ def main() -> int:
                 if not state.sizes or state.sizes[-1] != elastic.size():
                     state.sizes.append(elastic.size())
                 state.commit()
+                if state.steps == args.grow_at:
+                    wait_for_size(args.grow_to, state)
 
     train(state)
     named = model.named_parameters()
@@ -182,6 +187,24 @@ def main() -> int:
         (Path(args.out_dir) / "result.json").write_text(json.dumps({**result, "params": full}))
     elastic.shutdown()
     return 0
+
+
+#: how long the workers wait at most for the world to grow back (the test failed)
+GROW_LIMIT = 120.0
+
+
+def wait_for_size(size: int, state) -> None:
+    """Wait until the world has ``size`` workers, re-forming when a round is pending
+    (``HostsUpdatedInterrupt``), so that a replacement slow to start (importing torch)
+    joins before the training ends. Raises TimeoutError after GROW_LIMIT."""
+    import elastic
+
+    deadline = time.monotonic() + GROW_LIMIT
+    while elastic.size() < size:
+        state.check_host_updates()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the world did not grow back to {size} in {GROW_LIMIT:.0f}s")
+        time.sleep(0.01)
 
 
 def maybe_kill(args: argparse.Namespace, state) -> None:
