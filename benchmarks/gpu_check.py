@@ -1,7 +1,7 @@
 """``elastic.torch``'s data planes on this machine, one JSON line per check: on a GPU,
 the NCCL plane; without one, what a CPU can check of the same plane (gloo).
 
-    python -m benchmarks.gpu_check [--models mlp cnn] [--world 2] [--blocks 3]
+    python benchmarks/gpu_check.py [--models mlp cnn] [--world 2] [--blocks 3]
         [--steps 10] [--skip-steps]
 
 Finishes in under 8 minutes on one GPU. The lines, in order:
@@ -42,6 +42,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # Run by path (``python benchmarks/gpu_check.py``, the command a lent GPU machine is
+    # given): run again as the module, with the repository on the import path.
+    _root = str(Path(__file__).resolve().parent.parent)
+    _path = os.pathsep.join(filter(None, [_root, os.environ.get("PYTHONPATH")]))
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "benchmarks.gpu_check", *sys.argv[1:]],
+        {**os.environ, "PYTHONPATH": _path},
+    )
 
 from benchmarks.harness.paths import ROOT
 from benchmarks.harness.processes import free_port
