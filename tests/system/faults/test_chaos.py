@@ -184,8 +184,15 @@ def test_discovery_scales_up_and_down_mid_epoch_exactly_once(tmp_path, store_arg
         assert run.wait(timeout=90) == 0, run.stderr_tail()
         sizes = [e["size"] for e in run.events("round_formed")]
     results = check_exact_sum(out, SAMPLES, 15, final_size=1)
-    assert sizes == [1, 2, 4, 1]
-    assert [size for size, _ in results[0]["sizes"]] == [1, 2, 4, 1]
+    # Each change is one new round; a second host's workers may start apart (a loaded
+    # machine), and a round of 3 then forms before the round of 4: allowed, in order.
+    for seen in (sizes, [size for size, _ in results[0]["sizes"]]):
+        assert _without_partial_growth(seen) == [1, 2, 4, 1], seen
+
+
+def _without_partial_growth(sizes: list[int]) -> list[int]:
+    """``sizes`` without the rounds of 3 on the way from 2 to 4."""
+    return [s for i, s in enumerate(sizes) if not (s == 3 and 4 in sizes[i + 1 :])]
 
 
 @pytest.mark.timeout(90)
