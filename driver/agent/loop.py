@@ -462,7 +462,7 @@ class Agent:
         """After the store let the agent's lease lapse (it stalled for longer than the
         TTL, and expired every lease when it answered again), write the agent's record,
         and its workers' registrations, under a new lease: the driver waits for them
-        (``driver.policy.lapses.RETURN_GRACE``) before it takes the host
+        (``rendezvous.schema.agents.RETURN_GRACE``) before it takes the host
         as lost. Only into an empty seat: a record of another agent there means this
         one was replaced. False when it was, or the store cannot be used (the agent
         then ends, as a cut-off agent does).

@@ -25,8 +25,8 @@ from driver.job.session import StoreSession
 from driver.job.state import JobState
 from driver.policy import decisions as dec
 from driver.policy import exits, lifecycle, occupancy, preemption, reports, restarts, suspicion
-from driver.policy.lapses import RETURN_GRACE
 from driver.policy.reports import ProgressSettings
+from rendezvous.schema.agents import RETURN_GRACE
 from rendezvous.schema.workers import FinishRecord, ProgressRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue
 

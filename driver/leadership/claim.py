@@ -48,12 +48,13 @@ from driver.leadership.terms import (
     read_term,
     term_bytes,
 )
-from driver.policy.lapses import RETURN_GRACE, lapse_explained
+from driver.policy.lapses import lapse_explained
 from driver.threads import spawn
 from rendezvous.errors import LeaseNotFoundError, RendezvousAuthError, RendezvousError
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.retry import Backoff
+from rendezvous.schema.agents import RETURN_GRACE
 from rendezvous.schema.leader import DriverRecord
 from rendezvous.store import Compare, Delete, KVStore, Lease, Put
 

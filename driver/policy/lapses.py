@@ -5,7 +5,8 @@ that was stopped for longer than a TTL (a leader election, a disk stall, SIGSTOP
 expires every lease of the job the moment it answers again: the agents' records and
 the workers' registrations vanish together although every host is fine. Their agents
 take a new lease then and write them again within a second or two
-(``driver.agent.loop``); the driver waits ``RETURN_GRACE`` for that
+(``driver.agent.loop``); the driver waits ``RETURN_GRACE``
+(``rendezvous.schema.agents``) for that
 (``driver.launch.assignments.launcher``, ``driver.job.handlers``) when the store was in
 trouble just before (``lapse_explained``; what the probe saw:
 ``driver.job.store_trouble``), instead of taking every host as lost. A host that is
@@ -16,10 +17,6 @@ from __future__ import annotations
 
 from driver.policy.memory.progress import SnapshotHeld
 from rendezvous.schema.agents import AGENT_LEASE_TTL
-
-RETURN_GRACE = 15.0
-"""Seconds a record whose lease lapsed while the store was in trouble has to be written
-again, counted from when the store is out of trouble, before its loss counts."""
 
 LAPSE_WINDOW = AGENT_LEASE_TTL + 5.0
 """Seconds after the store was last in trouble within which a lapsed lease may be the

@@ -23,6 +23,11 @@ AGENT_LEASE_TTL = 3.0
 """Seconds an agent's record outlives an agent that stopped refreshing it: how soon the
 driver knows a host whose agent died or was cut off is lost."""
 
+RETURN_GRACE = 15.0
+"""Seconds a record whose lease lapsed while the store was in trouble (an agent's, a
+worker's registration) has to be written again, counted from when the store is out of
+trouble, before the driver counts its loss (``driver.policy.lapses``)."""
+
 KINDS = ("worker", "shard")
 WANTS = ("run", "stop", "kill")
 RUNNING = "running"

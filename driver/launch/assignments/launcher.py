@@ -58,12 +58,17 @@ from driver.launch.base import Launcher
 from driver.launch.output import PrefixFn, Stream
 from driver.launch.process import REAP_TIMEOUT, STOP_GRACE, WorkerProcess
 from driver.launch.spec import LaunchSpec
-from driver.policy.lapses import RETURN_GRACE
 from driver.threads import spawn
 from rendezvous import env
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
-from rendezvous.schema.agents import AGENT_LEASE_TTL, AgentRecord, Assignment, ProcessStatus
+from rendezvous.schema.agents import (
+    AGENT_LEASE_TTL,
+    RETURN_GRACE,
+    AgentRecord,
+    Assignment,
+    ProcessStatus,
+)
 from rendezvous.store import PUT, Delete, Event, KeyValue, KVStore, Put
 from rendezvous.watch import follow_in_thread
 
