@@ -24,7 +24,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as _fsdp_fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 from torch.distributed.fsdp._fully_shard._fsdp_init import (
     _get_mesh_info,
     _get_post_forward_mesh_info,
@@ -100,29 +99,26 @@ def _param_groups(root: nn.Module) -> list[Any]:
 
 
 def settle(root: nn.Module) -> None:
-    """Put every FSDP2 module under ``root`` back to its sharded parameters (no
-    collective): a step cut short by a failure can leave them unsharded (after a
-    forward, or mid-backward), the full parameters on the modules."""
-    # What FSDP2's root post-backward callback resets, which a backward cut short
-    # never ran (its flag left set, no later backward would reduce the root's grads).
+    """Put the FSDP2 modules under ``root`` back to a clean, sharded state (no
+    collective): a step cut short by a failure leaves collectives in flight (an
+    all-gather prefetched in backward), the root's final-callback flag set and its
+    parameters unsharded. The works in flight belong to the round that ended and are
+    dropped unwaited (an abandoned gloo collective writes only into its own buffers),
+    then FSDP2's own recovery, ``reset_iter_state``, runs from the root."""
     for sub in root.modules():
         if isinstance(sub, FSDPModule):
-            state = sub._get_fsdp_state()
-            ctx = state._state_ctx
-            ctx.iter_forward_root = None
-            ctx.post_backward_final_callback_queued = False
-            state._modules_to_run_forward.clear()
-            state._training_state = TrainingState.IDLE
-            pending = getattr(state._comm_ctx, "reduce_scatter_states", None)
-            if pending is not None:
-                pending.clear()
-            for group in state._fsdp_param_groups:
-                group._training_state = TrainingState.IDLE
+            for group in sub._get_fsdp_state()._fsdp_param_groups:
+                group._all_gather_result = None
+                for fsdp_param in group.fsdp_params:
+                    fsdp_param.unsharded_accumulated_grad = None
+    if isinstance(root, FSDPModule) and root._get_fsdp_state()._is_root:
+        root.reset_iter_state()
+    for sub in root.modules():
+        if isinstance(sub, FSDPModule):
             sub.reshard()
-            for group in state._fsdp_param_groups:
+            for group in sub._get_fsdp_state()._fsdp_param_groups:
                 for fsdp_param in group.fsdp_params:
                     fsdp_param.sharded_param.grad = None
-                    fsdp_param.unsharded_accumulated_grad = None
 
 
 @torch.no_grad()

@@ -146,7 +146,11 @@ def install(group: RoundGroup) -> DeviceMesh:
         # Like the aborted gloo group under it (``plane.backends``), never freed: its
         # destructor can wait on a collective abandoned with a lost peer.
         _never_free(pg)
-        mesh = DeviceMesh.from_group(pg, group.backend.device().type)
+        # A dimension named for the round: DeviceMesh compares by size and names, and
+        # DTensor caches sharding decisions by mesh, so two rounds of one size would
+        # otherwise share them, the old round's group with them.
+        dim = f"round{group.round_id}_{_count}"
+        mesh = DeviceMesh.from_group(pg, group.backend.device().type, mesh_dim_names=(dim,))
         setattr(mesh, LAYOUT_KEY, f"{group.round_id}/{group.size}")
         _installed.clear()
         _installed[id(group)] = (group, pg, mesh)
