@@ -98,6 +98,7 @@ def reference(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
+    global WIDTH, BLOCKS  # the model's shape, set by --width and --blocks
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
     parser.add_argument("--reference", action="store_true")
@@ -106,12 +107,19 @@ def main() -> int:
     parser.add_argument("--kill-flag")
     parser.add_argument("--kill-rank", type=int, default=1)
     parser.add_argument("--kill-at", type=int, default=6)
+    parser.add_argument("--width", type=int, default=WIDTH)
+    parser.add_argument("--blocks", type=int, default=BLOCKS)
+    parser.add_argument("--times", type=Path, help="rank 0 appends 'time steps' per commit")
+    parser.add_argument("--torchrun", action="store_true", help="plain FSDP2 under torchrun")
     parser.add_argument("--grow-to", type=int, default=0, help="world size to wait for")
     parser.add_argument("--grow-at", type=int, default=12, help="after this step's commit")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    WIDTH, BLOCKS = args.width, args.blocks
     if args.reference:
         return reference(args)
+    if args.torchrun:
+        return plain_fsdp2(args)
 
     import elastic
     import elastic.torch as et
@@ -162,6 +170,7 @@ def main() -> int:
                 if not state.sizes or state.sizes[-1] != elastic.size():
                     state.sizes.append(elastic.size())
                 state.commit()
+                note_time(args.times, elastic.rank(), state.steps)
                 if state.steps == args.grow_at:
                     wait_for_size(args.grow_to, state)
 
@@ -186,6 +195,43 @@ def main() -> int:
     if elastic.rank() == 0:
         (Path(args.out_dir) / "result.json").write_text(json.dumps({**result, "params": full}))
     elastic.shutdown()
+    return 0
+
+
+def note_time(times: Path | None, rank: int, steps: int) -> None:
+    if times is not None and rank == 0:
+        with times.open("a") as f:
+            f.write(f"{time.time()!r} {steps}\n")
+
+
+def plain_fsdp2(args: argparse.Namespace) -> int:
+    """The same training with torch's own FSDP2 under torchrun (the benchmark's peer):
+    each rank takes every world-th sample of the step's global batch."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from elastic.sampler import epoch_order
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model, optimizer, scheduler = build()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    xs, ys, _ = data().tensors
+    steps = 0
+    for epoch in range(args.epochs):
+        order = torch.from_numpy(epoch_order(SAMPLES, epoch, True, 3))
+        for lo in range(0, SAMPLES, args.global_batch):
+            rows = order[lo : lo + args.global_batch][rank::size]
+            optimizer.zero_grad()
+            loss_of(model, xs[rows], ys[rows]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            steps += 1
+            note_time(args.times, rank, steps)
+    dist.destroy_process_group()
     return 0
 
 
