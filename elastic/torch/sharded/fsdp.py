@@ -156,17 +156,16 @@ def recut(root: nn.Module, mesh: DeviceMesh, full: dict[str, torch.Tensor]) -> N
     setattr(root, LAYOUT_ATTR, _mesh_key(mesh))
 
 
-def local_of(value: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (a plain tensor as it is)."""
-    return value._local_tensor if isinstance(value, DTensor) else value
-
-
 def shard_like(param: Any, full: torch.Tensor) -> DTensor:
     """``full`` (a tensor of ``param``'s global shape) cut as ``param`` is cut now."""
     chunks = torch.chunk(full, param.device_mesh.size(), dim=0)
     rank = param.device_mesh.get_local_rank()
     empty = full.new_empty((0, *full.shape[1:]))
-    local = chunks[rank].clone() if rank < len(chunks) else empty
+    return shard_of(param, chunks[rank].clone() if rank < len(chunks) else empty)
+
+
+def shard_of(param: Any, local: torch.Tensor) -> DTensor:
+    """``local`` as this worker's shard of a tensor cut as ``param`` is."""
     return DTensor.from_local(
         local,
         param.device_mesh,

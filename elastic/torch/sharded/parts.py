@@ -72,18 +72,6 @@ def is_sharded_optimizer(value: Any) -> bool:
     )
 
 
-def _like(param: Any, local: torch.Tensor) -> DTensor:
-    """``local`` as this worker's shard of a tensor cut as ``param`` is."""
-    return DTensor.from_local(
-        local,
-        param.device_mesh,
-        param.placements,
-        run_check=False,
-        shape=param.shape,
-        stride=param.stride(),
-    )
-
-
 def _copy(before: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
     value = value.detach()
     if before is not None and before.shape == value.shape and before.dtype == value.dtype:
@@ -173,7 +161,7 @@ class ShardedParts:
                 opt.state.pop(p, None)
                 for key, local in version.parts.items():
                     if key.startswith(prefix):
-                        opt.state[p][key[len(prefix) :]] = _like(p, local.clone())
+                        opt.state[p][key[len(prefix) :]] = fsdp.shard_of(p, local.clone())
         self._load_rest(version.rest)
 
     @torch.no_grad()
