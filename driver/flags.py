@@ -18,9 +18,9 @@ from driver.errors import UsageError
 from driver.horovodrun_flags import add_horovodrun_flags
 from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.manager import BlacklistPolicy
+from driver.hosts.shard_placement import PLACEMENTS
 from driver.hosts.slots import MAX_SLOTS_PER_HOST, MAX_WORKERS, quote_entry
 from driver.launch.registry import launcher_names
-from driver.ps.shard_hosts import PLACEMENTS
 from rendezvous import env
 from rendezvous.version import package_version
 

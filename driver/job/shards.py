@@ -15,12 +15,12 @@ from typing import Callable
 from driver import events as ev
 from driver.config import JobConfig
 from driver.errors import JobFailed, JobStopped
+from driver.hosts.shard_placement import ShardPlacement
 from driver.job import messages as msg
 from driver.job.session import StoreSession
 from driver.job.wiring import shard_command_for, shard_commands
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess
-from driver.ps.shard_hosts import ShardPlacement
 from driver.ps.supervisor import PSSupervisor, ShardLaunch, SupervisionSettings
 from driver.threads import spawn
 

@@ -66,6 +66,7 @@ from typing import Any, Callable
 
 from driver.errors import JobFailed, LauncherError
 from driver.events import EventSink, describe_code
+from driver.hosts.shard_placement import ShardPlacement
 from driver.launch.base import Launcher
 from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
@@ -76,7 +77,6 @@ from driver.ps.command import BACKUP_FLAG, FINAL_CHECKPOINT_TIMEOUT
 from driver.ps.failover import promotion
 from driver.ps.messages import Handover, Role
 from driver.ps.records import ShardRecords
-from driver.ps.shard_hosts import ShardPlacement
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -100,7 +100,7 @@ class ShardLaunch:
     added to the driver's environment, through ``launcher`` (as slot ``i``, output
     prefixed ``[psI]``, a backup's ``[psI-backup]``), on the driver's machine; or, with a
     ``placement``, on the host and with the command line it says
-    (``driver.ps.shard_hosts``: a shard whose host is lost moves)."""
+    (``driver.hosts.shard_placement``: a shard whose host is lost moves)."""
 
     launcher: Launcher
     commands: tuple[tuple[str, ...], ...]

@@ -141,7 +141,7 @@ def test_agent_keys_keep_a_host_or_id_in_one_segment():
 
 
 def test_a_spread_shard_keeps_its_host_while_usable_and_moves_when_lost():
-    from driver.ps.shard_hosts import DRIVER_HOST, spread_host
+    from driver.hosts.shard_placement import DRIVER_HOST, spread_host
 
     assert spread_host(0, None, ["a", "b"]) == "a"
     assert spread_host(3, None, ["a", "b"]) == "b"
@@ -151,7 +151,7 @@ def test_a_spread_shard_keeps_its_host_while_usable_and_moves_when_lost():
 
 
 def test_a_backup_runs_on_another_usable_host_than_its_shard():
-    from driver.ps.shard_hosts import backup_host
+    from driver.hosts.shard_placement import backup_host
 
     assert backup_host(0, "a", None, ["a", "b", "c"]) == "b"  # the host after the shard's
     assert backup_host(2, "c", None, ["a", "b", "c"]) == "a"  # round robin
