@@ -129,3 +129,9 @@ __all__ = [
     "TrainingFinishedError",
     "ReplacedStateWarning",
 ]
+
+
+class ShardedStateLostError(ElasticError):
+    """A part of the sharded state (``elastic.torch.fully_shard``) and its mirror were
+    lost together: no commit can be rebuilt in memory (the message names the newest
+    committed step)."""

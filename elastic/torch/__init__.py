@@ -23,12 +23,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("elastic.torch needs PyTorch: pip install 'elastic-training[torch]'") from exc
 
-from elastic.errors import ElasticError, HostsUpdatedInterrupt, WorkerLostError
+from elastic.errors import (
+    ElasticError,
+    HostsUpdatedInterrupt,
+    ShardedStateLostError,
+    WorkerLostError,
+)
 from elastic.torch import snapshot_codec  # noqa: F401  (tensors in snapshots)
 from elastic.torch.collectives import (
     allgather,
@@ -43,9 +50,17 @@ from elastic.torch.optimizer import DistributedOptimizer
 from elastic.torch.params import broadcast_optimizer_state, broadcast_parameters
 from elastic.torch.plane import BackendUnavailableError
 from elastic.torch.sampler import ElasticSampler
-from elastic.torch.sharded import ShardedStateLostError, fully_shard
 from elastic.torch.start import init
 from elastic.torch.state import TorchState
+
+
+def fully_shard(module: Any, **kwargs: Any) -> Any:
+    """FSDP2's ``fully_shard`` on the job's world: ``elastic.torch.sharded.fsdp``,
+    imported on the first call (FSDP2's import takes 1.5 s a replicated job would pay)."""
+    from elastic.torch.sharded.fsdp import fully_shard as shard_on_the_world
+
+    return shard_on_the_world(module, **kwargs)
+
 
 __all__ = [
     "BackendUnavailableError",

@@ -22,8 +22,9 @@ back) instead of into the lent one, so a snapshot costs no copy on the training 
 from __future__ import annotations
 
 import copy
+import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,8 +35,9 @@ from elastic.torch.params import (
     broadcast_parameters,
     broadcast_state_dict,
 )
-from elastic.torch.sharded.fsdp import is_sharded
-from elastic.torch.sharded.parts import ShardedParts, is_sharded_optimizer
+
+if TYPE_CHECKING:
+    from elastic.torch.sharded.parts import ShardedParts
 
 
 def _has_state_dict(value: Any) -> bool:
@@ -72,6 +74,11 @@ def _copy_into(saved: Any, value: Any) -> Any:
 def _sharded_parts(attrs: dict[str, Any]) -> ShardedParts | None:
     """The sharded modules and optimizers among ``attrs`` (FSDP2's DTensor parameters),
     or None when there are none."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return None  # no DTensor exists yet, and FSDP2's import costs 1.5 s: not for all
+    from elastic.torch.sharded.fsdp import is_sharded
+    from elastic.torch.sharded.parts import ShardedParts, is_sharded_optimizer
+
     modules = {k: v for k, v in attrs.items() if isinstance(v, torch.nn.Module) and is_sharded(v)}
     optimizers = {k: v for k, v in attrs.items() if is_sharded_optimizer(v)}
     return ShardedParts(modules, optimizers) if modules else None

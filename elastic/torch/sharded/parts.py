@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from elastic import context
-from elastic.errors import ElasticError
+from elastic.errors import ElasticError, ShardedStateLostError
 from elastic.torch import _backend
 from elastic.torch.params import broadcast_state_dict
 from elastic.torch.sharded import fsdp
@@ -40,11 +40,6 @@ from elastic.torch.sharded.layout import Choice, Holding, Lost, choose, mirror_h
 from elastic.torch.sharded.mirror import KEEP, MirrorSender, MirrorServer
 
 log = logging.getLogger(__name__)
-
-
-class ShardedStateLostError(ElasticError):
-    """A part of the sharded state and its mirror were lost together: no commit can be
-    rebuilt in memory (the message names the newest committed step)."""
 
 
 @dataclass
