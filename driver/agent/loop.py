@@ -471,9 +471,9 @@ class Agent:
         try:
             lease = self._store.grant_lease(self._timings.lease_ttl)
             seat_empty = Compare(key, "create", "==", 0)
+            # Not the preemption key of a draining agent: its record says it drains, and
+            # an agent cut off, then back, must not mark its host's next agent preempted.
             ops = [Put(key, self._record(), lease.id)]
-            if self._drain_until is not None:
-                ops.append(Put(self._keys.preempted(self.host), self.host.encode(), lease.id))
             if not self._store.txn([seat_empty], ops).succeeded:
                 lease.revoke()
                 return False
