@@ -77,7 +77,9 @@ def test_a_second_job_on_a_folder_in_use_is_refused_and_the_first_keeps_its_snap
     check_exact_sum(out, SAMPLES, EPOCHS)
     kept = snapshots_of(ckpt)
     assert kept and {m.job_id for m in kept} == {"first"}
-    assert kept[0].step == written[-1], (kept, written)  # nothing of it deleted by another
+    # Nothing of it deleted by another. (It may hold one newer than the driver heard of:
+    # a snapshot in flight as the workers closed completes then, unannounced.)
+    assert kept[0].step >= written[-1], (kept, written)
 
 
 @pytest.mark.timeout(200)
