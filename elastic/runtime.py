@@ -57,7 +57,7 @@ from elastic.errors import (
     WorkerHandedOverError,
     WorkerLostError,
 )
-from elastic.follow import FeedSettings, RoundFeed, feed_name, open_feed
+from elastic.follow import FeedHooks, FeedSettings, RoundFeed, feed_name, open_feed
 from elastic.orphan import exit_when_orphaned
 from elastic.rounds import RoundReader
 from rendezvous import env, open_store
@@ -182,16 +182,14 @@ class WorkerRuntime:
         self._listener = RingListener(bind_host=s.bind_host, secret=s.secret)
         self._info = WorkerInfo(s.worker_id, s.host, s.slot, os.getpid(), self._listener.address)
         feed = FeedSettings(s.worker_id, s.lease_ttl, s.round_timeout, s.agent_socket)
-        self._feed = open_feed(
-            feed_name(feed),
-            feed,
-            store=self._store,
-            keys=self.keys,
-            rounds=self._rounds,
+        hooks = FeedHooks(
             on_round=self._note_plan,
             newest=lambda: self._latest.round_id if self._latest is not None else 0,
             closed=self._closed,
             cut_off=lambda: os.kill(os.getpid(), signal.SIGTERM),  # (its handlers run)
+        )
+        self._feed = open_feed(
+            feed_name(feed), feed, hooks, store=self._store, keys=self.keys, rounds=self._rounds
         )
         self._feed.start(self._info)
         if s.progress_interval > 0:

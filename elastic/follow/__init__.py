@@ -15,21 +15,17 @@ registration is the same record under the same key (``JobKeys.worker``).
 
 from __future__ import annotations
 
-import threading
-from typing import Callable
-
 from elastic.follow.agent import AgentFeed
-from elastic.follow.base import FeedSettings, RoundFeed
+from elastic.follow.base import FeedHooks, FeedSettings, RoundFeed
 from elastic.follow.store import StoreFeed
 from elastic.rounds import RoundReader
 from rendezvous.errors import RendezvousConfigError
-from rendezvous.host_plan import RoundView
 from rendezvous.keys import JobKeys
 from rendezvous.store import KVStore
 
 FEEDS = ("store", "agent")
 
-__all__ = ["FEEDS", "FeedSettings", "RoundFeed", "feed_name", "open_feed"]
+__all__ = ["FEEDS", "FeedHooks", "FeedSettings", "RoundFeed", "feed_name", "open_feed"]
 
 
 def feed_name(settings: FeedSettings) -> str:
@@ -40,24 +36,20 @@ def feed_name(settings: FeedSettings) -> str:
 def open_feed(
     name: str,
     settings: FeedSettings,
+    hooks: FeedHooks,
     *,
     store: KVStore,
     keys: JobKeys,
     rounds: RoundReader,
-    on_round: Callable[[RoundView], None],
-    newest: Callable[[], int],
-    closed: threading.Event,
-    cut_off: Callable[[], None],
 ) -> RoundFeed:
     """The feed called ``name`` (one of ``FEEDS``). ``rounds`` reads this host's rounds
-    from ``store``; ``on_round`` takes each newer round (``newest``: the newest taken);
-    ``closed``: the worker shuts down; ``cut_off``: ends the worker when it is cut off
-    from its job for good.
+    from ``store``; ``hooks`` are what the feed calls back into the worker with (see
+    ``FeedHooks``).
 
     Raises:
         RendezvousConfigError: no feed of that name."""
     if name == "store":
-        return StoreFeed(settings, store, keys, rounds, on_round, newest, closed, cut_off)
+        return StoreFeed(settings, store, keys, rounds, hooks)
     if name == "agent":
-        return AgentFeed(settings, on_round, newest, closed, cut_off)
+        return AgentFeed(settings, hooks)
     raise RendezvousConfigError(f"no round feed called {name!r}: use one of {FEEDS}")

@@ -19,9 +19,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import Callable
 
-from elastic.follow.base import FeedSettings
+from elastic.follow.base import FeedHooks, FeedSettings
 from rendezvous.errors import RendezvousConnectionError, RendezvousError
 from rendezvous.host_channel import (
     ChannelClosedError,
@@ -32,7 +31,6 @@ from rendezvous.host_channel import (
     RoundNews,
     send,
 )
-from rendezvous.host_plan import RoundView
 from rendezvous.schema.workers import WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -48,16 +46,13 @@ class AgentFeed:
     def __init__(
         self,
         settings: FeedSettings,
-        on_round: Callable[[RoundView], None],
-        newest: Callable[[], int],
-        closed: threading.Event,
-        cut_off: Callable[[], None],
+        hooks: FeedHooks,
     ):
         self._settings = settings
-        self._on_round = on_round
-        self._newest = newest
-        self._closed = closed
-        self._cut_off = cut_off
+        self._on_round = hooks.on_round
+        self._newest = hooks.newest
+        self._closed = hooks.closed
+        self._cut_off = hooks.cut_off
         self._sock: socket.socket | None = None
         self._answered = threading.Event()
         self._answer: Registered | Refused | None = None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
+from rendezvous.host_plan import RoundView
 from rendezvous.schema.workers import WorkerInfo
 
 
@@ -37,3 +39,16 @@ class FeedSettings:
     lease_ttl: int = 10
     round_timeout: float = 600.0
     agent_socket: str = ""
+
+
+@dataclass(frozen=True)
+class FeedHooks:
+    """What a feed calls back into its worker with, the same for every feed: ``on_round``
+    takes each round newer than ``newest()`` (the newest taken), from the feed's thread;
+    ``closed`` is set when the worker shuts down; ``cut_off`` ends the worker when it is
+    cut off from its job for good."""
+
+    on_round: Callable[[RoundView], None]
+    newest: Callable[[], int]
+    closed: threading.Event
+    cut_off: Callable[[], None]

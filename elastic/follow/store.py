@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
 
-from elastic.follow.base import FeedSettings
+from elastic.follow.base import FeedHooks, FeedSettings
 from elastic.rounds import RoundReader
 from rendezvous.errors import RendezvousError
-from rendezvous.host_plan import RoundView
 from rendezvous.keys import JobKeys
 from rendezvous.retry import Backoff
 from rendezvous.schema.workers import WorkerInfo
@@ -39,19 +37,16 @@ class StoreFeed:
         store: KVStore,
         keys: JobKeys,
         rounds: RoundReader,
-        on_round: Callable[[RoundView], None],
-        newest: Callable[[], int],
-        closed: threading.Event,
-        cut_off: Callable[[], None],
+        hooks: FeedHooks,
     ):
         self._settings = settings
         self._store = store
         self._keys = keys
         self._rounds = rounds
-        self._on_round = on_round
-        self._newest = newest
-        self._closed = closed
-        self._cut_off = cut_off
+        self._on_round = hooks.on_round
+        self._newest = hooks.newest
+        self._closed = hooks.closed
+        self._cut_off = hooks.cut_off
         self._info: WorkerInfo | None = None
         self._lease: Lease | None = None
         self._watch: Watch | None = None

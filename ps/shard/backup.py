@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Callable
 
 from ps.client.link import ShardLink
@@ -43,11 +44,21 @@ ATTACH_PATIENCE = 5.0  # seconds an attached backup waits for its copy before as
 _TICK = 0.5  # how often the follower looks at a pending attach without a record change
 
 
+@dataclass(frozen=True)
+class BackupHooks:
+    """What a backup asks of, and tells, its server: ``address()`` where it serves,
+    ``info(ready)`` its record; ``on_promoted(revision)``: it took the shard over, writing
+    the replica record at ``revision``; ``on_dropped(reason)``: its primary dropped it."""
+
+    address: Callable[[], str | None]
+    info: Callable[[bool], ShardInfo]
+    on_promoted: Callable[[int], None]
+    on_dropped: Callable[[str], None]
+
+
 class Backup:
     """The backup of shard ``settings.index``: ``state`` is its copy, ``registry`` the
-    store, ``address()`` where it serves, ``info(ready)`` its record.
-    ``on_promoted(revision)``: it took the shard over, writing the replica record at
-    ``revision``; ``on_dropped(reason)``: its primary dropped it."""
+    store, ``hooks`` its server's side (see ``BackupHooks``)."""
 
     def __init__(
         self,
@@ -55,19 +66,16 @@ class Backup:
         secret: str,
         state: ShardState,
         registry: StoreRegistry,
-        address: Callable[[], str | None],
-        info: Callable[[bool], ShardInfo],
-        on_promoted: Callable[[int], None],
-        on_dropped: Callable[[str], None],
+        hooks: BackupHooks,
     ):
         self.settings = settings
         self._secret = secret
         self._state = state
         self._registry = registry
-        self._address = address
-        self._info = info
-        self._on_promoted = on_promoted
-        self._on_dropped = on_dropped
+        self._address = hooks.address
+        self._info = hooks.info
+        self._on_promoted = hooks.on_promoted
+        self._on_dropped = hooks.on_dropped
         self._lock = threading.Lock()  # the copy's fields below
         self._token: str | None = None  # the copy being received
         self._last = 0  # the number of the last update replayed (0: no copy yet)

@@ -70,7 +70,7 @@ from ps.protocol import (
 )
 from ps.registry import StoreRegistry
 from ps.settings import ServerSettings
-from ps.shard.backup import Backup
+from ps.shard.backup import Backup, BackupHooks
 from ps.shard.bulk import BulkServer
 from ps.shard.checkpoint import Manifest
 from ps.shard.control import Peers, ShardControl
@@ -150,16 +150,8 @@ class ShardServer:
                 settings, secret, self.state, registry, lambda: self.address, self._end
             )
         if registry is not None and settings.backup:
-            self.backup = Backup(
-                settings,
-                secret,
-                self.state,
-                registry,
-                lambda: self.address,
-                self.info,
-                self._promoted,
-                self._end,
-            )
+            hooks = BackupHooks(lambda: self.address, self.info, self._promoted, self._end)
+            self.backup = Backup(settings, secret, self.state, registry, hooks)
         # Requests carry headers and payloads below ClientSettings.chunk_bytes (larger ones
         # travel on the bulk port), so a message never needs more than MAX_MESSAGE_BYTES.
         self._rpc = RpcServer(

@@ -1,6 +1,8 @@
-"""No part of the driver's job, agent, lead, launchers, hosts or ps shards takes more than 7
+"""No part of the product (``driver``, ``elastic``, ``ps``, ``rendezvous``) takes more than 7
 collaborators: a constructor says what a part touches (read from the source, by ``ast``;
-records and settings, dataclasses of values, are not parts)."""
+records and settings, dataclasses of values, are not parts). ``STILL_WIDE`` names the
+parts not yet cut down; the list only shrinks (a part on it that is no longer wide fails
+the test until it is taken off)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,22 @@ import pytest
 from tests.support.paths import ROOT
 
 MOST_COLLABORATORS = 7
-PACKAGES = ("job", "agent", "leadership", "launch", "hosts", "ps")
+PACKAGES = ("driver", "elastic", "ps", "rendezvous")
+STILL_WIDE = frozenset(
+    {
+        "elastic/comm/peers/monitor.py:FailureMonitor",
+        "elastic/comm/transports/tcp_ring.py:TcpRing",
+        "elastic/torch/reducer.py:GradientReducer",
+        "ps/client/link.py:ShardLink",
+    }
+)
 
 
 def constructors() -> list[tuple[str, int]]:
     """Each ``__init__`` of a class in ``PACKAGES``, as (where, its parameters but self)."""
     found = []
     for package in PACKAGES:
-        for path in sorted((ROOT / "driver" / package).rglob("*.py")):
+        for path in sorted((ROOT / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.ClassDef):
                     continue
@@ -35,5 +45,8 @@ def constructors() -> list[tuple[str, int]]:
 def test_no_part_takes_more_than_seven_collaborators():
     found = constructors()
     assert any(where.endswith(":Job") for where, _ in found)  # (the scan reads the tree)
-    wide = [f"{where} takes {count}" for where, count in found if count > MOST_COLLABORATORS]
-    assert not wide
+    wide = {where: count for where, count in found if count > MOST_COLLABORATORS}
+    assert not [
+        f"{where} takes {count}" for where, count in wide.items() if where not in STILL_WIDE
+    ]
+    assert not [f"{where} is no longer wide" for where in STILL_WIDE if where not in wide]

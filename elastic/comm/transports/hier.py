@@ -43,6 +43,7 @@ import select
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -122,14 +123,24 @@ class LeaderLinks:
         self.links.close()
 
 
+@dataclass(frozen=True)
+class HierParts:
+    """What one member's hierarchical transport is made of: ``host``, this host's shared
+    memory (None when the member is alone on its host); ``leaders``, the leaders'
+    connections (None unless this member is a leader and there are several hosts); and
+    ``overlap``, whether a leader with a host runs its network steps on a thread of its
+    own (``CommSettings.leader_overlap``)."""
+
+    host: HostGroup | None
+    leaders: LeaderLinks | None
+    overlap: bool
+
+
 class HierTransport(Transport):
-    """The hierarchical transport of rank ``rank`` of a round of ``size`` under ``plan``.
-    ``host`` is this host's shared memory (None when the member is alone on its host);
-    ``leaders`` the leaders' connections (None unless this member is a leader and there
-    are several hosts); ``settings.close_grace`` bounds the wait for a failed leader's
-    verdict; ``overlap``: whether a leader with a host runs its network steps on a
-    thread of its own (``CommSettings.leader_overlap``). The transport owns ``host`` and
-    ``leaders`` and releases them in ``close``."""
+    """The hierarchical transport of rank ``rank`` of a round of ``size`` under ``plan``,
+    made of ``parts`` (see ``HierParts``); ``settings.close_grace`` bounds the wait for a
+    failed leader's verdict. The transport owns ``parts.host`` and ``parts.leaders`` and
+    releases them in ``close``."""
 
     name = "hier"
 
@@ -138,13 +149,11 @@ class HierTransport(Transport):
         rank: int,
         size: int,
         plan: Plan,
-        host: HostGroup | None,
-        leaders: LeaderLinks | None,
+        parts: HierParts,
         settings: CommSettings,
         check: Check,
-        *,
-        overlap: bool,
     ):
+        host, leaders = parts.host, parts.leaders
         self.rank = rank
         self.size = size
         self.plan = plan
@@ -159,7 +168,7 @@ class HierTransport(Transport):
         # steps on the next (``HostGroup.allreduce_via_leader``), given a CPU for it.
         self.overlap: Overlap | None = None
         if leaders is not None:
-            if host is not None and overlap:
+            if host is not None and parts.overlap:
                 self.overlap = Overlap(f"elastic-hier-{rank}")
             grace = settings.close_grace
             self.ring = TcpRing(

@@ -34,7 +34,7 @@ from typing import Callable
 from elastic.comm.transports import cpus as host_cpus
 from elastic.comm.transports import shm, topology
 from elastic.comm.transports.base import Mismatch, Transport, TransportContext
-from elastic.comm.transports.hier import HierTransport, LeaderLinks
+from elastic.comm.transports.hier import HierParts, HierTransport, LeaderLinks
 from elastic.comm.transports.host_group import HostGroup
 from elastic.comm.transports.topology import Offer, Plan
 from elastic.errors import ShmUnavailableError
@@ -169,9 +169,8 @@ def _build(
         if host is not None:
             host.close()
         raise
-    transport = HierTransport(
-        ctx.rank, ctx.size, plan, host, leaders, settings, ctx.check, overlap=overlap
-    )
+    parts = HierParts(host, leaders, overlap)
+    transport = HierTransport(ctx.rank, ctx.size, plan, parts, settings, ctx.check)
     if mapped:
         return transport
     transport.close()

@@ -14,7 +14,7 @@ import pytest
 from driver.agent.workers import WorkerChannel, store_registrations
 from driver.policy.planner import build_plan
 from elastic.follow.agent import AgentFeed
-from elastic.follow.base import FeedSettings
+from elastic.follow.base import FeedHooks, FeedSettings
 from elastic.runtime import WorkerRuntime, WorkerSettings
 from rendezvous import open_store
 from rendezvous.host_channel import (
@@ -168,9 +168,8 @@ def test_a_worker_whose_agent_goes_ends_itself(embedded_server):
     keys = JobKeys("j")
     agent = HostAgent(store, keys)
     gone, closed = threading.Event(), threading.Event()
-    feed = AgentFeed(
-        FeedSettings("w0", agent_socket=agent.path), lambda view: None, lambda: 0, closed, gone.set
-    )
+    hooks = FeedHooks(lambda view: None, lambda: 0, closed, gone.set)
+    feed = AgentFeed(FeedSettings("w0", agent_socket=agent.path), hooks)
     try:
         feed.start(WorkerInfo("w0", HOST, 0, 1, "127.0.0.1:1"))
         assert feed.lease_id == agent.lease.id
