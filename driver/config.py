@@ -4,7 +4,8 @@
 naming the flag; it does no I/O beyond checking that a discovery script exists and is
 executable (a typo there should fail at once, not at the first discovery round). The
 flags themselves, their types, defaults and help, are ``driver.flags``; this module
-holds what they mean together: the sizes, the hosts, the paths, the job id.
+holds what they mean together: the sizes, the hosts, the paths, the job id (each flag's
+own check, one at a time: ``driver.config_checks``).
 
 How the worker counts resolve (docs/DESIGN.md contract; our choices where it is silent):
 
@@ -26,38 +27,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-from driver.errors import HostSpecError, UsageError
+from driver import config_checks as checks
+from driver.errors import UsageError
 from driver.etcd_security import etcd_environment
 from driver.flags import (
     DEFAULT_DRIVER_TIMEOUT,
     DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_PS_CHECKPOINT_INTERVAL,
     DEFAULT_PS_MODE,
-    DEFAULT_RENDEZVOUS,
     DEFAULT_SLOTS_PER_HOST,
     build_parser,
 )
 from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.manager import BlacklistPolicy
-from driver.hosts.slots import (
-    MAX_SLOTS_PER_HOST,
-    HostSlots,
-    check_listed_slots,
-    parse_host_slots,
-    total_slots,
-)
+from driver.hosts.slots import HostSlots
 from driver.hosts.slurm import SLURM_JOB_ID
 from driver.join.settings import MAKE_SECRET, JoinSettings, default_job_id, join_settings
-from driver.programs.python_command import python_program
 from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
-from rendezvous.net.url import StoreURL, parse_store_url
-from rendezvous.private_dir import (
-    InsecureDirectoryError,
-    UnwritableDirectoryError,
-    check_private_dir,
-    probe_writable,
-)
+from rendezvous.net.url import StoreURL
 
 # The job id becomes a key segment (/elastic/<job>/...) and part of file names.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")
@@ -110,6 +98,7 @@ class JobConfig:
     allocation: bool = False  # the hosts are the Slurm allocation's (--launcher slurm)
     ray: str | None = None  # --ray ADDRESS: the hosts are that Ray cluster's nodes
     discovery_timeout: float = DEFAULT_SCRIPT_TIMEOUT  # a script's (or squeue's) deadline
+    hang_timeout: float | None = None  # --hang-timeout: None adapts, 0 off
     # --restart-workers: whole worlds of workers started with torchrun's variables, every
     # worker restarted when one fails or the hosts change (``driver.policy.restarts``)
     restart_workers: bool = False
@@ -140,179 +129,6 @@ class JobConfig:
 
 def _new_job_id() -> str:
     return uuid.uuid4().hex[:12]
-
-
-def _parse_host_list(text: str, default_slots: int) -> tuple[HostSlots, ...]:
-    hosts: list[HostSlots] = []
-    for entry in text.split(","):
-        try:
-            host = parse_host_slots(entry, default_slots)
-        except HostSpecError as e:
-            raise UsageError(f"-H: {e}") from None
-        if any(h.host == host.host for h in hosts):
-            raise UsageError(f"-H: host {host.host!r} listed twice")
-        hosts.append(host)
-    try:
-        check_listed_slots(hosts, "-H")
-    except HostSpecError as e:
-        raise UsageError(str(e)) from None
-    return tuple(hosts)
-
-
-def _parse_rendezvous(text: str, join: bool = False) -> StoreURL:
-    try:
-        url = parse_store_url(text)
-    except ValueError as e:  # RendezvousConfigError is a ValueError; so is a stray int() error
-        raise UsageError(f"--rendezvous: {e}") from None
-    if url.scheme == DEFAULT_RENDEZVOUS and url.endpoints and not join:
-        # embedded://HOST:PORT is how workers reach the store the driver runs; the
-        # driver picks that address itself, so a user-given one would be ignored.
-        raise UsageError(
-            f"--rendezvous {text}: use 'embedded' (the driver chooses the "
-            f"embedded store's address), etcd://HOST:PORT[,HOST:PORT...] or etcds://..."
-        )
-    return url
-
-
-def _check_script(path: str) -> str:
-    if not os.path.exists(path):
-        raise UsageError(f"--host-discovery-script {path}: no such file")
-    if not os.path.isfile(path):
-        raise UsageError(f"--host-discovery-script {path}: not a file")
-    if not os.access(path, os.X_OK):
-        raise UsageError(f"--host-discovery-script {path}: not executable (chmod +x it)")
-    return os.path.abspath(path)
-
-
-def _check_ps_checkpoint_dir(path: str | None) -> str | None:
-    """An existing ``--ps-checkpoint-dir`` must be the job user's own (the shards create
-    a missing one, and check it again: ``rendezvous.private_dir``). The workers'
-    ``--checkpoint-dir``, where snapshots go, is ``_snapshot_settings``'s."""
-    if path and os.path.lexists(path):
-        try:
-            check_private_dir(path, "--ps-checkpoint-dir")
-        except InsecureDirectoryError as e:
-            raise UsageError(str(e)) from None
-    return path
-
-
-def _snapshot_settings(directory: str | None, interval: float | None) -> tuple[str | None, float]:
-    """``--checkpoint-dir`` and ``--checkpoint-interval``, each from its environment
-    variable when not given (a scheduler's script may set those instead); the directory
-    absolute, made when missing (private), and refused when others may write in it.
-
-    Raises:
-        UsageError: an interval without a directory, a bad value, or a directory that is
-            not private or cannot be made (the message names the flag).
-    """
-    try:
-        interval_env = env.number(env.ENV_CHECKPOINT_INTERVAL, env.DEFAULT_CHECKPOINT_INTERVAL)
-    except RendezvousConfigError as exc:
-        raise UsageError(str(exc)) from None
-    directory = directory or env.text(env.ENV_CHECKPOINT_DIR)
-    if not directory:
-        if interval is not None:
-            raise UsageError(
-                "--checkpoint-interval needs --checkpoint-dir (no snapshots without it)"
-            )
-        return None, env.DEFAULT_CHECKPOINT_INTERVAL
-    directory = os.path.abspath(directory)
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        check_private_dir(directory, "--checkpoint-dir")
-        probe_writable(directory, "--checkpoint-dir")
-    except (InsecureDirectoryError, UnwritableDirectoryError) as exc:
-        raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise UsageError(
-            f"--checkpoint-dir {directory}: cannot make it: {exc.strerror or exc}"
-        ) from None
-    return directory, interval if interval is not None else interval_env
-
-
-def _check_restart_mode(args, command: Sequence[str]) -> None:
-    """``--restart-workers`` runs programs that never call ``elastic.init()``: what only
-    such workers can do is refused, in one line naming the flag. Its spares import a
-    Python program ahead of need: they need a command that is one.
-
-    Raises:
-        UsageError: a flag restart mode cannot honour.
-    """
-    refused = (
-        (
-            "--spares",
-            args.spares and python_program(command) is None,
-            "a spare imports a Python program ahead of need: the command must be "
-            "'python SCRIPT [ARG...]' or 'python -m MODULE [ARG...]'",
-        ),
-        ("--num-ps", args.num_ps, "the ps shards serve elastic.ps clients"),
-        (
-            "--checkpoint-dir",
-            args.checkpoint_dir or args.checkpoint_interval,
-            "the script's own checkpoints carry the training across restarts",
-        ),
-        (
-            "--on-state-lost restart",
-            args.on_state_lost == "restart",
-            "every restart starts the script again, which resumes from its own checkpoints",
-        ),
-    )
-    for flag, given, why in refused:
-        if given:
-            raise UsageError(f"{flag} does not go with --restart-workers: {why}")
-
-
-def _resolve_sizes(
-    np: int | None,
-    min_np: int | None,
-    max_np: int | None,
-    fixed_hosts: tuple[HostSlots, ...] | None,
-    elastic_source: str,
-) -> tuple[int, int, int | None, tuple[HostSlots, ...]]:
-    """(np, min_np, max_np, fixed hosts) after defaults; see the module docstring.
-    ``elastic_source``: the flag of a source of hosts that changes ("" for none)."""
-    if np is not None and min_np is not None and min_np > np:
-        raise UsageError(f"-np {np} is below --min-np {min_np}")
-    if fixed_hosts is None and not elastic_source:
-        if np is None:
-            raise UsageError("-np is required when neither -H nor --host-discovery-script is given")
-        if np > MAX_SLOTS_PER_HOST:
-            raise UsageError(
-                f"-np {np}: without -H every worker runs on localhost, which may have at "
-                f"most {MAX_SLOTS_PER_HOST} slots; list the hosts with -H"
-            )
-        fixed_hosts = (HostSlots("localhost", np),)
-        if max_np is None:
-            max_np = np
-    if np is None:
-        if min_np is not None:
-            np = min_np
-        elif fixed_hosts is not None:
-            np = total_slots(fixed_hosts)
-        else:
-            raise UsageError(f"{elastic_source} needs -np or --min-np")
-    if min_np is None:
-        min_np = np
-    if max_np is not None and min_np > max_np:
-        raise UsageError(f"--min-np {min_np} is above --max-np {max_np}")
-    if max_np is not None and np > max_np:
-        raise UsageError(f"-np {np} is above --max-np {max_np}")
-    if fixed_hosts is not None and total_slots(fixed_hosts) < np:
-        raise UsageError(f"-H has {total_slots(fixed_hosts)} slot(s) in all, fewer than -np {np}")
-    return np, min_np, max_np, fixed_hosts or ()
-
-
-def _elastic_source(script: bool, join: bool, allocation: bool, ray: bool) -> str:
-    """The flag of the source of hosts that changes, "" for none (fixed hosts)."""
-    for flag, given in (
-        ("--join", join),
-        ("--host-discovery-script", script),
-        ("--launcher slurm", allocation),
-        ("--ray", ray),
-    ):
-        if given:
-            return flag
-    return ""
 
 
 def unshared_secret_note(config: JobConfig) -> str | None:
@@ -351,9 +167,11 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     slots_per_host = (
         args.slots_per_host if args.slots_per_host is not None else DEFAULT_SLOTS_PER_HOST
     )
-    fixed_hosts = _parse_host_list(args.hosts, slots_per_host) if args.hosts is not None else None
+    fixed_hosts = (
+        checks.parse_host_list(args.hosts, slots_per_host) if args.hosts is not None else None
+    )
     script = (
-        _check_script(args.host_discovery_script)
+        checks.check_script(args.host_discovery_script)
         if args.host_discovery_script is not None
         else None
     )
@@ -387,12 +205,12 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
             else "--new-job"
         )
         raise UsageError(f"{flag} is for join mode: add --join")
-    np, min_np, max_np, hosts = _resolve_sizes(
+    np, min_np, max_np, hosts = checks.resolve_sizes(
         args.np,
         args.min_np,
         args.max_np,
         None if args.join else fixed_hosts,  # joined nodes bring slots beside -H's
-        _elastic_source(script is not None, args.join, allocation, args.ray is not None),
+        checks.elastic_source(script is not None, args.join, allocation, args.ray is not None),
     )
     if args.join and fixed_hosts is not None:
         hosts = fixed_hosts  # joined nodes, and these (their agents started by ssh)
@@ -401,7 +219,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
     if low > high:
         raise UsageError(f"--blacklist-cooldown-range: MIN {low:g} is above MAX {high:g}")
 
-    rendezvous = _parse_rendezvous(args.rendezvous, args.join)
+    rendezvous = checks.parse_rendezvous(args.rendezvous, args.join)
     etcd_env = etcd_environment(vars(args), rendezvous, os.environ)
 
     if args.job_id is None:
@@ -455,10 +273,10 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
             "--chaos-below-min-np needs --chaos-kill-interval (chaos is off without it)"
         )
     if args.restart_workers:
-        _check_restart_mode(args, command)
+        checks.check_restart_mode(args, command)
         checkpoint_dir, checkpoint_interval = None, env.DEFAULT_CHECKPOINT_INTERVAL
     else:
-        checkpoint_dir, checkpoint_interval = _snapshot_settings(
+        checkpoint_dir, checkpoint_interval = checks.snapshot_settings(
             args.checkpoint_dir, args.checkpoint_interval
         )
 
@@ -487,7 +305,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         launcher=args.launcher,
         num_ps=args.num_ps,
         ps_mode=args.ps_mode or DEFAULT_PS_MODE,
-        ps_checkpoint_dir=_check_ps_checkpoint_dir(args.ps_checkpoint_dir),
+        ps_checkpoint_dir=checks.check_ps_checkpoint_dir(args.ps_checkpoint_dir),
         ps_checkpoint_interval=args.ps_checkpoint_interval or DEFAULT_PS_CHECKPOINT_INTERVAL,
         chaos_kill_interval=args.chaos_kill_interval,
         chaos_max_kills=args.chaos_max_kills,
@@ -495,6 +313,7 @@ def parse_args(argv: Sequence[str], new_job_id: Callable[[], str] = _new_job_id)
         events_file=args.events_file,
         verbosity=args.verbosity,
         progress_interval=args.progress_interval,
+        hang_timeout=args.hang_timeout,
         spares=args.spares,
         standby=args.standby or args.join,
         driver_timeout=args.driver_timeout,

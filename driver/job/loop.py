@@ -22,9 +22,10 @@ given by name only the collaborators it uses: the takeover and the lead's writes
 the messages about workers (``driver.job.handlers``), the hosts' decisions and the
 discovery's news (``driver.job.host_actions``). Dispatch is by two tables of
 named handlers, one per kind of decision and one per kind of message
-(``Job._decision_handlers``, ``Job._message_handlers``; each dispatch is logged at
-debug level). Each part returns the decisions it leads to and the loop carries them
-out: no part calls back into the loop.
+(``Job._decision_handlers``, ``Job._message_handlers``, carried out by
+``driver.job.dispatch``; each dispatch is logged at debug level). Each part returns the
+decisions it leads to and the loop carries them out: no part calls back into the loop.
+Which rules run, in what order, is the rules' turn (``driver.job.reconcile``).
 
 A dead worker is noticed by whichever comes first: its process exit (the launcher),
 its registration lease expiring, or a peer's failure report naming it.
@@ -39,23 +40,24 @@ until the job ends, ``close()``. ``open()`` claims the job id (``driver.leadersh
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import signal
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any, Callable, NoReturn
+from collections.abc import Sequence
+from typing import Callable, NoReturn
 
 from driver import events as ev
+from driver.checkpoint_folder import newest_snapshot
 from driver.config import JobConfig
 from driver.errors import DiscoveryError, JobFailed, JobLeft, JobStopped, LeadershipLost
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.manager import HostManager
-from driver.job import defaults, feeds, stopping
+from driver.job import defaults, dispatch, feeds, reconcile, stopping
 from driver.job import messages as msg
 from driver.job.actions import WorkerActions
 from driver.job.chaos import chaos_monkey
+from driver.job.dispatch import Dispatch, Handler
 from driver.job.fenced import FencedStore
 from driver.job.handlers import MessageHandlers
 from driver.job.host_actions import HostActions
@@ -72,31 +74,14 @@ from driver.launch.process import WorkerProcess
 from driver.leadership.adopted_pids import AdoptedProcesses
 from driver.leadership.terms import ClaimAction
 from driver.policy import decisions as dec
-from driver.policy import (
-    departures,
-    exits,
-    occupancy,
-    preemption,
-    reports,
-    restarts,
-    rounds,
-    spares,
-    suspicion,
-)
+from driver.policy import rounds
 from driver.policy.lapses import store_lost_line
 from driver.policy.lifecycle import WorkerRecord
-from driver.policy.reports import HostSource, ProgressSettings
-from driver.policy.rounds import RoundSettings
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.net.auth import make_secret, secret_from_env
 from rendezvous.schema.rounds import Plan
 from rendezvous.store import KVStore
-
-log = logging.getLogger(__name__)
-
-Handler = Callable[[Any], Sequence[dec.Decision]]
-"""What carries out one decision, or handles one message: the decisions it leads to."""
 
 
 class Job:
@@ -146,6 +131,7 @@ class Job:
         self._clock = clock
         self._queue: queue.Queue[msg.Message] = queue.Queue()
         self._stop = threading.Event()  # the job is over: the helper threads end
+        self._store_gone = False  # the job ends for want of its store (``StoreLost``)
         self._waits: list[dec.Wait] = []
         # Whether the rules must run at the next turn: something they read changed, or a
         # wait they asked for is due (``_due``: the clock time it is).
@@ -187,8 +173,7 @@ class Job:
         self._messages = MessageHandlers(state, session, fenced, held, self._chaos, events, clock)
         self._stops = stopping.StopControl(state, session, lead, self._messages, events, clock)
         self._host_actions = HostActions(state, self.hosts, agents, events, clock, self.post)
-        self._on_decision = self._decision_handlers()
-        self._on_message = self._message_handlers()
+        self._dispatch = Dispatch(state, self._decision_handlers(), self._message_handlers())
 
     @property
     def workers(self) -> dict[str, WorkerRecord]:
@@ -359,7 +344,14 @@ class Job:
         if self._chaos is not None:
             self._chaos.stop()
         self._shards.stop(self._session.leads)
-        if self._session.leads:
+        if self._session.leads and self._store_gone:
+            # Every word to an agent goes through the store, which does not answer:
+            # their processes are stopped as they are (each agent's workers with it).
+            # Workers started without agents are this driver's own processes.
+            self._agents.close(tell=False)
+            if isinstance(self._agents, NoAgents):
+                self._actions.stop_all()
+        elif self._session.leads:
             self._actions.stop_all()
             self._agents.close()
         self._agents.stop_following()
@@ -368,48 +360,20 @@ class Job:
 
     # ------------------------------------------------------------------ decisions
     def _reconcile(self) -> None:
-        now, records, cfg = self._clock(), self.workers, self.config
+        """The rules' turn (``driver.job.reconcile``), once the hosts' blacklist terms
+        that ran out are released."""
+        now = self._clock()
         self._host_actions.emit(self.hosts.release_expired(now))
         view = dec.HostsView.of(self.hosts)
         self._usable = tuple(h.host for h in view.usable)
         self._waits = []
-        settings, source = RoundSettings.from_config(cfg), HostSource.from_config(cfg)
-        self._apply(occupancy.hosts_rule(records, self.plan, self.book, view, settings, now))
-        if cfg.restart_workers:  # whole worlds instead of rounds (driver.policy.restarts)
-            self._apply(self._host_actions.agents_to_retire(view))
-            self._step(reports.no_hosts(self.book, view, source, now))
-            ready = self._agents.ready_hosts([h.host for h in view.usable])
-            world = restarts.world_rule(records, self.plan, self.book, view, settings, now, ready)
-            self._step(world)
-            self._apply(spares.spares_to_stop(records, view.usable))
-            self._apply(
-                spares.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
-            )
-            return
-        self._apply(
-            occupancy.workers_to_stop(records, view.usable, self.plan, view.blacklisted, now)
-        )
-        self._apply(spares.spares_to_stop(records, view.usable))
-        self._apply(self._host_actions.agents_to_retire(view))
-        self._apply(occupancy.workers_to_kill(records, now))
-        self._apply(occupancy.lapse_waits(records))
-        self._apply(occupancy.slots_to_fill(records, view.usable, self.book, cfg.max_np))
-        self._step(reports.no_hosts(self.book, view, source, now))
-        progress = ProgressSettings.from_config(cfg)
-        self._step(reports.progress_report(self.book, self.plan, progress, now))
-        self._step(suspicion.accusations_due(records, self.book, now))
-        self._step(preemption.drains_due(records, self.book, now))
-        snapshots = bool(cfg.checkpoint_dir)
-        self._step(departures.leaving_due(records, self.book, now, self.plan, snapshots))
-        self._step(rounds.plan_round(records, self.plan, self.book, view, settings, now))
-        # Last: a new spare's start must not delay the round a promotion just formed.
-        self._apply(
-            spares.spares_to_launch(records, self.plan, view.usable, self.book, cfg.spares, now)
+        cfg, state = self.config, self._state
+        reconcile.rules_turn(
+            cfg, state, view, self._host_actions, self._agents, self._dispatch, now
         )
 
     def _settle(self) -> int | None:
-        outcome = restarts.world_outcome if self.config.restart_workers else exits.outcome
-        decision = outcome(self.workers, self.plan, self.book)
+        decision = reconcile.outcome(self.config, self._state)
         if isinstance(decision, dec.Fail):
             raise JobFailed(decision.reason)
         if isinstance(decision, dec.Succeed):
@@ -425,24 +389,14 @@ class Job:
             return 0
         return None
 
-    def _apply(self, decisions: Iterable[dec.Decision]) -> None:
-        """Carry ``decisions`` out in order; what carrying one out leads to (a launch
-        that failed, a failure counted) is carried out before the next one."""
-        pending = list(decisions)[::-1]
-        while pending:
-            decision = pending.pop()
-            handler = self._on_decision[type(decision)]
-            log.debug("decision %s: %s", type(decision).__name__, handler.__qualname__)
-            pending.extend(reversed(handler(decision)))
-
     def _decision_handlers(self) -> dict[type, Handler]:
         """What carries out each kind of decision: a handler returns the decisions it
-        leads to, and ``_apply`` carries them out in turn."""
+        leads to, and ``Dispatch.apply`` carries them out in turn."""
         actions, lead, hosts = self._actions, self._lead, self._host_actions
         return {
             dec.Publish: lead.publish,
             dec.Wait: self._wait,
-            dec.Fail: self._fail,
+            dec.Fail: dispatch.fail,
             dec.Kill: actions.kill,
             dec.Stop: actions.stop,
             dec.Leave: actions.leave,
@@ -461,7 +415,7 @@ class Job:
 
     def _message_handlers(self) -> dict[type, Handler]:
         """What handles each kind of message: a handler returns the decisions it leads
-        to, which ``_handle`` carries out."""
+        to, which ``Dispatch.handle`` carries out."""
         on = self._messages
         return {
             msg.ProcessExited: on.on_exit,
@@ -471,11 +425,12 @@ class Job:
             msg.FailureReport: on.on_failure_report,
             msg.ProbeAnswered: on.on_probe_answered,
             msg.AgentLost: on.on_agent_lost,
-            msg.AgentReady: self._agent_ready,
+            msg.AgentReady: dispatch.nothing,  # the rules' next turn sees the host ready
             msg.FailureResync: on.on_failure_resync,
             msg.HostsFound: self._host_actions.hosts_found,
             msg.DiscoveryFailed: self._host_actions.discovery_failed,
             msg.SignalReceived: self._signalled,
+            msg.StacksAsked: on.on_stacks_asked,
             msg.StoreLost: self._store_lost,
             msg.ProgressReported: on.on_progress,
             msg.TrainingFinished: on.on_finished,
@@ -483,12 +438,9 @@ class Job:
             msg.HostPreempted: on.on_preempted,
             msg.KillRequested: self._kill_requested,
             msg.ChaosTick: on.on_chaos_tick,
-            msg.Fatal: self._fatal,
-            msg.LeadLost: self._lead_lost,
+            msg.Fatal: dispatch.fatal,
+            msg.LeadLost: dispatch.lead_lost,
         }
-
-    def _fail(self, decision: dec.Fail) -> NoReturn:
-        raise JobFailed(decision.reason)
 
     def _report(self, decision: dec.Report) -> Sequence[dec.Decision]:
         self.events.emit(decision.event)
@@ -504,22 +456,8 @@ class Job:
 
     # ------------------------------------------------------------------ messages
     def _handle(self, message: msg.Message) -> None:
-        quiet = msg.changes_nothing(message, self.plan, self.book.progress.said_at is not None)
-        accused = self.book.failures.accused
-        handler = self._on_message[type(message)]
-        log.debug("message %s: %s", type(message).__name__, handler.__qualname__)
-        self._apply(handler(message))
-        if msg.read_through_accusations(message):
-            # Every survivor of a round of thousands reports its failure: a turn of the
-            # rules for each would read every worker once per worker. The rules read a
-            # report only through the accusations it makes or clears.
-            quiet = self.book.failures.accused == accused
-        if not quiet:
+        if self._dispatch.handle(message):
             self._changed = True
-
-    def _step(self, step: dec.Step) -> None:
-        """Carry out a rule's decisions and keep its book."""
-        self._apply(self._state.take(step))
 
     def _signalled(self, message: msg.SignalReceived) -> Sequence[dec.Decision]:
         join = self.config.join
@@ -532,24 +470,21 @@ class Job:
         self._stops.signalled(message.signum)  # a stop starts, or the job ends now
         return ()
 
-    def _lead_lost(self, message: msg.LeadLost) -> NoReturn:
-        raise LeadershipLost(message.reason)
-
-    def _agent_ready(self, message: msg.AgentReady) -> Sequence[dec.Decision]:
-        return ()  # the rules' next turn sees the host ready
-
     def _store_lost(self, message: msg.StoreLost) -> NoReturn:
+        self._store_gone = True
         book = self._state.book
+        folder = self.config.checkpoint_dir
         line = store_lost_line(
-            message.reason, book.progress.step, book.progress.snapshots, self.config.checkpoint_dir
+            message.reason,
+            book.progress.step,
+            book.progress.snapshots,
+            folder,
+            newest_snapshot(folder, self.config.job_id) if folder else None,
         )
         raise JobFailed(line)
 
     def _kill_requested(self, message: msg.KillRequested) -> Sequence[dec.Decision]:
         return self._actions.kill(dec.Kill(message.worker_id, message.reason))
-
-    def _fatal(self, message: msg.Fatal) -> NoReturn:
-        raise JobFailed(message.reason)
 
     # ------------------------------------------------------------------ helpers
     def _shard_hosts(self) -> tuple[str, ...]:
