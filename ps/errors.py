@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from elastic.errors import HostsUpdatedInterrupt
 from rendezvous.errors import ElasticError, RendezvousConnectionError
-from rendezvous.net.rpc import MalformedRequest
+from rendezvous.net.rpc_wire import MalformedRequest
 
 
 class PSError(ElasticError):

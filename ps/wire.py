@@ -1,6 +1,6 @@
 """Tensors on the wire: one message = a JSON header + the raw bytes of each array.
 
-Built on ``rendezvous.net.rpc.frame``/``unframe``: ``header["tensors"]`` lists each
+Built on ``rendezvous.net.rpc_wire.frame``/``unframe``: ``header["tensors"]`` lists each
 array's metadata (caller's keys plus ``dtype``, ``shape``, ``nbytes``) in blob order.
 Encoding hands the arrays' own memory to ``frame`` (one copy, into the message);
 decoding returns read-only zero-copy views of the message (writable when the message
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ps.errors import PSShapeError
-from rendezvous.net.rpc import frame, unframe
+from rendezvous.net.rpc_wire import frame, unframe
 
 TENSORS = "tensors"  # the header key of the tensors' metadata
 

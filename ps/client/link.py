@@ -31,7 +31,8 @@ from ps.memory import buffer
 from ps.protocol import SERVICE, Empty, Envelope, Hello, Part, Record, ReleaseArgs, Staged
 from ps.wire import as_pieces, cut, size_of
 from rendezvous.net import auth
-from rendezvous.net.rpc import RpcClient, frame, unframe
+from rendezvous.net.rpc_client import RpcClient
+from rendezvous.net.rpc_wire import frame, unframe
 from rendezvous.net.url import Endpoint
 from rendezvous.schema.ps import ShardInfo
 

@@ -81,7 +81,8 @@ from ps.shard.staging import Staging
 from ps.shard.state import ShardState
 from rendezvous.errors import RendezvousError
 from rendezvous.net import auth
-from rendezvous.net.rpc import RpcServer, ServerLimits, frame, unframe
+from rendezvous.net.rpc import RpcServer, ServerLimits
+from rendezvous.net.rpc_wire import frame, unframe
 from rendezvous.net.url import Endpoint
 from rendezvous.schema.ps import CheckpointFailedRecord, CheckpointRecord, RollbackRecord, ShardInfo
 

@@ -20,7 +20,7 @@ from ps.errors import PSTransferError
 from ps.memory import BufferPool
 from ps.protocol import Part, Staged
 from ps.wire import as_pieces, cut, size_of
-from rendezvous.net.rpc import frame
+from rendezvous.net.rpc_wire import frame
 
 
 @dataclass

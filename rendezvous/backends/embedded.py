@@ -2,7 +2,7 @@
 
 Every call carries proof of the job secret, made for this server process
 (``rendezvous.net.rpc.RpcServer`` refuses others). Messages are JSON headers framed by
-``rendezvous.net.rpc.frame``; values travel base64-encoded, which is fine for a store
+``rendezvous.net.rpc_wire.frame``; values travel base64-encoded, which is fine for a store
 whose values are small records (the size limit applies).
 """
 
@@ -16,14 +16,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 from rendezvous.backends.memory import MemoryKV
 from rendezvous.net.grpc_runtime import grpc
-from rendezvous.net.rpc import (
-    MalformedRequest,
-    RpcClient,
-    RpcServer,
-    ServerLimits,
-    frame,
-    unframe,
-)
+from rendezvous.net.rpc import RpcServer, ServerLimits
+from rendezvous.net.rpc_client import RpcClient
+from rendezvous.net.rpc_wire import MalformedRequest, frame, unframe
 from rendezvous.store import (
     Compare,
     Delete,

@@ -30,7 +30,7 @@ from rendezvous.errors import (
     WatchCompactedError,
 )
 from rendezvous.net.grpc_runtime import grpc
-from rendezvous.net.rpc import translate_rpc_error
+from rendezvous.net.rpc_client import translate_rpc_error
 from rendezvous.net.url import Endpoint
 from rendezvous.store import (
     DELETE,

@@ -23,7 +23,8 @@ from ps.settings import BulkLimits
 from ps.shard import checkpoint as ck
 from rendezvous.errors import ElasticError
 from rendezvous.net import auth
-from rendezvous.net.rpc import MalformedRequest, RpcClient, frame
+from rendezvous.net.rpc_client import RpcClient
+from rendezvous.net.rpc_wire import MalformedRequest, frame
 from tests.support.hostile import (
     close_all,
     fds,

@@ -21,7 +21,7 @@ from ps.protocol import Part
 from ps.settings import ClientSettings, ServerSettings
 from ps.shard.failures import CheckpointFailures
 from ps.shard.staging import Staging
-from rendezvous.net.rpc import frame
+from rendezvous.net.rpc_wire import frame
 from rendezvous.schema.ps import CheckpointFailedRecord
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
@@ -326,7 +326,7 @@ def test_staging_downloads_expire():
     clock = [0.0]
     st = Staging(ttl=10, clock=lambda: clock[0])
     reply = st.reply({"a": 1}, b"x" * 100, inline_max=10)
-    from rendezvous.net.rpc import unframe
+    from rendezvous.net.rpc_wire import unframe
 
     header, _ = unframe(reply)
     assert header["total"] == 100

@@ -21,7 +21,8 @@ from rendezvous import StoreSettings, open_store
 from rendezvous.backends.embedded import SERVICE, EmbeddedServer, _encode
 from rendezvous.errors import RendezvousAuthError, StaleIncarnationError
 from rendezvous.net import auth
-from rendezvous.net.rpc import MalformedRequest, RpcClient
+from rendezvous.net.rpc_client import RpcClient
+from rendezvous.net.rpc_wire import MalformedRequest
 from rendezvous.store import Put
 from tests.support.hostile import never_sending_calls, proc_status
 from tests.support.jobs import wait_until
