@@ -2,9 +2,9 @@
 
 One thread (``Agent.run``) owns the state: the host's assignments, the process table
 (``driver.agent.table``) and the view of the leadership (``driver.agent.rules``).
-Other threads only post to its queue: the store feeds (the host's assignments, the
-leader record, the round, the job's end, its retirement; each through
-``rendezvous.watch.follow_prefix``), the process waiters, a signal. After each burst of
+Other threads only post to its queue: the store feeds (``driver.agent.feeds``: the
+host's assignments, the leader record, the round, the job's end, its retirement; each
+through ``rendezvous.watch.follow_prefix``), the process waiters, a signal. After each burst of
 news the loop asks ``rules.reconcile`` what to do and does it: start a process with the
 process layer (``driver.launch``: own process group, pidfd wait, stop with a grace),
 stop or kill one, write its ``ProcessStatus`` when it starts and when it ends.
@@ -33,11 +33,12 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Callable
 
 from driver.agent import news, rules
+from driver.agent.feeds import RETIRED, follow_store
+from driver.agent.folders import CheckpointFolders
 from driver.agent.rules import AgentView, ProcState
 from driver.agent.settings import AgentIdentity, AgentTimings
 from driver.agent.table import ProcessTable, TableEntry
@@ -48,23 +49,18 @@ from driver.launch.process import WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.threads import spawn
 from rendezvous import env
-from rendezvous.errors import LeaseNotFoundError, RendezvousConfigError, RendezvousError
-from rendezvous.host_plan import LatestParts, RoundHead, RoundView, read_view
+from rendezvous.errors import LeaseNotFoundError, RendezvousError
+from rendezvous.host_plan import RoundView
 from rendezvous.keys import JobKeys
-from rendezvous.private_dir import make_private_dir, probe_writable
 from rendezvous.retry import Backoff
 from rendezvous.schema.agents import AgentRecord, Assignment, ProcessStatus, leader_term
-from rendezvous.store import PUT, Compare, Event, KeyValue, KVStore, Lease, Put
-from rendezvous.watch import follow_in_thread
+from rendezvous.store import Compare, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
 
 TICK = 1.0
 """Longest wait between two reconciles (the driver timeout is checked then)."""
 
-
-RETIRED = "retired: discovery removed its host"
-"""Why an agent the leader retired (``JobKeys.retire``) ends."""
 
 DRAINED = "preempted; its processes were stopped"
 """Why a drained agent (SIGTERM) ends once its processes left."""
@@ -73,19 +69,6 @@ DRAINED = "preempted; its processes were stopped"
 DRAIN_GRACE = 25.0
 """Seconds a preempted agent keeps its processes for the job to snapshot their state
 and stop them, before it stops them itself (within Kubernetes' 30 s default grace)."""
-
-
-def checkpoint_dir_problem(host: str, folder: str) -> str | None:
-    """Why ``host`` cannot keep snapshots in ``folder`` (the job's ``--checkpoint-dir``,
-    which may be this host's own, host-local), or None: made when missing, private,
-    and a probe file written and removed there (the driver checks its own machine's
-    the same way before anything starts)."""
-    try:
-        make_private_dir(folder, "--checkpoint-dir")
-        probe_writable(folder, "--checkpoint-dir")
-    except (RendezvousConfigError, OSError) as exc:
-        return f"on host {host}: {exc}"
-    return None
 
 
 class Agent:
@@ -115,7 +98,7 @@ class Agent:
         self._done = threading.Event()  # the feeds and the lease thread end
         self._store_away = threading.Event()  # the lease could not be refreshed for a TTL
         self._assignments: dict[str, Assignment] = {}
-        self._checked_dirs: set[str] = set()  # checkpoint folders this host can write in
+        self._folders = CheckpointFolders(self.host)  # what its workers snapshot into
         self._table = ProcessTable()
         self._view = AgentView()
         self._plan: RoundView | None = None  # the newest round, as this host reads it
@@ -306,7 +289,7 @@ class Agent:
 
     def _start(self, assignment: Assignment) -> None:
         now = time.time()
-        unwritable = self._checkpoint_dir_problem(assignment)
+        unwritable = self._folders.problem(assignment)
         if unwritable is not None:  # every snapshot of this host would fail: say so now
             log.warning("agent of %s: cannot start %s: %s", self.host, assignment.id, unwritable)
             self._table.add(TableEntry(assignment, None, ProcState.EXITED, now, -1, now))
@@ -335,17 +318,6 @@ class Agent:
         self._table.add(TableEntry(assignment, process, ProcState.RUNNING, now))
         self._write_status(assignment.id, process.pid, now)
         spawn(f"wait-{assignment.id}", self._wait_exit, assignment.id, process)
-
-    def _checkpoint_dir_problem(self, assignment: Assignment) -> str | None:
-        """Why this host cannot keep the assignment's snapshots (``checkpoint_dir_problem``),
-        checked once per folder that holds."""
-        folder = assignment.env.get(env.ENV_CHECKPOINT_DIR, "")
-        if not folder or folder in self._checked_dirs:
-            return None
-        problem = checkpoint_dir_problem(self.host, folder)
-        if problem is None:
-            self._checked_dirs.add(folder)
-        return problem
 
     def _wait_exit(self, process_id: str, process: WorkerProcess) -> None:
         code = process.wait(timeout=None)
@@ -503,92 +475,15 @@ class Agent:
             log.debug("agent of %s: cannot revoke its lease: %s", self.host, exc)
 
     def _follow(self) -> None:
-        """The feeds (assignments, leader, round: this host's parts and the head, the
-        job's end, this agent's retirement), each in a daemon thread until the agent
-        ends."""
-        keys, post = self._keys, self._queue.put
-        leader_key = keys.driver
-
-        def leader_event(event: Event) -> None:
-            if event.key == leader_key:
-                post(news.LeaderSeen(leader_term(event.value) if event.type == PUT else None))
-
-        def leader_resync(kvs: Sequence[KeyValue]) -> None:
-            value = next((kv.value for kv in kvs if kv.key == leader_key), None)
-            post(news.LeaderSeen(leader_term(value)))
-
-        parts = LatestParts()  # this host's parts, as their watch delivers them
-
-        def round_read(head_value: bytes) -> None:
-            # This host's part of the round, read here: the loop does no I/O for it
-            # (and this thread none when the part's event came first).
-            try:
-                head = RoundHead.from_json(head_value)
-                view = read_view(self._store.get, keys, head, self.host, parts.get)
-            except (ValueError, RendezvousError) as exc:
-                log.warning("agent of %s: unreadable round: %s", self.host, exc)
-                return
-            if view is not None:
-                self._channel.publish(view)  # to the workers at once, not after a turn
-                post(news.RoundChanged(view))
-
-        def round_resync(kvs: Sequence[KeyValue]) -> None:
-            for kv in kvs:
-                if kv.key == keys.plan_head:
-                    round_read(kv.value)
-
-        retire_key, agent_id = keys.retire(self.host), self._identity.agent_id.encode()
-
-        def retire_event(event: Event) -> None:
-            # Only a retirement naming this agent: one written for an agent before it
-            # on this host must not stop it.
-            if event.type == PUT and event.key == retire_key and event.value == agent_id:
-                post(news.ShutdownAsked(RETIRED))
-
-        def retire_resync(kvs: Sequence[KeyValue]) -> None:
-            if any(kv.key == retire_key and kv.value == agent_id for kv in kvs):
-                post(news.ShutdownAsked(RETIRED))
-
-        def ended_resync(kvs: Sequence[KeyValue]) -> None:
-            if any(kv.key == keys.ended for kv in kvs):
-                post(news.Ended())
-
-        feeds: list[tuple[str, Callable[[Event], None], Callable[[Sequence[KeyValue]], None]]] = [
-            (
-                keys.assignments(self.host),
-                lambda e: post(news.Assigned(e.key, e.value if e.type == PUT else None)),
-                lambda kvs: post(news.AssignedAll(list(kvs))),
-            ),
-            (leader_key, leader_event, leader_resync),
-            (
-                keys.plan_host_prefix(self.host),
-                lambda e: parts.seen(e.key, e.value if e.type == PUT else None),
-                lambda kvs: parts.reset({kv.key: kv.value for kv in kvs}),
-            ),
-            (
-                keys.plan_head,
-                lambda e: (
-                    round_read(e.value) if e.type == PUT and e.key == keys.plan_head else None
-                ),
-                round_resync,
-            ),
-            (
-                keys.ended,
-                lambda e: post(news.Ended()) if e.type == PUT and e.key == keys.ended else None,
-                ended_resync,
-            ),
-        ]
-        if self._identity.agent_id:  # an agent with no id cannot be named, so is never retired
-            feeds.append((retire_key, retire_event, retire_resync))
-        for prefix, on_event, on_resync in feeds:
-            follow_in_thread(
-                f"agent-watch-{prefix}",
-                self._store,
-                prefix,
-                on_event=on_event,
-                on_resync=on_resync,
-                on_lost=lambda exc: post(news.LeaderSeen(None)),
-                stop=self._done,
-                patience=self._timings.driver_timeout,
-                clock=self._clock,
-            )
+        """The store's feeds (``driver.agent.feeds``), each in a daemon thread until the
+        agent ends; the round goes to the workers at once, not after a turn."""
+        follow_store(
+            self._store,
+            self._keys,
+            self._identity,
+            post=self._queue.put,
+            publish=self._channel.publish,
+            stop=self._done,
+            patience=self._timings.driver_timeout,
+            clock=self._clock,
+        )

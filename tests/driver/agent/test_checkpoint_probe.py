@@ -3,7 +3,7 @@ real folder, made unwritable even for root."""
 
 from __future__ import annotations
 
-from driver.agent.loop import checkpoint_dir_problem
+from driver.agent.folders import checkpoint_dir_problem
 from tests.support.unwritable import unwritable
 
 
