@@ -445,6 +445,19 @@ def build_parser() -> argparse.ArgumentParser:
         "long after start (default: %(default)s)",
     )
     fault.add_argument(
+        "--hang-timeout",
+        type=_non_negative_seconds,
+        metavar="SEC",
+        help="a worker whose process lives but whose training function (@elastic.run) "
+        "reaches no collective or commit for SEC seconds is hung: every thread's "
+        "Python stack of it goes to this log, a 'hung' event is said, and it is killed "
+        "and replaced like any lost worker; 0 turns it off (default: adapts, "
+        f"{env.HANG_FACTOR:g} times the job's median step, never below "
+        f"{env.HANG_FLOOR:g} s, which covers a first step's compile or load). "
+        "SIGUSR1 to elastic-run prints every worker's stacks on this machine to "
+        "stderr, changing nothing",
+    )
+    fault.add_argument(
         "--launcher",
         choices=launcher_names(),
         default=launcher_names()[0],

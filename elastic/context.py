@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from elastic.comm import Communicator
+    from elastic.hangs.watchdog import Watchdog
     from elastic.runtime import WorkerRuntime
     from elastic.snapshots.snapshotter import SnapshotState, Snapshotter
 
@@ -60,6 +61,7 @@ class Layout(NamedTuple):
 _lock = threading.RLock()
 _runtime: WorkerRuntime | None = None  # under elastic-run
 _snapshots: Snapshotter | None = None  # with a checkpoint directory (--checkpoint-dir)
+_watchdog: Watchdog | None = None  # under elastic-run: the hang watchdog (elastic.hangs)
 _static_comm: Communicator | None = None  # a static world's communicator (MPI, or alone)
 _static_layout: Layout | None = None  # a static world's layout
 #: how this process was started, once ``init()`` opened its world
@@ -99,6 +101,7 @@ def init(torch_backend: str | None = None) -> None:
         _torch_backend = chosen
         if env.text(env.ENV_RENDEZVOUS):
             _runtime = _join_elastic_job()
+            _start_watchdog(_runtime)
             _snapshots = _job_snapshots(_runtime)
             _kind = "elastic"
         elif _started_by_mpi():
@@ -125,14 +128,17 @@ def _shutdown_at_exit() -> None:
 
 def shutdown() -> None:
     """Leave the job and release everything (idempotent; also runs at exit)."""
-    global _runtime, _static_comm, _static_layout, _snapshots, _kind, _torch_backend
+    global _runtime, _static_comm, _static_layout, _snapshots, _kind, _torch_backend, _watchdog
     with _lock:
         _torch_backend = None
         runtime, _runtime = _runtime, None
         comm, _static_comm = _static_comm, None
         snapshots, _snapshots = _snapshots, None
+        watchdog, _watchdog = _watchdog, None
         _static_layout = None
         _kind = None
+    if watchdog is not None:
+        watchdog.stop()
     if snapshots is not None:
         snapshots.close()
     if runtime is not None:
@@ -204,10 +210,15 @@ def snapshots() -> Snapshotter | None:
 
 
 def _join_elastic_job() -> WorkerRuntime:
-    """Register with the job elastic-run started and wait for a round with this worker."""
+    """Register with the job elastic-run started and wait for a round with this worker
+    (SIGUSR1 prints its stacks from then on: the driver asks only registered workers)."""
+    from elastic.hangs.watchdog import install_stack_dump, settings_from_env
     from elastic.runtime import WorkerRuntime, WorkerSettings
 
-    runtime = WorkerRuntime(WorkerSettings.from_env())
+    settings = WorkerSettings.from_env()
+    settings_from_env()  # (a bad ELASTIC_HANG_TIMEOUT says so before anything starts)
+    install_stack_dump()
+    runtime = WorkerRuntime(settings)
     runtime.start()
     try:
         runtime.join(after_round=0)
@@ -220,6 +231,15 @@ def _join_elastic_job() -> WorkerRuntime:
         runtime.shutdown()
         raise
     return runtime
+
+
+def _start_watchdog(runtime: WorkerRuntime) -> None:
+    """The hang watchdog of this worker (``--hang-timeout``; none when it is 0)."""
+    global _watchdog
+    from elastic.hangs.watchdog import Watchdog, settings_from_env
+
+    _watchdog = Watchdog(runtime, runtime.settings.worker_id, settings_from_env())
+    _watchdog.start()
 
 
 def _job_snapshots(runtime: WorkerRuntime) -> Snapshotter | None:

@@ -37,6 +37,7 @@ from elastic.errors import (
     WorkerHandedOverError,
     WorkerLostError,
 )
+from elastic.hangs.clock import CLOCK
 from elastic.state import State, active
 from rendezvous.schema.rounds import SNAPSHOT_FINAL
 
@@ -67,7 +68,11 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                     skip_sync = False
                     if _stop_asked(state):
                         raise SystemExit(0)
-                    result = func(state, *args, **kwargs)
+                    CLOCK.start_training()  # the hang watchdog watches it (elastic.hangs)
+                    try:
+                        result = func(state, *args, **kwargs)
+                    finally:
+                        CLOCK.stop_training()
                 finished = context.current_runtime()
                 if finished is None or finished.mark_finished():
                     return result  # training is complete: no new round for it

@@ -27,6 +27,7 @@ import numpy as np
 
 import elastic.context as context
 from elastic.errors import HostsUpdatedInterrupt, ReplacedStateWarning
+from elastic.hangs.clock import CLOCK
 
 #: a sampler's progress record and the (steps, indices consumed) of the steps taken since
 #: the last commit, which the next commit records in it (see ``elastic.sampler``)
@@ -148,16 +149,20 @@ class State:
     def commit(self) -> None:
         """Mark a point that survives failures; raises HostsUpdatedInterrupt when a newer
         round is pending (after saving, so nothing is lost)."""
-        pending = self._pending_progress
-        if pending is not None:
-            progress, steps = pending
-            progress["offsets"].update(steps)
-            steps.clear()
-        self._commits += 1
-        self._saved_commits = self._commits
-        self.save()
-        if self._world is None:  # the process's own world: its runtime reports progress
-            context.note_commit(self._commits, self if current_state() is self else None)
+        CLOCK.enter()  # a commit is progress (the hang watchdog: elastic.hangs.clock)
+        try:
+            pending = self._pending_progress
+            if pending is not None:
+                progress, steps = pending
+                progress["offsets"].update(steps)
+                steps.clear()
+            self._commits += 1
+            self._saved_commits = self._commits
+            self.save()
+            if self._world is None:  # the process's own world: its runtime reports progress
+                context.note_commit(self._commits, self if current_state() is self else None)
+        finally:
+            CLOCK.committed()
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

@@ -26,8 +26,16 @@ ENV_SLOT = "ELASTIC_SLOT"
 ENV_BIND_HOST = "ELASTIC_BIND_HOST"  # address the worker's data listener binds to
 ENV_ROUND_TIMEOUT = "ELASTIC_ROUND_TIMEOUT"  # seconds a worker waits for a round with it
 ENV_PROGRESS_INTERVAL = "ELASTIC_PROGRESS_INTERVAL"  # seconds between progress records (0: none)
+ENV_HANG_TIMEOUT = "ELASTIC_HANG_TIMEOUT"  # --hang-timeout: seconds, 0 off, "" adapt
 ENV_SPARE = "ELASTIC_SPARE"  # "1": a warm spare (--spares), idle until a round includes it
 ENV_WORLD = "ELASTIC_WORLD"  # --restart-workers: the number of the world the worker starts in
+
+#: ``--hang-timeout``'s adaptive default (``elastic.hangs.clock.hang_timeout``): a worker
+#: whose training goes this many times its median step without a collective is hung,
+#: but never sooner than ``HANG_FLOOR`` seconds (a first step's compile or data load, a
+#: slow loaded machine)
+HANG_FACTOR = 5.0
+HANG_FLOOR = 60.0
 
 # -- set by a host's agent for each process it starts (``rendezvous.host_channel``)
 ENV_AGENT_SOCKET = "ELASTIC_AGENT_SOCKET"  # the agent's socket: workers register through it

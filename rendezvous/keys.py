@@ -96,6 +96,11 @@ class JobKeys:
         (a report apart from ``failure``: the collective may still go on)."""
         return f"{self.failures}{round_id}/{reporter}/silent/{suspect}"
 
+    def hung(self, round_id: int, reporter: str) -> str:
+        """Where worker ``reporter`` says that its own training is hung in ``round_id``
+        (``--hang-timeout``: no collective for that long; its stacks in the record)."""
+        return f"{self.failures}{round_id}/{reporter}/hung"
+
     @property
     def progress(self) -> str:
         """The job's newest committed step (JSON of ``rendezvous.schema.workers.ProgressRecord``),

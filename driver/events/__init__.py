@@ -20,7 +20,7 @@ The vocabulary by area, one module each:
   and the text helpers (``describe_code``);
 * ``job``: the job's start, its rounds, a long wait, its end;
 * ``health``: training progress and the store's reachability;
-* ``workers``: one worker started, exited, failed, stopped, reported, chaos-killed; a
+* ``workers``: one worker started, exited, failed, stopped, reported, hung, chaos-killed; a
   spare ready, promoted or lost;
 * ``hosts``: hosts added, removed, resized, blacklisted, back, cut off; discovery errors;
 * ``ps``: the parameter-server shards and their checkpoints;
@@ -88,6 +88,7 @@ from driver.events.workers import (
     WorkerAdopted,
     WorkerExited,
     WorkerFailed,
+    WorkerHung,
     WorkerStarted,
     WorkerStopped,
     WorkerStopping,
@@ -135,6 +136,7 @@ __all__ = [
     "SpareLost",
     "WorkerStopped",
     "FailureReported",
+    "WorkerHung",
     "ChaosKill",
     # hosts
     "HostEvent",

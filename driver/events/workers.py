@@ -1,4 +1,4 @@
-"""The events of one worker: started, exited, failed, stopped, reported, chaos-killed;
+"""The events of one worker: started, exited, failed, stopped, reported, hung, chaos-killed;
 a spare ready, promoted or lost.
 
 Each names the worker by id, host and slot (and its rank while it is a member of the
@@ -193,6 +193,28 @@ class FailureReported(Event):
         if self.suspect:
             text += f", blaming {self.suspect}"
         return text + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class WorkerHung(Event):
+    """Worker ``worker``'s process lives but its training reached no collective for
+    ``seconds`` (its hang timeout, ``--hang-timeout``), in ``round``: it is killed and
+    replaced. ``reason`` says how long and where its training thread is (``file:line
+    in function``); ``stacks`` is every thread's Python stack, which the driver's log
+    shows after this event's line."""
+
+    kind: ClassVar[str] = "hung"
+    worker: str
+    host: str
+    slot: int
+    rank: int | None
+    round: int
+    reason: str
+    stacks: str
+
+    def __str__(self) -> str:
+        label = worker_label(self.host, self.slot, self.rank)
+        return f"{label} ({self.worker}) is hung in round {self.round}, killing it: {self.reason}"
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,23 @@ from driver import events as ev
 from driver.job import messages as msg
 from driver.job.chaos import ChaosMonkey
 from driver.job.fenced import FencedStore
-from driver.job.processes import HeldWorkers
+from driver.job.processes import HeldWorkers, ask_stacks
 from driver.job.session import StoreSession
 from driver.job.state import JobState
 from driver.policy import decisions as dec
-from driver.policy import exits, lifecycle, occupancy, preemption, reports, restarts, suspicion
+from driver.policy import (
+    exits,
+    hangs,
+    lifecycle,
+    occupancy,
+    preemption,
+    reports,
+    restarts,
+    suspicion,
+)
 from driver.policy.reports import ProgressSettings
 from rendezvous.schema.agents import RETURN_GRACE
-from rendezvous.schema.workers import FinishRecord, ProgressRecord, WorkerInfo
+from rendezvous.schema.workers import FailureRecord, FinishRecord, ProgressRecord, WorkerInfo
 from rendezvous.store import PUT, KeyValue
 
 log = logging.getLogger(__name__)
@@ -157,6 +166,8 @@ class MessageHandlers:
         report, state = message.record, self._state
         if report is None:
             return ()  # deleted (a new round settles the old reports) or unreadable
+        if report.hung:
+            return self._hang_reported(report)
         if report.silent:
             return state.take(
                 suspicion.silence_reported(state.workers, state.plan, state.book, report)
@@ -164,6 +175,43 @@ class MessageHandlers:
         return state.take(
             suspicion.failure_reported(state.workers, state.plan, state.book, report, self._clock())
         )
+
+    def _hang_reported(self, report: FailureRecord) -> Decisions:
+        """A worker's own hang report (``policy.hangs``): its ``hung`` line, then every
+        thread's stack in the driver's log, and its kill."""
+        decisions = hangs.hang_reported(self._state.workers, self._state.plan, report)
+        kept: list[dec.Decision] = []
+        for decision in decisions:
+            if isinstance(decision, dec.Report) and isinstance(decision.event, ev.WorkerHung):
+                self._events.emit(decision.event)  # (now: its stacks follow its line)
+                stacks = decision.event.stacks.rstrip("\n") or "(none were sent)"
+                log.warning("the stacks of hung worker %s:\n%s", report.worker_id, stacks)
+            else:
+                kept.append(decision)
+        return kept
+
+    def on_stacks_asked(self, message: msg.StacksAsked) -> Decisions:
+        """SIGUSR1: every running worker that registered (and so prints its stacks on
+        SIGUSR1: ``elastic.hangs.watchdog``) and runs on this machine is sent SIGUSR1;
+        its stacks reach this driver's stderr with its output, prefixed with its rank.
+        Nothing else changes: no round, no kill."""
+        asked, elsewhere = [], []
+        for rec in sorted(self._state.workers.values(), key=lambda r: r.worker_id):
+            if not rec.state.running or rec.info is None:
+                continue
+            if ask_stacks(rec.worker_id, rec.info.pid):
+                asked.append(f"{rec.worker_id} (pid {rec.info.pid})")
+            else:
+                elsewhere.append(f"{rec.worker_id} on {rec.host} (pid {rec.info.pid})")
+        text = f"SIGUSR1: every thread's stack of {len(asked)} worker(s) follows on stderr"
+        text += f", each line prefixed with its rank: {', '.join(asked)}" if asked else ""
+        if elsewhere:
+            text += (
+                f"; not on this machine (send SIGUSR1 to the pid on its host): "
+                f"{', '.join(elsewhere)}"
+            )
+        log.warning("%s", text)
+        return ()
 
     def on_failure_resync(self, message: msg.FailureResync) -> Decisions:
         """The reports as they are now: those of the current round count as if just

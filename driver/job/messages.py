@@ -57,9 +57,9 @@ class RegistryResync:
 
 @dataclass(frozen=True)
 class FailureReport:
-    """A worker reported a failure it saw, or a silent peer (a store watch event, read
-    on the watch's thread): its ``record``, None when the report was deleted or could
-    not be read (``from_event``)."""
+    """A worker reported a failure it saw, a silent peer, or its own hung training (a
+    store watch event, read on the watch's thread): its ``record``, None when the
+    report was deleted or could not be read (``from_event``)."""
 
     record: FailureRecord | None
 
@@ -130,6 +130,11 @@ class SignalReceived:
     """``elastic-run`` got SIGINT or SIGTERM."""
 
     signum: int
+
+
+@dataclass(frozen=True)
+class StacksAsked:
+    """``elastic-run`` got SIGUSR1: print every live worker's stacks, changing nothing."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,7 @@ Message = Union[
     HostsFound,
     DiscoveryFailed,
     SignalReceived,
+    StacksAsked,
     StoreLost,
     ProgressReported,
     TrainingFinished,
@@ -239,7 +245,7 @@ def read_through_accusations(message: Message) -> bool:
     accusations it makes or clears (``policy.failure_reported``), so it asks for a turn
     of the rules only when those changed."""
     return isinstance(message, FailureReport) and (
-        message.record is not None and not message.record.silent
+        message.record is not None and not message.record.silent and not message.record.hung
     )
 
 
@@ -259,4 +265,6 @@ def changes_nothing(message: Message, plan: Plan | None, progress_said: bool = F
     record = message.record
     if record is None:
         return True
+    if record.hung:
+        return False  # a kill, whatever its round (``policy.hangs``)
     return not record.silent and (plan is None or record.round_id != plan.round_id)

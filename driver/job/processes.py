@@ -13,6 +13,8 @@ either way.
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Callable
 
 from driver.job.wiring import worker_id_for
@@ -21,6 +23,7 @@ from driver.launch.process import STOP_GRACE, WorkerProcess, stop_all
 from driver.launch.spec import LaunchSpec
 from driver.leadership.adopted_pids import AdoptedProcesses
 from driver.threads import spawn
+from rendezvous import env
 from rendezvous.schema.rounds import Plan
 
 
@@ -128,3 +131,23 @@ class HeldWorkers:
         """Stop these workers together and wait until they are gone (the job's end)."""
         self.adopted.stop_all([w for w in worker_ids if w in self.adopted])
         self.processes.stop_all([w for w in worker_ids if w not in self.adopted])
+
+
+def ask_stacks(worker_id: str, pid: int) -> bool:
+    """Send SIGUSR1 to worker ``worker_id``'s process ``pid`` (its registration's), which
+    then prints every thread's stack on its stderr (``elastic.hangs.watchdog``), when
+    that process runs on this machine: only a process whose environment names the
+    worker (``ELASTIC_WORKER_ID``) is signalled, so a pid of another host (or one the
+    kernel gave again) is never hit. Returns whether it was sent."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:  # not here, gone, or not ours
+        return False
+    if f"{env.ENV_WORKER_ID}={worker_id}".encode() not in environ:
+        return False
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        return False
+    return True

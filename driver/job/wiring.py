@@ -94,6 +94,7 @@ def worker_env(wiring: JobWiring, seat: WorkerSeat) -> dict[str, str]:
         env.ENV_BIND_HOST: seat.bind_host,
         env.ENV_ROUND_TIMEOUT: str(config.elastic_timeout),
         env.ENV_PROGRESS_INTERVAL: str(config.progress_interval),
+        env.ENV_HANG_TIMEOUT: "" if config.hang_timeout is None else str(config.hang_timeout),
         **({env.ENV_SPARE: "1"} if seat.spare else {}),
         **snapshot_env(config),
     }

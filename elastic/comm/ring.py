@@ -51,6 +51,7 @@ from elastic.errors import (
     LossCause,
     PeerLostError,
 )
+from elastic.hangs.clock import CLOCK
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +381,7 @@ class RingCommunicator(Communicator):
                     "another collective is running on this communicator (one collective at a time)"
                 )
             self._in_op = True
+        CLOCK.enter()  # (the hang watchdog's clock: elastic.hangs.clock)
         try:
             self._seq += 1
             return call(wire.OpHeader(kind, self._seq, **fields))
@@ -412,6 +414,7 @@ class RingCommunicator(Communicator):
             )
             raise
         finally:
+            CLOCK.leave()
             self._exit_op()
 
     # --- the collectives (arguments already checked by Communicator) ---------------

@@ -36,9 +36,11 @@ class FailureRecord(JsonRecord):
     """A worker's report to the driver, under ``JobKeys.failure`` (written by worker
     ``worker_id`` under its lease): a collective of round ``round_id`` failed
     (``reason``), or (``silent``) member ``suspect`` has sent nothing for a moment
-    (under ``JobKeys.silence``: not a failure yet). ``suspect``: the worker it blames,
-    when it saw that peer stop answering itself (None: a crash needs no suspect, the
-    driver sees the process exit).
+    (under ``JobKeys.silence``: not a failure yet), or (``hung``, under ``JobKeys.hung``)
+    its own training went longer than its hang timeout without a collective: ``reason``
+    says how long and where, ``stacks`` is every thread's Python stack. ``suspect``: the
+    worker it blames, when it saw that peer stop answering itself (None: a crash needs no
+    suspect, the driver sees the process exit; a hung worker names itself).
 
     Raises (when made):
         TypeError: a field of the wrong type, or one missing (a report is taken whole
@@ -52,8 +54,11 @@ class FailureRecord(JsonRecord):
     reason: str
     suspect: str | None = None
     silent: bool = False
+    hung: bool = False
+    stacks: str = ""
 
     MAX_REASON = 500  # characters of ``reason`` kept (a report is a hint, not a log)
+    MAX_STACKS = 32000  # characters of ``stacks`` kept (the hung thread's come first)
 
     def __post_init__(self):
         checks = (
@@ -62,12 +67,16 @@ class FailureRecord(JsonRecord):
             ("reason", isinstance(self.reason, str)),
             ("suspect", self.suspect is None or isinstance(self.suspect, str)),
             ("silent", isinstance(self.silent, bool)),
+            ("hung", isinstance(self.hung, bool)),
+            ("stacks", isinstance(self.stacks, str)),
         )
         bad = [name for name, ok in checks if not ok]
         if bad:
             raise TypeError(f"failure report: bad {', '.join(bad)}")
         if len(self.reason) > self.MAX_REASON:
             object.__setattr__(self, "reason", self.reason[: self.MAX_REASON])
+        if len(self.stacks) > self.MAX_STACKS:
+            object.__setattr__(self, "stacks", self.stacks[: self.MAX_STACKS])
 
 
 @dataclass(frozen=True)

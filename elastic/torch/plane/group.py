@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.errors import CommunicatorClosedError, WorkerLostError
+from elastic.hangs.clock import CLOCK
 from elastic.torch.plane.backends import GroupBackend, GroupSettings
 from elastic.torch.plane.store import RoundStore
 from rendezvous.store import KVStore
@@ -175,11 +176,14 @@ class RoundGroup:
     def wait_work(self, work: dist.Work) -> None:
         """Raises WorkerLostError when the group is aborted before ``work`` ends, or
         ``work`` fails."""
+        CLOCK.enter()  # a wait on a collective is no hang (elastic.hangs.clock)
         try:
             done = self.backend.wait(work, self._aborted, self.settings.op_timeout)
         except Exception as exc:
             self.abort(f"a collective failed: {exc}")
             raise self.error(RING_GRACE) from exc
+        finally:
+            CLOCK.leave()
         if not done:  # (a finished one stands though the round ended since: backends)
             self.abort(f"a collective did not finish within {self.settings.op_timeout:g} s")
             raise self.error()

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -38,6 +39,29 @@ def held(gate: str, commits: int) -> bool:
     except FileNotFoundError:
         return False
     return commits >= int(text or 0)
+
+
+def take_flag(path: str) -> bool:
+    """Remove the flag file; whether this process was the one that did."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def hang(commits: int) -> None:
+    """The training thread sleeps for ever (its process lives, a thread beside it goes
+    on, its ring's heartbeats still answer): a hung worker, for the driver to find."""
+
+    def beside() -> None:
+        while True:
+            time.sleep(0.05)  # a thread that keeps running next to the hung one
+
+    threading.Thread(target=beside, name="beside-the-hang", daemon=True).start()
+    print(f"hanging after commit {commits} at {time.time():.3f}", flush=True)
+    while True:
+        time.sleep(3600)  # HANG HERE (tests find this line in the driver's log)
 
 
 class RollbackCounter(logging.Handler):
@@ -82,6 +106,13 @@ def main() -> int:
         "removing the flag (an ordinary crash, not a broken script)",
     )
     parser.add_argument("--crash-at", type=int, default=0)
+    parser.add_argument(
+        "--hang-flag",
+        help="with --hang-at: rank --hang-rank's training thread sleeps for ever after that "
+        "commit, once, removing the flag, while a thread beside it goes on (a hung worker)",
+    )
+    parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--hang-rank", type=int, default=1)
     parser.add_argument("--exit-slot", type=int, help="the worker on this slot exits 0 early")
     parser.add_argument("--exit-at", type=int, default=0, help="... after this many commits")
     parser.add_argument(
@@ -149,6 +180,13 @@ def main() -> int:
                     else:
                         print("crashing once with exit status 5", flush=True)
                         os._exit(5)
+                if (
+                    args.hang_flag
+                    and state.commits >= args.hang_at
+                    and elastic.rank() == args.hang_rank
+                    and take_flag(args.hang_flag)
+                ):
+                    hang(state.commits)
                 if exit_early and state.commits >= args.exit_at:
                     print("leaving early with exit status 0", flush=True)
                     os._exit(0)
