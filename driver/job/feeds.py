@@ -12,7 +12,7 @@
   probe's thread (the watches retry in silence; this is how the driver knows);
 * ``poll_discovery``: the discovery script every ``--discovery-interval`` (``HostsFound``
   or ``DiscoveryFailed``);
-* ``posting_signals``: SIGINT and SIGTERM as ``SignalReceived``.
+* ``posting_signals``: SIGINT and SIGTERM as ``SignalReceived``, SIGUSR1 as ``StacksAsked``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from driver.job.messages import (
     RegistryResync,
     SignalReceived,
     SnapshotReported,
+    StacksAsked,
     StoreLost,
     TrainingFinished,
 )
@@ -180,13 +181,17 @@ def poll_discovery(
 @contextmanager
 def posting_signals(post: Post) -> Iterator[None]:
     """While inside, SIGINT and SIGTERM become ``SignalReceived`` messages handed to
-    ``post`` (the loop then stops the job in order); the previous handlers come back
+    ``post`` (the loop then stops the job in order), and SIGUSR1 ``StacksAsked`` (the
+    workers' stacks printed, nothing changed); the previous handlers come back
     after. A no-op outside the main thread, where Python cannot set handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     # (through a thread: ``post`` takes locks, which a handler must not: rendezvous.signals)
-    restore = relay_signals((signal.SIGINT, signal.SIGTERM), lambda s: post(SignalReceived(s)))
+    restore = relay_signals(
+        (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1),
+        lambda s: post(StacksAsked() if s == signal.SIGUSR1 else SignalReceived(s)),
+    )
     try:
         yield
     finally:
