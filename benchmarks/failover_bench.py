@@ -1,6 +1,6 @@
 """Driver failover time: SIGKILL of the leading ``elastic-run`` to its standby leading.
 
-A job runs on a real etcd (``tests.support.etcd_cluster``): a leader with ``-np N
+A job runs on a real etcd (``benchmarks.harness.etcd_cluster``): a leader with ``-np N
 --min-np 1`` workers (run by the per-host agent, which outlives the driver) in a first
 round, training held by a pause file so the job never ends under the benchmark, and a
 standby (``--standby``, same ``--job-id`` and job secret) waiting on it. The benchmark
@@ -45,8 +45,8 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.support.etcd_cluster import EtcdCluster
-from tests.support.jobs import ElasticRun, exact_sum_command, pid_alive
+from benchmarks.harness.etcd_cluster import EtcdCluster
+from benchmarks.harness.jobs import ElasticRun, exact_sum_command, pid_alive
 
 TIMINGS = {"fast": (50, 500), "default": (100, 1000)}
 DEADLINE = 60.0

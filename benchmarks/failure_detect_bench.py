@@ -1,6 +1,6 @@
 """Time from SIGKILL (or SIGSTOP) of a member to WorkerLostError on every survivor.
 
-Real worker processes (``tests/support/comm/worker.py``) form a round, then one member, chosen
+Real worker processes (``benchmarks/harness/comm/worker.py``) form a round, then one member, chosen
 at random, is killed. ``busy``: every member loops on 256 KiB allreduces, and the time
 is until each survivor's pending collective raises. ``idle``: members sit between
 collectives, and the time is until each survivor's communicator is broken (its
@@ -26,7 +26,7 @@ import signal
 import statistics
 from typing import Any
 
-from tests.support.comm.harness import Workers
+from benchmarks.harness.comm.workers import Workers
 
 
 def quantile(xs, q):

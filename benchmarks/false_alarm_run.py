@@ -17,7 +17,7 @@ most a silent report and a probe, never a worker. ``elastic-run -np 4 --min-np 2
 Placement: ``--placement test-hosts`` (the default; **needs root**: the hosts are network
 and PID namespaces, so run it with sudo and the project's Python; without root it ends
 with a one-line error) runs 2 workers on each
-of 2 test hosts (``tests/support/hosts/netns.py``) over ssh, so the ring, its heartbeats
+of 2 test hosts (``benchmarks/harness/netns.py``) over ssh, so the ring, its heartbeats
 and the driver's probes cross the hosts' network; ``--placement local`` runs the 4 workers
 on this machine.
 
@@ -66,12 +66,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.harness.jobs import wait_until
+from benchmarks.harness.netns import HostsError, NetnsHosts, running_hosts
 from benchmarks.harness.ours import OursJob
 from benchmarks.harness.testhosts import reap, require_root
 from benchmarks.harness.waits import STEADY_DEADLINE, BenchTimeout, wait_for
 from benchmarks.harness.workdir import bench_workdir
-from tests.support.hosts.netns import HostsError, NetnsHosts, running_hosts
-from tests.support.jobs import wait_until
 
 WORKERS = 4
 SLOTS = 2  # workers per test host

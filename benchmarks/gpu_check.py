@@ -54,10 +54,10 @@ if __name__ == "__main__" and not __package__:
         {**os.environ, "PYTHONPATH": _path},
     )
 
+from benchmarks.harness.jobs import ElasticRun
 from benchmarks.harness.paths import ROOT
 from benchmarks.harness.processes import free_port
 from benchmarks.harness.torch_groups import Group, parameters_m
-from tests.support.jobs import ElasticRun
 
 CHECKS = ROOT / "tests" / "support" / "workloads" / "torch_checks.py"
 SHRINK = ROOT / "benchmarks" / "workloads" / "nccl_shrink.py"

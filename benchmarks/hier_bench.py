@@ -1,7 +1,7 @@
 """Allreduce across test hosts: our hierarchical transport against torch gloo, and a raw
 TCP transfer between the same two hosts, interleaved in one invocation.
 
-Two test hosts (``tests/support/hosts/netns.py``: network, UTS, PID and mount namespaces
+Two test hosts (``benchmarks/harness/netns.py``: network, UTS, PID and mount namespaces
 on one machine, joined by a bridge; needs root) with two worker slots each (``--slots``):
 ranks 0, 1 on the first host, 2, 3 on the second. Every implementation runs as its own group of
 real processes on those hosts, all alive at once (``allreduce_bench.Group``), and the
@@ -40,8 +40,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.harness.allreduce import Group, available, measure, summarize
+from benchmarks.harness.netns import NetnsHost, running_hosts
 from benchmarks.harness.paths import ROOT
-from tests.support.hosts.netns import NetnsHost, running_hosts
 
 HOSTS = 2
 SLOTS = 2

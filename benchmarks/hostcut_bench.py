@@ -6,7 +6,7 @@ installs them), ``etcd`` for the ``etcd`` configuration and torch for ``torchrun
 ends with a one-line error when one is missing. Nothing else: it runs from a fresh
 checkout (the workers run this checkout's code through ``PYTHONPATH``).
 
-Three test hosts (``tests/support/hosts/netns.py``: each its own network, UTS, PID and
+Three test hosts (``benchmarks/harness/netns.py``: each its own network, UTS, PID and
 mount namespace and its own sshd). A and B run the workers, two each; C
 runs the single etcd member of the ``etcd`` configuration. The benchmark, and with it
 ours' driver and embedded store, runs here, on the hosts' bridge. Training is
@@ -85,6 +85,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.etcd_cluster import EtcdCluster
+from benchmarks.harness.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
 from benchmarks.harness.ours import OursJob
 from benchmarks.harness.paths import TORCH_STEPS
 from benchmarks.harness.processes import THREAD_ENV
@@ -92,8 +94,6 @@ from benchmarks.harness.stats import load_avg, median_or_none, summary
 from benchmarks.harness.testhosts import RDZV_PORT, reap, require_root, require_tools
 from benchmarks.harness.waits import FINISH_DEADLINE, STEADY_DEADLINE, BenchTimeout, wait_for
 from benchmarks.harness.workdir import bench_workdir
-from tests.support.etcd_cluster import EtcdCluster
-from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
 
 CONFIGS = ("embedded", "etcd", "torchrun")
 SLOTS = 2  # workers per host

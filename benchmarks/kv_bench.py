@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness.etcd_cluster import EtcdCluster
 from benchmarks.harness.stores import embedded_store
 from rendezvous import open_store
-from tests.support.etcd_cluster import EtcdCluster
 
 
 def percentile(values, q):

@@ -5,7 +5,7 @@ changes they train peer to peer, and the per-host agent (which outlives the driv
 keeps them. This benchmark measures what the driver's presence costs or gives while the
 world is steady.
 
-One job per configuration, on a real etcd (``tests.support.etcd_cluster``, loopback):
+One job per configuration, on a real etcd (``benchmarks.harness.etcd_cluster``, loopback):
 ``-np N`` workers of ``workloads/steps.py`` (each step a small matrix product, one
 allreduce, a commit, and a timestamped line in the worker's own ``*.commits`` log).
 Then, ``--samples`` times, interleaved:
@@ -51,6 +51,8 @@ import uuid
 from pathlib import Path
 
 from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.etcd_cluster import EtcdCluster
+from benchmarks.harness.jobs import ElasticRun, pid_alive
 from benchmarks.harness.paths import STEPS
 from benchmarks.harness.processes import THREAD_ENV, kill_group
 from benchmarks.harness.waits import BenchTimeout, wait_for
@@ -58,8 +60,6 @@ from benchmarks.harness.workdir import bench_workdir
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.schema.agents import AgentRecord
-from tests.support.etcd_cluster import EtcdCluster
-from tests.support.jobs import ElasticRun, pid_alive
 
 DEADLINE = 60.0  # any wait: a job's start, a lease's lapse, an adoption, the finish
 DRIVER_TIMEOUT = 600  # agents keep their workers this long with no driver: all of the run

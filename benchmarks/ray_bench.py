@@ -5,9 +5,9 @@
 Python) and Ray (the ``ray`` extra, which the test extra includes); it ends with a
 one-line error when either is missing.
 
-Two test hosts (``tests/support/hosts/netns.py``), A running the Ray head (and the
+Two test hosts (``benchmarks/harness/netns.py``), A running the Ray head (and the
 driver: a Ray driver runs on a node of its cluster) and B a Ray node
-(``tests/support/ray_cluster.py``, with health checks that find a silent node in ~3 s).
+(``benchmarks/harness/ray_cluster.py``, with health checks that find a silent node in ~3 s).
 The job: ``elastic-run --ray A:6379 --slots-per-host 2 -np 4 --min-np 2 python
 workloads/steps.py OUT``. Once 4 workers train in one round (each ``--settle-steps``
 commits in it), B's link is cut (no FIN, no RST; t0 = ``time.time()`` just before). The
@@ -38,14 +38,14 @@ import time
 from pathlib import Path
 
 from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.netns import HostsError, NetnsHosts, running_hosts
 from benchmarks.harness.paths import ROOT, WORKLOADS
 from benchmarks.harness.processes import THREAD_ENV
+from benchmarks.harness.ray_cluster import RayCluster
 from benchmarks.harness.stats import load_avg, summary
 from benchmarks.harness.testhosts import reap, require_root
 from benchmarks.harness.waits import STEADY_DEADLINE, BenchTimeout, wait_for
 from benchmarks.harness.workdir import bench_workdir
-from tests.support.hosts.netns import HostsError, NetnsHosts, running_hosts
-from tests.support.ray_cluster import RayCluster
 
 SLOTS = 2
 DEFINITION = (

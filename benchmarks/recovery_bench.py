@@ -64,6 +64,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.jobs import pid_alive
 from benchmarks.harness.ours import OursJob, fresh_worker_phases, phase_medians
 from benchmarks.harness.paths import ROOT, TORCH_STEPS
 from benchmarks.harness.processes import THREAD_ENV, free_port, kill_group
@@ -76,7 +77,6 @@ from benchmarks.harness.waits import (
     wait_for,
 )
 from benchmarks.harness.workdir import bench_workdir
-from tests.support.jobs import pid_alive
 
 DEFINITIONS = {
     "min-np": "SIGKILL -> every survivor has committed a step in a round newer than the kill round",

@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.harness import stores
+from benchmarks.harness.etcd_cluster import EtcdCluster
 from driver.hosts.slots import HostSlots
 from driver.job.messages import (
     FailureReport,
@@ -94,7 +95,6 @@ from rendezvous.schema.rounds import Plan
 from rendezvous.schema.workers import FailureRecord, WorkerInfo
 from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch
 from rendezvous.watch import follow_prefix
-from tests.support.etcd_cluster import EtcdCluster
 
 #: a member's registration lease. A worker's is 10 s (``WorkerSettings.lease_ttl``), but
 #: hundreds of simulated workers share a process on two cores, niced: a keep-alive

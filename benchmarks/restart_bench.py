@@ -22,7 +22,7 @@ steps into it, and with spares every host's pool refilled):
     as ``docs/DESIGN.md`` says). With ``--nnodes 1:2`` its agent's new rendezvous waits
     the c10d ``last_call_timeout`` for a second node (torch's default, 30 s,
     ``--torch-last-call``); ``--torch-nnodes 1`` measures a fixed world, which does not.
-* ``hostcut`` (needs root: test hosts, ``tests/support/hosts/netns.py``): two workers on
+* ``hostcut`` (needs root: test hosts, ``benchmarks/harness/netns.py``): two workers on
   each of hosts A and B; B's link is cut (no FIN, no RST), then B comes back as a
   rebooted machine (its processes killed, its link restored) and the world grows back
   to 4 before the next cut.
@@ -72,14 +72,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from benchmarks.harness.jobs import ElasticRun, pid_alive
+from benchmarks.harness.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
 from benchmarks.harness.paths import ROOT
 from benchmarks.harness.processes import THREAD_ENV, free_port, kill_group
 from benchmarks.harness.stats import load_avg, median_or_none
 from benchmarks.harness.testhosts import RDZV_PORT, reap, require_root
 from benchmarks.harness.waits import BenchTimeout, wait_for
 from benchmarks.harness.workdir import bench_workdir
-from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
-from tests.support.jobs import ElasticRun, pid_alive
 
 SCRIPT = ROOT / "examples" / "torchrun" / "train_ddp.py"
 STEP = re.compile(r"rank (\d+)/(\d+) restart (\d+): step (\d+)")

@@ -6,8 +6,8 @@ Python), Debian's ``slurmctld``, ``slurmd`` and ``slurm-client``, ``etcd``, and 
 the ``torchrun`` configuration (``scripts/test`` installs them all); it ends with a
 one-line error when one is missing.
 
-Three test hosts (``tests/support/hosts/netns.py``), A and B Slurm nodes
-(``tests/support/slurm.py``: ``slurmctld`` here, a ``slurmd`` in each), C the etcd member
+Three test hosts (``benchmarks/harness/netns.py``), A and B Slurm nodes
+(``benchmarks/harness/slurm.py``: ``slurmctld`` here, a ``slurmd`` in each), C the etcd member
 ours' joined nodes rendezvous on. Each allocation is ``sbatch --no-kill
 --ntasks-per-node 2`` of the recipe a user writes:
 
@@ -60,15 +60,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.etcd_cluster import EtcdCluster
+from benchmarks.harness.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
 from benchmarks.harness.paths import ROOT, TORCH_STEPS, WORKLOADS
 from benchmarks.harness.processes import THREAD_ENV
+from benchmarks.harness.slurm import SlurmCluster
 from benchmarks.harness.stats import load_avg, summary
 from benchmarks.harness.testhosts import reap, require_root, require_tools
 from benchmarks.harness.waits import STEADY_DEADLINE, BenchTimeout, wait_for
 from benchmarks.harness.workdir import bench_workdir
-from tests.support.etcd_cluster import EtcdCluster
-from tests.support.hosts.netns import HostsError, NetnsHost, NetnsHosts, running_hosts
-from tests.support.slurm import SlurmCluster
 
 SYSTEMS = ("ours", "torchrun")
 SLOTS = 2

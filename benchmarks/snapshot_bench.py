@@ -57,12 +57,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.harness.jobs import ElasticRun
 from benchmarks.harness.paths import ROOT
 from benchmarks.harness.processes import THREAD_ENV, free_port, kill_group
 from benchmarks.harness.stats import median_or_none
 from benchmarks.harness.waits import wait_for
 from benchmarks.harness.workdir import bench_workdir
-from tests.support.jobs import ElasticRun
 
 TRAIN = Path(__file__).resolve().parent / "workloads" / "snapshot_train.py"
 WORKERS = 2

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.harness.commits import CommitLog
+from benchmarks.harness.jobs import ElasticRun, pid_alive
 from benchmarks.harness.paths import STEPS
 from benchmarks.harness.processes import THREAD_ENV, kill_group
 from benchmarks.harness.stats import median_or_none
 from benchmarks.harness.waits import FINISH_DEADLINE, BenchTimeout
-from tests.support.jobs import ElasticRun, pid_alive
 
 #: the phases of a fresh worker's start, in order (``workloads/steps.py`` records them)
 FRESH_PHASES = ("spawned", "start", "init", "joined")
@@ -50,7 +50,7 @@ def phase_medians(rows: list[dict], prefix: str) -> dict:
 
 
 class OursJob:
-    """``elastic-run`` running ``workloads/steps.py`` (through ``tests.support.jobs.ElasticRun``:
+    """``elastic-run`` running ``workloads/steps.py`` (through ``benchmarks.harness.jobs.ElasticRun``:
     its own process group, events file, and a ``stop()`` that reaps every worker).
 
     ``workload_args``: more arguments for ``steps.py``; ``env``: more environment for

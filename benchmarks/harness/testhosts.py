@@ -1,4 +1,4 @@
-"""The test hosts a benchmark runs on (network and PID namespaces, ``tests.support.hosts``):
+"""The test hosts a benchmark runs on (network and PID namespaces, ``benchmarks.harness.netns``):
 what it needs to make them, and reaping what ran there."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import os
 import signal
 import sys
 
+from benchmarks.harness.etcd_cluster import ETCD
+from benchmarks.harness.netns import NetnsHost
 from benchmarks.harness.waits import BenchTimeout, wait_for
-from tests.support.etcd_cluster import ETCD
-from tests.support.hosts.netns import NetnsHost
 
 #: torchrun's c10d rendezvous port on a test host's own network namespace (nothing else
 #: there uses it)

@@ -3,7 +3,7 @@ of the run (``BenchTimeout``, written into its line), not a crash."""
 
 from __future__ import annotations
 
-from tests.support.jobs import wait_until
+from benchmarks.harness.jobs import wait_until
 
 #: every wait has a deadline: a recovery (torchrun restarts N processes importing
 #: torch on a loaded 2-core machine) and reaching a steady world again

@@ -20,7 +20,7 @@ def test_hosts_are_separate_machines(three_hosts):
     names = {h.run(["hostname"]).stdout.strip() for h in three_hosts}
     assert names == {a.name, b.name, c.name} and socket.gethostname() not in names
     # Their own process ids: PID 1 is the host's init, and ps sees only the host.
-    assert "tests.support.hosts.netns_init" in a.run(["cat", "/proc/1/cmdline"]).stdout
+    assert "benchmarks.harness.netns_init" in a.run(["cat", "/proc/1/cmdline"]).stdout
     # A private /dev/shm: a segment made on one host is seen on no other, nor here.
     assert a.run(["sh", "-c", "echo x > /dev/shm/elastic-probe && ls /dev/shm"]).stdout.split() == [
         "elastic-probe"

@@ -1,6 +1,6 @@
-"""PID 1 of a test host (see ``tests/support/hosts/netns.py``); runs inside the host's namespaces.
+"""PID 1 of a test host (see ``benchmarks/harness/netns.py``); runs inside the host's namespaces.
 
-    python -m tests.support.hosts.netns_init HOSTNAME SSHD_CONFIG
+    python -m benchmarks.harness.netns_init HOSTNAME SSHD_CONFIG
 
 Sets the host name (its own UTS namespace), mounts a private tmpfs on /dev/shm (its
 own mount namespace), starts the host's sshd in the foreground and then does what an

@@ -1,7 +1,7 @@
 """A ring worker process for the tests, driven by JSON lines on stdin; it answers with
 JSON lines ("events") on stdout.
 
-    python -m tests.support.comm.worker --secret S [--bind ADDRESS]
+    python -m benchmarks.harness.comm.worker --secret S [--bind ADDRESS]
 
 On start it opens a RingListener on ADDRESS (default loopback) and prints {"event": "listening", "address", "pid"}.
 Commands ({"cmd": ...}):
@@ -33,8 +33,8 @@ import traceback
 
 import numpy as np
 
+from benchmarks.harness.comm.battery import run_battery
 from elastic.comm import CommSettings, Membership, RingCommunicator, RingListener
-from tests.support.comm.battery import run_battery
 
 _out_lock = threading.Lock()
 
