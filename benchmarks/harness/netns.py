@@ -39,9 +39,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from benchmarks.harness.jobs import pid_alive, wait_until
 from benchmarks.harness.paths import ROOT
 
 SUBNET_PREFIX = "10.213"
@@ -61,16 +61,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     with contextlib.suppress(OSError):
@@ -88,14 +78,8 @@ def _ns_inode(pid: int, kind: str) -> int | None:
 
 
 def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise HostsError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)  # polling a condition with a deadline
+    """``wait_until``, a host's error (``HostsError``) when the time is up."""
+    return wait_until(predicate, timeout, what, error=HostsError)
 
 
 class NetnsHost:
@@ -447,7 +431,7 @@ def reap_abandoned() -> None:
             owner = int(record.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             owner = 0
-        if owner and _pid_alive(owner):
+        if owner and pid_alive(owner):
             continue
         net = int(record.name[3:]) if record.name[3:].isdigit() else None
         if net is None:
