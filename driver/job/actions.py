@@ -21,12 +21,9 @@ from typing import Callable
 
 from driver import events as ev
 from driver.errors import LauncherError, LaunchError
-from driver.job.fenced import FencedStore
 from driver.job.lead import JobLead
-from driver.job.processes import HeldWorkers
-from driver.job.session import StoreSession
-from driver.job.state import JobState
 from driver.job.wiring import WorkerSeat, seat_env, worker_spec, world_spare_spec, world_spec
+from driver.job.worker_parts import WorkerParts
 from driver.launch.spec import LaunchSpec
 from driver.policy import decisions as dec
 from driver.policy import lifecycle, planner
@@ -60,22 +57,17 @@ class WorkerActions:
 
     def __init__(
         self,
-        state: JobState,
-        session: StoreSession,
-        fenced: FencedStore,
-        held: HeldWorkers,
+        parts: WorkerParts,
         lead: JobLead,
         events: ev.EventSink,
         clock: Callable[[], float],
     ):
-        self._state = state
-        self._session = session
-        self._fenced = fenced
-        self._held = held
+        self._state, self._session = parts.state, parts.session
+        self._fenced, self._held = parts.fenced, parts.held
         self._lead = lead
         self._events = events
         self._clock = clock
-        self._config = session.config
+        self._config = parts.session.config
 
     def launch(self, decision: dec.Launch) -> Decisions:
         return self._start(decision.host, decision.slot, spare=False)

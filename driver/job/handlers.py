@@ -19,10 +19,8 @@ from typing import Callable
 from driver import events as ev
 from driver.job import messages as msg
 from driver.job.chaos import ChaosMonkey
-from driver.job.fenced import FencedStore
-from driver.job.processes import HeldWorkers, ask_stacks
-from driver.job.session import StoreSession
-from driver.job.state import JobState
+from driver.job.processes import ask_stacks
+from driver.job.worker_parts import WorkerParts
 from driver.policy import decisions as dec
 from driver.policy import (
     exits,
@@ -50,22 +48,17 @@ class MessageHandlers:
 
     def __init__(
         self,
-        state: JobState,
-        session: StoreSession,
-        fenced: FencedStore,
-        held: HeldWorkers,
+        parts: WorkerParts,
         chaos: ChaosMonkey | None,
         events: ev.EventSink,
         clock: Callable[[], float],
     ):
-        self._state = state
-        self._session = session
-        self._fenced = fenced
-        self._held = held
+        self._state, self._session = parts.state, parts.session
+        self._fenced, self._held = parts.fenced, parts.held
         self._chaos = chaos
         self._events = events
         self._clock = clock
-        self._config = session.config
+        self._config = parts.session.config
         # Registrations whose lease lapsed while the store was in trouble, not yet
         # written again: read again after ``RETURN_GRACE`` (``on_registration_read``).
         self._lapsed: set[str] = set()

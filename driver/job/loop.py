@@ -67,6 +67,7 @@ from driver.job.session import StoreSession
 from driver.job.shards import JobShards
 from driver.job.state import JobState
 from driver.job.wiring import runs_all_local
+from driver.job.worker_parts import WorkerParts
 from driver.join import ended
 from driver.launch.assignments.service import AgentService, AgentWiring, NoAgents
 from driver.launch.base import Launcher
@@ -169,8 +170,9 @@ class Job:
             AdoptedProcesses(adopted_exit_reporter(fenced, self.keys, self.post)),
         )
         self._lead = lead = JobLead(state, session, fenced, self.hosts, held, events, clock)
-        self._actions = WorkerActions(state, session, fenced, held, lead, events, clock)
-        self._messages = MessageHandlers(state, session, fenced, held, self._chaos, events, clock)
+        parts = WorkerParts(state, session, fenced, held)
+        self._actions = WorkerActions(parts, lead, events, clock)
+        self._messages = MessageHandlers(parts, self._chaos, events, clock)
         self._stops = stopping.StopControl(state, session, lead, self._messages, events, clock)
         self._host_actions = HostActions(state, self.hosts, agents, events, clock, self.post)
         self._dispatch = Dispatch(state, self._decision_handlers(), self._message_handlers())
