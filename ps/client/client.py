@@ -34,7 +34,7 @@ import numpy as np
 from ps import wire
 from ps.client.create import CreateRequest, create_requests
 from ps.client.fanout import Fanout
-from ps.client.link import ShardLink, where
+from ps.client.link import LinkSettings, ShardLink, where
 from ps.client.rounds import RoundSource, RoundTracker
 from ps.client.sync import sync_step
 from ps.errors import (
@@ -130,15 +130,10 @@ class PSClient:
     # ------------------------------------------------------------ plumbing
     def _new_link(self, index: int, target: str | ShardInfo) -> ShardLink:
         address, incarnation = where(target)
+        s = self.settings
+        link = LinkSettings(s.lanes, s.chunk_bytes, s.call_timeout)
         return ShardLink(
-            index,
-            address,
-            self._secret,
-            self.settings.lanes,
-            self.settings.chunk_bytes,
-            self._part_pool,
-            self.settings.call_timeout,
-            incarnation,
+            index, address, self._secret, link, pool=self._part_pool, incarnation=incarnation
         )
 
     def _refresh(self, index: int) -> bool:

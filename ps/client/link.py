@@ -23,7 +23,7 @@ import logging
 import threading
 import uuid
 from concurrent.futures import Executor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ps.client.bulk import BulkClient
@@ -52,31 +52,40 @@ def where(target: str | ShardInfo) -> tuple[str, str | None]:
     return target, None
 
 
+@dataclass(frozen=True)
+class LinkSettings:
+    """How a ``ShardLink`` talks to its shard: at most ``lanes`` parts at once, each part
+    at most ``chunk_bytes``, every call within ``timeout`` seconds."""
+
+    lanes: int = 1
+    chunk_bytes: int = 4 << 20
+    timeout: float = 30.0
+
+
 class ShardLink:
     """Requests to shard ``index`` at ``address``, proofs made for its process
     ``incarnation`` (None: asked of it; ``RpcClient``); ``request`` hides the chunking.
-    Parts run on ``pool`` (serially without one), at most ``lanes`` at once."""
+    Parts run on ``pool`` (serially without one), as ``settings`` says."""
 
     def __init__(
         self,
         index: int,
         address: str,
         secret: str,
-        lanes: int = 1,
-        chunk_bytes: int = 4 << 20,
+        settings: LinkSettings = LinkSettings(),
+        *,
         pool: Executor | None = None,
-        timeout: float = 30.0,
         incarnation: str | None = None,
     ):
         self.index = index
         self.address = address
         self.incarnation = incarnation
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = settings.chunk_bytes
         self._secret = secret
-        self._lanes = lanes
+        self._lanes = settings.lanes
         self._pool = pool
-        self._timeout = timeout
-        self._rpc = RpcClient(address, SERVICE, secret, timeout, incarnation)
+        self._timeout = settings.timeout
+        self._rpc = RpcClient(address, SERVICE, secret, settings.timeout, incarnation)
         self._bulk: BulkClient | None = None
         self._bulk_lock = threading.Lock()
 

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ps.client.link import ShardLink
+from ps.client.link import LinkSettings, ShardLink
 from ps.errors import (
     RETRYABLE,
     PSError,
@@ -194,9 +194,8 @@ class Mirror:
             self.settings.index,
             address,
             self._secret,
-            LANES,
+            LinkSettings(LANES, timeout=self.settings.mirror_timeout),
             pool=self._parts,
-            timeout=self.settings.mirror_timeout,
             incarnation=incarnation,
         )
 

@@ -19,7 +19,6 @@ STILL_WIDE = frozenset(
         "elastic/comm/peers/monitor.py:FailureMonitor",
         "elastic/comm/transports/tcp_ring.py:TcpRing",
         "elastic/torch/reducer.py:GradientReducer",
-        "ps/client/link.py:ShardLink",
     }
 )
 
