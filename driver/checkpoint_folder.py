@@ -49,3 +49,18 @@ def claim_checkpoint_dir(config: JobConfig) -> tuple[JobConfig, FolderClaim | No
     if verdict.job_id != config.job_id:
         config = dataclasses.replace(config, job_id=verdict.job_id)
     return config, hold, verdict.why
+
+
+def newest_snapshot(directory: str, job_id: str) -> int | None:
+    """The step of job ``job_id``'s newest complete snapshot in ``directory`` (or in a
+    host's own folder in it) that this host can see; None for none. Read from the
+    folder itself: a snapshot written while the store was away was never announced."""
+    from elastic.snapshots import files  # (the manifests' format; only at a job's end)
+
+    steps = [
+        manifest.step
+        for root in files.roots(directory)
+        for manifest, _ in files.complete(root)
+        if manifest.job_id == job_id
+    ]
+    return max(steps, default=None)

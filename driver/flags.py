@@ -424,7 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_ELASTIC_TIMEOUT,
         metavar="SEC",
         help="fail the job after waiting this long for --min-np "
-        "workers once training started (default: %(default)s)",
+        "workers once training started, or for a rendezvous store that does not "
+        "answer (the workers train on meanwhile; with --checkpoint-dir rank 0 keeps "
+        "snapshotting alone, so the job ends with a snapshot at most "
+        "--checkpoint-interval old) (default: %(default)s)",
     )
     fault.add_argument(
         "--driver-timeout",

@@ -73,6 +73,7 @@ from rendezvous.net import addresses
 from rendezvous.schema.rounds import Member, handover_for, plan_is_current
 from rendezvous.schema.workers import WorkerInfo
 from rendezvous.store import KVStore
+from rendezvous.store_reach import StoreReach
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,9 @@ class WorkerRuntime:
         # The round of its newest commit: a commit is made after the round's sync and
         # its step's collectives, so every member of that round holds the state.
         self.commit_round = 0
+        # How the store took rank 0's progress writes: while it is away, rank 0 writes
+        # the snapshots alone (``elastic.snapshots.snapshotter``).
+        self.store_reach = StoreReach()
 
     # ---- start / stop ----
     def start(self) -> None:

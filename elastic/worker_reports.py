@@ -19,6 +19,7 @@ from rendezvous.keys import JobKeys
 from rendezvous.schema.rounds import Member
 from rendezvous.schema.workers import FailureRecord, FinishRecord, ProgressRecord, progress_period
 from rendezvous.store import Compare, KVStore, Put
+from rendezvous.store_reach import StoreReach
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class Progressing(Protocol):
     keys: JobKeys
     committed: int
     commit_round: int
+    store_reach: StoreReach
 
     @property
     def store(self) -> KVStore | None: ...
@@ -62,7 +64,8 @@ def publish_progress(
             continue
         record = ProgressRecord(committed, runtime.round_id, worker_id, runtime.commit_round)
         try:
-            store.put(runtime.keys.progress, record.to_json())
+            with runtime.store_reach.looking():
+                store.put(runtime.keys.progress, record.to_json())
             published = True
         except RendezvousError as exc:  # progress is a report: the next one will do
             log.debug("could not publish progress: %s", exc)

@@ -9,7 +9,9 @@
   ``--elastic-timeout`` posts ``StoreLost``;
 * ``probe_store``: one read every ``PROBE_INTERVAL`` through a client whose calls give
   up within seconds, and the events ``store_health`` says of it, emitted from the
-  probe's thread (the watches retry in silence; this is how the driver knows);
+  probe's thread (the watches retry in silence; this is how the driver knows); an
+  etcd that stalls keeps its watches open, so the probe also posts ``StoreLost`` for an
+  outage longer than ``--elastic-timeout`` (``store_outage_over``);
 * ``poll_discovery``: the discovery script every ``--discovery-interval`` (``HostsFound``
   or ``DiscoveryFailed``);
 * ``posting_signals``: SIGINT and SIGTERM as ``SignalReceived``, SIGUSR1 as ``StacksAsked``.
@@ -22,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable
 
 from driver.errors import DiscoveryError
@@ -45,7 +48,7 @@ from driver.job.messages import (
 )
 from driver.job.store_trouble import StoreTrouble
 from driver.policy.decisions import StoreHealth
-from driver.policy.reports import store_health
+from driver.policy.reports import store_health, store_outage_over
 from driver.threads import spawn
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
@@ -128,19 +131,32 @@ def follow_workers_and_failures(
     records(keys.preemptions, lambda kv: HostPreempted(kv.value.decode(errors="replace")))
 
 
+@dataclass(frozen=True)
+class StoreProbe:
+    """What the store's probe tells, and to whom: ``emit`` what it says of the store
+    (the events), ``trouble`` each look (``driver.job.store_trouble``), ``lost`` the
+    outage that outlasted ``bound`` seconds (``--elastic-timeout``: the job ends)."""
+
+    emit: Callable[[Event], object]
+    trouble: StoreTrouble | None = None
+    lost: Callable[[str], object] | None = None
+    bound: float = float("inf")
+
+
 def probe_store(
     client: KVStore,
-    emit: Callable[[Event], object],
+    tells: StoreProbe,
     stop: threading.Event,
     interval: float = PROBE_INTERVAL,
     clock: Callable[[], float] = time.monotonic,
-    trouble: StoreTrouble | None = None,
 ) -> None:
     """Read the store's revision every ``interval`` seconds through ``client`` (its calls
-    must give up within seconds) in a daemon thread until ``stop``, and ``emit`` what
-    ``driver.policy.reports.store_health`` says of it. The thread says it itself, not
-    through the loop: the loop may be the one waiting for the store. ``client`` is the
-    caller's. ``trouble``: where each look is noted (``driver.job.store_trouble``)."""
+    must give up within seconds) in a daemon thread until ``stop``, and tell what
+    ``driver.policy.reports.store_health`` says of it (``tells``). The thread says it
+    itself, not through the loop: the loop may be the one waiting for the store. An
+    outage past ``tells.bound`` is told once, and the probe ends. ``client`` is the
+    caller's."""
+    trouble = tells.trouble
 
     def probe() -> None:
         health = StoreHealth()
@@ -156,9 +172,14 @@ def probe_store(
                 trouble.answered(answered)
             if stop.is_set():
                 return
-            health, said = store_health(health, answered, error, clock())
+            now = clock()
+            health, said = store_health(health, answered, error, now)
             for event in said:
-                emit(event)
+                tells.emit(event)
+            over = store_outage_over(health, now, tells.bound)
+            if over is not None and tells.lost is not None:
+                tells.lost(over)
+                return
 
     spawn("store-probe", probe)
 

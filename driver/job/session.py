@@ -142,7 +142,13 @@ class StoreSession:
             revision=revision,
         )
         self._probe = quick_store(self.store_url, self.secret)
-        feeds.probe_store(self._probe, self._events.emit, self._stop, trouble=self.store_trouble)
+        tells = feeds.StoreProbe(
+            self._events.emit,
+            self.store_trouble,
+            lost=lambda reason: self._post(msg.StoreLost(reason)),
+            bound=cfg.elastic_timeout,
+        )
+        feeds.probe_store(self._probe, tells, self._stop)
 
     def _standing_by(self, leader: DriverRecord) -> None:
         self._agree()

@@ -34,17 +34,20 @@ def store_lost_line(
     progress_step: int | None,
     snapshots: tuple[SnapshotHeld, ...],
     checkpoint_dir: str | None,
+    on_disk: int | None = None,
 ) -> str:
     """The line a job ends with when its store stayed away past ``--elastic-timeout``
     (``reason``: for how long, and the last error): the newest commit the driver heard
-    of, and what of it stands on disk. A snapshot needs the store to be taken (its
-    writers agree through it, ``elastic.snapshots.coordination``), so the one that
-    stands is the newest completed before the outage."""
+    of, and what of it stands on disk: the newest snapshot the driver heard of, or
+    ``on_disk``, the newest it found in the folder (while the store is away, rank 0
+    writes the snapshots alone and cannot announce them,
+    ``elastic.snapshots.snapshotter``)."""
     heard = f"; the newest step heard committed was {progress_step}" if progress_step else ""
+    steps = [held.step for held in snapshots] + ([on_disk] if on_disk is not None else [])
     if not checkpoint_dir:
         kept = "; there is no --checkpoint-dir, so nothing of the state is kept"
-    elif snapshots:
-        step = max(held.step for held in snapshots)
+    elif steps:
+        step = max(steps)
         kept = (
             f"; the newest snapshot, of step {step}, stands in --checkpoint-dir "
             f"{checkpoint_dir}: the same command resumes from it"

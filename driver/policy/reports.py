@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from driver.config import JobConfig
 from driver.events import Event, HostDiscoveryFailed, Progress, StoreBack, StoreUnreachable, Waiting
-from driver.events.base import plural
+from driver.events.base import format_seconds, plural
 from driver.policy.decisions import Book, Decision, HostsView, Report, Step, StoreHealth, Wait
 from driver.policy.memory.hosts import DiscoveryError
 from driver.policy.memory.progress import ProgressBook, ProgressSample
@@ -165,6 +165,19 @@ def store_health(
         return replace(health, error=error), []
     since = round(now - health.down_since, 3)
     return StoreHealth(health.down_since, now, error), [StoreUnreachable(since, error)]
+
+
+def store_outage_over(health: StoreHealth, now: float, bound: float) -> str | None:
+    """Why the job ends now, when the store has not answered for longer than ``bound``
+    (``--elastic-timeout``) by ``now``; None while it answers or the outage is shorter.
+    The ring trains without the store, but no worker lost meanwhile can be replaced,
+    no snapshot agreed on and no plan changed: an outage without end would hold the
+    job (and its hosts) for as long as it lasts."""
+    if health.down_since is None or now - health.down_since <= bound:
+        return None
+    away = format_seconds(now - health.down_since)
+    last = f" (last error: {health.error})" if health.error else ""
+    return f"it has not answered for {away}, more than --elastic-timeout {bound:g}s{last}"
 
 
 def progress_reported(

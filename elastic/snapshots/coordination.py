@@ -173,15 +173,17 @@ class StoreCoordination(Coordination):
 
     def ask(self, at: SnapshotAt) -> None:
         self._take(at.to_json())  # rank 0 need not wait for its own watch
-        threading.Thread(
-            target=self._put,
-            args=(self._keys.snapshot_at, at.to_json()),
-            name="elastic-snapshot-ask",
-            daemon=True,
-        ).start()
+        self._put_aside("elastic-snapshot-ask", self._keys.snapshot_at, at.to_json())
 
     def part_written(self, group: str, at: SnapshotAt, part: SnapshotPart) -> None:
-        self._put(self._keys.snapshot_part(group, at.step, at.token, part.part), part.to_json())
+        # (aside: the writer's thread must not wait on a store that stalls; the next
+        # snapshot, written alone meanwhile, would wait behind it)
+        key = self._keys.snapshot_part(group, at.step, at.token, part.part)
+        self._put_aside("elastic-snapshot-part", key, part.to_json())
+
+    def _put_aside(self, name: str, key: str, value: bytes) -> None:
+        """``_put`` in a thread of its own (the caller goes on at once)."""
+        threading.Thread(target=self._put, args=(key, value), name=name, daemon=True).start()
 
     def say(self, key: str, record: SnapshotRecord) -> None:
         self._put(key, record.to_json())

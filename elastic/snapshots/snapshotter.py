@@ -23,6 +23,13 @@ member offers and loads when a round syncs, and the snapshot a round asks for.
 * **A full disk.** A file of a snapshot the disk refuses for want of space is written
   once more after the oldest of this job's snapshots made room (``files.make_room``:
   never the newest complete one); when that fails too, the snapshot is abandoned.
+* **While the store is away.** Its writers cannot agree through a store that does not
+  answer (an etcd that stalls: the ring trains on), so while rank 0's writes to it
+  have gone unanswered for ``ALONE_AFTER`` seconds (``store_away``), rank 0 writes
+  the periodic snapshots alone, every part of the replicated state itself, and
+  completes them without the others; what it would tell the driver is told when the
+  store answers, if it does. A job ended by a long outage (``--elastic-timeout``)
+  thus keeps a snapshot at most one interval old.
 * **On request.** A round the driver publishes with a snapshot to take
   (``Plan.snapshot``: a stop, or a host about to go) makes every member write its part
   of the commit they just synced, and wait until it is durable.
@@ -68,6 +75,10 @@ PROBES = ".probes"
 # commit, so it completes in a moment, and a thread left running at the interpreter's
 # exit can abort it (torch's threads). A peer that is gone makes it wait this long, no more.
 CLOSE_WAIT = 3.0
+ALONE_AFTER = 3.0
+"""Seconds the store has not taken rank 0's writes after which rank 0 snapshots alone
+(longer than a slow answer, ``rendezvous.store_reach.SLOW_ANSWER``: a blip does not
+make the members' parts one writer's)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,7 @@ class _Job:
     layout: Layout
     asked: float  # when the commit was made (monotonic)
     final: bool = False
+    alone: bool = False  # every part written here, completed without the others
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     error: str | None = None  # why this part, or the snapshot, was not written
 
@@ -154,7 +166,8 @@ class Snapshotter:
     ``round_info()``: the round this process is in (None before its first);
     ``superseded(round_id)``: whether a newer round came (or the process is closing);
     ``coordination``: how it agrees with the other writers; ``keys``: the job's (its id
-    is recorded in each manifest); ``clock``: monotonic time.
+    is recorded in each manifest); ``store_away()``: for how long the store has not
+    taken this process's writes (0.0 while it does); ``clock``: monotonic time.
     """
 
     def __init__(
@@ -164,9 +177,11 @@ class Snapshotter:
         round_info: Callable[[], Round | None],
         superseded: Callable[[int], bool],
         keys: JobKeys,
+        store_away: Callable[[], float] = lambda: 0.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.settings = settings
+        self._store_away = store_away
         self._coordination = coordination
         self._round_info = round_info
         self._superseded = superseded
@@ -199,9 +214,11 @@ class Snapshotter:
             return
         self._timer = self._timer.observe(commits, now)
         since = self._since if self._since is not None else now
-        if self._coordination.alone:
+        alone = self._coordination.alone or (where.rank == 0 and self._store_away() > ALONE_AFTER)
+        if alone:
             if now >= since + self.settings.interval:
-                self._capture(state, SnapshotAt(where.round_id, commits, _token()), layout, now)
+                now_at = SnapshotAt(where.round_id, commits, _token())
+                self._capture(state, now_at, dataclasses.replace(layout, index=0, parts=1), now)
             return
         if where.rank == 0 and (
             self._asked is None or self._asked[0] != where.round_id or self._asked[1] < commits
@@ -239,7 +256,7 @@ class Snapshotter:
             self._disabled = f"{type(state).__name__} does not say what to snapshot"
             log.warning("snapshots are off: %s", self._disabled)
             return None
-        job = _Job(state, payload, at, layout, now, final)
+        job = _Job(state, payload, at, layout, now, final, alone=layout.parts == 1)
         self._jobs.put(job)
         return job
 
@@ -462,14 +479,15 @@ class Snapshotter:
             job.error = why
         finally:
             job.state._snapshot_returned(job.payload)
-        self._coordination.part_written(layout.group, at, part)
+        if not job.alone:
+            self._coordination.part_written(layout.group, at, part)
         if layout.index != 0:
             job.done.set()
             return
         entries = tuple(files.LeafEntry(leaf.kind, leaf.meta, leaf.nbytes) for leaf in leaves)
         finisher = threading.Thread(
             target=self._finish,
-            args=(job, folder, skeleton_entry, entries, structure),
+            args=(job, folder, skeleton_entry, entries, structure, part),
             name="elastic-snapshot-finish",
             daemon=True,
         )
@@ -508,17 +526,23 @@ class Snapshotter:
         skeleton: files.FileEntry | None,
         leaves: tuple[files.LeafEntry, ...],
         structure: Structure,
+        mine: SnapshotPart,
     ) -> None:
-        """Part 0's writer: wait for every part, then write the manifest (the snapshot is
-        complete), say so and prune the oldest; or abandon it and say why."""
+        """Part 0's writer: wait for every part (``mine`` is part 0; a snapshot written
+        alone has no other), then write the manifest (the snapshot is complete), prune
+        the oldest and say so; or abandon it and say why."""
         at, layout = job.at, job.layout
         try:
-            got = self._coordination.wait_parts(
-                layout.group,
-                at,
-                layout.parts,
-                self._clock() + self.settings.part_deadline,
-                lambda: self._superseded(at.round_id),
+            got = (
+                (mine.error or [mine])
+                if job.alone
+                else self._coordination.wait_parts(
+                    layout.group,
+                    at,
+                    layout.parts,
+                    self._clock() + self.settings.part_deadline,
+                    lambda: self._superseded(at.round_id),
+                )
             )
             if isinstance(got, str) or skeleton is None:
                 self._abandon(
@@ -558,11 +582,15 @@ class Snapshotter:
                 seconds=seconds,
                 bytes=manifest.nbytes,
             )
+            if job.alone:  # (the store may not answer for long: the snapshot stands now)
+                files.prune(layout.root, self.settings.keep, at.step, self._keys.job_id, structure)
+                job.done.set()
             self._coordination.say(self._keys.snapshot_done(layout.group), record)
-            # after: it may be slow
-            files.prune(layout.root, self.settings.keep, at.step, self._keys.job_id, structure)
+            if not job.alone:  # after: it may be slow
+                files.prune(layout.root, self.settings.keep, at.step, self._keys.job_id, structure)
         finally:
-            self._coordination.forget_parts(layout.group, at)
+            if not job.alone:
+                self._coordination.forget_parts(layout.group, at)
             job.done.set()
 
     def _abandon(self, job: _Job, folder: str, why: str) -> None:

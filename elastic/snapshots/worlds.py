@@ -46,7 +46,14 @@ def snapshots_of_job(runtime: WorkerRuntime) -> Snapshotter | None:
             plan.snapshot_token,
         )
 
-    return Snapshotter(settings, coordination, round_info, runtime.superseded, runtime.keys)
+    return Snapshotter(
+        settings,
+        coordination,
+        round_info,
+        runtime.superseded,
+        runtime.keys,
+        store_away=runtime.store_reach.away_for,
+    )
 
 
 def snapshots_alone() -> Snapshotter | None:

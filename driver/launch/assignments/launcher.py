@@ -589,16 +589,19 @@ class AgentLauncher(Launcher, AgentService):
         """Stop the watches of the agents' records and reports (the driver is done)."""
         self._unfollow.set()
 
-    def close(self, timeout: float = STOP_GRACE + REAP_TIMEOUT) -> None:
+    def close(self, tell: bool = True, timeout: float = STOP_GRACE + REAP_TIMEOUT) -> None:
         """The job is over: say so (``JobKeys.ended``: every agent stops what it runs
         and exits) and wait up to ``timeout`` for the agents' processes; stop those
-        still running."""
+        still running. Not ``tell``: the store is lost, so the agents' processes are
+        stopped at once (SIGTERM, SIGKILL after the grace: their workers go with them)."""
         with self._lock:
             self._closing = True
             agents = list(self._agents.values())
         if not agents:
             return
-        if self._store is not None:
+        if not tell:
+            timeout = 0.0
+        elif self._store is not None:
             try:
                 self._steer(self._keys.ended, b"1")
             except (RendezvousError, LeadershipLost) as exc:

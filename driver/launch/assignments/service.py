@@ -118,8 +118,9 @@ class AgentService(abc.ABC):
         registration, ``on_host_lost`` a start that failed."""
 
     @abc.abstractmethod
-    def close(self) -> None:
-        """The job is over: every agent stops what it runs and exits."""
+    def close(self, tell: bool = True) -> None:
+        """The job is over: every agent stops what it runs and exits (told through the
+        store; not ``tell``: the store is lost, so the agents' processes are stopped)."""
 
     @abc.abstractmethod
     def stop_following(self) -> None:
@@ -156,7 +157,7 @@ class NoAgents(AgentService):
     def prepare(self, host: str) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, tell: bool = True) -> None:
         pass
 
     def stop_following(self) -> None:

@@ -114,6 +114,15 @@ def test_an_unreachable_store_is_said_at_once_again_and_when_back():
     assert str(said[0]) == "the rendezvous store is back after 10s"
 
 
+def test_an_outage_past_the_bound_ends_the_job_and_a_shorter_one_does_not():
+    assert reports.store_outage_over(StoreHealth(), 1000.0, 12.0) is None
+    away = StoreHealth(down_since=100.0, said_at=100.0, error="deadline exceeded")
+    assert reports.store_outage_over(away, 112.0, 12.0) is None  # (a stall ridden out)
+    why = reports.store_outage_over(away, 113.5, 12.0)
+    assert why is not None
+    assert "more than --elastic-timeout 12s" in why and "deadline exceeded" in why
+
+
 class Reports:
     """The driver's side of rank 0's progress records, on a fake clock: ``report`` is
     a record heard at ``now``, ``line`` a turn of the progress rule (its event, if it
