@@ -33,7 +33,7 @@ from elastic.comm.base import CommSettings, Communicator, FailureCallback, Membe
 from elastic.comm.outbuf import OutputCache
 from elastic.comm.peers.links import Connector, NeighbourLinks
 from elastic.comm.peers.listener import RingListener
-from elastic.comm.peers.monitor import AbortNotice, FailureMonitor
+from elastic.comm.peers.monitor import AbortNotice, FailureMonitor, MonitorHooks
 from elastic.comm.setup_errors import TYPED_ERRORS, setup_break
 from elastic.comm.transports.base import (
     Interrupted,
@@ -181,10 +181,12 @@ class RingCommunicator(Communicator):
             [(ctrl_left, links.left), (ctrl_right, links.right)],
             [(data_left, links.left), (data_right, links.right)],
             settings,
-            lost=lambda rank, why, cause: self._lost(rank, why, cause, direct=rank is not None),
-            closing=self._on_peer_closing,
-            aborted=self._on_abort,
-            silent=self._on_peer_silent,
+            MonitorHooks(
+                lost=lambda rank, why, cause: self._lost(rank, why, cause, direct=rank is not None),
+                closing=self._on_peer_closing,
+                aborted=self._on_abort,
+                silent=self._on_peer_silent,
+            ),
         )
         with self._lock:
             self._monitor = monitor

@@ -16,8 +16,6 @@ MOST_COLLABORATORS = 7
 PACKAGES = ("driver", "elastic", "ps", "rendezvous")
 STILL_WIDE = frozenset(
     {
-        "elastic/comm/peers/monitor.py:FailureMonitor",
-        "elastic/comm/transports/tcp_ring.py:TcpRing",
         "elastic/torch/reducer.py:GradientReducer",
     }
 )

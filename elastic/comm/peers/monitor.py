@@ -85,12 +85,23 @@ ClosingCallback = Callable[[int, str, bool], bool]
 AbortCallback = Callable[[AbortNotice], None]
 
 
+@dataclass(frozen=True)
+class MonitorHooks:
+    """What a ``FailureMonitor`` tells its communicator (each as ``FailureMonitor``
+    describes it): ``lost``, ``closing``, ``aborted`` and, optionally, ``silent``."""
+
+    lost: LostCallback
+    closing: ClosingCallback
+    aborted: AbortCallback
+    silent: SilentCallback | None = None
+
+
 class FailureMonitor:
     """Watches the connections to both ring neighbours from a thread of its own.
 
     ``control`` and ``data`` are ``(socket, neighbour rank)`` pairs (non-blocking; the
     caller owns and closes them). Callbacks run on the monitor thread, and the thread
-    exits after any callback that ended the communicator:
+    exits after any callback that ended the communicator (``hooks``, a ``MonitorHooks``):
 
     * ``lost(rank, why, cause)``: a neighbour is gone, ``cause`` says how it was seen
       (``rank`` None: the monitor itself failed);
@@ -112,11 +123,7 @@ class FailureMonitor:
         control: list[tuple[socket.socket, int]],
         data: list[tuple[socket.socket, int]],
         settings: CommSettings,
-        *,
-        lost: LostCallback,
-        closing: ClosingCallback,
-        aborted: AbortCallback,
-        silent: SilentCallback | None = None,
+        hooks: MonitorHooks,
     ):
         now = time.monotonic()
         self._control = {sock.fileno(): _ControlLink(sock, rank, now) for sock, rank in control}
@@ -127,11 +134,11 @@ class FailureMonitor:
         self._interval = settings.effective_heartbeat_interval
         self._timeout = settings.peer_timeout
         self._suspect_after = settings.suspect_after
-        self._report_silent = silent
+        self._report_silent = hooks.silent
         self._grace = settings.close_grace
-        self._report_lost = lost
-        self._report_closing = closing
-        self._report_abort = aborted
+        self._report_lost = hooks.lost
+        self._report_closing = hooks.closing
+        self._report_abort = hooks.aborted
         # Re-entrant: stop() may run in a signal handler that interrupted a thread inside
         # one of the short locked sections.
         self._lock = threading.RLock()

@@ -53,7 +53,7 @@ from elastic.comm.peers.links import Connect, NeighbourLinks
 from elastic.comm.transports.base import Check, Mismatch, Transport
 from elastic.comm.transports.host_group import HostGroup
 from elastic.comm.transports.overlap import Overlap
-from elastic.comm.transports.tcp_ring import TcpRing
+from elastic.comm.transports.tcp_ring import InnerRing, TcpRing
 from elastic.comm.transports.topology import Plan
 
 
@@ -178,8 +178,9 @@ class HierTransport(Transport):
                 leaders.data_right,
                 settings,
                 check,
-                ranks=[g[0] for g in plan.groups],
-                verdict=lambda rank: leaders.verdict(rank, grace),
+                inner=InnerRing(
+                    tuple(g[0] for g in plan.groups), lambda rank: leaders.verdict(rank, grace)
+                ),
             )
 
     # --- the collectives (see the module docstring) ---------------------------------

@@ -28,7 +28,7 @@ import select
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
@@ -116,6 +116,17 @@ def pump(
                     raise PeerGone(right, "connection closed")
 
 
+@dataclass(frozen=True)
+class InnerRing:
+    """A ring inside a larger round (the host leaders of a hierarchical one): ``ranks``,
+    the round rank of each ring position, to name members in ``PeerGone`` and
+    ``Mismatch``; ``verdict(rank)``, whether a member whose connection failed had closed
+    on purpose (``PeerGone.orderly``)."""
+
+    ranks: tuple[int, ...]
+    verdict: Callable[[int], bool | None]
+
+
 class TcpRing(Transport):
     """The ring transport of rank ``rank`` of ``size`` over ``left`` (receive, from rank
     r-1) and ``right`` (send, to rank r+1), both non-blocking. ``settings.chunk_bytes``
@@ -124,9 +135,7 @@ class TcpRing(Transport):
     the caller's: ``close`` leaves them open.
 
     A ring inside a larger round (the host leaders of a hierarchical one) gives
-    ``ranks``, the round rank of each ring position, to name members in ``PeerGone`` and
-    ``Mismatch``, and ``verdict(rank)``, whether a member whose connection failed had
-    closed on purpose (``PeerGone.orderly``)."""
+    ``inner`` (an ``InnerRing``)."""
 
     name = "tcp"
 
@@ -139,15 +148,14 @@ class TcpRing(Transport):
         settings: CommSettings,
         check: Check,
         *,
-        ranks: Sequence[int] | None = None,
-        verdict: Callable[[int], bool | None] | None = None,
+        inner: InnerRing | None = None,
     ):
         self.rank = rank
         self.size = size
         self.left_rank = (rank - 1) % size
         self.right_rank = (rank + 1) % size
-        self._names = tuple(ranks) if ranks is not None else tuple(range(size))
-        self._verdict = verdict
+        self._names = inner.ranks if inner is not None else tuple(range(size))
+        self._verdict = inner.verdict if inner is not None else None
         self._left = left
         self._right = right
         self._chunk_bytes = settings.chunk_bytes

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from elastic.comm import CommSettings, wire
-from elastic.comm.peers.monitor import FailureMonitor
+from elastic.comm.peers.monitor import FailureMonitor, MonitorHooks
 from elastic.errors import LossCause
 
 LEFT, RIGHT = 3, 5
@@ -39,12 +39,14 @@ class Harness:
             [(ours["ctrl_left"], LEFT), (ours["ctrl_right"], RIGHT)],
             [(ours["data_left"], LEFT), (ours["data_right"], RIGHT)],
             settings,
-            lost=lambda rank, why, cause: self.reports.put(("lost", rank, (why, cause))),
-            closing=self._closing,
-            aborted=lambda notice: self.reports.put(("aborted", notice)),
-            silent=(lambda rank, secs: self.reports.put(("silent", rank, secs)))
-            if silent
-            else None,
+            MonitorHooks(
+                lost=lambda rank, why, cause: self.reports.put(("lost", rank, (why, cause))),
+                closing=self._closing,
+                aborted=lambda notice: self.reports.put(("aborted", notice)),
+                silent=(lambda rank, secs: self.reports.put(("silent", rank, secs)))
+                if silent
+                else None,
+            ),
         )
         self.t0 = time.monotonic()
         self.monitor.start()
