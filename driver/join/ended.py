@@ -33,6 +33,11 @@ from rendezvous.schema.record import JsonRecord
 from rendezvous.store import Compare, Delete, KVStore, Put
 
 DONE, FAILED, STOPPED = "done", "failed", "stopped"
+OUTCOME_KEPT = 24 * 3600.0
+"""Seconds an outcome stays in the store, under a lease of its own that nobody keeps
+alive (the longest the embedded store grants): long enough for a late node of the same
+allocation or a requeue the same day, and no job id's trace stays in a shared etcd for
+ever."""
 ENDED = (DONE, FAILED)  # the outcomes after which a joining node is refused
 
 
@@ -95,10 +100,12 @@ def check_not_ended(store: KVStore, keys: JobKeys, new_job: bool) -> None:
 def record_outcome(
     store: KVStore, keys: JobKeys, outcome: JobOutcome, fence: Sequence[Compare]
 ) -> bool:
-    """Keep ``outcome`` as job ``keys.job_id``'s, while ``fence`` holds (the leader's, at
-    the end of the joined job, before the job's keys are deleted); whether it held.
+    """Keep ``outcome`` as job ``keys.job_id``'s for ``OUTCOME_KEPT`` seconds, while
+    ``fence`` holds (the leader's, at the end of the joined job, before the job's keys
+    are deleted); whether it held.
 
     Raises:
         RendezvousError: the store cannot be used.
     """
-    return store.txn(list(fence), [Put(keys.outcome, outcome.to_json())]).succeeded
+    kept = store.grant_lease(OUTCOME_KEPT)
+    return store.txn(list(fence), [Put(keys.outcome, outcome.to_json(), kept.id)]).succeeded

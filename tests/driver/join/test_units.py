@@ -12,9 +12,18 @@ from driver.errors import UsageError
 from driver.hosts.discovery import HostDiscovery
 from driver.hosts.joined import JoinedDiscovery, joined_hosts
 from driver.hosts.slots import HostSlots
-from driver.join.ended import DONE, FAILED, STOPPED, JobOutcome, refusal
+from driver.join.ended import (
+    DONE,
+    FAILED,
+    OUTCOME_KEPT,
+    STOPPED,
+    JobOutcome,
+    record_outcome,
+    refusal,
+)
 from driver.join.settings import slurm_slots, tasks_on_node
 from driver.join.shape import check_shape, job_shape, shape_bytes, shape_difference
+from rendezvous.keys import JobKeys
 from rendezvous.schema.agents import AgentRecord
 
 ETCD = "etcd://127.0.0.1:2379"
@@ -215,3 +224,13 @@ def test_a_finished_or_failed_job_refuses_a_node_naming_how_and_when():
 )
 def test_a_node_may_join_unless_the_job_ended_and_nothing_runs_under_its_id(outcome, led, new_job):
     assert refusal("j1", outcome, led, new_job) is None
+
+
+def test_an_outcome_is_kept_under_a_lease_that_ends_in_a_day(store_backend):
+    # (a shared etcd does not gather every joined job's trace for ever)
+    store, keys = store_backend.open(), JobKeys("j-kept")
+    assert record_outcome(store, keys, JobOutcome(DONE, 1.0, "job done"), ())
+    kv = store.get(keys.outcome)
+    assert kv is not None and kv.lease != 0
+    assert JobOutcome.from_json(kv.value) == JobOutcome(DONE, 1.0, "job done")
+    assert 0 < store.keepalive(kv.lease) <= OUTCOME_KEPT
