@@ -31,6 +31,10 @@ launcher, and get back an ``AssignedProcess``, a handle whose ``wait``, ``stop``
   driver had launched it; the assignments of a host with no live agent are withdrawn
   (as for a host lost now).
 
+What the agents tell it (their records, their processes' reports) is read by
+``driver.launch.assignments.reports`` on the watches' threads; both keep one book of
+the agents and their processes (``driver.launch.assignments.book``).
+
 Which hosts go through agents is ``uses_agent``: with etcd every host (the job must
 outlive its driver, so no process may be the driver's child); with the embedded store
 the ssh hosts, while this machine's processes stay the driver's children (the driver is
@@ -41,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -51,7 +54,9 @@ from typing import Callable
 
 from driver.errors import LauncherError, LaunchError, LeadershipLost
 from driver.launch.assignments.assigned import AssignedProcess
+from driver.launch.assignments.book import AgentBook
 from driver.launch.assignments.handle import AgentProcess, agent_command, reap_agent
+from driver.launch.assignments.reports import AgentReports
 from driver.launch.assignments.service import AgentService, AgentStarts, AgentWiring
 from driver.launch.assignments.snapshot import read_agent_keys
 from driver.launch.base import Launcher
@@ -63,13 +68,9 @@ from rendezvous import env
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
 from rendezvous.schema.agents import (
-    AGENT_LEASE_TTL,
-    RETURN_GRACE,
-    AgentRecord,
     Assignment,
-    ProcessStatus,
 )
-from rendezvous.store import PUT, Delete, Event, KeyValue, KVStore, Put
+from rendezvous.store import Delete, KeyValue, KVStore, Put
 from rendezvous.watch import follow_in_thread
 
 log = logging.getLogger(__name__)
@@ -105,18 +106,13 @@ class AgentLauncher(Launcher, AgentService):
         self._starts = starts
         self._use_agent = use_agent
         self._joined = starts.joined
-        self._lock = threading.Lock()
-        self._agents: dict[str, AgentProcess] = {}
-        self._handles: dict[str, AssignedProcess] = {}
-        self._hosts_of: dict[str, str] = {}  # process id -> host
-        self._assignments: dict[str, Assignment] = {}
+        self._book = AgentBook()
+        self._reports: AgentReports | None = None  # made by ``attach``
         self._store: KVStore | None = None
         self._keys = JobKeys(starts.job_id)
         self._term: Callable[[], int] = lambda: 1
         self._on_host_lost: Callable[[str, str], None] = lambda host, detail: None
-        self._on_host_ready: Callable[[str], None] = lambda host: None
         self._preparing: set[str] = set()  # hosts whose agent ``prepare`` is starting
-        self._closing = False
         self._shards = 0
         self._following = False
         # Its own stop, set by ``stop_following``: the exits of what the job's end stops
@@ -125,7 +121,6 @@ class AgentLauncher(Launcher, AgentService):
         self._patience = 0.0
         self._fenced: Callable[[Sequence[Put | Delete]], int] | None = None
         self._agentless: dict[str, list[str]] = {}  # adopted assignments of agentless hosts
-        self._store_trouble: Callable[[], bool] = lambda: False
 
     def attach(self, wiring: AgentWiring) -> None:
         """Use the job's store from now on (``AgentWiring``: ``leader.term()``, the
@@ -133,22 +128,24 @@ class AgentLauncher(Launcher, AgentService):
         process reports until ``stop_following`` (after ``close``: the exits of what the
         job's end stops are reports too), from the first launch through an agent on (a
         job with no agent watches nothing more), or at once when agents were adopted or
-        join. The adopted assignments of agentless hosts are withdrawn (``_withdraw``).
+        join. The adopted assignments of agentless hosts are withdrawn
+        (``AgentReports.withdraw``).
         """
         self._store, leader = wiring.store, wiring.leader
         if leader is not None:
             self._term, self._fenced = leader.term, leader.steer
         self._on_host_lost = wiring.on_host_lost
-        self._on_host_ready = wiring.on_host_ready
-        self._store_trouble = wiring.store_trouble
         self._agent_env = dict(wiring.agent_env)
         self._patience = wiring.patience
-        with self._lock:
-            if self._agents or self._joined:
+        self._reports = reports = AgentReports(
+            self._book, self._keys, wiring, self._steer_ops, self._joined, self._unfollow
+        )
+        with self._book.lock:
+            if self._book.agents or self._joined:
                 self._start_following()
             agentless, self._agentless = self._agentless, {}
         for host, process_ids in sorted(agentless.items()):
-            self._withdraw(host, process_ids)
+            reports.withdraw(host, process_ids)
 
     def adopt(self, kvs: Sequence[KeyValue]) -> dict[str, AssignedProcess]:
         """Take over the agents and the processes of a job a predecessor led, from its
@@ -157,15 +154,15 @@ class AgentLauncher(Launcher, AgentService):
         (before ``attach``: its feeds then carry their later reports)."""
         agents, assignments, statuses = read_agent_keys(self._keys, kvs)
         handles: dict[str, AssignedProcess] = {}
-        with self._lock:
+        with self._book.lock:
             for host, record in agents.items():
                 agent = AgentProcess(host, record.agent_id, None)
                 agent.joined = record.slots > 0
                 agent.registered.set()
-                self._agents[host] = agent
+                self._book.agents[host] = agent
             for process_id, (host, assignment) in assignments.items():
                 # Known by host even when not running: withdrawn with the host if lost.
-                self._hosts_of[process_id] = host
+                self._book.hosts_of[process_id] = host
                 if host not in agents:  # lost before the takeover: withdrawn at attach
                     self._agentless.setdefault(host, []).append(process_id)
                 reported = statuses.get(process_id)
@@ -182,20 +179,21 @@ class AgentLauncher(Launcher, AgentService):
                 )
                 handle = AssignedProcess(spec, process_id, self._want)
                 handle.started(reported.pid)
-                self._handles[process_id] = handles[process_id] = handle
-                self._assignments[process_id] = assignment
+                self._book.handles[process_id] = handles[process_id] = handle
+                self._book.assignments[process_id] = assignment
                 if assignment.kind == "shard":
                     self._shards += 1
         return handles
 
     def _start_following(self) -> None:
         """Follow the agents' records and the process reports (once; under the lock)."""
-        if self._following or self._store is None:
+        reports = self._reports
+        if self._following or self._store is None or reports is None:
             return
         self._following = True
         for prefix, on_event, on_resync in (
-            (self._keys.agents, self._agent_event, self._agents_resync),
-            (self._keys.processes, self._status_event, self._statuses_resync),
+            (self._keys.agents, reports.agent_event, reports.agents_resync),
+            (self._keys.processes, reports.status_event, reports.statuses_resync),
         ):
             follow_in_thread(
                 f"follow-{prefix}",
@@ -210,25 +208,27 @@ class AgentLauncher(Launcher, AgentService):
 
     def live_hosts(self) -> frozenset[str]:
         """Hosts with a registered agent that is neither lost nor retiring."""
-        with self._lock:
-            return frozenset(h for h, a in self._agents.items() if a.alive)
+        with self._book.lock:
+            return frozenset(h for h, a in self._book.agents.items() if a.alive)
 
     def node_hosts(self) -> frozenset[str]:
         """Of ``live_hosts``, the joined nodes'."""
-        with self._lock:
-            return frozenset(h for h, a in self._agents.items() if a.alive and a.joined)
+        with self._book.lock:
+            return frozenset(h for h, a in self._book.agents.items() if a.alive and a.joined)
 
     def busy_hosts(self) -> frozenset[str]:
         """Hosts where a process assigned through an agent has not been reported ended."""
-        with self._lock:
+        with self._book.lock:
             return frozenset(
-                self._hosts_of[p] for p, h in self._handles.items() if h.returncode is None
+                self._book.hosts_of[p]
+                for p, h in self._book.handles.items()
+                if h.returncode is None
             )
 
     def ready_hosts(self, hosts: Sequence[str]) -> frozenset[str]:
         """See ``AgentService.ready_hosts``."""
-        with self._lock:  # live and registered: one still starting takes nothing yet
-            up = {h for h, a in self._agents.items() if a.alive and a.registered.is_set()}
+        with self._book.lock:  # live and registered: one still starting takes nothing yet
+            up = {h for h, a in self._book.agents.items() if a.alive and a.registered.is_set()}
         return frozenset(
             h for h in hosts if self._store is None or not self._use_agent(h) or h in up
         )
@@ -237,8 +237,8 @@ class AgentLauncher(Launcher, AgentService):
         """See ``AgentService.prepare``."""
         if self._store is None or not self._use_agent(host):
             return
-        with self._lock:
-            agent = self._agents.get(host)
+        with self._book.lock:
+            agent = self._book.agents.get(host)
             if host in self._preparing or (agent is not None and agent.alive):
                 return
             self._preparing.add(host)
@@ -251,7 +251,7 @@ class AgentLauncher(Launcher, AgentService):
             except LeadershipLost:
                 pass  # this driver steers nothing more: the loop learns it on its own
             finally:
-                with self._lock:
+                with self._book.lock:
                     self._preparing.discard(host)
 
         spawn(f"agent-prepare-{host}", start)
@@ -260,8 +260,8 @@ class AgentLauncher(Launcher, AgentService):
         """Ask the agent of ``host`` to exit (``JobKeys.retire`` names it, through the
         fenced write: the same route for an agent a predecessor started); its record's
         end is then no lost host."""
-        with self._lock:
-            agent = self._agents.get(host)
+        with self._book.lock:
+            agent = self._book.agents.get(host)
             if agent is None or not agent.alive:
                 return
             agent.retiring = True
@@ -271,16 +271,10 @@ class AgentLauncher(Launcher, AgentService):
             agent.retiring = False  # asked again at the next reconcile
             log.warning("cannot ask the agent of removed host %s to exit: %s", host, exc)
 
-    def _retire_lost(self, host: str, agent_id: str) -> None:
-        try:
-            self._steer(self._keys.retire(host), agent_id.encode())
-        except (RendezvousError, LeadershipLost) as exc:
-            log.warning("cannot ask the agent of lost host %s to exit: %s", host, exc)
-
     def lost_hosts(self) -> frozenset[str]:
         """Hosts whose agent was lost (until a new agent is started there)."""
-        with self._lock:
-            return frozenset(h for h, a in self._agents.items() if a.lost)
+        with self._book.lock:
+            return frozenset(h for h, a in self._book.agents.items() if a.lost)
 
     # ------------------------------------------------------------------ launching
     def launch(self, spec: LaunchSpec, prefix: PrefixFn | None = None) -> WorkerProcess:
@@ -295,7 +289,7 @@ class AgentLauncher(Launcher, AgentService):
         self._ensure_agent(spec.host)
         worker_id = spec.env.get(env.ENV_WORKER_ID)
         if worker_id is None:
-            with self._lock:
+            with self._book.lock:
                 self._shards += 1
                 process_id = f"{spec.label}-{self._shards}"
         else:
@@ -312,10 +306,10 @@ class AgentLauncher(Launcher, AgentService):
             log_path=spec.log_path or "",
         )
         handle = AssignedProcess(spec, process_id, self._want)
-        with self._lock:
-            self._handles[process_id] = handle
-            self._hosts_of[process_id] = spec.host
-            self._assignments[process_id] = assignment
+        with self._book.lock:
+            self._book.handles[process_id] = handle
+            self._book.hosts_of[process_id] = spec.host
+            self._book.assignments[process_id] = assignment
         try:
             self._steer(self._keys.assignment(spec.host, process_id), assignment.to_json())
         except RendezvousError as exc:
@@ -356,14 +350,14 @@ class AgentLauncher(Launcher, AgentService):
     def _want(self, process_id: str, want: str, grace: float) -> None:
         """Rewrite the assignment of ``process_id`` to ``want`` (stop with ``grace``,
         kill)."""
-        with self._lock:
-            assignment = self._assignments.get(process_id)
-            host = self._hosts_of.get(process_id)
+        with self._book.lock:
+            assignment = self._book.assignments.get(process_id)
+            host = self._book.hosts_of.get(process_id)
         if assignment is None or host is None or self._store is None:
             return
         changed = replace(assignment, want=want, grace=grace or assignment.grace, term=self._term())
-        with self._lock:
-            self._assignments[process_id] = changed
+        with self._book.lock:
+            self._book.assignments[process_id] = changed
         try:
             self._steer(self._keys.assignment(host, process_id), changed.to_json())
         except (RendezvousError, LeadershipLost) as exc:
@@ -379,9 +373,9 @@ class AgentLauncher(Launcher, AgentService):
             return
         if not self._starts.starts_agents:
             raise LaunchError(f"{host} has no agent: its node left the job")
-        with self._lock:
+        with self._book.lock:
             self._start_following()
-            agent = self._agents.get(host)
+            agent = self._book.agents.get(host)
             if agent is not None and agent.alive:
                 return
             if agent is not None and agent.retiring and agent.process is not None:
@@ -403,7 +397,7 @@ class AgentLauncher(Launcher, AgentService):
                 label=f"agent@{host}",
             )
             process = self._starter.launch(spec, prefix=lambda: "")
-            agent = self._agents[host] = AgentProcess(host, agent_id, process)
+            agent = self._book.agents[host] = AgentProcess(host, agent_id, process)
         deadline = time.monotonic() + AGENT_START_TIMEOUT
         while not agent.registered.wait(0.1):
             assert agent.process is not None  # (an agent this driver started)
@@ -419,170 +413,12 @@ class AgentLauncher(Launcher, AgentService):
     def _node_agent(self, host: str) -> bool:
         """Whether ``host`` has a live agent: a joined node's, read from the store when
         the watch has not brought its record yet."""
-        agent = self._agents.get(host)
-        if not (agent and agent.alive) and self._store is not None:
+        agent = self._book.agents.get(host)
+        if not (agent and agent.alive) and self._store is not None and self._reports:
             if (kv := self._store.get(self._keys.agent(host))) is not None:
-                self._agent_registered(kv)
-            agent = self._agents.get(host)
+                self._reports.agent_registered(kv)
+            agent = self._book.agents.get(host)
         return agent is not None and agent.alive
-
-    # ------------------------------------------------------------------ reports
-    def _agent_event(self, event: Event) -> None:
-        host = event.key[len(self._keys.agents) :]
-        if event.type == PUT:
-            self._agent_registered(event.kv)
-        else:
-            self._agent_gone(host)
-
-    def _agents_resync(self, kvs: Sequence[KeyValue]) -> None:
-        present = set()
-        for kv in kvs:
-            present.add(kv.key[len(self._keys.agents) :])
-            self._agent_registered(kv)
-        with self._lock:
-            hosts = [h for h, a in self._agents.items() if a.registered.is_set() and not a.lost]
-        for host in hosts:
-            if host not in present:
-                self._agent_gone(host)
-
-    def _agent_registered(self, kv: KeyValue) -> None:
-        try:
-            record = AgentRecord.from_json(kv.value)
-        except (ValueError, TypeError) as exc:
-            log.warning("unreadable agent record %s: %s", kv.key, exc)
-            return
-        with self._lock:
-            agent = self._agents.get(record.host)
-            if self._joined and record.slots and (agent is None or not agent.alive):
-                # A node that joined (``elastic-run --join``) brings its own agent.
-                agent = self._agents[record.host] = AgentProcess(record.host, record.agent_id, None)
-                agent.joined = True
-        if agent is not None and agent.agent_id == record.agent_id and agent.lost:
-            # Back after its host was taken as lost (its processes' exits taken, its
-            # assignments withdrawn): nothing of the job is its any more.
-            log.warning(
-                "the agent of lost host %s registered again: asking it to exit", record.host
-            )
-            spawn(f"agent-unwanted-{record.host}", self._retire_lost, record.host, agent.agent_id)
-            return
-        if agent is not None and agent.agent_id == record.agent_id:
-            if agent.lapsed.is_set():
-                agent.lapsed.clear()
-                agent.returned.set()
-                log.warning("the agent of %s registered again: its host goes on", record.host)
-            agent.retiring = agent.retiring or record.draining  # its end: no host lost
-            first = not agent.registered.is_set()
-            agent.registered.set()
-            if first and agent.alive:
-                self._on_host_ready(record.host)
-
-    def _agent_gone(self, host: str, waited: bool = False) -> None:
-        """The agent of ``host`` lost its record: the host is lost (unless the job is
-        ending, when agents leave on purpose). Unless the store was in trouble just
-        before (``AgentWiring.store_trouble``): every lease lapses when a stalled store
-        answers again, so the agent has ``RETURN_GRACE`` seconds to register
-        again (``_await_return``; ``waited``: that time is up)."""
-        with self._lock:
-            agent = self._agents.get(host)
-            if agent is None or agent.lost or not agent.registered.is_set() or self._closing:
-                return
-            if not waited and not agent.retiring and self._store_trouble():
-                if agent.lapsed.is_set():
-                    return  # (waited on already)
-                agent.lapsed.set()
-                agent.returned.clear()
-                spawn(f"agent-return-{host}", self._await_return, agent)
-                log.warning(
-                    "the agent of %s lost its lease while the store was away: waiting up "
-                    "to %gs for it to register again",
-                    host,
-                    RETURN_GRACE,
-                )
-                return
-            handles = [
-                h
-                for pid, h in self._handles.items()
-                if self._hosts_of.get(pid) == host and h.returncode is None
-            ]
-            if agent.retiring and not handles:  # it left as asked (or drained): no loss
-                del self._agents[host]
-                if agent.process is not None:
-                    spawn(f"agent-retired-{host}", reap_agent, agent.process)
-                return
-            agent.lost = True
-            withdrawn = [pid for pid, h in self._hosts_of.items() if h == host]
-            for process_id in withdrawn:
-                self._assignments.pop(process_id, None)
-        detail = (
-            f"its agent's lease lapsed while the store was away and it did not register "
-            f"again within {RETURN_GRACE:g}s"
-            if waited
-            else f"its agent's lease lapsed (no word from it for {AGENT_LEASE_TTL:g}s)"
-        )
-        self._on_host_lost(host, detail)  # first: the job drops the host, then the exits
-        for handle in handles:
-            handle.ended(-signal.SIGKILL, presumed=True)
-        # Off this thread: a slow store must not hold back the next agent's news. A
-        # fresh agent there comes after the host's cooldown, long after this write.
-        spawn(f"withdraw-{host}", self._withdraw, host, withdrawn)
-        if agent.process is not None:
-            spawn(f"agent-lost-{host}", agent.process.kill)
-
-    def _await_return(self, agent: AgentProcess) -> None:
-        """Wait for ``agent``, whose lease lapsed while the store was in trouble, to
-        register again: ``RETURN_GRACE`` seconds counted from when the store is
-        out of trouble; then, unless it did, or the job ends, its host is lost."""
-        deadline = time.monotonic() + RETURN_GRACE
-        while not agent.returned.wait(max(0.0, deadline - time.monotonic())):
-            if self._unfollow.is_set():
-                return
-            if self._store_trouble():  # still away: it cannot register yet
-                deadline = time.monotonic() + RETURN_GRACE
-                continue
-            with self._lock:
-                if self._agents.get(agent.host) is not agent:
-                    return  # (replaced meanwhile)
-            self._agent_gone(agent.host, waited=True)
-            return
-
-    def _withdraw(self, host: str, process_ids: Sequence[str]) -> None:
-        """Delete the assignments of a lost host's processes: they are dead to the
-        job (their exits were taken), and the next agent on that host (once it is
-        back) reads the host's assignments as what to run. Left in place, it would
-        start them again: a stale worker, or a second copy of a ps shard that already
-        serves elsewhere writing checkpoints into the same directory. Their old agent,
-        should it hear from the store again, stops what it runs for them."""
-        if not process_ids:
-            return
-        try:
-            self._steer_ops([Delete(self._keys.assignment(host, p)) for p in process_ids])
-        except (RendezvousError, LeadershipLost) as exc:
-            log.warning("cannot withdraw the assignments of lost host %s: %s", host, exc)
-
-    def _status_event(self, event: Event) -> None:
-        if event.type == PUT:
-            self._take_status(event.value)
-
-    def _statuses_resync(self, kvs: Sequence[KeyValue]) -> None:
-        for kv in kvs:
-            self._take_status(kv.value)
-
-    def _take_status(self, value: bytes) -> None:
-        try:
-            status = ProcessStatus.from_json(value)
-        except (ValueError, TypeError) as exc:
-            log.warning("unreadable process status: %s", exc)
-            return
-        with self._lock:
-            handle = self._handles.get(status.id)
-        if handle is None:
-            return
-        if status.exited:
-            handle.ended(
-                status.code if status.code is not None else -1, status.error, status.permanent
-            )
-        else:
-            handle.started(status.pid)
 
     # ------------------------------------------------------------------ the end
     def stop_following(self) -> None:
@@ -594,9 +430,9 @@ class AgentLauncher(Launcher, AgentService):
         and exits) and wait up to ``timeout`` for the agents' processes; stop those
         still running. Not ``tell``: the store is lost, so the agents' processes are
         stopped at once (SIGTERM, SIGKILL after the grace: their workers go with them)."""
-        with self._lock:
-            self._closing = True
-            agents = list(self._agents.values())
+        with self._book.lock:
+            self._book.closing = True
+            agents = list(self._book.agents.values())
         if not agents:
             return
         if not tell:

@@ -110,7 +110,7 @@ def test_an_adopted_agent_is_retired_through_the_store_and_its_leaving_is_no_los
         lease.revoke()  # the agent unregisters as it exits
         wait_until(lambda: not store.get(keys.agent("h4")), 10, "h4's record to go")
         # The driver's watch takes the deletion as the retirement's end, not a loss.
-        wait_until(lambda: "h4" not in launcher._agents, 10, "h4's agent to be forgotten")
+        wait_until(lambda: "h4" not in launcher._book.agents, 10, "h4's agent to be forgotten")
         assert not lost and not launcher.lost_hosts()
     finally:
         launcher.stop_following()
