@@ -3,7 +3,7 @@
 What a backend provides is small (``_range``, ``_put``, ``_delete``, ``_txn``, the
 lease calls, ``_open_watch``); what every caller relies on is built here once:
 retries with a deadline through an outage, the value size limit, leases kept alive
-by a thread, and watches that resume from their revision after a reconnect so that
+by a thread (``rendezvous.lease``, re-exported here: the interface speaks it), and watches that resume from their revision after a reconnect so that
 no event is lost or repeated.
 
 Retry rule: a call that failed to *reach* the store (``RendezvousConnectionError``)
@@ -17,7 +17,6 @@ loss for what was a win.
 from __future__ import annotations
 
 import abc
-import contextlib
 import logging
 import queue
 import threading
@@ -28,7 +27,6 @@ from dataclasses import replace
 from typing import Callable, cast
 
 from rendezvous.errors import (
-    LeaseNotFoundError,
     NotSentError,
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -36,6 +34,7 @@ from rendezvous.errors import (
     ValueTooLargeError,
     WatchCompactedError,
 )
+from rendezvous.lease import Lease
 from rendezvous.rate_log import RateLimitedLog
 from rendezvous.records import (  # re-exported (__all__): the interface speaks them
     DELETE,
@@ -71,63 +70,6 @@ log = logging.getLogger(__name__)
 
 #: seconds between two lines about ignored records of one kind
 UNSIGNED_LOG_INTERVAL = 60.0
-
-
-class Lease:
-    """A lease granted by a store; keys put with ``lease=lease.id`` vanish when it ends."""
-
-    def __init__(self, store: KVStore, lease_id: int, ttl: int):
-        self.store = store
-        self.id = lease_id
-        self.ttl = ttl
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def refresh(self) -> int:
-        """One keep-alive; returns the TTL granted. Raises LeaseNotFoundError once expired."""
-        return self.store.keepalive(self.id)
-
-    def keep_alive(
-        self, on_lost: Callable[[Exception], None] | None = None, interval: float | None = None
-    ) -> None:
-        """Refresh in a daemon thread every ``interval`` (default TTL/3) until ``revoke``.
-
-        ``on_lost`` is called once if the lease is found expired, or if the store stays
-        unreachable for longer than the TTL (the lease must be presumed gone then)."""
-        interval = interval or max(self.ttl / 3.0, 0.2)
-
-        def loop():
-            last_ok = time.monotonic()
-            while not self._stop.wait(interval):
-                try:
-                    self.store.keepalive(self.id, retry=False)
-                    last_ok = time.monotonic()
-                except LeaseNotFoundError as exc:
-                    if on_lost:
-                        on_lost(exc)
-                    return
-                except RendezvousClosedError:
-                    return
-                except RendezvousError as exc:
-                    if time.monotonic() - last_ok > self.ttl:
-                        if on_lost:
-                            on_lost(exc)
-                        return
-                    log.debug("lease %x keep-alive failed, retrying: %s", self.id, exc)
-
-        self._thread = threading.Thread(target=loop, name=f"lease-{self.id:x}", daemon=True)
-        self._thread.start()
-
-    def stop_keep_alive(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def revoke(self) -> None:
-        """Stop refreshing and end the lease now (its keys vanish). Idempotent."""
-        self.stop_keep_alive()
-        with contextlib.suppress(LeaseNotFoundError):
-            self.store.revoke(self.id)
 
 
 _WATCH_CLOSED = object()
