@@ -18,7 +18,7 @@ standby leads, SIGKILLs a worker; it reads the standby's events:
 
 The leader's lease is ``driver.leadership.claim.DRIVER_LEASE_TTL``, raised by etcd to its minimum
 (1.5 x the election timeout, rounded up to a second); the standby ends it itself once
-the leader's beat has been silent for ``driver.leadership.claim.BEAT_SILENCE``. A configuration
+the leader's beat has been silent for ``driver.leadership.standby.BEAT_SILENCE``. A configuration
 per etcd timing: the tests' fast one (50/500 ms: 1 s leases) and etcd's default
 (100/1000 ms: 2 s leases).
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from driver.errors import JobEnded, JobFailed, JobIdInUseError, LeadershipLost
+from driver.leadership.standby import wait_vacant
 from driver.leadership.terms import (
     ClaimAction,
     FenceFailure,
@@ -48,21 +49,15 @@ from driver.leadership.terms import (
     read_term,
     term_bytes,
 )
-from driver.policy.lapses import lapse_explained
 from driver.threads import spawn
 from rendezvous.errors import LeaseNotFoundError, RendezvousAuthError, RendezvousError
 from rendezvous.job_secret import check_job_secret
 from rendezvous.keys import JobKeys
 from rendezvous.retry import Backoff
-from rendezvous.schema.agents import RETURN_GRACE
 from rendezvous.schema.leader import DriverRecord
 from rendezvous.store import Compare, Delete, KVStore, Lease, Put
 
 log = logging.getLogger(__name__)
-
-STORE_ANSWER = 0.5
-"""Seconds a read of the store may take for a standby to trust what it does not see:
-a leader's beats missing while the store itself answers late are the store's silence."""
 
 DRIVER_LEASE_TTL = 1.0
 """Seconds the leader record outlives a driver that stopped refreshing it (killed, or
@@ -74,15 +69,8 @@ RETAKE_PATIENCE = 30.0
 """Seconds a steering write keeps taking the seat again while its fence fails on this
 driver's own lapsed lease (``DriverClaim._fenced``)."""
 
-STANDBY_POLL = 0.05
-"""Seconds between a standby's looks at its stop flag and the leader's beat."""
-
 BEAT_INTERVAL = 0.25
 """Seconds between two beats of the leader (``JobKeys.leader_beat``, etcd only)."""
-
-BEAT_SILENCE = 1.0
-"""Seconds without a beat after which a standby ends the leader's lease (a leader that
-is only slow loses the lead to it: fencing makes that harmless)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +138,7 @@ class DriverClaim:
         module docstring); ``standby``: wait while another driver leads (until ``stop``
         is set; ``on_wait(leader)`` is called once each new leader waited on); ``beats``:
         beat while leading (``JobKeys.leader_beat``), so that a standby can tell a dead
-        leader within ``BEAT_SILENCE``. ``claim.taken`` says how it was taken.
+        leader within ``driver.leadership.standby.BEAT_SILENCE``. ``claim.taken`` says how it was taken.
 
         Raises:
             JobIdInUseError: another driver leads (without ``standby``).
@@ -183,7 +171,7 @@ class DriverClaim:
                 assert leader_kv is not None
                 beat = by_key.get(keys.leader_beat)
                 beating = beat is not None and beat.lease == leader_kv.lease
-                _wait_vacant(store, keys, revision, stop, leader_kv.lease, beating)
+                wait_vacant(store, keys, revision, stop, leader_kv.lease, beating)
                 vacant_at = time.monotonic()
                 continue
             term = next_term(term_kv.value if term_kv else None)
@@ -429,65 +417,6 @@ def check_secret(store: KVStore, keys: JobKeys, secret: str, standby: bool) -> N
         raise
 
 
-def _wait_vacant(
-    store: KVStore,
-    keys: JobKeys,
-    revision: int,
-    stop: threading.Event | None,
-    lease: int,
-    beating: bool,
-) -> None:
-    """Watch the leader key from ``revision`` + 1 until it is deleted (the leader's
-    lease lapsed, or it released the job). A leader that beats (``JobKeys.leader_beat``)
-    and falls silent for ``BEAT_SILENCE`` has its lease (``lease``) ended here
-    (``beating``: it beat as of ``revision``; the silence counts from now).
-
-    Raises:
-        JobFailed: ``stop`` was set first.
-        RendezvousError: the watch failed for good.
-    """
-    start = revision + 1
-    with contextlib.ExitStack() as watches:
-        watch = watches.enter_context(store.watch_prefix(keys.driver, start_revision=start))
-        beats = watches.enter_context(store.watch_prefix(keys.leader_beat, start_revision=start))
-        last_beat: float | None = time.monotonic() if beating else None
-        store_silent_at: float | None = None  # when the store last did not answer us
-        vacant_until: float | None = None  # the seat is empty: taken after this
-        while True:
-            if stop is not None and stop.is_set():
-                raise JobFailed("stopped while standing by; this driver never led the job")
-            if vacant_until is not None and time.monotonic() > vacant_until:
-                return
-            event = watch.get(timeout=STANDBY_POLL)
-            if event is not None and event.key == keys.driver:
-                if event.type == "delete":
-                    if not lapse_explained(store_silent_at, time.monotonic()):
-                        return
-                    # Its lease lapsed when the stalled store answered again, as ours
-                    # did: the leader takes its seat again within seconds.
-                    vacant_until = time.monotonic() + RETURN_GRACE
-                    continue
-                vacant_until = None
-                lease = event.kv.lease  # the leader took its seat again under a new lease
-            while (beat := beats.get(timeout=0)) is not None:
-                if beat.key == keys.leader_beat and beat.type != "delete":
-                    last_beat = time.monotonic()
-            if last_beat is not None and time.monotonic() - last_beat > BEAT_SILENCE:
-                if not _store_answers(store):
-                    # The store itself is silent (stalled, or cut off from us): its
-                    # silence says nothing of the leader's. Count again once it answers.
-                    last_beat = store_silent_at = time.monotonic()
-                    continue
-                log.warning(
-                    "the leader of job %s has not beaten for %.1fs: ending its lease",
-                    keys.job_id,
-                    time.monotonic() - last_beat,
-                )
-                with contextlib.suppress(RendezvousError):
-                    store.revoke(lease)
-                last_beat = None  # its record's deletion follows
-
-
 def _refuse_forged_seat(store: KVStore, keys: JobKeys) -> None:
     """After a claim found the leader's seat taken: refuse to go on when what holds it
     is a record the job did not sign (a stranger's, which every read ignores: the seat
@@ -503,16 +432,6 @@ def _refuse_forged_seat(store: KVStore, keys: JobKeys) -> None:
             "the job's signature (written by a client of the store without the job's "
             "secret); nothing was touched: delete that key or pick another --job-id"
         )
-
-
-def _store_answers(store: KVStore) -> bool:
-    """Whether ``store`` answers one read within ``STORE_ANSWER`` seconds."""
-    began = time.monotonic()
-    try:
-        store.revision()
-    except RendezvousError:
-        return False
-    return time.monotonic() - began <= STORE_ANSWER
 
 
 def _in_use(keys: JobKeys, holder_value: bytes | None) -> str:

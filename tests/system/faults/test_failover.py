@@ -17,7 +17,8 @@ import uuid
 
 import pytest
 
-from driver.leadership.claim import BEAT_INTERVAL, BEAT_SILENCE
+from driver.leadership.claim import BEAT_INTERVAL
+from driver.leadership.standby import BEAT_SILENCE
 from rendezvous import open_store
 from rendezvous.keys import JobKeys
 from rendezvous.schema.leader import DriverRecord
