@@ -10,7 +10,9 @@ The rules:
 
 * Exits (``worker_exited``): a worker the driver stopped is stopped, whatever its code;
   else 0 is finished and anything else failed, counted against its host and the streak
-  unless the chaos killed it. A spare's exit is quiet (``driver.policy.spares``).
+  unless the chaos killed it. A worker leaving at its next commit (nothing sent to it)
+  that exits 0 once the training finished finished too. A spare's exit is quiet
+  (``driver.policy.spares``).
 * Launch failures (``launch_failed``, and a shell's 126/127 from a worker that never
   registered, in ``worker_exited``): before any worker of the job registered, a program
   that cannot start ends the job at once with what failed; later it counts like a
@@ -70,6 +72,8 @@ def worker_exited(
     if rec.spare:
         return spare_exited(rec, code, book, now)
     done = lifecycle.exited(rec, code, now)
+    if _finished_while_leaving(rec, code, book, trained_to_end):
+        done = replace(done, state=WorkerState.FINISHED)  # (not STOPPED: no signal sent)
     member = plan.member(rec.worker_id) if plan is not None else None
     rank = member.rank if member is not None else None
     wid, host, slot = rec.worker_id, rec.host, rec.slot
@@ -112,6 +116,16 @@ def worker_exited(
     if member is not None:
         book = book.changed(now)
     return done, Step(tuple(decisions), book)
+
+
+def _finished_while_leaving(rec: WorkerRecord, code: int, book: Book, trained_to_end: bool) -> bool:
+    """A worker leaving at its next commit (``Leave``: its host was dropped or is
+    drained; nothing was sent to it) that exits 0 once the training finished (or is
+    the finisher) finished: it ran the script's end like any member. Counted as
+    stopped, a job whose every member was leaving at the finish (a world replaced
+    whole while its newcomers could not start) would fail although it succeeded."""
+    leaving = rec.state is WorkerState.STOPPING and rec.worker_id in book.hosts.leaving_ids()
+    return leaving and code == 0 and (book.training_done or trained_to_end)
 
 
 def launch_failed(

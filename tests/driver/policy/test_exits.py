@@ -315,3 +315,28 @@ def test_after_the_finish_no_report_accuses_and_no_worker_is_relaunched():
     assert book.failures.accused == ()
     cfg = settings("-np", "2")
     assert occupancy.slots_to_fill(table(a), hs("h:2"), finished, cfg.max_np) == []
+
+
+def test_members_leaving_at_their_commit_that_exit_0_after_the_finish_finished():
+    """A world replaced whole (discovery lists only a blacklisted host): its members
+    leave at their next commit (nothing is sent to them) and train on meanwhile, to the
+    end. Their exits 0 after the finish are the script's end: the job succeeds. A
+    worker the driver stopped (SIGTERM) did not finish, whatever its code."""
+    a, b = rec("a", 0), rec("b", 1)
+    p = plan_of(5, a, b)
+    leaving = Book.start(0.0).leaves("a", 30.0).leaves("b", 30.0)
+    done = dataclasses.replace(
+        leaving, rounds=dataclasses.replace(leaving.rounds, training_done_at=5.0)
+    )
+    t = table(lifecycle.stopping(a, 1.0), lifecycle.stopping(b, 1.0))
+    a_done, _ = exits.worker_exited(t["a"], 0, p, done, 6.0, trained_to_end=True)
+    b_done, _ = exits.worker_exited(t["b"], 0, p, done, 6.1)
+    assert (a_done.state, b_done.state) == (S.FINISHED, S.FINISHED)
+    assert isinstance(exits.outcome(table(a_done, b_done), p, done), Succeed)
+    # Before the finish, a leaving worker's exit 0 is its handover: stopped, no finish.
+    left, _ = exits.worker_exited(t["a"], 0, p, leaving, 6.0)
+    assert left.state is S.STOPPED
+    # Stopped by the driver (not leaving): no finish, whatever its code.
+    finished = Book(RoundBook(0.0, training_done_at=5.0))
+    stopped, _ = exits.worker_exited(t["a"], 0, p, finished, 6.0)
+    assert stopped.state is S.STOPPED
