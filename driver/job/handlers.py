@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Callable
 
 from driver import events as ev
@@ -235,6 +236,7 @@ class MessageHandlers:
             log.warning("ignoring an unreadable progress record: %s", exc)
             return ()
         state = self._state
+        before = state.book
         state.book = reports.progress_reported(
             state.book,
             record.step,
@@ -244,6 +246,9 @@ class MessageHandlers:
             record.commit_round,
             state.plan,
         )
+        if state.book is not before:  # (taken: an older round's record leaves it as it is)
+            book = state.book
+            state.book = replace(book, progress=book.progress.written_by(record.worker_id))
         return ()
 
     def on_finished(self, message: msg.TrainingFinished) -> Decisions:

@@ -188,7 +188,7 @@ class JobLead:
             return ()
         self._state_written = state
         self._state.plan = plan
-        self._state.book = self._state.book.new_round()
+        self._state.book = self._state.book.new_round(plan.round_id, plan.handover)
         self._held.processes.assign_ranks(plan)
         members = list(plan.worker_ids)
         self._events.emit(ev.RoundFormed(plan.round_id, plan.size, decision.seconds, members))
@@ -250,7 +250,7 @@ class JobLead:
         )
         self._state_written = state
         self._state.plan = plan
-        self._state.book = self._state.book.new_round()
+        self._state.book = self._state.book.new_round(plan.round_id, plan.handover)
         self._held.processes.assign_ranks(plan)
 
     def publish_snapshot_round(self, plan: Plan) -> bool:

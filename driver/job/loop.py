@@ -370,8 +370,10 @@ class Job:
         self._usable = tuple(h.host for h in view.usable)
         self._waits = []
         cfg, state = self.config, self._state
+        trouble = self._session.store_trouble.latest()  # (on the monotonic clock)
+        trouble_at = None if trouble is None else now - (time.monotonic() - trouble)
         reconcile.rules_turn(
-            cfg, state, view, self._host_actions, self._agents, self._dispatch, now
+            cfg, state, view, self._host_actions, self._agents, self._dispatch, now, trouble_at
         )
 
     def _settle(self) -> int | None:

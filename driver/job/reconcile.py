@@ -12,6 +12,8 @@ spare's start comes last so as not to delay the round a promotion just formed. U
 
 from __future__ import annotations
 
+import os
+
 from driver.config import JobConfig
 from driver.job.dispatch import Dispatch
 from driver.job.host_actions import HostActions
@@ -32,6 +34,10 @@ from driver.policy import (
 from driver.policy.reports import HostSource, ProgressSettings
 from driver.policy.rounds import RoundSettings
 
+#: rank 0's silence that kills it (the workers' ELASTIC_PEER_TIMEOUT: they inherit the
+#: driver's environment)
+_RANK0_SILENCE = suspicion.rank0_silence_after(os.environ)
+
 
 def rules_turn(
     cfg: JobConfig,
@@ -41,9 +47,12 @@ def rules_turn(
     agents: AgentService,
     dispatch: Dispatch,
     now: float,
+    store_trouble_at: float | None = None,
 ) -> None:
     """Run the rules once over the job (``state``) and the hosts (``view``) at ``now``,
-    carrying out each one's decisions (``dispatch``) before the next runs."""
+    carrying out each one's decisions (``dispatch``) before the next runs.
+    ``store_trouble_at``: the latest moment the store did not answer the driver in time
+    (None: never), on the clock of ``now``."""
     records = state.workers
     apply, step = dispatch.apply, dispatch.step
     settings, source = RoundSettings.from_config(cfg), HostSource.from_config(cfg)
@@ -68,6 +77,10 @@ def rules_turn(
     progress = ProgressSettings.from_config(cfg)
     step(reports.progress_report(state.book, state.plan, progress, now))
     step(suspicion.accusations_due(records, state.book, now))
+    quiet = suspicion.silent_rank0(
+        records, state.plan, state.book, now, _RANK0_SILENCE, store_trouble_at
+    )
+    step(quiet)
     step(preemption.drains_due(records, state.book, now))
     snapshots = bool(cfg.checkpoint_dir)
     step(departures.leaving_due(records, state.book, now, state.plan, snapshots))

@@ -237,9 +237,10 @@ class Book:
         """The membership changed at ``now``."""
         return replace(self, rounds=self.rounds.changed(now))
 
-    def new_round(self) -> Book:
-        """A round was published: the reports of the one before are settled."""
-        return replace(self, failures=self.failures.new_round())
+    def new_round(self, round_id: int = 0, handover: bool = False) -> Book:
+        """Round ``round_id`` was published: the reports of the one before are settled
+        (unless it is a ``handover``: ``FailureBook.new_round``)."""
+        return replace(self, failures=self.failures.new_round(round_id, handover))
 
     def leaves(self, worker_id: str, until: float) -> Book:
         """``worker_id`` leaves at its next commit, stopped if still running at ``until``."""

@@ -25,7 +25,10 @@ class FailureBook:
     rounds whose members all failed with an error code of their own; ``lost_rounds``:
     rounds whose members all died on their own, whatever the code or signal. Of the
     current round: ``reporters``, the workers that reported a failure, and ``accused``,
-    those blamed by them; ``probing``: hosts whose reachability is being asked."""
+    those blamed by them; ``probing``: hosts whose reachability is being asked.
+    ``ring_round``: the newest round published that was no handover: the members of a
+    handover train on the ring of the round before it until their next commit, so its
+    reports (from ``ring_round`` on) are the current round's (``policy.suspicion``)."""
 
     streak: int = 0
     all_failed_rounds: frozenset[int] = frozenset()
@@ -33,7 +36,12 @@ class FailureBook:
     reporters: frozenset[str] = frozenset()
     accused: tuple[Accusation, ...] = ()
     probing: frozenset[str] = frozenset()
+    ring_round: int = 0
 
-    def new_round(self) -> FailureBook:
-        """A round was published: the reports of the one before are settled."""
-        return replace(self, reporters=frozenset(), accused=())
+    def new_round(self, round_id: int = 0, handover: bool = False) -> FailureBook:
+        """Round ``round_id`` was published: the reports of the one before are settled,
+        unless it is a ``handover`` (its members still train on the ring those reports
+        are of: a member blamed there stays blamed)."""
+        if handover:
+            return self
+        return replace(self, reporters=frozenset(), accused=(), ring_round=round_id)

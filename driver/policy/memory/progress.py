@@ -35,7 +35,9 @@ class ProgressBook:
     progress record's ``commit_round``, while that round was the current one): each
     holds the newest commit, so leaving workers may go once one of them stays
     (``policy.departures``). ``snapshots``: the newest complete snapshot per host;
-    ``snapshot_round``: the newest round whose snapshot is known to be complete."""
+    ``snapshot_round``: the newest round whose snapshot is known to be complete.
+    ``writer``: the worker whose progress record came at ``at`` ("": not said), rank 0
+    of the round it was in (``policy.suspicion.silent_rank0``)."""
 
     step: int | None = None
     round_id: int = 0
@@ -46,6 +48,12 @@ class ProgressBook:
     commit_members: frozenset[str] = frozenset()
     snapshots: tuple[SnapshotHeld, ...] = ()
     snapshot_round: int = 0
+    writer: str = ""
+
+    def written_by(self, worker_id: str) -> ProgressBook:
+        """The report just taken (``policy.reports.progress_reported``) was written by
+        ``worker_id``."""
+        return replace(self, writer=worker_id)
 
     def snapshot_complete(self, host: str, step: int, round_id: int = 0) -> ProgressBook:
         """A snapshot of ``step``, taken in round ``round_id``, is complete on ``host``'s

@@ -3,12 +3,15 @@ into host probes and kills, checked decision by decision."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from driver import events as ev
 from driver.policy import suspicion
 from driver.policy.decisions import Book, HostLost, Kill, Probe, Report, Wait
 from driver.policy.memory.failures import FailureBook
+from driver.policy.memory.progress import ProgressBook
 from driver.policy.memory.rounds import RoundBook
 from rendezvous.schema.workers import FailureRecord
 from tests.driver.policy.builders import S, kinds, plan_of, rec, table
@@ -99,3 +102,86 @@ def test_an_unreachable_host_is_lost_with_every_worker_running_there():
         Kill("b", "its host h2 is unreachable (no answer within 0.5s)"),
         Kill("c", "its host h2 is unreachable (no answer within 0.5s)"),
     )
+
+
+# ----------------------------------------------------------------------------- a stopped member
+
+
+def test_a_report_of_the_ring_a_handover_replaced_accuses_its_suspect():
+    """A member stops (SIGSTOP) and newcomers register: the round that grows by them is
+    a handover, published before the stopped member's neighbour reports it on the old
+    ring, where the members still train. That report accuses it: dropped, nobody would
+    ever blame it (in the new round its neighbours wait for it to connect, and their
+    other neighbours report them instead, round after round)."""
+    x, y, n = rec("x", 0), rec("y", 1), rec("n", 2)
+    old = plan_of(13, x, y)
+    grown = dataclasses.replace(plan_of(14, x, y, n), handover=True)
+    t = table(x, y, n)
+    book = Book.start(0.0).new_round(13).new_round(14, handover=True)
+    lost = FailureRecord("y", 13, "rank 0 lost: no heartbeat for 3.0 s", suspect="x")
+    _, accused = suspicion.failure_reported(t, grown, book, lost, 10.0)
+    assert [a.worker_id for a in accused.failures.accused] == ["x"]
+    (kill,) = suspicion.accusations_due(t, accused, 10.0 + suspicion.CONFIRM_WINDOW).decisions
+    assert isinstance(kill, Kill) and kill.worker_id == "x"
+    # Of a round the members no longer run (an older one, or before a round that was
+    # no handover): noted only.
+    older = dataclasses.replace(lost, round_id=12)
+    assert suspicion.failure_reported(t, grown, book, older, 10.0)[1].failures.accused == ()
+    plain = Book.start(0.0).new_round(13).new_round(14)
+    regrown = plan_of(14, x, y, n)
+    assert suspicion.failure_reported(t, regrown, plain, lost, 10.0)[1].failures.accused == ()
+    # A member accused on the old ring stays accused when a handover is published.
+    _, before = suspicion.failure_reported(t, old, Book.start(0.0).new_round(13), lost, 9.0)
+    assert [a.worker_id for a in before.new_round(14, True).failures.accused] == ["x"]
+    assert before.new_round(14).failures.accused == ()
+
+
+def progress_of(writer: str, at: float, round_id: int = 13) -> Book:
+    book = Book.start(0.0)
+    heard = ProgressBook(step=100, round_id=round_id, at=at).written_by(writer)
+    return dataclasses.replace(book, progress=heard)
+
+
+def test_a_rank_0_not_heard_for_the_peer_timeout_is_killed():
+    """Rank 0 writes its progress every period from a thread of its own, whatever its
+    training does: still rank 0 of the round and silent for ``after``, it is stopped
+    or hung. Its ring peers' word may never come (its neighbours wait in the next
+    round's setup for it, and are the ones reported): the driver's own record decides."""
+    x, y, n = rec("x", 0), rec("y", 1), rec("n", 2)
+    p = plan_of(20, x, y, n)
+    t = table(x, y, n)
+    after = 10.0
+    book = progress_of("x", at=5.0)
+    (wait,) = suspicion.silent_rank0(t, p, book, 14.0, after).decisions
+    assert wait == Wait(15.0, "rank 0 (x) to be heard")
+    (kill,) = suspicion.silent_rank0(t, p, book, 15.5, after).decisions
+    assert isinstance(kill, Kill) and kill.worker_id == "x"
+    assert "rank 0 of round 20" in kill.reason and "not heard for 10 s" in kill.reason
+    # Nobody else is blamed for it: not a rank 0 that has not written yet (the last
+    # record is an old rank 0's), not one already given up on, not after the finish.
+    assert suspicion.silent_rank0(t, plan_of(21, y, n), book, 60.0, after).decisions == ()
+    killed = table(dataclasses.replace(x, state=S.KILLED), y, n)
+    assert suspicion.silent_rank0(killed, p, book, 60.0, after).decisions == ()
+    done = book.training_finished(6.0)
+    assert suspicion.silent_rank0(t, p, done, 60.0, after).decisions == ()
+    assert suspicion.silent_rank0(t, p, Book.start(0.0), 60.0, after).decisions == ()
+
+
+def test_a_store_that_stalls_holds_rank_0s_records_back_and_kills_nobody():
+    """The store did not answer the driver in time until 30.0 (an etcd stalled): rank 0's
+    records come again once it answers, so its silence counts from there."""
+    x, y = rec("x", 0), rec("y", 1)
+    p, t = plan_of(20, x, y), table(x, y)
+    book = progress_of("x", at=5.0)
+    (wait,) = suspicion.silent_rank0(t, p, book, 31.0, 10.0, store_trouble_at=30.0).decisions
+    assert wait == Wait(40.0, "rank 0 (x) to be heard")
+    (kill,) = suspicion.silent_rank0(t, p, book, 40.0, 10.0, store_trouble_at=30.0).decisions
+    assert isinstance(kill, Kill) and "not heard for 35 s" in kill.reason
+
+
+def test_rank_0s_silence_is_the_workers_peer_timeout_ten_seconds_at_least():
+    after = suspicion.rank0_silence_after
+    assert after({}) == suspicion.PEER_TIMEOUT_DEFAULT
+    assert after({"ELASTIC_PEER_TIMEOUT": "3"}) == suspicion.RANK0_SILENT_MIN
+    assert after({"ELASTIC_PEER_TIMEOUT": "45"}) == 45.0
+    assert after({"ELASTIC_PEER_TIMEOUT": "soon"}) == suspicion.PEER_TIMEOUT_DEFAULT
