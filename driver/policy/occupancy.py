@@ -82,18 +82,21 @@ def workers_to_stop(
     """Stop the active workers (not spares) whose host or slot left the job (and say so).
     A registered member of ``plan`` whose host was not blacklisted (discovery dropped it,
     or its slot) leaves at its next commit instead, while other members go on
-    (``driver.policy.departures``); when every member's host left (a world replaced
-    whole), they stay until newcomers hold the state, up to ``HANDOFF_WAIT``."""
+    (``driver.policy.departures``); when every running member's host left (a world
+    replaced whole), they stay until newcomers hold the state, up to ``HANDOFF_WAIT``,
+    blacklisted or not: stopped, they would take the only copy of the state along."""
     active = [r for r in workers.values() if r.state.active and not r.spare]
     reason = "its host or slot left the job"
     displaced = planner.displaced_workers(active, usable)
     gone = {r.worker_id for r in displaced}
     members = plan.worker_ids if plan is not None else ()
-    stays = any(w not in gone for w in members)
+    stays = any(w not in gone and w in workers and workers[w].state.running for w in members)
     decisions: list[Decision] = []
     for r in displaced:
         event = WorkerStopping(worker=r.worker_id, host=r.host, slot=r.slot, reason=reason)
-        if r.live and r.worker_id in members and r.host not in blacklisted:
+        # (A blacklisted host's members are stopped, as what may be broken, unless they
+        # hold the only copy of the state: then they too wait for newcomers to hold it.)
+        if r.live and r.worker_id in members and (r.host not in blacklisted or not stays):
             wait = LEAVE_WAIT if stays else HANDOFF_WAIT
             decisions += [Report(event), *leave_at_commit([r.worker_id], reason, now, wait)]
         else:

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from driver import events as ev
+from driver.flags import HANDOFF_WAIT
 from driver.policy import departures, occupancy, preemption, reports, rounds
 from driver.policy.decisions import Book, HostLost, Leave, Publish, Report, SnapshotNow, Stop, Wait
 from driver.policy.departures import LEAVE_WAIT, is_handover, leave_at_commit, leaving_due
@@ -128,6 +129,29 @@ def test_members_of_a_host_discovery_dropped_leave_at_their_commit():
         Stop("b2", why),
     ]
     # A blacklisted host's members are stopped: they may be what is broken.
+    assert Stop("b0", why) in occupancy.workers_to_stop(t, hs("a:2"), plan, ("b",), 5.0)
+
+
+def test_the_last_holders_of_the_state_on_a_blacklisted_host_wait_for_newcomers():
+    """Host b is blacklisted (its workers failed: a third SIGKILL from outside) while the
+    only running members of the round are there: stopped at once, they would take the
+    only copy of the state along (the job fails, no --checkpoint-dir). They leave at
+    their commit once newcomers on a hold it, as a world replaced whole does."""
+    why = "its host or slot left the job"
+    t = table(
+        rec("b0", 0, host="b"),
+        rec("b1", 1, host="b", state=S.FAILED, exit_code=-9),
+        rec("a0", 0, host="a", state=S.LAUNCHED),
+    )
+    plan = plan_of(23, t["b0"], t["b1"])
+    decisions = occupancy.workers_to_stop(t, hs("a:2"), plan, ("b",), 5.0)
+    assert decisions == [
+        Report(ev.WorkerStopping(worker="b0", host="b", slot=0, reason=why)),
+        *leave_at_commit(["b0"], why, 5.0, HANDOFF_WAIT),
+    ]
+    # A member running elsewhere holds the state too: the blacklisted host's are stopped.
+    t["a1"] = rec("a1", 1, host="a")
+    plan = plan_of(23, t["b0"], t["a1"])
     assert Stop("b0", why) in occupancy.workers_to_stop(t, hs("a:2"), plan, ("b",), 5.0)
 
 
