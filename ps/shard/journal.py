@@ -38,7 +38,7 @@ from ps.errors import PSError, PSReplicaError
 from ps.optimizers import make_optimizer
 from ps.partition import Slice
 from ps.protocol import APPLY, CREATE, FULL, META, MirrorArgs, MirrorOp
-from ps.shard.checkpoint import SavedVariable, ShardSnapshot
+from ps.shard.checkpoint_format import SavedVariable, ShardSnapshot
 from ps.shard.state_checkpoints import _Var
 
 

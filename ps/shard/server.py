@@ -72,7 +72,7 @@ from ps.registry import StoreRegistry
 from ps.settings import ServerSettings
 from ps.shard.backup import Backup, BackupHooks
 from ps.shard.bulk import BulkServer
-from ps.shard.checkpoint import Manifest
+from ps.shard.checkpoint_format import Manifest
 from ps.shard.control import Peers, ShardControl
 from ps.shard.coordinator import Coordinator
 from ps.shard.lifecycle import finish, restore

@@ -17,7 +17,7 @@ from ps.errors import PSProtocolError
 from ps.optimizers import Optimizer, make_optimizer
 from ps.partition import Slice
 from ps.protocol import ShardStatus
-from ps.shard.checkpoint import SavedVariable, ShardSnapshot
+from ps.shard.checkpoint_format import SavedVariable, ShardSnapshot
 
 log = logging.getLogger("ps.shard.state")
 
