@@ -2,7 +2,8 @@
 
 ``build_parser`` declares every flag with its type (a converter that checks the bounds
 and names the flag in its message), its default and its ``--help`` line; argparse's
-own errors become ``UsageError``. It is apart from ``driver.config`` (which turns the
+own errors become ``UsageError`` (the parser and the converters:
+``driver.flag_types``; the help's prose around the flags: ``driver.flag_help``). It is apart from ``driver.config`` (which turns the
 parsed flags into a validated ``JobConfig``: the size, host and path rules) because the
 two change for different reasons: the help is the user's text, the rules are the job's
 contract; and the help alone is longer than the rules.
@@ -11,15 +12,14 @@ contract; and the help alone is longer than the rules.
 from __future__ import annotations
 
 import argparse
-import math
-from typing import Callable
 
-from driver.errors import UsageError
+from driver import flag_help as help_text
+from driver import flag_types as types
 from driver.horovodrun_flags import add_horovodrun_flags
 from driver.hosts.discovery import DEFAULT_SCRIPT_TIMEOUT
 from driver.hosts.manager import BlacklistPolicy
 from driver.hosts.shard_placement import PLACEMENTS
-from driver.hosts.slots import MAX_SLOTS_PER_HOST, MAX_WORKERS, quote_entry
+from driver.hosts.slots import MAX_WORKERS
 from driver.launch.registry import launcher_names
 from rendezvous import env
 from rendezvous.version import package_version
@@ -41,146 +41,13 @@ PS_MODES = ("async", "sync")
 STATE_LOST_ACTIONS = ("fail", "restart")
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """argparse reports errors by printing and exiting; we want a ``UsageError``. No
-    flag is ever taken by a prefix of its name: ``allow_abbrev=False`` covers only
-    ``--long`` flags, and argparse still reads ``-n 2`` as ``-np 2``."""
-
-    def _get_option_tuples(self, option_string: str) -> list:
-        return []  # (argparse's prefix matching, for flags of one dash too)
-
-    def error(self, message: str):
-        raise UsageError(self._name_full_flags(message))
-
-    def _name_full_flags(self, message: str) -> str:
-        """An unrecognized argument that abbreviates one of our flags names the flag in
-        full: a typo must not look like a flag we do not have."""
-        prefix = "unrecognized arguments: "
-        if not message.startswith(prefix):
-            return message
-        flags = [f for action in self._actions for f in action.option_strings]
-        hints = []
-        for arg in message[len(prefix) :].split():
-            name = arg.split("=", 1)[0]
-            if not name.startswith("-") or len(name) < 2:
-                continue
-            meant = sorted(f for f in flags if f.startswith(name) and f != name)
-            if meant:
-                hints.append(
-                    f"{name} is no flag (abbreviations are not taken): did you mean "
-                    + " or ".join(meant)
-                    + "?"
-                )
-        return message + ("; " + "; ".join(hints) if hints else "")
-
-
-def _number_type(
-    kind: Callable[[str], float],
-    minimum: float,
-    strict: bool,
-    what: str,
-    maximum: tuple[int, str] | None = None,
-):
-    """An argparse ``type`` converting to ``kind`` and checking the bounds (``maximum``:
-    the largest value and why); argparse adds the flag name to the message ("argument
-    --x: must be ...")."""
-
-    def convert(text: str):
-        digits = text.strip().lstrip("+")
-        if (
-            maximum is not None
-            and digits.isdigit()
-            and len(digits.lstrip("0")) > len(str(maximum[0]))
-        ):
-            # Before converting: a thousand-digit number is too big all the same.
-            raise argparse.ArgumentTypeError(
-                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
-            )
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}") from None
-        if (
-            math.isnan(value)
-            or math.isinf(value)
-            or value < minimum
-            or (strict and value == minimum)
-        ):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {quote_entry(text)}")
-        if maximum is not None and value > maximum[0]:
-            raise argparse.ArgumentTypeError(
-                f"must be at most {maximum[0]} ({maximum[1]}), got {quote_entry(text)}"
-            )
-        return value
-
-    convert.__name__ = what  # argparse names the type in some messages
-    return convert
-
-
-_worker_count = _number_type(
-    int, 0, True, "a whole number >= 1", (MAX_WORKERS, "the most workers one job may have")
-)
-_slot_count = _number_type(
-    int, 0, True, "a whole number >= 1", (MAX_SLOTS_PER_HOST, "the most slots of one host")
-)
-_non_negative_int = _number_type(int, 0, False, "a whole number >= 0")
-_spare_count = _number_type(
-    int, 0, False, "a whole number >= 0", (MAX_SLOTS_PER_HOST, "the most slots of one host")
-)
-_ps_replicas = _number_type(int, 0, False, "0 or 1", (1, "a shard has at most one backup"))
-_positive_seconds = _number_type(float, 0.0, True, "a number of seconds > 0")
-_non_negative_seconds = _number_type(float, 0.0, False, "a number of seconds >= 0")
-
-_DESCRIPTION = """\
-Run COMMAND as an elastic, fault-tolerant training job: one worker process per slot,
-re-formed into a new round whenever workers fail or hosts come and go."""
-
-_EPILOG = """\
-examples:
-  elastic-run -np 2 python train.py
-      two workers on this machine; a failed worker is replaced
-  elastic-run -np 4 -H node1:2,node2:2 python train.py
-      four workers on two hosts (ssh to hosts that are not this machine)
-  elastic-run --min-np 2 --max-np 16 --host-discovery-script ./discover_hosts.sh \\
-      --rendezvous etcd://10.0.0.5:2379,10.0.0.6:2379 python train.py
-      grows and shrinks between 2 and 16 workers as the script's host list changes
-  elastic-run --restart-workers -np 4 -H node1:2,node2:2 python train_ddp.py
-      a torchrun script, unchanged: every worker restarts when one fails or a host goes
-
-the driver and the store: with the default embedded store the driver *is* the store,
-so its death ends the job (every worker stops). With --rendezvous etcd://... an agent
-on each host runs that host's workers and keeps them training if the driver dies, for
---driver-timeout; use etcd for long jobs.
-
-keeping the trained state: --checkpoint-dir DIR snapshots it every --checkpoint-interval;
-the same command started again (after a crash, a preemption, a requeue) resumes from the
-newest snapshot. SIGTERM or SIGINT writes a final snapshot first.
-
-etcd's own security: anyone who reaches etcd's port can read the job's records and
-delete or overwrite them (a record without the job's signature is ignored, but one
-deleted still stops the job). Let only the job reach etcd, or make etcd check who
-calls: etcds:// with client certificates (--etcd-cert, --etcd-key) or etcd users
-(--etcd-user, with the password in ELASTIC_ETCD_PASSWORD).
-
-exit status: 0 when every worker of the final round (with --restart-workers: of a
-world) exited 0; 1 with a one-line reason when the job failed (reset limit exceeded,
-elastic timeout, no usable hosts, a program that cannot start, a job id that a live job
-holds, the committed state lost); 2 for bad arguments (also: an etcd that speaks TLS
-where the URL does not, or the reverse; a --join node whose job has ended, without
---new-job); 3 when another driver took the job over (this one steers nothing more and
-leaves the workers to it); 128+N when stopped by signal N (143: SIGTERM, 130: SIGINT),
-after a final snapshot with --checkpoint-dir: a stopped job is not a failed one, and the
-same command resumes it; 0 for a --standby whose job ended under its leader, and for a
---join node that left on SIGTERM while the job goes on elsewhere."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``elastic-run`` argument parser. Its ``error`` raises ``UsageError``;
     ``--help`` prints the help and exits 0 (``SystemExit``), as argparse does."""
-    p = _RaisingParser(
+    p = types.RaisingParser(
         prog="elastic-run",
-        description=_DESCRIPTION,
-        epilog=_EPILOG,
+        description=help_text.DESCRIPTION,
+        epilog=help_text.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         # "--min" must not silently mean "--min-np"; and abbreviations
         # would make a user's future flag typo land on ours.
@@ -192,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-np",
         "--num-proc",  # (horovodrun's name)
         dest="np",
-        type=_worker_count,
+        type=types.worker_count,
         metavar="N",
         help="workers to start with. Without hosts: the job runs N workers on "
         "localhost, replacing any that fail (a static-size job). With hosts: "
@@ -202,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--min-np",
         "--min-num-proc",
-        type=_worker_count,
+        type=types.worker_count,
         metavar="N",
         help="fewest workers to train with; below it the job waits for hosts, up "
         "to --elastic-timeout (default: -np)",
@@ -210,14 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--max-np",
         "--max-num-proc",
-        type=_worker_count,
+        type=types.worker_count,
         metavar="N",
         help="most workers at once (default: -np without hosts; with hosts no "
         "limit beyond the slots)",
     )
     size.add_argument(
         "--spares",
-        type=_spare_count,
+        type=types.spare_count,
         default=0,
         metavar="N",
         help="warm spare workers to keep on each host (without hosts: on localhost, "
@@ -253,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hosts.add_argument(
         "--slots-per-host",
-        type=_slot_count,
+        type=types.slot_count,
         default=None,
         metavar="N",
         help=f"slots of a host listed without :SLOTS (default: {DEFAULT_SLOTS_PER_HOST}); "
@@ -262,14 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hosts.add_argument(
         "--discovery-interval",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         default=DEFAULT_DISCOVERY_INTERVAL,
         metavar="SEC",
         help="seconds between runs of the discovery script (default: %(default)s)",
     )
     hosts.add_argument(
         "--discovery-timeout",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         default=DEFAULT_SCRIPT_TIMEOUT,
         metavar="SEC",
         help="a run of the discovery script (or of Slurm's squeue/sinfo with --launcher "
@@ -286,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hosts.add_argument(
         "--blacklist-cooldown-range",
-        type=_non_negative_seconds,
+        type=types.non_negative_seconds,
         nargs=2,
         default=DEFAULT_BLACKLIST_COOLDOWN_RANGE,
         metavar=("MIN", "MAX"),
@@ -400,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     fault = p.add_argument_group("fault tolerance")
     fault.add_argument(
         "--reset-limit",
-        type=_non_negative_int,
+        type=types.non_negative_int,
         metavar="N",
         help="fail the job when more than N rounds follow the first (each worker "
         "failure or host change makes a new round); with --restart-workers, when more "
@@ -420,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fault.add_argument(
         "--elastic-timeout",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         default=DEFAULT_ELASTIC_TIMEOUT,
         metavar="SEC",
         help="fail the job after waiting this long for --min-np "
@@ -431,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fault.add_argument(
         "--driver-timeout",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         default=DEFAULT_DRIVER_TIMEOUT,
         metavar="SEC",
         help="with an etcd store the job outlives its driver: each host's agent keeps "
@@ -441,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fault.add_argument(
         "--start-timeout",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         default=DEFAULT_START_TIMEOUT,
         metavar="SEC",
         help="fail the job if -np workers have not registered this "
@@ -449,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fault.add_argument(
         "--hang-timeout",
-        type=_non_negative_seconds,
+        type=types.non_negative_seconds,
         metavar="SEC",
         help="a worker whose process lives but whose training function (@elastic.run) "
         "reaches no collective or commit for SEC seconds is hung: every thread's "
@@ -478,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps = p.add_argument_group("parameter servers")
     ps.add_argument(
         "--num-ps",
-        type=_non_negative_int,
+        type=types.non_negative_int,
         default=0,
         metavar="N",
         help="parameter-server shards to run (default: %(default)s, none)",
@@ -499,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ps.add_argument(
         "--ps-checkpoint-interval",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         metavar="SEC",
         help="seconds between checkpoints; needs --num-ps, and is ignored without "
         f"--ps-checkpoint-dir (default: {DEFAULT_PS_CHECKPOINT_INTERVAL:g})",
@@ -514,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ps.add_argument(
         "--ps-replicas",
-        type=_ps_replicas,
+        type=types.ps_replicas,
         metavar="N",
         help="1: run a backup process for each shard (on another host than the shard "
         "when --ps-placement spread has one) that holds every update before the shard "
@@ -542,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     state.add_argument(
         "--checkpoint-interval",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         metavar="SEC",
         help="seconds between two snapshots: at most this much training is lost when "
         "every worker is; needs --checkpoint-dir (default: "
@@ -561,13 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
     chaos = p.add_argument_group("chaos testing")
     chaos.add_argument(
         "--chaos-kill-interval",
-        type=_positive_seconds,
+        type=types.positive_seconds,
         metavar="SEC",
         help="SIGKILL a random worker every SEC seconds (default: off)",
     )
     chaos.add_argument(
         "--chaos-max-kills",
-        type=_non_negative_int,
+        type=types.non_negative_int,
         metavar="N",
         help="stop the chaos after N kills; needs --chaos-kill-interval (default: unlimited)",
     )
@@ -595,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument(
         "--progress-interval",
-        type=_non_negative_seconds,
+        type=types.non_negative_seconds,
         default=DEFAULT_PROGRESS_INTERVAL,
         metavar="SEC",
         help="at the first commit and then every SEC seconds, a line (and a "
