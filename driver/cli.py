@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from driver.checkpoint_folder import claim_checkpoint_dir
+from driver.checkpoint_folder import claim_checkpoint_dirs
 from driver.config import parse_args, unshared_secret_note
 from driver.errors import (
     DriverError,
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    folder: FolderClaim | None = None
+    folders: list[FolderClaim] = []
     try:
         config = parse_args(argv)
         # The --etcd-* flags, for this driver's own clients and every process it starts
@@ -75,15 +75,15 @@ def _run(argv: list[str]) -> int:
         # One job per --checkpoint-dir, held for this driver's life; last, so that a
         # start refused for another reason leaves the folder's owner as it was (a
         # joined node's job id is given: the node built above runs as the same one).
-        config, folder, owner_note = claim_checkpoint_dir(config)
-        if owner_note:
+        config, folders, owner_notes = claim_checkpoint_dirs(config)
+        for owner_note in owner_notes:
             _say(owner_note)
         job = Job(config, leave=node.leave if node is not None else None)
         if (note := unshared_secret_note(config)) is not None:
             _say(note)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        if folder is not None:
+        for folder in folders:
             folder.close()
         return 2
     logging.basicConfig(
@@ -130,7 +130,7 @@ def _run(argv: list[str]) -> int:
     finally:
         if node is not None:
             node.close()
-        if folder is not None:
+        for folder in folders:
             folder.close()
 
 

@@ -64,7 +64,7 @@ def _take_lock(fd: int) -> str:
     return HELD
 
 
-def _read_record(directory: str) -> tuple[OwnerRecord | None, float]:
+def _read_record(directory: str, flag: str) -> tuple[OwnerRecord | None, float]:
     """The folder's record (None: there is none) and its time (mtime).
 
     Raises:
@@ -78,7 +78,7 @@ def _read_record(directory: str) -> tuple[OwnerRecord | None, float]:
         return OwnerRecord.from_json(data), os.stat(path, follow_symlinks=False).st_mtime
     except (PrivateFileError, ValueError, OSError) as exc:
         raise CheckpointDirInUseError(
-            f"--checkpoint-dir {directory}: its owner record {path} is not usable ({exc}); "
+            f"{flag} {directory}: its owner record {path} is not usable ({exc}); "
             "remove it if no job uses this folder"
         ) from None
 
@@ -149,7 +149,7 @@ class FolderClaim:
         )
         try:
             lock = _take_lock(fd)
-            record, refreshed = _read_record(directory)
+            record, refreshed = _read_record(directory, me.flag)
             mine = OwnerRecord(me.job_id, me.host, pid or os.getpid(), clock())
             tmp, fs_now = _write_temporary(directory, mine)
             try:

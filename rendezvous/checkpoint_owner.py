@@ -92,12 +92,14 @@ class Claimant:
     """The driver that asks: the ``job_id`` it runs (a fresh one when ``given`` is False:
     no ``--job-id``), its ``host``, and whether another live driver of its job may share
     the folder (``shared``: an etcd store, where a ``--standby`` or a successor leads
-    the same job; a ``--join`` node)."""
+    the same job; a ``--join`` node). ``flag``: the folder's flag, named in a refusal
+    (``--checkpoint-dir``, or the parameter servers' ``--ps-checkpoint-dir``)."""
 
     job_id: str
     host: str
     given: bool
     shared: bool
+    flag: str = "--checkpoint-dir"
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ def decide(directory: str, seen: Seen, me: Claimant, stale_after: float = STALE)
     if record is None:
         return Verdict(TAKE, me.job_id)
     lives = holder_lives(seen, me.host, stale_after)
-    where = f"--checkpoint-dir {directory}"
+    where = f"{me.flag} {directory}"
     holder = record.describe()
     if lives and seen.lock != BUSY:  # told by the record's age alone: it may be a dead one's
         holder += (

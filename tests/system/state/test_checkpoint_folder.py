@@ -12,11 +12,14 @@ once per epoch) or the job is wrong, so a snapshot of another job resumed shows.
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 
 from elastic.snapshots import files
 from elastic.snapshots.parts import cut
+from rendezvous.checkpoint_claim import FolderClaim
+from rendezvous.checkpoint_owner import Claimant
 from tests.support.jobs import (
     ElasticRun,
     check_exact_sum,
@@ -176,3 +179,32 @@ def test_a_full_disk_prunes_the_oldest_snapshot_to_make_room(tmp_path):
     assert "is full" in said and "to make room" in said
     assert 1 <= len(left) <= 2 and left[0].step == written[-1]["step"], (left, written)
     check_exact_sum(out, samples, epochs)
+
+
+@pytest.mark.timeout(60)
+def test_a_parameter_server_folder_in_use_is_refused_too(tmp_path):
+    # The shards' checkpoints are the job's state as much as the snapshots: a second job
+    # would resume, or prune, the first one's. The holder here is this test's process,
+    # as a live driver of job "first" on this host holds the folder (its lock, its record).
+    ps_dir = tmp_path / "ps"
+    ps_dir.mkdir(mode=0o700)
+    me = Claimant(job_id="first", host=socket.gethostname(), given=True, shared=False)
+    hold, _ = FolderClaim.claim(str(ps_dir), me)
+    try:
+        done = run_cli(
+            *("-np", "1", "--num-ps", "1", "--ps-checkpoint-dir", str(ps_dir)),
+            *("--job-id", "second", "python", "-c", "1"),
+        )
+    finally:
+        hold.close()
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert f"--ps-checkpoint-dir {ps_dir} is in use by job first (driver pid" in lines[0]
+    # once it is free, the same command starts: the folder is its own from then on
+    done = run_cli(
+        *("-np", "1", "--num-ps", "1", "--ps-checkpoint-dir", str(ps_dir)),
+        *("--job-id", "second", "python", "-c", "1"),
+    )
+    assert "whose driver is gone: job second takes it over" in done.stderr, done.stderr
+    assert "leading the job" in done.stderr, done.stderr
