@@ -4,8 +4,9 @@ driver every thread's Python stack (``FailureRecord`` with ``hung``, under
 ``JobKeys.hung``); the driver logs them, says ``hung`` and kills the worker, whose peers'
 collectives then raise at once as for any lost worker.
 
-A report is sent once per stall: a training that moves again and stalls again is
-reported again. The thread needs the GIL briefly every tick (at most a second); a C
+A report is sent once per stall (again after ``REPORT_AGAIN`` while the stall lasts, in
+case a report was lost): a training that moves again and stalls again is reported
+again. The thread needs the GIL briefly every tick (at most a second); a C
 extension that holds the GIL for good stops it, and the ring's heartbeats with it,
 which the ring's failure monitor reports (a silent peer).
 
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: the watchdog looks at the clock this often at most (and ten times per timeout at least)
 MAX_TICK = 1.0
+#: a stall still going on is reported again after this long (or its timeout, if longer):
+#: a report the store lost, or a driver that took the job over since, still hears of it
+REPORT_AGAIN = 30.0
 
 
 class Reporting(Protocol):
@@ -134,12 +138,15 @@ class Watchdog:
 
     def _run(self) -> None:
         reported: float | None = None  # the stall reported (its clock's ``since``)
+        reported_at = 0.0
         while not self._stopped.wait(self._tick()):
             view, now = self._clock.view(), time.monotonic()
             timeout = hang_after(view, now, self._settings)
-            if timeout is None or view.since == reported:
+            if timeout is None:
                 continue
-            reported = view.since
+            if view.since == reported and now - reported_at < max(timeout, REPORT_AGAIN):
+                continue
+            reported, reported_at = view.since, now
             try:
                 self._report(view, timeout, now)
             except Exception:  # the watchdog must not die of one report

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from elastic.hangs import watchdog as watchdog_module
 from elastic.hangs.clock import (
     ClockView,
     HangSettings,
@@ -184,3 +185,19 @@ def test_a_watchdog_turned_off_starts_no_thread():
     before = threading.active_count()
     watchdog.start()
     assert threading.active_count() == before
+
+
+@pytest.mark.timeout(20)
+def test_a_stall_that_lasts_is_reported_again_after_a_while(monkeypatch):
+    """A report the store lost, or a driver that took the job over since, still hears."""
+    monkeypatch.setattr(watchdog_module, "REPORT_AGAIN", 0.5)
+    clock, runtime = TrainingClock(), FakeRuntime()
+    watchdog = Watchdog(runtime, "w1", HangSettings(timeout=0.2), clock)  # type: ignore[arg-type]
+    watchdog.start()
+    try:
+        clock.start_training()
+        wait_until(lambda: len(runtime.store.puts) >= 2, 10, "the stall reported again")
+        first, second = (FailureRecord.from_json(v) for _, v, _ in runtime.store.puts[:2])
+        assert first.hung and second.hung
+    finally:
+        watchdog.stop()
