@@ -4,18 +4,17 @@ One thread owns all state (``Job.run``); everything else only posts messages
 (``driver.job.messages``) to its queue: worker exits (a waiter thread per process),
 registrations, failure reports and rank 0's progress (store watches), discovery
 results (a polling thread), signals, chaos ticks, a ps shard that cannot go on, a
-claim on the job id lost to another driver (``driver.job.feeds``, ``driver.leadership.claim``). (The
-store's health probe alone reports by itself: the loop may be what waits on the
-store.) After each message the loop reconciles: it asks the rules of
-``driver.policy`` what to do (stop displaced workers, kill hung ones, fill free slots,
-publish the next round, wait, give up; under ``--restart-workers``, stop and start whole
-worlds instead: ``driver.policy.restarts``) and carries the decisions
-(``driver.policy.decisions``) out, one handler per kind of decision (and per kind of
-message). The rules are pure
-functions; this module is the I/O they need: the store, the worker processes
-(``driver.job.processes``), the event log, the clock. What runs beside the workers
-is started and stopped by its own part: the store and the claim on the job id
-(``driver.job.session``, its fenced writes: ``driver.job.fenced``), the ps shards
+claim on the job id lost to another driver, the store's probe past its bound
+(``driver.job.feeds``, ``driver.leadership.claim``). After each message the loop
+reconciles: it asks the rules of ``driver.policy`` what to do (stop displaced workers,
+kill hung ones, fill free slots, publish the next round, wait, give up; under
+``--restart-workers``, stop and start whole worlds instead: ``driver.policy.restarts``)
+and carries the decisions (``driver.policy.decisions``) out, one handler per kind of
+decision (and per kind of message). The rules are pure functions; this module is
+the I/O they need: the store, the worker processes (``driver.job.processes``), the
+event log, the clock. What runs beside the workers is started and stopped by its own
+part: the store and the claim on the job id (``driver.job.session``, its fenced
+writes: ``driver.job.fenced``), the ps shards
 (``driver.job.shards``), the chaos (``driver.job.chaos``). Each part of the loop is
 given by name only the collaborators it uses: the takeover and the lead's writes
 (``driver.job.lead``), the workers' starts, stops and kills (``driver.job.actions``),
@@ -27,8 +26,8 @@ named handlers, one per kind of decision and one per kind of message
 decisions it leads to and the loop carries them out: no part calls back into the loop.
 Which rules run, in what order, is the rules' turn (``driver.job.reconcile``).
 
-A dead worker is noticed by whichever comes first: its process exit (the launcher),
-its registration lease expiring, or a peer's failure report naming it.
+A dead worker is noticed by whichever comes first: its process exit (the launcher), its
+registration lease expiring, or a peer's failure report naming it.
 
 ``Job(config, launcher=..., events=..., clock=..., discovery=...)`` takes what it
 drives, so tests run the whole loop with fake processes and a fake clock (what it
@@ -346,13 +345,8 @@ class Job:
         if self._chaos is not None:
             self._chaos.stop()
         self._shards.stop(self._session.leads)
-        if self._session.leads and self._store_gone:
-            # Every word to an agent goes through the store, which does not answer:
-            # their processes are stopped as they are (each agent's workers with it).
-            # Workers started without agents are this driver's own processes.
-            self._agents.close(tell=False)
-            if isinstance(self._agents, NoAgents):
-                self._actions.stop_all()
+        if self._session.leads and self._store_gone:  # (no word through the store)
+            self._agents.close(tell=False)  # each agent's processes, its workers with them
         elif self._session.leads:
             self._actions.stop_all()
             self._agents.close()
@@ -476,6 +470,8 @@ class Job:
 
     def _store_lost(self, message: msg.StoreLost) -> NoReturn:
         self._store_gone = True
+        if self._session.leads:  # first: rank 0 snapshots until it is stopped
+            self._agents.close(tell=False)
         book = self._state.book
         folder = self.config.checkpoint_dir
         line = store_lost_line(
