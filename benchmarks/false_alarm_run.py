@@ -31,9 +31,10 @@ through the stop file, and the driver's events file is counted:
   way, and the driver does not log probes: an upper bound);
 * ``other_failure_reports``: any other ``failure_reported``;
 * ``host_unreachable``, ``worker_failed``, ``workers_stopped`` (the driver's
-  ``worker_stopping``: a kill), ``rounds_beyond_first`` (``round_formed`` events after
-  the first);
-* ``spurious_losses``: the sum of the last four. The claim holds when it is 0. Each is
+  ``worker_stopping``: a kill), ``hung`` (a worker declared hung at the default
+  ``--hang-timeout``), ``rounds_beyond_first`` (``round_formed`` events after the
+  first);
+* ``spurious_losses``: the sum of the last five. The claim holds when it is 0. Each is
   also placed in time (``loss_times_s``, seconds into the run) beside the load average
   then (``load_avg_at_losses``): the claim is about 4 workers on 2 cores, and a machine
   that other work overloads stretches a GC pause past the registration lease
@@ -45,7 +46,7 @@ and the load average (median and highest while training, and at the end). One JS
 on stdout:
     {"bench": "false_alarm", "placement", "workers": 4, "duration_s", "workload",
      "silent_reports", "probes_at_most", "other_failure_reports", "host_unreachable",
-     "worker_failed", "workers_stopped", "rounds_beyond_first", "spurious_losses",
+     "worker_failed", "workers_stopped", "hung", "rounds_beyond_first", "spurious_losses",
      "loss_times_s", "load_avg_at_losses",
      "steps", "steps_per_s", "max_commit_gap_s", "gc_pauses", "gc_pause_median_s",
      "gc_pause_max_s", "job_exit", "load_avg_median", "load_avg_max", "load_avg"[, "error"]}
@@ -114,6 +115,7 @@ def count_events(events: list[dict]) -> dict:
         "host_unreachable": sum(e["kind"] == "host_unreachable" for e in events),
         "worker_failed": sum(e["kind"] == "worker_failed" for e in events),
         "workers_stopped": sum(e["kind"] == "worker_stopping" for e in events),
+        "hung": sum(e["kind"] == "hung" for e in events),
         "rounds_beyond_first": max(0, len(rounds) - 1),
     }
     counts["spurious_losses"] = len(losses(events))
@@ -122,10 +124,10 @@ def count_events(events: list[dict]) -> dict:
 
 def losses(events: list[dict]) -> list[dict]:
     """The events that make ``spurious_losses``: a host declared unreachable, a worker
-    failed or stopped, a round formed after the first (a worker whose registration
+    failed, stopped or declared hung, a round formed after the first (a worker whose registration
     lapsed is left out of a new round without any report)."""
     first = next((e for e in events if e["kind"] == "round_formed"), None)
-    kinds = ("host_unreachable", "worker_failed", "worker_stopping", "round_formed")
+    kinds = ("host_unreachable", "worker_failed", "worker_stopping", "hung", "round_formed")
     return [e for e in events if e["kind"] in kinds and e is not first]
 
 
