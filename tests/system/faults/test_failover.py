@@ -20,6 +20,7 @@ import pytest
 from driver.leadership.claim import BEAT_INTERVAL
 from driver.leadership.standby import BEAT_SILENCE
 from rendezvous import open_store
+from rendezvous.checkpoint_claim import RECORD
 from rendezvous.keys import JobKeys
 from rendezvous.schema.leader import DriverRecord
 from rendezvous.schema.rounds import Plan
@@ -57,6 +58,12 @@ def _read(etcd_server, key: str) -> bytes | None:
     with open_store(etcd_server.url) as store:
         kv = store.get(key)
         return kv.value if kv is not None else None
+
+
+def _owner_pid(ckpt) -> int | None:
+    """The pid of the driver the checkpoint folder's owner record names (None: none)."""
+    record = ckpt / RECORD
+    return json.loads(record.read_text())["pid"] if record.exists() else None
 
 
 def _kill_rank(etcd_server, keys: JobKeys, run: ElasticRun, rank: int) -> str:
@@ -143,14 +150,19 @@ def _check_one_world(out) -> None:
 @pytest.mark.timeout(150)
 def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, etcd_server):
     """SIGKILL the leader: the agents keep its workers training, the standby adopts
-    them; a worker SIGKILLed under the new leader is replaced as if nothing happened."""
+    them; a worker SIGKILLed under the new leader is replaced as if nothing happened.
+    Both drivers name one --checkpoint-dir: the standby shares the job's folder (not a
+    second job), holds it once it leads, and the snapshots go on under it."""
     job_id = f"t{uuid.uuid4().hex[:10]}"
     keys = JobKeys(job_id)
-    out = tmp_path / "out"
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
     secret = {"ELASTIC_JOB_SECRET": uuid.uuid4().hex * 2}
-    old = ElasticRun(_args(etcd_server, job_id, out), tmp_path / "old", env=secret)
-    new = ElasticRun(_args(etcd_server, job_id, out, "--standby"), tmp_path / "new", env=secret)
+    folder = ("--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.5")
+    old = ElasticRun(_args(etcd_server, job_id, out, *folder), tmp_path / "old", env=secret)
+    new = ElasticRun(
+        _args(etcd_server, job_id, out, *folder, "--standby"), tmp_path / "new", env=secret
+    )
     # Training is held at known steps: however fast the machine, the takeover and the
     # kill land mid-run.
     hold_at(out / "pause", 0)
@@ -163,6 +175,10 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
         os.kill(old.proc.pid, signal.SIGKILL)
         leading = new.wait_event("leading", timeout=30)
         assert leading["how"] == "adopted" and leading["adopted"] == 2 and leading["term"] == 2
+        assert new.proc is not None
+        wait_until(
+            lambda: _owner_pid(ckpt) == new.proc.pid, 30, "the folder held by the new leader"
+        )
         _train_to(etcd_server, keys, out, 20, "training under the new leader")
         victim = _kill_rank(etcd_server, keys, new, 1)
         new.wait_event("worker_failed", lambda e: e["worker"] == victim, timeout=40)
@@ -170,6 +186,7 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
         assert Plan.from_json(_read(etcd_server, keys.round) or b"").round_id >= formed["round"]
         (out / "pause").unlink()
         assert new.wait(timeout=90) == 0, new.stderr_tail()
+        assert new.events("snapshot_written"), new.stderr_tail()  # (under the new leader)
     finally:
         new.stop()
         old.stop()
