@@ -91,6 +91,7 @@ from driver.threads import spawn
 from rendezvous import open_store
 from rendezvous.errors import RendezvousError
 from rendezvous.keys import JobKeys
+from rendezvous.net.auth import make_secret
 from rendezvous.schema.rounds import Plan
 from rendezvous.schema.workers import FailureRecord, WorkerInfo
 from rendezvous.store import PUT, KVStore, Lease, StoreSettings, Watch
@@ -633,7 +634,16 @@ def etcd_store() -> Iterator[StoreUnderTest]:
         yield StoreUnderTest("etcd", cluster.url, None, proc.pid)
 
 
-STORES = {"embedded": embedded_store, "etcd": etcd_store}
+@contextlib.contextmanager
+def signed_etcd_store() -> Iterator[StoreUnderTest]:
+    """One etcd member, its clients given a job secret: every record written is signed
+    and every record read is checked (``rendezvous.signing``), as in a real job, so
+    that beside ``etcd`` it says what signing costs."""
+    with etcd_store() as plain:
+        yield StoreUnderTest("etcd-signed", plain.url, make_secret(), plain.pid)
+
+
+STORES = {"embedded": embedded_store, "etcd": etcd_store, "etcd-signed": signed_etcd_store}
 
 
 def store_sent_bytes(store: StoreUnderTest) -> int:
