@@ -22,6 +22,7 @@ from rendezvous.host_plan import RoundView, view_of
 from rendezvous.keys import JobKeys
 from rendezvous.schema.rounds import Member, Plan
 from rendezvous.schema.workers import FailureRecord, ProgressRecord
+from rendezvous.store_reach import StoreReach
 
 pytestmark = pytest.mark.unit  # pure logic: no process, no socket
 
@@ -114,6 +115,7 @@ class Rank0:
         self.commit_round = 4
         self.member = PLAN.members[0]
         self.round_id = 5
+        self.store_reach = StoreReach()  # (each write is a look at the store)
 
 
 def test_rank_0_rewrites_its_step_every_second_even_unchanged():
@@ -133,3 +135,4 @@ def test_rank_0_rewrites_its_step_every_second_even_unchanged():
         closed.set()
         thread.join(timeout=5)
     assert store.puts[:2] == [ProgressRecord(7, 5, "a", commit_round=4)] * 2
+    assert runtime.store_reach.away_for() == 0.0  # (answered: rank 0 snapshots with the others)
