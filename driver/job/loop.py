@@ -351,7 +351,7 @@ class Job:
             self._actions.stop_all()
             self._agents.close()
         self._agents.stop_following()
-        self._session.close(self._outcome)  # (join mode keeps it: driver.join.ended)
+        self._session.close(self._outcome, self._store_gone)  # (join: driver.join.ended)
         self.discovery.close()  # after the poll's thread is told to stop (``_stop``)
 
     # ------------------------------------------------------------------ decisions
@@ -398,6 +398,7 @@ class Job:
             dec.Kill: actions.kill,
             dec.Stop: actions.stop,
             dec.Leave: actions.leave,
+            dec.Stay: actions.stay,
             dec.Launch: actions.launch,
             dec.LaunchSpare: actions.launch_spare,
             dec.Promote: actions.promote,

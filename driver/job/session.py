@@ -221,12 +221,14 @@ class StoreSession:
 
         spawn(f"registration-{worker_id}", read)
 
-    def close(self, outcome: JobOutcome | None = None) -> None:
+    def close(self, outcome: JobOutcome | None = None, store_lost: bool = False) -> None:
         """Delete the job's keys and end the driver's lease (when this driver still
         leads the job: in join mode, after keeping the job's ``outcome``, when it has
         one: ``driver.join.ended``); close the store's clients and stop the embedded
-        server."""
-        if self._claim is not None and self._claim.lost is None:
+        server. ``store_lost``: the store did not answer for longer than its bound, so
+        nothing is asked of it (the lease lapses; the next driver of the id finds the
+        keys stale and deletes them)."""
+        if self._claim is not None and self._claim.lost is None and not store_lost:
             self._release_claim(self._claim, outcome if self.config.join else None)
         for client in (self._probe, self.store):
             if client is not None:
