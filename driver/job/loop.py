@@ -398,7 +398,6 @@ class Job:
             dec.Kill: actions.kill,
             dec.Stop: actions.stop,
             dec.Leave: actions.leave,
-            dec.Stay: actions.stay,
             dec.Launch: actions.launch,
             dec.LaunchSpare: actions.launch_spare,
             dec.Promote: actions.promote,
