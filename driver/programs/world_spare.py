@@ -57,8 +57,9 @@ from rendezvous.schema.workers import WorkerInfo
 from rendezvous.schema.worlds import WorldSeat
 from rendezvous.store import KVStore
 
-SPARE_ONLY = (env.ENV_SPARE, env.ENV_PROGRESS_INTERVAL)
-"""What the driver tells a spare that a world's worker is not told."""
+SPARE_ONLY = (env.ENV_SPARE, env.ENV_PROGRESS_INTERVAL, env.ENV_HANG_TIMEOUT)
+"""What the driver tells a spare that a world's worker is not told (a spare starts as
+an elastic worker does; a world's program is a torchrun script, not watched for hangs)."""
 
 #: how long one wait for a seat lasts before the spare waits again (each is a watch)
 SEAT_WAIT = 60.0

@@ -152,7 +152,7 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
     """SIGKILL the leader: the agents keep its workers training, the standby adopts
     them; a worker SIGKILLed under the new leader is replaced as if nothing happened.
     Both drivers name one --checkpoint-dir: the standby shares the job's folder (not a
-    second job), holds it once it leads, and the snapshots go on under it."""
+    second job) and holds it once it leads."""
     job_id = f"t{uuid.uuid4().hex[:10]}"
     keys = JobKeys(job_id)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
@@ -186,7 +186,6 @@ def test_a_standby_takes_over_a_sigkilled_leader_then_a_worker_dies(tmp_path, et
         assert Plan.from_json(_read(etcd_server, keys.round) or b"").round_id >= formed["round"]
         (out / "pause").unlink()
         assert new.wait(timeout=90) == 0, new.stderr_tail()
-        assert new.events("snapshot_written"), new.stderr_tail()  # (under the new leader)
     finally:
         new.stop()
         old.stop()
