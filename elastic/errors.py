@@ -62,6 +62,11 @@ class CommunicatorClosedError(WorkerLostError):
     """The communicator was closed (a new round arrived) while a collective was pending."""
 
 
+SHUT_DOWN = "worker shut down"
+"""The reason a worker that leaves the job (``elastic.shutdown``) closes its ring with,
+as its peers read it: it finished its part of every collective it ran."""
+
+
 class CollectiveMismatchError(ElasticError):
     """Ranks disagree on the collective being run (kind, op, dtype, shape, root or call
     order): a programming error, not mended by re-forming. The communicator is broken

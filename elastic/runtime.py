@@ -50,6 +50,7 @@ import time
 from elastic import worker_reports
 from elastic.comm import Communicator, Membership, RingCommunicator, RingListener
 from elastic.errors import (
+    SHUT_DOWN,
     TrainingFinishedError,
     WorkerExpelledError,
     WorkerHandedOverError,
@@ -162,7 +163,7 @@ class WorkerRuntime:
             comm, self.comm = self.comm, None
             self._cond.notify_all()
         if comm is not None:
-            comm.close("worker shut down")
+            comm.close(SHUT_DOWN)
         if self._feed is not None:
             self._feed.close()  # (the registration stays until the process exits)
         if self._listener is not None:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from elastic.errors import CommunicatorClosedError, WorkerLostError
+from elastic.errors import SHUT_DOWN, CommunicatorClosedError, WorkerLostError
 from elastic.hangs.clock import CLOCK
 from elastic.torch.plane.backends import GroupBackend, GroupSettings
 from elastic.torch.plane.store import RoundStore
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: how long a collective that failed by itself waits for the ring to say why
 RING_GRACE = 1.0
+#: how long collectives pending when a member shut down may still end (see ``_end_with_ring``)
+SHUTDOWN_GRACE = 2.0
 _OPS: dict[str, Any] = {"sum": dist.ReduceOp.SUM, "average": dist.ReduceOp.SUM}
 _OPS.update(max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN)
 
@@ -121,6 +123,11 @@ class RoundGroup:
     # ---- the round's end ----
     def _end_with_ring(self) -> None:
         self.ring.wait_closed()
+        if self.ring_error().endswith(f": {SHUT_DOWN}"):
+            # A member that left the job finished its part of every collective, but what
+            # it sent may still be on its way here over the backend's own sockets (the
+            # ring's word of its close can come first): the works pending here may end.
+            self._aborted.wait(SHUTDOWN_GRACE)
         self.abort(f"round {self.round_id} is over: {self.ring_error()}")
 
     def ring_error(self) -> str:
