@@ -345,9 +345,7 @@ class Job:
         if self._chaos is not None:
             self._chaos.stop()
         self._shards.stop(self._session.leads)
-        if self._session.leads and self._store_gone:  # (no word through the store)
-            self._agents.close(tell=False)  # each agent's processes, its workers with them
-        elif self._session.leads:
+        if self._session.leads and not self._store_gone:  # (lost: ``_store_lost`` stopped them)
             self._actions.stop_all()
             self._agents.close()
         self._agents.stop_following()
@@ -471,7 +469,8 @@ class Job:
     def _store_lost(self, message: msg.StoreLost) -> NoReturn:
         self._store_gone = True
         if self._session.leads:  # first: rank 0 snapshots until it is stopped
-            self._agents.close(tell=False)
+            self._agents.close(tell=False)  # (no word through the store: each agent's
+            # processes are stopped, its workers with them)
         book = self._state.book
         folder = self.config.checkpoint_dir
         line = store_lost_line(

@@ -23,13 +23,7 @@ from rendezvous import env
 from rendezvous.errors import RendezvousConfigError
 from rendezvous.keys import JobKeys
 from rendezvous.schema.workers import FailureRecord
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.01)  # polling a condition with a deadline
+from tests.support.jobs import wait_until
 
 
 @pytest.mark.unit
@@ -167,13 +161,13 @@ def test_the_watchdog_reports_a_stall_once_under_the_lease_and_again_after_progr
         assert report.hung and report.worker_id == report.suspect == "w1"
         assert report.round_id == 4 and "hang timeout 0.3s" in report.reason
         assert "the training thread" in report.stacks
-        time.sleep(0.6)  # the same stall, twice its timeout on: no second report
+        time.sleep(0.6)  # the same stall, twice its timeout on: no second report (under test)
         assert len(puts) == 1
         clock.enter()  # progress, then a stall again: reported again
         clock.leave()
         wait_until(lambda: len(puts) == 2, 5, "a second hang report")
         clock.enter()  # inside a collective: never reported
-        time.sleep(0.6)
+        time.sleep(0.6)  # (the absence of a report over twice the timeout is under test)
         assert len(puts) == 2
     finally:
         watchdog.stop()
